@@ -1,0 +1,260 @@
+//! Types shared by shed's kernel programs and its userspace.
+//!
+//! Everything that crosses the kernel/userspace boundary is defined here once:
+//! map and program names, the layout of every map key and value, and the pure
+//! functions that build the TCP RST reply (so the kernel and the tests' model
+//! agree on one definition of "the bytes we send").
+//!
+//! Byte order, decided once:
+//! - ports are **host order** everywhere in maps (the socket tracepoint reports
+//!   them that way; the packet path converts once);
+//! - addresses are **network order** byte arrays, IPv4 stored as IPv4-mapped
+//!   IPv6 (`::ffff:a.b.c.d`), which is what the socket tracepoint reports.
+#![no_std]
+
+pub mod rst;
+
+use core::mem::size_of;
+
+/// Map names, as they appear in the object file and under the pin folder.
+pub mod map {
+    /// `HashMap<u16 port, PortConfig>`: protected ports. Written by userspace, read by every program.
+    pub const PORTS: &str = "SHED_PORTS";
+    /// `Array<PortState>` indexed by slot: in-flight accounting. Written only by the kernel (atomics).
+    pub const PORT_STATE: &str = "SHED_PORT_STATE";
+    /// `Array<UserPortState>` indexed by slot: the daemon's share of the accounting (expired reservations).
+    pub const USER_STATE: &str = "SHED_USER_STATE";
+    /// `PerCpuArray<PortCounters>` indexed by slot: event counters. Written by the kernel.
+    pub const COUNTERS: &str = "SHED_COUNTERS";
+    /// `HashMap<FlowKey, PendingEntry>`: handshakes admitted but not yet established.
+    pub const PENDING: &str = "SHED_PENDING";
+    /// `HashMap<u64 sock address, SockEntry>`: established sockets counted in flight, so each is released once.
+    pub const SOCKS: &str = "SHED_SOCKS";
+    /// `Array<u64>[1]`: the daemon's clock (monotonic milliseconds), stamped on pending reservations.
+    pub const CLOCK: &str = "SHED_CLOCK";
+
+    /// Every map the daemon pins, in one place so pin/unpin/open agree.
+    pub const ALL: [&str; 7] = [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK];
+}
+
+/// Program names (the function names in `shed-ebpf`).
+pub mod program {
+    pub const XDP: &str = "shed_xdp";
+    pub const TC: &str = "shed_tc";
+    pub const SOCK_STATE: &str = "shed_sock_state";
+    /// XDP_PASS only: for the peer of a veth gated with XDP, so XDP_TX replies are delivered.
+    pub const XDP_PASS: &str = "shed_xdp_pass";
+}
+
+/// Capacities of the kernel maps.
+pub mod capacity {
+    /// Ports one gate can protect at once (slots in the per-port arrays).
+    pub const MAX_PORTS: u32 = 64;
+    /// Concurrent half-open reservations across all ports. A full map fails open (counted).
+    pub const MAX_PENDING: u32 = 65_536;
+    /// Established sockets tracked across all ports.
+    pub const MAX_SOCKS: u32 = 262_144;
+}
+
+/// The highest concurrency limit an operator may set. Above this the pending and
+/// socket maps could not hold the admitted work, so the limit would be a lie.
+pub const MAX_LIMIT: u32 = 65_536;
+
+/// What the gate does with a SYN it rejects.
+pub mod action {
+    /// Drop silently: the client retransmits its SYN after its RTO.
+    pub const DROP: u8 = 0;
+    /// Answer with RST+ACK: the client's connect() fails at once with ECONNREFUSED.
+    pub const RST: u8 = 1;
+}
+
+/// Indices into [`PortCounters::values`].
+pub mod counter {
+    /// SYNs (without ACK) seen for the port.
+    pub const SYN_SEEN: usize = 0;
+    /// SYNs admitted with a fresh reservation.
+    pub const ADMITTED: usize = 1;
+    /// SYNs rejected because in-flight had reached the limit.
+    pub const REJECTED_LIMIT: usize = 2;
+    /// RST+ACK replies sent for rejected SYNs.
+    pub const RST_SENT: usize = 3;
+    /// Dry-run: SYNs that enforce mode would have rejected (they were admitted).
+    pub const DRY_RUN_WOULD_REJECT: usize = 4;
+    /// Retransmitted SYNs of a handshake that already holds a reservation (passed, no new slot).
+    pub const SYN_RETRANSMIT: usize = 5;
+    /// SYNs passed without a reservation because the pending map was full (fail-open).
+    pub const RESERVE_FAILED: usize = 6;
+    /// Rejected SYNs for which the RST could not be built (dropped instead).
+    pub const RST_FAILED: usize = 7;
+    /// Number of counter slots; spare slots are reserved for later reasons.
+    pub const COUNT: usize = 16;
+}
+
+/// TCP states as the `sock:inet_sock_set_state` tracepoint reports them.
+pub mod tcp_state {
+    pub const ESTABLISHED: i32 = 1;
+    pub const SYN_RECV: i32 = 3;
+    pub const CLOSE: i32 = 7;
+}
+
+/// Field offsets of `sock:inet_sock_set_state` (see its `format` file in tracefs).
+/// Userspace checks them against the running kernel before attaching.
+pub mod sock_state_tp {
+    pub const SKADDR: usize = 8;
+    pub const OLDSTATE: usize = 16;
+    pub const NEWSTATE: usize = 20;
+    pub const SPORT: usize = 24;
+    pub const DPORT: usize = 26;
+    pub const PROTOCOL: usize = 30;
+    pub const SADDR_V6: usize = 40;
+    pub const DADDR_V6: usize = 56;
+}
+
+/// Per-port configuration. Key: port (host order). Written by userspace only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Admit while in-flight < limit.
+    pub limit: u32,
+    /// Index into the per-port arrays ([`map::PORT_STATE`], [`map::COUNTERS`], [`map::USER_STATE`]).
+    pub slot: u32,
+    /// One of [`action`].
+    pub action: u8,
+    /// 1: count would-rejects but admit everything.
+    pub dry_run: u8,
+    pub _pad: [u8; 6],
+}
+const _: () = assert!(size_of::<PortConfig>() == 16);
+
+/// In-flight accounting for one port, kept as monotonically increasing event
+/// counts so that every writer only ever adds (atomically) and no two writers
+/// share a field:
+/// - established = `opened - closed`
+/// - pending     = `reserved - released - UserPortState::pending_expired`
+///
+/// Written only by the kernel programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortState {
+    /// Sockets of the port that entered ESTABLISHED (passive open).
+    pub opened: u64,
+    /// Of those, sockets that reached their final close.
+    pub closed: u64,
+    /// SYNs that took a pending reservation.
+    pub reserved: u64,
+    /// Reservations released by their handshake completing.
+    pub released: u64,
+}
+const _: () = assert!(size_of::<PortState>() == 32);
+
+/// The daemon's share of a port's accounting. Written only by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserPortState {
+    /// Reservations removed by the daemon because their handshake never completed in time.
+    pub pending_expired: u64,
+}
+const _: () = assert!(size_of::<UserPortState>() == 8);
+
+/// Event counters of one port on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortCounters {
+    pub values: [u64; counter::COUNT],
+}
+const _: () = assert!(size_of::<PortCounters>() == 8 * counter::COUNT);
+
+impl Default for PortCounters {
+    fn default() -> Self {
+        Self { values: [0; counter::COUNT] }
+    }
+}
+
+/// Identifies one handshake. Addresses network order (IPv4-mapped for IPv4), ports host order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub client_addr: [u8; 16],
+    pub server_addr: [u8; 16],
+    pub client_port: u16,
+    pub server_port: u16,
+}
+const _: () = assert!(size_of::<FlowKey>() == 36);
+
+/// A pending reservation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingEntry {
+    /// The port's slot, so the daemon can account an expiry without a port lookup.
+    pub slot: u32,
+    pub _pad: u32,
+    /// The daemon clock ([`map::CLOCK`]) when the SYN was admitted.
+    pub admitted_ms: u64,
+}
+const _: () = assert!(size_of::<PendingEntry>() == 16);
+
+/// An established socket counted in flight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SockEntry {
+    pub slot: u32,
+    pub port: u16,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<SockEntry>() == 8);
+
+/// Builds the IPv4-mapped IPv6 form of an IPv4 address, as the socket tracepoint reports it.
+#[inline(always)]
+pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3]]
+}
+
+/// In-flight work of a port: established connections plus pending handshakes.
+/// The counters are read without a lock, so a momentarily inconsistent read is
+/// clamped at zero rather than wrapping.
+#[inline(always)]
+pub const fn in_flight(state: &PortState, reserved: u64, pending_expired: u64) -> u64 {
+    established(state) + pending(reserved, state.released, pending_expired)
+}
+
+#[inline(always)]
+pub const fn established(state: &PortState) -> u64 {
+    state.opened.saturating_sub(state.closed)
+}
+
+#[inline(always)]
+pub const fn pending(reserved: u64, released: u64, expired: u64) -> u64 {
+    reserved.saturating_sub(released).saturating_sub(expired)
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: all are #[repr(C)], Copy, made of fixed-width integers and byte arrays, with no padding.
+    unsafe impl aya::Pod for PortConfig {}
+    unsafe impl aya::Pod for PortState {}
+    unsafe impl aya::Pod for UserPortState {}
+    unsafe impl aya::Pod for PortCounters {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for PendingEntry {}
+    unsafe impl aya::Pod for SockEntry {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_clamps_inconsistent_reads() {
+        let state = PortState { opened: 3, closed: 5, reserved: 0, released: 0 };
+        assert_eq!(in_flight(&state, 2, 4), 0);
+        let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2 };
+        assert_eq!(in_flight(&state, 9, 3), 6 + 4);
+    }
+
+    #[test]
+    fn ipv4_mapped_matches_std() {
+        let v4 = core::net::Ipv4Addr::new(10, 1, 2, 3);
+        assert_eq!(ipv4_mapped(v4.octets()), v4.to_ipv6_mapped().octets());
+    }
+}

@@ -1,0 +1,135 @@
+//! The TCP RST+ACK that answers a rejected SYN, built from fixed-size arrays so
+//! the same code runs in the kernel (unrolled, no bounds the verifier must
+//! prove) and in userspace tests.
+//!
+//! RFC 9293 §3.10.7.1: a segment without ACK answered with a reset carries
+//! `SEQ=0, ACK=SEG.SEQ+SEG.LEN, CTL=RST,ACK`; a SYN has SEG.LEN 1. The reply
+//! carries no TCP options and no IP options.
+
+pub const IPV4_HEADER_LEN: usize = 20;
+pub const IPV6_HEADER_LEN: usize = 40;
+pub const TCP_HEADER_LEN: usize = 20;
+/// TTL / hop limit of replies: the Linux default.
+pub const REPLY_TTL: u8 = 64;
+/// Flags byte (offset 13) of the reply: RST | ACK.
+pub const FLAGS_RST_ACK: u8 = 0x14;
+const IPPROTO_TCP: u8 = 6;
+
+/// Ones'-complement sum of big-endian 16-bit words (unfolded). `N` must be even.
+#[inline(always)]
+pub fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i + 1 < N {
+        sum += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
+        i += 2;
+    }
+    sum
+}
+
+/// Folds a 32-bit ones'-complement sum and complements it: the checksum field value.
+#[inline(always)]
+pub fn finish(mut sum: u32) -> u16 {
+    // Two folds suffice: after the first, the sum is at most 0x1_fffe.
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// IPv4 header of the reply (no options, DF set, id 0).
+#[inline(always)]
+pub fn ipv4_header(src: [u8; 4], dst: [u8; 4]) -> [u8; IPV4_HEADER_LEN] {
+    let total = (IPV4_HEADER_LEN + TCP_HEADER_LEN) as u16;
+    let t = total.to_be_bytes();
+    let mut h = [
+        0x45, 0, t[0], t[1], 0, 0, 0x40, 0, REPLY_TTL, IPPROTO_TCP, 0, 0, src[0], src[1], src[2],
+        src[3], dst[0], dst[1], dst[2], dst[3],
+    ];
+    let c = finish(sum_words(&h)).to_be_bytes();
+    h[10] = c[0];
+    h[11] = c[1];
+    h
+}
+
+/// IPv6 header of the reply (traffic class and flow label 0).
+#[inline(always)]
+pub fn ipv6_header(src: [u8; 16], dst: [u8; 16]) -> [u8; IPV6_HEADER_LEN] {
+    let mut h = [0u8; IPV6_HEADER_LEN];
+    h[0] = 0x60;
+    h[5] = TCP_HEADER_LEN as u8;
+    h[6] = IPPROTO_TCP;
+    h[7] = REPLY_TTL;
+    let mut i = 0;
+    while i < 16 {
+        h[8 + i] = src[i];
+        h[24 + i] = dst[i];
+        i += 1;
+    }
+    h
+}
+
+/// Pseudo-header sum for an IPv4 TCP segment of [`TCP_HEADER_LEN`] bytes.
+#[inline(always)]
+pub fn pseudo_sum_v4(src: [u8; 4], dst: [u8; 4]) -> u32 {
+    sum_words(&src) + sum_words(&dst) + u32::from(IPPROTO_TCP) + TCP_HEADER_LEN as u32
+}
+
+/// Pseudo-header sum for an IPv6 TCP segment of [`TCP_HEADER_LEN`] bytes.
+#[inline(always)]
+pub fn pseudo_sum_v6(src: [u8; 16], dst: [u8; 16]) -> u32 {
+    sum_words(&src) + sum_words(&dst) + u32::from(IPPROTO_TCP) + TCP_HEADER_LEN as u32
+}
+
+/// TCP header of the RST+ACK answering a SYN with sequence number `syn_seq`
+/// (host order) sent from `client_port` to `server_port`.
+#[inline(always)]
+pub fn tcp_rst_ack(server_port: u16, client_port: u16, syn_seq: u32, pseudo_sum: u32) -> [u8; TCP_HEADER_LEN] {
+    let s = server_port.to_be_bytes();
+    let d = client_port.to_be_bytes();
+    let a = syn_seq.wrapping_add(1).to_be_bytes();
+    let mut h = [
+        s[0], s[1], d[0], d[1], 0, 0, 0, 0, a[0], a[1], a[2], a[3], 0x50, FLAGS_RST_ACK, 0, 0, 0, 0,
+        0, 0,
+    ];
+    let c = finish(pseudo_sum + sum_words(&h)).to_be_bytes();
+    h[16] = c[0];
+    h[17] = c[1];
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A checksum over the whole buffer, including the checksum field, verifies to 0.
+    fn verifies<const N: usize>(extra: u32, bytes: &[u8; N]) -> bool {
+        finish(extra + sum_words(bytes)) == 0
+    }
+
+    #[test]
+    fn rfc1071_example() {
+        // RFC 1071 §3: words 0001 f203 f4f5 f6f7 sum to 0xddf2 (folded), checksum 0x220d.
+        assert_eq!(finish(sum_words(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7])), 0x220d);
+    }
+
+    proptest! {
+        #[test]
+        fn ipv4_header_checksum_verifies(src: [u8; 4], dst: [u8; 4]) {
+            prop_assert!(verifies(0, &ipv4_header(src, dst)));
+        }
+
+        #[test]
+        fn tcp_checksum_verifies_v4(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16, seq: u32) {
+            let tcp = tcp_rst_ack(sp, dp, seq, pseudo_sum_v4(src, dst));
+            prop_assert!(verifies(pseudo_sum_v4(src, dst), &tcp));
+            prop_assert_eq!(u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]), seq.wrapping_add(1));
+        }
+
+        #[test]
+        fn tcp_checksum_verifies_v6(src: [u8; 16], dst: [u8; 16], sp: u16, dp: u16, seq: u32) {
+            let tcp = tcp_rst_ack(sp, dp, seq, pseudo_sum_v6(src, dst));
+            prop_assert!(verifies(pseudo_sum_v6(src, dst), &tcp));
+        }
+    }
+}

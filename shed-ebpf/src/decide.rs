@@ -1,0 +1,93 @@
+//! The admission decision, shared by the XDP and TC entry points.
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::bindings::BPF_NOEXIST;
+use shed_common::{FlowKey, PendingEntry, action, counter};
+
+use crate::{
+    maps::{SHED_CLOCK, SHED_COUNTERS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_USER_STATE},
+    parse::Syn,
+};
+
+const EEXIST: i32 = 17;
+
+pub enum Verdict {
+    Pass,
+    Drop,
+    /// Reject with a RST; `slot` lets the adapter count how the reply went.
+    Rst { slot: u32 },
+}
+
+/// Adds one to a per-CPU counter of the port in `slot`.
+#[inline(always)]
+pub fn count(slot: u32, index: usize) {
+    if let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU value; programs do not migrate CPU mid-run.
+        unsafe { (*counters).values[index] += 1 };
+    }
+}
+
+/// Atomically adds `delta` (two's complement for subtraction) and returns the previous value.
+#[inline(always)]
+pub fn atomic_add(field: *mut u64, delta: u64) -> u64 {
+    // The BPF target has no compare-and-swap, so core's AtomicU64 lacks fetch_add;
+    // the intrinsic lowers to BPF_ATOMIC | BPF_FETCH (kernel >= 5.12).
+    // SAFETY: `field` points into a map value, valid and 8-byte aligned for the program's run.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, delta) }
+}
+
+#[inline(always)]
+pub fn decide(syn: &Syn) -> Verdict {
+    // SAFETY: map values are plain data; a miss means "not protected" and passes.
+    let Some(config) = (unsafe { SHED_PORTS.get(&syn.server_port) }) else {
+        return Verdict::Pass;
+    };
+    let slot = config.slot;
+    let Some(state) = SHED_PORT_STATE.get_ptr_mut(slot) else {
+        return Verdict::Pass;
+    };
+    count(slot, counter::SYN_SEEN);
+
+    let key = FlowKey {
+        client_addr: syn.client_addr,
+        server_addr: syn.server_addr,
+        client_port: syn.client_port,
+        server_port: syn.server_port,
+    };
+    // A retransmitted SYN of an admitted handshake already holds its slot.
+    if unsafe { SHED_PENDING.get(&key) }.is_some() {
+        count(slot, counter::SYN_RETRANSMIT);
+        return Verdict::Pass;
+    }
+
+    // Reserve first, then judge with the value we reserved against: two CPUs
+    // racing for the last slot see different values, so the limit holds even
+    // for a burst of simultaneous SYNs.
+    let reserved_before = atomic_add(unsafe { &raw mut (*state).reserved }, 1);
+    let expired = SHED_USER_STATE.get(slot).map_or(0, |u| u.pending_expired);
+    let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, expired);
+    if in_flight >= u64::from(config.limit) {
+        if config.dry_run != 0 {
+            count(slot, counter::DRY_RUN_WOULD_REJECT);
+        } else {
+            atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
+            count(slot, counter::REJECTED_LIMIT);
+            return if config.action == action::RST { Verdict::Rst { slot } } else { Verdict::Drop };
+        }
+    }
+
+    let entry = PendingEntry {
+        slot,
+        _pad: 0,
+        admitted_ms: SHED_CLOCK.get(0).copied().unwrap_or(0),
+    };
+    if let Err(err) = SHED_PENDING.insert(&key, &entry, u64::from(BPF_NOEXIST)) {
+        atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
+        // Another CPU admitted the same handshake a moment ago (a retransmit race),
+        // or the map is full: either way pass without a second slot.
+        count(slot, if err == -EEXIST { counter::SYN_RETRANSMIT } else { counter::RESERVE_FAILED });
+        return Verdict::Pass;
+    }
+    count(slot, counter::ADMITTED);
+    Verdict::Pass
+}

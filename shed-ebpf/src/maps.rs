@@ -1,0 +1,31 @@
+//! The kernel maps. Names and layouts come from `shed_common`; the statics are
+//! named exactly like `shed_common::map::*` (the `#[map]` macro needs a literal).
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use shed_common::{
+    FlowKey, PendingEntry, PortConfig, PortCounters, PortState, SockEntry, UserPortState,
+    capacity::{MAX_PENDING, MAX_PORTS, MAX_SOCKS},
+};
+
+#[map]
+pub static SHED_PORTS: HashMap<u16, PortConfig> = HashMap::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_PORT_STATE: Array<PortState> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_USER_STATE: Array<UserPortState> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_PENDING: HashMap<FlowKey, PendingEntry> = HashMap::with_max_entries(MAX_PENDING, 0);
+
+#[map]
+pub static SHED_SOCKS: HashMap<u64, SockEntry> = HashMap::with_max_entries(MAX_SOCKS, 0);
+
+#[map]
+pub static SHED_CLOCK: Array<u64> = Array::with_max_entries(1, 0);

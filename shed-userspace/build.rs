@@ -1,0 +1,26 @@
+//! Embeds the kernel object built by `cargo xtask build-ebpf`.
+//!
+//! Without it (a plain `cargo check`/`clippy` on a machine without
+//! bpf-linker) an empty placeholder is embedded instead, and the loader
+//! refuses it with a message that says how to build the real one.
+use std::{env, fs, path::PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=SHED_EBPF_OBJECT");
+    let object = env::var_os("SHED_EBPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
+        let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+        manifest.join("../target/bpfel-unknown-none/release/shed")
+    });
+    println!("cargo:rerun-if-changed={}", object.display());
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join("shed.bpf.o");
+    match fs::read(&object) {
+        Ok(bytes) => fs::write(&out, bytes).expect("write embedded eBPF object"),
+        Err(_) => {
+            println!(
+                "cargo:warning=eBPF object {} not found; embedding an empty placeholder (run `cargo xtask build-ebpf`)",
+                object.display()
+            );
+            fs::write(&out, []).expect("write placeholder eBPF object");
+        }
+    }
+}

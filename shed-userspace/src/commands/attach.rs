@@ -1,0 +1,112 @@
+//! `shedctl attach`: check everything, then load, attach, pin and run.
+use std::{fs, path::Path, time::Duration};
+
+use anyhow::Context as _;
+
+use crate::{
+    Error,
+    cli::AttachArgs,
+    daemon::{self, DaemonLock, LoopSettings, PinGuard},
+    gate::{Loaded, default_hook},
+    input::Hook,
+    maps, paths,
+    system::{self, Need},
+};
+
+/// Control-loop period: clock resolution of pending reservations.
+const TICK: Duration = Duration::from_millis(100);
+
+pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
+    let ports = dedup(&args.ports);
+    if ports.len() > shed_common::capacity::MAX_PORTS as usize {
+        return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
+    }
+    // Every check runs before anything changes, so a refusal leaves the host untouched.
+    system::check_privileges(Need::Attach)?;
+    if let Some(netns) = &args.netns {
+        // Before any thread exists: threads started later inherit the namespace.
+        system::enter_netns(netns)?;
+    }
+    system::check_bpffs()?;
+    system::check_tracefs()?;
+    system::check_sock_state_layout()?;
+    let targets = targets(&args.ifaces, args.hook)?;
+
+    let mut lock = match DaemonLock::acquire() {
+        Ok(lock) => lock,
+        Err(Error::AlreadyRunning { pid, ports: running }) => {
+            let protected = maps::GateMaps::open_pinned().and_then(|m| m.port_configs()).unwrap_or_default();
+            if let Some(port) = ports.iter().find(|p| protected.contains_key(p)) {
+                return Err(Error::PortAlreadyProtected { port: *port, pid }.into());
+            }
+            return Err(Error::AlreadyRunning { pid, ports: running }.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if Path::new(paths::PIN_DIR).exists() {
+        tracing::warn!(pins = paths::PIN_DIR, "removing pins left by a daemon that exited uncleanly");
+        maps::remove_pins(Path::new(paths::PIN_DIR))?;
+    }
+
+    fs::create_dir_all(paths::PIN_DIR).map_err(|e| Error::io("create pin folder", paths::PIN_DIR, e))?;
+    let _pins = PinGuard;
+    let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
+    loaded.maps.set_clock(system::monotonic_ms())?;
+    for &port in &ports {
+        loaded.maps.protect(port, args.limit, args.action.to_raw(), args.dry_run)?;
+    }
+    loaded.attach_accounting()?;
+    for (iface, hook) in &targets {
+        loaded.attach_gate(iface, *hook)?;
+        tracing::info!(iface = %iface, hook = %hook, "gate attached");
+    }
+    lock.write_pid()?;
+    tracing::info!(
+        ports = ?ports,
+        limit = args.limit,
+        action = %args.action,
+        dry_run = args.dry_run,
+        pins = paths::PIN_DIR,
+        pid = std::process::id(),
+        "shed gate running; SIGINT or SIGTERM detaches"
+    );
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick: TICK, pending_timeout: args.pending_timeout }))?;
+    drop(loaded); // detaches every link
+    tracing::info!("detached; pins removed");
+    Ok(())
+}
+
+fn dedup(ports: &[u16]) -> Vec<u16> {
+    let mut out: Vec<u16> = Vec::with_capacity(ports.len());
+    for p in ports {
+        if !out.contains(p) {
+            out.push(*p);
+        }
+    }
+    out
+}
+
+/// The interfaces to gate and the hook on each, all checked to exist.
+fn targets(ifaces: &[String], hook: Option<Hook>) -> Result<Vec<(String, Hook)>, Error> {
+    let chosen = if ifaces.is_empty() {
+        let all = system::interfaces();
+        tracing::info!(interfaces = ?all, "no --iface given: gating every interface of the namespace");
+        all
+    } else {
+        ifaces.to_vec()
+    };
+    let mut targets = Vec::new();
+    for iface in chosen {
+        system::check_interface(&iface)?;
+        if !targets.iter().any(|(i, _)| *i == iface) {
+            let hook = hook.unwrap_or_else(|| default_hook(&iface));
+            targets.push((iface, hook));
+        }
+    }
+    Ok(targets)
+}

@@ -1,0 +1,5 @@
+//! One module per `shedctl` verb, each with an `execute` function.
+pub mod attach;
+pub mod detach;
+pub mod set;
+pub mod stats;

@@ -1,0 +1,46 @@
+//! `shedctl stats`: read the pinned maps of the running gate.
+use std::{io::Write as _, thread, time::Instant};
+
+use crate::{
+    cli::StatsArgs,
+    daemon,
+    maps::GateMaps,
+    stats::PortStats,
+    system::{self, Need},
+    table,
+};
+
+pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
+    system::check_privileges(Need::Maps)?;
+    daemon::require_running()?;
+    let maps = GateMaps::open_pinned()?;
+    let mut before = maps.snapshots(args.port)?;
+    let mut taken = Instant::now();
+    loop {
+        thread::sleep(args.interval);
+        let now = maps.snapshots(args.port)?;
+        let elapsed = taken.elapsed();
+        taken = Instant::now();
+        let stats: Vec<PortStats> = now
+            .iter()
+            .map(|n| PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed))))
+            .collect();
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&stats)?)?;
+        } else {
+            if args.watch {
+                write!(out, "\x1b[2J\x1b[H")?;
+            }
+            write!(out, "{}", table::stats_table(&stats))?;
+        }
+        out.flush()?;
+        if !args.watch {
+            return Ok(());
+        }
+        if daemon::require_running().is_err() {
+            anyhow::bail!("the gate stopped");
+        }
+        before = now;
+    }
+}

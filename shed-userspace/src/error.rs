@@ -1,0 +1,86 @@
+//! Library errors. Each says what went wrong and, where the operator can act,
+//! what to do about it.
+use std::{io, path::PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "missing privileges: {missing}. Run as root (sudo shedctl ...) or grant CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON"
+    )]
+    NotPrivileged { missing: String },
+
+    #[error("bpffs is not mounted at {path}: mount it with `mount -t bpf bpf {path}` (or run `cargo xtask setup`)")]
+    BpffsMissing { path: &'static str },
+
+    #[error("tracefs is not mounted at {path}: mount it with `mount -t tracefs tracefs {path}` (or run `cargo xtask setup`)")]
+    TracefsMissing { path: &'static str },
+
+    #[error("unknown interface {name:?}: list interfaces with `ip link` (inside the namespace given with --netns, if any)")]
+    UnknownInterface { name: String },
+
+    #[error("no shed gate is running (nothing pinned at {}): start one with `sudo shedctl attach --port PORT`", pin_dir.display())]
+    NoGate { pin_dir: PathBuf },
+
+    #[error("no shed gate is running: the pins at {} were left by a daemon that is gone (pid {pid}); `sudo shedctl detach` removes them", pin_dir.display())]
+    StaleGate { pin_dir: PathBuf, pid: String },
+
+    #[error("port {port} is not protected by the running gate (protected: {protected}); attach it with `shedctl attach --port {port}`")]
+    PortNotProtected { port: u16, protected: String },
+
+    #[error("port {port} is already protected by the running gate (pid {pid}): change it with `shedctl set --port {port} ...`, or stop it with `shedctl detach --port {port}` first")]
+    PortAlreadyProtected { port: u16, pid: String },
+
+    #[error("a shed gate is already running (pid {pid}, ports {ports}); shed runs one gate per host: stop it with `shedctl detach` and attach again with every port (--port A --port B)")]
+    AlreadyRunning { pid: String, ports: String },
+
+    #[error("the kernel object was not built into this binary: run `cargo xtask build-ebpf`, then rebuild shedctl (or use `cargo xtask install`)")]
+    EbpfObjectMissing,
+
+    #[error("the running kernel's sock:inet_sock_set_state tracepoint differs from what shed was built for: field {field} expected at offset {expected}, found {found}")]
+    TracepointLayout { field: &'static str, expected: usize, found: String },
+
+    #[error("too many ports: a gate protects at most {max} ports")]
+    TooManyPorts { max: u32 },
+
+    #[error("loading the kernel object failed: {source}")]
+    Load {
+        #[source]
+        source: Box<aya::EbpfError>,
+    },
+
+    #[error("{op} failed: {source}")]
+    Program {
+        op: String,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+
+    #[error("{op} failed: {source}")]
+    Map {
+        op: String,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    pub fn map(op: impl Into<String>, source: aya::maps::MapError) -> Self {
+        Self::Map { op: op.into(), source: Box::new(source) }
+    }
+
+    pub fn program(op: impl Into<String>, source: aya::programs::ProgramError) -> Self {
+        Self::Program { op: op.into(), source: Box::new(source) }
+    }
+
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Self::Io { op, path: path.into(), source }
+    }
+}

@@ -1,0 +1,183 @@
+//! Parsing and validation of operator input. Pure functions, used by clap's
+//! value parsers so a bad value is refused before anything is touched.
+use std::{fmt, str::FromStr, time::Duration};
+
+use shed_common::{MAX_LIMIT, action};
+
+/// A TCP port an operator asked to protect (1-65535).
+pub fn parse_port(s: &str) -> Result<u16, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
+    match u16::try_from(n) {
+        Ok(0) => Err("port 0 cannot be protected: give a port from 1 to 65535".into()),
+        Ok(port) => Ok(port),
+        Err(_) => Err(format!("port {n} is out of range: give a port from 1 to 65535")),
+    }
+}
+
+/// A concurrency limit (1..=MAX_LIMIT).
+pub fn parse_limit(s: &str) -> Result<u32, String> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a limit: give a whole number from 1 to {MAX_LIMIT}"))?;
+    if n == 0 {
+        return Err("limit 0 would reject every connection: give a limit from 1 (use `detach` to stop gating)".into());
+    }
+    if n > u64::from(MAX_LIMIT) {
+        return Err(format!("limit {n} is above the maximum of {MAX_LIMIT} in-flight connections"));
+    }
+    Ok(n as u32)
+}
+
+/// A duration in milliseconds within `[min_ms, max_ms]`.
+pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
+    let ms: u64 = s
+        .trim()
+        .trim_end_matches("ms")
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: give milliseconds, e.g. 2000"))?;
+    if !(min_ms..=max_ms).contains(&ms) {
+        return Err(format!("{ms} ms is out of range: give {min_ms} to {max_ms} ms"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// What a rejected SYN gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Drop silently; the client retransmits its SYN after its RTO.
+    Drop,
+    /// Answer with RST+ACK; the client's connect() fails at once (ECONNREFUSED).
+    Rst,
+}
+
+impl Action {
+    pub const fn to_raw(self) -> u8 {
+        match self {
+            Self::Drop => action::DROP,
+            Self::Rst => action::RST,
+        }
+    }
+
+    /// Decodes a map value; unknown values read as `drop`, which is what the kernel does with them.
+    pub const fn from_raw(raw: u8) -> Self {
+        if raw == action::RST { Self::Rst } else { Self::Drop }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Drop => "drop",
+            Self::Rst => "rst",
+        })
+    }
+}
+
+/// Where the gate hooks into the receive path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Hook {
+    /// XDP: before the kernel allocates an skb (native where the driver supports it).
+    Xdp,
+    /// TC clsact ingress (tcx): works on every interface, loopback included.
+    Tc,
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Xdp => "xdp",
+            Self::Tc => "tc",
+        })
+    }
+}
+
+/// `on`/`off` switch (for `set --dry-run on|off`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Switch(pub bool);
+
+impl FromStr for Switch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "true" | "yes" | "1" => Ok(Self(true)),
+            "off" | "false" | "no" | "0" => Ok(Self(false)),
+            _ => Err(format!("{s:?} is not a switch: give on or off")),
+        }
+    }
+}
+
+/// Interface names as the kernel accepts them (IFNAMSIZ - 1 bytes, no '/' or whitespace).
+pub fn parse_interface(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 15 || s.contains(['/', ' ', '\t', '\n', '\0']) || s == "." || s == ".." {
+        return Err(format!("{s:?} is not a valid interface name (1-15 characters, no '/' or spaces)"));
+    }
+    Ok(s.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn ports() {
+        assert_eq!(parse_port("8080"), Ok(8080));
+        assert_eq!(parse_port("65535"), Ok(65535));
+        assert!(parse_port("0").unwrap_err().contains("port 0"));
+        assert!(parse_port("65536").unwrap_err().contains("out of range"));
+        assert!(parse_port("http").unwrap_err().contains("not a port"));
+        assert!(parse_port("-1").is_err());
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit("1"), Ok(1));
+        assert_eq!(parse_limit(&MAX_LIMIT.to_string()), Ok(MAX_LIMIT));
+        assert!(parse_limit("0").unwrap_err().contains("limit 0"));
+        assert!(parse_limit(&(u64::from(MAX_LIMIT) + 1).to_string()).unwrap_err().contains("maximum"));
+        assert!(parse_limit("lots").is_err());
+    }
+
+    #[test]
+    fn switches_and_interfaces() {
+        assert_eq!("on".parse::<Switch>(), Ok(Switch(true)));
+        assert_eq!("OFF".parse::<Switch>(), Ok(Switch(false)));
+        assert!("maybe".parse::<Switch>().is_err());
+        assert!(parse_interface("veth0").is_ok());
+        assert!(parse_interface("a-very-long-interface").is_err());
+        assert!(parse_interface("a/b").is_err());
+        assert!(parse_interface("").is_err());
+    }
+
+    #[test]
+    fn millis() {
+        assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));
+        assert!(parse_millis("5", 100, 60_000).is_err());
+    }
+
+    #[test]
+    fn action_round_trips() {
+        for a in [Action::Drop, Action::Rst] {
+            assert_eq!(Action::from_raw(a.to_raw()), a);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn port_parse_accepts_exactly_1_to_65535(n in 0u32..200_000) {
+            prop_assert_eq!(parse_port(&n.to_string()).is_ok(), (1..=65535).contains(&n));
+        }
+
+        #[test]
+        fn limit_parse_accepts_exactly_1_to_max(n in 0u64..(2 * u64::from(MAX_LIMIT))) {
+            prop_assert_eq!(parse_limit(&n.to_string()).is_ok(), (1..=u64::from(MAX_LIMIT)).contains(&n));
+        }
+    }
+}

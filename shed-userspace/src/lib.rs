@@ -1,0 +1,21 @@
+//! shed's userspace library: loading and attaching the kernel programs,
+//! reading and tuning the pinned maps, and the daemon that owns them.
+//!
+//! The `shedctl` binary is a thin layer over this crate; the integration
+//! tests drive the same functions.
+
+pub mod cli;
+pub mod commands;
+pub mod daemon;
+pub mod error;
+pub mod gate;
+pub mod input;
+pub mod maps;
+pub mod object;
+pub mod paths;
+pub mod stats;
+pub mod system;
+pub mod table;
+pub mod testbed;
+
+pub use error::Error;

@@ -1,0 +1,24 @@
+//! `shedctl`: the daemon and the operator's CLI.
+use clap::Parser as _;
+use shed::{cli::{Cli, Command}, commands};
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHED_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Attach(args) => commands::attach::execute(args),
+        Command::Stats(args) => commands::stats::execute(args),
+        Command::Set(args) => commands::set::execute(args),
+        Command::Detach(args) => commands::detach::execute(args),
+    };
+    if let Err(err) = result {
+        eprintln!("shedctl: error: {err:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,207 @@
+//! Typed handles on the gate's maps, opened from a loaded object or from the
+//! pins of a running gate. Every reader and writer of maps goes through here.
+use std::{collections::BTreeMap, fs, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+};
+use shed_common::{
+    FlowKey, PendingEntry, PortConfig, PortCounters, PortState, SockEntry, UserPortState,
+    capacity::MAX_PORTS, map,
+};
+
+use crate::{Error, paths};
+
+pub struct GateMaps {
+    pub ports: HashMap<MapData, u16, PortConfig>,
+    pub state: Array<MapData, PortState>,
+    pub user_state: Array<MapData, UserPortState>,
+    pub counters: PerCpuArray<MapData, PortCounters>,
+    pub pending: HashMap<MapData, FlowKey, PendingEntry>,
+    pub socks: HashMap<MapData, u64, SockEntry>,
+    pub clock: Array<MapData, u64>,
+}
+
+/// Everything known about one port at one instant.
+#[derive(Clone, Copy, Debug)]
+pub struct PortSnapshot {
+    pub port: u16,
+    pub config: PortConfig,
+    pub state: PortState,
+    pub user: UserPortState,
+    /// Counters summed over CPUs.
+    pub counters: PortCounters,
+}
+
+impl PortSnapshot {
+    pub fn established(&self) -> u64 {
+        shed_common::established(&self.state)
+    }
+    pub fn pending(&self) -> u64 {
+        shed_common::pending(self.state.reserved, self.state.released, self.user.pending_expired)
+    }
+    pub fn in_flight(&self) -> u64 {
+        shed_common::in_flight(&self.state, self.state.reserved, self.user.pending_expired)
+    }
+    pub fn counter(&self, index: usize) -> u64 {
+        self.counters.values[index]
+    }
+}
+
+fn typed<T>(name: &str, map: Map) -> Result<T, Error>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    T::try_from(map).map_err(|e| Error::map(format!("open map {name}"), e))
+}
+
+impl GateMaps {
+    /// Takes the maps out of a freshly loaded object, pinning each under `pin_dir` if given.
+    pub fn from_ebpf(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::build(|name| {
+            let map = ebpf.take_map(name).ok_or_else(|| {
+                Error::map(format!("find map {name}"), aya::maps::MapError::InvalidName { name: name.into() })
+            })?;
+            if let Some(dir) = pin_dir {
+                map.pin(dir.join(name)).map_err(|error| {
+                    Error::map(format!("pin map {name}"), aya::maps::MapError::PinError { name: Some(name.into()), error })
+                })?;
+            }
+            Ok(map)
+        })
+    }
+
+    /// Opens the maps of the running gate from its pins.
+    pub fn open_pinned() -> Result<Self, Error> {
+        if !Path::new(paths::PIN_DIR).join(map::PORTS).exists() {
+            return Err(Error::NoGate { pin_dir: paths::PIN_DIR.into() });
+        }
+        Self::build(|name| {
+            let path = paths::map_pin(name);
+            let data = MapData::from_pin(&path).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))?;
+            Map::from_map_data(data).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))
+        })
+    }
+
+    fn build(mut open: impl FnMut(&str) -> Result<Map, Error>) -> Result<Self, Error> {
+        Ok(Self {
+            ports: typed(map::PORTS, open(map::PORTS)?)?,
+            state: typed(map::PORT_STATE, open(map::PORT_STATE)?)?,
+            user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
+            counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
+            pending: typed(map::PENDING, open(map::PENDING)?)?,
+            socks: typed(map::SOCKS, open(map::SOCKS)?)?,
+            clock: typed(map::CLOCK, open(map::CLOCK)?)?,
+        })
+    }
+
+    /// Protected ports and their configuration, by port.
+    pub fn port_configs(&self) -> Result<BTreeMap<u16, PortConfig>, Error> {
+        self.ports
+            .iter()
+            .collect::<Result<BTreeMap<_, _>, _>>()
+            .map_err(|e| Error::map("read protected ports", e))
+    }
+
+    pub fn config(&self, port: u16) -> Result<PortConfig, Error> {
+        self.ports.get(&port, 0).map_err(|_| Error::PortNotProtected {
+            port,
+            protected: self.port_list().unwrap_or_default(),
+        })
+    }
+
+    /// "8080, 9090" for messages.
+    pub fn port_list(&self) -> Result<String, Error> {
+        let ports: Vec<String> = self.port_configs()?.keys().map(u16::to_string).collect();
+        Ok(if ports.is_empty() { "none".into() } else { ports.join(", ") })
+    }
+
+    /// Starts protecting `port` in a free slot with zeroed accounting.
+    pub fn protect(&mut self, port: u16, limit: u32, action: u8, dry_run: bool) -> Result<PortConfig, Error> {
+        let used: Vec<u32> = self.port_configs()?.values().map(|c| c.slot).collect();
+        let slot = (0..MAX_PORTS).find(|s| !used.contains(s)).ok_or(Error::TooManyPorts { max: MAX_PORTS })?;
+        self.state.set(slot, PortState::default(), 0).map_err(|e| Error::map("reset port state", e))?;
+        self.user_state.set(slot, UserPortState::default(), 0).map_err(|e| Error::map("reset port state", e))?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?])
+            .map_err(|e| Error::map("reset counters", e.into()))?;
+        self.counters.set(slot, zero, 0).map_err(|e| Error::map("reset counters", e))?;
+        let config = PortConfig { limit, slot, action, dry_run: u8::from(dry_run), _pad: [0; 6] };
+        self.write_config(port, config)?;
+        Ok(config)
+    }
+
+    pub fn write_config(&mut self, port: u16, config: PortConfig) -> Result<(), Error> {
+        self.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))
+    }
+
+    /// Stops protecting `port`. Its sockets still release their counts as they close.
+    pub fn unprotect(&mut self, port: u16) -> Result<(), Error> {
+        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
+    }
+
+    pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
+        let slot = config.slot;
+        let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
+        let mut counters = PortCounters::default();
+        for cpu in per_cpu.iter() {
+            for (sum, v) in counters.values.iter_mut().zip(cpu.values) {
+                *sum = sum.wrapping_add(v);
+            }
+        }
+        Ok(PortSnapshot { port, config, state, user, counters })
+    }
+
+    /// Snapshots of every protected port (or just `only`), by port.
+    pub fn snapshots(&self, only: Option<u16>) -> Result<Vec<PortSnapshot>, Error> {
+        let configs = self.port_configs()?;
+        if let Some(port) = only {
+            let config = self.config(port)?;
+            return Ok(vec![self.snapshot(port, config)?]);
+        }
+        configs.into_iter().map(|(port, config)| self.snapshot(port, config)).collect()
+    }
+
+    pub fn set_clock(&mut self, now_ms: u64) -> Result<(), Error> {
+        self.clock.set(0, now_ms, 0).map_err(|e| Error::map("write clock", e))
+    }
+
+    /// Removes reservations older than `timeout_ms` and accounts them as
+    /// expired. Only the daemon calls this; it is the sole writer of
+    /// `user_state`. Returns how many expired.
+    pub fn expire_pending(&mut self, now_ms: u64, timeout_ms: u64) -> Result<u64, Error> {
+        let stale: Vec<(FlowKey, PendingEntry)> = self
+            .pending
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, e)| e.admitted_ms.saturating_add(timeout_ms) <= now_ms)
+            .collect();
+        let mut per_slot: BTreeMap<u32, u64> = BTreeMap::new();
+        for (key, entry) in &stale {
+            // The handshake may complete (and the kernel release it) between our read and
+            // this delete: whoever deletes the entry accounts for it, so only count our wins.
+            if self.pending.remove(key).is_ok() {
+                *per_slot.entry(entry.slot).or_default() += 1;
+            }
+        }
+        let mut total = 0;
+        for (slot, n) in per_slot {
+            let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+            user.pending_expired += n;
+            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write expired reservations", e))?;
+            total += n;
+        }
+        Ok(total)
+    }
+}
+
+/// Removes the pin folder and everything in it.
+pub fn remove_pins(dir: &Path) -> Result<(), Error> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove pins", dir, e)),
+    }
+}

@@ -1,0 +1,18 @@
+//! Where the gate keeps its state on the host. Every path is defined here.
+use std::path::{Path, PathBuf};
+
+/// bpffs mount point.
+pub const BPFFS: &str = "/sys/fs/bpf";
+/// The gate's pin folder: one pinned map per name in `shed_common::map::ALL`.
+pub const PIN_DIR: &str = "/sys/fs/bpf/shed";
+/// tracefs mount point (tracepoint ids and formats).
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+/// The running daemon's lock and pid file (flock held for the daemon's life).
+pub const PID_FILE: &str = "/run/shed/shedctl.pid";
+/// Format of the socket-state tracepoint, checked against the compiled offsets.
+pub const SOCK_STATE_FORMAT: &str = "/sys/kernel/tracing/events/sock/inet_sock_set_state/format";
+
+/// Pin path of one map.
+pub fn map_pin(name: &str) -> PathBuf {
+    Path::new(PIN_DIR).join(name)
+}

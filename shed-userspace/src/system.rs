@@ -1,0 +1,258 @@
+//! Facts about the host the gate needs before it changes anything:
+//! privileges, mounted filesystems, interfaces, the tracepoint's layout, and
+//! the network namespace to work in.
+use std::{
+    ffi::{CStr, CString},
+    fs,
+    os::fd::AsRawFd,
+    path::Path,
+};
+
+use shed_common::sock_state_tp;
+
+use crate::{Error, paths};
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const TRACEFS_MAGIC: i64 = 0x7472_6163;
+
+/// What an operation needs from the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Reading and writing pinned maps.
+    Maps,
+    /// Loading and attaching programs (maps, XDP/TC, tracepoints).
+    Attach,
+}
+
+/// Checks the effective capabilities of this process.
+pub fn check_privileges(need: Need) -> Result<(), Error> {
+    let status = fs::read_to_string("/proc/self/status").map_err(|e| Error::io("read", "/proc/self/status", e))?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let missing = missing_capabilities(effective, need);
+    if missing.is_empty() { Ok(()) } else { Err(Error::NotPrivileged { missing: missing.join(", ") }) }
+}
+
+/// The capabilities `need` requires that `effective` lacks (CAP_SYS_ADMIN stands in for BPF and PERFMON).
+pub fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
+    let has = |cap: u32| effective & (1 << cap) != 0;
+    let admin = has(CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !(has(CAP_BPF) || admin) {
+        missing.push("CAP_BPF");
+    }
+    if need == Need::Attach {
+        if !has(CAP_NET_ADMIN) {
+            missing.push("CAP_NET_ADMIN");
+        }
+        if !(has(CAP_PERFMON) || admin) {
+            missing.push("CAP_PERFMON");
+        }
+    }
+    missing
+}
+
+fn fs_magic(path: &str) -> Option<i64> {
+    let c = CString::new(path).ok()?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
+
+pub fn check_bpffs() -> Result<(), Error> {
+    if fs_magic(paths::BPFFS) == Some(BPF_FS_MAGIC) { Ok(()) } else { Err(Error::BpffsMissing { path: paths::BPFFS }) }
+}
+
+pub fn check_tracefs() -> Result<(), Error> {
+    if fs_magic(paths::TRACEFS) == Some(TRACEFS_MAGIC) { Ok(()) } else { Err(Error::TracefsMissing { path: paths::TRACEFS }) }
+}
+
+/// Checks that `sock:inet_sock_set_state` has the field offsets compiled into the kernel programs.
+pub fn check_sock_state_layout() -> Result<(), Error> {
+    let format = fs::read_to_string(paths::SOCK_STATE_FORMAT)
+        .map_err(|e| Error::io("read tracepoint format", paths::SOCK_STATE_FORMAT, e))?;
+    check_layout(&format)
+}
+
+/// Compares a tracepoint `format` text with the compiled offsets.
+pub fn check_layout(format: &str) -> Result<(), Error> {
+    let expected = [
+        ("skaddr", sock_state_tp::SKADDR),
+        ("oldstate", sock_state_tp::OLDSTATE),
+        ("newstate", sock_state_tp::NEWSTATE),
+        ("sport", sock_state_tp::SPORT),
+        ("dport", sock_state_tp::DPORT),
+        ("protocol", sock_state_tp::PROTOCOL),
+        ("saddr_v6", sock_state_tp::SADDR_V6),
+        ("daddr_v6", sock_state_tp::DADDR_V6),
+    ];
+    for (field, offset) in expected {
+        let found = field_offset(format, field);
+        if found != Some(offset) {
+            return Err(Error::TracepointLayout {
+                field,
+                expected: offset,
+                found: found.map_or_else(|| "no such field".to_owned(), |o| o.to_string()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Offset of `field` in a tracepoint format ("field:__u16 sport;\toffset:24;...").
+fn field_offset(format: &str, field: &str) -> Option<usize> {
+    format.lines().find_map(|line| {
+        let decl = line.trim().strip_prefix("field:")?;
+        let (decl, rest) = decl.split_once(';')?;
+        let name = decl.rsplit([' ', '*']).next()?;
+        let name = name.split('[').next()?;
+        if name != field {
+            return None;
+        }
+        rest.trim().strip_prefix("offset:")?.split(';').next()?.parse().ok()
+    })
+}
+
+/// Interfaces of the current network namespace.
+pub fn interfaces() -> Vec<String> {
+    let mut names = Vec::new();
+    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return names;
+        }
+        let mut entry = list;
+        while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
+            names.push(CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned());
+            entry = entry.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    names
+}
+
+/// Fails with a clear error for an interface that does not exist here.
+pub fn check_interface(name: &str) -> Result<(), Error> {
+    let c = CString::new(name).map_err(|_| Error::UnknownInterface { name: name.to_owned() })?;
+    // SAFETY: valid C string.
+    if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
+        return Err(Error::UnknownInterface { name: name.to_owned() });
+    }
+    Ok(())
+}
+
+/// The kernel driver behind an interface ("veth", "virtio_net", ...), from ETHTOOL_GDRVINFO.
+pub fn driver(iface: &str) -> Option<String> {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GDRVINFO: u32 = 3;
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        rest: [u8; 160],
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        data: *mut DrvInfo,
+        _pad: [u8; 16],
+    }
+    let mut info = DrvInfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 160] };
+    let mut req = IfReq { name: [0; 16], data: &mut info, _pad: [0; 16] };
+    let bytes = iface.as_bytes();
+    if bytes.len() >= req.name.len() {
+        return None;
+    }
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: a datagram socket for the ioctl, closed below; req/info outlive the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let rc = libc::ioctl(fd, SIOCETHTOOL, &mut req);
+        libc::close(fd);
+        if rc != 0 {
+            return None;
+        }
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// Moves this thread into a network namespace, by `ip netns` name or by path.
+/// Call before any other thread starts: threads created later inherit it.
+pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
+    let path = if name_or_path.contains('/') {
+        Path::new(name_or_path).to_path_buf()
+    } else {
+        Path::new("/run/netns").join(name_or_path)
+    };
+    let file = fs::File::open(&path).map_err(|e| Error::io("open network namespace", &path, e))?;
+    // SAFETY: a valid namespace fd.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(Error::io("enter network namespace", &path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORMAT: &str = "name: inet_sock_set_state
+ID: 2287
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:int oldstate;\toffset:16;\tsize:4;\tsigned:1;
+\tfield:int newstate;\toffset:20;\tsize:4;\tsigned:1;
+\tfield:__u16 sport;\toffset:24;\tsize:2;\tsigned:0;
+\tfield:__u16 dport;\toffset:26;\tsize:2;\tsigned:0;
+\tfield:__u16 family;\toffset:28;\tsize:2;\tsigned:0;
+\tfield:__u16 protocol;\toffset:30;\tsize:2;\tsigned:0;
+\tfield:__u8 saddr[4];\toffset:32;\tsize:4;\tsigned:0;
+\tfield:__u8 daddr[4];\toffset:36;\tsize:4;\tsigned:0;
+\tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:__u8 daddr_v6[16];\toffset:56;\tsize:16;\tsigned:0;
+";
+
+    #[test]
+    fn layout_matches_known_format() {
+        check_layout(FORMAT).expect("6.x layout accepted");
+    }
+
+    #[test]
+    fn layout_mismatch_is_named() {
+        let moved = FORMAT.replace("sport;\toffset:24", "sport;\toffset:28");
+        let err = check_layout(&moved).unwrap_err().to_string();
+        assert!(err.contains("sport") && err.contains("24") && err.contains("28"), "{err}");
+        let missing = FORMAT.replace("daddr_v6[16]", "other[16]");
+        assert!(check_layout(&missing).unwrap_err().to_string().contains("no such field"));
+    }
+
+    #[test]
+    fn capabilities() {
+        let all = (1u64 << CAP_BPF) | (1 << CAP_NET_ADMIN) | (1 << CAP_PERFMON);
+        assert!(missing_capabilities(all, Need::Attach).is_empty());
+        assert!(missing_capabilities((1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN), Need::Attach).is_empty());
+        assert_eq!(missing_capabilities(0, Need::Maps), ["CAP_BPF"]);
+        assert_eq!(missing_capabilities(0, Need::Attach), ["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]);
+    }
+}

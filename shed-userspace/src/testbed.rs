@@ -1,0 +1,277 @@
+//! Throwaway network namespaces, backends and clients for the end-to-end
+//! tests and the demo. Everything here cleans up after itself on drop, and
+//! every loop is bounded in time.
+use std::{
+    fs::File,
+    io::{self, Read, Write},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc,
+    },
+    thread::{self, JoinHandle},
+    time::{Duration, Instant},
+};
+
+/// Server and client namespaces joined by a veth pair.
+pub struct Testbed {
+    pub server_ns: String,
+    pub client_ns: String,
+    pub server_if: String,
+    pub client_if: String,
+    pub server_v4: Ipv4Addr,
+    pub server_v6: Ipv6Addr,
+}
+
+fn ip(args: &[&str]) -> io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}
+
+impl Testbed {
+    /// Creates `<name>-srv` and `<name>-cli` (name: at most 8 characters).
+    pub fn create(name: &str) -> io::Result<Self> {
+        assert!(name.len() <= 8, "testbed name {name:?} too long for interface names");
+        let bed = Self {
+            server_ns: format!("{name}-srv"),
+            client_ns: format!("{name}-cli"),
+            server_if: format!("{name}-s"),
+            client_if: format!("{name}-c"),
+            server_v4: Ipv4Addr::new(10, 200, 0, 1),
+            server_v6: "fd00:5ed::1".parse().expect("valid address"),
+        };
+        // Leftovers of a crashed earlier run would make every step below fail.
+        let _ = ip(&["netns", "del", &bed.server_ns]);
+        let _ = ip(&["netns", "del", &bed.client_ns]);
+        ip(&["netns", "add", &bed.server_ns])?;
+        ip(&["netns", "add", &bed.client_ns])?;
+        let (s, c) = (bed.server_if.as_str(), bed.client_if.as_str());
+        let (sn, cn) = (bed.server_ns.as_str(), bed.client_ns.as_str());
+        ip(&["link", "add", s, "netns", sn, "type", "veth", "peer", "name", c, "netns", cn])?;
+        ip(&["-n", sn, "addr", "add", "10.200.0.1/24", "dev", s])?;
+        ip(&["-n", cn, "addr", "add", "10.200.0.2/24", "dev", c])?;
+        ip(&["-n", sn, "addr", "add", "fd00:5ed::1/64", "dev", s, "nodad"])?;
+        ip(&["-n", cn, "addr", "add", "fd00:5ed::2/64", "dev", c, "nodad"])?;
+        for (ns, dev) in [(sn, s), (cn, c), (sn, "lo"), (cn, "lo")] {
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        }
+        Ok(bed)
+    }
+
+    pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
+        if v6 { SocketAddr::new(IpAddr::V6(self.server_v6), port) } else { SocketAddr::new(IpAddr::V4(self.server_v4), port) }
+    }
+
+    /// Turns GRO on at the client end: veth then runs NAPI there, which XDP_TX needs.
+    pub fn client_gro_on(&self) -> io::Result<()> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.client_ns, "ethtool", "-K", &self.client_if, "gro", "on"])
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!("ethtool -K gro on: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end inside it, and with it the pair.
+        let _ = ip(&["netns", "del", &self.server_ns]);
+        let _ = ip(&["netns", "del", &self.client_ns]);
+    }
+}
+
+/// Enters `ns` on the calling thread (it stays there).
+pub fn enter(ns: &str) -> io::Result<()> {
+    let file = File::open(format!("/run/netns/{ns}"))?;
+    // SAFETY: valid namespace fd.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `f` on a new thread inside `ns`. Sockets made there stay in `ns`
+/// wherever they are used afterwards.
+pub fn spawn_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<io::Result<T>> {
+    let ns = ns.to_owned();
+    thread::spawn(move || {
+        enter(&ns)?;
+        Ok(f())
+    })
+}
+
+/// Runs `f` inside `ns` and waits for it.
+pub fn run_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+    spawn_in(ns, f).join().map_err(|_| io::Error::other("thread in namespace panicked"))?
+}
+
+/// How a backend treats a connection.
+#[derive(Clone, Debug)]
+pub enum Service {
+    /// Echo every byte back until the client closes; holds the connection open meanwhile.
+    Echo,
+    /// Read one request line, queue for one of `workers`, sleep the service
+    /// time (changeable at run time, microseconds), answer "OK\n" and close.
+    Workers { workers: usize, service_us: Arc<AtomicU64> },
+}
+
+/// A TCP server inside a namespace. Stops (and closes every connection) on drop.
+pub struct Backend {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    /// Connections accepted so far.
+    pub accepted: Arc<AtomicU64>,
+}
+
+impl Backend {
+    pub fn start(ns: &str, addr: SocketAddr, service: Service) -> io::Result<Self> {
+        let listener = run_in(ns, move || {
+            let l = TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            Ok::<_, io::Error>(l)
+        })??;
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let mut threads = Vec::new();
+        let (tx, rx) = mpsc::channel::<TcpStream>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        if let Service::Workers { workers, service_us } = &service {
+            for _ in 0..*workers {
+                let (rx, stop, service_us) = (rx.clone(), stop.clone(), service_us.clone());
+                threads.push(thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let conn = rx.lock().expect("queue lock").recv_timeout(Duration::from_millis(50));
+                        if let Ok(conn) = conn {
+                            let _ = serve_request(conn, Duration::from_micros(service_us.load(Ordering::Relaxed)));
+                        }
+                    }
+                    Ok(())
+                }));
+            }
+        }
+        let (stop2, accepted2) = (stop.clone(), accepted.clone());
+        threads.push(thread::spawn(move || {
+            let mut holders: Vec<JoinHandle<()>> = Vec::new();
+            while !stop2.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        accepted2.fetch_add(1, Ordering::Relaxed);
+                        conn.set_nonblocking(false)?;
+                        match &service {
+                            Service::Echo => {
+                                let stop = stop2.clone();
+                                holders.push(thread::spawn(move || echo(conn, &stop)));
+                            }
+                            Service::Workers { .. } => {
+                                let _ = tx.send(conn);
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(2)),
+                    Err(e) => return Err(e),
+                }
+                holders.retain(|h| !h.is_finished());
+            }
+            for h in holders {
+                let _ = h.join();
+            }
+            Ok(())
+        }));
+        Ok(Self { stop, threads, accepted })
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn echo(mut conn: TcpStream, stop: &AtomicBool) {
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if conn.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = conn.shutdown(Shutdown::Both);
+}
+
+fn serve_request(mut conn: TcpStream, service: Duration) -> io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut buf = [0u8; 512];
+    let mut got = 0;
+    while got < buf.len() {
+        let n = conn.read(&mut buf[got..])?;
+        if n == 0 {
+            return Ok(());
+        }
+        got += n;
+        if buf[..got].contains(&b'\n') {
+            break;
+        }
+    }
+    thread::sleep(service);
+    conn.write_all(b"OK\n")?;
+    conn.shutdown(Shutdown::Write)
+}
+
+/// Connects with a timeout; the error kind tells refused from timed out.
+pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    TcpStream::connect_timeout(&addr, timeout)
+}
+
+/// Outcome of one request from [`request`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered; with the latency from connect() start to the answer.
+    Answered(Duration),
+    /// Refused at connect (RST).
+    Refused,
+    /// Nothing within the deadline (dropped SYN, or queued too long).
+    TimedOut,
+    /// Any other failure.
+    Failed,
+}
+
+/// One request on a new connection, within `deadline`.
+pub fn request(addr: SocketAddr, deadline: Duration) -> Outcome {
+    let start = Instant::now();
+    let mut conn = match TcpStream::connect_timeout(&addr, deadline) {
+        Ok(c) => c,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Outcome::Refused,
+        Err(e) if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => return Outcome::TimedOut,
+        Err(_) => return Outcome::Failed,
+    };
+    let left = deadline.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
+    let _ = conn.set_read_timeout(Some(left));
+    if conn.write_all(b"GET\n").is_err() {
+        return Outcome::Failed;
+    }
+    let mut buf = [0u8; 16];
+    match conn.read(&mut buf) {
+        Ok(n) if n > 0 && start.elapsed() <= deadline => Outcome::Answered(start.elapsed()),
+        Ok(_) => Outcome::TimedOut,
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Outcome::TimedOut,
+        Err(_) => Outcome::Failed,
+    }
+}

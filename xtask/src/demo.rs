@@ -1,0 +1,138 @@
+//! `cargo xtask demo`: a backend of known capacity in a throwaway namespace,
+//! the gate in front of it, and open-loop load that rises above capacity;
+//! prints what the gate and the clients see, once a second.
+use std::{
+    path::Path,
+    process::{Child, Command},
+    sync::{
+        Arc,
+        atomic::AtomicU64,
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use shed::{
+    maps::GateMaps,
+    testbed::{self, Backend, Outcome, Service, Testbed},
+};
+
+const PORT: u16 = 8080;
+const WORKERS: usize = 4;
+const SERVICE: Duration = Duration::from_millis(20);
+const DEADLINE: Duration = Duration::from_secs(1);
+const LIMIT: u32 = 8;
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
+    let capacity = WORKERS as f64 / SERVICE.as_secs_f64();
+    println!(
+        "demo: backend with {WORKERS} workers x {} ms = {capacity:.0} req/s capacity; gate limit {LIMIT}, action rst; {seconds} s",
+        SERVICE.as_millis()
+    );
+    let bed = Testbed::create("sheddemo").context("creating the demo namespaces")?;
+    let service_us = Arc::new(AtomicU64::new(SERVICE.as_micros() as u64));
+    let _backend = Backend::start(
+        &bed.server_ns,
+        bed.server_addr(false, PORT),
+        Service::Workers { workers: WORKERS, service_us: service_us.clone() },
+    )?;
+    let daemon = Daemon(
+        Command::new(shedctl)
+            .args(["attach", "--port", "8080", "--limit", &LIMIT.to_string(), "--action", "rst"])
+            .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
+            .spawn()
+            .context("starting shedctl attach")?,
+    );
+    let maps = wait_for_gate()?;
+
+    let (tx, rx) = mpsc::channel::<Outcome>();
+    let addr = bed.server_addr(false, PORT);
+    let start = Instant::now();
+    let total = Duration::from_secs(seconds);
+    // Offered load as a multiple of capacity over the run: calm, overload, heavier overload, calm.
+    let load_at = move |t: Duration| {
+        let f = t.as_secs_f64() / total.as_secs_f64();
+        if f < 0.2 { 0.5 } else if f < 0.5 { 2.0 } else if f < 0.8 { 4.0 } else { 0.5 }
+    };
+    let generator = testbed::spawn_in(&bed.client_ns, move || {
+        let mut next = Instant::now();
+        while start.elapsed() < total {
+            let rate = capacity * load_at(start.elapsed());
+            next += Duration::from_secs_f64(1.0 / rate);
+            if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                thread::sleep(wait);
+            }
+            let tx = tx.clone();
+            thread::spawn(move || {
+                let _ = tx.send(testbed::request(addr, DEADLINE));
+            });
+        }
+    });
+
+    println!(
+        "{:>4}  {:>7}  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}",
+        "t(s)", "offered", "limit", "in-flight", "admit/s", "reject/s", "answered", "refused", "timeouts", "p99(ms)"
+    );
+    let mut before = maps.snapshots(Some(PORT))?[0];
+    for second in 1..=seconds {
+        thread::sleep(Duration::from_secs(1).saturating_sub(start.elapsed().saturating_sub(Duration::from_secs(second - 1))));
+        let now = maps.snapshots(Some(PORT))?[0];
+        let mut answered = Vec::new();
+        let (mut refused, mut timeouts) = (0, 0);
+        for outcome in rx.try_iter() {
+            match outcome {
+                Outcome::Answered(latency) => answered.push(latency),
+                Outcome::Refused => refused += 1,
+                Outcome::TimedOut | Outcome::Failed => timeouts += 1,
+            }
+        }
+        answered.sort();
+        let p99 = answered.get((answered.len() * 99 / 100).min(answered.len().saturating_sub(1))).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let delta = |i| now.counter(i) - before.counter(i);
+        println!(
+            "{:>4}  {:>6.1}x  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8.1}",
+            second,
+            load_at(Duration::from_secs(second - 1)),
+            now.config.limit,
+            now.in_flight(),
+            delta(shed_common::counter::ADMITTED),
+            delta(shed_common::counter::REJECTED_LIMIT),
+            answered.len(),
+            refused,
+            timeouts,
+            p99
+        );
+        before = now;
+    }
+    let _ = generator.join();
+    drop(daemon);
+    println!("demo: done; namespaces and gate removed");
+    Ok(())
+}
+
+fn wait_for_gate() -> Result<GateMaps> {
+    let start = Instant::now();
+    loop {
+        if let Ok(maps) = GateMaps::open_pinned() {
+            if maps.snapshots(Some(PORT)).is_ok() {
+                return Ok(maps);
+            }
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            bail!("the gate did not come up within 15 s; see shedctl's log above");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}

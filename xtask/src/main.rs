@@ -1,0 +1,124 @@
+//! `cargo xtask`: everything the project needs, from a fresh machine to a
+//! running demo, with no hand-run step.
+mod demo;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent): rust-src, bpf-linker, ethtool; mount bpffs/tracefs.
+    Setup,
+    /// Build the kernel object (release, with BTF).
+    BuildEbpf,
+    /// Set up, build everything, and run every test (needs root: tests load real programs).
+    Test {
+        /// Extra arguments for `cargo test` (after --).
+        #[arg(last = true)]
+        cargo_args: Vec<String>,
+    },
+    /// Set up, build, and run the live demo in throwaway network namespaces.
+    Demo {
+        /// Seconds to run.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
+    /// Build release binaries and install shedctl to /usr/local/bin.
+    Install {
+        #[arg(long, default_value = "/usr/local/bin")]
+        prefix: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Task::Setup => setup::setup(),
+        Task::BuildEbpf => build_ebpf(),
+        Task::Test { cargo_args } => test(&cargo_args),
+        Task::Demo { seconds } => {
+            setup::setup()?;
+            build_ebpf()?;
+            cargo(&["build", "--release", "--package", "shed-userspace"])?;
+            demo::run(&workspace_root().join("target/release/shedctl"), seconds)
+        }
+        Task::Install { prefix } => {
+            setup::setup()?;
+            build_ebpf()?;
+            cargo(&["build", "--release", "--package", "shed-userspace"])?;
+            let dest = prefix.join("shedctl");
+            std::fs::copy(workspace_root().join("target/release/shedctl"), &dest)
+                .with_context(|| format!("install {}", dest.display()))?;
+            println!("installed {}", dest.display());
+            Ok(())
+        }
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Runs cargo in the workspace root with the toolchain that runs us.
+fn cargo(args: &[&str]) -> Result<()> {
+    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args(args).current_dir(workspace_root()))
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Builds shed-ebpf for bpfel-unknown-none. Stable toolchain with
+/// RUSTC_BOOTSTRAP for -Z build-std; BTF and CPU v3 (atomic fetch-add) for
+/// this crate only.
+fn build_ebpf() -> Result<()> {
+    let flags = ["-C", "debuginfo=2", "-C", "link-arg=--btf", "-C", "target-cpu=v3"].join("\x1f");
+    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_ENCODED_RUSTFLAGS", flags)
+        .env_remove("RUSTFLAGS")
+        .args([
+            "build",
+            "--package",
+            "shed-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ]))
+    .context("building the kernel object (run `cargo xtask setup` if bpf-linker is missing)")?;
+    println!("built {}", workspace_root().join("target/bpfel-unknown-none/release/shed").display());
+    Ok(())
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    setup::setup()?;
+    build_ebpf()?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the tests load real eBPF programs and create network namespaces: run `sudo -E cargo xtask test`");
+    }
+    let mut args = vec!["test", "--workspace", "--no-fail-fast"];
+    args.extend(extra.iter().map(String::as_str));
+    // One test at a time: the end-to-end tests share the host's one gate.
+    args.extend(["--", "--test-threads=1"]);
+    cargo(&args)
+}

@@ -1,0 +1,111 @@
+//! `cargo xtask setup`: idempotent; says what it did and fails with the step that could not be done.
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{run, workspace_root};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn setup() -> Result<()> {
+    rust_src()?;
+    bpf_linker()?;
+    debian_packages()?;
+    mounts()?;
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn rust_src() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--installed"])).unwrap_or_default();
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        println!("setup: rust-src present");
+        return Ok(());
+    }
+    println!("setup: adding rust-src (needed for -Z build-std=core)");
+    run(Command::new("rustup").args(["component", "add", "rust-src"])).context("rustup component add rust-src")
+}
+
+fn bpf_linker() -> Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        println!("setup: bpf-linker {BPF_LINKER_VERSION} present");
+        return Ok(());
+    }
+    // bpf-linker links against LLVM; use the toolchain's own libLLVM so no LLVM download is needed.
+    let rustc = output(Command::new("rustup").args(["which", "rustc"])).context("rustup which rustc")?;
+    let toolchain = Path::new(rustc.trim()).parent().and_then(Path::parent).context("toolchain folder")?;
+    let lib = toolchain.join("lib");
+    let llvm = std::fs::read_dir(&lib)
+        .with_context(|| format!("list {}", lib.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libLLVM.so.")))
+        .with_context(|| format!("no libLLVM.so.* in {}: is this a rustup toolchain?", lib.display()))?;
+    let major = llvm
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("libLLVM.so."))
+        .and_then(|v| v.split('.').next())
+        .context("LLVM version from libLLVM file name")?
+        .to_owned();
+    let prefix = workspace_root().join("target/llvm-prefix");
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&llvm, &link).with_context(|| format!("symlink {}", link.display()))?;
+    println!("setup: installing bpf-linker {BPF_LINKER_VERSION} against {} (LLVM {major})", llvm.display());
+    run(Command::new("cargo")
+        .env("LLVM_PREFIX", &prefix)
+        .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
+        .arg(format!("llvm-{major}")))
+    .context("cargo install bpf-linker")
+}
+
+fn debian_packages() -> Result<()> {
+    // ethtool: GRO on veth peers in tests and the demo. iproute2: namespaces and veth.
+    let wanted = [("ethtool", "ethtool"), ("ip", "iproute2")];
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|(bin, _)| output(Command::new("sh").args(["-c", &format!("command -v {bin}")])).is_none())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        println!("setup: ethtool and iproute2 present");
+        return Ok(());
+    }
+    println!("setup: installing {}", missing.join(" "));
+    if run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing)).is_err() {
+        run(Command::new("apt-get").arg("update")).context("apt-get update")?;
+        run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing))
+            .context("apt-get install")?;
+    }
+    Ok(())
+}
+
+fn is_mounted(path: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(path))
+}
+
+fn mounts() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    for (fs, path) in [("bpf", "/sys/fs/bpf"), ("tracefs", "/sys/kernel/tracing")] {
+        if is_mounted(path) {
+            println!("setup: {fs} mounted at {path}");
+            continue;
+        }
+        if !root {
+            bail!("{fs} is not mounted at {path} and mounting needs root: run `sudo mount -t {fs} {fs} {path}`");
+        }
+        println!("setup: mounting {fs} at {path}");
+        run(Command::new("mount").args(["-t", fs, fs, path]))?;
+    }
+    Ok(())
+}
