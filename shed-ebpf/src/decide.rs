@@ -32,8 +32,11 @@ pub fn count(slot: u32, index: usize) {
 pub fn atomic_add(field: *mut u64, delta: u64) -> u64 {
     // The BPF target has no compare-and-swap, so core's AtomicU64 lacks fetch_add;
     // the intrinsic lowers to BPF_ATOMIC | BPF_FETCH (kernel >= 5.12).
+    // SeqCst, not Relaxed: LLVM 22's BPF backend lowers a Relaxed add whose result
+    // is used to the non-fetching `lock +=` and hands back the operand instead of
+    // the old value (seen in the disassembly; tests/prog_test_run.rs catches it).
     // SAFETY: `field` points into a map value, valid and 8-byte aligned for the program's run.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, delta) }
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(field, delta) }
 }
 
 #[inline(always)]
