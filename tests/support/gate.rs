@@ -1,0 +1,141 @@
+//! Running the real `shedctl` against a testbed, and cleaning up after it.
+use std::{
+    fs::File,
+    io::Read as _,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    sync::{Mutex, MutexGuard},
+    thread,
+    time::{Duration, Instant},
+};
+
+use shed::{daemon, maps, paths, testbed::Testbed};
+
+pub const SHEDCTL: &str = env!("CARGO_BIN_EXE_shedctl");
+
+/// The host has one gate: end-to-end tests take turns.
+static ONE_GATE: Mutex<()> = Mutex::new(());
+
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    let guard = ONE_GATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    // A gate left by an earlier, crashed run would make every attach fail.
+    if let daemon::Liveness::Stale { .. } = daemon::liveness() {
+        let _ = maps::remove_pins(Path::new(paths::PIN_DIR));
+    }
+    guard
+}
+
+/// A running `shedctl attach`. Dropping it stops it (SIGTERM, then SIGKILL)
+/// and removes anything it left.
+pub struct Gate {
+    child: Child,
+    log: tempfile::NamedTempFile,
+}
+
+impl Gate {
+    /// `shedctl attach --netns <server ns> --iface <server veth> <args>`; waits until it serves stats.
+    pub fn start(bed: &Testbed, args: &[&str]) -> Self {
+        let log = tempfile::NamedTempFile::new().expect("temp file");
+        let child = Command::new(SHEDCTL)
+            .args(["attach", "--netns", &bed.server_ns, "--iface", &bed.server_if])
+            .args(args)
+            .env("SHED_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log.reopen().expect("reopen log"))
+            .spawn()
+            .expect("spawn shedctl");
+        let mut gate = Self { child, log };
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = gate.child.try_wait() {
+                panic!("shedctl attach {args:?} exited with {status}:\n{}", gate.log());
+            }
+            if matches!(daemon::liveness(), daemon::Liveness::Running { .. }) && shedctl(&["stats", "--json", "--interval", "50"]).status.success() {
+                return gate;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up in 20 s:\n{}", gate.log());
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        let _ = File::open(self.log.path()).and_then(|mut f| f.read_to_string(&mut s));
+        s
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = self.child.kill();
+                return self.child.wait().expect("wait");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.stop();
+        }
+        let _ = maps::remove_pins(Path::new(paths::PIN_DIR));
+    }
+}
+
+pub fn shedctl(args: &[&str]) -> Output {
+    Command::new(SHEDCTL).args(args).output().expect("run shedctl")
+}
+
+/// `shedctl stats --json --port <port>`, parsed.
+pub fn stats(port: u16) -> serde_json::Value {
+    let out = shedctl(&["stats", "--json", "--interval", "50", "--port", &port.to_string()]);
+    assert!(out.status.success(), "shedctl stats failed: {}", String::from_utf8_lossy(&out.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats --json is JSON");
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "one object for one port: {list}");
+    list[0].clone()
+}
+
+pub fn field(stats: &serde_json::Value, name: &str) -> u64 {
+    stats[name].as_u64().unwrap_or_else(|| panic!("field {name} is not an integer in {stats}"))
+}
+
+/// Polls `stats` until `cond` holds, for at most `timeout`.
+pub fn wait_for_stats(port: u16, timeout: Duration, what: &str, cond: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let s = stats(port);
+        if cond(&s) {
+            return s;
+        }
+        assert!(start.elapsed() < timeout, "waited {timeout:?} for {what}; last stats: {s}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Names of the shed programs loaded in the kernel right now.
+pub fn loaded_shed_programs() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .filter(|n| n.starts_with("shed_"))
+        .collect()
+}
