@@ -125,10 +125,10 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
 fn wait_for_gate() -> Result<GateMaps> {
     let start = Instant::now();
     loop {
-        if let Ok(maps) = GateMaps::open_pinned() {
-            if maps.snapshots(Some(PORT)).is_ok() {
-                return Ok(maps);
-            }
+        if let Ok(maps) = GateMaps::open_pinned()
+            && maps.snapshots(Some(PORT)).is_ok()
+        {
+            return Ok(maps);
         }
         if start.elapsed() > Duration::from_secs(15) {
             bail!("the gate did not come up within 15 s; see shedctl's log above");

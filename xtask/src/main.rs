@@ -116,9 +116,41 @@ fn test(extra: &[String]) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the tests load real eBPF programs and create network namespaces: run `sudo -E cargo xtask test`");
     }
-    let mut args = vec!["test", "--workspace", "--no-fail-fast"];
+    // Default members: every crate but shed-ebpf, which only builds for the BPF target.
+    let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
     // One test at a time: the end-to-end tests share the host's one gate.
     args.extend(["--", "--test-threads=1"]);
-    cargo(&args)
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(&args)
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("run cargo test")?;
+    // Echo the output and total the per-binary results into one closing line.
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    let stdout = child.stdout.take().expect("piped stdout");
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(what), Some(n)) = (words.next(), words.next()) else { continue };
+                let n: u64 = n.parse().unwrap_or(0);
+                match what {
+                    "passed" => passed += n,
+                    "failed" => failed += n,
+                    "ignored" => ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    println!("{passed} passed, {failed} failed, {ignored} skipped");
+    if !status.success() || failed > 0 || passed == 0 {
+        bail!("tests failed ({status})");
+    }
+    Ok(())
 }
