@@ -67,17 +67,6 @@ impl Testbed {
     pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
         if v6 { SocketAddr::new(IpAddr::V6(self.server_v6), port) } else { SocketAddr::new(IpAddr::V4(self.server_v4), port) }
     }
-
-    /// Turns GRO on at the client end: veth then runs NAPI there, which XDP_TX needs.
-    pub fn client_gro_on(&self) -> io::Result<()> {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.client_ns, "ethtool", "-K", &self.client_if, "gro", "on"])
-            .output()?;
-        if !out.status.success() {
-            return Err(io::Error::other(format!("ethtool -K gro on: {}", String::from_utf8_lossy(&out.stderr).trim())));
-        }
-        Ok(())
-    }
 }
 
 impl Drop for Testbed {

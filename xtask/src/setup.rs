@@ -66,17 +66,19 @@ fn bpf_linker() -> Result<()> {
 }
 
 fn debian_packages() -> Result<()> {
-    // ethtool: GRO on veth peers in tests and the demo. iproute2: namespaces and veth.
-    let wanted = [("ethtool", "ethtool"), ("ip", "iproute2")];
+    // iproute2: namespaces and veth for the tests and the demo; util-linux: setpriv and unshare in the tests.
+    let wanted = [("ip", "iproute2"), ("setpriv", "util-linux"), ("unshare", "util-linux")];
     let missing: Vec<&str> = wanted
         .iter()
         .filter(|(bin, _)| output(Command::new("sh").args(["-c", &format!("command -v {bin}")])).is_none())
         .map(|(_, pkg)| *pkg)
         .collect();
     if missing.is_empty() {
-        println!("setup: ethtool and iproute2 present");
+        println!("setup: iproute2 and util-linux present");
         return Ok(());
     }
+    let mut missing = missing;
+    missing.dedup();
     println!("setup: installing {}", missing.join(" "));
     if run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends"]).args(&missing)).is_err() {
         run(Command::new("apt-get").arg("update")).context("apt-get update")?;
