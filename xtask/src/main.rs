@@ -20,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what building and testing need (idempotent): rust-src, bpf-linker, ethtool; mount bpffs/tracefs.
+    /// Install what building and testing need (idempotent): rust-src, bpf-linker, iproute2, util-linux; mount bpffs/tracefs.
     Setup,
     /// Build the kernel object (release, with BTF).
     BuildEbpf,
