@@ -12,6 +12,7 @@
 //!   IPv6 (`::ffff:a.b.c.d`), which is what the socket tracepoint reports.
 #![no_std]
 
+pub mod latency;
 pub mod rst;
 
 use core::mem::size_of;
@@ -32,9 +33,19 @@ pub mod map {
     pub const SOCKS: &str = "SHED_SOCKS";
     /// `Array<u64>[1]`: the daemon's clock (monotonic milliseconds), stamped on pending reservations.
     pub const CLOCK: &str = "SHED_CLOCK";
+    /// `Array<u32>` indexed by slot: the current concurrency limit. Written by the daemon's
+    /// controller and by `shedctl set --limit`; read by the gate.
+    pub const LIMITS: &str = "SHED_LIMITS";
+    /// `PerCpuArray<PortLatency>` indexed by slot: request latency histograms. Written by the kernel.
+    pub const LATENCY: &str = "SHED_LATENCY";
+    /// `Array<ControlConfig>` indexed by slot: the controller's settings. Written by `shedctl`, read by the daemon.
+    pub const CONTROL: &str = "SHED_CONTROL";
+    /// `Array<ControlStatus>` indexed by slot: the controller's last window. Written by the daemon, read by `shedctl stats`.
+    pub const STATUS: &str = "SHED_STATUS";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 7] = [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK];
+    pub const ALL: [&str; 11] =
+        [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS];
 }
 
 /// Program names (the function names in `shed-ebpf`).
@@ -42,6 +53,12 @@ pub mod program {
     pub const XDP: &str = "shed_xdp";
     pub const TC: &str = "shed_tc";
     pub const SOCK_STATE: &str = "shed_sock_state";
+    /// `sock:sk_data_ready`: request bytes reached a tracked socket.
+    pub const DATA_READY: &str = "shed_data_ready";
+    /// `sock:sock_recv_length`: the application read them.
+    pub const RECV: &str = "shed_recv";
+    /// `sock:sock_send_length`: the application answered.
+    pub const SEND: &str = "shed_send";
     /// XDP_PASS only: for the peer of a veth gated with XDP, so XDP_TX replies are delivered.
     pub const XDP_PASS: &str = "shed_xdp_pass";
 }
@@ -90,11 +107,32 @@ pub mod counter {
     pub const COUNT: usize = 16;
 }
 
+/// What in-flight counts for a port ([`PortConfig::count_mode`]).
+pub mod count_mode {
+    /// Work in the service: pending handshakes plus connections that have not
+    /// answered their latest request. Idle keep-alive connections do not count.
+    pub const WORK: u8 = 0;
+    /// Open connections: pending handshakes plus established connections.
+    pub const CONNECTIONS: u8 = 1;
+}
+
 /// TCP states as the `sock:inet_sock_set_state` tracepoint reports them.
 pub mod tcp_state {
     pub const ESTABLISHED: i32 = 1;
     pub const SYN_RECV: i32 = 3;
     pub const CLOSE: i32 = 7;
+}
+
+/// Field offsets of `sock:sk_data_ready`, `sock:sock_recv_length` and
+/// `sock:sock_send_length` (same layout for the fields used). Checked at attach.
+pub mod sock_io_tp {
+    pub const SKADDR: usize = 8;
+    pub const PROTOCOL: usize = 18;
+    /// recv/send only: bytes moved, or a negative errno.
+    pub const RET: usize = 20;
+    /// recv/send only: MSG_* flags.
+    pub const FLAGS: usize = 24;
+    pub const MSG_PEEK: i32 = 2;
 }
 
 /// Field offsets of `sock:inet_sock_set_state` (see its `format` file in tracefs).
@@ -110,19 +148,21 @@ pub mod sock_state_tp {
     pub const DADDR_V6: usize = 56;
 }
 
-/// Per-port configuration. Key: port (host order). Written by userspace only.
+/// Per-port configuration. Key: port (host order). Written by `shedctl` only.
+/// The limit lives apart, in [`map::LIMITS`], because the controller rewrites
+/// it every window and must not race an operator's change of the action.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortConfig {
-    /// Admit while in-flight < limit.
-    pub limit: u32,
-    /// Index into the per-port arrays ([`map::PORT_STATE`], [`map::COUNTERS`], [`map::USER_STATE`]).
+    /// Index into the per-port arrays ([`map::PORT_STATE`], [`map::COUNTERS`], [`map::LIMITS`], ...).
     pub slot: u32,
     /// One of [`action`].
     pub action: u8,
     /// 1: count would-rejects but admit everything.
     pub dry_run: u8,
-    pub _pad: [u8; 6],
+    /// One of [`count_mode`].
+    pub count_mode: u8,
+    pub _pad: [u8; 9],
 }
 const _: () = assert!(size_of::<PortConfig>() == 16);
 
@@ -130,6 +170,7 @@ const _: () = assert!(size_of::<PortConfig>() == 16);
 /// counts so that every writer only ever adds (atomically) and no two writers
 /// share a field:
 /// - established = `opened - closed`
+/// - busy        = `busy_enter - busy_exit` (connections owing an answer)
 /// - pending     = `reserved - released - UserPortState::pending_expired`
 ///
 /// Written only by the kernel programs.
@@ -144,8 +185,12 @@ pub struct PortState {
     pub reserved: u64,
     /// Reservations released by their handshake completing.
     pub released: u64,
+    /// Connections that started owing an answer (accepted, or a request arrived while idle).
+    pub busy_enter: u64,
+    /// Connections that stopped owing one (answered, or closed while busy).
+    pub busy_exit: u64,
 }
-const _: () = assert!(size_of::<PortState>() == 32);
+const _: () = assert!(size_of::<PortState>() == 48);
 
 /// The daemon's share of a port's accounting. Written only by the daemon.
 #[repr(C)]
@@ -193,15 +238,88 @@ pub struct PendingEntry {
 }
 const _: () = assert!(size_of::<PendingEntry>() == 16);
 
-/// An established socket counted in flight.
+/// An established socket of a protected port, and where its current request stands.
+/// Updated only from the socket's own events, which the socket lock serialises.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SockEntry {
     pub slot: u32,
     pub port: u16,
-    pub _pad: [u8; 2],
+    /// 1 while the connection owes an answer (counted in `busy_enter - busy_exit`).
+    pub busy: u8,
+    pub _pad: u8,
+    /// When the current request's first bytes arrived (ns, 0: none pending).
+    pub arrival_ns: u64,
+    /// When the application first read them (ns, 0: not yet).
+    pub pickup_ns: u64,
 }
-const _: () = assert!(size_of::<SockEntry>() == 8);
+const _: () = assert!(size_of::<SockEntry>() == 24);
+
+/// Request latency histograms of one port on one CPU, in microseconds,
+/// bucketed by [`latency::bucket`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortLatency {
+    /// Arrival to pick-up: time in the service's queues.
+    pub queue_wait: [u64; latency::BUCKETS],
+    /// Pick-up to first response byte.
+    pub service: [u64; latency::BUCKETS],
+    /// Arrival to first response byte.
+    pub sojourn: [u64; latency::BUCKETS],
+}
+const _: () = assert!(size_of::<PortLatency>() == 3 * 8 * latency::BUCKETS);
+
+impl Default for PortLatency {
+    fn default() -> Self {
+        Self { queue_wait: [0; latency::BUCKETS], service: [0; latency::BUCKETS], sojourn: [0; latency::BUCKETS] }
+    }
+}
+
+/// The controller's settings for one port. Written by `shedctl attach/set`, read by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlConfig {
+    /// Bumped on every change, so the daemon notices.
+    pub generation: u32,
+    /// Algorithm code (see `shed::control::Algo`).
+    pub algo: u8,
+    /// Latency percentile the controller follows (1-99).
+    pub percentile: u8,
+    pub _pad: [u8; 2],
+    pub min_limit: u32,
+    pub max_limit: u32,
+    /// Control window, milliseconds.
+    pub window_ms: u32,
+    /// A limit set by the operator with this generation (0: none); adaptive controllers continue from it.
+    pub requested_limit: u32,
+}
+const _: () = assert!(size_of::<ControlConfig>() == 24);
+
+/// The controller's last window for one port. Written by the daemon, read by `shedctl stats`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlStatus {
+    pub baseline_us: u64,
+    /// The latency the controller followed in the last window.
+    pub observed_us: u64,
+    pub queue_wait_p50_us: u64,
+    pub queue_wait_p99_us: u64,
+    pub service_p50_us: u64,
+    pub service_p99_us: u64,
+    pub sojourn_p50_us: u64,
+    pub sojourn_p99_us: u64,
+    /// Completed requests in the last window.
+    pub samples: u64,
+    /// Listen-queue overflows and drops in the last window (whole namespace).
+    pub listen_drops: u64,
+    /// Windows run so far.
+    pub windows: u64,
+    /// Reason code of the last decision (see `shed::control::Reason`).
+    pub reason: u32,
+    /// Limit before the last decision.
+    pub previous_limit: u32,
+}
+const _: () = assert!(size_of::<ControlStatus>() == 96);
 
 /// Builds the IPv4-mapped IPv6 form of an IPv4 address, as the socket tracepoint reports it.
 #[inline(always)]
@@ -209,12 +327,19 @@ pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
     [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3]]
 }
 
-/// In-flight work of a port: established connections plus pending handshakes.
+/// In-flight of a port: pending handshakes plus busy connections
+/// ([`count_mode::WORK`]) or plus established ones ([`count_mode::CONNECTIONS`]).
 /// The counters are read without a lock, so a momentarily inconsistent read is
 /// clamped at zero rather than wrapping.
 #[inline(always)]
-pub const fn in_flight(state: &PortState, reserved: u64, pending_expired: u64) -> u64 {
-    established(state) + pending(reserved, state.released, pending_expired)
+pub const fn in_flight(state: &PortState, reserved: u64, pending_expired: u64, mode: u8) -> u64 {
+    let held = if mode == count_mode::CONNECTIONS { established(state) } else { busy(state) };
+    held + pending(reserved, state.released, pending_expired)
+}
+
+#[inline(always)]
+pub const fn busy(state: &PortState) -> u64 {
+    state.busy_enter.saturating_sub(state.busy_exit)
 }
 
 #[inline(always)]
@@ -238,6 +363,9 @@ mod user {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for PendingEntry {}
     unsafe impl aya::Pod for SockEntry {}
+    unsafe impl aya::Pod for PortLatency {}
+    unsafe impl aya::Pod for ControlConfig {}
+    unsafe impl aya::Pod for ControlStatus {}
 }
 
 #[cfg(test)]
@@ -246,10 +374,12 @@ mod tests {
 
     #[test]
     fn in_flight_clamps_inconsistent_reads() {
-        let state = PortState { opened: 3, closed: 5, reserved: 0, released: 0 };
-        assert_eq!(in_flight(&state, 2, 4), 0);
-        let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2 };
-        assert_eq!(in_flight(&state, 9, 3), 6 + 4);
+        let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2, ..PortState::default() };
+        assert_eq!(in_flight(&state, 2, 4, count_mode::CONNECTIONS), 0);
+        assert_eq!(in_flight(&state, 2, 4, count_mode::WORK), 0);
+        let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2, busy_enter: 7, busy_exit: 5 };
+        assert_eq!(in_flight(&state, 9, 3, count_mode::CONNECTIONS), 6 + 4);
+        assert_eq!(in_flight(&state, 9, 3, count_mode::WORK), 2 + 4);
     }
 
     #[test]

@@ -1,15 +1,21 @@
-//! In-flight accounting from `sock:inet_sock_set_state`.
+//! In-flight accounting and request latency, from socket tracepoints.
 //!
-//! A passive-open socket of a protected port is counted when it goes
-//! SYN_RECV -> ESTABLISHED and released at its final CLOSE. Membership in
-//! `SHED_SOCKS` makes both exactly-once: only the CPU whose insert (or delete)
-//! succeeds touches the counters.
-use aya_ebpf::{bindings::BPF_NOEXIST, programs::TracePointContext};
-use shed_common::{FlowKey, SockEntry, sock_state_tp as tp, tcp_state};
+//! A passive-open socket of a protected port is tracked from SYN_RECV ->
+//! ESTABLISHED to its final CLOSE. Membership in `SHED_SOCKS` makes counting
+//! exactly-once: only the CPU whose insert (or delete) succeeds touches the
+//! port's counters.
+//!
+//! Per request turn (keep-alive connections have many):
+//! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
+//! byte (`sock_send_length`). A connection is busy from acceptance, or from a
+//! request's arrival, until it answers; an idle keep-alive connection is not.
+//! A socket's events are serialised by its lock, so its entry needs no atomics.
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TracePointContext};
+use shed_common::{FlowKey, SockEntry, latency, sock_io_tp as io, sock_state_tp as tp, tcp_state};
 
 use crate::{
     decide::atomic_add,
-    maps::{SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS},
+    maps::{SHED_LATENCY, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS},
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -17,6 +23,10 @@ const IPPROTO_TCP: u16 = 6;
 #[inline(always)]
 pub fn on_sock_state(ctx: &TracePointContext) {
     let _ = try_on_sock_state(ctx);
+}
+
+fn state_field(slot: u32) -> Option<*mut shed_common::PortState> {
+    SHED_PORT_STATE.get_ptr_mut(slot)
 }
 
 fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
@@ -33,10 +43,13 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         let Some(entry) = (unsafe { SHED_SOCKS.get(&skaddr) }).copied() else {
             return Ok(());
         };
-        if SHED_SOCKS.remove(&skaddr).is_ok() {
-            if let Some(state) = SHED_PORT_STATE.get_ptr_mut(entry.slot) {
-                atomic_add(unsafe { &raw mut (*state).closed }, 1);
+        if SHED_SOCKS.remove(&skaddr).is_ok()
+            && let Some(state) = state_field(entry.slot)
+        {
+            if entry.busy != 0 {
+                atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
             }
+            atomic_add(unsafe { &raw mut (*state).closed }, 1);
         }
         return Ok(());
     }
@@ -50,11 +63,13 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     };
     let slot = config.slot;
-    let Some(state) = SHED_PORT_STATE.get_ptr_mut(slot) else {
+    let Some(state) = state_field(slot) else {
         return Ok(());
     };
-    let entry = SockEntry { slot, port: local_port, _pad: [0; 2] };
+    // Accepted and not yet answered: busy (a server-first protocol answers before any request).
+    let entry = SockEntry { slot, port: local_port, busy: 1, _pad: 0, arrival_ns: 0, pickup_ns: 0 };
     if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
+        atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
         atomic_add(unsafe { &raw mut (*state).opened }, 1);
     }
 
@@ -68,4 +83,96 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         atomic_add(unsafe { &raw mut (*state).released }, 1);
     }
     Ok(())
+}
+
+/// The tracked socket of an I/O event, if it is one of ours.
+#[inline(always)]
+fn tracked(ctx: &TracePointContext) -> Option<*mut SockEntry> {
+    let protocol: u16 = unsafe { ctx.read_at(io::PROTOCOL).ok()? };
+    if protocol != IPPROTO_TCP {
+        return None;
+    }
+    let skaddr: u64 = unsafe { ctx.read_at(io::SKADDR).ok()? };
+    SHED_SOCKS.get_ptr_mut(&skaddr)
+}
+
+/// Bytes moved by a recv/send event (0 for errors and MSG_PEEK).
+#[inline(always)]
+fn moved(ctx: &TracePointContext) -> i32 {
+    let ret: i32 = unsafe { ctx.read_at(io::RET).unwrap_or(0) };
+    let flags: i32 = unsafe { ctx.read_at(io::FLAGS).unwrap_or(0) };
+    if flags & io::MSG_PEEK != 0 { 0 } else { ret }
+}
+
+/// `sock:sk_data_ready`: a request's bytes arrived.
+pub fn on_data_ready(ctx: &TracePointContext) {
+    let Some(entry) = tracked(ctx) else { return };
+    // SAFETY: map value of a socket whose events the socket lock serialises.
+    let entry = unsafe { &mut *entry };
+    if entry.arrival_ns == 0 {
+        entry.arrival_ns = unsafe { bpf_ktime_get_ns() };
+    }
+    if entry.busy == 0 {
+        entry.busy = 1;
+        if let Some(state) = state_field(entry.slot) {
+            atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+        }
+    }
+}
+
+/// `sock:sock_recv_length`: the application read the request.
+pub fn on_recv(ctx: &TracePointContext) {
+    let Some(entry) = tracked(ctx) else { return };
+    if moved(ctx) <= 0 {
+        return;
+    }
+    let entry = unsafe { &mut *entry };
+    if entry.arrival_ns != 0 && entry.pickup_ns == 0 {
+        let now = unsafe { bpf_ktime_get_ns() };
+        entry.pickup_ns = now;
+        record(entry.slot, Histogram::QueueWait, now.saturating_sub(entry.arrival_ns));
+    }
+}
+
+/// `sock:sock_send_length`: the application answered.
+pub fn on_send(ctx: &TracePointContext) {
+    let Some(entry) = tracked(ctx) else { return };
+    if moved(ctx) <= 0 {
+        return;
+    }
+    let entry = unsafe { &mut *entry };
+    if entry.pickup_ns != 0 {
+        let now = unsafe { bpf_ktime_get_ns() };
+        record(entry.slot, Histogram::Service, now.saturating_sub(entry.pickup_ns));
+        record(entry.slot, Histogram::Sojourn, now.saturating_sub(entry.arrival_ns));
+    }
+    // Later sends of the same answer change nothing until the next request arrives.
+    entry.arrival_ns = 0;
+    entry.pickup_ns = 0;
+    if entry.busy != 0 {
+        entry.busy = 0;
+        if let Some(state) = state_field(entry.slot) {
+            atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
+        }
+    }
+}
+
+enum Histogram {
+    QueueWait,
+    Service,
+    Sojourn,
+}
+
+#[inline(always)]
+fn record(slot: u32, which: Histogram, ns: u64) {
+    let Some(hist) = SHED_LATENCY.get_ptr_mut(slot) else { return };
+    let b = latency::bucket(ns / 1000);
+    // SAFETY: per-CPU value; `bucket` masks the index into range.
+    unsafe {
+        match which {
+            Histogram::QueueWait => (*hist).queue_wait[b] += 1,
+            Histogram::Service => (*hist).service[b] += 1,
+            Histogram::Sojourn => (*hist).sojourn[b] += 1,
+        }
+    }
 }

@@ -5,7 +5,7 @@ use aya_ebpf::bindings::BPF_NOEXIST;
 use shed_common::{FlowKey, PendingEntry, action, counter};
 
 use crate::{
-    maps::{SHED_CLOCK, SHED_COUNTERS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_USER_STATE},
+    maps::{SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_USER_STATE},
     parse::Syn,
 };
 
@@ -49,6 +49,9 @@ pub fn decide(syn: &Syn) -> Verdict {
     let Some(state) = SHED_PORT_STATE.get_ptr_mut(slot) else {
         return Verdict::Pass;
     };
+    let Some(&limit) = SHED_LIMITS.get(slot) else {
+        return Verdict::Pass;
+    };
     count(slot, counter::SYN_SEEN);
 
     let key = FlowKey {
@@ -68,8 +71,8 @@ pub fn decide(syn: &Syn) -> Verdict {
     // for a burst of simultaneous SYNs.
     let reserved_before = atomic_add(unsafe { &raw mut (*state).reserved }, 1);
     let expired = SHED_USER_STATE.get(slot).map_or(0, |u| u.pending_expired);
-    let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, expired);
-    if in_flight >= u64::from(config.limit) {
+    let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, expired, config.count_mode);
+    if in_flight >= u64::from(limit) {
         if config.dry_run != 0 {
             count(slot, counter::DRY_RUN_WOULD_REJECT);
         } else {

@@ -115,6 +115,24 @@ pub fn shed_sock_state(ctx: TracePointContext) -> u32 {
     0
 }
 
+#[tracepoint]
+pub fn shed_data_ready(ctx: TracePointContext) -> u32 {
+    account::on_data_ready(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn shed_recv(ctx: TracePointContext) -> u32 {
+    account::on_recv(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn shed_send(ctx: TracePointContext) -> u32 {
+    account::on_send(&ctx);
+    0
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

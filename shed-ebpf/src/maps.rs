@@ -5,7 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use shed_common::{
-    FlowKey, PendingEntry, PortConfig, PortCounters, PortState, SockEntry, UserPortState,
+    ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
+    UserPortState,
     capacity::{MAX_PENDING, MAX_PORTS, MAX_SOCKS},
 };
 
@@ -29,3 +30,17 @@ pub static SHED_SOCKS: HashMap<u64, SockEntry> = HashMap::with_max_entries(MAX_S
 
 #[map]
 pub static SHED_CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static SHED_LIMITS: Array<u32> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_LATENCY: PerCpuArray<PortLatency> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
+
+// Userspace-only (controller settings and status); defined here so one object
+// creates every map the gate pins.
+#[map]
+pub static SHED_CONTROL: Array<ControlConfig> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_STATUS: Array<ControlStatus> = Array::with_max_entries(MAX_PORTS, 0);

@@ -4,7 +4,12 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 
-use crate::input::{Action, Hook, Switch, parse_interface, parse_limit, parse_millis, parse_port};
+use shed_common::ControlConfig;
+
+use crate::{
+    control::{Algo, Settings},
+    input::{Action, Count, Hook, Switch, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port},
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,9 +62,37 @@ pub struct AttachArgs {
     #[arg(long, value_enum, default_value_t = Action::Drop)]
     pub action: Action,
 
-    /// Concurrency limit: admit while in-flight < limit (--limit 200).
-    #[arg(long, value_parser = parse_limit, default_value_t = 100)]
-    pub limit: u32,
+    /// A fixed concurrency limit: admit while in-flight < limit (--limit 200). Implies --algo fixed.
+    #[arg(long, value_parser = parse_limit)]
+    pub limit: Option<u32>,
+
+    /// Limiter (--algo gradient2). Default: gradient, or fixed when --limit is given.
+    #[arg(long, value_enum)]
+    pub algo: Option<Algo>,
+
+    /// Limit an adaptive controller starts from (--initial-limit 100).
+    #[arg(long, value_parser = parse_limit)]
+    pub initial_limit: Option<u32>,
+
+    /// Lowest limit an adaptive controller may set (--min-limit 4).
+    #[arg(long, value_parser = parse_limit, default_value_t = 4)]
+    pub min_limit: u32,
+
+    /// Highest limit an adaptive controller may set (--max-limit 10000).
+    #[arg(long, value_parser = parse_limit, default_value_t = 10_000)]
+    pub max_limit: u32,
+
+    /// Control window in milliseconds (--window 100).
+    #[arg(long, default_value = "100", value_parser = |s: &str| parse_millis(s, 20, 10_000))]
+    pub window: Duration,
+
+    /// Percentile of request latency (arrival to first response byte) the controller follows (--percentile 90).
+    #[arg(long, default_value_t = 90, value_parser = parse_percentile)]
+    pub percentile: u8,
+
+    /// What in-flight counts (--count connections). Default: work (connections owing an answer).
+    #[arg(long, value_enum, default_value_t = Count::Work)]
+    pub count: Count,
 
     /// Count what would be rejected, but admit everything (--dry-run).
     #[arg(long)]
@@ -72,6 +105,47 @@ pub struct AttachArgs {
     /// Milliseconds an admitted handshake may hold its slot before it expires (--pending-timeout 2000).
     #[arg(long, default_value = "2000", value_parser = |s: &str| parse_millis(s, 100, 60_000))]
     pub pending_timeout: Duration,
+}
+
+impl AttachArgs {
+    /// The controller settings and the starting limit, checked for consistency.
+    pub fn control(&self) -> Result<(ControlConfig, u32), String> {
+        let algo = match (self.algo, self.limit) {
+            (None, Some(_)) | (Some(Algo::Fixed), _) => Algo::Fixed,
+            (None, None) => Algo::Gradient,
+            (Some(algo), Some(_)) => {
+                return Err(format!(
+                    "--limit sets a fixed limit, but --algo {algo} adapts it: use --initial-limit to start {algo} from a value"
+                ));
+            }
+            (Some(algo), None) => algo,
+        };
+        control_config(algo, self.min_limit, self.max_limit, self.window, self.percentile)
+            .map(|c| (c, self.limit.or(self.initial_limit).unwrap_or(Settings::default().initial_limit)))
+            .and_then(|(c, limit)| {
+                if algo != Algo::Fixed && !(c.min_limit..=c.max_limit).contains(&limit) {
+                    return Err(format!("--initial-limit {limit} is outside --min-limit {} .. --max-limit {}", c.min_limit, c.max_limit));
+                }
+                Ok((c, limit))
+            })
+    }
+}
+
+/// Controller settings as the daemon reads them from the map.
+pub fn control_config(algo: Algo, min_limit: u32, max_limit: u32, window: Duration, percentile: u8) -> Result<ControlConfig, String> {
+    if min_limit > max_limit {
+        return Err(format!("--min-limit {min_limit} is above --max-limit {max_limit}"));
+    }
+    Ok(ControlConfig {
+        generation: 1,
+        algo: algo.to_raw(),
+        percentile,
+        _pad: [0; 2],
+        min_limit,
+        max_limit,
+        window_ms: window.as_millis() as u32,
+        requested_limit: 0,
+    })
 }
 
 #[derive(Debug, Args)]
@@ -94,15 +168,31 @@ pub struct StatsArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run"])))]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, value_parser = parse_port)]
     pub port: u16,
 
-    /// New concurrency limit (--limit 50).
+    /// The limit, now (--limit 50); adaptive controllers continue from it.
     #[arg(long, value_parser = parse_limit)]
     pub limit: Option<u32>,
+
+    /// Switch limiter (--algo aimd); the current limit is kept.
+    #[arg(long, value_enum)]
+    pub algo: Option<Algo>,
+
+    /// New lowest adaptive limit (--min-limit 8).
+    #[arg(long, value_parser = parse_limit)]
+    pub min_limit: Option<u32>,
+
+    /// New highest adaptive limit (--max-limit 500).
+    #[arg(long, value_parser = parse_limit)]
+    pub max_limit: Option<u32>,
+
+    /// What in-flight counts (--count connections).
+    #[arg(long, value_enum)]
+    pub count: Option<Count>,
 
     /// New reject action (--action rst).
     #[arg(long, value_enum)]
@@ -148,15 +238,32 @@ mod tests {
         let Command::Attach(a) = cli.command else { panic!("expected attach") };
         assert_eq!(a.ports, [8080, 9090]);
         assert_eq!(a.ifaces, ["veth0"]);
-        assert_eq!((a.hook, a.action, a.limit, a.dry_run), (Some(Hook::Tc), Action::Rst, 5, true));
+        assert_eq!((a.hook, a.action, a.limit, a.dry_run), (Some(Hook::Tc), Action::Rst, Some(5), true));
+        assert_eq!(a.control().unwrap().0.algo, Algo::Fixed.to_raw(), "--limit alone means fixed");
         assert_eq!(a.netns.as_deref(), Some("srv"));
     }
 
     #[test]
     fn attach_defaults() {
         let Command::Attach(a) = parse(&["attach", "--port", "8080"]).unwrap().command else { panic!() };
-        assert_eq!((a.hook, a.action, a.limit, a.dry_run), (None, Action::Drop, 100, false));
+        assert_eq!((a.hook, a.action, a.limit, a.dry_run, a.count), (None, Action::Drop, None, false, Count::Work));
         assert_eq!(a.pending_timeout, Duration::from_secs(2));
+        let (control, limit) = a.control().unwrap();
+        assert_eq!((Algo::from_raw(control.algo), limit, control.window_ms, control.percentile), (Algo::Gradient, 100, 100, 90));
+    }
+
+    #[test]
+    fn adaptive_flags_are_checked_together() {
+        let control = |args: &[&str]| {
+            let Command::Attach(a) = parse(&[&["attach", "--port", "8080"], args].concat()).unwrap().command else { panic!() };
+            a.control()
+        };
+        assert!(control(&["--algo", "gradient", "--limit", "5"]).unwrap_err().contains("--initial-limit"));
+        assert!(control(&["--min-limit", "50", "--max-limit", "10"]).unwrap_err().contains("above --max-limit"));
+        assert!(control(&["--initial-limit", "3"]).unwrap_err().contains("outside"));
+        let (c, limit) = control(&["--algo", "aimd", "--initial-limit", "20", "--window", "250", "--percentile", "p99"]).unwrap();
+        assert_eq!((Algo::from_raw(c.algo), limit, c.window_ms, c.percentile), (Algo::Aimd, 20, 250, 99));
+        assert_eq!(control(&["--algo", "fixed", "--limit", "7"]).unwrap().1, 7);
     }
 
     #[test]
@@ -172,6 +279,10 @@ mod tests {
             (&["set", "--port", "8080"], "required"),
             (&["set", "--port", "8080", "--dry-run", "maybe"], "on or off"),
             (&["stats", "--interval", "1"], "out of range"),
+            (&["attach", "--port", "8080", "--algo", "vegas"], "vegas"),
+            (&["attach", "--port", "8080", "--percentile", "100"], "out of range"),
+            (&["attach", "--port", "8080", "--window", "5"], "out of range"),
+            (&["attach", "--port", "8080", "--count", "requests"], "requests"),
         ];
         for (args, expected) in cases {
             let err = parse(args).expect_err(&format!("{args:?} must be refused")).to_string();

@@ -9,7 +9,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Error, gate::Loaded, maps, paths, system};
+use shed_common::{ControlConfig, ControlStatus, PortLatency, latency};
+
+use crate::{
+    Error,
+    control::{Algo, Controller, Reason, Settings, WindowSample},
+    gate::Loaded,
+    maps::{self, GateMaps},
+    paths, stats, system,
+};
 
 /// Whether a daemon holds the gate right now.
 #[derive(Debug, PartialEq, Eq)]
@@ -131,6 +139,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let timeout_ms = settings.pending_timeout.as_millis() as u64;
     let mut last_report = Instant::now();
     let mut expired_since_report = 0;
+    let mut controls: Vec<PortControl> = Vec::new();
     loop {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
@@ -139,9 +148,23 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                 let now = system::monotonic_ms();
                 loaded.maps.set_clock(now)?;
                 expired_since_report += loaded.maps.expire_pending(now, timeout_ms)?;
-                if loaded.maps.port_configs()?.is_empty() {
+                let ports = loaded.maps.port_configs()?;
+                if ports.is_empty() {
                     tracing::info!("every port was detached: stopping");
                     return Ok(());
+                }
+                // Follow ports detached (or re-attached in another slot) since the last tick.
+                controls.retain(|c| ports.get(&c.port).is_some_and(|p| p.slot == c.slot));
+                for (&port, config) in &ports {
+                    if !controls.iter().any(|c| c.port == port) {
+                        let snapshot = loaded.maps.snapshot(port, *config)?;
+                        let hist = loaded.maps.latency(config.slot)?;
+                        controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist));
+                    }
+                }
+                let instant = Instant::now();
+                for control in &mut controls {
+                    control.run(&mut loaded.maps, instant)?;
                 }
                 if expired_since_report > 0 && last_report.elapsed() >= Duration::from_secs(10) {
                     tracing::info!(expired = expired_since_report, "handshakes that never completed released their slots");
@@ -150,5 +173,139 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                 }
             }
         }
+    }
+}
+
+/// One port's controller and what it remembers between windows.
+struct PortControl {
+    slot: u32,
+    port: u16,
+    controller: Controller,
+    generation: u32,
+    window: Duration,
+    percentile: f64,
+    next_run: Instant,
+    last_hist: PortLatency,
+    last_listen_drops: Option<u64>,
+    last_reason: Option<Reason>,
+    windows: u64,
+    /// Quiet windows whose samples were carried into the current one.
+    carried: u32,
+}
+
+impl PortControl {
+    fn new(port: u16, slot: u32, limit: u32, config: &ControlConfig, hist: PortLatency) -> Self {
+        let mut controller = Controller::new(settings(config, limit), u64::from(port));
+        controller.set_limit(limit);
+        let window = Duration::from_millis(u64::from(config.window_ms.max(1)));
+        Self {
+            slot,
+            port,
+            controller,
+            generation: config.generation,
+            window,
+            percentile: f64::from(config.percentile),
+            next_run: Instant::now() + window,
+            last_hist: hist,
+            last_listen_drops: None,
+            last_reason: None,
+            windows: 0,
+            carried: 0,
+        }
+    }
+
+    /// Runs one window if it is due.
+    fn run(&mut self, maps: &mut GateMaps, now: Instant) -> Result<(), Error> {
+        if now < self.next_run {
+            return Ok(());
+        }
+        self.next_run = now + self.window;
+        let snapshot = maps.snapshot(self.port, maps.config(self.port)?)?;
+        if snapshot.control.generation != self.generation {
+            self.generation = snapshot.control.generation;
+            self.controller.reconfigure(settings(&snapshot.control, snapshot.limit));
+            self.window = Duration::from_millis(u64::from(snapshot.control.window_ms.max(1)));
+            self.percentile = f64::from(snapshot.control.percentile);
+            if snapshot.control.requested_limit != 0 {
+                self.controller.set_limit(snapshot.control.requested_limit);
+            }
+            tracing::info!(port = self.port, algo = %self.controller.settings().algo, limit = self.controller.limit(), "controller settings changed");
+        }
+
+        let hist = maps.latency(self.slot)?;
+        let delta = |now: &[u64; latency::BUCKETS], before: &[u64; latency::BUCKETS]| -> [u64; latency::BUCKETS] {
+            std::array::from_fn(|i| now[i].wrapping_sub(before[i]))
+        };
+        let queue = delta(&hist.queue_wait, &self.last_hist.queue_wait);
+        let service = delta(&hist.service, &self.last_hist.service);
+        let sojourn = delta(&hist.sojourn, &self.last_hist.sojourn);
+        let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(stats::listen_drops);
+        let listen_drops = match (drops_now, self.last_listen_drops) {
+            (Some(now), Some(before)) => now.saturating_sub(before),
+            _ => 0,
+        };
+        self.last_listen_drops = drops_now;
+
+        let sample = WindowSample {
+            in_flight: snapshot.in_flight(),
+            samples: sojourn.iter().sum(),
+            latency_us: stats::histogram_percentile(&sojourn, self.percentile),
+            listen_drops,
+            windows: self.carried + 1,
+        };
+        let previous = snapshot.limit;
+        let decision = self.controller.on_window(&sample);
+        // Too few samples: keep this window's requests for the next one.
+        if decision.reason == Reason::TooFewSamples {
+            self.carried += 1;
+        } else {
+            self.last_hist = hist;
+            self.carried = 0;
+        }
+        if decision.limit != previous {
+            maps.set_limit(self.slot, decision.limit)?;
+        }
+        if self.last_reason != Some(decision.reason) && decision.reason != Reason::TooFewSamples {
+            tracing::info!(
+                port = self.port,
+                limit = decision.limit,
+                previous,
+                reason = ?decision.reason,
+                observed_us = sample.latency_us,
+                baseline_us = self.controller.baseline_us(),
+                in_flight = sample.in_flight,
+                "limit decision"
+            );
+        }
+        self.last_reason = Some(decision.reason);
+        self.windows += 1;
+        maps.write_status(
+            self.slot,
+            ControlStatus {
+                baseline_us: self.controller.baseline_us(),
+                observed_us: sample.latency_us,
+                queue_wait_p50_us: stats::histogram_percentile(&queue, 50.0),
+                queue_wait_p99_us: stats::histogram_percentile(&queue, 99.0),
+                service_p50_us: stats::histogram_percentile(&service, 50.0),
+                service_p99_us: stats::histogram_percentile(&service, 99.0),
+                sojourn_p50_us: stats::histogram_percentile(&sojourn, 50.0),
+                sojourn_p99_us: stats::histogram_percentile(&sojourn, 99.0),
+                samples: sample.samples,
+                listen_drops,
+                windows: self.windows,
+                reason: decision.reason.to_raw(),
+                previous_limit: previous,
+            },
+        )
+    }
+}
+
+fn settings(config: &ControlConfig, limit: u32) -> Settings {
+    Settings {
+        algo: Algo::from_raw(config.algo),
+        initial_limit: limit,
+        min_limit: config.min_limit.max(1),
+        max_limit: config.max_limit.max(config.min_limit.max(1)),
+        ..Settings::default()
     }
 }

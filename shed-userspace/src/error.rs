@@ -36,8 +36,8 @@ pub enum Error {
     #[error("the kernel object was not built into this binary: run `cargo xtask build-ebpf`, then rebuild shedctl (or use `cargo xtask install`)")]
     EbpfObjectMissing,
 
-    #[error("the running kernel's sock:inet_sock_set_state tracepoint differs from what shed was built for: field {field} expected at offset {expected}, found {found}")]
-    TracepointLayout { field: &'static str, expected: usize, found: String },
+    #[error("the running kernel's {tracepoint} tracepoint differs from what shed was built for: field {field} expected at offset {expected}, found {found}")]
+    TracepointLayout { tracepoint: &'static str, field: &'static str, expected: usize, found: String },
 
     #[error("too many ports: a gate protects at most {max} ports")]
     TooManyPorts { max: u32 },

@@ -25,7 +25,11 @@ impl Loaded {
         loaded.xdp()?.load().map_err(|e| Error::program("load XDP program", e))?;
         loaded.xdp_pass()?.load().map_err(|e| Error::program("load XDP pass program", e))?;
         loaded.tc()?.load().map_err(|e| Error::program("load TC program", e))?;
-        loaded.sock_state()?.load().map_err(|e| Error::program("load socket-state tracepoint program", e))?;
+        for (name, _, _) in TRACEPOINTS {
+            Self::program::<TracePoint>(&mut loaded.ebpf, name)?
+                .load()
+                .map_err(|e| Error::program(format!("load tracepoint program {name}"), e))?;
+        }
         Ok(loaded)
     }
 
@@ -52,16 +56,14 @@ impl Loaded {
         Self::program(&mut self.ebpf, program::XDP_PASS)
     }
 
-    pub fn sock_state(&mut self) -> Result<&mut TracePoint, Error> {
-        Self::program(&mut self.ebpf, program::SOCK_STATE)
-    }
-
-    /// Starts in-flight accounting. Attach it before any gate so no admitted
-    /// connection is established unseen.
+    /// Starts in-flight accounting and latency measurement. Attach before any
+    /// gate so no admitted connection is established unseen.
     pub fn attach_accounting(&mut self) -> Result<(), Error> {
-        self.sock_state()?
-            .attach("sock", "inet_sock_set_state")
-            .map_err(|e| Error::program("attach tracepoint sock:inet_sock_set_state", e))?;
+        for (name, category, event) in TRACEPOINTS {
+            Self::program::<TracePoint>(&mut self.ebpf, name)?
+                .attach(category, event)
+                .map_err(|e| Error::program(format!("attach tracepoint {category}:{event}"), e))?;
+        }
         Ok(())
     }
 
@@ -85,6 +87,14 @@ impl Loaded {
         Ok(())
     }
 }
+
+/// The socket tracepoint programs: (program, category, event).
+pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
+    (program::SOCK_STATE, "sock", "inet_sock_set_state"),
+    (program::DATA_READY, "sock", "sk_data_ready"),
+    (program::RECV, "sock", "sock_recv_length"),
+    (program::SEND, "sock", "sock_send_length"),
+];
 
 /// The hook for an interface when the operator did not pick one: XDP where
 /// it runs before the stack; TC on loopback (generic XDP there sees the skb

@@ -97,6 +97,38 @@ impl fmt::Display for Hook {
     }
 }
 
+/// What a port's in-flight counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Count {
+    /// Work in the service: pending handshakes plus connections owing an answer (idle keep-alive ones do not count).
+    Work,
+    /// Open connections, for protocols whose request turns cannot be seen.
+    Connections,
+}
+
+impl Count {
+    pub const fn to_raw(self) -> u8 {
+        match self {
+            Self::Work => shed_common::count_mode::WORK,
+            Self::Connections => shed_common::count_mode::CONNECTIONS,
+        }
+    }
+
+    pub const fn from_raw(raw: u8) -> Self {
+        if raw == shed_common::count_mode::CONNECTIONS { Self::Connections } else { Self::Work }
+    }
+}
+
+/// A latency percentile (1-99).
+pub fn parse_percentile(s: &str) -> Result<u8, String> {
+    let p: u8 = s.trim().trim_start_matches('p').parse().map_err(|_| format!("{s:?} is not a percentile: give 1 to 99, e.g. 90"))?;
+    if !(1..=99).contains(&p) {
+        return Err(format!("percentile {p} is out of range: give 1 to 99"));
+    }
+    Ok(p)
+}
+
 /// `on`/`off` switch (for `set --dry-run on|off`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Switch(pub bool);
@@ -160,6 +192,17 @@ mod tests {
         assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
         assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));
         assert!(parse_millis("5", 100, 60_000).is_err());
+    }
+
+    #[test]
+    fn percentiles() {
+        assert_eq!(parse_percentile("90"), Ok(90));
+        assert_eq!(parse_percentile("p99"), Ok(99));
+        assert!(parse_percentile("0").is_err());
+        assert!(parse_percentile("100").is_err());
+        for c in [Count::Work, Count::Connections] {
+            assert_eq!(Count::from_raw(c.to_raw()), c);
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod gate;
@@ -13,6 +14,7 @@ pub mod input;
 pub mod maps;
 pub mod object;
 pub mod paths;
+pub mod sim;
 pub mod stats;
 pub mod system;
 pub mod table;

@@ -7,8 +7,8 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
 };
 use shed_common::{
-    FlowKey, PendingEntry, PortConfig, PortCounters, PortState, SockEntry, UserPortState,
-    capacity::MAX_PORTS, map,
+    ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
+    UserPortState, capacity::MAX_PORTS, map,
 };
 
 use crate::{Error, paths};
@@ -21,6 +21,10 @@ pub struct GateMaps {
     pub pending: HashMap<MapData, FlowKey, PendingEntry>,
     pub socks: HashMap<MapData, u64, SockEntry>,
     pub clock: Array<MapData, u64>,
+    pub limits: Array<MapData, u32>,
+    pub latency: PerCpuArray<MapData, PortLatency>,
+    pub control: Array<MapData, ControlConfig>,
+    pub status: Array<MapData, ControlStatus>,
 }
 
 /// Everything known about one port at one instant.
@@ -28,6 +32,9 @@ pub struct GateMaps {
 pub struct PortSnapshot {
     pub port: u16,
     pub config: PortConfig,
+    pub limit: u32,
+    pub control: ControlConfig,
+    pub status: ControlStatus,
     pub state: PortState,
     pub user: UserPortState,
     /// Counters summed over CPUs.
@@ -41,8 +48,11 @@ impl PortSnapshot {
     pub fn pending(&self) -> u64 {
         shed_common::pending(self.state.reserved, self.state.released, self.user.pending_expired)
     }
+    pub fn busy(&self) -> u64 {
+        shed_common::busy(&self.state)
+    }
     pub fn in_flight(&self) -> u64 {
-        shed_common::in_flight(&self.state, self.state.reserved, self.user.pending_expired)
+        shed_common::in_flight(&self.state, self.state.reserved, self.user.pending_expired, self.config.count_mode)
     }
     pub fn counter(&self, index: usize) -> u64 {
         self.counters.values[index]
@@ -93,6 +103,10 @@ impl GateMaps {
             pending: typed(map::PENDING, open(map::PENDING)?)?,
             socks: typed(map::SOCKS, open(map::SOCKS)?)?,
             clock: typed(map::CLOCK, open(map::CLOCK)?)?,
+            limits: typed(map::LIMITS, open(map::LIMITS)?)?,
+            latency: typed(map::LATENCY, open(map::LATENCY)?)?,
+            control: typed(map::CONTROL, open(map::CONTROL)?)?,
+            status: typed(map::STATUS, open(map::STATUS)?)?,
         })
     }
 
@@ -118,17 +132,55 @@ impl GateMaps {
     }
 
     /// Starts protecting `port` in a free slot with zeroed accounting.
-    pub fn protect(&mut self, port: u16, limit: u32, action: u8, dry_run: bool) -> Result<PortConfig, Error> {
+    pub fn protect(&mut self, port: u16, spec: &PortSpec) -> Result<PortConfig, Error> {
         let used: Vec<u32> = self.port_configs()?.values().map(|c| c.slot).collect();
         let slot = (0..MAX_PORTS).find(|s| !used.contains(s)).ok_or(Error::TooManyPorts { max: MAX_PORTS })?;
-        self.state.set(slot, PortState::default(), 0).map_err(|e| Error::map("reset port state", e))?;
-        self.user_state.set(slot, UserPortState::default(), 0).map_err(|e| Error::map("reset port state", e))?;
-        let zero = aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?])
-            .map_err(|e| Error::map("reset counters", e.into()))?;
-        self.counters.set(slot, zero, 0).map_err(|e| Error::map("reset counters", e))?;
-        let config = PortConfig { limit, slot, action, dry_run: u8::from(dry_run), _pad: [0; 6] };
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
+        let reset = |e| Error::map("reset port state", e);
+        self.state.set(slot, PortState::default(), 0).map_err(reset)?;
+        self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
+        self.counters.set(slot, zero, 0).map_err(reset)?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![PortLatency::default(); cpus]).map_err(|e| reset(e.into()))?;
+        self.latency.set(slot, zero, 0).map_err(reset)?;
+        self.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
+        self.control.set(slot, spec.control, 0).map_err(reset)?;
+        self.set_limit(slot, spec.limit)?;
+        let config = PortConfig {
+            slot,
+            action: spec.action,
+            dry_run: u8::from(spec.dry_run),
+            count_mode: spec.count_mode,
+            _pad: [0; 9],
+        };
         self.write_config(port, config)?;
         Ok(config)
+    }
+
+    pub fn set_limit(&mut self, slot: u32, limit: u32) -> Result<(), Error> {
+        self.limits.set(slot, limit, 0).map_err(|e| Error::map("write limit", e))
+    }
+
+    pub fn write_control(&mut self, slot: u32, control: ControlConfig) -> Result<(), Error> {
+        self.control.set(slot, control, 0).map_err(|e| Error::map("write controller settings", e))
+    }
+
+    pub fn write_status(&mut self, slot: u32, status: ControlStatus) -> Result<(), Error> {
+        self.status.set(slot, status, 0).map_err(|e| Error::map("write controller status", e))
+    }
+
+    /// The port's latency histograms, summed over CPUs (cumulative since attach).
+    pub fn latency(&self, slot: u32) -> Result<PortLatency, Error> {
+        let per_cpu = self.latency.get(&slot, 0).map_err(|e| Error::map("read latency histograms", e))?;
+        let mut sum = PortLatency::default();
+        for cpu in per_cpu.iter() {
+            for (total, part) in [(&mut sum.queue_wait, &cpu.queue_wait), (&mut sum.service, &cpu.service), (&mut sum.sojourn, &cpu.sojourn)] {
+                for (t, v) in total.iter_mut().zip(part) {
+                    *t = t.wrapping_add(*v);
+                }
+            }
+        }
+        Ok(sum)
     }
 
     pub fn write_config(&mut self, port: u16, config: PortConfig) -> Result<(), Error> {
@@ -142,6 +194,9 @@ impl GateMaps {
 
     pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
         let slot = config.slot;
+        let limit = self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))?;
+        let control = self.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))?;
+        let status = self.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
         let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
@@ -151,7 +206,7 @@ impl GateMaps {
                 *sum = sum.wrapping_add(v);
             }
         }
-        Ok(PortSnapshot { port, config, state, user, counters })
+        Ok(PortSnapshot { port, config, limit, control, status, state, user, counters })
     }
 
     /// Snapshots of every protected port (or just `only`), by port.
@@ -195,6 +250,16 @@ impl GateMaps {
         }
         Ok(total)
     }
+}
+
+/// Everything `protect` needs to know about a new port.
+#[derive(Clone, Copy, Debug)]
+pub struct PortSpec {
+    pub limit: u32,
+    pub action: u8,
+    pub dry_run: bool,
+    pub count_mode: u8,
+    pub control: ControlConfig,
 }
 
 /// Removes the pin folder and everything in it.

@@ -9,8 +9,8 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/shed";
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 /// The running daemon's lock and pid file (flock held for the daemon's life).
 pub const PID_FILE: &str = "/run/shed/shedctl.pid";
-/// Format of the socket-state tracepoint, checked against the compiled offsets.
-pub const SOCK_STATE_FORMAT: &str = "/sys/kernel/tracing/events/sock/inet_sock_set_state/format";
+/// The gated namespace's TCP counters (listen-queue overflows), as the daemon's thread sees them.
+pub const NETSTAT: &str = "/proc/thread-self/net/netstat";
 
 /// Pin path of one map.
 pub fn map_pin(name: &str) -> PathBuf {

@@ -3,9 +3,13 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use shed_common::counter;
+use shed_common::{counter, latency};
 
-use crate::{input::Action, maps::PortSnapshot};
+use crate::{
+    control::{Algo, Reason},
+    input::{Action, Count},
+    maps::PortSnapshot,
+};
 
 /// Rejections by reason (each also counted in `rejected`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -19,10 +23,38 @@ pub struct RejectedByReason {
 pub struct PortStats {
     pub port: u16,
     pub limit: u32,
-    /// Established connections plus pending handshakes.
+    /// What the limit applies to: pending handshakes plus busy connections (`work`)
+    /// or plus established ones (`connections`).
     pub in_flight: u64,
+    pub count: Count,
+    /// Open (established) connections.
     pub established: u64,
+    /// Connections owing an answer.
+    pub busy: u64,
     pub pending: u64,
+    pub algo: Algo,
+    pub min_limit: u32,
+    pub max_limit: u32,
+    pub window_ms: u32,
+    /// The sojourn percentile the controller follows.
+    pub percentile: u8,
+    /// Latency the controller treats as "no queue".
+    pub baseline_us: u64,
+    /// The followed percentile in the last window.
+    pub observed_us: u64,
+    pub queue_wait_p50_us: u64,
+    pub queue_wait_p99_us: u64,
+    pub service_p50_us: u64,
+    pub service_p99_us: u64,
+    pub sojourn_p50_us: u64,
+    pub sojourn_p99_us: u64,
+    /// Requests completed in the last window.
+    pub samples_per_window: u64,
+    /// Listen-queue drops in the last window (whole namespace).
+    pub listen_drops: u64,
+    /// Why the controller set the limit it set last window (null before the first window).
+    pub last_decision: Option<Reason>,
+    pub previous_limit: u32,
     /// SYNs admitted with a fresh reservation (cumulative).
     pub admitted: u64,
     /// SYNs rejected, all reasons (cumulative).
@@ -58,10 +90,29 @@ impl PortStats {
         };
         Self {
             port: now.port,
-            limit: now.config.limit,
+            limit: now.limit,
             in_flight: now.in_flight(),
+            count: Count::from_raw(now.config.count_mode),
             established: now.established(),
+            busy: now.busy(),
             pending: now.pending(),
+            algo: Algo::from_raw(now.control.algo),
+            min_limit: now.control.min_limit,
+            max_limit: now.control.max_limit,
+            window_ms: now.control.window_ms,
+            percentile: now.control.percentile,
+            baseline_us: now.status.baseline_us,
+            observed_us: now.status.observed_us,
+            queue_wait_p50_us: now.status.queue_wait_p50_us,
+            queue_wait_p99_us: now.status.queue_wait_p99_us,
+            service_p50_us: now.status.service_p50_us,
+            service_p99_us: now.status.service_p99_us,
+            sojourn_p50_us: now.status.sojourn_p50_us,
+            sojourn_p99_us: now.status.sojourn_p99_us,
+            samples_per_window: now.status.samples,
+            listen_drops: now.status.listen_drops,
+            last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
+            previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),
             rejected: now.counter(counter::REJECTED_LIMIT),
             rejected_by_reason: RejectedByReason { limit: now.counter(counter::REJECTED_LIMIT) },
@@ -81,10 +132,43 @@ impl PortStats {
     }
 }
 
+/// The `p`th percentile (0-100) of a latency histogram, microseconds: the
+/// midpoint of the bucket holding that rank (0 when the histogram is empty).
+pub fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let rank = ((p / 100.0) * total as f64).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (b, &n) in buckets.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            let (lo, hi) = (latency::lower_bound(b), latency::upper_bound(b));
+            return lo + (hi.saturating_sub(lo)) / 2;
+        }
+    }
+    latency::lower_bound(buckets.len() - 1)
+}
+
+/// Parses `ListenDrops` (which includes overflows) out of /proc/net/netstat.
+pub fn listen_drops(netstat: &str) -> Option<u64> {
+    let mut lines = netstat.lines();
+    while let Some(header) = lines.next() {
+        let values = lines.next()?;
+        if !header.starts_with("TcpExt:") {
+            continue;
+        }
+        let idx = header.split_whitespace().position(|f| f == "ListenDrops")?;
+        return values.split_whitespace().nth(idx)?.parse().ok();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shed_common::{PortConfig, PortCounters, PortState, UserPortState, action};
+    use shed_common::{ControlConfig, ControlStatus, PortConfig, PortCounters, PortState, UserPortState, action, count_mode};
 
     fn snapshot(admitted: u64, rejected: u64) -> PortSnapshot {
         let mut counters = PortCounters::default();
@@ -92,8 +176,11 @@ mod tests {
         counters.values[counter::REJECTED_LIMIT] = rejected;
         PortSnapshot {
             port: 8080,
-            config: PortConfig { limit: 5, slot: 0, action: action::RST, dry_run: 0, _pad: [0; 6] },
-            state: PortState { opened: 7, closed: 2, reserved: 9, released: 6 },
+            config: PortConfig { slot: 0, action: action::RST, dry_run: 0, count_mode: count_mode::CONNECTIONS, _pad: [0; 9] },
+            limit: 5,
+            control: ControlConfig::default(),
+            status: ControlStatus { baseline_us: 900, windows: 3, reason: Reason::Grow.to_raw(), ..ControlStatus::default() },
+            state: PortState { opened: 7, closed: 2, reserved: 9, released: 6, busy_enter: 4, busy_exit: 3 },
             user: UserPortState { pending_expired: 1 },
             counters,
         }
@@ -104,7 +191,8 @@ mod tests {
         let before = snapshot(5, 10);
         let now = snapshot(9, 30);
         let stats = PortStats::new(&now, Some((&before, Duration::from_secs(2))));
-        assert_eq!((stats.established, stats.pending, stats.in_flight), (5, 2, 7));
+        assert_eq!((stats.established, stats.busy, stats.pending, stats.in_flight), (5, 1, 2, 7));
+        assert_eq!((stats.baseline_us, stats.last_decision), (900, Some(Reason::Grow)));
         assert_eq!((stats.admitted, stats.rejected, stats.rejected_by_reason.limit), (9, 30, 30));
         assert_eq!(stats.admitted_per_sec, Some(2.0));
         assert_eq!(stats.rejected_per_sec, Some(10.0));
@@ -113,11 +201,33 @@ mod tests {
     }
 
     #[test]
+    fn percentiles_of_histograms() {
+        let mut h = [0u64; latency::BUCKETS];
+        assert_eq!(histogram_percentile(&h, 99.0), 0);
+        h[latency::bucket(1_000)] = 90; // ~1 ms
+        h[latency::bucket(50_000)] = 10; // ~50 ms
+        let p50 = histogram_percentile(&h, 50.0);
+        let p99 = histogram_percentile(&h, 99.0);
+        assert!((896..=1_151).contains(&p50), "p50 {p50}");
+        assert!((49_152..=57_343).contains(&p99), "p99 {p99}");
+        assert_eq!(histogram_percentile(&h, 90.0), p50, "rank 90 of 100 is still in the first bucket");
+    }
+
+    #[test]
+    fn netstat_listen_drops() {
+        let netstat = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 7 9\nIpExt: InNoRoutes\nIpExt: 0\n";
+        assert_eq!(listen_drops(netstat), Some(9));
+        assert_eq!(listen_drops("IpExt: A\nIpExt: 1\n"), None);
+    }
+
+    #[test]
     fn json_has_the_stable_fields() {
         let json = serde_json::to_value(PortStats::new(&snapshot(1, 2), None)).unwrap();
-        for field in ["port", "limit", "in_flight", "admitted", "rejected"] {
+        for field in ["port", "limit", "in_flight", "admitted", "rejected", "baseline_us", "sojourn_p99_us"] {
             assert!(json[field].is_u64(), "{field} must be an integer in {json}");
         }
         assert_eq!(json["action"], "rst");
+        assert_eq!(json["algo"], "gradient");
+        assert_eq!(json["count"], "connections");
     }
 }

@@ -8,7 +8,7 @@ use std::{
     path::Path,
 };
 
-use shed_common::sock_state_tp;
+use shed_common::{sock_io_tp, sock_state_tp};
 
 use crate::{Error, paths};
 
@@ -74,16 +74,26 @@ pub fn check_tracefs() -> Result<(), Error> {
     if fs_magic(paths::TRACEFS) == Some(TRACEFS_MAGIC) { Ok(()) } else { Err(Error::TracefsMissing { path: paths::TRACEFS }) }
 }
 
-/// Checks that `sock:inet_sock_set_state` has the field offsets compiled into the kernel programs.
-pub fn check_sock_state_layout() -> Result<(), Error> {
-    let format = fs::read_to_string(paths::SOCK_STATE_FORMAT)
-        .map_err(|e| Error::io("read tracepoint format", paths::SOCK_STATE_FORMAT, e))?;
-    check_layout(&format)
+/// Checks that the socket tracepoints have the field offsets compiled into the kernel programs.
+pub fn check_tracepoint_layouts() -> Result<(), Error> {
+    let read = |event: &str| {
+        let path = Path::new(paths::TRACEFS).join("events/sock").join(event).join("format");
+        fs::read_to_string(&path).map_err(|e| Error::io("read tracepoint format", path, e))
+    };
+    check_layout(&read("inet_sock_set_state")?, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS)?;
+    check_layout(&read("sk_data_ready")?, "sock:sk_data_ready", &DATA_READY_FIELDS)?;
+    check_layout(&read("sock_recv_length")?, "sock:sock_recv_length", &SOCK_IO_FIELDS)?;
+    check_layout(&read("sock_send_length")?, "sock:sock_send_length", &SOCK_IO_FIELDS)
 }
 
-/// Compares a tracepoint `format` text with the compiled offsets.
-pub fn check_layout(format: &str) -> Result<(), Error> {
-    let expected = [
+const DATA_READY_FIELDS: [(&str, usize); 2] = [("skaddr", sock_io_tp::SKADDR), ("protocol", sock_io_tp::PROTOCOL)];
+const SOCK_IO_FIELDS: [(&str, usize); 4] = [
+    ("sk", sock_io_tp::SKADDR),
+    ("protocol", sock_io_tp::PROTOCOL),
+    ("ret", sock_io_tp::RET),
+    ("flags", sock_io_tp::FLAGS),
+];
+const SOCK_STATE_FIELDS: [(&str, usize); 8] = [
         ("skaddr", sock_state_tp::SKADDR),
         ("oldstate", sock_state_tp::OLDSTATE),
         ("newstate", sock_state_tp::NEWSTATE),
@@ -92,11 +102,15 @@ pub fn check_layout(format: &str) -> Result<(), Error> {
         ("protocol", sock_state_tp::PROTOCOL),
         ("saddr_v6", sock_state_tp::SADDR_V6),
         ("daddr_v6", sock_state_tp::DADDR_V6),
-    ];
-    for (field, offset) in expected {
+];
+
+/// Compares a tracepoint `format` text with the compiled offsets.
+pub fn check_layout(format: &str, tracepoint: &'static str, expected: &[(&'static str, usize)]) -> Result<(), Error> {
+    for &(field, offset) in expected {
         let found = field_offset(format, field);
         if found != Some(offset) {
             return Err(Error::TracepointLayout {
+                tracepoint,
                 field,
                 expected: offset,
                 found: found.map_or_else(|| "no such field".to_owned(), |o| o.to_string()),
@@ -235,16 +249,16 @@ format:
 
     #[test]
     fn layout_matches_known_format() {
-        check_layout(FORMAT).expect("6.x layout accepted");
+        check_layout(FORMAT, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).expect("6.x layout accepted");
     }
 
     #[test]
     fn layout_mismatch_is_named() {
         let moved = FORMAT.replace("sport;\toffset:24", "sport;\toffset:28");
-        let err = check_layout(&moved).unwrap_err().to_string();
+        let err = check_layout(&moved, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).unwrap_err().to_string();
         assert!(err.contains("sport") && err.contains("24") && err.contains("28"), "{err}");
         let missing = FORMAT.replace("daddr_v6[16]", "other[16]");
-        assert!(check_layout(&missing).unwrap_err().to_string().contains("no such field"));
+        assert!(check_layout(&missing, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).unwrap_err().to_string().contains("no such field"));
     }
 
     #[test]

@@ -12,15 +12,26 @@ pub fn stats_table(stats: &[PortStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>5}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:<6}",
-        "PORT", "LIMIT", "IN-FLIGHT", "ESTAB", "PENDING", "ADMITTED", "REJECTED", "ADMIT/S", "REJECT/S", "ACTION"
+        "{:>5}  {:<9}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>9}  {:<6}",
+        "PORT", "ALGO", "LIMIT", "IN-FLIGHT", "OPEN", "PENDING", "ADMITTED", "REJECTED", "ADMIT/S", "REJECT/S", "BASE(ms)", "P50(ms)", "P99(ms)", "ACTION"
     );
     for s in stats {
+        let queue = format!(
+            "       queue wait p50/p99 {:.1}/{:.1} ms, service p50/p99 {:.1}/{:.1} ms, {} samples/window, last decision {:?} (from {})",
+            s.queue_wait_p50_us as f64 / 1e3,
+            s.queue_wait_p99_us as f64 / 1e3,
+            s.service_p50_us as f64 / 1e3,
+            s.service_p99_us as f64 / 1e3,
+            s.samples_per_window,
+            s.last_decision,
+            s.previous_limit
+        );
         let mode = if s.dry_run { format!("{} (dry-run, would reject {})", s.action, s.would_reject) } else { s.action.to_string() };
         let _ = writeln!(
             out,
-            "{:>5}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:<6}",
+            "{:>5}  {:<9}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9.1}  {:>9.1}  {:>9.1}  {:<6}",
             s.port,
+            s.algo.name(),
             s.limit,
             s.in_flight,
             s.established,
@@ -29,8 +40,12 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             s.rejected,
             rate(s.admitted_per_sec),
             rate(s.rejected_per_sec),
+            s.baseline_us as f64 / 1e3,
+            s.sojourn_p50_us as f64 / 1e3,
+            s.sojourn_p99_us as f64 / 1e3,
             mode
         );
+        let _ = writeln!(out, "{queue}");
     }
     out
 }

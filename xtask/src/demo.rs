@@ -105,7 +105,7 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
             "{:>4}  {:>6.1}x  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8.1}",
             second,
             load_at(Duration::from_secs(second - 1)),
-            now.config.limit,
+            now.limit,
             now.in_flight(),
             delta(shed_common::counter::ADMITTED),
             delta(shed_common::counter::REJECTED_LIMIT),

@@ -1,6 +1,7 @@
 //! `shedctl attach`: check everything, then load, attach, pin and run.
 use std::{fs, path::Path, time::Duration};
 
+
 use anyhow::Context as _;
 
 use crate::{
@@ -9,15 +10,18 @@ use crate::{
     daemon::{self, DaemonLock, LoopSettings, PinGuard},
     gate::{Loaded, default_hook},
     input::Hook,
-    maps, paths,
+    control::Algo,
+    maps::{self, PortSpec},
+    paths,
     system::{self, Need},
 };
 
-/// Control-loop period: clock resolution of pending reservations.
+/// Longest control-loop period: the clock resolution of pending reservations.
 const TICK: Duration = Duration::from_millis(100);
 
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let ports = dedup(&args.ports);
+    let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
     if ports.len() > shed_common::capacity::MAX_PORTS as usize {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
     }
@@ -29,7 +33,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     }
     system::check_bpffs()?;
     system::check_tracefs()?;
-    system::check_sock_state_layout()?;
+    system::check_tracepoint_layouts()?;
     let targets = targets(&args.ifaces, args.hook)?;
 
     let mut lock = match DaemonLock::acquire() {
@@ -52,8 +56,9 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let _pins = PinGuard;
     let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
     loaded.maps.set_clock(system::monotonic_ms())?;
+    let spec = PortSpec { limit, action: args.action.to_raw(), dry_run: args.dry_run, count_mode: args.count.to_raw(), control };
     for &port in &ports {
-        loaded.maps.protect(port, args.limit, args.action.to_raw(), args.dry_run)?;
+        loaded.maps.protect(port, &spec)?;
     }
     loaded.attach_accounting()?;
     for (iface, hook) in &targets {
@@ -63,7 +68,9 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     lock.write_pid()?;
     tracing::info!(
         ports = ?ports,
-        limit = args.limit,
+        algo = %Algo::from_raw(control.algo),
+        limit,
+        count = ?args.count,
         action = %args.action,
         dry_run = args.dry_run,
         pins = paths::PIN_DIR,
@@ -75,7 +82,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick: TICK, pending_timeout: args.pending_timeout }))?;
+    let tick = TICK.min(args.window);
+    runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout }))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");
     Ok(())

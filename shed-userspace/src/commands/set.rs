@@ -1,7 +1,9 @@
 //! `shedctl set`: change a protected port's settings live.
 use crate::{
     cli::SetArgs,
+    control::Algo,
     daemon,
+    input::{Action, Count},
     maps::GateMaps,
     system::{self, Need},
 };
@@ -11,22 +13,50 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     daemon::require_running()?;
     let mut maps = GateMaps::open_pinned()?;
     let mut config = maps.config(args.port)?;
-    if let Some(limit) = args.limit {
-        config.limit = limit;
+    let snapshot = maps.snapshot(args.port, config)?;
+    let mut control = snapshot.control;
+    let min = args.min_limit.unwrap_or(control.min_limit);
+    let max = args.max_limit.unwrap_or(control.max_limit);
+    if min > max {
+        anyhow::bail!("--min-limit {min} would be above --max-limit {max}: nothing changed");
     }
+
+    // Every check is done: from here on only writes.
     if let Some(action) = args.action {
         config.action = action.to_raw();
     }
     if let Some(dry_run) = args.dry_run {
         config.dry_run = u8::from(dry_run.0);
     }
+    if let Some(count) = args.count {
+        config.count_mode = count.to_raw();
+    }
     // One map write: the kernel sees the old or the new config, never a mix.
     maps.write_config(args.port, config)?;
+    if let Some(limit) = args.limit {
+        // Straight into the gate's map, so the next SYN sees it; the controller continues from it.
+        maps.set_limit(config.slot, limit)?;
+    }
+    if args.limit.is_some() || args.algo.is_some() || args.min_limit.is_some() || args.max_limit.is_some() {
+        if let Some(algo) = args.algo {
+            control.algo = algo.to_raw();
+        }
+        control.min_limit = min;
+        control.max_limit = max;
+        control.requested_limit = args.limit.unwrap_or(0);
+        control.generation = control.generation.wrapping_add(1);
+        maps.write_control(config.slot, control)?;
+    }
+    let limit = args.limit.unwrap_or(snapshot.limit);
     println!(
-        "port {}: limit {}, action {}, dry-run {}",
+        "port {}: limit {limit} ({} {min}..{max}), action {}, count {}, dry-run {}",
         args.port,
-        config.limit,
-        crate::input::Action::from_raw(config.action),
+        Algo::from_raw(control.algo),
+        Action::from_raw(config.action),
+        match Count::from_raw(config.count_mode) {
+            Count::Work => "work",
+            Count::Connections => "connections",
+        },
         if config.dry_run != 0 { "on" } else { "off" }
     );
     Ok(())

@@ -1,0 +1,538 @@
+//! Adaptive concurrency control: plain structs, no I/O and no clock of their
+//! own. The daemon (and the simulation) feed one [`WindowSample`] per control
+//! window and write back the [`Decision`]'s limit.
+//!
+//! Algorithms:
+//! - `gradient` (default), the seeds' limiter: `gradient = clamp(baseline /
+//!   observed, 0.5, 1.0)`, `target = limit * gradient + sqrt(limit)`,
+//!   `new = (1 - smoothing) * limit + smoothing * target`, smoothing 0.2.
+//! - `gradient2`: Netflix concurrency-limits `Gradient2Limit`: a long-window
+//!   average of latency (window 600 samples, 10 warm-up samples) against the
+//!   current window, `gradient = clamp(tolerance * long / short, 0.5, 1.0)`
+//!   with tolerance 1.5, `new = limit * gradient + queue_size` (queue size 4),
+//!   smoothed by 0.2; the long average decays by 0.95 a window while it is
+//!   more than twice the short one (recovery after a slow spell).
+//! - `aimd`: +1 per healthy window; x0.9 when latency breaches
+//!   `tolerance * baseline` (tolerance 2.0) or the listen queue overflows.
+//! - `fixed`: the operator's limit.
+//!
+//! Guards shared by the adaptive algorithms (all in [`Settings`]):
+//! - a window with fewer than `min_samples` completed requests holds the limit
+//!   (except that listen-queue overflows still cut it), and the caller carries
+//!   its samples into the next window, so a slow service is still judged;
+//! - no growth while in-flight < limit / 2 (app-limited: the limit is not what
+//!   holds the traffic back, so latency says nothing about a higher one);
+//! - no growth for `cooldown_windows` windows after a cut (against flapping);
+//! - the baseline is the minimum of the followed latency over the last
+//!   `baseline_windows` windows (10 s by default), with that span jittered by
+//!   +/-10% per port so a fleet does not re-probe in lockstep. A minimum over a
+//!   moving span cannot get stuck low (old minima expire, so a service that got
+//!   costlier is re-learned within one span) and cannot drift up while queues
+//!   persist, because a falling limit drains the queue and brings the minimum
+//!   back down within the span. gradient2's long-window average is held at or
+//!   below this minimum: unchecked, it learns a standing queue as normal and
+//!   lets the limit drift up with it (the common complaint about Gradient2),
+//!   which the simulation showed as a p99 7x the unloaded one.
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+/// During a baseline probe the limit is held at this fraction of its value.
+const PROBE_DEPTH: f64 = 0.25;
+
+/// Weight of each window's latency in the smoothed latency the controllers follow.
+const LATENCY_SMOOTHING: f64 = 0.3;
+
+/// Which limiter runs a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algo {
+    Gradient,
+    Gradient2,
+    Aimd,
+    Fixed,
+}
+
+impl Algo {
+    pub const fn to_raw(self) -> u8 {
+        match self {
+            Self::Gradient => 0,
+            Self::Gradient2 => 1,
+            Self::Aimd => 2,
+            Self::Fixed => 3,
+        }
+    }
+
+    pub const fn from_raw(raw: u8) -> Self {
+        match raw {
+            1 => Self::Gradient2,
+            2 => Self::Aimd,
+            3 => Self::Fixed,
+            _ => Self::Gradient,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Gradient => "gradient",
+            Self::Gradient2 => "gradient2",
+            Self::Aimd => "aimd",
+            Self::Fixed => "fixed",
+        }
+    }
+}
+
+impl std::fmt::Display for Algo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why the limit is what it is after a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The operator's limit (`fixed`, or a `set --limit` just applied).
+    Operator,
+    TooFewSamples,
+    AppLimited,
+    Cooldown,
+    /// Latency near the baseline: probing upward.
+    Grow,
+    /// Latency above the baseline: queueing, so the limit came down.
+    LatencyRising,
+    /// The listen queue overflowed: cut.
+    ListenOverflow,
+    /// Moved less than one connection.
+    Steady,
+    /// Re-measuring the baseline with the limit held at a quarter.
+    Probe,
+}
+
+impl Reason {
+    pub const fn to_raw(self) -> u32 {
+        self as u32
+    }
+
+    pub const fn from_raw(raw: u32) -> Self {
+        match raw {
+            0 => Self::Operator,
+            1 => Self::TooFewSamples,
+            2 => Self::AppLimited,
+            3 => Self::Cooldown,
+            4 => Self::Grow,
+            5 => Self::LatencyRising,
+            6 => Self::ListenOverflow,
+            8 => Self::Probe,
+            _ => Self::Steady,
+        }
+    }
+}
+
+/// Controller settings; defaults are the ones documented in the module docs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub algo: Algo,
+    pub initial_limit: u32,
+    pub min_limit: u32,
+    pub max_limit: u32,
+    pub smoothing: f64,
+    pub min_samples: u64,
+    pub cooldown_windows: u32,
+    pub baseline_windows: usize,
+    /// Windows of each baseline probe (0: never probe).
+    pub probe_windows: u32,
+    /// gradient2: latency tolerance before the limit comes down.
+    pub gradient2_tolerance: f64,
+    /// gradient2: long-window length, in samples (windows).
+    pub gradient2_long_window: f64,
+    /// gradient2: queue-size headroom added each window.
+    pub gradient2_queue_size: f64,
+    /// aimd: breach when observed > tolerance * baseline.
+    pub aimd_tolerance: f64,
+    /// aimd: multiplicative decrease.
+    pub backoff: f64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            algo: Algo::Gradient,
+            initial_limit: 100,
+            min_limit: 4,
+            max_limit: 10_000,
+            smoothing: 0.2,
+            min_samples: 10,
+            cooldown_windows: 3,
+            baseline_windows: 100,
+            probe_windows: 5,
+            gradient2_tolerance: 1.5,
+            gradient2_long_window: 600.0,
+            gradient2_queue_size: 4.0,
+            aimd_tolerance: 2.0,
+            backoff: 0.9,
+        }
+    }
+}
+
+/// What the controller sees of one window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WindowSample {
+    /// In-flight at the end of the window.
+    pub in_flight: u64,
+    /// Requests completed in the window.
+    pub samples: u64,
+    /// The followed latency (a percentile of sojourn time), microseconds.
+    pub latency_us: u64,
+    /// Listen-queue overflows and drops in the window.
+    pub listen_drops: u64,
+    /// Control windows this sample spans (more than 1 when a quiet window's
+    /// samples were carried over); 0 counts as 1.
+    pub windows: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub limit: u32,
+    pub reason: Reason,
+}
+
+/// Minimum over a moving span of control windows.
+#[derive(Clone, Debug)]
+struct WindowedMin {
+    span: usize,
+    /// (value, windows it covered)
+    values: VecDeque<(f64, usize)>,
+    covered: usize,
+}
+
+impl WindowedMin {
+    fn push(&mut self, v: f64, windows: usize) -> f64 {
+        self.values.push_back((v, windows));
+        self.covered += windows;
+        while self.covered > self.span && self.values.len() > 1 {
+            let (_, w) = self.values.pop_front().expect("len > 1");
+            self.covered -= w;
+        }
+        self.values.iter().map(|&(v, _)| v).fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// One port's limiter.
+#[derive(Clone, Debug)]
+pub struct Controller {
+    settings: Settings,
+    limit: f64,
+    baseline: WindowedMin,
+    baseline_us: f64,
+    /// Exponential average of the followed latency: one window's percentile of a
+    /// few dozen requests is noisy, and a minimum over noisy values sits too low.
+    smoothed_us: f64,
+    /// Windows until the next baseline probe, and probe windows left.
+    until_probe: usize,
+    probe_left: u32,
+    /// The limit to return to after a probe.
+    before_probe: f64,
+    probe_interval: usize,
+    /// gradient2's long-window average and how many samples it has.
+    long_us: f64,
+    long_count: u32,
+    windows_since_cut: u32,
+}
+
+impl Controller {
+    /// `seed` jitters the baseline span (use the port, so ports differ).
+    pub fn new(settings: Settings, seed: u64) -> Self {
+        let jitter = (splitmix(seed) % 21) as f64 / 100.0 - 0.10; // -10% ..= +10%
+        let span = ((settings.baseline_windows as f64) * (1.0 + jitter)).round().max(1.0) as usize;
+        Self {
+            settings,
+            limit: f64::from(settings.initial_limit.clamp(settings.min_limit, settings.max_limit)),
+            baseline: WindowedMin { span, values: VecDeque::with_capacity(span), covered: 0 },
+            until_probe: span / 2,
+            probe_left: 0,
+            before_probe: 0.0,
+            probe_interval: (span * 9 / 10).max(1),
+            smoothed_us: 0.0,
+            baseline_us: 0.0,
+            long_us: 0.0,
+            long_count: 0,
+            windows_since_cut: u32::MAX,
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.limit.round() as u32
+    }
+
+    /// The latency the controller treats as "no queue", microseconds.
+    pub fn baseline_us(&self) -> u64 {
+        if self.settings.algo == Algo::Gradient2 { self.long_us as u64 } else { self.baseline_us as u64 }
+    }
+
+    /// The operator set the limit: continue from it.
+    pub fn set_limit(&mut self, limit: u32) {
+        self.limit = f64::from(limit.clamp(self.settings.min_limit, self.settings.max_limit));
+    }
+
+    /// New settings; the current limit is kept (clamped to the new bounds).
+    pub fn reconfigure(&mut self, settings: Settings) {
+        let limit = self.limit();
+        let algo_changed = settings.algo != self.settings.algo;
+        self.settings = settings;
+        if algo_changed {
+            self.long_count = 0;
+            self.windows_since_cut = u32::MAX;
+        }
+        self.set_limit(limit);
+    }
+
+    pub fn on_window(&mut self, s: &WindowSample) -> Decision {
+        let st = self.settings;
+        if st.algo == Algo::Fixed {
+            return Decision { limit: self.limit(), reason: Reason::Operator };
+        }
+        if s.listen_drops > 0 {
+            return self.cut(self.limit * st.backoff, Reason::ListenOverflow);
+        }
+        if s.samples < st.min_samples {
+            return Decision { limit: self.limit(), reason: Reason::TooFewSamples };
+        }
+        // Baseline probe (as BBR's ProbeRTT): every ~0.9 baseline span, hold the
+        // limit at a quarter for a few windows so queues drain and the minimum is
+        // re-measured without them. This is what keeps the baseline from
+        // learning a standing queue as normal and ratcheting up with it.
+        let windows = s.windows.max(1) as usize;
+        if self.probe_left > 0 {
+            self.probe_left -= 1;
+            let raw = (s.latency_us as f64).max(1.0);
+            self.smoothed_us += LATENCY_SMOOTHING * (raw - self.smoothed_us);
+            self.baseline_us = self.baseline.push(self.smoothed_us, windows);
+            if self.probe_left == 0 {
+                self.limit = self.before_probe;
+                self.windows_since_cut = 0;
+            }
+            return Decision { limit: self.limit(), reason: Reason::Probe };
+        }
+        self.until_probe = self.until_probe.saturating_sub(windows);
+        if self.until_probe == 0 && st.probe_windows > 0 {
+            self.until_probe = self.probe_interval;
+            self.probe_left = st.probe_windows;
+            self.before_probe = self.limit;
+            self.limit = (self.limit * PROBE_DEPTH).max(f64::from(st.min_limit));
+            return Decision { limit: self.limit(), reason: Reason::Probe };
+        }
+        let raw = (s.latency_us as f64).max(1.0);
+        self.smoothed_us = if self.smoothed_us == 0.0 { raw } else { self.smoothed_us + LATENCY_SMOOTHING * (raw - self.smoothed_us) };
+        let observed = raw;
+        self.baseline_us = self.baseline.push(self.smoothed_us, s.windows.max(1) as usize);
+        let proposed = match st.algo {
+            Algo::Gradient => {
+                let gradient = (self.baseline_us / observed).clamp(0.5, 1.0);
+                let target = self.limit * gradient + self.limit.sqrt();
+                (1.0 - st.smoothing) * self.limit + st.smoothing * target
+            }
+            Algo::Gradient2 => {
+                self.long_count = self.long_count.saturating_add(1);
+                if self.long_count <= 10 {
+                    // Warm-up: a plain average of the first samples.
+                    self.long_us += (observed - self.long_us) / f64::from(self.long_count);
+                } else {
+                    self.long_us += (observed - self.long_us) / st.gradient2_long_window;
+                }
+                if self.long_us / observed > 2.0 {
+                    self.long_us *= 0.95;
+                }
+                self.long_us = self.long_us.min(self.baseline_us);
+                let gradient = (st.gradient2_tolerance * self.long_us / observed).clamp(0.5, 1.0);
+                let target = self.limit * gradient + st.gradient2_queue_size;
+                (1.0 - st.smoothing) * self.limit + st.smoothing * target
+            }
+            Algo::Aimd => {
+                if observed > st.aimd_tolerance * self.baseline_us {
+                    self.limit * st.backoff
+                } else {
+                    self.limit + 1.0
+                }
+            }
+            Algo::Fixed => unreachable!("handled above"),
+        };
+        let proposed = proposed.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
+        if proposed < self.limit - 1e-9 {
+            return self.cut(proposed, Reason::LatencyRising);
+        }
+        self.windows_since_cut = self.windows_since_cut.saturating_add(1);
+        if proposed > self.limit + 1e-9 {
+            if (s.in_flight as f64) < self.limit / 2.0 {
+                return Decision { limit: self.limit(), reason: Reason::AppLimited };
+            }
+            if self.windows_since_cut <= st.cooldown_windows {
+                return Decision { limit: self.limit(), reason: Reason::Cooldown };
+            }
+            let before = self.limit();
+            self.limit = proposed;
+            return Decision { limit: self.limit(), reason: if self.limit() == before { Reason::Steady } else { Reason::Grow } };
+        }
+        Decision { limit: self.limit(), reason: Reason::Steady }
+    }
+
+    fn cut(&mut self, to: f64, reason: Reason) -> Decision {
+        self.limit = to.clamp(f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
+        self.windows_since_cut = 0;
+        Decision { limit: self.limit(), reason }
+    }
+}
+
+/// A small deterministic mixer (SplitMix64) for jitter and the simulation.
+pub fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn gradient(limit: u32, baseline_us: u64) -> Controller {
+        let mut c = Controller::new(Settings { initial_limit: limit, min_limit: 10, max_limit: 500, ..Settings::default() }, 0);
+        // Establish the baseline with one window at it, without moving the limit.
+        c.baseline.push(baseline_us as f64, 1);
+        c.smoothed_us = 40_000.0;
+        c
+    }
+
+    fn window(latency_us: u64, in_flight: u64) -> WindowSample {
+        WindowSample { in_flight, samples: 100, latency_us, listen_drops: 0, windows: 1 }
+    }
+
+    #[test]
+    fn seeds_worked_example_100_to_92() {
+        // Baseline 20 ms, observed 40 ms, limit 100: gradient 0.5, target 60, 0.8*100 + 0.2*60 = 92.
+        let mut c = gradient(100, 20_000);
+        let d = c.on_window(&window(40_000, 100));
+        assert_eq!(d, Decision { limit: 92, reason: Reason::LatencyRising });
+        assert_eq!(c.baseline_us(), 20_000);
+    }
+
+    #[test]
+    fn rising_latency_never_raises_the_limit_past_the_tolerance() {
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd] {
+            let mut c = Controller::new(Settings { algo, initial_limit: 200, ..Settings::default() }, 1);
+            for _ in 0..20 {
+                c.on_window(&window(10_000, 200));
+            }
+            let start = c.limit();
+            let mut last = start;
+            for step in 1..50 {
+                let d = c.on_window(&window(10_000 + step * 2_000, 1_000));
+                // A baseline probe dips and restores the limit by design.
+                if d.reason == Reason::Probe {
+                    continue;
+                }
+                // Within the algorithms' tolerance (at most 2x the baseline) the limit may still probe upward.
+                if step > 5 {
+                    assert!(d.limit <= last, "{algo}: limit rose from {last} to {} as latency rose", d.limit);
+                }
+                last = d.limit;
+            }
+            assert!(last < start / 2, "{algo}: latency 10x the baseline must bring the limit well down: {start} -> {last}");
+        }
+    }
+
+    #[test]
+    fn limits_stay_within_bounds() {
+        let settings = Settings { initial_limit: 50, min_limit: 20, max_limit: 60, ..Settings::default() };
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd] {
+            let mut c = Controller::new(Settings { algo, ..settings }, 2);
+            for _ in 0..200 {
+                assert!(c.on_window(&window(1_000, 1_000)).limit <= 60);
+            }
+            for _ in 0..200 {
+                assert!(c.on_window(&window(1_000_000, 1_000)).limit >= 20);
+            }
+        }
+    }
+
+    #[test]
+    fn app_limited_windows_do_not_grow() {
+        let mut c = gradient(100, 10_000);
+        let d = c.on_window(&window(10_000, 20));
+        assert_eq!(d, Decision { limit: 100, reason: Reason::AppLimited });
+        let d = c.on_window(&window(10_000, 90));
+        assert_eq!(d.reason, Reason::Grow);
+        assert!(d.limit > 100);
+    }
+
+    #[test]
+    fn too_few_samples_hold_but_overflow_cuts() {
+        let mut c = gradient(100, 10_000);
+        let quiet = WindowSample { in_flight: 100, samples: 3, latency_us: 90_000, listen_drops: 0, windows: 1 };
+        assert_eq!(c.on_window(&quiet), Decision { limit: 100, reason: Reason::TooFewSamples });
+        let overflow = WindowSample { listen_drops: 5, ..quiet };
+        assert_eq!(c.on_window(&overflow), Decision { limit: 90, reason: Reason::ListenOverflow });
+    }
+
+    #[test]
+    fn cooldown_after_a_cut() {
+        let mut c = gradient(100, 10_000);
+        assert_eq!(c.on_window(&window(20_000, 100)).reason, Reason::LatencyRising);
+        for _ in 0..3 {
+            assert_eq!(c.on_window(&window(10_000, 100)).reason, Reason::Cooldown);
+        }
+        assert_eq!(c.on_window(&window(10_000, 100)).reason, Reason::Grow);
+    }
+
+    #[test]
+    fn baseline_expires_and_is_relearned() {
+        let mut c = Controller::new(Settings { probe_windows: 0, ..Settings::default() }, 3);
+        c.on_window(&window(1_000, 100));
+        assert_eq!(c.baseline_us(), 1_000);
+        // A costlier service for longer than the span: the (smoothed) baseline follows it up.
+        for _ in 0..200 {
+            c.on_window(&window(8_000, 100));
+        }
+        assert!((7_900..=8_000).contains(&c.baseline_us()), "baseline {}", c.baseline_us());
+    }
+
+    #[test]
+    fn fixed_keeps_the_operator_limit() {
+        let mut c = Controller::new(Settings { algo: Algo::Fixed, initial_limit: 7, min_limit: 1, ..Settings::default() }, 0);
+        for latency in [1, 1_000_000] {
+            assert_eq!(c.on_window(&window(latency, 7)), Decision { limit: 7, reason: Reason::Operator });
+        }
+    }
+
+    #[test]
+    fn raw_codes_round_trip() {
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Fixed] {
+            assert_eq!(Algo::from_raw(algo.to_raw()), algo);
+        }
+        for r in 0..9 {
+            assert_eq!(Reason::from_raw(r).to_raw(), r);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn no_nan_or_overflow_on_any_sample(
+            algo in prop::sample::select(vec![Algo::Gradient, Algo::Gradient2, Algo::Aimd]),
+            samples in prop::collection::vec((0u64..=u64::MAX, 0u64..=u64::MAX, 0u64..=u64::MAX, 0u64..3), 1..200),
+        ) {
+            let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
+            let mut c = Controller::new(settings, 9);
+            for (latency_us, samples, in_flight, drops) in samples {
+                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, listen_drops: drops, windows: 1 });
+                prop_assert!(d.limit >= 1);
+                prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! A deterministic discrete-event simulation of a gated service, to test the
+//! controllers against known capacity: a server with a fixed number of
+//! workers and exponential service times, open-loop Poisson arrivals, clients
+//! with a deadline, and the gate admitting while in-system < limit. The
+//! controller sees exactly what the daemon sees: a latency percentile of the
+//! requests completed in each window, and in-flight at its end.
+use std::{cmp::Reverse, collections::BinaryHeap, collections::VecDeque};
+
+use crate::control::{Controller, Reason, Settings, WindowSample, splitmix};
+
+const NS: f64 = 1e9;
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub workers: usize,
+    /// Mean service time, seconds.
+    pub mean_service: f64,
+    /// Offered load as a multiple of capacity (workers / mean_service).
+    pub load: f64,
+    /// Client deadline, seconds: answers later than this are not goodput.
+    pub deadline: f64,
+    /// Simulated seconds.
+    pub duration: f64,
+    /// Results are measured from this time on (after warm-up).
+    pub measure_from: f64,
+    /// Control window, seconds.
+    pub window: f64,
+    /// Percentile of sojourn time the controller follows (0-100).
+    pub percentile: f64,
+    /// `None`: no gate at all.
+    pub gate: Option<Settings>,
+    /// At this time, multiply the mean service time by this factor.
+    pub service_step: Option<(f64, f64)>,
+    pub seed: u64,
+}
+
+impl SimConfig {
+    pub fn new(load: f64, gate: Option<Settings>) -> Self {
+        Self {
+            workers: 8,
+            mean_service: 0.010,
+            load,
+            deadline: 1.0,
+            duration: 60.0,
+            measure_from: 20.0,
+            window: 0.1,
+            percentile: 90.0,
+            gate,
+            service_step: None,
+            seed: 42,
+        }
+    }
+
+    pub fn capacity(&self) -> f64 {
+        self.workers as f64 / self.mean_service
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SimResult {
+    /// Answers within the deadline per second, over the measured period.
+    pub goodput: f64,
+    /// Initial capacity, requests per second.
+    pub capacity: f64,
+    /// p99 sojourn of answered requests (measured period), seconds.
+    pub admitted_p99: f64,
+    pub admitted_p50: f64,
+    pub rejected: u64,
+    pub late: u64,
+    /// The limit at the end of each window.
+    pub limits: Vec<u32>,
+    /// Whether each window was a baseline probe (deliberate dips, excluded from the band checks).
+    pub probes: Vec<bool>,
+}
+
+impl SimResult {
+    pub fn goodput_fraction(&self) -> f64 {
+        self.goodput / self.capacity
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 = splitmix(self.0);
+        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn exponential(&mut self, mean: f64) -> f64 {
+        -self.uniform().ln() * mean
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn simulate(cfg: &SimConfig) -> SimResult {
+    let mut rng = Rng(cfg.seed);
+    let mut controller = cfg.gate.map(|s| Controller::new(s, cfg.seed));
+    let mut limit = controller.as_ref().map_or(u64::MAX, |c| u64::from(c.limit()));
+    let to_ns = |s: f64| (s * NS) as u64;
+    let end = to_ns(cfg.duration);
+    let measure_from = to_ns(cfg.measure_from);
+    let window = to_ns(cfg.window);
+    let arrival_mean = 1.0 / (cfg.load * cfg.capacity());
+
+    let mut next_arrival = to_ns(rng.exponential(arrival_mean));
+    let mut next_window = window;
+    // Completion times of busy workers, with each request's arrival time.
+    let mut busy: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+    let mut queue: VecDeque<(u64, u64)> = VecDeque::new(); // (arrival, service ns)
+    let mut window_sojourns: Vec<u64> = Vec::new();
+    let mut measured_sojourns: Vec<u64> = Vec::new();
+    let mut result = SimResult { capacity: cfg.capacity(), ..SimResult::default() };
+    let mut good = 0u64;
+    let mut carried = 0u32;
+
+    let mean_service_at = |t: u64| match cfg.service_step {
+        Some((at, factor)) if t >= to_ns(at) => cfg.mean_service * factor,
+        _ => cfg.mean_service,
+    };
+
+    loop {
+        let next_done = busy.peek().map_or(u64::MAX, |Reverse((t, _))| *t);
+        let now = next_arrival.min(next_done).min(next_window);
+        if now >= end {
+            break;
+        }
+        if now == next_window {
+            next_window += window;
+            if let Some(c) = controller.as_mut() {
+                window_sojourns.sort_unstable();
+                let sample = WindowSample {
+                    in_flight: (queue.len() + busy.len()) as u64,
+                    samples: window_sojourns.len() as u64,
+                    latency_us: percentile(&window_sojourns, cfg.percentile) / 1000,
+                    listen_drops: 0,
+                    windows: carried + 1,
+                };
+                let decision = c.on_window(&sample);
+                limit = u64::from(decision.limit);
+                result.limits.push(c.limit());
+                result.probes.push(decision.reason == Reason::Probe);
+                // Too few samples: carry them into the next window, as the daemon does.
+                if decision.reason == Reason::TooFewSamples {
+                    carried += 1;
+                } else {
+                    window_sojourns.clear();
+                    carried = 0;
+                }
+            } else {
+                window_sojourns.clear();
+            }
+        } else if now == next_done {
+            let Reverse((_, arrived)) = busy.pop().expect("peeked");
+            let sojourn = now - arrived;
+            window_sojourns.push(sojourn);
+            if arrived >= measure_from {
+                if sojourn <= to_ns(cfg.deadline) {
+                    good += 1;
+                    measured_sojourns.push(sojourn);
+                } else {
+                    result.late += 1;
+                }
+            }
+            if let Some((arrival, service)) = queue.pop_front() {
+                busy.push(Reverse((now + service, arrival)));
+            }
+        } else {
+            next_arrival = now + to_ns(rng.exponential(arrival_mean));
+            if (queue.len() + busy.len()) as u64 >= limit {
+                if now >= measure_from {
+                    result.rejected += 1;
+                }
+                continue;
+            }
+            let service = to_ns(rng.exponential(mean_service_at(now)));
+            if busy.len() < cfg.workers {
+                busy.push(Reverse((now + service, now)));
+            } else {
+                queue.push_back((now, service));
+            }
+        }
+    }
+    measured_sojourns.sort_unstable();
+    result.goodput = good as f64 / (cfg.duration - cfg.measure_from);
+    result.admitted_p99 = percentile(&measured_sojourns, 99.0) as f64 / NS;
+    result.admitted_p50 = percentile(&measured_sojourns, 50.0) as f64 / NS;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::Algo;
+
+    const ADAPTIVE: [Algo; 3] = [Algo::Gradient, Algo::Gradient2, Algo::Aimd];
+
+    fn gate(algo: Algo) -> Option<Settings> {
+        Some(Settings { algo, initial_limit: 100, min_limit: 4, ..Settings::default() })
+    }
+
+    fn unloaded_p99() -> f64 {
+        simulate(&SimConfig::new(0.3, None)).admitted_p99
+    }
+
+    #[test]
+    fn without_a_gate_goodput_collapses_under_overload() {
+        let r = simulate(&SimConfig::new(2.0, None));
+        println!("no gate at 2x: goodput {:.1}% of capacity, p99 {:.0} ms", r.goodput_fraction() * 100.0, r.admitted_p99 * 1e3);
+        assert!(r.goodput_fraction() < 0.2, "the model must show the collapse the gate prevents: {r:?}");
+    }
+
+    #[test]
+    fn adaptive_controllers_keep_goodput_and_latency_under_overload() {
+        let base_p99 = unloaded_p99();
+        println!("unloaded p99 {:.1} ms", base_p99 * 1e3);
+        for algo in ADAPTIVE {
+            for load in [2.0, 4.0] {
+                let r = simulate(&SimConfig::new(load, gate(algo)));
+                let tail = steady(&r, r.limits.len() - 200..r.limits.len());
+                println!(
+                    "{algo:>9} at {load}x: goodput {:.1}% of capacity, admitted p50 {:.1} ms p99 {:.1} ms ({:.2}x unloaded), limit {}..{}",
+                    r.goodput_fraction() * 100.0,
+                    r.admitted_p50 * 1e3,
+                    r.admitted_p99 * 1e3,
+                    r.admitted_p99 / base_p99,
+                    tail.iter().min().unwrap(),
+                    tail.iter().max().unwrap(),
+                );
+                assert!(r.goodput_fraction() >= 0.90, "{algo} at {load}x: goodput {:.3} of capacity", r.goodput_fraction());
+                assert!(r.admitted_p99 <= 3.0 * base_p99, "{algo} at {load}x: p99 {} vs unloaded {base_p99}", r.admitted_p99);
+            }
+        }
+    }
+
+    /// The limits of the windows that were not baseline probes.
+    fn steady(r: &SimResult, range: std::ops::Range<usize>) -> Vec<u32> {
+        range.filter(|&i| !r.probes[i]).map(|i| r.limits[i]).collect()
+    }
+
+    /// Windows after `from` until the limit's 1-second rolling mean (probes
+    /// excluded) enters +/-`band` of its final mean and stays there for 2 s.
+    fn settling_windows(r: &SimResult, from: usize, band: f64) -> (usize, f64) {
+        let tail = steady(r, r.limits.len() - 100..r.limits.len());
+        let mean = tail.iter().map(|&l| f64::from(l)).sum::<f64>() / tail.len() as f64;
+        let rolling_mean = |i: usize| {
+            let w = steady(r, i.saturating_sub(9)..i + 1);
+            (!w.is_empty()).then(|| w.iter().map(|&l| f64::from(l)).sum::<f64>() / w.len() as f64)
+        };
+        let inside = |i: usize| rolling_mean(i).is_none_or(|m| (m - mean).abs() <= band * mean);
+        let settled = (from..r.limits.len() - 20).find(|&i| (i..i + 20).all(inside)).unwrap_or(r.limits.len());
+        (settled - from, mean)
+    }
+
+    #[test]
+    fn limit_settles_after_a_5x_service_time_step_and_stays_in_band() {
+        for algo in ADAPTIVE {
+            let mut cfg = SimConfig::new(2.0, gate(algo));
+            cfg.duration = 90.0;
+            cfg.measure_from = 60.0;
+            cfg.service_step = Some((30.0, 5.0));
+            let r = simulate(&cfg);
+            let step_window = 300;
+            let (settle, mean) = settling_windows(&r, step_window, 0.5);
+            let tail = steady(&r, r.limits.len() - 200..r.limits.len());
+            let (lo, hi) = (*tail.iter().min().unwrap(), *tail.iter().max().unwrap());
+            let before = r.limits[step_window - 1];
+            // Goodput after the step, against the new capacity (workers / (5 x service)).
+            let new_capacity = cfg.capacity() / 5.0;
+            println!(
+                "{algo:>9}: limit {before} before the 5x step, settles (1 s mean within +/-50% of {mean:.0} for 2 s) after {settle} windows; last 20 s within {lo}..{hi}; goodput after {:.0}% of the new capacity, p99 {:.0} ms",
+                r.goodput / new_capacity * 100.0,
+                r.admitted_p99 * 1e3
+            );
+            // AIMD is the slowest: it re-learns through the baseline span and recovers by +1 a window.
+            assert!(settle <= 200, "{algo}: did not settle within 200 windows (20 s): {settle}");
+            assert!(f64::from(hi - lo) <= 1.5 * mean, "{algo}: steady-state swing {lo}..{hi} around {mean:.0}");
+        }
+    }
+}
