@@ -180,7 +180,8 @@ fn established_connections_survive_a_lower_limit_and_other_ports_are_untouched()
     let other = bed.server_addr(false, 9090);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let _other_backend = Backend::start(&bed.server_ns, other, Service::Echo).expect("backend on 9090");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst"]);
+    // Connection counting: the echo round trips below would otherwise make these connections idle.
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections"]);
     let mut held: Vec<TcpStream> =
         connect_sequential(&bed, addr, 5, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("connect")).collect();
     wait_for_stats(PORT, Duration::from_secs(3), "5 established", |s| field(s, "in_flight") == 5);

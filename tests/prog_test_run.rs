@@ -4,8 +4,8 @@
 mod support;
 
 use aya::{TestRun as _, TestRunOptions};
-use shed::gate::Loaded;
-use shed_common::{action, counter, ipv4_mapped};
+use shed::{gate::Loaded, maps::PortSpec};
+use shed_common::{ControlConfig, action, count_mode, counter, ipv4_mapped};
 use support::frames::*;
 
 const XDP_DROP: u32 = 1;
@@ -29,7 +29,8 @@ enum Hook {
 impl Harness {
     fn new(limit: u32, act: u8, dry_run: bool) -> Self {
         let mut loaded = Loaded::new(None).expect("load the kernel object (run as root after `cargo xtask build-ebpf`)");
-        loaded.maps.protect(PORT, limit, act, dry_run).expect("protect port");
+        let spec = PortSpec { limit, action: act, dry_run, count_mode: count_mode::WORK, control: ControlConfig::default() };
+        loaded.maps.protect(PORT, &spec).expect("protect port");
         Self { loaded }
     }
 
@@ -145,9 +146,8 @@ fn live_limit_change_is_seen_by_the_next_syn() {
     assert_eq!(h.run(Hook::Xdp, &frame(&Spec::default())).unwrap().0, i64::from(XDP_PASS));
     let next = frame(&Spec { client_port: 40_001, ..Spec::default() });
     assert_eq!(h.run(Hook::Xdp, &next).unwrap().0, i64::from(XDP_DROP));
-    let mut config = h.loaded.maps.config(PORT).unwrap();
-    config.limit = 2;
-    h.loaded.maps.write_config(PORT, config).unwrap();
+    let slot = h.loaded.maps.config(PORT).unwrap().slot;
+    h.loaded.maps.set_limit(slot, 2).unwrap();
     assert_eq!(h.run(Hook::Xdp, &next).unwrap().0, i64::from(XDP_PASS));
 }
 

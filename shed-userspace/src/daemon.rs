@@ -301,11 +301,12 @@ impl PortControl {
 }
 
 fn settings(config: &ControlConfig, limit: u32) -> Settings {
-    Settings {
-        algo: Algo::from_raw(config.algo),
-        initial_limit: limit,
-        min_limit: config.min_limit.max(1),
-        max_limit: config.max_limit.max(config.min_limit.max(1)),
-        ..Settings::default()
-    }
+    let algo = Algo::from_raw(config.algo);
+    // The adaptive bounds do not apply to an operator's fixed limit.
+    let (min_limit, max_limit) = if algo == Algo::Fixed {
+        (1, shed_common::MAX_LIMIT)
+    } else {
+        (config.min_limit.max(1), config.max_limit.max(config.min_limit.max(1)))
+    };
+    Settings { algo, initial_limit: limit, min_limit, max_limit, ..Settings::default() }
 }
