@@ -107,6 +107,9 @@ pub fn run_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'stati
 pub enum Service {
     /// Echo every byte back until the client closes; holds the connection open meanwhile.
     Echo,
+    /// Keep-alive: answer every request line with "OK\n" after the service
+    /// time (microseconds, changeable at run time), on a thread per connection.
+    KeepAlive { service_us: Arc<AtomicU64> },
     /// Read one request line, queue for one of `workers`, sleep the service
     /// time (changeable at run time, microseconds), answer "OK\n" and close.
     Workers { workers: usize, service_us: Arc<AtomicU64> },
@@ -162,6 +165,10 @@ impl Backend {
                             Service::Workers { .. } => {
                                 let _ = tx.send(conn);
                             }
+                            Service::KeepAlive { service_us } => {
+                                let (stop, service_us) = (stop2.clone(), service_us.clone());
+                                holders.push(thread::spawn(move || keep_alive(conn, &stop, &service_us)));
+                            }
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(2)),
@@ -203,6 +210,27 @@ fn echo(mut conn: TcpStream, stop: &AtomicBool) {
         }
     }
     let _ = conn.shutdown(Shutdown::Both);
+}
+
+fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64) {
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = [0u8; 512];
+    while !stop.load(Ordering::Relaxed) {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                // One answer per request line.
+                for _ in buf[..n].iter().filter(|&&b| b == b'\n') {
+                    thread::sleep(Duration::from_micros(service_us.load(Ordering::Relaxed)));
+                    if conn.write_all(b"OK\n").is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
 }
 
 fn serve_request(mut conn: TcpStream, service: Duration) -> io::Result<()> {
@@ -262,5 +290,47 @@ pub fn request(addr: SocketAddr, deadline: Duration) -> Outcome {
         Ok(_) => Outcome::TimedOut,
         Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Outcome::TimedOut,
         Err(_) => Outcome::Failed,
+    }
+}
+
+/// Open-loop load: requests on new connections at a rate (per second,
+/// changeable while running), each on its own thread so a slow answer never
+/// holds back the next arrival. Stops on drop.
+pub struct OpenLoop {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<io::Result<()>>>,
+    /// Every request's outcome, as it completes.
+    pub outcomes: mpsc::Receiver<Outcome>,
+}
+
+impl OpenLoop {
+    pub fn start(ns: &str, addr: SocketAddr, rate: Arc<AtomicU64>, deadline: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, outcomes) = mpsc::channel();
+        let stop2 = stop.clone();
+        let handle = spawn_in(ns, move || {
+            let mut next = Instant::now();
+            while !stop2.load(Ordering::Relaxed) {
+                let per_sec = rate.load(Ordering::Relaxed).max(1);
+                next += Duration::from_secs_f64(1.0 / per_sec as f64);
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    thread::sleep(wait);
+                }
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let _ = tx.send(request(addr, deadline));
+                });
+            }
+        });
+        Self { stop, handle: Some(handle), outcomes }
+    }
+}
+
+impl Drop for OpenLoop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 }

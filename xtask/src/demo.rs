@@ -6,8 +6,7 @@ use std::{
     process::{Child, Command},
     sync::{
         Arc,
-        atomic::AtomicU64,
-        mpsc,
+        atomic::{AtomicU64, Ordering},
     },
     thread,
     time::{Duration, Instant},
@@ -16,14 +15,14 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use shed::{
     maps::GateMaps,
-    testbed::{self, Backend, Outcome, Service, Testbed},
+    testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
 };
 
 const PORT: u16 = 8080;
 const WORKERS: usize = 4;
 const SERVICE: Duration = Duration::from_millis(20);
 const DEADLINE: Duration = Duration::from_secs(1);
-const LIMIT: u32 = 8;
+const INITIAL_LIMIT: u32 = 50;
 
 struct Daemon(Child);
 
@@ -38,7 +37,7 @@ impl Drop for Daemon {
 pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     let capacity = WORKERS as f64 / SERVICE.as_secs_f64();
     println!(
-        "demo: backend with {WORKERS} workers x {} ms = {capacity:.0} req/s capacity; gate limit {LIMIT}, action rst; {seconds} s",
+        "demo: backend with {WORKERS} workers x {} ms = {capacity:.0} req/s capacity; adaptive gate (gradient) from limit {INITIAL_LIMIT}, action rst; {seconds} s\nphases: 0.5x load; 2x load; 2x load with the backend 5x slower; 2x load, backend recovered",
         SERVICE.as_millis()
     );
     let bed = Testbed::create("sheddemo").context("creating the demo namespaces")?;
@@ -50,48 +49,40 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     )?;
     let daemon = Daemon(
         Command::new(shedctl)
-            .args(["attach", "--port", "8080", "--limit", &LIMIT.to_string(), "--action", "rst"])
+            .args(["attach", "--port", "8080", "--initial-limit", &INITIAL_LIMIT.to_string(), "--action", "rst"])
             .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
             .spawn()
             .context("starting shedctl attach")?,
     );
     let maps = wait_for_gate()?;
 
-    let (tx, rx) = mpsc::channel::<Outcome>();
     let addr = bed.server_addr(false, PORT);
     let start = Instant::now();
     let total = Duration::from_secs(seconds);
-    // Offered load as a multiple of capacity over the run: calm, overload, heavier overload, calm.
-    let load_at = move |t: Duration| {
+    // Offered load (x capacity) and service slowdown over the run: calm; 2x
+    // overload; the backend slows 5x under it; it recovers.
+    let phase_at = move |t: Duration| {
         let f = t.as_secs_f64() / total.as_secs_f64();
-        if f < 0.2 { 0.5 } else if f < 0.5 { 2.0 } else if f < 0.8 { 4.0 } else { 0.5 }
+        if f < 0.15 { (0.5, 1) } else if f < 0.45 { (2.0, 1) } else if f < 0.7 { (2.0, 5) } else { (2.0, 1) }
     };
-    let generator = testbed::spawn_in(&bed.client_ns, move || {
-        let mut next = Instant::now();
-        while start.elapsed() < total {
-            let rate = capacity * load_at(start.elapsed());
-            next += Duration::from_secs_f64(1.0 / rate);
-            if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                thread::sleep(wait);
-            }
-            let tx = tx.clone();
-            thread::spawn(move || {
-                let _ = tx.send(testbed::request(addr, DEADLINE));
-            });
-        }
-    });
+    let load_at = move |t: Duration| phase_at(t).0;
+    let rate = Arc::new(AtomicU64::new((capacity * load_at(Duration::ZERO)) as u64));
+    let load = OpenLoop::start(&bed.client_ns, addr, rate.clone(), DEADLINE);
 
     println!(
-        "{:>4}  {:>7}  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}",
-        "t(s)", "offered", "limit", "in-flight", "admit/s", "reject/s", "answered", "refused", "timeouts", "p99(ms)"
+        "{:>4}  {:>7}  {:>7}  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}",
+        "t(s)", "offered", "service", "limit", "in-flight", "admit/s", "reject/s", "answered", "refused", "timeouts", "p99(ms)"
     );
     let mut before = maps.snapshots(Some(PORT))?[0];
     for second in 1..=seconds {
         thread::sleep(Duration::from_secs(1).saturating_sub(start.elapsed().saturating_sub(Duration::from_secs(second - 1))));
+        rate.store((capacity * load_at(Duration::from_secs(second))) as u64, Ordering::Relaxed);
+        let slowdown = phase_at(Duration::from_secs(second)).1;
+        service_us.store(SERVICE.as_micros() as u64 * slowdown, Ordering::Relaxed);
         let now = maps.snapshots(Some(PORT))?[0];
         let mut answered = Vec::new();
         let (mut refused, mut timeouts) = (0, 0);
-        for outcome in rx.try_iter() {
+        for outcome in load.outcomes.try_iter() {
             match outcome {
                 Outcome::Answered(latency) => answered.push(latency),
                 Outcome::Refused => refused += 1,
@@ -102,9 +93,10 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
         let p99 = answered.get((answered.len() * 99 / 100).min(answered.len().saturating_sub(1))).map_or(0.0, |d| d.as_secs_f64() * 1e3);
         let delta = |i| now.counter(i) - before.counter(i);
         println!(
-            "{:>4}  {:>6.1}x  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8.1}",
+            "{:>4}  {:>6.1}x  {:>5}ms  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8.1}",
             second,
             load_at(Duration::from_secs(second - 1)),
+            SERVICE.as_millis() as u64 * phase_at(Duration::from_secs(second - 1)).1,
             now.limit,
             now.in_flight(),
             delta(shed_common::counter::ADMITTED),
@@ -116,7 +108,7 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
         );
         before = now;
     }
-    let _ = generator.join();
+    drop(load);
     drop(daemon);
     println!("demo: done; namespaces and gate removed");
     Ok(())

@@ -1,0 +1,171 @@
+//! Adaptive control on the real kernel: in-flight counts work rather than
+//! sockets, the latency probes land in the right buckets, and the limit
+//! follows a service that slows down and recovers. Needs root.
+mod support;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use shed::{
+    maps::GateMaps,
+    testbed::{self, Backend, OpenLoop, Service, Testbed},
+};
+use shed_common::latency;
+use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
+
+const PORT: u16 = 8080;
+
+fn ask(stream: &mut TcpStream) -> std::io::Result<()> {
+    stream.write_all(b"GET\n")?;
+    let mut buf = [0u8; 3];
+    stream.read_exact(&mut buf)
+}
+
+#[test]
+fn idle_keep_alive_connections_do_not_count_but_waiting_requests_do() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtw").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let service_us = Arc::new(AtomicU64::new(0));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us: service_us.clone() }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
+
+    // 50 keep-alive connections, each answered once: idle now.
+    let mut idle: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
+        (0..50)
+            .map(|i| {
+                let mut s = testbed::connect(addr, Duration::from_secs(1)).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                ask(&mut s).unwrap_or_else(|e| panic!("request on connection {i}: {e}"));
+                s
+            })
+            .collect()
+    })
+    .unwrap();
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "50 open, none busy", |s| field(s, "established") == 50 && field(s, "in_flight") == 0);
+    assert_eq!((field(&s, "busy"), s["count"].as_str()), (0, Some("work")), "{s}");
+    // Quick answers: new clients still get in although 50 connections are open, 5x the limit.
+    let mut fresh = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap().expect("admitted");
+    ask(&mut fresh).expect("answered");
+
+    // Now every idle connection sends a request that the server answers slowly: 50 busy.
+    service_us.store(1_500_000, Ordering::Relaxed);
+    for s in &mut idle {
+        s.write_all(b"GET\n").expect("send request");
+    }
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "requests in service", |s| field(s, "in_flight") >= 10);
+    println!("busy while requests wait: {s}");
+    let refused = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap();
+    assert_eq!(refused.expect_err("work above the limit").kind(), std::io::ErrorKind::ConnectionRefused);
+
+    // Once the answers go out, the connections are idle again and new clients get in.
+    service_us.store(0, Ordering::Relaxed);
+    for s in &mut idle {
+        let mut buf = [0u8; 3];
+        s.read_exact(&mut buf).expect("slow answer arrives");
+    }
+    wait_for_stats(PORT, Duration::from_secs(5), "answers out", |s| field(s, "in_flight") < 10);
+    testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap().expect("admitted again");
+}
+
+/// Samples recorded in `hist` within [lo_us, hi_us] (by bucket bounds).
+fn count_between(hist: &[u64; latency::BUCKETS], lo_us: u64, hi_us: u64) -> u64 {
+    hist.iter().enumerate().filter(|(b, _)| latency::lower_bound(*b) >= lo_us && latency::upper_bound(*b) <= hi_us).map(|(_, n)| n).sum()
+}
+
+#[test]
+fn latency_probes_land_in_the_right_buckets() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtp").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    // One worker that takes 30 ms per request: a second request sent at the same time waits ~30 ms.
+    let service_us = Arc::new(AtomicU64::new(30_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: 1, service_us }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "100"]);
+    let maps = GateMaps::open_pinned().expect("pinned maps");
+    let slot = maps.config(PORT).unwrap().slot;
+
+    // Five requests one at a time: no queue.
+    for _ in 0..5 {
+        let outcome = testbed::run_in(&bed.client_ns, move || testbed::request(addr, Duration::from_secs(2))).unwrap();
+        assert!(matches!(outcome, testbed::Outcome::Answered(_)), "{outcome:?}");
+    }
+    let hist = maps.latency(slot).unwrap();
+    let total: u64 = hist.service.iter().sum();
+    assert_eq!(total, 5, "one service sample per request: {:?}", hist.service);
+    assert_eq!(count_between(&hist.service, 24_576, 40_959), 5, "service ~30 ms (sleep + scheduling)");
+    assert_eq!(count_between(&hist.queue_wait, 0, 4_095), 5, "no queue: pick-up within 4 ms of arrival");
+    assert_eq!(count_between(&hist.sojourn, 24_576, 40_959), 5);
+
+    // Two at once: the worker takes one, the other waits its turn (~30 ms) before it is read.
+    let both: Vec<_> = (0..2).map(|_| testbed::spawn_in(&bed.client_ns, move || testbed::request(addr, Duration::from_secs(2)))).collect();
+    for h in both {
+        assert!(matches!(h.join().unwrap().unwrap(), testbed::Outcome::Answered(_)));
+    }
+    let after = maps.latency(slot).unwrap();
+    let queue: [u64; latency::BUCKETS] = std::array::from_fn(|i| after.queue_wait[i] - hist.queue_wait[i]);
+    let sojourn: [u64; latency::BUCKETS] = std::array::from_fn(|i| after.sojourn[i] - hist.sojourn[i]);
+    assert_eq!(count_between(&queue, 0, 4_095), 1, "the first is read at once: {queue:?}");
+    assert_eq!(count_between(&queue, 20_480, 49_151), 1, "the second waits ~30 ms: {queue:?}");
+    assert_eq!(count_between(&sojourn, 49_152, 81_919), 1, "its sojourn is wait + service, ~60 ms: {sojourn:?}");
+}
+
+#[test]
+fn the_limit_falls_when_the_service_slows_and_recovers_after() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedta").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    // 8 workers x 10 ms = 800 req/s; offered 1000 req/s on new connections.
+    let service_us = Arc::new(AtomicU64::new(10_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: 8, service_us: service_us.clone() }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--action", "rst", "--initial-limit", "40"]);
+    let rate = Arc::new(AtomicU64::new(1000));
+    let load = OpenLoop::start(&bed.client_ns, addr, rate, Duration::from_secs(1));
+
+    let mut trajectory: Vec<(f64, u64, u64)> = Vec::new(); // (t, limit, sojourn p99)
+    let start = Instant::now();
+    let mut sample_phase = |secs: u64, service: u64| -> Vec<(u64, u64)> {
+        service_us.store(service, Ordering::Relaxed);
+        let end = start.elapsed() + Duration::from_secs(secs);
+        let mut seen = Vec::new();
+        while start.elapsed() < end {
+            let s = stats(PORT);
+            let point = (field(&s, "limit"), field(&s, "sojourn_p99_us"));
+            trajectory.push((start.elapsed().as_secs_f64(), point.0, point.1));
+            seen.push(point);
+            thread::sleep(Duration::from_millis(150));
+        }
+        seen
+    };
+    let fast = sample_phase(5, 10_000);
+    let slow = sample_phase(5, 100_000);
+    let recovered = sample_phase(6, 10_000);
+    drop(load);
+
+    let tail = |v: &[(u64, u64)], n: usize| -> Vec<(u64, u64)> { v[v.len().saturating_sub(n)..].to_vec() };
+    let median = |mut v: Vec<u64>| -> u64 {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let limit_fast = median(tail(&fast, 8).iter().map(|p| p.0).collect());
+    let limit_slow = median(tail(&slow, 8).iter().map(|p| p.0).collect());
+    let limit_recovered = tail(&recovered, 8).iter().map(|p| p.0).max().unwrap();
+    let p99_fast = median(tail(&fast, 8).iter().map(|p| p.1).collect());
+    let p99_slow = median(tail(&slow, 8).iter().map(|p| p.1).collect());
+    println!("limit trajectory (t s, limit, sojourn p99 us):");
+    for (t, l, p) in &trajectory {
+        println!("  {t:5.1}  {l:4}  {p:7}");
+    }
+    println!("limit: {limit_fast} at 10 ms service, {limit_slow} at 100 ms, back to {limit_recovered}; p99 {p99_fast} us -> {p99_slow} us");
+    assert!(p99_slow > 3 * p99_fast, "stats show the latency rising: p99 {p99_fast} -> {p99_slow} us");
+    assert!(limit_slow < limit_fast, "the limit falls on its own when the service slows: {limit_fast} -> {limit_slow}");
+    assert!(limit_recovered > limit_slow, "and recovers when it speeds up again: {limit_slow} -> {limit_recovered}");
+}
