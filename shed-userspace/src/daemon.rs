@@ -56,6 +56,11 @@ pub fn liveness() -> Liveness {
     if pins { Liveness::Stale { pid } } else { Liveness::Absent }
 }
 
+/// A daemon holds the lock and has finished attaching (its pid is written).
+pub fn ready() -> bool {
+    matches!(liveness(), Liveness::Running { pid } if pid != "unknown")
+}
+
 /// Fails unless a daemon is running; used by every verb that reads or tunes the gate.
 pub fn require_running() -> Result<String, Error> {
     match liveness() {
@@ -87,10 +92,13 @@ impl DaemonLock {
             let ports = maps::GateMaps::open_pinned().and_then(|m| m.port_list()).unwrap_or_else(|_| "unknown".into());
             return Err(Error::AlreadyRunning { pid, ports });
         }
+        // Empty until `write_pid`: a pid in the file means the gate is fully attached.
+        file.set_len(0).map_err(|e| Error::io("truncate", paths::PID_FILE, e))?;
         Ok(Self { file })
     }
 
-    /// Records our pid for `shedctl detach` and for messages.
+    /// Records our pid for `shedctl detach` and for messages; call once every
+    /// program is attached (readers take a pid as "ready").
     pub fn write_pid(&mut self) -> Result<(), Error> {
         let write = |f: &mut File| -> std::io::Result<()> {
             f.set_len(0)?;

@@ -50,7 +50,7 @@ impl Gate {
             if let Ok(Some(status)) = gate.child.try_wait() {
                 panic!("shedctl attach {args:?} exited with {status}:\n{}", gate.log());
             }
-            if matches!(daemon::liveness(), daemon::Liveness::Running { .. }) && shedctl(&["stats", "--json", "--interval", "50"]).status.success() {
+            if daemon::ready() && shedctl(&["stats", "--json", "--interval", "50"]).status.success() {
                 return gate;
             }
             assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up in 20 s:\n{}", gate.log());

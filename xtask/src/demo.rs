@@ -117,7 +117,8 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
 fn wait_for_gate() -> Result<GateMaps> {
     let start = Instant::now();
     loop {
-        if let Ok(maps) = GateMaps::open_pinned()
+        if shed::daemon::ready()
+            && let Ok(maps) = GateMaps::open_pinned()
             && maps.snapshots(Some(PORT)).is_ok()
         {
             return Ok(maps);
