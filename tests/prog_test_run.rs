@@ -29,7 +29,7 @@ enum Hook {
 impl Harness {
     fn new(limit: u32, act: u8, dry_run: bool) -> Self {
         let mut loaded = Loaded::new(None).expect("load the kernel object (run as root after `cargo xtask build-ebpf`)");
-        let spec = PortSpec { limit, action: act, dry_run, count_mode: count_mode::WORK, control: ControlConfig::default() };
+        let spec = PortSpec::new(limit, act, dry_run, count_mode::WORK, ControlConfig::default());
         loaded.maps.protect(PORT, &spec).expect("protect port");
         Self { loaded }
     }

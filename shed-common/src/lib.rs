@@ -42,10 +42,12 @@ pub mod map {
     pub const CONTROL: &str = "SHED_CONTROL";
     /// `Array<ControlStatus>` indexed by slot: the controller's last window. Written by the daemon, read by `shedctl stats`.
     pub const STATUS: &str = "SHED_STATUS";
+    /// `LpmTrie<[u8; 16], u32>`: client CIDR (IPv4-mapped for IPv4) -> tier. Written by `shedctl`, read by the kernel.
+    pub const TIERS: &str = "SHED_TIERS";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 11] =
-        [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS];
+    pub const ALL: [&str; 12] =
+        [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS];
 }
 
 /// Program names (the function names in `shed-ebpf`).
@@ -71,6 +73,8 @@ pub mod capacity {
     pub const MAX_PENDING: u32 = 65_536;
     /// Established sockets tracked across all ports.
     pub const MAX_SOCKS: u32 = 262_144;
+    /// Client CIDRs with a tier.
+    pub const MAX_TIER_ENTRIES: u32 = 16_384;
 }
 
 /// The highest concurrency limit an operator may set. Above this the pending and
@@ -83,6 +87,26 @@ pub mod action {
     pub const DROP: u8 = 0;
     /// Answer with RST+ACK: the client's connect() fails at once with ECONNREFUSED.
     pub const RST: u8 = 1;
+}
+
+/// Client tiers, assigned server-side from the source address.
+pub mod tier {
+    /// Always admitted and never counted: health checkers, load-balancer probes.
+    pub const EXEMPT: u8 = 0;
+    pub const CRITICAL: u8 = 1;
+    /// Sources not listed in the tier map.
+    pub const NORMAL: u8 = 2;
+    /// Shed first.
+    pub const LOW: u8 = 3;
+    pub const COUNT: usize = 4;
+    pub const NAMES: [&str; COUNT] = ["exempt", "critical", "normal", "low"];
+    /// Default share of the limit each tier may fill, in permille (exempt: unused).
+    pub const DEFAULT_SHARE_PERMILLE: [u16; COUNT] = [1000, 1000, 900, 700];
+    /// A tier whose share is full still gets one SYN in this many admitted
+    /// while in-flight is below the limit, so it is never starved entirely.
+    pub const TRICKLE_EVERY: u64 = 16;
+    /// `PortConfig::tier_action` value: use the port's action.
+    pub const ACTION_DEFAULT: u8 = 0xff;
 }
 
 /// Indices into [`PortCounters::values`].
@@ -103,8 +127,18 @@ pub mod counter {
     pub const RESERVE_FAILED: usize = 6;
     /// Rejected SYNs for which the RST could not be built (dropped instead).
     pub const RST_FAILED: usize = 7;
+    /// SYNs rejected because in-flight had reached their tier's share of the limit.
+    pub const REJECTED_SHARE: usize = 8;
+    /// SYNs from exempt clients (admitted, never counted).
+    pub const EXEMPT: usize = 9;
+    /// SYNs admitted past a full tier share by the anti-starvation trickle.
+    pub const TRICKLE: usize = 10;
+    /// Admitted SYNs by tier: `ADMITTED_BY_TIER + tier`.
+    pub const ADMITTED_BY_TIER: usize = 12;
+    /// Rejected SYNs (all reasons) by tier: `REJECTED_BY_TIER + tier`.
+    pub const REJECTED_BY_TIER: usize = 16;
     /// Number of counter slots; spare slots are reserved for later reasons.
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 24;
 }
 
 /// What in-flight counts for a port ([`PortConfig::count_mode`]).
@@ -162,9 +196,51 @@ pub struct PortConfig {
     pub dry_run: u8,
     /// One of [`count_mode`].
     pub count_mode: u8,
-    pub _pad: [u8; 9],
+    /// 1 once any client tier is configured: only then do tier shares apply
+    /// (with no tiers every source is normal and may fill the whole limit).
+    pub tiered: u8,
+    /// Share of the limit each tier may fill, permille, by [`tier`] index.
+    pub share_permille: [u16; tier::COUNT],
+    /// Per-tier reject action, or [`tier::ACTION_DEFAULT`].
+    pub tier_action: [u8; tier::COUNT],
+    pub _pad2: [u8; 12],
 }
-const _: () = assert!(size_of::<PortConfig>() == 16);
+const _: () = assert!(size_of::<PortConfig>() == 32);
+
+impl PortConfig {
+    /// A port with the default tier shares and the port's action for every tier.
+    pub const fn new(slot: u32, action: u8, dry_run: bool, count_mode: u8) -> Self {
+        Self {
+            slot,
+            action,
+            dry_run: dry_run as u8,
+            count_mode,
+            tiered: 0,
+            share_permille: tier::DEFAULT_SHARE_PERMILLE,
+            tier_action: [tier::ACTION_DEFAULT; tier::COUNT],
+            _pad2: [0; 12],
+        }
+    }
+
+    /// The action for a rejected SYN of `tier`.
+    #[inline(always)]
+    pub fn action_for(&self, tier: u8) -> u8 {
+        match self.tier_action.get(tier as usize) {
+            Some(&a) if a != tier::ACTION_DEFAULT => a,
+            _ => self.action,
+        }
+    }
+
+    /// In-flight below which `tier` is admitted: its share of `limit` (all of it while untiered).
+    #[inline(always)]
+    pub fn tier_threshold(&self, tier: u8, limit: u32) -> u64 {
+        if self.tiered == 0 {
+            return u64::from(limit);
+        }
+        let share = self.share_permille.get(tier as usize).copied().unwrap_or(1000);
+        u64::from(limit) * u64::from(share) / 1000
+    }
+}
 
 /// In-flight accounting for one port, kept as monotonically increasing event
 /// counts so that every writer only ever adds (atomically) and no two writers

@@ -15,7 +15,7 @@ use shed_common::{FlowKey, SockEntry, latency, sock_io_tp as io, sock_state_tp a
 
 use crate::{
     decide::atomic_add,
-    maps::{SHED_LATENCY, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS},
+    maps::{SHED_LATENCY, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, tier_of},
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -66,6 +66,11 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     let Some(state) = state_field(slot) else {
         return Ok(());
     };
+    let client_addr: [u8; 16] = unsafe { ctx.read_at(tp::DADDR_V6)? };
+    if tier_of(&client_addr) == shed_common::tier::EXEMPT {
+        // Exempt clients are never counted (nor reserved for at the gate).
+        return Ok(());
+    }
     // Accepted and not yet answered: busy (a server-first protocol answers before any request).
     let entry = SockEntry { slot, port: local_port, busy: 1, _pad: 0, arrival_ns: 0, pickup_ns: 0 };
     if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
@@ -74,7 +79,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
 
     let key = FlowKey {
-        client_addr: unsafe { ctx.read_at(tp::DADDR_V6)? },
+        client_addr,
         server_addr: unsafe { ctx.read_at(tp::SADDR_V6)? },
         client_port: unsafe { ctx.read_at(tp::DPORT)? },
         server_port: local_port,

@@ -2,10 +2,10 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use shed_common::{FlowKey, PendingEntry, action, counter};
+use shed_common::{FlowKey, PendingEntry, action, counter, tier};
 
 use crate::{
-    maps::{SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_USER_STATE},
+    maps::{SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_USER_STATE, tier_of},
     parse::Syn,
 };
 
@@ -53,6 +53,13 @@ pub fn decide(syn: &Syn) -> Verdict {
         return Verdict::Pass;
     };
     count(slot, counter::SYN_SEEN);
+    let tier = tier_of(&syn.client_addr);
+    if tier == tier::EXEMPT {
+        // Health checks and control-plane callers: always in, never counted.
+        count(slot, counter::EXEMPT);
+        count(slot, counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
+        return Verdict::Pass;
+    }
 
     let key = FlowKey {
         client_addr: syn.client_addr,
@@ -72,13 +79,28 @@ pub fn decide(syn: &Syn) -> Verdict {
     let reserved_before = atomic_add(unsafe { &raw mut (*state).reserved }, 1);
     let expired = SHED_USER_STATE.get(slot).map_or(0, |u| u.pending_expired);
     let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, expired, config.count_mode);
-    if in_flight >= u64::from(limit) {
+    // The whole limit is a hard stop; a tier's share of it sheds lower tiers
+    // first, except for a trickle that keeps a full tier from starving.
+    let reason = if in_flight >= u64::from(limit) {
+        Some(counter::REJECTED_LIMIT)
+    } else if in_flight >= config.tier_threshold(tier, limit) {
+        if trickle(slot) {
+            count(slot, counter::TRICKLE);
+            None
+        } else {
+            Some(counter::REJECTED_SHARE)
+        }
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
         if config.dry_run != 0 {
             count(slot, counter::DRY_RUN_WOULD_REJECT);
         } else {
             atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
-            count(slot, counter::REJECTED_LIMIT);
-            return if config.action == action::RST { Verdict::Rst { slot } } else { Verdict::Drop };
+            count(slot, reason);
+            count(slot, counter::REJECTED_BY_TIER + (tier as usize & 3));
+            return if config.action_for(tier) == action::RST { Verdict::Rst { slot } } else { Verdict::Drop };
         }
     }
 
@@ -95,5 +117,15 @@ pub fn decide(syn: &Syn) -> Verdict {
         return Verdict::Pass;
     }
     count(slot, counter::ADMITTED);
+    count(slot, counter::ADMITTED_BY_TIER + (tier as usize & 3));
     Verdict::Pass
+}
+
+/// One share rejection in [`tier::TRICKLE_EVERY`] (per CPU) is admitted instead.
+#[inline(always)]
+fn trickle(slot: u32) -> bool {
+    let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot) else { return false };
+    // SAFETY: per-CPU value. The share-rejection count doubles as the trickle's clock.
+    let seen = unsafe { (*counters).values[counter::REJECTED_SHARE] + (*counters).values[counter::TRICKLE] };
+    seen % tier::TRICKLE_EVERY == tier::TRICKLE_EVERY - 1
 }

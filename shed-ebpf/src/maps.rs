@@ -2,12 +2,12 @@
 //! named exactly like `shed_common::map::*` (the `#[map]` macro needs a literal).
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
     ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
     UserPortState,
-    capacity::{MAX_PENDING, MAX_PORTS, MAX_SOCKS},
+    capacity::{MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
 };
 
 #[map]
@@ -44,3 +44,16 @@ pub static SHED_CONTROL: Array<ControlConfig> = Array::with_max_entries(MAX_PORT
 
 #[map]
 pub static SHED_STATUS: Array<ControlStatus> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_TIERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_TIER_ENTRIES, 0);
+
+/// The tier of a client address (IPv4-mapped for IPv4); unlisted sources are normal.
+#[inline(always)]
+pub fn tier_of(addr: &[u8; 16]) -> u8 {
+    let key = aya_ebpf::maps::lpm_trie::Key::new(128, *addr);
+    match SHED_TIERS.get(&key) {
+        Some(&t) if (t as usize) < shed_common::tier::COUNT => t as u8,
+        _ => shed_common::tier::NORMAL,
+    }
+}

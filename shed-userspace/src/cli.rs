@@ -1,6 +1,6 @@
 //! The `shedctl` command line (clap derive). Every flag documents itself and
 //! validates its value before anything is changed.
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 
@@ -9,6 +9,7 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{Action, Count, Hook, Switch, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port},
+    tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
 
 #[derive(Debug, Parser)]
@@ -41,6 +42,39 @@ pub enum Command {
     ///
     /// Example: shedctl detach --port 8080
     Detach(DetachArgs),
+    /// Client tiers by source network: add, remove, list (live; the next SYN sees a change).
+    ///
+    /// Example: shedctl tier add 10.0.0.0/8 critical
+    #[command(subcommand)]
+    Tier(TierCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TierCommand {
+    /// Give a client network a tier (exempt, critical, normal, low).
+    ///
+    /// Example: shedctl tier add 2001:db8::/32 low
+    Add {
+        #[arg(value_parser = parse_cidr)]
+        cidr: Cidr,
+        #[arg(value_parser = parse_tier)]
+        tier: u8,
+    },
+    /// Remove a client network's tier (it falls back to a shorter prefix, or normal).
+    ///
+    /// Example: shedctl tier rm 10.0.0.0/8
+    Rm {
+        #[arg(value_parser = parse_cidr)]
+        cidr: Cidr,
+    },
+    /// List client networks and their tiers.
+    ///
+    /// Example: shedctl tier ls --json
+    Ls {
+        /// Print a JSON list of {cidr, tier}.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -93,6 +127,14 @@ pub struct AttachArgs {
     /// What in-flight counts (--count connections). Default: work (connections owing an answer).
     #[arg(long, value_enum, default_value_t = Count::Work)]
     pub count: Count,
+
+    /// Client tier by source network; repeat (--tier 10.0.0.0/8=critical --tier 2001:db8::/32=low).
+    #[arg(long = "tier", value_parser = parse_assignment)]
+    pub tiers: Vec<(Cidr, u8)>,
+
+    /// TOML file of client tiers: [tiers] "10.0.0.0/8" = "critical" (--tier-file /etc/shed/tiers.toml).
+    #[arg(long)]
+    pub tier_file: Option<PathBuf>,
 
     /// Count what would be rejected, but admit everything (--dry-run).
     #[arg(long)]
@@ -168,7 +210,7 @@ pub struct StatsArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count"])))]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, value_parser = parse_port)]
@@ -193,6 +235,14 @@ pub struct SetArgs {
     /// What in-flight counts (--count connections).
     #[arg(long, value_enum)]
     pub count: Option<Count>,
+
+    /// Share of the limit a tier may fill, in (0, 1]; repeat (--share low=0.6 --share normal=0.85).
+    #[arg(long = "share", value_parser = parse_share)]
+    pub shares: Vec<(u8, u16)>,
+
+    /// Reject action for one tier; repeat (--tier-action low=drop).
+    #[arg(long = "tier-action", value_parser = parse_tier_action)]
+    pub tier_actions: Vec<(u8, Action)>,
 
     /// New reject action (--action rst).
     #[arg(long, value_enum)]
@@ -283,6 +333,11 @@ mod tests {
             (&["attach", "--port", "8080", "--percentile", "100"], "out of range"),
             (&["attach", "--port", "8080", "--window", "5"], "out of range"),
             (&["attach", "--port", "8080", "--count", "requests"], "requests"),
+            (&["attach", "--port", "8080", "--tier", "10.0.0.1/8=low"], "host bits"),
+            (&["attach", "--port", "8080", "--tier", "10.0.0.0/8=gold"], "unknown tier"),
+            (&["set", "--port", "8080", "--share", "low=1.5"], "outside (0, 1]"),
+            (&["tier", "add", "banana", "low"], "not a CIDR"),
+            (&["tier", "add", "10.0.0.0/8", "platinum"], "unknown tier"),
         ];
         for (args, expected) in cases {
             let err = parse(args).expect_err(&format!("{args:?} must be refused")).to_string();

@@ -39,6 +39,9 @@ pub enum Error {
     #[error("the running kernel's {tracepoint} tracepoint differs from what shed was built for: field {field} expected at offset {expected}, found {found}")]
     TracepointLayout { tracepoint: &'static str, field: &'static str, expected: usize, found: String },
 
+    #[error("{cidr} has no tier of its own: list tiers with `shedctl tier ls`")]
+    TierNotFound { cidr: String },
+
     #[error("too many ports: a gate protects at most {max} ports")]
     TooManyPorts { max: u32 },
 

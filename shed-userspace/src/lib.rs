@@ -19,5 +19,6 @@ pub mod stats;
 pub mod system;
 pub mod table;
 pub mod testbed;
+pub mod tiers;
 
 pub use error::Error;

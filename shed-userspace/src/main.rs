@@ -16,6 +16,7 @@ fn main() {
         Command::Stats(args) => commands::stats::execute(args),
         Command::Set(args) => commands::set::execute(args),
         Command::Detach(args) => commands::detach::execute(args),
+        Command::Tier(command) => commands::tier::execute(command),
     };
     if let Err(err) = result {
         eprintln!("shedctl: error: {err:#}");

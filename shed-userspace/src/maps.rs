@@ -4,14 +4,14 @@ use std::{collections::BTreeMap, fs, path::Path};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
     ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
     UserPortState, capacity::MAX_PORTS, map,
 };
 
-use crate::{Error, paths};
+use crate::{Error, paths, tiers::Cidr};
 
 pub struct GateMaps {
     pub ports: HashMap<MapData, u16, PortConfig>,
@@ -25,6 +25,7 @@ pub struct GateMaps {
     pub latency: PerCpuArray<MapData, PortLatency>,
     pub control: Array<MapData, ControlConfig>,
     pub status: Array<MapData, ControlStatus>,
+    pub tiers: LpmTrie<MapData, [u8; 16], u32>,
 }
 
 /// Everything known about one port at one instant.
@@ -107,6 +108,7 @@ impl GateMaps {
             latency: typed(map::LATENCY, open(map::LATENCY)?)?,
             control: typed(map::CONTROL, open(map::CONTROL)?)?,
             status: typed(map::STATUS, open(map::STATUS)?)?,
+            tiers: typed(map::TIERS, open(map::TIERS)?)?,
         })
     }
 
@@ -146,13 +148,10 @@ impl GateMaps {
         self.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
         self.control.set(slot, spec.control, 0).map_err(reset)?;
         self.set_limit(slot, spec.limit)?;
-        let config = PortConfig {
-            slot,
-            action: spec.action,
-            dry_run: u8::from(spec.dry_run),
-            count_mode: spec.count_mode,
-            _pad: [0; 9],
-        };
+        let mut config = PortConfig::new(slot, spec.action, spec.dry_run, spec.count_mode);
+        config.share_permille = spec.share_permille;
+        config.tier_action = spec.tier_action;
+        config.tiered = u8::from(!self.tier_entries()?.is_empty());
         self.write_config(port, config)?;
         Ok(config)
     }
@@ -219,6 +218,39 @@ impl GateMaps {
         configs.into_iter().map(|(port, config)| self.snapshot(port, config)).collect()
     }
 
+    /// Every client network with a tier.
+    pub fn tier_entries(&self) -> Result<BTreeMap<Cidr, u8>, Error> {
+        self.tiers
+            .iter()
+            .map(|r| r.map(|(k, t)| (Cidr { prefix_len: k.prefix_len(), addr: k.data() }, t as u8)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::map("read tiers", e))
+    }
+
+    pub fn set_tier(&mut self, cidr: Cidr, tier: u8) -> Result<(), Error> {
+        self.tiers
+            .insert(&Key::new(cidr.prefix_len, cidr.addr), u32::from(tier), 0)
+            .map_err(|e| Error::map(format!("write tier of {cidr}"), e))?;
+        self.sync_tiered()
+    }
+
+    pub fn remove_tier(&mut self, cidr: Cidr) -> Result<(), Error> {
+        self.tiers.remove(&Key::new(cidr.prefix_len, cidr.addr)).map_err(|e| Error::map(format!("remove tier of {cidr}"), e))?;
+        self.sync_tiered()
+    }
+
+    /// Tier shares apply on every port exactly while some client has a tier.
+    pub fn sync_tiered(&mut self) -> Result<(), Error> {
+        let tiered = u8::from(!self.tier_entries()?.is_empty());
+        for (port, mut config) in self.port_configs()? {
+            if config.tiered != tiered {
+                config.tiered = tiered;
+                self.write_config(port, config)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn set_clock(&mut self, now_ms: u64) -> Result<(), Error> {
         self.clock.set(0, now_ms, 0).map_err(|e| Error::map("write clock", e))
     }
@@ -256,10 +288,27 @@ impl GateMaps {
 #[derive(Clone, Copy, Debug)]
 pub struct PortSpec {
     pub limit: u32,
+    pub share_permille: [u16; shed_common::tier::COUNT],
+    pub tier_action: [u8; shed_common::tier::COUNT],
     pub action: u8,
     pub dry_run: bool,
     pub count_mode: u8,
     pub control: ControlConfig,
+}
+
+impl PortSpec {
+    /// A port with the default tier shares and the port's action for every tier.
+    pub fn new(limit: u32, action: u8, dry_run: bool, count_mode: u8, control: ControlConfig) -> Self {
+        Self {
+            limit,
+            share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,
+            tier_action: [shed_common::tier::ACTION_DEFAULT; shed_common::tier::COUNT],
+            action,
+            dry_run,
+            count_mode,
+            control,
+        }
+    }
 }
 
 /// Removes the pin folder and everything in it.

@@ -1,9 +1,9 @@
 //! What `shedctl stats` reports, computed from map snapshots. The JSON form
 //! (serde on these structs) is a stable interface for scripts.
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use serde::Serialize;
-use shed_common::{counter, latency};
+use shed_common::{counter, latency, tier};
 
 use crate::{
     control::{Algo, Reason},
@@ -16,6 +16,20 @@ use crate::{
 pub struct RejectedByReason {
     /// In-flight had reached the limit.
     pub limit: u64,
+    /// In-flight had reached the client tier's share of the limit.
+    pub share: u64,
+}
+
+/// One client tier of a port.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TierStats {
+    pub admitted: u64,
+    pub rejected: u64,
+    /// Share of the limit the tier may fill (exempt: always admitted; every
+    /// share is 1 while no client tier is configured).
+    pub share: f64,
+    /// `drop` or `rst`.
+    pub action: Action,
 }
 
 /// One protected port.
@@ -60,6 +74,10 @@ pub struct PortStats {
     /// SYNs rejected, all reasons (cumulative).
     pub rejected: u64,
     pub rejected_by_reason: RejectedByReason,
+    /// Per client tier: exempt, critical, normal, low.
+    pub tiers: BTreeMap<&'static str, TierStats>,
+    /// SYNs a full tier share would have rejected, admitted by the anti-starvation trickle.
+    pub trickle_admitted: u64,
     pub action: Action,
     pub dry_run: bool,
     /// Dry-run only: SYNs enforce mode would have rejected (they were admitted).
@@ -114,8 +132,22 @@ impl PortStats {
             last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
             previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),
-            rejected: now.counter(counter::REJECTED_LIMIT),
-            rejected_by_reason: RejectedByReason { limit: now.counter(counter::REJECTED_LIMIT) },
+            rejected: now.counter(counter::REJECTED_LIMIT) + now.counter(counter::REJECTED_SHARE),
+            rejected_by_reason: RejectedByReason {
+                limit: now.counter(counter::REJECTED_LIMIT),
+                share: now.counter(counter::REJECTED_SHARE),
+            },
+            tiers: (0..tier::COUNT)
+                .map(|t| {
+                    (tier::NAMES[t], TierStats {
+                        admitted: now.counter(counter::ADMITTED_BY_TIER + t),
+                        rejected: now.counter(counter::REJECTED_BY_TIER + t),
+                        share: if now.config.tiered == 0 { 1.0 } else { f64::from(now.config.share_permille[t]) / 1000.0 },
+                        action: Action::from_raw(now.config.action_for(t as u8)),
+                    })
+                })
+                .collect(),
+            trickle_admitted: now.counter(counter::TRICKLE),
             action: Action::from_raw(now.config.action),
             dry_run: now.config.dry_run != 0,
             would_reject: now.counter(counter::DRY_RUN_WOULD_REJECT),
@@ -127,7 +159,9 @@ impl PortStats {
             pending_expired: now.user.pending_expired,
             syn_per_sec: rate(counter::SYN_SEEN),
             admitted_per_sec: rate(counter::ADMITTED),
-            rejected_per_sec: rate(counter::REJECTED_LIMIT),
+            rejected_per_sec: rate(counter::REJECTED_LIMIT)
+                .zip(rate(counter::REJECTED_SHARE))
+                .map(|(a, b)| a + b),
         }
     }
 }
@@ -176,7 +210,7 @@ mod tests {
         counters.values[counter::REJECTED_LIMIT] = rejected;
         PortSnapshot {
             port: 8080,
-            config: PortConfig { slot: 0, action: action::RST, dry_run: 0, count_mode: count_mode::CONNECTIONS, _pad: [0; 9] },
+            config: PortConfig { tiered: 1, ..PortConfig::new(0, action::RST, false, count_mode::CONNECTIONS) },
             limit: 5,
             control: ControlConfig::default(),
             status: ControlStatus { baseline_us: 900, windows: 3, reason: Reason::Grow.to_raw(), ..ControlStatus::default() },
@@ -229,5 +263,7 @@ mod tests {
         assert_eq!(json["action"], "rst");
         assert_eq!(json["algo"], "gradient");
         assert_eq!(json["count"], "connections");
+        assert_eq!(json["tiers"]["low"]["share"], 0.7);
+        assert_eq!(json["tiers"]["critical"]["action"], "rst");
     }
 }

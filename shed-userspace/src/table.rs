@@ -46,6 +46,15 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             mode
         );
         let _ = writeln!(out, "{queue}");
+        let tiers: Vec<String> = s
+            .tiers
+            .iter()
+            .filter(|(_, t)| t.admitted + t.rejected > 0)
+            .map(|(name, t)| format!("{name} {}/{} (share {})", t.admitted, t.rejected, t.share))
+            .collect();
+        if !tiers.is_empty() {
+            let _ = writeln!(out, "       tiers admitted/rejected: {}; rejected at limit {}, at tier share {}", tiers.join(", "), s.rejected_by_reason.limit, s.rejected_by_reason.share);
+        }
     }
     out
 }

@@ -14,6 +14,7 @@ use crate::{
     maps::{self, PortSpec},
     paths,
     system::{self, Need},
+    tiers,
 };
 
 /// Longest control-loop period: the clock resolution of pending reservations.
@@ -22,6 +23,11 @@ const TICK: Duration = Duration::from_millis(100);
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let ports = dedup(&args.ports);
     let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
+    let mut assignments = args.tiers.clone();
+    if let Some(file) = &args.tier_file {
+        assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
+    }
+    let tiers = tiers::merge(assignments).map_err(anyhow::Error::msg)?;
     if ports.len() > shed_common::capacity::MAX_PORTS as usize {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
     }
@@ -56,7 +62,10 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let _pins = PinGuard;
     let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
     loaded.maps.set_clock(system::monotonic_ms())?;
-    let spec = PortSpec { limit, action: args.action.to_raw(), dry_run: args.dry_run, count_mode: args.count.to_raw(), control };
+    let spec = PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control);
+    for (&cidr, &tier) in &tiers {
+        loaded.maps.set_tier(cidr, tier)?;
+    }
     for &port in &ports {
         loaded.maps.protect(port, &spec)?;
     }
@@ -71,6 +80,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         algo = %Algo::from_raw(control.algo),
         limit,
         count = ?args.count,
+        tiers = tiers.len(),
         action = %args.action,
         dry_run = args.dry_run,
         pins = paths::PIN_DIR,

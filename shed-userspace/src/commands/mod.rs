@@ -3,3 +3,4 @@ pub mod attach;
 pub mod detach;
 pub mod set;
 pub mod stats;
+pub mod tier;

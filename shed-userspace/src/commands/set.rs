@@ -31,6 +31,12 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     if let Some(count) = args.count {
         config.count_mode = count.to_raw();
     }
+    for &(tier, permille) in &args.shares {
+        config.share_permille[tier as usize] = permille;
+    }
+    for &(tier, action) in &args.tier_actions {
+        config.tier_action[tier as usize] = action.to_raw();
+    }
     // One map write: the kernel sees the old or the new config, never a mix.
     maps.write_config(args.port, config)?;
     if let Some(limit) = args.limit {
@@ -48,8 +54,11 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
         maps.write_control(config.slot, control)?;
     }
     let limit = args.limit.unwrap_or(snapshot.limit);
+    let shares: Vec<String> = (1..shed_common::tier::COUNT)
+        .map(|t| format!("{}={}", crate::tiers::tier_name(t as u8), f64::from(config.share_permille[t]) / 1000.0))
+        .collect();
     println!(
-        "port {}: limit {limit} ({} {min}..{max}), action {}, count {}, dry-run {}",
+        "port {}: limit {limit} ({} {min}..{max}), action {}, count {}, dry-run {}, shares {}",
         args.port,
         Algo::from_raw(control.algo),
         Action::from_raw(config.action),
@@ -57,7 +66,8 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
             Count::Work => "work",
             Count::Connections => "connections",
         },
-        if config.dry_run != 0 { "on" } else { "off" }
+        if config.dry_run != 0 { "on" } else { "off" },
+        shares.join(" ")
     );
     Ok(())
 }
