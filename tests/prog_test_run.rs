@@ -305,3 +305,95 @@ fn object_has_every_map_the_userspace_expects() {
         assert!(ebpf.program(name).is_some(), "program {name} missing from the kernel object");
     }
 }
+
+fn v4(addr: [u8; 4], port: u16) -> Vec<u8> {
+    frame(&Spec { client_v4: addr, client_port: port, ..Spec::default() })
+}
+
+fn v6(addr: [u8; 16], port: u16) -> Vec<u8> {
+    frame(&Spec { client_v6: addr, client_port: port, ..Spec::v6() })
+}
+
+#[test]
+fn tiers_by_longest_prefix_with_shares_and_exempt_bypass() {
+    use shed::tiers::parse_cidr;
+    use shed_common::tier;
+    for hook in HOOKS {
+        let mut h = Harness::new(10, action::RST, false);
+        for (cidr, t) in [
+            ("192.0.2.0/24", tier::LOW),
+            ("192.0.2.128/25", tier::CRITICAL),
+            ("192.0.2.9/32", tier::EXEMPT),
+            ("2001:db8::/32", tier::LOW),
+            ("2001:db8::9/128", tier::EXEMPT),
+        ] {
+            h.loaded.maps.set_tier(parse_cidr(cidr).unwrap(), t).unwrap();
+        }
+        assert_eq!(h.loaded.maps.config(PORT).unwrap().tiered, 1, "adding a tier turns shares on");
+        let tier_count = |h: &Harness, base: usize, t: u8| h.counters()[base + t as usize];
+
+        // 7 low (IPv4 and IPv6) fill low's 70% share of 10.
+        for port in 0..4 {
+            assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 1000 + port)).unwrap().0, pass(hook), "{hook:?} low v4 {port}");
+        }
+        let low_v6 = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
+        for port in 0..3 {
+            assert_eq!(h.run(hook, &v6(low_v6, 2000 + port)).unwrap().0, pass(hook), "{hook:?} low v6 {port}");
+        }
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 1100)).unwrap().0, rst(hook), "{hook:?}: low is shed at its share");
+        assert_eq!(h.run(hook, &v6(low_v6, 2100)).unwrap().0, rst(hook), "{hook:?}: low v6 too");
+        // Longest prefix wins: 192.0.2.130 is in the critical /25 inside the low /24.
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 130], 3000)).unwrap().0, pass(hook), "{hook:?}: critical /25");
+        // Unlisted sources are normal: 90% of 10.
+        assert_eq!(h.run(hook, &v4([198, 51, 100, 1], 4000)).unwrap().0, pass(hook), "{hook:?}: normal at 8 < 9");
+        assert_eq!(h.run(hook, &v4([198, 51, 100, 1], 4001)).unwrap().0, rst(hook), "{hook:?}: normal at 9");
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 200], 3001)).unwrap().0, pass(hook), "{hook:?}: critical up to the limit");
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 201], 3002)).unwrap().0, rst(hook), "{hook:?}: the limit binds critical too");
+        assert_eq!(h.snapshot().in_flight(), 10);
+
+        // Exempt: admitted even at limit 0, never reserved for.
+        let slot = h.loaded.maps.config(PORT).unwrap().slot;
+        h.loaded.maps.set_limit(slot, 0).unwrap();
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 9], 5000)).unwrap().0, pass(hook), "{hook:?}: exempt v4 at limit 0");
+        assert_eq!(h.run(hook, &v6([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], 5001)).unwrap().0, pass(hook));
+        assert_eq!(h.snapshot().in_flight(), 10, "{hook:?}: exempt takes no slot");
+
+        let c = h.counters();
+        assert_eq!((c[counter::REJECTED_SHARE], c[counter::REJECTED_LIMIT], c[counter::EXEMPT]), (3, 1, 2), "{hook:?}");
+        assert_eq!(
+            [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| tier_count(&h, counter::ADMITTED_BY_TIER, t)),
+            [2, 2, 1, 7],
+            "{hook:?}: admitted by tier"
+        );
+        assert_eq!(
+            [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| tier_count(&h, counter::REJECTED_BY_TIER, t)),
+            [0, 1, 1, 2],
+            "{hook:?}: rejected by tier"
+        );
+    }
+}
+
+#[test]
+fn per_tier_action_and_the_anti_starvation_trickle() {
+    use shed::tiers::parse_cidr;
+    use shed_common::tier;
+    let mut h = Harness::new(10, action::RST, false);
+    h.loaded.maps.set_tier(parse_cidr("192.0.2.0/24").unwrap(), tier::LOW).unwrap();
+    let mut config = h.loaded.maps.config(PORT).unwrap();
+    config.tier_action[tier::LOW as usize] = action::DROP;
+    h.loaded.maps.write_config(PORT, config).unwrap();
+    for port in 0..7 {
+        assert_eq!(h.run(Hook::Xdp, &v4([192, 0, 2, 2], port)).unwrap().0, i64::from(XDP_PASS));
+    }
+    // Low's share is full, in-flight (7) is under the limit (10): 15 of every 16 are
+    // dropped (low's own action), the 16th is admitted.
+    let verdicts: Vec<i64> = (100..116).map(|port| h.run(Hook::Xdp, &v4([192, 0, 2, 2], port)).unwrap().0).collect();
+    assert_eq!(verdicts.iter().filter(|&&v| v == i64::from(XDP_DROP)).count(), 15, "{verdicts:?}");
+    assert_eq!(verdicts[15], i64::from(XDP_PASS), "the 16th is let through: {verdicts:?}");
+    assert_eq!(h.counters()[counter::TRICKLE], 1);
+    // Normal clients still get the port's action (rst).
+    for port in 0..1 {
+        assert_eq!(h.run(Hook::Xdp, &v4([198, 51, 100, 1], 200 + port)).unwrap().0, i64::from(XDP_PASS));
+    }
+    assert_eq!(h.run(Hook::Xdp, &v4([198, 51, 100, 1], 300)).unwrap().0, i64::from(XDP_TX), "normal at 9 of 10: rst");
+}

@@ -34,6 +34,7 @@ pub struct Spec {
     /// TCP data offset override (words), for malformed headers.
     pub doff: Option<u8>,
     pub client_v4: [u8; 4],
+    pub client_v6: [u8; 16],
 }
 
 impl Default for Spec {
@@ -52,6 +53,7 @@ impl Default for Spec {
             tcp_options: 20,
             doff: None,
             client_v4: CLIENT_V4,
+            client_v6: CLIENT_V6,
         }
     }
 }
@@ -79,7 +81,7 @@ pub fn frame(s: &Spec) -> Vec<u8> {
         f.extend_from_slice(&((tcp_len + ext) as u16).to_be_bytes());
         f.push(if s.v6_ext_header { 0 } else { s.protocol });
         f.push(64);
-        f.extend_from_slice(&CLIENT_V6);
+        f.extend_from_slice(&s.client_v6);
         f.extend_from_slice(&SERVER_V6);
         if s.v6_ext_header {
             // Hop-by-hop: next header, length 0 (8 bytes), PadN.
