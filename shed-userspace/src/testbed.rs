@@ -64,6 +64,13 @@ impl Testbed {
         Ok(bed)
     }
 
+    /// Adds `10.200.0.<host>/24` to the client end, for clients of several addresses.
+    pub fn add_client_v4(&self, host: u8) -> io::Result<Ipv4Addr> {
+        let addr = Ipv4Addr::new(10, 200, 0, host);
+        ip(&["-n", &self.client_ns, "addr", "add", &format!("{addr}/24"), "dev", &self.client_if])?;
+        Ok(addr)
+    }
+
     pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
         if v6 { SocketAddr::new(IpAddr::V6(self.server_v6), port) } else { SocketAddr::new(IpAddr::V4(self.server_v4), port) }
     }
@@ -255,6 +262,14 @@ fn serve_request(mut conn: TcpStream, service: Duration) -> io::Result<()> {
 /// Connects with a timeout; the error kind tells refused from timed out.
 pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     TcpStream::connect_timeout(&addr, timeout)
+}
+
+/// Connects from a chosen source address.
+pub fn connect_from(source: IpAddr, addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    socket.bind(&SocketAddr::new(source, 0).into())?;
+    socket.connect_timeout(&addr.into(), timeout)?;
+    Ok(socket.into())
 }
 
 /// Outcome of one request from [`request`].

@@ -1,0 +1,97 @@
+//! Client tiers end to end: several client addresses in the client namespace,
+//! the real `shedctl`, real sockets. Needs root.
+mod support;
+
+use std::{
+    io,
+    net::{IpAddr, SocketAddr, TcpStream},
+    time::Duration,
+};
+
+use shed::testbed::{self, Backend, Service, Testbed};
+use support::gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats};
+
+const PORT: u16 = 8080;
+
+fn connect_from(bed: &Testbed, source: IpAddr, addr: SocketAddr) -> io::Result<TcpStream> {
+    testbed::run_in(&bed.client_ns, move || testbed::connect_from(source, addr, Duration::from_secs(1))).expect("client namespace")
+}
+
+fn tier(stats: &serde_json::Value, name: &str, what: &str) -> u64 {
+    stats["tiers"][name][what].as_u64().unwrap_or_else(|| panic!("tiers.{name}.{what} in {stats}"))
+}
+
+#[test]
+fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtt").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let critical = IpAddr::V4(bed.add_client_v4(3).unwrap());
+    let low = IpAddr::V4(bed.add_client_v4(4).unwrap());
+    let exempt = IpAddr::V4(bed.add_client_v4(5).unwrap());
+    let retiered = IpAddr::V4(bed.add_client_v4(6).unwrap());
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(
+        &bed,
+        &[
+            "--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections",
+            "--tier", "10.200.0.3/32=critical", "--tier", "10.200.0.4/32=low", "--tier", "10.200.0.5/32=exempt",
+        ],
+    );
+
+    // Critical and low each offer 12 connections, alternately: more than the limit.
+    let mut held = Vec::new();
+    let mut first_refused = None;
+    let (mut admitted_low, mut admitted_critical) = (0, 0);
+    for i in 0..12 {
+        for (name, source) in [("low", low), ("critical", critical)] {
+            match connect_from(&bed, source, addr) {
+                Ok(s) => {
+                    held.push(s);
+                    if name == "low" { admitted_low += 1 } else { admitted_critical += 1 }
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{name} #{i}: {e}");
+                    first_refused.get_or_insert(name);
+                }
+            }
+        }
+    }
+    println!("tiers: low admitted {admitted_low} of 12, critical admitted {admitted_critical} of 12 at limit 10");
+    assert_eq!(first_refused, Some("low"), "low is rejected first");
+    assert_eq!((admitted_low, admitted_critical), (4, 6), "low stops at its 70% share, critical fills the limit");
+    let s = stats(PORT);
+    assert_eq!(field(&s, "in_flight"), 10, "{s}");
+    assert_eq!((tier(&s, "low", "admitted"), tier(&s, "low", "rejected")), (4, 8), "{s}");
+    assert_eq!((tier(&s, "critical", "admitted"), tier(&s, "critical", "rejected")), (6, 6), "{s}");
+    assert_eq!((s["rejected_by_reason"]["share"].as_u64(), s["rejected_by_reason"]["limit"].as_u64()), (Some(2), Some(12)), "{s}");
+
+    // Exempt connects although the limit is full, and is not counted (not even as open).
+    for _ in 0..3 {
+        let mut s = connect_from(&bed, exempt, addr).expect("exempt always gets in");
+        std::io::Write::write_all(&mut s, b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        std::io::Read::read_exact(&mut s, &mut buf).expect("exempt connection served");
+        held.push(s);
+    }
+    let s = stats(PORT);
+    assert_eq!((field(&s, "in_flight"), field(&s, "established"), tier(&s, "exempt", "admitted")), (10, 10, 3), "{s}");
+
+    // Make room (drop 3 critical connections), then watch a tier change land on the next SYN.
+    held.drain(4..7);
+    wait_for_stats(PORT, Duration::from_secs(5), "in-flight 7", |s| field(s, "in_flight") == 7);
+    held.push(connect_from(&bed, retiered, addr).expect("unlisted source is normal: 7 < 9"));
+    let out = shedctl(&["tier", "add", "10.200.0.6/32", "low"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let e = connect_from(&bed, retiered, addr).expect_err("now low: 8 >= 7");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    let out = shedctl(&["tier", "ls", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("tier ls --json");
+    assert!(list.as_array().unwrap().iter().any(|r| r["cidr"] == "10.200.0.6/32" && r["tier"] == "low"), "{list}");
+    assert!(shedctl(&["tier", "rm", "10.200.0.6/32"]).status.success());
+    held.push(connect_from(&bed, retiered, addr).expect("normal again: 8 < 9"));
+    let out = shedctl(&["tier", "rm", "10.200.0.6/32"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no tier of its own"));
+    drop(held);
+}
