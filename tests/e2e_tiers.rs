@@ -80,7 +80,13 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
 
     // Make room (drop 3 critical connections), then watch a tier change land on the next SYN.
     held.drain(4..7);
-    wait_for_stats(PORT, Duration::from_secs(5), "in-flight 7", |s| field(s, "in_flight") == 7);
+    // While critical was being rejected the daemon held room back from the lower tiers;
+    // with no more rejections the hold decays away.
+    let s = stats(PORT);
+    println!("held back after critical rejections: normal {}, low {}", tier(&s, "normal", "held_back"), tier(&s, "low", "held_back"));
+    wait_for_stats(PORT, Duration::from_secs(5), "in-flight 7, nothing held back", |s| {
+        field(s, "in_flight") == 7 && tier(s, "normal", "held_back") == 0 && tier(s, "low", "held_back") == 0
+    });
     held.push(connect_from(&bed, retiered, addr).expect("unlisted source is normal: 7 < 9"));
     let out = shedctl(&["tier", "add", "10.200.0.6/32", "low"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

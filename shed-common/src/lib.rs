@@ -44,10 +44,13 @@ pub mod map {
     pub const STATUS: &str = "SHED_STATUS";
     /// `LpmTrie<[u8; 16], u32>`: client CIDR (IPv4-mapped for IPv4) -> tier. Written by `shedctl`, read by the kernel.
     pub const TIERS: &str = "SHED_TIERS";
+    /// `Array<TierReserve>` indexed by slot: room held back from each tier for the tiers above it.
+    /// Written by the daemon, read by the gate.
+    pub const RESERVE: &str = "SHED_RESERVE";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 12] =
-        [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS];
+    pub const ALL: [&str; 13] =
+        [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS, RESERVE];
 }
 
 /// Program names (the function names in `shed-ebpf`).
@@ -351,6 +354,15 @@ impl Default for PortLatency {
     }
 }
 
+/// Slots of the limit held back from each tier (by [`tier`] index) while a
+/// tier above it is being rejected. Written by the daemon only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierReserve {
+    pub held_back: [u16; tier::COUNT],
+}
+const _: () = assert!(size_of::<TierReserve>() == 8);
+
 /// The controller's settings for one port. Written by `shedctl attach/set`, read by the daemon.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -442,6 +454,7 @@ mod user {
     unsafe impl aya::Pod for PortLatency {}
     unsafe impl aya::Pod for ControlConfig {}
     unsafe impl aya::Pod for ControlStatus {}
+    unsafe impl aya::Pod for TierReserve {}
 }
 
 #[cfg(test)]

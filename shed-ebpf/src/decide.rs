@@ -5,7 +5,10 @@ use aya_ebpf::bindings::BPF_NOEXIST;
 use shed_common::{FlowKey, PendingEntry, action, counter, tier};
 
 use crate::{
-    maps::{SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_USER_STATE, tier_of},
+    maps::{
+        SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_RESERVE, SHED_USER_STATE,
+        tier_of,
+    },
     parse::Syn,
 };
 
@@ -83,7 +86,7 @@ pub fn decide(syn: &Syn) -> Verdict {
     // first, except for a trickle that keeps a full tier from starving.
     let reason = if in_flight >= u64::from(limit) {
         Some(counter::REJECTED_LIMIT)
-    } else if in_flight >= config.tier_threshold(tier, limit) {
+    } else if in_flight >= config.tier_threshold(tier, limit).saturating_sub(held_back(slot, tier)) {
         if trickle(slot) {
             count(slot, counter::TRICKLE);
             None
@@ -119,6 +122,15 @@ pub fn decide(syn: &Syn) -> Verdict {
     count(slot, counter::ADMITTED);
     count(slot, counter::ADMITTED_BY_TIER + (tier as usize & 3));
     Verdict::Pass
+}
+
+/// Room the daemon holds back from `tier` for the tiers above it.
+#[inline(always)]
+fn held_back(slot: u32, tier: u8) -> u64 {
+    SHED_RESERVE
+        .get(slot)
+        .and_then(|r| r.held_back.get(tier as usize))
+        .map_or(0, |&h| u64::from(h))
 }
 
 /// One share rejection in [`tier::TRICKLE_EVERY`] (per CPU) is admitted instead.

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use shed_common::{
     ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
-    UserPortState,
+    TierReserve, UserPortState,
     capacity::{MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
 };
 
@@ -44,6 +44,9 @@ pub static SHED_CONTROL: Array<ControlConfig> = Array::with_max_entries(MAX_PORT
 
 #[map]
 pub static SHED_STATUS: Array<ControlStatus> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_RESERVE: Array<TierReserve> = Array::with_max_entries(MAX_PORTS, 0);
 
 #[map]
 pub static SHED_TIERS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(MAX_TIER_ENTRIES, 0);

@@ -9,11 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed_common::{ControlConfig, ControlStatus, PortLatency, latency};
+use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, latency, tier};
 
 use crate::{
     Error,
-    control::{Algo, Controller, Reason, Settings, WindowSample},
+    control::{Algo, Controller, Reason, Settings, TierReserve, WindowSample},
     gate::Loaded,
     maps::{self, GateMaps},
     paths, stats, system,
@@ -199,6 +199,8 @@ struct PortControl {
     windows: u64,
     /// Quiet windows whose samples were carried into the current one.
     carried: u32,
+    reserve: TierReserve,
+    last_rejected_by_tier: [u64; tier::COUNT],
 }
 
 impl PortControl {
@@ -219,6 +221,8 @@ impl PortControl {
             last_reason: None,
             windows: 0,
             carried: 0,
+            reserve: TierReserve::default(),
+            last_rejected_by_tier: [0; tier::COUNT],
         }
     }
 
@@ -261,6 +265,14 @@ impl PortControl {
             listen_drops,
             windows: self.carried + 1,
         };
+        let rejected_by_tier: [u64; tier::COUNT] = std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
+        let rejected_now: [u64; tier::COUNT] =
+            std::array::from_fn(|t| rejected_by_tier[t].saturating_sub(self.last_rejected_by_tier[t]));
+        self.last_rejected_by_tier = rejected_by_tier;
+        let held_back = self.reserve.on_window(rejected_now, snapshot.limit, snapshot.config.share_permille);
+        if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
+            maps.write_reserve(self.slot, shed_common::TierReserve { held_back })?;
+        }
         let previous = snapshot.limit;
         let decision = self.controller.on_window(&sample);
         // Too few samples: keep this window's requests for the next one.

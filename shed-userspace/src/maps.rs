@@ -8,7 +8,7 @@ use aya::{
 };
 use shed_common::{
     ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
-    UserPortState, capacity::MAX_PORTS, map,
+    TierReserve, UserPortState, capacity::MAX_PORTS, map,
 };
 
 use crate::{Error, paths, tiers::Cidr};
@@ -26,6 +26,7 @@ pub struct GateMaps {
     pub control: Array<MapData, ControlConfig>,
     pub status: Array<MapData, ControlStatus>,
     pub tiers: LpmTrie<MapData, [u8; 16], u32>,
+    pub reserve: Array<MapData, TierReserve>,
 }
 
 /// Everything known about one port at one instant.
@@ -36,6 +37,7 @@ pub struct PortSnapshot {
     pub limit: u32,
     pub control: ControlConfig,
     pub status: ControlStatus,
+    pub reserve: TierReserve,
     pub state: PortState,
     pub user: UserPortState,
     /// Counters summed over CPUs.
@@ -109,6 +111,7 @@ impl GateMaps {
             control: typed(map::CONTROL, open(map::CONTROL)?)?,
             status: typed(map::STATUS, open(map::STATUS)?)?,
             tiers: typed(map::TIERS, open(map::TIERS)?)?,
+            reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
         })
     }
 
@@ -146,6 +149,7 @@ impl GateMaps {
         let zero = aya::maps::PerCpuValues::try_from(vec![PortLatency::default(); cpus]).map_err(|e| reset(e.into()))?;
         self.latency.set(slot, zero, 0).map_err(reset)?;
         self.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
+        self.reserve.set(slot, TierReserve::default(), 0).map_err(reset)?;
         self.control.set(slot, spec.control, 0).map_err(reset)?;
         self.set_limit(slot, spec.limit)?;
         let mut config = PortConfig::new(slot, spec.action, spec.dry_run, spec.count_mode);
@@ -162,6 +166,10 @@ impl GateMaps {
 
     pub fn write_control(&mut self, slot: u32, control: ControlConfig) -> Result<(), Error> {
         self.control.set(slot, control, 0).map_err(|e| Error::map("write controller settings", e))
+    }
+
+    pub fn write_reserve(&mut self, slot: u32, reserve: TierReserve) -> Result<(), Error> {
+        self.reserve.set(slot, reserve, 0).map_err(|e| Error::map("write tier reserve", e))
     }
 
     pub fn write_status(&mut self, slot: u32, status: ControlStatus) -> Result<(), Error> {
@@ -196,6 +204,7 @@ impl GateMaps {
         let limit = self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))?;
         let control = self.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))?;
         let status = self.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
+        let reserve = self.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
         let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
@@ -205,7 +214,7 @@ impl GateMaps {
                 *sum = sum.wrapping_add(v);
             }
         }
-        Ok(PortSnapshot { port, config, limit, control, status, state, user, counters })
+        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, counters })
     }
 
     /// Snapshots of every protected port (or just `only`), by port.

@@ -6,7 +6,9 @@
 //! requests completed in each window, and in-flight at its end.
 use std::{cmp::Reverse, collections::BinaryHeap, collections::VecDeque};
 
-use crate::control::{Controller, Reason, Settings, WindowSample, splitmix};
+use shed_common::{PortConfig, tier};
+
+use crate::control::{Controller, Reason, Settings, TierReserve, WindowSample, splitmix};
 
 const NS: f64 = 1e9;
 
@@ -31,6 +33,8 @@ pub struct SimConfig {
     pub gate: Option<Settings>,
     /// At this time, multiply the mean service time by this factor.
     pub service_step: Option<(f64, f64)>,
+    /// Fractions of arrivals from critical, normal and low clients (None: all normal, untiered).
+    pub tier_mix: Option<[f64; 3]>,
     pub seed: u64,
 }
 
@@ -47,6 +51,7 @@ impl SimConfig {
             percentile: 90.0,
             gate,
             service_step: None,
+            tier_mix: None,
             seed: 42,
         }
     }
@@ -71,6 +76,9 @@ pub struct SimResult {
     pub limits: Vec<u32>,
     /// Whether each window was a baseline probe (deliberate dips, excluded from the band checks).
     pub probes: Vec<bool>,
+    /// Per tier (exempt, critical, normal, low), over the measured period: arrivals and answers within the deadline.
+    pub tier_demand: [u64; tier::COUNT],
+    pub tier_good: [u64; tier::COUNT],
 }
 
 impl SimResult {
@@ -111,9 +119,16 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
 
     let mut next_arrival = to_ns(rng.exponential(arrival_mean));
     let mut next_window = window;
-    // Completion times of busy workers, with each request's arrival time.
-    let mut busy: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
-    let mut queue: VecDeque<(u64, u64)> = VecDeque::new(); // (arrival, service ns)
+    // The gate's tier rule, exactly as the kernel applies it.
+    let mut port = PortConfig::new(0, 0, false, 0);
+    port.tiered = u8::from(cfg.tier_mix.is_some());
+    let mut share_rejections = 0u64;
+    let mut reserve = TierReserve::default();
+    let mut held_back = [0u16; tier::COUNT];
+    let mut window_rejected = [0u64; tier::COUNT];
+    // Completion times of busy workers, with each request's arrival time and tier.
+    let mut busy: BinaryHeap<Reverse<(u64, u64, u8)>> = BinaryHeap::new();
+    let mut queue: VecDeque<(u64, u64, u8)> = VecDeque::new(); // (arrival, service ns, tier)
     let mut window_sojourns: Vec<u64> = Vec::new();
     let mut measured_sojourns: Vec<u64> = Vec::new();
     let mut result = SimResult { capacity: cfg.capacity(), ..SimResult::default() };
@@ -126,7 +141,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
     };
 
     loop {
-        let next_done = busy.peek().map_or(u64::MAX, |Reverse((t, _))| *t);
+        let next_done = busy.peek().map_or(u64::MAX, |Reverse((t, _, _))| *t);
         let now = next_arrival.min(next_done).min(next_window);
         if now >= end {
             break;
@@ -142,6 +157,10 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
                     listen_drops: 0,
                     windows: carried + 1,
                 };
+                if cfg.tier_mix.is_some() {
+                    held_back = reserve.on_window(window_rejected, c.limit(), port.share_permille);
+                }
+                window_rejected = [0; tier::COUNT];
                 let decision = c.on_window(&sample);
                 limit = u64::from(decision.limit);
                 result.limits.push(c.limit());
@@ -157,23 +176,42 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
                 window_sojourns.clear();
             }
         } else if now == next_done {
-            let Reverse((_, arrived)) = busy.pop().expect("peeked");
+            let Reverse((_, arrived, t)) = busy.pop().expect("peeked");
             let sojourn = now - arrived;
             window_sojourns.push(sojourn);
             if arrived >= measure_from {
                 if sojourn <= to_ns(cfg.deadline) {
                     good += 1;
+                    result.tier_good[t as usize] += 1;
                     measured_sojourns.push(sojourn);
                 } else {
                     result.late += 1;
                 }
             }
-            if let Some((arrival, service)) = queue.pop_front() {
-                busy.push(Reverse((now + service, arrival)));
+            if let Some((arrival, service, t)) = queue.pop_front() {
+                busy.push(Reverse((now + service, arrival, t)));
             }
         } else {
             next_arrival = now + to_ns(rng.exponential(arrival_mean));
-            if (queue.len() + busy.len()) as u64 >= limit {
+            let t = match cfg.tier_mix {
+                Some([critical, normal, _]) => {
+                    let u = rng.uniform();
+                    if u < critical { tier::CRITICAL } else if u < critical + normal { tier::NORMAL } else { tier::LOW }
+                }
+                None => tier::NORMAL,
+            };
+            if now >= measure_from {
+                result.tier_demand[t as usize] += 1;
+            }
+            let in_system = (queue.len() + busy.len()) as u64;
+            let threshold = port.tier_threshold(t, limit.min(u64::from(u32::MAX)) as u32);
+            let share_full = in_system >= threshold.saturating_sub(u64::from(held_back[t as usize]));
+            let rejected = in_system >= limit || (share_full && {
+                share_rejections += 1;
+                share_rejections % tier::TRICKLE_EVERY != 0
+            });
+            if rejected {
+                window_rejected[t as usize] += 1;
                 if now >= measure_from {
                     result.rejected += 1;
                 }
@@ -181,9 +219,9 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             }
             let service = to_ns(rng.exponential(mean_service_at(now)));
             if busy.len() < cfg.workers {
-                busy.push(Reverse((now + service, now)));
+                busy.push(Reverse((now + service, now, t)));
             } else {
-                queue.push_back((now, service));
+                queue.push_back((now, service, t));
             }
         }
     }
@@ -207,6 +245,25 @@ mod tests {
 
     fn unloaded_p99() -> f64 {
         simulate(&SimConfig::new(0.3, None)).admitted_p99
+    }
+
+    #[test]
+    fn critical_keeps_its_goodput_when_lower_tiers_overload_the_service() {
+        for algo in ADAPTIVE {
+            let mut cfg = SimConfig::new(3.0, gate(algo));
+            cfg.tier_mix = Some([0.2, 0.6, 0.2]);
+            let r = simulate(&cfg);
+            let served = |t: u8| r.tier_good[t as usize] as f64 / r.tier_demand[t as usize] as f64;
+            println!(
+                "{algo:>9} at 3x, 20/60/20 critical/normal/low: goodput {:.1}% of capacity; served critical {:.1}%, normal {:.1}%, low {:.1}% of demand",
+                r.goodput_fraction() * 100.0,
+                served(tier::CRITICAL) * 100.0,
+                served(tier::NORMAL) * 100.0,
+                served(tier::LOW) * 100.0
+            );
+            assert!(served(tier::CRITICAL) >= 0.95, "{algo}: critical got {:.3} of its demand", served(tier::CRITICAL));
+            assert!(served(tier::LOW) <= served(tier::NORMAL), "{algo}: low is shed before normal");
+        }
     }
 
     #[test]

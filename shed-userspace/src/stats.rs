@@ -30,6 +30,8 @@ pub struct TierStats {
     pub share: f64,
     /// `drop` or `rst`.
     pub action: Action,
+    /// Slots held back from this tier while a tier above it is being rejected.
+    pub held_back: u16,
 }
 
 /// One protected port.
@@ -144,6 +146,7 @@ impl PortStats {
                         rejected: now.counter(counter::REJECTED_BY_TIER + t),
                         share: if now.config.tiered == 0 { 1.0 } else { f64::from(now.config.share_permille[t]) / 1000.0 },
                         action: Action::from_raw(now.config.action_for(t as u8)),
+                        held_back: now.reserve.held_back[t],
                     })
                 })
                 .collect(),
@@ -202,7 +205,7 @@ pub fn listen_drops(netstat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shed_common::{ControlConfig, ControlStatus, PortConfig, PortCounters, PortState, UserPortState, action, count_mode};
+    use shed_common::{ControlConfig, ControlStatus, PortConfig, PortCounters, PortState, TierReserve, UserPortState, action, count_mode};
 
     fn snapshot(admitted: u64, rejected: u64) -> PortSnapshot {
         let mut counters = PortCounters::default();
@@ -213,6 +216,7 @@ mod tests {
             config: PortConfig { tiered: 1, ..PortConfig::new(0, action::RST, false, count_mode::CONNECTIONS) },
             limit: 5,
             control: ControlConfig::default(),
+            reserve: TierReserve { held_back: [0, 0, 1, 2] },
             status: ControlStatus { baseline_us: 900, windows: 3, reason: Reason::Grow.to_raw(), ..ControlStatus::default() },
             state: PortState { opened: 7, closed: 2, reserved: 9, released: 6, busy_enter: 4, busy_exit: 3 },
             user: UserPortState { pending_expired: 1 },
@@ -265,5 +269,6 @@ mod tests {
         assert_eq!(json["count"], "connections");
         assert_eq!(json["tiers"]["low"]["share"], 0.7);
         assert_eq!(json["tiers"]["critical"]["action"], "rst");
+        assert_eq!(json["tiers"]["low"]["held_back"], 2);
     }
 }
