@@ -101,3 +101,33 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no tier of its own"));
     drop(held);
 }
+
+#[test]
+fn one_client_cannot_hold_more_than_its_cap() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtc").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let noisy = IpAddr::V4(bed.add_client_v4(3).unwrap());
+    let other = IpAddr::V4(bed.add_client_v4(4).unwrap());
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst", "--client-cap", "3"]);
+
+    let mut noisy_held: Vec<TcpStream> = (0..3).map(|i| connect_from(&bed, noisy, addr).unwrap_or_else(|e| panic!("#{i}: {e}"))).collect();
+    let e = connect_from(&bed, noisy, addr).expect_err("a 4th connection over the cap");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    let others: Vec<TcpStream> = (0..3).map(|_| connect_from(&bed, other, addr).expect("others still get in")).collect();
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "6 open", |s| field(s, "established") == 6);
+    assert_eq!(s["rejected_by_reason"]["client_cap"].as_u64(), Some(1), "{s}");
+    let held_by = |s: &serde_json::Value, client: &str| {
+        s["top_clients"].as_array().unwrap().iter().find(|c| c["client"] == client).map_or(0, |c| c["in_flight"].as_i64().unwrap())
+    };
+    assert_eq!((held_by(&s, "10.200.0.3"), held_by(&s, "10.200.0.4")), (3, 3), "{s}");
+
+    // Released exactly like the port's in-flight: one closes, one more gets in.
+    noisy_held.pop();
+    wait_for_stats(PORT, Duration::from_secs(5), "noisy client down to 2", |s| held_by(s, "10.200.0.3") == 2);
+    noisy_held.push(connect_from(&bed, noisy, addr).expect("room again after a close"));
+    drop((noisy_held, others));
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "all closed", |s| field(s, "in_flight") == 0);
+    assert!(s["top_clients"].as_array().unwrap().is_empty(), "nothing held after every close: {s}");
+}

@@ -397,3 +397,30 @@ fn per_tier_action_and_the_anti_starvation_trickle() {
     }
     assert_eq!(h.run(Hook::Xdp, &v4([198, 51, 100, 1], 300)).unwrap().0, i64::from(XDP_TX), "normal at 9 of 10: rst");
 }
+
+#[test]
+fn per_client_cap_counts_each_source_and_ipv6_prefix() {
+    for hook in HOOKS {
+        let mut h = Harness::new(100, action::RST, false);
+        let mut config = h.loaded.maps.config(PORT).unwrap();
+        config.client_cap = 3;
+        h.loaded.maps.write_config(PORT, config).unwrap();
+        for port in 0..3 {
+            assert_eq!(h.run(hook, &v4([192, 0, 2, 2], port)).unwrap().0, pass(hook), "{hook:?}: under the cap");
+        }
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 10)).unwrap().0, rst(hook), "{hook:?}: the 4th of one client");
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 3], 10)).unwrap().0, pass(hook), "{hook:?}: another client still gets in");
+        // IPv6 clients are counted per /64: two hosts of one /64 share a cap.
+        let host = |last: u8, subnet: u8| [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, subnet, 0, 0, 0, 0, 0, 0, 0, last];
+        for (i, last) in [1u8, 2, 3].into_iter().enumerate() {
+            assert_eq!(h.run(hook, &v6(host(last, 0), 100 + i as u16)).unwrap().0, pass(hook), "{hook:?}: v6 {last}");
+        }
+        assert_eq!(h.run(hook, &v6(host(4, 0), 200)).unwrap().0, rst(hook), "{hook:?}: same /64 is one client");
+        assert_eq!(h.run(hook, &v6(host(4, 1), 201)).unwrap().0, pass(hook), "{hook:?}: another /64");
+        assert_eq!(h.counters()[counter::REJECTED_CLIENT_CAP], 2, "{hook:?}");
+        let slot = config.slot;
+        let counts = h.loaded.maps.client_counts(slot).unwrap();
+        assert_eq!(counts.iter().map(|c| c.1).collect::<Vec<_>>(), [3, 3, 1, 1], "{hook:?}: {counts:?}");
+        assert_eq!(h.snapshot().in_flight(), 8, "{hook:?}: cap rejections take no slot");
+    }
+}

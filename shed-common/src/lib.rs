@@ -48,9 +48,16 @@ pub mod map {
     /// Written by the daemon, read by the gate.
     pub const RESERVE: &str = "SHED_RESERVE";
 
+    /// `HashMap<ClientKey, i64>`: a client's admissions minus its closes (kernel atomics).
+    pub const CLIENTS: &str = "SHED_CLIENTS";
+    /// `HashMap<ClientKey, i64>`: a client's reservations that expired (daemon only).
+    pub const CLIENT_EXPIRED: &str = "SHED_CLIENT_EXPIRED";
+
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 13] =
-        [PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS, RESERVE];
+    pub const ALL: [&str; 15] = [
+        PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS, RESERVE,
+        CLIENTS, CLIENT_EXPIRED,
+    ];
 }
 
 /// Program names (the function names in `shed-ebpf`).
@@ -78,6 +85,8 @@ pub mod capacity {
     pub const MAX_SOCKS: u32 = 262_144;
     /// Client CIDRs with a tier.
     pub const MAX_TIER_ENTRIES: u32 = 16_384;
+    /// Clients counted against a per-client cap, across ports.
+    pub const MAX_CLIENTS: u32 = 65_536;
 }
 
 /// The highest concurrency limit an operator may set. Above this the pending and
@@ -136,6 +145,8 @@ pub mod counter {
     pub const EXEMPT: usize = 9;
     /// SYNs admitted past a full tier share by the anti-starvation trickle.
     pub const TRICKLE: usize = 10;
+    /// SYNs rejected because their client already held its cap.
+    pub const REJECTED_CLIENT_CAP: usize = 11;
     /// Admitted SYNs by tier: `ADMITTED_BY_TIER + tier`.
     pub const ADMITTED_BY_TIER: usize = 12;
     /// Rejected SYNs (all reasons) by tier: `REJECTED_BY_TIER + tier`.
@@ -206,7 +217,11 @@ pub struct PortConfig {
     pub share_permille: [u16; tier::COUNT],
     /// Per-tier reject action, or [`tier::ACTION_DEFAULT`].
     pub tier_action: [u8; tier::COUNT],
-    pub _pad2: [u8; 12],
+    /// Most connections (open plus pending) one client may hold; 0: no cap.
+    pub client_cap: u32,
+    /// IPv6 clients are counted per prefix of this length (IPv4: per address).
+    pub client_prefix_v6: u8,
+    pub _pad2: [u8; 7],
 }
 const _: () = assert!(size_of::<PortConfig>() == 32);
 
@@ -221,8 +236,27 @@ impl PortConfig {
             tiered: 0,
             share_permille: tier::DEFAULT_SHARE_PERMILLE,
             tier_action: [tier::ACTION_DEFAULT; tier::COUNT],
-            _pad2: [0; 12],
+            client_cap: 0,
+            client_prefix_v6: 64,
+            _pad2: [0; 7],
         }
+    }
+
+    /// The key a client is counted under: its address, IPv6 cut to the port's prefix.
+    #[inline(always)]
+    pub fn client_key(&self, addr: &[u8; 16]) -> ClientKey {
+        let mut masked = *addr;
+        let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+        if !v4 {
+            let prefix = if self.client_prefix_v6 > 128 { 128 } else { self.client_prefix_v6 as usize };
+            let mut i = 0;
+            while i < 16 {
+                let bits = if prefix >= 8 * (i + 1) { 8 } else if prefix > 8 * i { prefix - 8 * i } else { 0 };
+                masked[i] &= if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+                i += 1;
+            }
+        }
+        ClientKey { slot: self.slot, addr: masked }
     }
 
     /// The action for a rejected SYN of `tier`.
@@ -311,11 +345,22 @@ const _: () = assert!(size_of::<FlowKey>() == 36);
 pub struct PendingEntry {
     /// The port's slot, so the daemon can account an expiry without a port lookup.
     pub slot: u32,
-    pub _pad: u32,
+    /// 1 if the reservation counts against the client's cap.
+    pub capped: u32,
     /// The daemon clock ([`map::CLOCK`]) when the SYN was admitted.
     pub admitted_ms: u64,
 }
 const _: () = assert!(size_of::<PendingEntry>() == 16);
+
+/// A client of a port, for the per-client cap.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientKey {
+    pub slot: u32,
+    /// Address (IPv4-mapped for IPv4), IPv6 cut to the port's client prefix.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<ClientKey>() == 20);
 
 /// An established socket of a protected port, and where its current request stands.
 /// Updated only from the socket's own events, which the socket lock serialises.
@@ -326,13 +371,16 @@ pub struct SockEntry {
     pub port: u16,
     /// 1 while the connection owes an answer (counted in `busy_enter - busy_exit`).
     pub busy: u8,
-    pub _pad: u8,
+    /// 1 if the connection counts against its client's cap (release it at close).
+    pub capped: u8,
     /// When the current request's first bytes arrived (ns, 0: none pending).
     pub arrival_ns: u64,
     /// When the application first read them (ns, 0: not yet).
     pub pickup_ns: u64,
+    /// The client's cap key address (see [`PortConfig::client_key`]).
+    pub client: [u8; 16],
 }
-const _: () = assert!(size_of::<SockEntry>() == 24);
+const _: () = assert!(size_of::<SockEntry>() == 40);
 
 /// Request latency histograms of one port on one CPU, in microseconds,
 /// bucketed by [`latency::bucket`].
@@ -455,6 +503,7 @@ mod user {
     unsafe impl aya::Pod for ControlConfig {}
     unsafe impl aya::Pod for ControlStatus {}
     unsafe impl aya::Pod for TierReserve {}
+    unsafe impl aya::Pod for ClientKey {}
 }
 
 #[cfg(test)]
@@ -469,6 +518,20 @@ mod tests {
         let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2, busy_enter: 7, busy_exit: 5 };
         assert_eq!(in_flight(&state, 9, 3, count_mode::CONNECTIONS), 6 + 4);
         assert_eq!(in_flight(&state, 9, 3, count_mode::WORK), 2 + 4);
+    }
+
+    #[test]
+    fn client_keys() {
+        let mut config = PortConfig::new(3, action::DROP, false, count_mode::WORK);
+        let v4 = ipv4_mapped([10, 1, 2, 3]);
+        assert_eq!(config.client_key(&v4), ClientKey { slot: 3, addr: v4 }, "IPv4 clients are whole addresses");
+        let v6: [u8; 16] = core::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 3, 4, 5, 6).octets();
+        let per_64 = core::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 0, 0, 0, 0).octets();
+        assert_eq!(config.client_key(&v6).addr, per_64);
+        config.client_prefix_v6 = 52;
+        assert_eq!(config.client_key(&v6).addr, core::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0).octets());
+        config.client_prefix_v6 = 128;
+        assert_eq!(config.client_key(&v6).addr, v6);
     }
 
     #[test]

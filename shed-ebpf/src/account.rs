@@ -11,10 +11,10 @@
 //! request's arrival, until it answers; an idle keep-alive connection is not.
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TracePointContext};
-use shed_common::{FlowKey, SockEntry, latency, sock_io_tp as io, sock_state_tp as tp, tcp_state};
+use shed_common::{ClientKey, FlowKey, SockEntry, latency, sock_io_tp as io, sock_state_tp as tp, tcp_state};
 
 use crate::{
-    decide::atomic_add,
+    decide::{atomic_add, client_release},
     maps::{SHED_LATENCY, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, tier_of},
 };
 
@@ -50,6 +50,9 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
                 atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
             }
             atomic_add(unsafe { &raw mut (*state).closed }, 1);
+            if entry.capped != 0 {
+                client_release(&ClientKey { slot: entry.slot, addr: entry.client });
+            }
         }
         return Ok(());
     }
@@ -71,21 +74,28 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         // Exempt clients are never counted (nor reserved for at the gate).
         return Ok(());
     }
-    // Accepted and not yet answered: busy (a server-first protocol answers before any request).
-    let entry = SockEntry { slot, port: local_port, busy: 1, _pad: 0, arrival_ns: 0, pickup_ns: 0 };
-    if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
-        atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
-        atomic_add(unsafe { &raw mut (*state).opened }, 1);
-    }
-
+    // The handshake's reservation becomes this connection; whoever deletes it releases it.
     let key = FlowKey {
         client_addr,
         server_addr: unsafe { ctx.read_at(tp::SADDR_V6)? },
         client_port: unsafe { ctx.read_at(tp::DPORT)? },
         server_port: local_port,
     };
-    if SHED_PENDING.remove(&key).is_ok() {
+    let mut capped = 0;
+    if let Some(pending) = unsafe { SHED_PENDING.get(&key) }.copied()
+        && SHED_PENDING.remove(&key).is_ok()
+    {
         atomic_add(unsafe { &raw mut (*state).released }, 1);
+        capped = pending.capped as u8;
+    }
+    let client = config.client_key(&client_addr);
+    // Accepted and not yet answered: busy (a server-first protocol answers before any request).
+    let entry = SockEntry { slot, port: local_port, busy: 1, capped, arrival_ns: 0, pickup_ns: 0, client: client.addr };
+    if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
+        atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+        atomic_add(unsafe { &raw mut (*state).opened }, 1);
+    } else if capped != 0 {
+        client_release(&client);
     }
     Ok(())
 }

@@ -2,12 +2,12 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use shed_common::{FlowKey, PendingEntry, action, counter, tier};
+use shed_common::{ClientKey, FlowKey, PendingEntry, action, counter, tier};
 
 use crate::{
     maps::{
-        SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_RESERVE, SHED_USER_STATE,
-        tier_of,
+        SHED_CLIENT_EXPIRED, SHED_CLIENTS, SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS,
+        SHED_RESERVE, SHED_USER_STATE, tier_of,
     },
     parse::Syn,
 };
@@ -84,6 +84,7 @@ pub fn decide(syn: &Syn) -> Verdict {
     let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, expired, config.count_mode);
     // The whole limit is a hard stop; a tier's share of it sheds lower tiers
     // first, except for a trickle that keeps a full tier from starving.
+    let mut capped: Option<ClientKey> = None;
     let reason = if in_flight >= u64::from(limit) {
         Some(counter::REJECTED_LIMIT)
     } else if in_flight >= config.tier_threshold(tier, limit).saturating_sub(held_back(slot, tier)) {
@@ -92,6 +93,16 @@ pub fn decide(syn: &Syn) -> Verdict {
             None
         } else {
             Some(counter::REJECTED_SHARE)
+        }
+    } else if config.client_cap != 0 {
+        let client = config.client_key(&syn.client_addr);
+        match client_reserve(&client, config.client_cap) {
+            ClientVerdict::Counted => {
+                capped = Some(client);
+                None
+            }
+            ClientVerdict::Uncounted => None,
+            ClientVerdict::OverCap => Some(counter::REJECTED_CLIENT_CAP),
         }
     } else {
         None
@@ -109,11 +120,14 @@ pub fn decide(syn: &Syn) -> Verdict {
 
     let entry = PendingEntry {
         slot,
-        _pad: 0,
+        capped: u32::from(capped.is_some()),
         admitted_ms: SHED_CLOCK.get(0).copied().unwrap_or(0),
     };
     if let Err(err) = SHED_PENDING.insert(&key, &entry, u64::from(BPF_NOEXIST)) {
         atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
+        if let Some(client) = capped {
+            client_release(&client);
+        }
         // Another CPU admitted the same handshake a moment ago (a retransmit race),
         // or the map is full: either way pass without a second slot.
         count(slot, if err == -EEXIST { counter::SYN_RETRANSMIT } else { counter::RESERVE_FAILED });
@@ -122,6 +136,43 @@ pub fn decide(syn: &Syn) -> Verdict {
     count(slot, counter::ADMITTED);
     count(slot, counter::ADMITTED_BY_TIER + (tier as usize & 3));
     Verdict::Pass
+}
+
+enum ClientVerdict {
+    /// Under the cap; counted (release it when the connection ends).
+    Counted,
+    /// The client map is full: admitted without a count (fail-open).
+    Uncounted,
+    OverCap,
+}
+
+/// Counts one more connection for `client`, unless it already holds `cap`.
+/// Fetch-add first, then judge (as for the port), so racing SYNs of one
+/// client cannot overshoot its cap.
+#[inline(always)]
+fn client_reserve(client: &ClientKey, cap: u32) -> ClientVerdict {
+    if SHED_CLIENTS.get_ptr_mut(client).is_none() {
+        let _ = SHED_CLIENTS.insert(client, &0i64, u64::from(BPF_NOEXIST));
+    }
+    let Some(held) = SHED_CLIENTS.get_ptr_mut(client) else {
+        return ClientVerdict::Uncounted;
+    };
+    let before = atomic_add(held.cast::<u64>(), 1) as i64;
+    // SAFETY: plain data.
+    let expired = unsafe { SHED_CLIENT_EXPIRED.get(client) }.copied().unwrap_or(0);
+    if before - expired >= i64::from(cap) {
+        atomic_add(held.cast::<u64>(), u64::MAX);
+        return ClientVerdict::OverCap;
+    }
+    ClientVerdict::Counted
+}
+
+/// Releases one connection of `client` (it closed, or its reservation was rolled back).
+#[inline(always)]
+pub fn client_release(client: &ClientKey) {
+    if let Some(held) = SHED_CLIENTS.get_ptr_mut(client) {
+        atomic_add(held.cast::<u64>(), u64::MAX);
+    }
 }
 
 /// Room the daemon holds back from `tier` for the tiers above it.

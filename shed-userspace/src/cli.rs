@@ -8,7 +8,10 @@ use shed_common::ControlConfig;
 
 use crate::{
     control::{Algo, Settings},
-    input::{Action, Count, Hook, Switch, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port},
+    input::{
+        Action, Count, Hook, Switch, parse_client_cap, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port,
+        parse_prefix_v6,
+    },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
 
@@ -136,6 +139,14 @@ pub struct AttachArgs {
     #[arg(long)]
     pub tier_file: Option<PathBuf>,
 
+    /// Most connections (open plus pending) one client may hold; 0: no cap (--client-cap 20).
+    #[arg(long, value_parser = parse_client_cap, default_value_t = 0)]
+    pub client_cap: u32,
+
+    /// IPv6 clients are capped per prefix of this length (--client-prefix-v6 64); IPv4 per address.
+    #[arg(long, value_parser = parse_prefix_v6, default_value_t = 64)]
+    pub client_prefix_v6: u8,
+
     /// Count what would be rejected, but admit everything (--dry-run).
     #[arg(long)]
     pub dry_run: bool,
@@ -210,7 +221,7 @@ pub struct StatsArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions"])))]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, value_parser = parse_port)]
@@ -243,6 +254,10 @@ pub struct SetArgs {
     /// Reject action for one tier; repeat (--tier-action low=drop).
     #[arg(long = "tier-action", value_parser = parse_tier_action)]
     pub tier_actions: Vec<(u8, Action)>,
+
+    /// Most connections one client may hold; 0 removes the cap (--client-cap 20).
+    #[arg(long, value_parser = parse_client_cap)]
+    pub client_cap: Option<u32>,
 
     /// New reject action (--action rst).
     #[arg(long, value_enum)]
@@ -337,6 +352,8 @@ mod tests {
             (&["attach", "--port", "8080", "--tier", "10.0.0.0/8=gold"], "unknown tier"),
             (&["set", "--port", "8080", "--share", "low=1.5"], "outside (0, 1]"),
             (&["tier", "add", "banana", "low"], "not a CIDR"),
+            (&["attach", "--port", "8080", "--client-cap", "x"], "client cap"),
+            (&["attach", "--port", "8080", "--client-prefix-v6", "200"], "out of range"),
             (&["tier", "add", "10.0.0.0/8", "platinum"], "unknown tier"),
         ];
         for (args, expected) in cases {

@@ -128,6 +128,9 @@ impl Drop for PinGuard {
     }
 }
 
+/// How often clients that hold nothing are looked for (and forgotten on the second look).
+const CLIENT_SWEEP: Duration = Duration::from_secs(5);
+
 /// Settings of the control loop.
 #[derive(Clone, Copy, Debug)]
 pub struct LoopSettings {
@@ -148,6 +151,8 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let mut last_report = Instant::now();
     let mut expired_since_report = 0;
     let mut controls: Vec<PortControl> = Vec::new();
+    let mut idle_clients = Vec::new();
+    let mut last_client_sweep = Instant::now();
     loop {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
@@ -169,6 +174,10 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                         let hist = loaded.maps.latency(config.slot)?;
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist));
                     }
+                }
+                if last_client_sweep.elapsed() >= CLIENT_SWEEP {
+                    idle_clients = loaded.maps.forget_idle_clients(&idle_clients)?;
+                    last_client_sweep = Instant::now();
                 }
                 let instant = Instant::now();
                 for control in &mut controls {

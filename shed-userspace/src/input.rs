@@ -32,6 +32,23 @@ pub fn parse_limit(s: &str) -> Result<u32, String> {
     Ok(n as u32)
 }
 
+/// A per-client cap: 0 (none) up to the highest limit.
+pub fn parse_client_cap(s: &str) -> Result<u32, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_limit(s).map_err(|e| e.replace("limit", "client cap"))
+}
+
+/// An IPv6 prefix length for counting clients (1-128).
+pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
+    let n: u8 = s.trim().trim_start_matches('/').parse().map_err(|_| format!("{s:?} is not a prefix length: give 1 to 128, e.g. 64"))?;
+    if !(1..=128).contains(&n) {
+        return Err(format!("prefix length {n} is out of range: give 1 to 128"));
+    }
+    Ok(n)
+}
+
 /// A duration in milliseconds within `[min_ms, max_ms]`.
 pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
     let ms: u64 = s
@@ -192,6 +209,17 @@ mod tests {
         assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
         assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));
         assert!(parse_millis("5", 100, 60_000).is_err());
+    }
+
+    #[test]
+    fn client_caps_and_prefixes() {
+        assert_eq!(parse_client_cap("0"), Ok(0));
+        assert_eq!(parse_client_cap("20"), Ok(20));
+        assert!(parse_client_cap("-1").is_err());
+        assert!(parse_client_cap("99999999").unwrap_err().contains("client cap"));
+        assert_eq!(parse_prefix_v6("/64"), Ok(64));
+        assert!(parse_prefix_v6("0").is_err());
+        assert!(parse_prefix_v6("129").is_err());
     }
 
     #[test]

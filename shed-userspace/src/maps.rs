@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
+    ClientKey, ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
     TierReserve, UserPortState, capacity::MAX_PORTS, map,
 };
 
@@ -27,6 +27,8 @@ pub struct GateMaps {
     pub status: Array<MapData, ControlStatus>,
     pub tiers: LpmTrie<MapData, [u8; 16], u32>,
     pub reserve: Array<MapData, TierReserve>,
+    pub clients: HashMap<MapData, ClientKey, i64>,
+    pub client_expired: HashMap<MapData, ClientKey, i64>,
 }
 
 /// Everything known about one port at one instant.
@@ -112,6 +114,8 @@ impl GateMaps {
             status: typed(map::STATUS, open(map::STATUS)?)?,
             tiers: typed(map::TIERS, open(map::TIERS)?)?,
             reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
+            clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
+            client_expired: typed(map::CLIENT_EXPIRED, open(map::CLIENT_EXPIRED)?)?,
         })
     }
 
@@ -156,6 +160,8 @@ impl GateMaps {
         config.share_permille = spec.share_permille;
         config.tier_action = spec.tier_action;
         config.tiered = u8::from(!self.tier_entries()?.is_empty());
+        config.client_cap = spec.client_cap;
+        config.client_prefix_v6 = spec.client_prefix_v6;
         self.write_config(port, config)?;
         Ok(config)
     }
@@ -260,6 +266,39 @@ impl GateMaps {
         Ok(())
     }
 
+    /// Clients of `slot` with what they hold against the cap, most first.
+    pub fn client_counts(&self, slot: u32) -> Result<Vec<(ClientKey, i64)>, Error> {
+        let mut out: Vec<(ClientKey, i64)> = self
+            .clients
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.slot == slot)
+            .map(|(k, held)| (k, held - self.client_expired.get(&k, 0).unwrap_or(0)))
+            .collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// Forgets clients that held nothing at the last sweep and still hold nothing,
+    /// so the maps shrink back when clients go away. Returns the idle clients now.
+    /// (A client seen idle twice in a row cannot be mid-admission except in a
+    /// microsecond race; losing that one count only loosens its cap by one.)
+    pub fn forget_idle_clients(&mut self, idle_before: &[ClientKey]) -> Result<Vec<ClientKey>, Error> {
+        let mut idle = Vec::new();
+        for (key, held) in self.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
+            if held - self.client_expired.get(&key, 0).unwrap_or(0) > 0 {
+                continue;
+            }
+            if idle_before.contains(&key) {
+                let _ = self.clients.remove(&key);
+                let _ = self.client_expired.remove(&key);
+            } else {
+                idle.push(key);
+            }
+        }
+        Ok(idle)
+    }
+
     pub fn set_clock(&mut self, now_ms: u64) -> Result<(), Error> {
         self.clock.set(0, now_ms, 0).map_err(|e| Error::map("write clock", e))
     }
@@ -275,11 +314,19 @@ impl GateMaps {
             .filter(|(_, e)| e.admitted_ms.saturating_add(timeout_ms) <= now_ms)
             .collect();
         let mut per_slot: BTreeMap<u32, u64> = BTreeMap::new();
+        let configs: BTreeMap<u32, PortConfig> = self.port_configs()?.into_values().map(|c| (c.slot, c)).collect();
         for (key, entry) in &stale {
             // The handshake may complete (and the kernel release it) between our read and
             // this delete: whoever deletes the entry accounts for it, so only count our wins.
             if self.pending.remove(key).is_ok() {
                 *per_slot.entry(entry.slot).or_default() += 1;
+                if entry.capped != 0
+                    && let Some(config) = configs.get(&entry.slot)
+                {
+                    let client = config.client_key(&key.client_addr);
+                    let expired = self.client_expired.get(&client, 0).unwrap_or(0);
+                    self.client_expired.insert(client, expired + 1, 0).map_err(|e| Error::map("write client expiry", e))?;
+                }
             }
         }
         let mut total = 0;
@@ -297,6 +344,9 @@ impl GateMaps {
 #[derive(Clone, Copy, Debug)]
 pub struct PortSpec {
     pub limit: u32,
+    /// Most connections per client (0: no cap), IPv6 counted per prefix of `client_prefix_v6`.
+    pub client_cap: u32,
+    pub client_prefix_v6: u8,
     pub share_permille: [u16; shed_common::tier::COUNT],
     pub tier_action: [u8; shed_common::tier::COUNT],
     pub action: u8,
@@ -310,6 +360,8 @@ impl PortSpec {
     pub fn new(limit: u32, action: u8, dry_run: bool, count_mode: u8, control: ControlConfig) -> Self {
         Self {
             limit,
+            client_cap: 0,
+            client_prefix_v6: 64,
             share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,
             tier_action: [shed_common::tier::ACTION_DEFAULT; shed_common::tier::COUNT],
             action,

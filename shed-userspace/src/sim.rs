@@ -208,7 +208,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             let share_full = in_system >= threshold.saturating_sub(u64::from(held_back[t as usize]));
             let rejected = in_system >= limit || (share_full && {
                 share_rejections += 1;
-                share_rejections % tier::TRICKLE_EVERY != 0
+                !share_rejections.is_multiple_of(tier::TRICKLE_EVERY)
             });
             if rejected {
                 window_rejected[t as usize] += 1;

@@ -18,6 +18,16 @@ pub struct RejectedByReason {
     pub limit: u64,
     /// In-flight had reached the client tier's share of the limit.
     pub share: u64,
+    /// The client already held its cap.
+    pub client_cap: u64,
+}
+
+/// A client and what it holds against the cap.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClientStats {
+    /// Address, or IPv6 prefix.
+    pub client: String,
+    pub in_flight: i64,
 }
 
 /// One client tier of a port.
@@ -80,6 +90,10 @@ pub struct PortStats {
     pub tiers: BTreeMap<&'static str, TierStats>,
     /// SYNs a full tier share would have rejected, admitted by the anti-starvation trickle.
     pub trickle_admitted: u64,
+    /// Most connections one client may hold (0: no cap).
+    pub client_cap: u32,
+    /// With a cap: the clients holding the most, at most 10.
+    pub top_clients: Vec<ClientStats>,
     pub action: Action,
     pub dry_run: bool,
     /// Dry-run only: SYNs enforce mode would have rejected (they were admitted).
@@ -134,11 +148,16 @@ impl PortStats {
             last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
             previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),
-            rejected: now.counter(counter::REJECTED_LIMIT) + now.counter(counter::REJECTED_SHARE),
+            rejected: now.counter(counter::REJECTED_LIMIT)
+                + now.counter(counter::REJECTED_SHARE)
+                + now.counter(counter::REJECTED_CLIENT_CAP),
             rejected_by_reason: RejectedByReason {
                 limit: now.counter(counter::REJECTED_LIMIT),
                 share: now.counter(counter::REJECTED_SHARE),
+                client_cap: now.counter(counter::REJECTED_CLIENT_CAP),
             },
+            client_cap: now.config.client_cap,
+            top_clients: Vec::new(),
             tiers: (0..tier::COUNT)
                 .map(|t| {
                     (tier::NAMES[t], TierStats {
@@ -164,7 +183,8 @@ impl PortStats {
             admitted_per_sec: rate(counter::ADMITTED),
             rejected_per_sec: rate(counter::REJECTED_LIMIT)
                 .zip(rate(counter::REJECTED_SHARE))
-                .map(|(a, b)| a + b),
+                .zip(rate(counter::REJECTED_CLIENT_CAP))
+                .map(|((a, b), c)| a + b + c),
         }
     }
 }

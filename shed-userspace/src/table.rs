@@ -52,6 +52,10 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             .filter(|(_, t)| t.admitted + t.rejected > 0)
             .map(|(name, t)| format!("{name} {}/{} (share {})", t.admitted, t.rejected, t.share))
             .collect();
+        if s.client_cap != 0 {
+            let top: Vec<String> = s.top_clients.iter().map(|c| format!("{} {}", c.client, c.in_flight)).collect();
+            let _ = writeln!(out, "       client cap {}: rejected {}; top clients: {}", s.client_cap, s.rejected_by_reason.client_cap, if top.is_empty() { "none".into() } else { top.join(", ") });
+        }
         if !tiers.is_empty() {
             let _ = writeln!(out, "       tiers admitted/rejected: {}; rejected at limit {}, at tier share {}", tiers.join(", "), s.rejected_by_reason.limit, s.rejected_by_reason.share);
         }

@@ -62,7 +62,11 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let _pins = PinGuard;
     let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
     loaded.maps.set_clock(system::monotonic_ms())?;
-    let spec = PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control);
+    let spec = PortSpec {
+        client_cap: args.client_cap,
+        client_prefix_v6: args.client_prefix_v6,
+        ..PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control)
+    };
     for (&cidr, &tier) in &tiers {
         loaded.maps.set_tier(cidr, tier)?;
     }

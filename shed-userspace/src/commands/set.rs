@@ -31,6 +31,9 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     if let Some(count) = args.count {
         config.count_mode = count.to_raw();
     }
+    if let Some(cap) = args.client_cap {
+        config.client_cap = cap;
+    }
     for &(tier, permille) in &args.shares {
         config.share_permille[tier as usize] = permille;
     }
@@ -58,7 +61,7 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
         .map(|t| format!("{}={}", crate::tiers::tier_name(t as u8), f64::from(config.share_permille[t]) / 1000.0))
         .collect();
     println!(
-        "port {}: limit {limit} ({} {min}..{max}), action {}, count {}, dry-run {}, shares {}",
+        "port {}: limit {limit} ({} {min}..{max}), action {}, count {}, dry-run {}, shares {}, client cap {}",
         args.port,
         Algo::from_raw(control.algo),
         Action::from_raw(config.action),
@@ -67,7 +70,8 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
             Count::Connections => "connections",
         },
         if config.dry_run != 0 { "on" } else { "off" },
-        shares.join(" ")
+        shares.join(" "),
+        if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() }
     );
     Ok(())
 }

@@ -2,6 +2,7 @@
 use std::{io::Write as _, thread, time::Instant};
 
 use crate::{
+    stats::ClientStats,
     cli::StatsArgs,
     daemon,
     maps::GateMaps,
@@ -21,10 +22,21 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         let now = maps.snapshots(args.port)?;
         let elapsed = taken.elapsed();
         taken = Instant::now();
-        let stats: Vec<PortStats> = now
+        let mut stats: Vec<PortStats> = now
             .iter()
             .map(|n| PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed))))
             .collect();
+        for (s, n) in stats.iter_mut().zip(&now) {
+            if n.config.client_cap != 0 {
+                s.top_clients = maps
+                    .client_counts(n.config.slot)?
+                    .into_iter()
+                    .filter(|(_, held)| *held > 0)
+                    .take(10)
+                    .map(|(k, held)| ClientStats { client: client_name(&k.addr), in_flight: held })
+                    .collect();
+            }
+        }
         let mut out = std::io::stdout().lock();
         if args.json {
             writeln!(out, "{}", serde_json::to_string(&stats)?)?;
@@ -43,4 +55,10 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         }
         before = now;
     }
+}
+
+/// An address (IPv4-mapped shown as IPv4) for output.
+fn client_name(addr: &[u8; 16]) -> String {
+    let v6 = std::net::Ipv6Addr::from(*addr);
+    v6.to_ipv4_mapped().map_or_else(|| v6.to_string(), |v4| v4.to_string())
 }
