@@ -251,7 +251,7 @@ impl PortConfig {
             let prefix = if self.client_prefix_v6 > 128 { 128 } else { self.client_prefix_v6 as usize };
             let mut i = 0;
             while i < 16 {
-                let bits = if prefix >= 8 * (i + 1) { 8 } else if prefix > 8 * i { prefix - 8 * i } else { 0 };
+                let bits = if prefix >= 8 * (i + 1) { 8 } else { prefix.saturating_sub(8 * i) };
                 masked[i] &= if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
                 i += 1;
             }
