@@ -428,8 +428,16 @@ pub struct ControlConfig {
     pub window_ms: u32,
     /// A limit set by the operator with this generation (0: none); adaptive controllers continue from it.
     pub requested_limit: u32,
+    /// Guard: fewer completed requests than this hold the limit (and carry over).
+    pub min_samples: u32,
+    /// Guard: windows after a cut without growth.
+    pub cooldown_windows: u32,
+    /// Guard: span of the baseline minimum, in windows.
+    pub baseline_windows: u32,
+    /// Guard: windows of each baseline probe (0: never probe).
+    pub probe_windows: u32,
 }
-const _: () = assert!(size_of::<ControlConfig>() == 24);
+const _: () = assert!(size_of::<ControlConfig>() == 40);
 
 /// The controller's last window for one port. Written by the daemon, read by `shedctl stats`.
 #[repr(C)]

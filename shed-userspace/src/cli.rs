@@ -131,6 +131,9 @@ pub struct AttachArgs {
     #[arg(long, value_enum, default_value_t = Count::Work)]
     pub count: Count,
 
+    #[command(flatten)]
+    pub guards: GuardArgs,
+
     /// Client tier by source network; repeat (--tier 10.0.0.0/8=critical --tier 2001:db8::/32=low).
     #[arg(long = "tier", value_parser = parse_assignment)]
     pub tiers: Vec<(Cidr, u8)>,
@@ -173,7 +176,7 @@ impl AttachArgs {
             }
             (Some(algo), None) => algo,
         };
-        control_config(algo, self.min_limit, self.max_limit, self.window, self.percentile)
+        control_config(algo, self.min_limit, self.max_limit, self.window, self.percentile, &self.guards)
             .map(|c| (c, self.limit.or(self.initial_limit).unwrap_or(Settings::default().initial_limit)))
             .and_then(|(c, limit)| {
                 if algo != Algo::Fixed && !(c.min_limit..=c.max_limit).contains(&limit) {
@@ -185,11 +188,22 @@ impl AttachArgs {
 }
 
 /// Controller settings as the daemon reads them from the map.
-pub fn control_config(algo: Algo, min_limit: u32, max_limit: u32, window: Duration, percentile: u8) -> Result<ControlConfig, String> {
+pub fn control_config(
+    algo: Algo,
+    min_limit: u32,
+    max_limit: u32,
+    window: Duration,
+    percentile: u8,
+    guards: &GuardArgs,
+) -> Result<ControlConfig, String> {
     if min_limit > max_limit {
         return Err(format!("--min-limit {min_limit} is above --max-limit {max_limit}"));
     }
     Ok(ControlConfig {
+        min_samples: guards.min_samples,
+        cooldown_windows: guards.cooldown,
+        baseline_windows: guards.baseline_span,
+        probe_windows: guards.probe_windows,
         generation: 1,
         algo: algo.to_raw(),
         percentile,
@@ -199,6 +213,26 @@ pub fn control_config(algo: Algo, min_limit: u32, max_limit: u32, window: Durati
         window_ms: window.as_millis() as u32,
         requested_limit: 0,
     })
+}
+
+/// The adaptive controllers' guards (see `shed::control`); the defaults suit most services.
+#[derive(Debug, Args)]
+pub struct GuardArgs {
+    /// Completed requests a window needs before the limit may move; fewer carry over (--min-samples 10).
+    #[arg(long, default_value_t = Settings::default().min_samples as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub min_samples: u32,
+
+    /// Windows after a cut in which the limit may not grow (--cooldown 3).
+    #[arg(long, default_value_t = Settings::default().cooldown_windows, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub cooldown: u32,
+
+    /// Windows the baseline minimum spans, +/-10% jitter per port (--baseline-span 100).
+    #[arg(long, default_value_t = Settings::default().baseline_windows as u32, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    pub baseline_span: u32,
+
+    /// Windows of each baseline probe at a quarter of the limit; 0 turns probing off (--probe-windows 5).
+    #[arg(long, default_value_t = Settings::default().probe_windows, value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    pub probe_windows: u32,
 }
 
 #[derive(Debug, Args)]
@@ -328,6 +362,9 @@ mod tests {
         assert!(control(&["--initial-limit", "3"]).unwrap_err().contains("outside"));
         let (c, limit) = control(&["--algo", "aimd", "--initial-limit", "20", "--window", "250", "--percentile", "p99"]).unwrap();
         assert_eq!((Algo::from_raw(c.algo), limit, c.window_ms, c.percentile), (Algo::Aimd, 20, 250, 99));
+        assert_eq!((c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows), (10, 3, 100, 5), "guard defaults");
+        let (c, _) = control(&["--min-samples", "50", "--cooldown", "0", "--baseline-span", "300", "--probe-windows", "0"]).unwrap();
+        assert_eq!((c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows), (50, 0, 300, 0));
         assert_eq!(control(&["--algo", "fixed", "--limit", "7"]).unwrap().1, 7);
     }
 
@@ -353,6 +390,8 @@ mod tests {
             (&["set", "--port", "8080", "--share", "low=1.5"], "outside (0, 1]"),
             (&["tier", "add", "banana", "low"], "not a CIDR"),
             (&["attach", "--port", "8080", "--client-cap", "x"], "client cap"),
+            (&["attach", "--port", "8080", "--min-samples", "0"], "not in 1..=1000000"),
+            (&["attach", "--port", "8080", "--baseline-span", "1"], "not in 2..=100000"),
             (&["attach", "--port", "8080", "--client-prefix-v6", "200"], "out of range"),
             (&["tier", "add", "10.0.0.0/8", "platinum"], "unknown tier"),
         ];

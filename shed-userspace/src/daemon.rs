@@ -337,5 +337,18 @@ fn settings(config: &ControlConfig, limit: u32) -> Settings {
     } else {
         (config.min_limit.max(1), config.max_limit.max(config.min_limit.max(1)))
     };
-    Settings { algo, initial_limit: limit, min_limit, max_limit, ..Settings::default() }
+    let defaults = Settings::default();
+    // Zero means "not set" (a map written before these fields existed): keep the default.
+    let or = |v: u32, d: u32| if v == 0 { d } else { v };
+    Settings {
+        algo,
+        initial_limit: limit,
+        min_limit,
+        max_limit,
+        min_samples: u64::from(or(config.min_samples, defaults.min_samples as u32)),
+        cooldown_windows: config.cooldown_windows,
+        baseline_windows: or(config.baseline_windows, defaults.baseline_windows as u32) as usize,
+        probe_windows: config.probe_windows,
+        ..defaults
+    }
 }

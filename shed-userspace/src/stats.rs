@@ -64,6 +64,11 @@ pub struct PortStats {
     pub window_ms: u32,
     /// The sojourn percentile the controller follows.
     pub percentile: u8,
+    /// Guards: see `shedctl attach --help`.
+    pub min_samples: u32,
+    pub cooldown_windows: u32,
+    pub baseline_windows: u32,
+    pub probe_windows: u32,
     /// Latency the controller treats as "no queue".
     pub baseline_us: u64,
     /// The followed percentile in the last window.
@@ -135,6 +140,10 @@ impl PortStats {
             max_limit: now.control.max_limit,
             window_ms: now.control.window_ms,
             percentile: now.control.percentile,
+            min_samples: now.control.min_samples,
+            cooldown_windows: now.control.cooldown_windows,
+            baseline_windows: now.control.baseline_windows,
+            probe_windows: now.control.probe_windows,
             baseline_us: now.status.baseline_us,
             observed_us: now.status.observed_us,
             queue_wait_p50_us: now.status.queue_wait_p50_us,
