@@ -335,3 +335,30 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     assert_refused(&["stats", "--port", "9999"], "port 9999 is not protected");
     assert_eq!(field(&stats(PORT), "limit"), 3, "the running gate is unchanged");
 }
+
+#[test]
+fn another_namespace_serving_the_same_port_is_not_counted() {
+    let _one = exclusive();
+    let protected = Testbed::create("shedtn").expect("testbed");
+    let other = Testbed::create("shedto").expect("second testbed");
+    let addr = protected.server_addr(false, PORT);
+    let other_addr = other.server_addr(false, PORT);
+    let _backend = Backend::start(&protected.server_ns, addr, Service::Echo).expect("backend");
+    let _other_backend = Backend::start(&other.server_ns, other_addr, Service::Echo).expect("backend in the other namespace");
+    let _gate = Gate::start(&protected, &["--port", "8080", "--limit", "3", "--action", "rst"]);
+
+    // Load on the same port in another namespace: 10 connections, never counted.
+    let elsewhere: Vec<TcpStream> =
+        connect_sequential(&other, other_addr, 10, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("ungated")).collect();
+    thread::sleep(Duration::from_millis(300));
+    let s = stats(PORT);
+    assert_eq!((field(&s, "established"), field(&s, "in_flight")), (0, 0), "other namespace counted: {s}");
+
+    // The protected namespace still gets its full limit.
+    let held: Vec<TcpStream> =
+        connect_sequential(&protected, addr, 3, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("under the limit")).collect();
+    let (r, _) = connect_sequential(&protected, addr, 1, Duration::from_secs(1)).pop().unwrap();
+    assert_eq!(r.expect_err("limit 3 reached").kind(), io::ErrorKind::ConnectionRefused);
+    wait_for_stats(PORT, Duration::from_secs(3), "3 established", |s| field(s, "established") == 3);
+    drop((elsewhere, held));
+}

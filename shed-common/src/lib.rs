@@ -53,10 +53,13 @@ pub mod map {
     /// `HashMap<ClientKey, i64>`: a client's reservations that expired (daemon only).
     pub const CLIENT_EXPIRED: &str = "SHED_CLIENT_EXPIRED";
 
+    /// `Array<NetnsFilter>[1]`: which network namespace's sockets to count. Written by the daemon.
+    pub const NETNS: &str = "SHED_NETNS";
+
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS, RESERVE,
-        CLIENTS, CLIENT_EXPIRED,
+        CLIENTS, CLIENT_EXPIRED, NETNS,
     ];
 }
 
@@ -352,6 +355,21 @@ pub struct PendingEntry {
 }
 const _: () = assert!(size_of::<PendingEntry>() == 16);
 
+/// Socket tracepoints fire for every network namespace; the gate counts only
+/// sockets of the namespace it protects. Offsets come from the running
+/// kernel's BTF (`sock_common.skc_net`, `net.ns.inum`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetnsFilter {
+    /// 0: count every namespace (BTF offsets unavailable).
+    pub enabled: u32,
+    /// Inode number of the protected network namespace.
+    pub inum: u32,
+    pub skc_net_offset: u32,
+    pub net_inum_offset: u32,
+}
+const _: () = assert!(size_of::<NetnsFilter>() == 16);
+
 /// A client of a port, for the per-client cap.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -512,6 +530,7 @@ mod user {
     unsafe impl aya::Pod for ControlStatus {}
     unsafe impl aya::Pod for TierReserve {}
     unsafe impl aya::Pod for ClientKey {}
+    unsafe impl aya::Pod for NetnsFilter {}
 }
 
 #[cfg(test)]

@@ -10,12 +10,16 @@
 //! byte (`sock_send_length`). A connection is busy from acceptance, or from a
 //! request's arrival, until it answers; an idle keep-alive connection is not.
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TracePointContext};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    programs::TracePointContext,
+};
 use shed_common::{ClientKey, FlowKey, SockEntry, latency, sock_io_tp as io, sock_state_tp as tp, tcp_state};
 
 use crate::{
     decide::{atomic_add, client_release},
-    maps::{SHED_LATENCY, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, tier_of},
+    maps::{SHED_LATENCY, SHED_NETNS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, tier_of},
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -65,6 +69,9 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     let Some(config) = (unsafe { SHED_PORTS.get(&local_port) }) else {
         return Ok(());
     };
+    if !in_protected_netns(skaddr) {
+        return Ok(());
+    }
     let slot = config.slot;
     let Some(state) = state_field(slot) else {
         return Ok(());
@@ -98,6 +105,21 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         client_release(&client);
     }
     Ok(())
+}
+
+/// Whether the socket lives in the namespace the gate protects (true when
+/// the daemon could not tell: counting too much beats counting nothing).
+#[inline(always)]
+fn in_protected_netns(skaddr: u64) -> bool {
+    let Some(filter) = SHED_NETNS.get(0) else { return true };
+    if filter.enabled == 0 {
+        return true;
+    }
+    // SAFETY: probe reads of kernel memory at offsets from the kernel's own BTF.
+    let net: Result<u64, _> = unsafe { bpf_probe_read_kernel((skaddr + u64::from(filter.skc_net_offset)) as *const u64) };
+    let Ok(net) = net else { return true };
+    let inum: Result<u32, _> = unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) };
+    inum.map_or(true, |inum| inum == filter.inum)
 }
 
 /// The tracked socket of an I/O event, if it is one of ours.

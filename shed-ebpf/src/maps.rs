@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
+    ClientKey, ControlConfig, NetnsFilter, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
     TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
 };
@@ -44,6 +44,9 @@ pub static SHED_CONTROL: Array<ControlConfig> = Array::with_max_entries(MAX_PORT
 
 #[map]
 pub static SHED_STATUS: Array<ControlStatus> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, 0);

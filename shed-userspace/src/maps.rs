@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
+    ClientKey, ControlConfig, NetnsFilter, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
     TierReserve, UserPortState, capacity::MAX_PORTS, map,
 };
 
@@ -29,6 +29,7 @@ pub struct GateMaps {
     pub reserve: Array<MapData, TierReserve>,
     pub clients: HashMap<MapData, ClientKey, i64>,
     pub client_expired: HashMap<MapData, ClientKey, i64>,
+    pub netns: Array<MapData, NetnsFilter>,
 }
 
 /// Everything known about one port at one instant.
@@ -116,6 +117,7 @@ impl GateMaps {
             reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
             clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
             client_expired: typed(map::CLIENT_EXPIRED, open(map::CLIENT_EXPIRED)?)?,
+            netns: typed(map::NETNS, open(map::NETNS)?)?,
         })
     }
 
@@ -297,6 +299,10 @@ impl GateMaps {
             }
         }
         Ok(idle)
+    }
+
+    pub fn set_netns_filter(&mut self, filter: NetnsFilter) -> Result<(), Error> {
+        self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
     }
 
     pub fn set_clock(&mut self, now_ms: u64) -> Result<(), Error> {

@@ -218,6 +218,22 @@ pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The namespace filter for the current thread's network namespace, or a
+/// disabled one (with the reason) when the kernel's BTF lacks the fields.
+pub fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let inum = fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
+    let btf = crate::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
+    let skc_net = btf.offset_of("sock_common", &["skc_net"]).ok_or("BTF has no sock_common.skc_net")?;
+    let net_inum = btf.offset_of("net", &["ns", "inum"]).ok_or("BTF has no net.ns.inum")?;
+    Ok(shed_common::NetnsFilter {
+        enabled: 1,
+        inum: u32::try_from(inum).map_err(|_| format!("namespace inode {inum} does not fit 32 bits"))?,
+        skc_net_offset: skc_net,
+        net_inum_offset: net_inum,
+    })
+}
+
 /// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.
 pub fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -73,6 +73,12 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     for &port in &ports {
         loaded.maps.protect(port, &spec)?;
     }
+    match system::netns_filter() {
+        Ok(filter) => loaded.maps.set_netns_filter(filter)?,
+        Err(why) => tracing::warn!(
+            "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
+        ),
+    }
     loaded.attach_accounting()?;
     for (iface, hook) in &targets {
         loaded.attach_gate(iface, *hook)?;
