@@ -362,3 +362,35 @@ fn another_namespace_serving_the_same_port_is_not_counted() {
     wait_for_stats(PORT, Duration::from_secs(3), "3 established", |s| field(s, "established") == 3);
     drop((elsewhere, held));
 }
+
+#[test]
+fn forged_syn_flood_cannot_turn_the_gate_into_a_reflector() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtf").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "1", "--action", "rst", "--rst-rate", "200", "--rst-prefix-rate", "20"]);
+    let _held = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap().0.expect("fills the limit");
+
+    // 3,000 SYNs from forged sources spread over 64 /24 prefixes, as fast as the raw socket goes.
+    let server = bed.server_v4;
+    let start = Instant::now();
+    let sent = testbed::run_in(&bed.client_ns, move || {
+        testbed::syn_flood(server, PORT, 3_000, |i| std::net::Ipv4Addr::new(10, 77, (i % 64) as u8, (i / 64 % 250) as u8 + 1))
+    })
+    .unwrap()
+    .expect("raw socket");
+    let elapsed = start.elapsed().as_secs_f64();
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "flood counted", |s| field(s, "rejected") >= u64::from(sent));
+    let rst = field(&s, "rst_sent");
+    let limited = field(&s, "rst_rate_limited");
+    println!("flood: {sent} forged SYNs in {elapsed:.2} s -> {rst} RSTs, {limited} dropped by the RST caps");
+    // Burst of one second's budget plus the refill while the flood ran (per-prefix caps bind first).
+    let allowed = 200.0 * (1.0 + elapsed) * 1.1;
+    assert!((rst as f64) <= allowed, "{rst} RSTs sent, cap allows {allowed:.0}");
+    assert_eq!(rst + limited, u64::from(sent), "every forged SYN was answered or dropped: {s}");
+    // A legitimate client is still refused quickly once the budget refills.
+    thread::sleep(Duration::from_millis(1100));
+    let (r, took) = connect_sequential(&bed, addr, 1, Duration::from_secs(2)).pop().unwrap();
+    assert_eq!(r.expect_err("limit full").kind(), io::ErrorKind::ConnectionRefused, "after {took:?}");
+}

@@ -9,7 +9,7 @@ use std::{
     net::{Shutdown, TcpStream},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::AtomicU64,
     },
     thread,
     time::{Duration, Instant},

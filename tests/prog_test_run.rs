@@ -424,3 +424,24 @@ fn per_client_cap_counts_each_source_and_ipv6_prefix() {
         assert_eq!(h.snapshot().in_flight(), 8, "{hook:?}: cap rejections take no slot");
     }
 }
+
+#[test]
+fn rst_caps_per_prefix_and_per_port_fall_back_to_drop() {
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::RST, false);
+        let mut config = h.loaded.maps.config(PORT).unwrap();
+        config.rst_per_prefix_per_sec = 5;
+        config.rst_per_sec = 8;
+        h.loaded.maps.write_config(PORT, config).unwrap();
+        assert_eq!(h.run(hook, &v4([198, 51, 100, 1], 1)).unwrap().0, pass(hook), "fill the limit");
+        // One /24: five RSTs, then drops.
+        let verdicts: Vec<i64> = (0..10).map(|i| h.run(hook, &v4([192, 0, 2, 10 + i], 100)).unwrap().0).collect();
+        assert_eq!(verdicts.iter().filter(|&&v| v == rst(hook)).count(), 5, "{hook:?}: {verdicts:?}");
+        assert_eq!(verdicts.iter().filter(|&&v| v == dropped(hook)).count(), 5, "{hook:?}: {verdicts:?}");
+        // Other prefixes get RSTs until the port's budget (8) is spent.
+        let verdicts: Vec<i64> = (0..6).map(|i| h.run(hook, &v4([203, 0, 113 - i, 7], 100)).unwrap().0).collect();
+        assert_eq!(verdicts.iter().filter(|&&v| v == rst(hook)).count(), 3, "{hook:?}: port budget 8 - 5 used: {verdicts:?}");
+        let c = h.counters();
+        assert_eq!((c[counter::RST_SENT], c[counter::RST_RATE_LIMITED], c[counter::REJECTED_LIMIT]), (8, 8, 16), "{hook:?}");
+    }
+}

@@ -52,14 +52,18 @@ pub mod map {
     pub const CLIENTS: &str = "SHED_CLIENTS";
     /// `HashMap<ClientKey, i64>`: a client's reservations that expired (daemon only).
     pub const CLIENT_EXPIRED: &str = "SHED_CLIENT_EXPIRED";
+    /// `Array<RstBucket>` indexed by slot: the port's RST budget. Kernel only.
+    pub const RST_BUCKETS: &str = "SHED_RST_BUCKETS";
+    /// `LruHashMap<RstPrefixKey, RstBucket>`: RST budget per source prefix. Kernel only.
+    pub const RST_PREFIX_BUCKETS: &str = "SHED_RST_PREFIX";
 
     /// `Array<NetnsFilter>[1]`: which network namespace's sockets to count. Written by the daemon.
     pub const NETNS: &str = "SHED_NETNS";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 18] = [
         PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS, RESERVE,
-        CLIENTS, CLIENT_EXPIRED, NETNS,
+        CLIENTS, CLIENT_EXPIRED, NETNS, RST_BUCKETS, RST_PREFIX_BUCKETS,
     ];
 }
 
@@ -95,6 +99,71 @@ pub mod capacity {
 /// The highest concurrency limit an operator may set. Above this the pending and
 /// socket maps could not hold the admitted work, so the limit would be a lie.
 pub const MAX_LIMIT: u32 = 65_536;
+
+/// Default cap on RSTs a port sends per second; forged SYNs must not turn
+/// the gate into a reflector.
+pub const DEFAULT_RST_PER_SEC: u32 = 20_000;
+/// Default cap on RSTs per second to one source prefix (IPv4 /24, IPv6 /48).
+pub const DEFAULT_RST_PER_PREFIX_PER_SEC: u32 = 200;
+
+/// A token bucket for RSTs: `nanotokens` is tokens x 1e9, refilled at the
+/// port's rate per second of `last_ns` elapsed, holding at most one second.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RstBucket {
+    pub nanotokens: u64,
+    pub last_ns: u64,
+}
+const _: () = assert!(size_of::<RstBucket>() == 16);
+
+impl RstBucket {
+    /// A bucket that starts full.
+    pub const fn full(rate: u32, now_ns: u64) -> Self {
+        Self { nanotokens: rate as u64 * 1_000_000_000, last_ns: now_ns }
+    }
+
+    /// Takes a token if one is there (refilling first).
+    #[inline(always)]
+    pub fn take(&mut self, rate: u32, now_ns: u64) -> bool {
+        let cap = rate as u64 * 1_000_000_000;
+        let elapsed = now_ns.saturating_sub(self.last_ns);
+        // More than a second of refill fills the bucket anyway; this also keeps the product small.
+        let elapsed = if elapsed > 1_000_000_000 { 1_000_000_000 } else { elapsed };
+        let refilled = self.nanotokens + elapsed * rate as u64;
+        self.nanotokens = if refilled > cap { cap } else { refilled };
+        self.last_ns = now_ns;
+        if self.nanotokens >= 1_000_000_000 {
+            self.nanotokens -= 1_000_000_000;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Key of a per-prefix RST bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RstPrefixKey {
+    pub slot: u32,
+    /// IPv4-mapped /24 or IPv6 /48, host bits zero.
+    pub prefix: [u8; 16],
+}
+const _: () = assert!(size_of::<RstPrefixKey>() == 20);
+
+/// The RST-rate prefix of a client address.
+#[inline(always)]
+pub fn rst_prefix(addr: &[u8; 16]) -> [u8; 16] {
+    let mut p = *addr;
+    let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    let keep = if v4 { 15 } else { 6 };
+    let mut i = keep;
+    while i < 16 {
+        p[i] = 0;
+        i += 1;
+    }
+    p
+}
 
 /// What the gate does with a SYN it rejects.
 pub mod action {
@@ -154,6 +223,8 @@ pub mod counter {
     pub const ADMITTED_BY_TIER: usize = 12;
     /// Rejected SYNs (all reasons) by tier: `REJECTED_BY_TIER + tier`.
     pub const REJECTED_BY_TIER: usize = 16;
+    /// Rejected SYNs dropped instead of answered because an RST cap was reached.
+    pub const RST_RATE_LIMITED: usize = 20;
     /// Number of counter slots; spare slots are reserved for later reasons.
     pub const COUNT: usize = 24;
 }
@@ -225,8 +296,12 @@ pub struct PortConfig {
     /// IPv6 clients are counted per prefix of this length (IPv4: per address).
     pub client_prefix_v6: u8,
     pub _pad2: [u8; 7],
+    /// Most RSTs per second the port sends in all (0: no cap); above it, drop.
+    pub rst_per_sec: u32,
+    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48; 0: no cap).
+    pub rst_per_prefix_per_sec: u32,
 }
-const _: () = assert!(size_of::<PortConfig>() == 32);
+const _: () = assert!(size_of::<PortConfig>() == 40);
 
 impl PortConfig {
     /// A port with the default tier shares and the port's action for every tier.
@@ -242,6 +317,8 @@ impl PortConfig {
             client_cap: 0,
             client_prefix_v6: 64,
             _pad2: [0; 7],
+            rst_per_sec: DEFAULT_RST_PER_SEC,
+            rst_per_prefix_per_sec: DEFAULT_RST_PER_PREFIX_PER_SEC,
         }
     }
 
@@ -531,6 +608,8 @@ mod user {
     unsafe impl aya::Pod for TierReserve {}
     unsafe impl aya::Pod for ClientKey {}
     unsafe impl aya::Pod for NetnsFilter {}
+    unsafe impl aya::Pod for RstBucket {}
+    unsafe impl aya::Pod for RstPrefixKey {}
 }
 
 #[cfg(test)]
@@ -545,6 +624,17 @@ mod tests {
         let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2, busy_enter: 7, busy_exit: 5 };
         assert_eq!(in_flight(&state, 9, 3, count_mode::CONNECTIONS), 6 + 4);
         assert_eq!(in_flight(&state, 9, 3, count_mode::WORK), 2 + 4);
+    }
+
+    #[test]
+    fn rst_buckets_refill_at_their_rate() {
+        let mut b = RstBucket::full(3, 0);
+        assert_eq!([b.take(3, 0), b.take(3, 0), b.take(3, 0), b.take(3, 0)], [true, true, true, false]);
+        assert!(!b.take(3, 300_000_000), "0.9 tokens after 300 ms");
+        assert!(b.take(3, 340_000_000), "a token after 1/3 s");
+        assert!(b.take(3, 10_000_000_000));
+        assert_eq!(b.nanotokens, 2_000_000_000, "a long pause refills to the burst, no more");
+        assert_eq!(rst_prefix(&ipv4_mapped([10, 1, 2, 3])), ipv4_mapped([10, 1, 2, 0]));
     }
 
     #[test]

@@ -2,12 +2,13 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::bindings::BPF_NOEXIST;
-use shed_common::{ClientKey, FlowKey, PendingEntry, action, counter, tier};
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use shed_common::{ClientKey, FlowKey, PendingEntry, RstBucket, RstPrefixKey, action, counter, rst_prefix, tier};
 
 use crate::{
     maps::{
         SHED_CLIENT_EXPIRED, SHED_CLIENTS, SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS,
-        SHED_RESERVE, SHED_USER_STATE, tier_of,
+        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_USER_STATE, tier_of,
     },
     parse::Syn,
 };
@@ -114,7 +115,14 @@ pub fn decide(syn: &Syn) -> Verdict {
             atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
             count(slot, reason);
             count(slot, counter::REJECTED_BY_TIER + (tier as usize & 3));
-            return if config.action_for(tier) == action::RST { Verdict::Rst { slot } } else { Verdict::Drop };
+            if config.action_for(tier) != action::RST {
+                return Verdict::Drop;
+            }
+            if !rst_allowed(slot, config.rst_per_sec, config.rst_per_prefix_per_sec, &syn.client_addr) {
+                count(slot, counter::RST_RATE_LIMITED);
+                return Verdict::Drop;
+            }
+            return Verdict::Rst { slot };
         }
     }
 
@@ -136,6 +144,41 @@ pub fn decide(syn: &Syn) -> Verdict {
     count(slot, counter::ADMITTED);
     count(slot, counter::ADMITTED_BY_TIER + (tier as usize & 3));
     Verdict::Pass
+}
+
+/// Whether the port and the client's prefix still have RST budget. Races
+/// between CPUs can let a few extra through; a cap, not an exact count.
+#[inline(always)]
+fn rst_allowed(slot: u32, per_sec: u32, per_prefix: u32, client: &[u8; 16]) -> bool {
+    // SAFETY: reading the clock has no preconditions; only the reject path pays for it.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The prefix first: a flood from one prefix must not spend the port's budget.
+    if per_prefix != 0 {
+        let key = RstPrefixKey { slot, prefix: rst_prefix(client) };
+        let allowed = match SHED_RST_PREFIX.get_ptr_mut(&key) {
+            // SAFETY: map value.
+            Some(bucket) => unsafe { (*bucket).take(per_prefix, now) },
+            None => {
+                let mut bucket = RstBucket::full(per_prefix, now);
+                let allowed = bucket.take(per_prefix, now);
+                let _ = SHED_RST_PREFIX.insert(&key, &bucket, 0);
+                allowed
+            }
+        };
+        if !allowed {
+            return false;
+        }
+    }
+    if per_sec != 0 {
+        let Some(bucket) = SHED_RST_BUCKETS.get_ptr_mut(slot) else { return false };
+        // SAFETY: map value; a first use (last_ns 0) starts full.
+        let bucket = unsafe { &mut *bucket };
+        if bucket.last_ns == 0 {
+            *bucket = RstBucket::full(per_sec, now);
+        }
+        return bucket.take(per_sec, now);
+    }
+    true
 }
 
 enum ClientVerdict {

@@ -2,10 +2,10 @@
 //! named exactly like `shed_common::map::*` (the `#[map]` macro needs a literal).
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, NetnsFilter, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
+    ClientKey, ControlConfig, NetnsFilter, RstBucket, RstPrefixKey, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
     TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
 };
@@ -44,6 +44,13 @@ pub static SHED_CONTROL: Array<ControlConfig> = Array::with_max_entries(MAX_PORT
 
 #[map]
 pub static SHED_STATUS: Array<ControlStatus> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_RST_BUCKETS: Array<RstBucket> = Array::with_max_entries(MAX_PORTS, 0);
+
+/// LRU: a flood from many prefixes evicts old buckets instead of failing.
+#[map]
+pub static SHED_RST_PREFIX: LruHashMap<RstPrefixKey, RstBucket> = LruHashMap::with_max_entries(65_536, 0);
 
 #[map]
 pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);

@@ -150,6 +150,14 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_prefix_v6, default_value_t = 64)]
     pub client_prefix_v6: u8,
 
+    /// Most RSTs per second the port sends; above it rejected SYNs are dropped; 0: no cap (--rst-rate 20000).
+    #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_SEC)]
+    pub rst_rate: u32,
+
+    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48); 0: no cap (--rst-prefix-rate 200).
+    #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
+    pub rst_prefix_rate: u32,
+
     /// Count what would be rejected, but admit everything (--dry-run).
     #[arg(long)]
     pub dry_run: bool,

