@@ -9,7 +9,7 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{
-        Action, Count, Hook, Switch, parse_client_cap, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port,
+        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port,
         parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
@@ -94,6 +94,10 @@ pub struct AttachArgs {
     /// Hook on every interface (--hook tc). Default: xdp, and tc on loopback.
     #[arg(long, value_enum)]
     pub hook: Option<Hook>,
+
+    /// How XDP runs (--xdp-mode generic): auto lets the kernel pick native where the driver has it.
+    #[arg(long, value_enum, default_value_t = XdpAttachMode::Auto)]
+    pub xdp_mode: XdpAttachMode,
 
     /// What a rejected SYN gets (--action rst).
     #[arg(long, value_enum, default_value_t = Action::Drop)]

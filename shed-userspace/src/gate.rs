@@ -8,7 +8,12 @@ use aya::{
 };
 use shed_common::program;
 
-use crate::{Error, input::Hook, maps::GateMaps, object, system};
+use crate::{
+    Error,
+    input::{Hook, XdpAttachMode},
+    maps::GateMaps,
+    object, system,
+};
 
 /// The kernel object with its programs loaded (verified) but not attached.
 pub struct Loaded {
@@ -70,12 +75,17 @@ impl Loaded {
     /// Attaches the gate to `iface`. Links are owned by this process: when it
     /// exits, however it exits, the kernel detaches them and traffic flows
     /// ungated (fail-open).
-    pub fn attach_gate(&mut self, iface: &str, hook: Hook) -> Result<(), Error> {
+    pub fn attach_gate(&mut self, iface: &str, hook: Hook, xdp_mode: XdpAttachMode) -> Result<(), Error> {
         system::check_interface(iface)?;
+        let mode = match xdp_mode {
+            XdpAttachMode::Auto => XdpMode::Default,
+            XdpAttachMode::Native => XdpMode::Driver,
+            XdpAttachMode::Generic => XdpMode::Skb,
+        };
         match hook {
             Hook::Xdp => {
                 self.xdp()?
-                    .attach(iface, XdpMode::default())
+                    .attach(iface, mode)
                     .map_err(|e| Error::program(format!("attach XDP to {iface}"), e))?;
             }
             Hook::Tc => {

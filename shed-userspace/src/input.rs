@@ -146,6 +146,18 @@ pub fn parse_percentile(s: &str) -> Result<u8, String> {
     Ok(p)
 }
 
+/// How XDP runs on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpAttachMode {
+    /// Native where the driver supports it, generic elsewhere (the kernel decides).
+    Auto,
+    /// In the driver, before any skb exists; fails where the driver lacks XDP.
+    Native,
+    /// In the stack after the skb is built: works on every interface, loopback included.
+    Generic,
+}
+
 /// `on`/`off` switch (for `set --dry-run on|off`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Switch(pub bool);

@@ -35,9 +35,14 @@ pub struct Gate {
 impl Gate {
     /// `shedctl attach --netns <server ns> --iface <server veth> <args>`; waits until it serves stats.
     pub fn start(bed: &Testbed, args: &[&str]) -> Self {
+        Self::start_on(bed, &bed.server_if, args)
+    }
+
+    /// The same, gating `iface` of the server namespace.
+    pub fn start_on(bed: &Testbed, iface: &str, args: &[&str]) -> Self {
         let log = tempfile::NamedTempFile::new().expect("temp file");
         let child = Command::new(SHEDCTL)
-            .args(["attach", "--netns", &bed.server_ns, "--iface", &bed.server_if])
+            .args(["attach", "--netns", &bed.server_ns, "--iface", iface])
             .args(args)
             .env("SHED_LOG", "info")
             .stdout(Stdio::null())

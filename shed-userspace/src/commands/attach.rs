@@ -83,8 +83,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     }
     loaded.attach_accounting()?;
     for (iface, hook) in &targets {
-        loaded.attach_gate(iface, *hook)?;
-        tracing::info!(iface = %iface, hook = %hook, "gate attached");
+        loaded.attach_gate(iface, *hook, args.xdp_mode)?;
+        tracing::info!(iface = %iface, hook = %hook, xdp_mode = ?args.xdp_mode, "gate attached");
     }
     lock.write_pid()?;
     tracing::info!(
