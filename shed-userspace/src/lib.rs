@@ -13,6 +13,7 @@ pub mod error;
 pub mod gate;
 pub mod input;
 pub mod maps;
+pub mod model;
 pub mod object;
 pub mod paths;
 pub mod sim;

@@ -30,6 +30,17 @@ enum Task {
         #[arg(last = true)]
         cargo_args: Vec<String>,
     },
+    /// Long differential fuzz of the packet path (kernel vs reference model).
+    Fuzz {
+        /// Cases per hook.
+        #[arg(long, default_value_t = 100_000)]
+        cases: u32,
+    },
+    /// Long churn soak: connections opened and closed every way, counts back to zero.
+    Soak {
+        #[arg(long, default_value_t = 100_000)]
+        connections: u32,
+    },
     /// Set up, build, and run the live demo in throwaway network namespaces.
     Demo {
         /// Seconds to run.
@@ -48,6 +59,22 @@ fn main() -> Result<()> {
         Task::Setup => setup::setup(),
         Task::BuildEbpf => build_ebpf(),
         Task::Test { cargo_args } => test(&cargo_args),
+        Task::Fuzz { cases } => {
+            setup::setup()?;
+            build_ebpf()?;
+            run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(workspace_root())
+                .env("SHED_FUZZ_CASES", cases.to_string())
+                .args(["test", "--test", "fuzz_decide", "--", "--nocapture"]))
+        }
+        Task::Soak { connections } => {
+            setup::setup()?;
+            build_ebpf()?;
+            run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(workspace_root())
+                .env("SHED_SOAK_CONNECTIONS", connections.to_string())
+                .args(["test", "--test", "e2e_soak", "--", "--nocapture"]))
+        }
         Task::Demo { seconds } => {
             setup::setup()?;
             build_ebpf()?;
