@@ -394,3 +394,49 @@ fn forged_syn_flood_cannot_turn_the_gate_into_a_reflector() {
     let (r, took) = connect_sequential(&bed, addr, 1, Duration::from_secs(2)).pop().unwrap();
     assert_eq!(r.expect_err("limit full").kind(), io::ErrorKind::ConnectionRefused, "after {took:?}");
 }
+
+#[test]
+fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connections() {
+    use shed::maps::GateMaps;
+    let _one = exclusive();
+    let bed = Testbed::create("shedth").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    // Two connections open before any gate exists.
+    let mut held: Vec<TcpStream> =
+        connect_sequential(&bed, addr, 2, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("ungated")).collect();
+    let mut gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections"]);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "pre-existing connections adopted", |s| field(s, "established") == 2);
+    println!("adopted: {s}");
+    held.extend(connect_sequential(&bed, addr, 2, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("admitted")));
+    wait_for_stats(PORT, Duration::from_secs(3), "4 open", |s| field(s, "established") == 4);
+
+    // A missed close: the count says 3 more than there are.
+    let mut maps = GateMaps::open_pinned().unwrap();
+    let slot = maps.config(PORT).unwrap().slot;
+    let mut state = maps.state.get(&slot, 0).unwrap();
+    state.opened += 3;
+    maps.state.set(slot, state, 0).unwrap();
+    assert_eq!(field(&stats(PORT), "established"), 7);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "drift corrected", |s| field(s, "established") == 4);
+    assert!(field(&s, "drift_corrected") >= 3, "{s}");
+
+    // A lost socket entry (missed ESTABLISHED) and a phantom one (missed close): both healed.
+    let (key, mut phantom) = maps.socks.iter().filter_map(Result::ok).find(|(_, e)| e.port == PORT).expect("a tracked socket");
+    maps.socks.remove(&key).unwrap();
+    phantom.flow.client_port = 1; // no such connection
+    maps.socks.insert(0xdead_0000_0000_0001, phantom, 0).unwrap();
+    wait_for_stats(PORT, Duration::from_secs(6), "socket table reconciled", |s| field(s, "established") == 4);
+    let tracked = maps.socks.iter().filter_map(Result::ok).filter(|(_, e)| e.port == PORT).count();
+    assert_eq!(tracked, 4, "the lost entry was adopted again and the phantom forgotten");
+
+    // A crash and a restart: the new daemon adopts the 4 open connections and enforces the limit with them.
+    gate.kill();
+    drop(gate);
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections"]);
+    wait_for_stats(PORT, Duration::from_secs(5), "restart adopted the open connections", |s| field(s, "established") == 4);
+    held.push(connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap().0.expect("5th fits the limit"));
+    let (r, _) = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap();
+    assert_eq!(r.expect_err("limit 5 with 5 open").kind(), io::ErrorKind::ConnectionRefused);
+    drop(held);
+}

@@ -391,8 +391,14 @@ const _: () = assert!(size_of::<PortState>() == 48);
 pub struct UserPortState {
     /// Reservations removed by the daemon because their handshake never completed in time.
     pub pending_expired: u64,
+    /// Drift healing: added to the kernel's established count (missed events, adopted sockets).
+    pub established_adjust: i64,
+    /// Drift healing: added to the kernel's busy count.
+    pub busy_adjust: i64,
+    /// Drift healing: connections corrected so far (reported, not used by the gate).
+    pub drift_corrected: u64,
 }
-const _: () = assert!(size_of::<UserPortState>() == 8);
+const _: () = assert!(size_of::<UserPortState>() == 32);
 
 /// Event counters of one port on one CPU.
 #[repr(C)]
@@ -474,8 +480,11 @@ pub struct SockEntry {
     pub pickup_ns: u64,
     /// The client's cap key address (see [`PortConfig::client_key`]).
     pub client: [u8; 16],
+    /// The connection, so the daemon can match the entry with the kernel's socket table.
+    pub flow: FlowKey,
+    pub _pad2: [u8; 4],
 }
-const _: () = assert!(size_of::<SockEntry>() == 40);
+const _: () = assert!(size_of::<SockEntry>() == 80);
 
 /// Request latency histograms of one port on one CPU, in microseconds,
 /// bucketed by [`latency::bucket`].
@@ -571,19 +580,27 @@ pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
 /// The counters are read without a lock, so a momentarily inconsistent read is
 /// clamped at zero rather than wrapping.
 #[inline(always)]
-pub const fn in_flight(state: &PortState, reserved: u64, pending_expired: u64, mode: u8) -> u64 {
-    let held = if mode == count_mode::CONNECTIONS { established(state) } else { busy(state) };
-    held + pending(reserved, state.released, pending_expired)
+pub const fn in_flight(state: &PortState, reserved: u64, user: &UserPortState, mode: u8) -> u64 {
+    let held = if mode == count_mode::CONNECTIONS { established(state, user) } else { busy(state, user) };
+    held + pending(reserved, state.released, user.pending_expired)
+}
+
+/// `a - b + adjust`, clamped at zero.
+#[inline(always)]
+const fn adjusted(a: u64, b: u64, adjust: i64) -> u64 {
+    let v = a.wrapping_sub(b) as i64;
+    let v = v.saturating_add(adjust);
+    if v < 0 || a < b && adjust <= 0 { 0 } else { v as u64 }
 }
 
 #[inline(always)]
-pub const fn busy(state: &PortState) -> u64 {
-    state.busy_enter.saturating_sub(state.busy_exit)
+pub const fn busy(state: &PortState, user: &UserPortState) -> u64 {
+    adjusted(state.busy_enter, state.busy_exit, user.busy_adjust)
 }
 
 #[inline(always)]
-pub const fn established(state: &PortState) -> u64 {
-    state.opened.saturating_sub(state.closed)
+pub const fn established(state: &PortState, user: &UserPortState) -> u64 {
+    adjusted(state.opened, state.closed, user.established_adjust)
 }
 
 #[inline(always)]
@@ -618,12 +635,18 @@ mod tests {
 
     #[test]
     fn in_flight_clamps_inconsistent_reads() {
+        let user = |expired, e, b| UserPortState { pending_expired: expired, established_adjust: e, busy_adjust: b, drift_corrected: 0 };
         let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2, ..PortState::default() };
-        assert_eq!(in_flight(&state, 2, 4, count_mode::CONNECTIONS), 0);
-        assert_eq!(in_flight(&state, 2, 4, count_mode::WORK), 0);
+        assert_eq!(in_flight(&state, 2, &user(4, 0, 0), count_mode::CONNECTIONS), 0);
+        assert_eq!(in_flight(&state, 2, &user(4, 0, 0), count_mode::WORK), 0);
         let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2, busy_enter: 7, busy_exit: 5 };
-        assert_eq!(in_flight(&state, 9, 3, count_mode::CONNECTIONS), 6 + 4);
-        assert_eq!(in_flight(&state, 9, 3, count_mode::WORK), 2 + 4);
+        assert_eq!(in_flight(&state, 9, &user(3, 0, 0), count_mode::CONNECTIONS), 6 + 4);
+        assert_eq!(in_flight(&state, 9, &user(3, 0, 0), count_mode::WORK), 2 + 4);
+        // Drift healing adjusts both ways, never below zero.
+        assert_eq!(established(&state, &user(0, -2, 0)), 4);
+        assert_eq!(established(&state, &user(0, 3, 0)), 9);
+        assert_eq!(established(&state, &user(0, -100, 0)), 0);
+        assert_eq!(busy(&state, &user(0, 0, -1)), 1);
     }
 
     #[test]

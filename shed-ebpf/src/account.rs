@@ -97,7 +97,17 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let client = config.client_key(&client_addr);
     // Accepted and not yet answered: busy (a server-first protocol answers before any request).
-    let entry = SockEntry { slot, port: local_port, busy: 1, capped, arrival_ns: 0, pickup_ns: 0, client: client.addr };
+    let entry = SockEntry {
+        slot,
+        port: local_port,
+        busy: 1,
+        capped,
+        arrival_ns: 0,
+        pickup_ns: 0,
+        client: client.addr,
+        flow: key,
+        _pad2: [0; 4],
+    };
     if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
         atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
         atomic_add(unsafe { &raw mut (*state).opened }, 1);

@@ -81,8 +81,8 @@ pub fn decide(syn: &Syn) -> Verdict {
     // racing for the last slot see different values, so the limit holds even
     // for a burst of simultaneous SYNs.
     let reserved_before = atomic_add(unsafe { &raw mut (*state).reserved }, 1);
-    let expired = SHED_USER_STATE.get(slot).map_or(0, |u| u.pending_expired);
-    let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, expired, config.count_mode);
+    let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+    let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, &user, config.count_mode);
     // The whole limit is a hard stop; a tier's share of it sheds lower tiers
     // first, except for a trickle that keeps a full tier from starving.
     let mut capped: Option<ClientKey> = None;

@@ -128,6 +128,9 @@ impl Drop for PinGuard {
     }
 }
 
+/// How often the counts are reconciled with the kernel's socket table.
+const HEAL_EVERY: Duration = Duration::from_secs(1);
+
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
@@ -153,6 +156,8 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let mut controls: Vec<PortControl> = Vec::new();
     let mut idle_clients = Vec::new();
     let mut last_client_sweep = Instant::now();
+    let mut healer = crate::heal::Healer::default();
+    let mut last_heal = Instant::now();
     loop {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
@@ -174,6 +179,10 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                         let hist = loaded.maps.latency(config.slot)?;
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist));
                     }
+                }
+                if last_heal.elapsed() >= HEAL_EVERY {
+                    healer.run(&mut loaded.maps)?;
+                    last_heal = Instant::now();
                 }
                 if last_client_sweep.elapsed() >= CLIENT_SWEEP {
                     idle_clients = loaded.maps.forget_idle_clients(&idle_clients)?;

@@ -11,6 +11,7 @@ pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod gate;
+pub mod heal;
 pub mod input;
 pub mod maps;
 pub mod model;

@@ -49,16 +49,16 @@ pub struct PortSnapshot {
 
 impl PortSnapshot {
     pub fn established(&self) -> u64 {
-        shed_common::established(&self.state)
+        shed_common::established(&self.state, &self.user)
     }
     pub fn pending(&self) -> u64 {
         shed_common::pending(self.state.reserved, self.state.released, self.user.pending_expired)
     }
     pub fn busy(&self) -> u64 {
-        shed_common::busy(&self.state)
+        shed_common::busy(&self.state, &self.user)
     }
     pub fn in_flight(&self) -> u64 {
-        shed_common::in_flight(&self.state, self.state.reserved, self.user.pending_expired, self.config.count_mode)
+        shed_common::in_flight(&self.state, self.state.reserved, &self.user, self.config.count_mode)
     }
     pub fn counter(&self, index: usize) -> u64 {
         self.counters.values[index]

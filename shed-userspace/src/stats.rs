@@ -116,6 +116,8 @@ pub struct PortStats {
     pub reserve_failed: u64,
     /// Reservations whose handshake never completed in time.
     pub pending_expired: u64,
+    /// Connections the daemon corrected against the kernel's socket table (missed events).
+    pub drift_corrected: u64,
     /// Rates over the sampling interval; null when only one sample was taken.
     pub syn_per_sec: Option<f64>,
     pub admitted_per_sec: Option<f64>,
@@ -196,6 +198,7 @@ impl PortStats {
             rst_prefix_rate: now.config.rst_per_prefix_per_sec,
             reserve_failed: now.counter(counter::RESERVE_FAILED),
             pending_expired: now.user.pending_expired,
+            drift_corrected: now.user.drift_corrected,
             syn_per_sec: rate(counter::SYN_SEEN),
             admitted_per_sec: rate(counter::ADMITTED),
             rejected_per_sec: rate(counter::REJECTED_LIMIT)
@@ -256,7 +259,7 @@ mod tests {
             reserve: TierReserve { held_back: [0, 0, 1, 2] },
             status: ControlStatus { baseline_us: 900, windows: 3, reason: Reason::Grow.to_raw(), ..ControlStatus::default() },
             state: PortState { opened: 7, closed: 2, reserved: 9, released: 6, busy_enter: 4, busy_exit: 3 },
-            user: UserPortState { pending_expired: 1 },
+            user: UserPortState { pending_expired: 1, ..UserPortState::default() },
             counters,
         }
     }
