@@ -264,7 +264,15 @@ fn detach_stops_the_gate_and_removes_everything() {
     let bed = Testbed::create("shedtx").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let started = Instant::now();
     let mut gate = Gate::start(&bed, &["--port", "8080", "--port", "9090", "--limit", "1", "--action", "rst"]);
+    println!("attach to ready: {:?} (the window a restart leaves ungated)", started.elapsed());
+    // Pins and the pid file are root's alone.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &str| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(paths::PIN_DIR), 0o700);
+    assert_eq!(mode(&format!("{}/SHED_PORTS", paths::PIN_DIR)) & 0o077, 0, "pins are not readable by others");
+    assert_eq!(mode(paths::PID_FILE), 0o600);
     let out = shedctl(&["detach", "--port", "9090"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("keeps running for ports 8080"));
@@ -308,6 +316,8 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     assert_refused(&["attach", "--port", "8080", "--limit", "100000000"], "above the maximum");
     assert_refused(&["attach", "--port", "8080", "--netns", ns, "--iface", "nosuch0"], "unknown interface \"nosuch0\"");
     assert_refused(&["attach", "--port", "8080", "--netns", "shed-no-such-ns"], "open network namespace");
+    // Loopback has no native XDP: refused with what to do, and rolled back.
+    assert_refused(&["attach", "--port", "8080", "--netns", ns, "--iface", "lo", "--hook", "xdp", "--xdp-mode", "native"], "use --xdp-mode generic or --hook tc");
     assert_nothing_left(&bed);
 
     // Privileges: an unprivileged user.
@@ -439,4 +449,52 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     let (r, _) = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap();
     assert_eq!(r.expect_err("limit 5 with 5 open").kind(), io::ErrorKind::ConnectionRefused);
     drop(held);
+}
+
+#[test]
+fn a_handshake_flood_expires_on_time_and_legit_admissions_are_measured() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtg").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "20", "--action", "rst", "--pending-timeout", "300"]);
+
+    // Forged SYNs that never complete, in bursts, while a legitimate client connects every 20 ms.
+    let server = bed.server_v4;
+    let flood = testbed::spawn_in(&bed.client_ns, move || {
+        let mut sent = 0;
+        for burst in 0..20u32 {
+            sent += testbed::syn_flood(server, PORT, 200, |i| std::net::Ipv4Addr::new(10, 78, (burst % 250) as u8, (i % 250) as u8 + 1)).unwrap();
+            thread::sleep(Duration::from_millis(100));
+        }
+        sent
+    });
+    let legit = testbed::spawn_in(&bed.client_ns, move || {
+        let (mut ok, mut tries) = (0, 0);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(2) {
+            tries += 1;
+            if let Ok(s) = testbed::connect(addr, Duration::from_millis(200)) {
+                ok += 1;
+                drop(s);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        (ok, tries)
+    });
+    let sent = flood.join().unwrap().unwrap();
+    let (ok, tries) = legit.join().unwrap().unwrap();
+    let during = stats(PORT);
+    println!(
+        "handshake flood: {sent} forged SYNs in bursts of 200 every 100 ms against limit 20 and a 300 ms pending timeout; \
+         legitimate client got in {ok} of {tries} times ({:.0}%); {} reservations expired",
+        100.0 * ok as f64 / tries as f64,
+        field(&during, "pending_expired")
+    );
+    // Every forged reservation expires on time: nothing is held a moment after the timeout.
+    let s = wait_for_stats(PORT, Duration::from_secs(2), "flood reservations expired", |s| field(s, "pending") == 0 && field(s, "in_flight") == 0);
+    assert!(field(&s, "pending_expired") >= 20, "the flood took and lost reservations: {s}");
+    assert!(ok > 0, "legitimate clients are not starved entirely during the flood");
+    let after = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap();
+    assert!(after.is_ok(), "after the flood a legitimate client gets in at once");
 }

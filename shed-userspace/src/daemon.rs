@@ -4,7 +4,7 @@
 use std::{
     fs::{self, File, OpenOptions},
     io::{Read, Seek, Write},
-    os::fd::AsRawFd,
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt as _},
     path::Path,
     time::{Duration, Instant},
 };
@@ -80,13 +80,17 @@ impl DaemonLock {
     pub fn acquire() -> Result<Self, Error> {
         let dir = Path::new(paths::PID_FILE).parent().expect("pid file has a parent");
         fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(|e| Error::io("restrict", dir, e))?;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(paths::PID_FILE)
             .map_err(|e| Error::io("open", paths::PID_FILE, e))?;
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| Error::io("restrict", paths::PID_FILE, e))?;
         if !try_flock(&file, libc::LOCK_EX) {
             let pid = read_pid(&mut file);
             let ports = maps::GateMaps::open_pinned().and_then(|m| m.port_list()).unwrap_or_else(|_| "unknown".into());

@@ -86,7 +86,14 @@ impl Loaded {
             Hook::Xdp => {
                 self.xdp()?
                     .attach(iface, mode)
-                    .map_err(|e| Error::program(format!("attach XDP to {iface}"), e))?;
+                    .map_err(|e| {
+                        Error::program(
+                            format!(
+                                "attach XDP ({xdp_mode:?}) to {iface} (if its driver has no native XDP, use --xdp-mode generic or --hook tc)"
+                            ),
+                            e,
+                        )
+                    })?;
             }
             Hook::Tc => {
                 self.tc()?

@@ -59,6 +59,9 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     }
 
     fs::create_dir_all(paths::PIN_DIR).map_err(|e| Error::io("create pin folder", paths::PIN_DIR, e))?;
+    // Root only: whoever can open the pins can retune or blind the gate.
+    fs::set_permissions(paths::PIN_DIR, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
     let _pins = PinGuard;
     let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
     loaded.maps.set_clock(system::monotonic_ms())?;
