@@ -59,22 +59,8 @@ fn main() -> Result<()> {
         Task::Setup => setup::setup(),
         Task::BuildEbpf => build_ebpf(),
         Task::Test { cargo_args } => test(&cargo_args),
-        Task::Fuzz { cases } => {
-            setup::setup()?;
-            build_ebpf()?;
-            run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .current_dir(workspace_root())
-                .env("SHED_FUZZ_CASES", cases.to_string())
-                .args(["test", "--test", "fuzz_decide", "--", "--nocapture"]))
-        }
-        Task::Soak { connections } => {
-            setup::setup()?;
-            build_ebpf()?;
-            run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .current_dir(workspace_root())
-                .env("SHED_SOAK_CONNECTIONS", connections.to_string())
-                .args(["test", "--test", "e2e_soak", "--", "--nocapture"]))
-        }
+        Task::Fuzz { cases } => long_run("fuzz_decide", "SHED_FUZZ_CASES", cases),
+        Task::Soak { connections } => long_run("e2e_soak", "SHED_SOAK_CONNECTIONS", connections),
         Task::Demo { seconds } => {
             setup::setup()?;
             build_ebpf()?;
@@ -98,9 +84,22 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
-/// Runs cargo in the workspace root with the toolchain that runs us.
+/// cargo of the toolchain that runs us, in the workspace root.
+fn cargo_command() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
 fn cargo(args: &[&str]) -> Result<()> {
-    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args(args).current_dir(workspace_root()))
+    run(cargo_command().args(args))
+}
+
+/// One integration test with its size turned up through an environment variable.
+fn long_run(test: &str, size_var: &str, size: u32) -> Result<()> {
+    setup::setup()?;
+    build_ebpf()?;
+    run(cargo_command().env(size_var, size.to_string()).args(["test", "--test", test, "--", "--nocapture"]))
 }
 
 pub fn run(cmd: &mut Command) -> Result<()> {
@@ -116,8 +115,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 /// this crate only.
 fn build_ebpf() -> Result<()> {
     let flags = ["-C", "debuginfo=2", "-C", "link-arg=--btf", "-C", "target-cpu=v3"].join("\x1f");
-    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(workspace_root())
+    run(cargo_command()
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_ENCODED_RUSTFLAGS", flags)
         .env_remove("RUSTFLAGS")
@@ -148,9 +146,8 @@ fn test(extra: &[String]) -> Result<()> {
     args.extend(extra.iter().map(String::as_str));
     // One test at a time: the end-to-end tests share the host's one gate.
     args.extend(["--", "--test-threads=1"]);
-    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut child = cargo_command()
         .args(&args)
-        .current_dir(workspace_root())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("run cargo test")?;
