@@ -77,7 +77,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     };
     let client_addr: [u8; 16] = unsafe { ctx.read_at(tp::DADDR_V6)? };
-    if tier_of(&client_addr) == shed_common::tier::EXEMPT {
+    if config.tiered != 0 && tier_of(&client_addr) == shed_common::tier::EXEMPT {
         // Exempt clients are never counted (nor reserved for at the gate).
         return Ok(());
     }

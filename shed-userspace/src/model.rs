@@ -175,7 +175,8 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     }
     let c = &state.config;
     counters[counter::SYN_SEEN] += 1;
-    let t = tier_of(&state.tiers, &syn.client);
+    // Tiers, exempt included, apply while the port is tiered (some tier is configured).
+    let t = if c.tiered != 0 { tier_of(&state.tiers, &syn.client) } else { tier::NORMAL };
     if t == tier::EXEMPT {
         counters[counter::EXEMPT] += 1;
         counters[counter::ADMITTED_BY_TIER + t as usize] += 1;

@@ -1,5 +1,6 @@
 //! `cargo xtask`: everything the project needs, from a fresh machine to a
 //! running demo, with no hand-run step.
+mod bench;
 mod demo;
 mod setup;
 
@@ -30,6 +31,14 @@ enum Task {
         #[arg(last = true)]
         cargo_args: Vec<String>,
     },
+    /// Benchmarks (root): writes bench/results/<name>.json and REPORT.md.
+    Bench {
+        /// Fewer and shorter samples.
+        #[arg(long)]
+        quick: bool,
+        /// Benchmarks to run (default: all): b1.
+        names: Vec<String>,
+    },
     /// Long differential fuzz of the packet path (kernel vs reference model).
     Fuzz {
         /// Cases per hook.
@@ -59,6 +68,11 @@ fn main() -> Result<()> {
         Task::Setup => setup::setup(),
         Task::BuildEbpf => build_ebpf(),
         Task::Test { cargo_args } => test(&cargo_args),
+        Task::Bench { quick, names } => {
+            setup::setup()?;
+            build_ebpf()?;
+            bench::run(quick, &names)
+        }
         Task::Fuzz { cases } => long_run("fuzz_decide", "SHED_FUZZ_CASES", cases),
         Task::Soak { connections } => long_run("e2e_soak", "SHED_SOAK_CONNECTIONS", connections),
         Task::Demo { seconds } => {

@@ -1,0 +1,187 @@
+//! `cargo xtask bench`: measurements, not tests. Each benchmark writes
+//! `bench/results/<name>.json` and a section of `bench/results/REPORT.md`.
+//! Figures are medians of repeated runs with min-max, and every comparison
+//! is taken in the same run (absolute numbers drift between machines).
+use std::{fmt::Write as _, fs, path::PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use aya::{TestRun as _, TestRunOptions};
+use shed::{gate::Loaded, maps::PortSpec};
+use shed_common::{ControlConfig, action, count_mode};
+
+use crate::workspace_root;
+
+const PORT: u16 = 8080;
+
+fn results_dir() -> PathBuf {
+    workspace_root().join("bench/results")
+}
+
+/// Frames for B1, built from a small spec.
+fn frame(v6: bool, proto: u8, flags: u8, dport: u16, client_port: u16) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&client_port.to_be_bytes());
+    l4.extend_from_slice(&dport.to_be_bytes());
+    l4.extend_from_slice(&[0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0, 0xa0, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
+    l4.extend_from_slice(&[2, 4, 5, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7]);
+    if v6 {
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+        f.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+        f.extend_from_slice(&[proto, 64]);
+        f.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        f.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    } else {
+        f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
+        f.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0x40, 0, 64, proto, 0, 0, 192, 0, 2, 2, 192, 0, 2, 1]);
+    }
+    f.extend_from_slice(&l4);
+    f
+}
+
+struct Case {
+    name: &'static str,
+    v6: bool,
+    proto: u8,
+    flags: u8,
+    dport: u16,
+    /// Limit for the run: 0 rejects every SYN.
+    limit: u32,
+    act: u8,
+    /// Each iteration a new flow (a SYN admitted is then pending; a repeat would be a retransmit).
+    fresh_flows: bool,
+}
+
+/// Mean ns per packet, as the kernel times it: one run repeated `n` times in the
+/// kernel where the verdict leaves the frame as it was, else `n` single runs
+/// with fresh frames (an admitted SYN is pending afterwards; a RST rewrites the frame).
+fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> Result<f64> {
+    if !case.fresh_flows && case.act != action::RST {
+        let data = frame(case.v6, case.proto, case.flags, case.dport, 40_000);
+        let opts = TestRunOptions { data_in: Some(&data), repeat: n, ..Default::default() };
+        let r = if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? };
+        return Ok(r.duration.as_nanos() as f64);
+    }
+    let mut total = 0u128;
+    for i in 0..n {
+        let client_port = if case.fresh_flows { 1024 + (i % 60_000) as u16 } else { 40_000 };
+        if case.fresh_flows && i % 60_000 == 0 && i > 0 {
+            // Start over so no flow is already pending.
+            for key in loaded.maps.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+                let _ = loaded.maps.pending.remove(&key);
+            }
+        }
+        let data = frame(case.v6, case.proto, case.flags, case.dport, client_port);
+        let mut out = vec![0u8; data.len() + 64];
+        let opts = TestRunOptions { data_in: Some(&data), data_out: Some(&mut out), ..Default::default() };
+        let r = if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? };
+        total += r.duration.as_nanos();
+    }
+    Ok(total as f64 / f64::from(n))
+}
+
+fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+/// B1: decision cost per packet, against an empty XDP_PASS program in the same run.
+pub fn b1(quick: bool) -> Result<String> {
+    let cases = [
+        Case { name: "non-TCP (UDP)", v6: false, proto: 17, flags: 0x02, dport: PORT, limit: 100_000, act: action::DROP, fresh_flows: false },
+        Case { name: "TCP, not a SYN (ACK)", v6: false, proto: 6, flags: 0x10, dport: PORT, limit: 100_000, act: action::DROP, fresh_flows: false },
+        Case { name: "SYN, unprotected port", v6: false, proto: 6, flags: 0x02, dport: 9999, limit: 100_000, act: action::DROP, fresh_flows: false },
+        Case { name: "SYN admitted (IPv4)", v6: false, proto: 6, flags: 0x02, dport: PORT, limit: 1_000_000, act: action::DROP, fresh_flows: true },
+        Case { name: "SYN admitted (IPv6)", v6: true, proto: 6, flags: 0x02, dport: PORT, limit: 1_000_000, act: action::DROP, fresh_flows: true },
+        Case { name: "SYN rejected, drop (IPv4)", v6: false, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::DROP, fresh_flows: false },
+        Case { name: "SYN rejected, drop (IPv6)", v6: true, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::DROP, fresh_flows: false },
+        Case { name: "SYN rejected, RST (IPv4)", v6: false, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::RST, fresh_flows: false },
+        Case { name: "SYN rejected, RST (IPv6)", v6: true, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::RST, fresh_flows: false },
+    ];
+    let (runs, n) = if quick { (3, 5_000) } else { (7, 60_000) };
+    let repeat = if quick { 100_000 } else { 1_000_000 };
+    let mut loaded = Loaded::new(None).context("load the kernel object (root, after `cargo xtask build-ebpf`)")?;
+    let spec = PortSpec {
+        rst_per_sec: 0,
+        rst_per_prefix_per_sec: 0,
+        ..PortSpec::new(1, action::DROP, false, count_mode::CONNECTIONS, ControlConfig::default())
+    };
+    let slot = loaded.maps.protect(PORT, &spec)?.slot;
+    let mut rows = Vec::new();
+    let mut json = Vec::new();
+    for case in &cases {
+        let mut config = loaded.maps.config(PORT)?;
+        config.action = case.act;
+        loaded.maps.write_config(PORT, config)?;
+        loaded.maps.set_limit(slot, case.limit)?;
+        let (mut gate, mut empty, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            for key in loaded.maps.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+                let _ = loaded.maps.pending.remove(&key);
+            }
+            let count = if !case.fresh_flows && case.act != action::RST { repeat } else { n };
+            let e = per_packet_ns(&mut loaded, true, case, count)?;
+            let g = per_packet_ns(&mut loaded, false, case, count)?;
+            empty.push(e);
+            gate.push(g);
+            extra.push(g - e);
+        }
+        let (g, gmin, gmax) = median_min_max(gate);
+        let (e, _, _) = median_min_max(empty);
+        let (x, xmin, xmax) = median_min_max(extra);
+        rows.push(format!("| {} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |", case.name, g / e));
+        json.push(serde_json::json!({"case": case.name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
+        println!("B1 {:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns", case.name);
+    }
+    fs::create_dir_all(results_dir())?;
+    fs::write(results_dir().join("b1.json"), serde_json::to_string_pretty(&serde_json::json!({
+        "benchmark": "B1 decision cost",
+        "method": format!("BPF_PROG_TEST_RUN of shed_xdp vs the empty shed_xdp_pass, {runs} samples; each the kernel's ns per packet over {repeat} in-kernel repeats, or over {n} single runs where the frame cannot be repeated (admitted SYNs, RSTs)"),
+        "cases": json,
+    }))?)?;
+    let mut md = String::new();
+    let _ = writeln!(md, "## B1: decision cost per packet (XDP, BPF_PROG_TEST_RUN)\n");
+    let _ = writeln!(md, "Median of {runs} samples (min-max). A sample is the kernel's mean ns per packet over {repeat} in-kernel repeats, or, where a frame cannot be repeated (an admitted SYN is pending afterwards, a RST rewrites the frame), over {n} single runs, which carry the test runner's own timing overhead for both programs alike. \"extra\" is the gate minus an empty XDP_PASS program in the same sample.\n");
+    let _ = writeln!(md, "| case | gate ns | empty ns | extra ns | ratio |\n|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(md, "{r}");
+    }
+    Ok(md)
+}
+
+pub fn run(quick: bool, names: &[String]) -> Result<()> {
+    let all = ["b1"];
+    for n in names {
+        if !all.contains(&n.to_ascii_lowercase().as_str()) {
+            bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
+        }
+    }
+    let wanted = |n: &str| names.is_empty() || names.iter().any(|w| w.eq_ignore_ascii_case(n));
+    let mut report = String::from("# shed benchmark report\n\n");
+    let _ = writeln!(
+        report,
+        "Measured {} on {} ({} CPUs), kernel {}.{}\n",
+        chrono_free_date(),
+        std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        if quick { " (--quick)" } else { "" }
+    );
+    if wanted("b1") {
+        report.push_str(&b1(quick)?);
+    }
+    fs::write(results_dir().join("REPORT.md"), report)?;
+    println!("wrote {}", results_dir().join("REPORT.md").display());
+    Ok(())
+}
+
+/// Today's date (UTC) without a date crate: `date -u +%F`.
+fn chrono_free_date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
