@@ -35,14 +35,16 @@ fn idle_keep_alive_connections_do_not_count_but_waiting_requests_do() {
     let bed = Testbed::create("shedtw").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(0));
-    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us: service_us.clone() }).expect("backend");
+    let _backend =
+        Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us: service_us.clone() }).expect("backend");
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
 
     // 50 keep-alive connections, each answered once: idle now.
     let mut idle: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
         (0..50)
             .map(|i| {
-                let mut s = testbed::connect(addr, Duration::from_secs(1)).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                let mut s =
+                    testbed::connect(addr, Duration::from_secs(1)).unwrap_or_else(|e| panic!("connection {i}: {e}"));
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 ask(&mut s).unwrap_or_else(|e| panic!("request on connection {i}: {e}"));
                 s
@@ -50,10 +52,14 @@ fn idle_keep_alive_connections_do_not_count_but_waiting_requests_do() {
             .collect()
     })
     .unwrap();
-    let s = wait_for_stats(PORT, Duration::from_secs(3), "50 open, none busy", |s| field(s, "established") == 50 && field(s, "in_flight") == 0);
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "50 open, none busy", |s| {
+        field(s, "established") == 50 && field(s, "in_flight") == 0
+    });
     assert_eq!((field(&s, "busy"), s["count"].as_str()), (0, Some("work")), "{s}");
     // Quick answers: new clients still get in although 50 connections are open, 5x the limit.
-    let mut fresh = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap().expect("admitted");
+    let mut fresh = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))
+        .unwrap()
+        .expect("admitted");
     ask(&mut fresh).expect("answered");
 
     // Now every idle connection sends a request that the server answers slowly: 50 busy.
@@ -73,12 +79,18 @@ fn idle_keep_alive_connections_do_not_count_but_waiting_requests_do() {
         s.read_exact(&mut buf).expect("slow answer arrives");
     }
     wait_for_stats(PORT, Duration::from_secs(5), "answers out", |s| field(s, "in_flight") < 10);
-    testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap().expect("admitted again");
+    testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))
+        .unwrap()
+        .expect("admitted again");
 }
 
 /// Samples recorded in `hist` within [lo_us, hi_us] (by bucket bounds).
 fn count_between(hist: &[u64; latency::BUCKETS], lo_us: u64, hi_us: u64) -> u64 {
-    hist.iter().enumerate().filter(|(b, _)| latency::lower_bound(*b) >= lo_us && latency::upper_bound(*b) <= hi_us).map(|(_, n)| n).sum()
+    hist.iter()
+        .enumerate()
+        .filter(|(b, _)| latency::lower_bound(*b) >= lo_us && latency::upper_bound(*b) <= hi_us)
+        .map(|(_, n)| n)
+        .sum()
 }
 
 #[test]
@@ -106,7 +118,9 @@ fn latency_probes_land_in_the_right_buckets() {
     assert_eq!(count_between(&hist.sojourn, 24_576, 40_959), 5);
 
     // Two at once: the worker takes one, the other waits its turn (~30 ms) before it is read.
-    let both: Vec<_> = (0..2).map(|_| testbed::spawn_in(&bed.client_ns, move || testbed::request(addr, Duration::from_secs(2)))).collect();
+    let both: Vec<_> = (0..2)
+        .map(|_| testbed::spawn_in(&bed.client_ns, move || testbed::request(addr, Duration::from_secs(2))))
+        .collect();
     for h in both {
         assert!(matches!(h.join().unwrap().unwrap(), testbed::Outcome::Answered(_)));
     }
@@ -125,7 +139,9 @@ fn the_limit_falls_when_the_service_slows_and_recovers_after() {
     let addr = bed.server_addr(false, PORT);
     // 8 workers x 10 ms = 800 req/s; offered 1000 req/s on new connections.
     let service_us = Arc::new(AtomicU64::new(10_000));
-    let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: 8, service_us: service_us.clone() }).expect("backend");
+    let _backend =
+        Backend::start(&bed.server_ns, addr, Service::Workers { workers: 8, service_us: service_us.clone() })
+            .expect("backend");
     let _gate = Gate::start(&bed, &["--port", "8080", "--action", "rst", "--initial-limit", "40"]);
     let rate = Arc::new(AtomicU64::new(1000));
     let load = OpenLoop::start(&bed.client_ns, addr, rate, Duration::from_secs(1));
@@ -165,7 +181,9 @@ fn the_limit_falls_when_the_service_slows_and_recovers_after() {
     for (t, l, p) in &trajectory {
         println!("  {t:5.1}  {l:4}  {p:7}");
     }
-    println!("median limit: {limit_fast} at 10 ms service, {limit_slow} at 100 ms, {limit_recovered} after; median p99 {p99_fast} us -> {p99_slow} us");
+    println!(
+        "median limit: {limit_fast} at 10 ms service, {limit_slow} at 100 ms, {limit_recovered} after; median p99 {p99_fast} us -> {p99_slow} us"
+    );
     assert!(p99_slow > 3 * p99_fast, "stats show the latency rising: p99 {p99_fast} -> {p99_slow} us");
     assert!(limit_slow < limit_fast, "the limit falls on its own when the service slows: {limit_fast} -> {limit_slow}");
     assert!(limit_recovered > limit_slow, "and recovers when it speeds up again: {limit_slow} -> {limit_recovered}");

@@ -38,7 +38,12 @@ fn xdp_peer(bed: &Testbed) -> Loaded {
 }
 
 /// Connects `n` clients one after another from the client namespace; each result with its duration.
-fn connect_sequential(bed: &Testbed, addr: SocketAddr, n: usize, timeout: Duration) -> Vec<(io::Result<TcpStream>, Duration)> {
+fn connect_sequential(
+    bed: &Testbed,
+    addr: SocketAddr,
+    n: usize,
+    timeout: Duration,
+) -> Vec<(io::Result<TcpStream>, Duration)> {
     testbed::run_in(&bed.client_ns, move || {
         (0..n)
             .map(|_| {
@@ -105,7 +110,9 @@ fn limit_5_rst(hook: &str, v6: bool) {
 
     // When the 5 close, in-flight returns to exactly 0 and new clients get in again.
     drop(held);
-    wait_for_stats(PORT, Duration::from_secs(5), "in-flight back to 0", |s| field(s, "in_flight") == 0 && field(s, "established") == 0);
+    wait_for_stats(PORT, Duration::from_secs(5), "in-flight back to 0", |s| {
+        field(s, "in_flight") == 0 && field(s, "established") == 0
+    });
     let again = connect_sequential(&bed, addr, 5, Duration::from_secs(1));
     assert!(again.iter().all(|(r, _)| r.is_ok()), "{hook} v6={v6}: after the close new clients connect");
     drop(gate);
@@ -146,7 +153,10 @@ fn limit_5_with_drop_times_out_the_rest() {
     let rest = connect_burst(&bed, addr, 15, Duration::from_millis(700));
     for r in &rest {
         let e = r.as_ref().expect_err("over the limit with drop: no connection");
-        assert!(matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock), "dropped SYN must time out, got {e}");
+        assert!(
+            matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock),
+            "dropped SYN must time out, got {e}"
+        );
     }
     let s = stats(PORT);
     assert_eq!((field(&s, "admitted"), field(&s, "rejected"), field(&s, "rst_sent")), (5, 15, 0), "{s}");
@@ -163,7 +173,8 @@ fn burst_of_200_connects_admits_at_most_the_limit() {
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst"]);
     let results = connect_burst(&bed, addr, 200, Duration::from_secs(3));
     let connected = results.iter().filter(|r| r.is_ok()).count();
-    let refused = results.iter().filter(|r| matches!(r, Err(e) if e.kind() == io::ErrorKind::ConnectionRefused)).count();
+    let refused =
+        results.iter().filter(|r| matches!(r, Err(e) if e.kind() == io::ErrorKind::ConnectionRefused)).count();
     println!("burst: 200 simultaneous connects, limit 50: {connected} connected, {refused} refused");
     assert!(connected <= 50 + DOCUMENTED_OVERSHOOT, "overshoot: {connected} connected with limit 50");
     assert_eq!(connected, 50, "the limit is used in full");
@@ -182,8 +193,10 @@ fn established_connections_survive_a_lower_limit_and_other_ports_are_untouched()
     let _other_backend = Backend::start(&bed.server_ns, other, Service::Echo).expect("backend on 9090");
     // Connection counting: the echo round trips below would otherwise make these connections idle.
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections"]);
-    let mut held: Vec<TcpStream> =
-        connect_sequential(&bed, addr, 5, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("connect")).collect();
+    let mut held: Vec<TcpStream> = connect_sequential(&bed, addr, 5, Duration::from_secs(1))
+        .into_iter()
+        .map(|(r, _)| r.expect("connect"))
+        .collect();
     wait_for_stats(PORT, Duration::from_secs(3), "5 established", |s| field(s, "in_flight") == 5);
 
     let out = shedctl(&["set", "--port", "8080", "--limit", "4"]);
@@ -208,8 +221,10 @@ fn dry_run_admits_everyone_and_counts_would_reject() {
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run"]);
-    let held: Vec<TcpStream> =
-        connect_sequential(&bed, addr, 6, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("dry-run admits")).collect();
+    let held: Vec<TcpStream> = connect_sequential(&bed, addr, 6, Duration::from_secs(1))
+        .into_iter()
+        .map(|(r, _)| r.expect("dry-run admits"))
+        .collect();
     let s = stats(PORT);
     assert_eq!((field(&s, "admitted"), field(&s, "would_reject"), field(&s, "rejected")), (6, 4, 0), "{s}");
     assert_eq!(s["dry_run"], true);
@@ -246,12 +261,20 @@ fn sigkill_of_the_daemon_fails_open() {
     .expect("new connections admitted within 5 s of SIGKILL");
     println!("fail-open: first connection admitted {fail_open:?} after SIGKILL");
     assert!(fail_open < Duration::from_secs(1), "documented fail-open time is under 1 s, took {fail_open:?}");
-    assert!(loaded_shed_programs().iter().all(|n| n == "shed_xdp_pass"), "no gate program left loaded: {:?}", loaded_shed_programs());
+    assert!(
+        loaded_shed_programs().iter().all(|n| n == "shed_xdp_pass"),
+        "no gate program left loaded: {:?}",
+        loaded_shed_programs()
+    );
 
     // The dead daemon's pins are reported, and `detach` cleans them.
     let out = shedctl(&["stats"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("left by a daemon that is gone"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("left by a daemon that is gone"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = shedctl(&["detach"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!Path::new(paths::PIN_DIR).exists(), "stale pins removed");
@@ -294,7 +317,10 @@ fn assert_refused(args: &[&str], expected: &str) {
 fn assert_nothing_left(bed: &Testbed) {
     assert!(!Path::new(paths::PIN_DIR).exists(), "nothing pinned");
     assert!(loaded_shed_programs().is_empty(), "no program loaded: {:?}", loaded_shed_programs());
-    let link = std::process::Command::new("ip").args(["-n", &bed.server_ns, "link", "show", "dev", &bed.server_if]).output().unwrap();
+    let link = std::process::Command::new("ip")
+        .args(["-n", &bed.server_ns, "link", "show", "dev", &bed.server_if])
+        .output()
+        .unwrap();
     assert!(!String::from_utf8_lossy(&link.stdout).contains("xdp"), "no XDP attached");
 }
 
@@ -317,12 +343,24 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     assert_refused(&["attach", "--port", "8080", "--netns", ns, "--iface", "nosuch0"], "unknown interface \"nosuch0\"");
     assert_refused(&["attach", "--port", "8080", "--netns", "shed-no-such-ns"], "open network namespace");
     // Loopback has no native XDP: refused with what to do, and rolled back.
-    assert_refused(&["attach", "--port", "8080", "--netns", ns, "--iface", "lo", "--hook", "xdp", "--xdp-mode", "native"], "use --xdp-mode generic or --hook tc");
+    assert_refused(
+        &["attach", "--port", "8080", "--netns", ns, "--iface", "lo", "--hook", "xdp", "--xdp-mode", "native"],
+        "use --xdp-mode generic or --hook tc",
+    );
     assert_nothing_left(&bed);
 
     // Privileges: an unprivileged user.
     let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", support::gate::SHEDCTL, "attach", "--port", "8080"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            support::gate::SHEDCTL,
+            "attach",
+            "--port",
+            "8080",
+        ])
         .output()
         .expect("setpriv (util-linux)");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -330,7 +368,10 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     // bpffs missing: in a private mount namespace with /sys/fs/bpf unmounted.
     let out = std::process::Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg(format!("umount /sys/fs/bpf && exec {} attach --port 8080 --netns {ns} --iface {iface}", support::gate::SHEDCTL))
+        .arg(format!(
+            "umount /sys/fs/bpf && exec {} attach --port 8080 --netns {ns} --iface {iface}",
+            support::gate::SHEDCTL
+        ))
         .output()
         .expect("unshare (util-linux)");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -354,19 +395,24 @@ fn another_namespace_serving_the_same_port_is_not_counted() {
     let addr = protected.server_addr(false, PORT);
     let other_addr = other.server_addr(false, PORT);
     let _backend = Backend::start(&protected.server_ns, addr, Service::Echo).expect("backend");
-    let _other_backend = Backend::start(&other.server_ns, other_addr, Service::Echo).expect("backend in the other namespace");
+    let _other_backend =
+        Backend::start(&other.server_ns, other_addr, Service::Echo).expect("backend in the other namespace");
     let _gate = Gate::start(&protected, &["--port", "8080", "--limit", "3", "--action", "rst"]);
 
     // Load on the same port in another namespace: 10 connections, never counted.
-    let elsewhere: Vec<TcpStream> =
-        connect_sequential(&other, other_addr, 10, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("ungated")).collect();
+    let elsewhere: Vec<TcpStream> = connect_sequential(&other, other_addr, 10, Duration::from_secs(1))
+        .into_iter()
+        .map(|(r, _)| r.expect("ungated"))
+        .collect();
     thread::sleep(Duration::from_millis(300));
     let s = stats(PORT);
     assert_eq!((field(&s, "established"), field(&s, "in_flight")), (0, 0), "other namespace counted: {s}");
 
     // The protected namespace still gets its full limit.
-    let held: Vec<TcpStream> =
-        connect_sequential(&protected, addr, 3, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("under the limit")).collect();
+    let held: Vec<TcpStream> = connect_sequential(&protected, addr, 3, Duration::from_secs(1))
+        .into_iter()
+        .map(|(r, _)| r.expect("under the limit"))
+        .collect();
     let (r, _) = connect_sequential(&protected, addr, 1, Duration::from_secs(1)).pop().unwrap();
     assert_eq!(r.expect_err("limit 3 reached").kind(), io::ErrorKind::ConnectionRefused);
     wait_for_stats(PORT, Duration::from_secs(3), "3 established", |s| field(s, "established") == 3);
@@ -379,14 +425,19 @@ fn forged_syn_flood_cannot_turn_the_gate_into_a_reflector() {
     let bed = Testbed::create("shedtf").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "1", "--action", "rst", "--rst-rate", "200", "--rst-prefix-rate", "20"]);
+    let _gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--limit", "1", "--action", "rst", "--rst-rate", "200", "--rst-prefix-rate", "20"],
+    );
     let _held = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap().0.expect("fills the limit");
 
     // 3,000 SYNs from forged sources spread over 64 /24 prefixes, as fast as the raw socket goes.
     let server = bed.server_v4;
     let start = Instant::now();
     let sent = testbed::run_in(&bed.client_ns, move || {
-        testbed::syn_flood(server, PORT, 3_000, |i| std::net::Ipv4Addr::new(10, 77, (i % 64) as u8, (i / 64 % 250) as u8 + 1))
+        testbed::syn_flood(server, PORT, 3_000, |i| {
+            std::net::Ipv4Addr::new(10, 77, (i % 64) as u8, (i / 64 % 250) as u8 + 1)
+        })
     })
     .unwrap()
     .expect("raw socket");
@@ -413,12 +464,18 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     // Two connections open before any gate exists.
-    let mut held: Vec<TcpStream> =
-        connect_sequential(&bed, addr, 2, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("ungated")).collect();
+    let mut held: Vec<TcpStream> = connect_sequential(&bed, addr, 2, Duration::from_secs(1))
+        .into_iter()
+        .map(|(r, _)| r.expect("ungated"))
+        .collect();
     let mut gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections"]);
-    let s = wait_for_stats(PORT, Duration::from_secs(5), "pre-existing connections adopted", |s| field(s, "established") == 2);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "pre-existing connections adopted", |s| {
+        field(s, "established") == 2
+    });
     println!("adopted: {s}");
-    held.extend(connect_sequential(&bed, addr, 2, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("admitted")));
+    held.extend(
+        connect_sequential(&bed, addr, 2, Duration::from_secs(1)).into_iter().map(|(r, _)| r.expect("admitted")),
+    );
     wait_for_stats(PORT, Duration::from_secs(3), "4 open", |s| field(s, "established") == 4);
 
     // A missed close: the count says 3 more than there are.
@@ -432,7 +489,8 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     assert!(field(&s, "drift_corrected") >= 3, "{s}");
 
     // A lost socket entry (missed ESTABLISHED) and a phantom one (missed close): both healed.
-    let (key, mut phantom) = maps.socks.iter().filter_map(Result::ok).find(|(_, e)| e.port == PORT).expect("a tracked socket");
+    let (key, mut phantom) =
+        maps.socks.iter().filter_map(Result::ok).find(|(_, e)| e.port == PORT).expect("a tracked socket");
     maps.socks.remove(&key).unwrap();
     phantom.flow.client_port = 1; // no such connection
     maps.socks.insert(0xdead_0000_0000_0001, phantom, 0).unwrap();
@@ -444,7 +502,9 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     gate.kill();
     drop(gate);
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections"]);
-    wait_for_stats(PORT, Duration::from_secs(5), "restart adopted the open connections", |s| field(s, "established") == 4);
+    wait_for_stats(PORT, Duration::from_secs(5), "restart adopted the open connections", |s| {
+        field(s, "established") == 4
+    });
     held.push(connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap().0.expect("5th fits the limit"));
     let (r, _) = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap();
     assert_eq!(r.expect_err("limit 5 with 5 open").kind(), io::ErrorKind::ConnectionRefused);
@@ -464,7 +524,10 @@ fn a_handshake_flood_expires_on_time_and_legit_admissions_are_measured() {
     let flood = testbed::spawn_in(&bed.client_ns, move || {
         let mut sent = 0;
         for burst in 0..20u32 {
-            sent += testbed::syn_flood(server, PORT, 200, |i| std::net::Ipv4Addr::new(10, 78, (burst % 250) as u8, (i % 250) as u8 + 1)).unwrap();
+            sent += testbed::syn_flood(server, PORT, 200, |i| {
+                std::net::Ipv4Addr::new(10, 78, (burst % 250) as u8, (i % 250) as u8 + 1)
+            })
+            .unwrap();
             thread::sleep(Duration::from_millis(100));
         }
         sent
@@ -492,7 +555,9 @@ fn a_handshake_flood_expires_on_time_and_legit_admissions_are_measured() {
         field(&during, "pending_expired")
     );
     // Every forged reservation expires on time: nothing is held a moment after the timeout.
-    let s = wait_for_stats(PORT, Duration::from_secs(2), "flood reservations expired", |s| field(s, "pending") == 0 && field(s, "in_flight") == 0);
+    let s = wait_for_stats(PORT, Duration::from_secs(2), "flood reservations expired", |s| {
+        field(s, "pending") == 0 && field(s, "in_flight") == 0
+    });
     assert!(field(&s, "pending_expired") >= 20, "the flood took and lost reservations: {s}");
     assert!(ok > 0, "legitimate clients are not starved entirely during the flood");
     let after = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap();

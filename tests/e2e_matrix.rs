@@ -43,7 +43,10 @@ fn veth_case(name: &str, hook: &str, xdp_mode: &str) {
         .unwrap();
         let addr = bed.server_addr(v6, PORT);
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-        let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "1", "--action", "rst", "--hook", hook, "--xdp-mode", xdp_mode]);
+        let _gate = Gate::start(
+            &bed,
+            &["--port", "8080", "--limit", "1", "--action", "rst", "--hook", hook, "--xdp-mode", xdp_mode],
+        );
         refuses_over_limit(&bed, &bed.client_ns, addr, &format!("veth {hook} {xdp_mode} v6={v6}"));
     }
 }
@@ -55,8 +58,11 @@ fn loopback_case(name: &str, hook: &str, xdp_mode: &str) {
         let ip = if v6 { IpAddr::V6(Ipv6Addr::LOCALHOST) } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
         let addr = SocketAddr::new(ip, PORT);
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-        let _gate =
-            Gate::start_on(&bed, "lo", &["--port", "8080", "--limit", "1", "--action", "rst", "--hook", hook, "--xdp-mode", xdp_mode]);
+        let _gate = Gate::start_on(
+            &bed,
+            "lo",
+            &["--port", "8080", "--limit", "1", "--action", "rst", "--hook", hook, "--xdp-mode", xdp_mode],
+        );
         refuses_over_limit(&bed, &bed.server_ns, addr, &format!("loopback {hook} {xdp_mode} v6={v6}"));
     }
 }

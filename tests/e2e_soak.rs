@@ -7,10 +7,7 @@ mod support;
 use std::{
     io::{Read as _, Write as _},
     net::{Shutdown, TcpStream},
-    sync::{
-        Arc,
-        atomic::AtomicU64,
-    },
+    sync::{Arc, atomic::AtomicU64},
     thread,
     time::{Duration, Instant},
 };
@@ -33,8 +30,12 @@ fn churn_returns_every_count_to_zero() {
     // 8080: echo (client closes); 8081: answers one request and closes first.
     let _echo = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let service_us = Arc::new(AtomicU64::new(0));
-    let _closer = Backend::start(&bed.server_ns, server_first, Service::Workers { workers: 4, service_us }).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--port", "8081", "--limit", "10000", "--action", "rst", "--client-cap", "10000"]);
+    let _closer =
+        Backend::start(&bed.server_ns, server_first, Service::Workers { workers: 4, service_us }).expect("backend");
+    let _gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--port", "8081", "--limit", "10000", "--action", "rst", "--client-cap", "10000"],
+    );
 
     let start = Instant::now();
     let workers = 4u64;
@@ -74,7 +75,10 @@ fn churn_returns_every_count_to_zero() {
         .collect();
     let failures: u64 = handles.into_iter().map(|h| h.join().unwrap().unwrap()).sum();
     let elapsed = start.elapsed();
-    println!("soak: {total} connections in {elapsed:?} ({:.0}/s), {failures} client-side errors", total as f64 / elapsed.as_secs_f64());
+    println!(
+        "soak: {total} connections in {elapsed:?} ({:.0}/s), {failures} client-side errors",
+        total as f64 / elapsed.as_secs_f64()
+    );
     assert!(failures * 100 <= total, "more than 1% of connections failed: {failures}");
 
     for port in [8080, 8081] {
@@ -95,7 +99,10 @@ fn churn_returns_every_count_to_zero() {
         if socks == 0 && pending == 0 && clients == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "maps not back to idle: {socks} sockets, {pending} pending, {clients} clients");
+        assert!(
+            Instant::now() < deadline,
+            "maps not back to idle: {socks} sockets, {pending} pending, {clients} clients"
+        );
         thread::sleep(Duration::from_millis(200));
     }
     let s = stats(PORT);

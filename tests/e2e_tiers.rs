@@ -14,7 +14,8 @@ use support::gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats};
 const PORT: u16 = 8080;
 
 fn connect_from(bed: &Testbed, source: IpAddr, addr: SocketAddr) -> io::Result<TcpStream> {
-    testbed::run_in(&bed.client_ns, move || testbed::connect_from(source, addr, Duration::from_secs(1))).expect("client namespace")
+    testbed::run_in(&bed.client_ns, move || testbed::connect_from(source, addr, Duration::from_secs(1)))
+        .expect("client namespace")
 }
 
 fn tier(stats: &serde_json::Value, name: &str, what: &str) -> u64 {
@@ -34,8 +35,20 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
     let _gate = Gate::start(
         &bed,
         &[
-            "--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections",
-            "--tier", "10.200.0.3/32=critical", "--tier", "10.200.0.4/32=low", "--tier", "10.200.0.5/32=exempt",
+            "--port",
+            "8080",
+            "--limit",
+            "10",
+            "--action",
+            "rst",
+            "--count",
+            "connections",
+            "--tier",
+            "10.200.0.3/32=critical",
+            "--tier",
+            "10.200.0.4/32=low",
+            "--tier",
+            "10.200.0.5/32=exempt",
         ],
     );
 
@@ -64,7 +77,11 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
     assert_eq!(field(&s, "in_flight"), 10, "{s}");
     assert_eq!((tier(&s, "low", "admitted"), tier(&s, "low", "rejected")), (4, 8), "{s}");
     assert_eq!((tier(&s, "critical", "admitted"), tier(&s, "critical", "rejected")), (6, 6), "{s}");
-    assert_eq!((s["rejected_by_reason"]["share"].as_u64(), s["rejected_by_reason"]["limit"].as_u64()), (Some(2), Some(12)), "{s}");
+    assert_eq!(
+        (s["rejected_by_reason"]["share"].as_u64(), s["rejected_by_reason"]["limit"].as_u64()),
+        (Some(2), Some(12)),
+        "{s}"
+    );
 
     // Exempt connects although the limit is full, and is not counted (not even as open).
     for _ in 0..3 {
@@ -83,7 +100,11 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
     // While critical was being rejected the daemon held room back from the lower tiers;
     // with no more rejections the hold decays away.
     let s = stats(PORT);
-    println!("held back after critical rejections: normal {}, low {}", tier(&s, "normal", "held_back"), tier(&s, "low", "held_back"));
+    println!(
+        "held back after critical rejections: normal {}, low {}",
+        tier(&s, "normal", "held_back"),
+        tier(&s, "low", "held_back")
+    );
     wait_for_stats(PORT, Duration::from_secs(5), "in-flight 7, nothing held back", |s| {
         field(s, "in_flight") == 7 && tier(s, "normal", "held_back") == 0 && tier(s, "low", "held_back") == 0
     });
@@ -112,14 +133,21 @@ fn one_client_cannot_hold_more_than_its_cap() {
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst", "--client-cap", "3"]);
 
-    let mut noisy_held: Vec<TcpStream> = (0..3).map(|i| connect_from(&bed, noisy, addr).unwrap_or_else(|e| panic!("#{i}: {e}"))).collect();
+    let mut noisy_held: Vec<TcpStream> =
+        (0..3).map(|i| connect_from(&bed, noisy, addr).unwrap_or_else(|e| panic!("#{i}: {e}"))).collect();
     let e = connect_from(&bed, noisy, addr).expect_err("a 4th connection over the cap");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
-    let others: Vec<TcpStream> = (0..3).map(|_| connect_from(&bed, other, addr).expect("others still get in")).collect();
+    let others: Vec<TcpStream> =
+        (0..3).map(|_| connect_from(&bed, other, addr).expect("others still get in")).collect();
     let s = wait_for_stats(PORT, Duration::from_secs(3), "6 open", |s| field(s, "established") == 6);
     assert_eq!(s["rejected_by_reason"]["client_cap"].as_u64(), Some(1), "{s}");
     let held_by = |s: &serde_json::Value, client: &str| {
-        s["top_clients"].as_array().unwrap().iter().find(|c| c["client"] == client).map_or(0, |c| c["in_flight"].as_i64().unwrap())
+        s["top_clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["client"] == client)
+            .map_or(0, |c| c["in_flight"].as_i64().unwrap())
     };
     assert_eq!((held_by(&s, "10.200.0.3"), held_by(&s, "10.200.0.4")), (3, 3), "{s}");
 

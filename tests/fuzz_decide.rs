@@ -40,45 +40,60 @@ struct FrameSpec {
 }
 
 fn frame_spec() -> impl Strategy<Value = FrameSpec> {
-    let addr_v4 = prop_oneof![
-        Just([10, 1, 2, 3]),
-        Just([10, 1, 9, 9]),
-        Just([10, 200, 0, 1]),
-        any::<[u8; 4]>(),
-    ];
+    let addr_v4 = prop_oneof![Just([10, 1, 2, 3]), Just([10, 1, 9, 9]), Just([10, 200, 0, 1]), any::<[u8; 4]>(),];
     let addr_v6 = prop_oneof![
         Just([0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]),
         Just([0x20, 0x01, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]),
         any::<[u8; 16]>(),
     ];
     (
-        (prop::option::weighted(0.2, any::<u16>()), prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)], any::<u16>()),
-        (prop::bool::weighted(0.9), prop_oneof![8 => Just(5u8), 2 => 0u8..16], prop_oneof![9 => Just(6u8), 1 => any::<u8>()]),
-        (prop_oneof![6 => Just(0x4000u16), 1 => Just(0u16), 1 => Just(0x2000u16), 1 => any::<u16>()], prop_oneof![8 => Just(6u8), 1 => Just(0u8), 1 => any::<u8>()]),
+        (
+            prop::option::weighted(0.2, any::<u16>()),
+            prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
+            any::<u16>(),
+        ),
+        (
+            prop::bool::weighted(0.9),
+            prop_oneof![8 => Just(5u8), 2 => 0u8..16],
+            prop_oneof![9 => Just(6u8), 1 => any::<u8>()],
+        ),
+        (
+            prop_oneof![6 => Just(0x4000u16), 1 => Just(0u16), 1 => Just(0x2000u16), 1 => any::<u16>()],
+            prop_oneof![8 => Just(6u8), 1 => Just(0u8), 1 => any::<u8>()],
+        ),
         (addr_v4, addr_v6, prop::bool::weighted(0.8), any::<u16>(), any::<u16>(), any::<u32>()),
         (prop_oneof![6 => Just(10u8), 2 => Just(5u8), 2 => 0u8..16], prop_oneof![6 => Just(0x02u8), 4 => any::<u8>()]),
         (prop::collection::vec(any::<u8>(), 0..48), prop::option::weighted(0.3, 0usize..120)),
     )
-        .prop_map(|((vlan, family, ether_other), (version_ok, ihl, ip_proto), (frag, v6_next), (client_v4, client_v6, dport_protected, dport_other, sport, seq), (doff, flags), (payload, cut))| FrameSpec {
-            vlan,
-            family,
-            ether_other,
-            version_ok,
-            ihl,
-            ip_proto,
-            frag,
-            v6_next,
-            client_v4,
-            client_v6,
-            dport_protected,
-            dport_other,
-            sport,
-            seq,
-            doff,
-            flags,
-            payload,
-            cut,
-        })
+        .prop_map(
+            |(
+                (vlan, family, ether_other),
+                (version_ok, ihl, ip_proto),
+                (frag, v6_next),
+                (client_v4, client_v6, dport_protected, dport_other, sport, seq),
+                (doff, flags),
+                (payload, cut),
+            )| FrameSpec {
+                vlan,
+                family,
+                ether_other,
+                version_ok,
+                ihl,
+                ip_proto,
+                frag,
+                v6_next,
+                client_v4,
+                client_v6,
+                dport_protected,
+                dport_other,
+                sport,
+                seq,
+                doff,
+                flags,
+                payload,
+                cut,
+            },
+        )
 }
 
 fn build(s: &FrameSpec) -> Vec<u8> {
@@ -150,7 +165,9 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
         prop::bool::weighted(0.15),
         any::<bool>(),
         (1u16..=1000, 1u16..=1000, 1u16..=1000).prop_map(|(c, n, l)| [1000, c, n, l]),
-        prop::array::uniform4(prop_oneof![3 => Just(tier::ACTION_DEFAULT), 1 => Just(action::DROP), 1 => Just(action::RST)]),
+        prop::array::uniform4(
+            prop_oneof![3 => Just(tier::ACTION_DEFAULT), 1 => Just(action::DROP), 1 => Just(action::RST)],
+        ),
         prop::bool::weighted(0.1),
     )
         .prop_map(|(limit, in_flight, act, dry_run, tiered, shares, tier_action, pending_hit)| StateSpec {
@@ -178,7 +195,11 @@ fn kernel_and_model_agree_on_every_frame() {
     let cases: u32 = std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
     let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
     let judged = std::cell::RefCell::new([0u64; 3]); // pass, drop, rst
-    let spec = PortSpec { rst_per_sec: 0, rst_per_prefix_per_sec: 0, ..PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default()) };
+    let spec = PortSpec {
+        rst_per_sec: 0,
+        rst_per_prefix_per_sec: 0,
+        ..PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default())
+    };
     let slot = loaded.maps.protect(PORT, &spec).unwrap().slot;
     let mut tiers = Vec::new();
     for (cidr, t) in TIERS {
@@ -210,12 +231,18 @@ fn kernel_and_model_agree_on_every_frame() {
             loaded.maps.set_limit(slot, ss.limit).unwrap();
             loaded.maps.state.set(slot, PortState { opened: ss.in_flight, ..PortState::default() }, 0).unwrap();
             loaded.maps.user_state.set(slot, UserPortState::default(), 0).unwrap();
-            loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
+            loaded
+                .maps
+                .counters
+                .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
+                .unwrap();
             for key in loaded.maps.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
                 let _ = loaded.maps.pending.remove(&key);
             }
             let key = model::flow_key(&frame);
-            if ss.pending_hit && let Some(key) = key {
+            if ss.pending_hit
+                && let Some(key) = key
+            {
                 let entry = shed_common::PendingEntry { slot, capped: 0, admitted_ms: 0 };
                 loaded.maps.pending.insert(key, entry, 0).unwrap();
             }
@@ -231,7 +258,8 @@ fn kernel_and_model_agree_on_every_frame() {
 
             let mut out = vec![0u8; frame.len() + 256];
             let opts = TestRunOptions { data_in: Some(&frame), data_out: Some(&mut out), ..Default::default() };
-            let run = if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
+            let run =
+                if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
             let Ok(run) = run else {
                 // The skb test runner refuses frames without a whole IP header; such frames are
                 // judged by the XDP run of the same case set.
@@ -247,14 +275,26 @@ fn kernel_and_model_agree_on_every_frame() {
             };
             let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
             let mut counters = snapshot.counters.values;
-            prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}, frame {:02x?}", hook, fs, ss, frame);
+            prop_assert_eq!(
+                &verdict,
+                &expected.verdict,
+                "{} verdict for {:?} / {:?}, frame {:02x?}",
+                hook,
+                fs,
+                ss,
+                frame
+            );
             if verdict == Expected::Pass {
                 prop_assert_eq!(&out, &frame, "{}: a passed frame is untouched", hook);
             }
             // Reservations are not modelled as counters.
             counters[counter::RESERVE_FAILED] = 0;
             prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, fs, ss);
-            judged.borrow_mut()[match verdict { Expected::Pass => 0, Expected::Drop => 1, Expected::Rst(_) => 2 }] += 1;
+            judged.borrow_mut()[match verdict {
+                Expected::Pass => 0,
+                Expected::Drop => 1,
+                Expected::Rst(_) => 2,
+            }] += 1;
             Ok(())
         });
         if let Err(e) = result {

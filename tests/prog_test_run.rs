@@ -28,7 +28,8 @@ enum Hook {
 
 impl Harness {
     fn new(limit: u32, act: u8, dry_run: bool) -> Self {
-        let mut loaded = Loaded::new(None).expect("load the kernel object (run as root after `cargo xtask build-ebpf`)");
+        let mut loaded =
+            Loaded::new(None).expect("load the kernel object (run as root after `cargo xtask build-ebpf`)");
         let spec = PortSpec::new(limit, act, dry_run, count_mode::WORK, ControlConfig::default());
         loaded.maps.protect(PORT, &spec).expect("protect port");
         Self { loaded }
@@ -103,7 +104,11 @@ fn admits_under_limit_and_reserves_a_slot_once() {
         let (verdict, _) = h.run(hook, &syn).unwrap();
         assert_eq!(verdict, pass(hook));
         let s = h.snapshot();
-        assert_eq!((s.counter(counter::SYN_RETRANSMIT), s.counter(counter::ADMITTED), s.pending()), (1, 1, 1), "{hook:?}");
+        assert_eq!(
+            (s.counter(counter::SYN_RETRANSMIT), s.counter(counter::ADMITTED), s.pending()),
+            (1, 1, 1),
+            "{hook:?}"
+        );
     }
 }
 
@@ -189,7 +194,11 @@ fn assert_rst_reply(spec: &Spec, out: &[u8]) {
     assert_eq!(u16::from_be_bytes([tcp[0], tcp[1]]), spec.server_port, "source port");
     assert_eq!(u16::from_be_bytes([tcp[2], tcp[3]]), spec.client_port, "destination port");
     assert_eq!(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), 0, "seq 0");
-    assert_eq!(u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]), spec.seq.wrapping_add(1), "ack = client seq + 1");
+    assert_eq!(
+        u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
+        spec.seq.wrapping_add(1),
+        "ack = client seq + 1"
+    );
     assert_eq!(tcp[12] >> 4, 5, "data offset 5: no options");
     assert_eq!(tcp[13], RST | ACK, "flags RST|ACK only");
     assert_eq!(internet_checksum(&[&pseudo, tcp]), 0, "TCP checksum");
@@ -301,7 +310,12 @@ fn object_has_every_map_the_userspace_expects() {
     for name in shed_common::map::ALL {
         assert!(ebpf.take_map(name).is_some(), "map {name} missing from the kernel object");
     }
-    for name in [shed_common::program::XDP, shed_common::program::TC, shed_common::program::SOCK_STATE, shed_common::program::XDP_PASS] {
+    for name in [
+        shed_common::program::XDP,
+        shed_common::program::TC,
+        shed_common::program::SOCK_STATE,
+        shed_common::program::XDP_PASS,
+    ] {
         assert!(ebpf.program(name).is_some(), "program {name} missing from the kernel object");
     }
 }
@@ -347,26 +361,45 @@ fn tiers_by_longest_prefix_with_shares_and_exempt_bypass() {
         // Unlisted sources are normal: 90% of 10.
         assert_eq!(h.run(hook, &v4([198, 51, 100, 1], 4000)).unwrap().0, pass(hook), "{hook:?}: normal at 8 < 9");
         assert_eq!(h.run(hook, &v4([198, 51, 100, 1], 4001)).unwrap().0, rst(hook), "{hook:?}: normal at 9");
-        assert_eq!(h.run(hook, &v4([192, 0, 2, 200], 3001)).unwrap().0, pass(hook), "{hook:?}: critical up to the limit");
-        assert_eq!(h.run(hook, &v4([192, 0, 2, 201], 3002)).unwrap().0, rst(hook), "{hook:?}: the limit binds critical too");
+        assert_eq!(
+            h.run(hook, &v4([192, 0, 2, 200], 3001)).unwrap().0,
+            pass(hook),
+            "{hook:?}: critical up to the limit"
+        );
+        assert_eq!(
+            h.run(hook, &v4([192, 0, 2, 201], 3002)).unwrap().0,
+            rst(hook),
+            "{hook:?}: the limit binds critical too"
+        );
         assert_eq!(h.snapshot().in_flight(), 10);
 
         // Exempt: admitted even at limit 0, never reserved for.
         let slot = h.loaded.maps.config(PORT).unwrap().slot;
         h.loaded.maps.set_limit(slot, 0).unwrap();
         assert_eq!(h.run(hook, &v4([192, 0, 2, 9], 5000)).unwrap().0, pass(hook), "{hook:?}: exempt v4 at limit 0");
-        assert_eq!(h.run(hook, &v6([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], 5001)).unwrap().0, pass(hook));
+        assert_eq!(
+            h.run(hook, &v6([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], 5001)).unwrap().0,
+            pass(hook)
+        );
         assert_eq!(h.snapshot().in_flight(), 10, "{hook:?}: exempt takes no slot");
 
         let c = h.counters();
         assert_eq!((c[counter::REJECTED_SHARE], c[counter::REJECTED_LIMIT], c[counter::EXEMPT]), (3, 1, 2), "{hook:?}");
         assert_eq!(
-            [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| tier_count(&h, counter::ADMITTED_BY_TIER, t)),
+            [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| tier_count(
+                &h,
+                counter::ADMITTED_BY_TIER,
+                t
+            )),
             [2, 2, 1, 7],
             "{hook:?}: admitted by tier"
         );
         assert_eq!(
-            [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| tier_count(&h, counter::REJECTED_BY_TIER, t)),
+            [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| tier_count(
+                &h,
+                counter::REJECTED_BY_TIER,
+                t
+            )),
             [0, 1, 1, 2],
             "{hook:?}: rejected by tier"
         );
@@ -409,7 +442,11 @@ fn per_client_cap_counts_each_source_and_ipv6_prefix() {
             assert_eq!(h.run(hook, &v4([192, 0, 2, 2], port)).unwrap().0, pass(hook), "{hook:?}: under the cap");
         }
         assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 10)).unwrap().0, rst(hook), "{hook:?}: the 4th of one client");
-        assert_eq!(h.run(hook, &v4([192, 0, 2, 3], 10)).unwrap().0, pass(hook), "{hook:?}: another client still gets in");
+        assert_eq!(
+            h.run(hook, &v4([192, 0, 2, 3], 10)).unwrap().0,
+            pass(hook),
+            "{hook:?}: another client still gets in"
+        );
         // IPv6 clients are counted per /64: two hosts of one /64 share a cap.
         let host = |last: u8, subnet: u8| [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, subnet, 0, 0, 0, 0, 0, 0, 0, last];
         for (i, last) in [1u8, 2, 3].into_iter().enumerate() {
@@ -440,8 +477,16 @@ fn rst_caps_per_prefix_and_per_port_fall_back_to_drop() {
         assert_eq!(verdicts.iter().filter(|&&v| v == dropped(hook)).count(), 5, "{hook:?}: {verdicts:?}");
         // Other prefixes get RSTs until the port's budget (8) is spent.
         let verdicts: Vec<i64> = (0..6).map(|i| h.run(hook, &v4([203, 0, 113 - i, 7], 100)).unwrap().0).collect();
-        assert_eq!(verdicts.iter().filter(|&&v| v == rst(hook)).count(), 3, "{hook:?}: port budget 8 - 5 used: {verdicts:?}");
+        assert_eq!(
+            verdicts.iter().filter(|&&v| v == rst(hook)).count(),
+            3,
+            "{hook:?}: port budget 8 - 5 used: {verdicts:?}"
+        );
         let c = h.counters();
-        assert_eq!((c[counter::RST_SENT], c[counter::RST_RATE_LIMITED], c[counter::REJECTED_LIMIT]), (8, 8, 16), "{hook:?}");
+        assert_eq!(
+            (c[counter::RST_SENT], c[counter::RST_RATE_LIMITED], c[counter::REJECTED_LIMIT]),
+            (8, 8, 16),
+            "{hook:?}"
+        );
     }
 }

@@ -60,7 +60,10 @@ mod tests {
 
     #[test]
     fn known_values() {
-        assert_eq!([bucket(0), bucket(3), bucket(4), bucket(7), bucket(8), bucket(15), bucket(16)], [0, 3, 4, 7, 8, 11, 12]);
+        assert_eq!(
+            [bucket(0), bucket(3), bucket(4), bucket(7), bucket(8), bucket(15), bucket(16)],
+            [0, 3, 4, 7, 8, 11, 12]
+        );
         assert_eq!(bucket(u64::from(u32::MAX)), 123);
         assert_eq!(bucket(u64::MAX), 123);
     }

@@ -62,8 +62,24 @@ pub mod map {
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
     pub const ALL: [&str; 18] = [
-        PORTS, PORT_STATE, USER_STATE, COUNTERS, PENDING, SOCKS, CLOCK, LIMITS, LATENCY, CONTROL, STATUS, TIERS, RESERVE,
-        CLIENTS, CLIENT_EXPIRED, NETNS, RST_BUCKETS, RST_PREFIX_BUCKETS,
+        PORTS,
+        PORT_STATE,
+        USER_STATE,
+        COUNTERS,
+        PENDING,
+        SOCKS,
+        CLOCK,
+        LIMITS,
+        LATENCY,
+        CONTROL,
+        STATUS,
+        TIERS,
+        RESERVE,
+        CLIENTS,
+        CLIENT_EXPIRED,
+        NETNS,
+        RST_BUCKETS,
+        RST_PREFIX_BUCKETS,
     ];
 }
 
@@ -635,7 +651,12 @@ mod tests {
 
     #[test]
     fn in_flight_clamps_inconsistent_reads() {
-        let user = |expired, e, b| UserPortState { pending_expired: expired, established_adjust: e, busy_adjust: b, drift_corrected: 0 };
+        let user = |expired, e, b| UserPortState {
+            pending_expired: expired,
+            established_adjust: e,
+            busy_adjust: b,
+            drift_corrected: 0,
+        };
         let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2, ..PortState::default() };
         assert_eq!(in_flight(&state, 2, &user(4, 0, 0), count_mode::CONNECTIONS), 0);
         assert_eq!(in_flight(&state, 2, &user(4, 0, 0), count_mode::WORK), 0);

@@ -42,8 +42,26 @@ pub fn ipv4_header(src: [u8; 4], dst: [u8; 4]) -> [u8; IPV4_HEADER_LEN] {
     let total = (IPV4_HEADER_LEN + TCP_HEADER_LEN) as u16;
     let t = total.to_be_bytes();
     let mut h = [
-        0x45, 0, t[0], t[1], 0, 0, 0x40, 0, REPLY_TTL, IPPROTO_TCP, 0, 0, src[0], src[1], src[2],
-        src[3], dst[0], dst[1], dst[2], dst[3],
+        0x45,
+        0,
+        t[0],
+        t[1],
+        0,
+        0,
+        0x40,
+        0,
+        REPLY_TTL,
+        IPPROTO_TCP,
+        0,
+        0,
+        src[0],
+        src[1],
+        src[2],
+        src[3],
+        dst[0],
+        dst[1],
+        dst[2],
+        dst[3],
     ];
     let c = finish(sum_words(&h)).to_be_bytes();
     h[10] = c[0];
@@ -87,10 +105,7 @@ pub fn tcp_rst_ack(server_port: u16, client_port: u16, syn_seq: u32, pseudo_sum:
     let s = server_port.to_be_bytes();
     let d = client_port.to_be_bytes();
     let a = syn_seq.wrapping_add(1).to_be_bytes();
-    let mut h = [
-        s[0], s[1], d[0], d[1], 0, 0, 0, 0, a[0], a[1], a[2], a[3], 0x50, FLAGS_RST_ACK, 0, 0, 0, 0,
-        0, 0,
-    ];
+    let mut h = [s[0], s[1], d[0], d[1], 0, 0, 0, 0, a[0], a[1], a[2], a[3], 0x50, FLAGS_RST_ACK, 0, 0, 0, 0, 0, 0];
     let c = finish(pseudo_sum + sum_words(&h)).to_be_bytes();
     h[16] = c[0];
     h[17] = c[1];

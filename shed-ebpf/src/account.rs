@@ -126,9 +126,11 @@ fn in_protected_netns(skaddr: u64) -> bool {
         return true;
     }
     // SAFETY: probe reads of kernel memory at offsets from the kernel's own BTF.
-    let net: Result<u64, _> = unsafe { bpf_probe_read_kernel((skaddr + u64::from(filter.skc_net_offset)) as *const u64) };
+    let net: Result<u64, _> =
+        unsafe { bpf_probe_read_kernel((skaddr + u64::from(filter.skc_net_offset)) as *const u64) };
     let Ok(net) = net else { return true };
-    let inum: Result<u32, _> = unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) };
+    let inum: Result<u32, _> =
+        unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) };
     inum.map_or(true, |inum| inum == filter.inum)
 }
 

@@ -7,8 +7,8 @@ use shed_common::{ClientKey, FlowKey, PendingEntry, RstBucket, RstPrefixKey, act
 
 use crate::{
     maps::{
-        SHED_CLIENT_EXPIRED, SHED_CLIENTS, SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS,
-        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_USER_STATE, tier_of,
+        SHED_CLIENT_EXPIRED, SHED_CLIENTS, SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE,
+        SHED_PORTS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_USER_STATE, tier_of,
     },
     parse::Syn,
 };
@@ -19,7 +19,9 @@ pub enum Verdict {
     Pass,
     Drop,
     /// Reject with a RST; `slot` lets the adapter count how the reply went.
-    Rst { slot: u32 },
+    Rst {
+        slot: u32,
+    },
 }
 
 /// Adds one to a per-CPU counter of the port in `slot`.
@@ -222,10 +224,7 @@ pub fn client_release(client: &ClientKey) {
 /// Room the daemon holds back from `tier` for the tiers above it.
 #[inline(always)]
 fn held_back(slot: u32, tier: u8) -> u64 {
-    SHED_RESERVE
-        .get(slot)
-        .and_then(|r| r.held_back.get(tier as usize))
-        .map_or(0, |&h| u64::from(h))
+    SHED_RESERVE.get(slot).and_then(|r| r.held_back.get(tier as usize)).map_or(0, |&h| u64::from(h))
 }
 
 /// One share rejection in [`tier::TRICKLE_EVERY`] (per CPU) is admitted instead.

@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, NetnsFilter, RstBucket, RstPrefixKey, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
-    TierReserve, UserPortState,
+    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortConfig, PortCounters, PortLatency,
+    PortState, RstBucket, RstPrefixKey, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
 };
 

@@ -1,7 +1,7 @@
 //! Turns a rejected SYN into its RST+ACK reply, in place.
 use shed_common::rst::{
-    IPV4_HEADER_LEN, IPV6_HEADER_LEN, TCP_HEADER_LEN, ipv4_header, ipv6_header, pseudo_sum_v4,
-    pseudo_sum_v6, tcp_rst_ack,
+    IPV4_HEADER_LEN, IPV6_HEADER_LEN, TCP_HEADER_LEN, ipv4_header, ipv6_header, pseudo_sum_v4, pseudo_sum_v6,
+    tcp_rst_ack,
 };
 
 use crate::parse::{Syn, ptr_at};

@@ -63,10 +63,10 @@ impl Btf {
             let kind_flag = info >> 31;
             let mut members = Vec::new();
             at += match kind {
-                1 | 14 | 17 => 4,        // int, var, decl tag
-                3 => 12,                 // array
-                6 | 13 => 8 * vlen,      // enum, func proto
-                15 | 19 => 12 * vlen,    // datasec, enum64
+                1 | 14 | 17 => 4,     // int, var, decl tag
+                3 => 12,              // array
+                6 | 13 => 8 * vlen,   // enum, func proto
+                15 | 19 => 12 * vlen, // datasec, enum64
                 KIND_STRUCT | KIND_UNION => {
                     for m in 0..vlen {
                         let base = at + 12 * m;

@@ -9,8 +9,8 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{
-        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_millis, parse_percentile, parse_port,
-        parse_prefix_v6,
+        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_millis,
+        parse_percentile, parse_port, parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -192,7 +192,10 @@ impl AttachArgs {
             .map(|c| (c, self.limit.or(self.initial_limit).unwrap_or(Settings::default().initial_limit)))
             .and_then(|(c, limit)| {
                 if algo != Algo::Fixed && !(c.min_limit..=c.max_limit).contains(&limit) {
-                    return Err(format!("--initial-limit {limit} is outside --min-limit {} .. --max-limit {}", c.min_limit, c.max_limit));
+                    return Err(format!(
+                        "--initial-limit {limit} is outside --min-limit {} .. --max-limit {}",
+                        c.min_limit, c.max_limit
+                    ));
                 }
                 Ok((c, limit))
             })
@@ -342,8 +345,22 @@ mod tests {
     #[test]
     fn attach_parses_everything() {
         let cli = parse(&[
-            "attach", "--port", "8080", "--port", "9090", "--iface", "veth0", "--hook", "tc", "--action", "rst",
-            "--limit", "5", "--dry-run", "--netns", "srv",
+            "attach",
+            "--port",
+            "8080",
+            "--port",
+            "9090",
+            "--iface",
+            "veth0",
+            "--hook",
+            "tc",
+            "--action",
+            "rst",
+            "--limit",
+            "5",
+            "--dry-run",
+            "--netns",
+            "srv",
         ])
         .unwrap();
         let Command::Attach(a) = cli.command else { panic!("expected attach") };
@@ -360,22 +377,34 @@ mod tests {
         assert_eq!((a.hook, a.action, a.limit, a.dry_run, a.count), (None, Action::Drop, None, false, Count::Work));
         assert_eq!(a.pending_timeout, Duration::from_secs(2));
         let (control, limit) = a.control().unwrap();
-        assert_eq!((Algo::from_raw(control.algo), limit, control.window_ms, control.percentile), (Algo::Gradient, 100, 100, 90));
+        assert_eq!(
+            (Algo::from_raw(control.algo), limit, control.window_ms, control.percentile),
+            (Algo::Gradient, 100, 100, 90)
+        );
     }
 
     #[test]
     fn adaptive_flags_are_checked_together() {
         let control = |args: &[&str]| {
-            let Command::Attach(a) = parse(&[&["attach", "--port", "8080"], args].concat()).unwrap().command else { panic!() };
+            let Command::Attach(a) = parse(&[&["attach", "--port", "8080"], args].concat()).unwrap().command else {
+                panic!()
+            };
             a.control()
         };
         assert!(control(&["--algo", "gradient", "--limit", "5"]).unwrap_err().contains("--initial-limit"));
         assert!(control(&["--min-limit", "50", "--max-limit", "10"]).unwrap_err().contains("above --max-limit"));
         assert!(control(&["--initial-limit", "3"]).unwrap_err().contains("outside"));
-        let (c, limit) = control(&["--algo", "aimd", "--initial-limit", "20", "--window", "250", "--percentile", "p99"]).unwrap();
+        let (c, limit) =
+            control(&["--algo", "aimd", "--initial-limit", "20", "--window", "250", "--percentile", "p99"]).unwrap();
         assert_eq!((Algo::from_raw(c.algo), limit, c.window_ms, c.percentile), (Algo::Aimd, 20, 250, 99));
-        assert_eq!((c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows), (10, 3, 100, 5), "guard defaults");
-        let (c, _) = control(&["--min-samples", "50", "--cooldown", "0", "--baseline-span", "300", "--probe-windows", "0"]).unwrap();
+        assert_eq!(
+            (c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows),
+            (10, 3, 100, 5),
+            "guard defaults"
+        );
+        let (c, _) =
+            control(&["--min-samples", "50", "--cooldown", "0", "--baseline-span", "300", "--probe-windows", "0"])
+                .unwrap();
         assert_eq!((c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows), (50, 0, 300, 0));
         assert_eq!(control(&["--algo", "fixed", "--limit", "7"]).unwrap().1, 7);
     }
@@ -415,7 +444,8 @@ mod tests {
 
     #[test]
     fn set_and_detach() {
-        let Command::Set(s) = parse(&["set", "--port", "8080", "--dry-run", "off", "--limit", "7"]).unwrap().command else {
+        let Command::Set(s) = parse(&["set", "--port", "8080", "--dry-run", "off", "--limit", "7"]).unwrap().command
+        else {
             panic!()
         };
         assert_eq!((s.port, s.limit, s.action, s.dry_run), (8080, Some(7), None, Some(Switch(false))));

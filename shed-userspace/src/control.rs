@@ -328,7 +328,8 @@ impl Controller {
             return Decision { limit: self.limit(), reason: Reason::Probe };
         }
         let raw = (s.latency_us as f64).max(1.0);
-        self.smoothed_us = if self.smoothed_us == 0.0 { raw } else { self.smoothed_us + LATENCY_SMOOTHING * (raw - self.smoothed_us) };
+        self.smoothed_us =
+            if self.smoothed_us == 0.0 { raw } else { self.smoothed_us + LATENCY_SMOOTHING * (raw - self.smoothed_us) };
         let observed = raw;
         self.baseline_us = self.baseline.push(self.smoothed_us, s.windows.max(1) as usize);
         let proposed = match st.algo {
@@ -376,7 +377,10 @@ impl Controller {
             }
             let before = self.limit();
             self.limit = proposed;
-            return Decision { limit: self.limit(), reason: if self.limit() == before { Reason::Steady } else { Reason::Grow } };
+            return Decision {
+                limit: self.limit(),
+                reason: if self.limit() == before { Reason::Steady } else { Reason::Grow },
+            };
         }
         Decision { limit: self.limit(), reason: Reason::Steady }
     }
@@ -403,7 +407,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn gradient(limit: u32, baseline_us: u64) -> Controller {
-        let mut c = Controller::new(Settings { initial_limit: limit, min_limit: 10, max_limit: 500, ..Settings::default() }, 0);
+        let mut c =
+            Controller::new(Settings { initial_limit: limit, min_limit: 10, max_limit: 500, ..Settings::default() }, 0);
         // Establish the baseline with one window at it, without moving the limit.
         c.baseline.push(baseline_us as f64, 1);
         c.smoothed_us = 40_000.0;
@@ -444,7 +449,10 @@ mod tests {
                 }
                 last = d.limit;
             }
-            assert!(last < start / 2, "{algo}: latency 10x the baseline must bring the limit well down: {start} -> {last}");
+            assert!(
+                last < start / 2,
+                "{algo}: latency 10x the baseline must bring the limit well down: {start} -> {last}"
+            );
         }
     }
 
@@ -505,7 +513,8 @@ mod tests {
 
     #[test]
     fn fixed_keeps_the_operator_limit() {
-        let mut c = Controller::new(Settings { algo: Algo::Fixed, initial_limit: 7, min_limit: 1, ..Settings::default() }, 0);
+        let mut c =
+            Controller::new(Settings { algo: Algo::Fixed, initial_limit: 7, min_limit: 1, ..Settings::default() }, 0);
         for latency in [1, 1_000_000] {
             assert_eq!(c.on_window(&window(latency, 7)), Decision { limit: 7, reason: Reason::Operator });
         }
@@ -574,7 +583,12 @@ pub struct TierReserve {
 
 impl TierReserve {
     /// `rejected`: rejections by tier in the window. Returns the slots held back by tier.
-    pub fn on_window(&mut self, rejected: [u64; tier::COUNT], limit: u32, share_permille: [u16; tier::COUNT]) -> [u16; tier::COUNT] {
+    pub fn on_window(
+        &mut self,
+        rejected: [u64; tier::COUNT],
+        limit: u32,
+        share_permille: [u16; tier::COUNT],
+    ) -> [u16; tier::COUNT] {
         let step = (f64::from(limit) * 0.1).max(1.0);
         let mut out = [0u16; tier::COUNT];
         for t in (tier::CRITICAL as usize + 1)..tier::COUNT {

@@ -80,7 +80,8 @@ impl DaemonLock {
     pub fn acquire() -> Result<Self, Error> {
         let dir = Path::new(paths::PID_FILE).parent().expect("pid file has a parent");
         fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
-        fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(|e| Error::io("restrict", dir, e))?;
+        fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| Error::io("restrict", dir, e))?;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -287,7 +288,8 @@ impl PortControl {
             listen_drops,
             windows: self.carried + 1,
         };
-        let rejected_by_tier: [u64; tier::COUNT] = std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
+        let rejected_by_tier: [u64; tier::COUNT] =
+            std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
         let rejected_now: [u64; tier::COUNT] =
             std::array::from_fn(|t| rejected_by_tier[t].saturating_sub(self.last_rejected_by_tier[t]));
         self.last_rejected_by_tier = rejected_by_tier;

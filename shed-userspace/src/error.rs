@@ -12,10 +12,14 @@ pub enum Error {
     #[error("bpffs is not mounted at {path}: mount it with `mount -t bpf bpf {path}` (or run `cargo xtask setup`)")]
     BpffsMissing { path: &'static str },
 
-    #[error("tracefs is not mounted at {path}: mount it with `mount -t tracefs tracefs {path}` (or run `cargo xtask setup`)")]
+    #[error(
+        "tracefs is not mounted at {path}: mount it with `mount -t tracefs tracefs {path}` (or run `cargo xtask setup`)"
+    )]
     TracefsMissing { path: &'static str },
 
-    #[error("unknown interface {name:?}: list interfaces with `ip link` (inside the namespace given with --netns, if any)")]
+    #[error(
+        "unknown interface {name:?}: list interfaces with `ip link` (inside the namespace given with --netns, if any)"
+    )]
     UnknownInterface { name: String },
 
     #[error("no shed gate is running (nothing pinned at {}): start one with `sudo shedctl attach --port PORT`", pin_dir.display())]
@@ -24,19 +28,29 @@ pub enum Error {
     #[error("no shed gate is running: the pins at {} were left by a daemon that is gone (pid {pid}); `sudo shedctl detach` removes them", pin_dir.display())]
     StaleGate { pin_dir: PathBuf, pid: String },
 
-    #[error("port {port} is not protected by the running gate (protected: {protected}); attach it with `shedctl attach --port {port}`")]
+    #[error(
+        "port {port} is not protected by the running gate (protected: {protected}); attach it with `shedctl attach --port {port}`"
+    )]
     PortNotProtected { port: u16, protected: String },
 
-    #[error("port {port} is already protected by the running gate (pid {pid}): change it with `shedctl set --port {port} ...`, or stop it with `shedctl detach --port {port}` first")]
+    #[error(
+        "port {port} is already protected by the running gate (pid {pid}): change it with `shedctl set --port {port} ...`, or stop it with `shedctl detach --port {port}` first"
+    )]
     PortAlreadyProtected { port: u16, pid: String },
 
-    #[error("a shed gate is already running (pid {pid}, ports {ports}); shed runs one gate per host: stop it with `shedctl detach` and attach again with every port (--port A --port B)")]
+    #[error(
+        "a shed gate is already running (pid {pid}, ports {ports}); shed runs one gate per host: stop it with `shedctl detach` and attach again with every port (--port A --port B)"
+    )]
     AlreadyRunning { pid: String, ports: String },
 
-    #[error("the kernel object was not built into this binary: run `cargo xtask build-ebpf`, then rebuild shedctl (or use `cargo xtask install`)")]
+    #[error(
+        "the kernel object was not built into this binary: run `cargo xtask build-ebpf`, then rebuild shedctl (or use `cargo xtask install`)"
+    )]
     EbpfObjectMissing,
 
-    #[error("the running kernel's {tracepoint} tracepoint differs from what shed was built for: field {field} expected at offset {expected}, found {found}")]
+    #[error(
+        "the running kernel's {tracepoint} tracepoint differs from what shed was built for: field {field} expected at offset {expected}, found {found}"
+    )]
     TracepointLayout { tracepoint: &'static str, field: &'static str, expected: usize, found: String },
 
     #[error("{cidr} has no tier of its own: list tiers with `shedctl tier ls`")]

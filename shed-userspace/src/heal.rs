@@ -87,7 +87,8 @@ impl Healer {
         }
 
         let ours = |e: &SockEntry| configs.get(&e.port).is_some_and(|c| c.slot == e.slot);
-        let stale: HashSet<u64> = tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
+        let stale: HashSet<u64> =
+            tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
         for (key, entry) in tracked.iter().filter(|(k, _)| stale.contains(k) && self.stale_before.contains(k)) {
             if maps.socks.remove(key).is_ok() && entry.capped != 0 {
                 let client = shed_common::ClientKey { slot: entry.slot, addr: entry.client };
@@ -138,7 +139,12 @@ impl Healer {
                 user.busy_adjust -= drift.1;
                 user.drift_corrected += n;
                 maps.user_state.set(slot, user, 0).map_err(|e| Error::map("write drift correction", e))?;
-                tracing::warn!(port, established_drift = drift.0, busy_drift = drift.1, "corrected in-flight drift against the socket table");
+                tracing::warn!(
+                    port,
+                    established_drift = drift.0,
+                    busy_drift = drift.1,
+                    "corrected in-flight drift against the socket table"
+                );
                 self.drift_before.remove(&slot);
             } else {
                 self.drift_before.insert(slot, drift);
@@ -150,7 +156,13 @@ impl Healer {
 
 fn fxhash(flow: &FlowKey) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in flow.client_addr.iter().chain(&flow.server_addr).chain(&flow.client_port.to_le_bytes()).chain(&flow.server_port.to_le_bytes()) {
+    for b in flow
+        .client_addr
+        .iter()
+        .chain(&flow.server_addr)
+        .chain(&flow.client_port.to_le_bytes())
+        .chain(&flow.server_port.to_le_bytes())
+    {
         h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
     }
     h

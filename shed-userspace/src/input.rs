@@ -6,10 +6,7 @@ use shed_common::{MAX_LIMIT, action};
 
 /// A TCP port an operator asked to protect (1-65535).
 pub fn parse_port(s: &str) -> Result<u16, String> {
-    let n: u32 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
+    let n: u32 = s.trim().parse().map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
     match u16::try_from(n) {
         Ok(0) => Err("port 0 cannot be protected: give a port from 1 to 65535".into()),
         Ok(port) => Ok(port),
@@ -19,10 +16,8 @@ pub fn parse_port(s: &str) -> Result<u16, String> {
 
 /// A concurrency limit (1..=MAX_LIMIT).
 pub fn parse_limit(s: &str) -> Result<u32, String> {
-    let n: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a limit: give a whole number from 1 to {MAX_LIMIT}"))?;
+    let n: u64 =
+        s.trim().parse().map_err(|_| format!("{s:?} is not a limit: give a whole number from 1 to {MAX_LIMIT}"))?;
     if n == 0 {
         return Err("limit 0 would reject every connection: give a limit from 1 (use `detach` to stop gating)".into());
     }
@@ -42,7 +37,11 @@ pub fn parse_client_cap(s: &str) -> Result<u32, String> {
 
 /// An IPv6 prefix length for counting clients (1-128).
 pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
-    let n: u8 = s.trim().trim_start_matches('/').parse().map_err(|_| format!("{s:?} is not a prefix length: give 1 to 128, e.g. 64"))?;
+    let n: u8 = s
+        .trim()
+        .trim_start_matches('/')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a prefix length: give 1 to 128, e.g. 64"))?;
     if !(1..=128).contains(&n) {
         return Err(format!("prefix length {n} is out of range: give 1 to 128"));
     }
@@ -139,7 +138,11 @@ impl Count {
 
 /// A latency percentile (1-99).
 pub fn parse_percentile(s: &str) -> Result<u8, String> {
-    let p: u8 = s.trim().trim_start_matches('p').parse().map_err(|_| format!("{s:?} is not a percentile: give 1 to 99, e.g. 90"))?;
+    let p: u8 = s
+        .trim()
+        .trim_start_matches('p')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentile: give 1 to 99, e.g. 90"))?;
     if !(1..=99).contains(&p) {
         return Err(format!("percentile {p} is out of range: give 1 to 99"));
     }

@@ -1,12 +1,13 @@
 //! `shedctl`: the daemon and the operator's CLI.
 use clap::Parser as _;
-use shed::{cli::{Cli, Command}, commands};
+use shed::{
+    cli::{Cli, Command},
+    commands,
+};
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHED_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SHED_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

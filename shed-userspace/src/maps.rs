@@ -7,8 +7,8 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, NetnsFilter, ControlStatus, FlowKey, PendingEntry, PortConfig, PortCounters, PortLatency, PortState, SockEntry,
-    TierReserve, UserPortState, capacity::MAX_PORTS, map,
+    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortConfig, PortCounters, PortLatency,
+    PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, map,
 };
 
 use crate::{Error, paths, tiers::Cidr};
@@ -81,7 +81,10 @@ impl GateMaps {
             })?;
             if let Some(dir) = pin_dir {
                 map.pin(dir.join(name)).map_err(|error| {
-                    Error::map(format!("pin map {name}"), aya::maps::MapError::PinError { name: Some(name.into()), error })
+                    Error::map(
+                        format!("pin map {name}"),
+                        aya::maps::MapError::PinError { name: Some(name.into()), error },
+                    )
                 })?;
             }
             Ok(map)
@@ -95,7 +98,8 @@ impl GateMaps {
         }
         Self::build(|name| {
             let path = paths::map_pin(name);
-            let data = MapData::from_pin(&path).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))?;
+            let data =
+                MapData::from_pin(&path).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))?;
             Map::from_map_data(data).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))
         })
     }
@@ -123,17 +127,13 @@ impl GateMaps {
 
     /// Protected ports and their configuration, by port.
     pub fn port_configs(&self) -> Result<BTreeMap<u16, PortConfig>, Error> {
-        self.ports
-            .iter()
-            .collect::<Result<BTreeMap<_, _>, _>>()
-            .map_err(|e| Error::map("read protected ports", e))
+        self.ports.iter().collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| Error::map("read protected ports", e))
     }
 
     pub fn config(&self, port: u16) -> Result<PortConfig, Error> {
-        self.ports.get(&port, 0).map_err(|_| Error::PortNotProtected {
-            port,
-            protected: self.port_list().unwrap_or_default(),
-        })
+        self.ports
+            .get(&port, 0)
+            .map_err(|_| Error::PortNotProtected { port, protected: self.port_list().unwrap_or_default() })
     }
 
     /// "8080, 9090" for messages.
@@ -146,13 +146,16 @@ impl GateMaps {
     pub fn protect(&mut self, port: u16, spec: &PortSpec) -> Result<PortConfig, Error> {
         let used: Vec<u32> = self.port_configs()?.values().map(|c| c.slot).collect();
         let slot = (0..MAX_PORTS).find(|s| !used.contains(s)).ok_or(Error::TooManyPorts { max: MAX_PORTS })?;
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
+        let cpus =
+            aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
         let reset = |e| Error::map("reset port state", e);
         self.state.set(slot, PortState::default(), 0).map_err(reset)?;
         self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
-        let zero = aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
+        let zero =
+            aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
         self.counters.set(slot, zero, 0).map_err(reset)?;
-        let zero = aya::maps::PerCpuValues::try_from(vec![PortLatency::default(); cpus]).map_err(|e| reset(e.into()))?;
+        let zero =
+            aya::maps::PerCpuValues::try_from(vec![PortLatency::default(); cpus]).map_err(|e| reset(e.into()))?;
         self.latency.set(slot, zero, 0).map_err(reset)?;
         self.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
         self.reserve.set(slot, TierReserve::default(), 0).map_err(reset)?;
@@ -191,7 +194,11 @@ impl GateMaps {
         let per_cpu = self.latency.get(&slot, 0).map_err(|e| Error::map("read latency histograms", e))?;
         let mut sum = PortLatency::default();
         for cpu in per_cpu.iter() {
-            for (total, part) in [(&mut sum.queue_wait, &cpu.queue_wait), (&mut sum.service, &cpu.service), (&mut sum.sojourn, &cpu.sojourn)] {
+            for (total, part) in [
+                (&mut sum.queue_wait, &cpu.queue_wait),
+                (&mut sum.service, &cpu.service),
+                (&mut sum.sojourn, &cpu.sojourn),
+            ] {
                 for (t, v) in total.iter_mut().zip(part) {
                     *t = t.wrapping_add(*v);
                 }
@@ -254,7 +261,9 @@ impl GateMaps {
     }
 
     pub fn remove_tier(&mut self, cidr: Cidr) -> Result<(), Error> {
-        self.tiers.remove(&Key::new(cidr.prefix_len, cidr.addr)).map_err(|e| Error::map(format!("remove tier of {cidr}"), e))?;
+        self.tiers
+            .remove(&Key::new(cidr.prefix_len, cidr.addr))
+            .map_err(|e| Error::map(format!("remove tier of {cidr}"), e))?;
         self.sync_tiered()
     }
 
@@ -333,7 +342,9 @@ impl GateMaps {
                 {
                     let client = config.client_key(&key.client_addr);
                     let expired = self.client_expired.get(&client, 0).unwrap_or(0);
-                    self.client_expired.insert(client, expired + 1, 0).map_err(|e| Error::map("write client expiry", e))?;
+                    self.client_expired
+                        .insert(client, expired + 1, 0)
+                        .map_err(|e| Error::map("write client expiry", e))?;
                 }
             }
         }

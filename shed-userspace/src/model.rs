@@ -199,7 +199,8 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         if c.dry_run == 0 {
             counters[reason] += 1;
             counters[counter::REJECTED_BY_TIER + t as usize] += 1;
-            let act = if c.tier_action[t as usize] != tier::ACTION_DEFAULT { c.tier_action[t as usize] } else { c.action };
+            let act =
+                if c.tier_action[t as usize] != tier::ACTION_DEFAULT { c.tier_action[t as usize] } else { c.action };
             if act != action::RST {
                 return Outcome { verdict: Expected::Drop, counters };
             }

@@ -196,7 +196,13 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             let t = match cfg.tier_mix {
                 Some([critical, normal, _]) => {
                     let u = rng.uniform();
-                    if u < critical { tier::CRITICAL } else if u < critical + normal { tier::NORMAL } else { tier::LOW }
+                    if u < critical {
+                        tier::CRITICAL
+                    } else if u < critical + normal {
+                        tier::NORMAL
+                    } else {
+                        tier::LOW
+                    }
                 }
                 None => tier::NORMAL,
             };
@@ -206,10 +212,11 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             let in_system = (queue.len() + busy.len()) as u64;
             let threshold = port.tier_threshold(t, limit.min(u64::from(u32::MAX)) as u32);
             let share_full = in_system >= threshold.saturating_sub(u64::from(held_back[t as usize]));
-            let rejected = in_system >= limit || (share_full && {
-                share_rejections += 1;
-                !share_rejections.is_multiple_of(tier::TRICKLE_EVERY)
-            });
+            let rejected = in_system >= limit
+                || (share_full && {
+                    share_rejections += 1;
+                    !share_rejections.is_multiple_of(tier::TRICKLE_EVERY)
+                });
             if rejected {
                 window_rejected[t as usize] += 1;
                 if now >= measure_from {
@@ -269,7 +276,11 @@ mod tests {
     #[test]
     fn without_a_gate_goodput_collapses_under_overload() {
         let r = simulate(&SimConfig::new(2.0, None));
-        println!("no gate at 2x: goodput {:.1}% of capacity, p99 {:.0} ms", r.goodput_fraction() * 100.0, r.admitted_p99 * 1e3);
+        println!(
+            "no gate at 2x: goodput {:.1}% of capacity, p99 {:.0} ms",
+            r.goodput_fraction() * 100.0,
+            r.admitted_p99 * 1e3
+        );
         assert!(r.goodput_fraction() < 0.2, "the model must show the collapse the gate prevents: {r:?}");
     }
 
@@ -290,8 +301,16 @@ mod tests {
                     tail.iter().min().unwrap(),
                     tail.iter().max().unwrap(),
                 );
-                assert!(r.goodput_fraction() >= 0.90, "{algo} at {load}x: goodput {:.3} of capacity", r.goodput_fraction());
-                assert!(r.admitted_p99 <= 3.0 * base_p99, "{algo} at {load}x: p99 {} vs unloaded {base_p99}", r.admitted_p99);
+                assert!(
+                    r.goodput_fraction() >= 0.90,
+                    "{algo} at {load}x: goodput {:.3} of capacity",
+                    r.goodput_fraction()
+                );
+                assert!(
+                    r.admitted_p99 <= 3.0 * base_p99,
+                    "{algo} at {load}x: p99 {} vs unloaded {base_p99}",
+                    r.admitted_p99
+                );
             }
         }
     }

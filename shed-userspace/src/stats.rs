@@ -176,13 +176,20 @@ impl PortStats {
             top_clients: Vec::new(),
             tiers: (0..tier::COUNT)
                 .map(|t| {
-                    (tier::NAMES[t], TierStats {
-                        admitted: now.counter(counter::ADMITTED_BY_TIER + t),
-                        rejected: now.counter(counter::REJECTED_BY_TIER + t),
-                        share: if now.config.tiered == 0 { 1.0 } else { f64::from(now.config.share_permille[t]) / 1000.0 },
-                        action: Action::from_raw(now.config.action_for(t as u8)),
-                        held_back: now.reserve.held_back[t],
-                    })
+                    (
+                        tier::NAMES[t],
+                        TierStats {
+                            admitted: now.counter(counter::ADMITTED_BY_TIER + t),
+                            rejected: now.counter(counter::REJECTED_BY_TIER + t),
+                            share: if now.config.tiered == 0 {
+                                1.0
+                            } else {
+                                f64::from(now.config.share_permille[t]) / 1000.0
+                            },
+                            action: Action::from_raw(now.config.action_for(t as u8)),
+                            held_back: now.reserve.held_back[t],
+                        },
+                    )
                 })
                 .collect(),
             trickle_admitted: now.counter(counter::TRICKLE),
@@ -245,7 +252,10 @@ pub fn listen_drops(netstat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shed_common::{ControlConfig, ControlStatus, PortConfig, PortCounters, PortState, TierReserve, UserPortState, action, count_mode};
+    use shed_common::{
+        ControlConfig, ControlStatus, PortConfig, PortCounters, PortState, TierReserve, UserPortState, action,
+        count_mode,
+    };
 
     fn snapshot(admitted: u64, rejected: u64) -> PortSnapshot {
         let mut counters = PortCounters::default();
@@ -257,7 +267,12 @@ mod tests {
             limit: 5,
             control: ControlConfig::default(),
             reserve: TierReserve { held_back: [0, 0, 1, 2] },
-            status: ControlStatus { baseline_us: 900, windows: 3, reason: Reason::Grow.to_raw(), ..ControlStatus::default() },
+            status: ControlStatus {
+                baseline_us: 900,
+                windows: 3,
+                reason: Reason::Grow.to_raw(),
+                ..ControlStatus::default()
+            },
             state: PortState { opened: 7, closed: 2, reserved: 9, released: 6, busy_enter: 4, busy_exit: 3 },
             user: UserPortState { pending_expired: 1, ..UserPortState::default() },
             counters,
@@ -293,7 +308,8 @@ mod tests {
 
     #[test]
     fn netstat_listen_drops() {
-        let netstat = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 7 9\nIpExt: InNoRoutes\nIpExt: 0\n";
+        let netstat =
+            "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 7 9\nIpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(listen_drops(netstat), Some(9));
         assert_eq!(listen_drops("IpExt: A\nIpExt: 1\n"), None);
     }

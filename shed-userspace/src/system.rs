@@ -71,7 +71,11 @@ pub fn check_bpffs() -> Result<(), Error> {
 }
 
 pub fn check_tracefs() -> Result<(), Error> {
-    if fs_magic(paths::TRACEFS) == Some(TRACEFS_MAGIC) { Ok(()) } else { Err(Error::TracefsMissing { path: paths::TRACEFS }) }
+    if fs_magic(paths::TRACEFS) == Some(TRACEFS_MAGIC) {
+        Ok(())
+    } else {
+        Err(Error::TracefsMissing { path: paths::TRACEFS })
+    }
 }
 
 /// Checks that the socket tracepoints have the field offsets compiled into the kernel programs.
@@ -94,14 +98,14 @@ const SOCK_IO_FIELDS: [(&str, usize); 4] = [
     ("flags", sock_io_tp::FLAGS),
 ];
 const SOCK_STATE_FIELDS: [(&str, usize); 8] = [
-        ("skaddr", sock_state_tp::SKADDR),
-        ("oldstate", sock_state_tp::OLDSTATE),
-        ("newstate", sock_state_tp::NEWSTATE),
-        ("sport", sock_state_tp::SPORT),
-        ("dport", sock_state_tp::DPORT),
-        ("protocol", sock_state_tp::PROTOCOL),
-        ("saddr_v6", sock_state_tp::SADDR_V6),
-        ("daddr_v6", sock_state_tp::DADDR_V6),
+    ("skaddr", sock_state_tp::SKADDR),
+    ("oldstate", sock_state_tp::OLDSTATE),
+    ("newstate", sock_state_tp::NEWSTATE),
+    ("sport", sock_state_tp::SPORT),
+    ("dport", sock_state_tp::DPORT),
+    ("protocol", sock_state_tp::PROTOCOL),
+    ("saddr_v6", sock_state_tp::SADDR_V6),
+    ("daddr_v6", sock_state_tp::DADDR_V6),
 ];
 
 /// Compares a tracepoint `format` text with the compiled offsets.
@@ -222,7 +226,8 @@ pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
 /// disabled one (with the reason) when the kernel's BTF lacks the fields.
 pub fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
     use std::os::unix::fs::MetadataExt as _;
-    let inum = fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
+    let inum =
+        fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
     let btf = crate::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
     let skc_net = btf.offset_of("sock_common", &["skc_net"]).ok_or("BTF has no sock_common.skc_net")?;
     let net_inum = btf.offset_of("net", &["ns", "inum"]).ok_or("BTF has no net.ns.inum")?;
@@ -274,7 +279,12 @@ format:
         let err = check_layout(&moved, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).unwrap_err().to_string();
         assert!(err.contains("sport") && err.contains("24") && err.contains("28"), "{err}");
         let missing = FORMAT.replace("daddr_v6[16]", "other[16]");
-        assert!(check_layout(&missing, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).unwrap_err().to_string().contains("no such field"));
+        assert!(
+            check_layout(&missing, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS)
+                .unwrap_err()
+                .to_string()
+                .contains("no such field")
+        );
     }
 
     #[test]

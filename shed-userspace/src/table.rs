@@ -13,7 +13,20 @@ pub fn stats_table(stats: &[PortStats]) -> String {
     let _ = writeln!(
         out,
         "{:>5}  {:<9}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>9}  {:<6}",
-        "PORT", "ALGO", "LIMIT", "IN-FLIGHT", "OPEN", "PENDING", "ADMITTED", "REJECTED", "ADMIT/S", "REJECT/S", "BASE(ms)", "P50(ms)", "P99(ms)", "ACTION"
+        "PORT",
+        "ALGO",
+        "LIMIT",
+        "IN-FLIGHT",
+        "OPEN",
+        "PENDING",
+        "ADMITTED",
+        "REJECTED",
+        "ADMIT/S",
+        "REJECT/S",
+        "BASE(ms)",
+        "P50(ms)",
+        "P99(ms)",
+        "ACTION"
     );
     for s in stats {
         let queue = format!(
@@ -26,7 +39,11 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             s.last_decision,
             s.previous_limit
         );
-        let mode = if s.dry_run { format!("{} (dry-run, would reject {})", s.action, s.would_reject) } else { s.action.to_string() };
+        let mode = if s.dry_run {
+            format!("{} (dry-run, would reject {})", s.action, s.would_reject)
+        } else {
+            s.action.to_string()
+        };
         let _ = writeln!(
             out,
             "{:>5}  {:<9}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9.1}  {:>9.1}  {:>9.1}  {:<6}",
@@ -54,10 +71,22 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             .collect();
         if s.client_cap != 0 {
             let top: Vec<String> = s.top_clients.iter().map(|c| format!("{} {}", c.client, c.in_flight)).collect();
-            let _ = writeln!(out, "       client cap {}: rejected {}; top clients: {}", s.client_cap, s.rejected_by_reason.client_cap, if top.is_empty() { "none".into() } else { top.join(", ") });
+            let _ = writeln!(
+                out,
+                "       client cap {}: rejected {}; top clients: {}",
+                s.client_cap,
+                s.rejected_by_reason.client_cap,
+                if top.is_empty() { "none".into() } else { top.join(", ") }
+            );
         }
         if !tiers.is_empty() {
-            let _ = writeln!(out, "       tiers admitted/rejected: {}; rejected at limit {}, at tier share {}", tiers.join(", "), s.rejected_by_reason.limit, s.rejected_by_reason.share);
+            let _ = writeln!(
+                out,
+                "       tiers admitted/rejected: {}; rejected at limit {}, at tier share {}",
+                tiers.join(", "),
+                s.rejected_by_reason.limit,
+                s.rejected_by_reason.share
+            );
         }
     }
     out

@@ -29,7 +29,11 @@ pub struct Testbed {
 fn ip(args: &[&str]) -> io::Result<()> {
     let out = Command::new("ip").args(args).output()?;
     if !out.status.success() {
-        return Err(io::Error::other(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(())
 }
@@ -72,7 +76,11 @@ impl Testbed {
     }
 
     pub fn server_addr(&self, v6: bool, port: u16) -> SocketAddr {
-        if v6 { SocketAddr::new(IpAddr::V6(self.server_v6), port) } else { SocketAddr::new(IpAddr::V4(self.server_v4), port) }
+        if v6 {
+            SocketAddr::new(IpAddr::V6(self.server_v6), port)
+        } else {
+            SocketAddr::new(IpAddr::V4(self.server_v4), port)
+        }
     }
 }
 
@@ -371,7 +379,9 @@ pub fn syn_flood(dst: Ipv4Addr, port: u16, count: u32, source: impl Fn(u32) -> I
         let d = dst.octets();
         // IPv4 header: the kernel fills in the checksum and total length.
         let mut pkt = [0u8; 40];
-        pkt[..20].copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, src[0], src[1], src[2], src[3], d[0], d[1], d[2], d[3]]);
+        pkt[..20].copy_from_slice(&[
+            0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, src[0], src[1], src[2], src[3], d[0], d[1], d[2], d[3],
+        ]);
         let sport = (1024 + i % 60_000) as u16;
         let mut tcp = [0u8; 20];
         tcp[0..2].copy_from_slice(&sport.to_be_bytes());

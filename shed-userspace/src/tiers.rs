@@ -46,7 +46,8 @@ pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
         Some((a, l)) => (a, Some(l)),
         None => (s, None),
     };
-    let ip: IpAddr = addr.parse().map_err(|_| format!("{s:?} is not a CIDR: write it like 10.0.0.0/8 or 2001:db8::/32"))?;
+    let ip: IpAddr =
+        addr.parse().map_err(|_| format!("{s:?} is not a CIDR: write it like 10.0.0.0/8 or 2001:db8::/32"))?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     let len: u32 = match len {
         Some(l) => l.parse().map_err(|_| format!("{s:?}: prefix length {l:?} is not a number"))?,

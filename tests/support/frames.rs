@@ -131,10 +131,7 @@ pub fn frame(s: &Spec) -> Vec<u8> {
 /// reference to the kernel code's implementation.
 pub fn internet_checksum(parts: &[&[u8]]) -> u16 {
     let bytes: Vec<u8> = parts.concat();
-    let mut sum: u64 = bytes
-        .chunks(2)
-        .map(|c| u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
+    let mut sum: u64 = bytes.chunks(2).map(|c| u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }

@@ -124,7 +124,12 @@ pub fn field(stats: &serde_json::Value, name: &str) -> u64 {
 }
 
 /// Polls `stats` until `cond` holds, for at most `timeout`.
-pub fn wait_for_stats(port: u16, timeout: Duration, what: &str, cond: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+pub fn wait_for_stats(
+    port: u16,
+    timeout: Duration,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let start = Instant::now();
     loop {
         let s = stats(port);

@@ -89,15 +89,96 @@ fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// B1: decision cost per packet, against an empty XDP_PASS program in the same run.
 pub fn b1(quick: bool) -> Result<String> {
     let cases = [
-        Case { name: "non-TCP (UDP)", v6: false, proto: 17, flags: 0x02, dport: PORT, limit: 100_000, act: action::DROP, fresh_flows: false },
-        Case { name: "TCP, not a SYN (ACK)", v6: false, proto: 6, flags: 0x10, dport: PORT, limit: 100_000, act: action::DROP, fresh_flows: false },
-        Case { name: "SYN, unprotected port", v6: false, proto: 6, flags: 0x02, dport: 9999, limit: 100_000, act: action::DROP, fresh_flows: false },
-        Case { name: "SYN admitted (IPv4)", v6: false, proto: 6, flags: 0x02, dport: PORT, limit: 1_000_000, act: action::DROP, fresh_flows: true },
-        Case { name: "SYN admitted (IPv6)", v6: true, proto: 6, flags: 0x02, dport: PORT, limit: 1_000_000, act: action::DROP, fresh_flows: true },
-        Case { name: "SYN rejected, drop (IPv4)", v6: false, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::DROP, fresh_flows: false },
-        Case { name: "SYN rejected, drop (IPv6)", v6: true, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::DROP, fresh_flows: false },
-        Case { name: "SYN rejected, RST (IPv4)", v6: false, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::RST, fresh_flows: false },
-        Case { name: "SYN rejected, RST (IPv6)", v6: true, proto: 6, flags: 0x02, dport: PORT, limit: 0, act: action::RST, fresh_flows: false },
+        Case {
+            name: "non-TCP (UDP)",
+            v6: false,
+            proto: 17,
+            flags: 0x02,
+            dport: PORT,
+            limit: 100_000,
+            act: action::DROP,
+            fresh_flows: false,
+        },
+        Case {
+            name: "TCP, not a SYN (ACK)",
+            v6: false,
+            proto: 6,
+            flags: 0x10,
+            dport: PORT,
+            limit: 100_000,
+            act: action::DROP,
+            fresh_flows: false,
+        },
+        Case {
+            name: "SYN, unprotected port",
+            v6: false,
+            proto: 6,
+            flags: 0x02,
+            dport: 9999,
+            limit: 100_000,
+            act: action::DROP,
+            fresh_flows: false,
+        },
+        Case {
+            name: "SYN admitted (IPv4)",
+            v6: false,
+            proto: 6,
+            flags: 0x02,
+            dport: PORT,
+            limit: 1_000_000,
+            act: action::DROP,
+            fresh_flows: true,
+        },
+        Case {
+            name: "SYN admitted (IPv6)",
+            v6: true,
+            proto: 6,
+            flags: 0x02,
+            dport: PORT,
+            limit: 1_000_000,
+            act: action::DROP,
+            fresh_flows: true,
+        },
+        Case {
+            name: "SYN rejected, drop (IPv4)",
+            v6: false,
+            proto: 6,
+            flags: 0x02,
+            dport: PORT,
+            limit: 0,
+            act: action::DROP,
+            fresh_flows: false,
+        },
+        Case {
+            name: "SYN rejected, drop (IPv6)",
+            v6: true,
+            proto: 6,
+            flags: 0x02,
+            dport: PORT,
+            limit: 0,
+            act: action::DROP,
+            fresh_flows: false,
+        },
+        Case {
+            name: "SYN rejected, RST (IPv4)",
+            v6: false,
+            proto: 6,
+            flags: 0x02,
+            dport: PORT,
+            limit: 0,
+            act: action::RST,
+            fresh_flows: false,
+        },
+        Case {
+            name: "SYN rejected, RST (IPv6)",
+            v6: true,
+            proto: 6,
+            flags: 0x02,
+            dport: PORT,
+            limit: 0,
+            act: action::RST,
+            fresh_flows: false,
+        },
     ];
     let (runs, n) = if quick { (3, 5_000) } else { (7, 60_000) };
     let repeat = if quick { 100_000 } else { 1_000_000 };
@@ -130,19 +211,29 @@ pub fn b1(quick: bool) -> Result<String> {
         let (g, gmin, gmax) = median_min_max(gate);
         let (e, _, _) = median_min_max(empty);
         let (x, xmin, xmax) = median_min_max(extra);
-        rows.push(format!("| {} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |", case.name, g / e));
+        rows.push(format!(
+            "| {} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |",
+            case.name,
+            g / e
+        ));
         json.push(serde_json::json!({"case": case.name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
         println!("B1 {:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns", case.name);
     }
     fs::create_dir_all(results_dir())?;
-    fs::write(results_dir().join("b1.json"), serde_json::to_string_pretty(&serde_json::json!({
-        "benchmark": "B1 decision cost",
-        "method": format!("BPF_PROG_TEST_RUN of shed_xdp vs the empty shed_xdp_pass, {runs} samples; each the kernel's ns per packet over {repeat} in-kernel repeats, or over {n} single runs where the frame cannot be repeated (admitted SYNs, RSTs)"),
-        "cases": json,
-    }))?)?;
+    fs::write(
+        results_dir().join("b1.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "benchmark": "B1 decision cost",
+            "method": format!("BPF_PROG_TEST_RUN of shed_xdp vs the empty shed_xdp_pass, {runs} samples; each the kernel's ns per packet over {repeat} in-kernel repeats, or over {n} single runs where the frame cannot be repeated (admitted SYNs, RSTs)"),
+            "cases": json,
+        }))?,
+    )?;
     let mut md = String::new();
     let _ = writeln!(md, "## B1: decision cost per packet (XDP, BPF_PROG_TEST_RUN)\n");
-    let _ = writeln!(md, "Median of {runs} samples (min-max). A sample is the kernel's mean ns per packet over {repeat} in-kernel repeats, or, where a frame cannot be repeated (an admitted SYN is pending afterwards, a RST rewrites the frame), over {n} single runs, which carry the test runner's own timing overhead for both programs alike. \"extra\" is the gate minus an empty XDP_PASS program in the same sample.\n");
+    let _ = writeln!(
+        md,
+        "Median of {runs} samples (min-max). A sample is the kernel's mean ns per packet over {repeat} in-kernel repeats, or, where a frame cannot be repeated (an admitted SYN is pending afterwards, a RST rewrites the frame), over {n} single runs, which carry the test runner's own timing overhead for both programs alike. \"extra\" is the gate minus an empty XDP_PASS program in the same sample.\n"
+    );
     let _ = writeln!(md, "| case | gate ns | empty ns | extra ns | ratio |\n|---|---|---|---|---|");
     for r in rows {
         let _ = writeln!(md, "{r}");

@@ -63,7 +63,15 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     // overload; the backend slows 5x under it; it recovers.
     let phase_at = move |t: Duration| {
         let f = t.as_secs_f64() / total.as_secs_f64();
-        if f < 0.15 { (0.5, 1) } else if f < 0.45 { (2.0, 1) } else if f < 0.7 { (2.0, 5) } else { (2.0, 1) }
+        if f < 0.15 {
+            (0.5, 1)
+        } else if f < 0.45 {
+            (2.0, 1)
+        } else if f < 0.7 {
+            (2.0, 5)
+        } else {
+            (2.0, 1)
+        }
     };
     let load_at = move |t: Duration| phase_at(t).0;
     let rate = Arc::new(AtomicU64::new((capacity * load_at(Duration::ZERO)) as u64));
@@ -71,11 +79,23 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
 
     println!(
         "{:>4}  {:>7}  {:>7}  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}",
-        "t(s)", "offered", "service", "limit", "in-flight", "admit/s", "reject/s", "answered", "refused", "timeouts", "p99(ms)"
+        "t(s)",
+        "offered",
+        "service",
+        "limit",
+        "in-flight",
+        "admit/s",
+        "reject/s",
+        "answered",
+        "refused",
+        "timeouts",
+        "p99(ms)"
     );
     let mut before = maps.snapshots(Some(PORT))?[0];
     for second in 1..=seconds {
-        thread::sleep(Duration::from_secs(1).saturating_sub(start.elapsed().saturating_sub(Duration::from_secs(second - 1))));
+        thread::sleep(
+            Duration::from_secs(1).saturating_sub(start.elapsed().saturating_sub(Duration::from_secs(second - 1))),
+        );
         rate.store((capacity * load_at(Duration::from_secs(second))) as u64, Ordering::Relaxed);
         let slowdown = phase_at(Duration::from_secs(second)).1;
         service_us.store(SERVICE.as_micros() as u64 * slowdown, Ordering::Relaxed);
@@ -90,7 +110,9 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
             }
         }
         answered.sort();
-        let p99 = answered.get((answered.len() * 99 / 100).min(answered.len().saturating_sub(1))).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let p99 = answered
+            .get((answered.len() * 99 / 100).min(answered.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3);
         let delta = |i| now.counter(i) - before.counter(i);
         println!(
             "{:>4}  {:>6.1}x  {:>5}ms  {:>5}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8.1}",

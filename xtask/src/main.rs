@@ -160,11 +160,8 @@ fn test(extra: &[String]) -> Result<()> {
     args.extend(extra.iter().map(String::as_str));
     // One test at a time: the end-to-end tests share the host's one gate.
     args.extend(["--", "--test-threads=1"]);
-    let mut child = cargo_command()
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .context("run cargo test")?;
+    let mut child =
+        cargo_command().args(&args).stdout(std::process::Stdio::piped()).spawn().context("run cargo test")?;
     // Echo the output and total the per-binary results into one closing line.
     let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
     let stdout = child.stdout.take().expect("piped stdout");

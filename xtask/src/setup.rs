@@ -60,7 +60,15 @@ fn bpf_linker() -> Result<()> {
     println!("setup: installing bpf-linker {BPF_LINKER_VERSION} against {} (LLVM {major})", llvm.display());
     run(Command::new("cargo")
         .env("LLVM_PREFIX", &prefix)
-        .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+        ])
         .arg(format!("llvm-{major}")))
     .context("cargo install bpf-linker")
 }

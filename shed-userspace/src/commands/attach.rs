@@ -1,16 +1,15 @@
 //! `shedctl attach`: check everything, then load, attach, pin and run.
 use std::{fs, path::Path, time::Duration};
 
-
 use anyhow::Context as _;
 
 use crate::{
     Error,
     cli::AttachArgs,
+    control::Algo,
     daemon::{self, DaemonLock, LoopSettings, PinGuard},
     gate::{Loaded, default_hook},
     input::Hook,
-    control::Algo,
     maps::{self, PortSpec},
     paths,
     system::{self, Need},
@@ -103,10 +102,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         "shed gate running; SIGINT or SIGTERM detaches"
     );
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let tick = TICK.min(args.window);
     runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout }))?;
     drop(loaded); // detaches every link

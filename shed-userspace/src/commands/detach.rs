@@ -1,5 +1,9 @@
 //! `shedctl detach`: stop gating one port, or stop the gate.
-use std::{path::Path, thread, time::{Duration, Instant}};
+use std::{
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::bail;
 

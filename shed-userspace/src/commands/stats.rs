@@ -2,10 +2,10 @@
 use std::{io::Write as _, thread, time::Instant};
 
 use crate::{
-    stats::ClientStats,
     cli::StatsArgs,
     daemon,
     maps::GateMaps,
+    stats::ClientStats,
     stats::PortStats,
     system::{self, Need},
     table,

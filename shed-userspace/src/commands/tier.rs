@@ -31,8 +31,11 @@ pub fn execute(command: TierCommand) -> anyhow::Result<()> {
             println!("{cidr} no longer has a tier of its own");
         }
         TierCommand::Ls { json } => {
-            let rows: Vec<TierRow> =
-                maps.tier_entries()?.into_iter().map(|(c, t)| TierRow { cidr: c.to_string(), tier: tier_name(t) }).collect();
+            let rows: Vec<TierRow> = maps
+                .tier_entries()?
+                .into_iter()
+                .map(|(c, t)| TierRow { cidr: c.to_string(), tier: tier_name(t) })
+                .collect();
             if json {
                 println!("{}", serde_json::to_string(&rows)?);
             } else if rows.is_empty() {
