@@ -120,7 +120,7 @@ pub const MAX_LIMIT: u32 = 65_536;
 /// the gate into a reflector.
 pub const DEFAULT_RST_PER_SEC: u32 = 20_000;
 /// Default cap on RSTs per second to one source prefix (IPv4 /24, IPv6 /48).
-pub const DEFAULT_RST_PER_PREFIX_PER_SEC: u32 = 200;
+pub const DEFAULT_RST_PER_PREFIX_PER_SEC: u32 = 1_000;
 
 /// A token bucket for RSTs: `nanotokens` is tokens x 1e9, refilled at the
 /// port's rate per second of `last_ns` elapsed, holding at most one second.

@@ -158,7 +158,7 @@ pub struct AttachArgs {
     #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_SEC)]
     pub rst_rate: u32,
 
-    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48); 0: no cap (--rst-prefix-rate 200).
+    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48); 0: no cap (--rst-prefix-rate 1000).
     #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
     pub rst_prefix_rate: u32,
 

@@ -241,8 +241,161 @@ pub fn b1(quick: bool) -> Result<String> {
     Ok(md)
 }
 
+/// One configuration of B4.
+struct GateConfig {
+    name: &'static str,
+    /// `shedctl attach` arguments after the port and interface.
+    shed: Option<&'static [&'static str]>,
+    /// An nftables connection cap instead.
+    nft_cap: Option<u32>,
+    /// Serve 5x slower than the capacity the cap was tuned for (a stale static limit).
+    slowed: bool,
+}
+
+const B4_WORKERS: usize = 4;
+const B4_SERVICE_US: u64 = 20_000;
+const B4_STATIC_CAP: u32 = 8; // Little's law: 4 busy workers plus a short queue
+const B4_LOADS: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 4.0];
+
+fn nft_cap(ns: &str, cap: u32) -> Result<()> {
+    let rules = format!(
+        "table inet shedbench {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         tcp dport 8080 ct state new ct count over {cap} reject with tcp reset\n  }}\n}}\n"
+    );
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("run nft (install nftables: apt-get install nftables)")?;
+    std::io::Write::write_all(child.stdin.as_mut().expect("piped"), rules.as_bytes())?;
+    if !child.wait()?.success() {
+        bail!("nft refused the ruleset");
+    }
+    Ok(())
+}
+
+/// B4: goodput under overload, new connection per request, 1 s deadline.
+pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<String> {
+    use std::{
+        sync::{
+            Arc,
+            atomic::{AtomicU64, Ordering},
+        },
+        thread,
+        time::Duration,
+    };
+
+    use shed::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
+
+    let configs = [
+        GateConfig { name: "no gate", shed: None, nft_cap: None, slowed: false },
+        GateConfig { name: "nftables cap (optimum)", shed: None, nft_cap: Some(B4_STATIC_CAP), slowed: false },
+        GateConfig { name: "nftables cap, backend 5x slower (stale)", shed: None, nft_cap: Some(B4_STATIC_CAP), slowed: true },
+        GateConfig { name: "shed fixed (optimum)", shed: Some(&["--limit", "8"]), nft_cap: None, slowed: false },
+        GateConfig { name: "shed gradient", shed: Some(&["--algo", "gradient", "--initial-limit", "20"]), nft_cap: None, slowed: false },
+        GateConfig { name: "shed gradient2", shed: Some(&["--algo", "gradient2", "--initial-limit", "20"]), nft_cap: None, slowed: false },
+        GateConfig { name: "shed aimd", shed: Some(&["--algo", "aimd", "--initial-limit", "20"]), nft_cap: None, slowed: false },
+        GateConfig { name: "shed gradient, backend 5x slower", shed: Some(&["--algo", "gradient", "--initial-limit", "20"]), nft_cap: None, slowed: true },
+    ];
+    let (warm, measure) = if quick { (Duration::from_millis(1500), Duration::from_millis(1500)) } else { (Duration::from_secs(3), Duration::from_secs(4)) };
+    let deadline = Duration::from_secs(1);
+    let mut json = Vec::new();
+    let mut rows = Vec::new();
+    for config in &configs {
+        let bed = Testbed::create("shedb4")?;
+        let service_us = Arc::new(AtomicU64::new(B4_SERVICE_US * if config.slowed { 5 } else { 1 }));
+        let capacity = B4_WORKERS as f64 * 1e6 / service_us.load(Ordering::Relaxed) as f64;
+        let addr = bed.server_addr(false, PORT);
+        let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: B4_WORKERS, service_us: service_us.clone() })?;
+        let mut daemon = None;
+        if let Some(args) = config.shed {
+            let child = std::process::Command::new(shedctl)
+                // One client host makes all the load: no per-prefix RST cap.
+                .args(["attach", "--port", "8080", "--action", "rst", "--rst-prefix-rate", "0"])
+                .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
+                .args(args)
+                .stderr(std::process::Stdio::null())
+                .spawn()?;
+            daemon = Some(child);
+            let start = std::time::Instant::now();
+            while !shed::daemon::ready() {
+                if start.elapsed() > Duration::from_secs(15) {
+                    bail!("{}: the gate did not come up", config.name);
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        if let Some(cap) = config.nft_cap {
+            nft_cap(&bed.server_ns, cap)?;
+        }
+        for load in B4_LOADS {
+            // Offered load is relative to the capacity the configuration was tuned for.
+            let tuned = B4_WORKERS as f64 * 1e6 / B4_SERVICE_US as f64;
+            let rate = Arc::new(AtomicU64::new((load * tuned) as u64));
+            let load_gen = OpenLoop::start(&bed.client_ns, addr, rate, deadline);
+            thread::sleep(warm);
+            while load_gen.outcomes.try_recv().is_ok() {}
+            thread::sleep(measure);
+            let (mut answered, mut refused, mut timeouts) = (Vec::new(), 0u64, 0u64);
+            while let Ok(o) = load_gen.outcomes.try_recv() {
+                match o {
+                    Outcome::Answered(l) => answered.push(l.as_secs_f64() * 1e3),
+                    Outcome::Refused => refused += 1,
+                    Outcome::TimedOut | Outcome::Failed => timeouts += 1,
+                }
+            }
+            drop(load_gen);
+            answered.sort_by(f64::total_cmp);
+            let pct = |p: f64| answered.get(((answered.len() as f64 * p) as usize).min(answered.len().saturating_sub(1))).copied().unwrap_or(0.0);
+            let goodput = answered.len() as f64 / measure.as_secs_f64() / capacity;
+            println!(
+                "B4 {:<40} {load:>3}x: goodput {:5.1}% of capacity, p50 {:6.1} ms, p99 {:6.1} ms, refused {refused}, timeouts {timeouts}",
+                config.name,
+                goodput * 100.0,
+                pct(0.5),
+                pct(0.99)
+            );
+            rows.push(format!(
+                "| {} | {load}x | {:.1}% | {:.1} | {:.1} | {refused} | {timeouts} |",
+                config.name,
+                goodput * 100.0,
+                pct(0.5),
+                pct(0.99)
+            ));
+            json.push(serde_json::json!({"config": config.name, "load": load, "goodput_fraction": goodput, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "refused": refused, "timeouts": timeouts, "capacity_rps": capacity}));
+            thread::sleep(Duration::from_millis(300));
+        }
+        if let Some(mut child) = daemon {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+    fs::create_dir_all(results_dir())?;
+    fs::write(
+        results_dir().join("b4.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "benchmark": "B4 goodput under overload",
+            "setup": format!("{B4_WORKERS} workers x {} ms, new connection per request, open-loop arrivals, 1 s deadline; static caps {B4_STATIC_CAP}; warm {warm:?}, measured {measure:?} per point", B4_SERVICE_US / 1000),
+            "points": json,
+        }))?,
+    )?;
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## B4: goodput under overload\n");
+    let _ = writeln!(
+        md,
+        "{B4_WORKERS} workers x {} ms (200 req/s; 40 req/s when 5x slower), a new connection per request, open-loop arrivals at multiples of 200 req/s, 1 s client deadline. Goodput is answers within the deadline as a fraction of the backend's actual capacity; latency over answered requests. One run per point ({measure:?} after {warm:?} of warm-up), so treat differences of a few percent as noise.\n",
+        B4_SERVICE_US / 1000
+    );
+    let _ = writeln!(md, "| configuration | load | goodput | p50 ms | p99 ms | refused | timeouts |\n|---|---|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(md, "{r}");
+    }
+    Ok(md)
+}
+
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
-    let all = ["b1"];
+    let all = ["b1", "b4"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -261,6 +414,9 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     );
     if wanted("b1") {
         report.push_str(&b1(quick)?);
+    }
+    if wanted("b4") {
+        report.push_str(&b4(&workspace_root().join("target/release/shedctl"), quick)?);
     }
     fs::write(results_dir().join("REPORT.md"), report)?;
     println!("wrote {}", results_dir().join("REPORT.md").display());

@@ -36,7 +36,7 @@ enum Task {
         /// Fewer and shorter samples.
         #[arg(long)]
         quick: bool,
-        /// Benchmarks to run (default: all): b1.
+        /// Benchmarks to run (default: all): b1, b4.
         names: Vec<String>,
     },
     /// Long differential fuzz of the packet path (kernel vs reference model).
@@ -71,6 +71,7 @@ fn main() -> Result<()> {
         Task::Bench { quick, names } => {
             setup::setup()?;
             build_ebpf()?;
+            cargo(&["build", "--release", "--package", "shed-userspace"])?;
             bench::run(quick, &names)
         }
         Task::Fuzz { cases } => long_run("fuzz_decide", "SHED_FUZZ_CASES", cases),

@@ -75,14 +75,15 @@ fn bpf_linker() -> Result<()> {
 
 fn debian_packages() -> Result<()> {
     // iproute2: namespaces and veth for the tests and the demo; util-linux: setpriv and unshare in the tests.
-    let wanted = [("ip", "iproute2"), ("setpriv", "util-linux"), ("unshare", "util-linux")];
+    // nftables: the static-cap comparison in `cargo xtask bench`.
+    let wanted = [("ip", "iproute2"), ("setpriv", "util-linux"), ("unshare", "util-linux"), ("nft", "nftables")];
     let missing: Vec<&str> = wanted
         .iter()
         .filter(|(bin, _)| output(Command::new("sh").args(["-c", &format!("command -v {bin}")])).is_none())
         .map(|(_, pkg)| *pkg)
         .collect();
     if missing.is_empty() {
-        println!("setup: iproute2 and util-linux present");
+        println!("setup: iproute2, util-linux and nftables present");
         return Ok(());
     }
     let mut missing = missing;
