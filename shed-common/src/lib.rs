@@ -59,6 +59,9 @@ pub mod map {
 
     /// `Array<NetnsFilter>[1]`: which network namespace's sockets to count. Written by the daemon.
     pub const NETNS: &str = "SHED_NETNS";
+    /// `Array<PortBits>[1]`: one bit per protected port, so the gate passes other
+    /// ports' SYNs after an array lookup instead of a hash lookup. Written by `shedctl`.
+    pub const PORT_BITS: &str = "SHED_PORT_BITS";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
     pub const ALL: [&str; 18] = [
@@ -469,6 +472,32 @@ pub struct NetnsFilter {
 }
 const _: () = assert!(size_of::<NetnsFilter>() == 16);
 
+/// One bit per port: set while the port is in [`map::PORTS`] (set before the
+/// config is written, cleared after it is removed, so a protected port's bit
+/// is always set).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortBits {
+    pub bits: [u8; 8192],
+}
+const _: () = assert!(size_of::<PortBits>() == 8192);
+
+impl PortBits {
+    #[inline(always)]
+    pub fn contains(&self, port: u16) -> bool {
+        self.bits[(port >> 3) as usize] & (1 << (port & 7)) != 0
+    }
+
+    pub fn set(&mut self, port: u16, on: bool) {
+        let (byte, bit) = ((port >> 3) as usize, 1u8 << (port & 7));
+        if on {
+            self.bits[byte] |= bit;
+        } else {
+            self.bits[byte] &= !bit;
+        }
+    }
+}
+
 /// A client of a port, for the per-client cap.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -643,6 +672,7 @@ mod user {
     unsafe impl aya::Pod for NetnsFilter {}
     unsafe impl aya::Pod for RstBucket {}
     unsafe impl aya::Pod for RstPrefixKey {}
+    unsafe impl aya::Pod for PortBits {}
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use shed_common::{ClientKey, FlowKey, PendingEntry, RstBucket, RstPrefixKey, act
 use crate::{
     maps::{
         SHED_CLIENT_EXPIRED, SHED_CLIENTS, SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE,
-        SHED_PORTS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_USER_STATE, tier_of,
+        SHED_PORTS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_USER_STATE, maybe_protected, tier_of,
     },
     parse::Syn,
 };
@@ -47,6 +47,10 @@ pub fn atomic_add(field: *mut u64, delta: u64) -> u64 {
 
 #[inline(always)]
 pub fn decide(syn: &Syn) -> Verdict {
+    // Most SYNs are for ports the gate does not protect: an array lookup answers that.
+    if !maybe_protected(syn.server_port) {
+        return Verdict::Pass;
+    }
     // SAFETY: map values are plain data; a miss means "not protected" and passes.
     let Some(config) = (unsafe { SHED_PORTS.get(&syn.server_port) }) else {
         return Verdict::Pass;

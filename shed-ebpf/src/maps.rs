@@ -5,8 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortConfig, PortCounters, PortLatency,
-    PortState, RstBucket, RstPrefixKey, SockEntry, TierReserve, UserPortState,
+    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortBits, PortConfig, PortCounters,
+    PortLatency, PortState, RstBucket, RstPrefixKey, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
 };
 
@@ -51,6 +51,19 @@ pub static SHED_RST_BUCKETS: Array<RstBucket> = Array::with_max_entries(MAX_PORT
 /// LRU: a flood from many prefixes evicts old buckets instead of failing.
 #[map]
 pub static SHED_RST_PREFIX: LruHashMap<RstPrefixKey, RstBucket> = LruHashMap::with_max_entries(65_536, 0);
+
+#[map]
+pub static SHED_PORT_BITS: Array<PortBits> = Array::with_max_entries(1, 0);
+
+/// Whether `port` may be protected (its bit is set); a miss means "not protected".
+#[inline(always)]
+pub fn maybe_protected(port: u16) -> bool {
+    let Some(bits) = SHED_PORT_BITS.get_ptr(0) else { return false };
+    // Verifier: the byte index is masked into the 8 KiB value explicitly.
+    let byte = usize::from(port >> 3) & 8191;
+    // SAFETY: map value of 8192 bytes; `byte` < 8192.
+    unsafe { (*bits).bits[byte] & (1 << (port & 7)) != 0 }
+}
 
 #[map]
 pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);

@@ -7,8 +7,8 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortConfig, PortCounters, PortLatency,
-    PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, map,
+    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortBits, PortConfig, PortCounters,
+    PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, map,
 };
 
 use crate::{Error, paths, tiers::Cidr};
@@ -30,6 +30,7 @@ pub struct GateMaps {
     pub clients: HashMap<MapData, ClientKey, i64>,
     pub client_expired: HashMap<MapData, ClientKey, i64>,
     pub netns: Array<MapData, NetnsFilter>,
+    pub port_bits: Array<MapData, PortBits>,
 }
 
 /// Everything known about one port at one instant.
@@ -122,6 +123,7 @@ impl GateMaps {
             clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
             client_expired: typed(map::CLIENT_EXPIRED, open(map::CLIENT_EXPIRED)?)?,
             netns: typed(map::NETNS, open(map::NETNS)?)?,
+            port_bits: typed(map::PORT_BITS, open(map::PORT_BITS)?)?,
         })
     }
 
@@ -169,6 +171,8 @@ impl GateMaps {
         config.client_prefix_v6 = spec.client_prefix_v6;
         config.rst_per_sec = spec.rst_per_sec;
         config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
+        // The bit first: a protected port must never lack it.
+        self.set_port_bit(port, true)?;
         self.write_config(port, config)?;
         Ok(config)
     }
@@ -213,7 +217,14 @@ impl GateMaps {
 
     /// Stops protecting `port`. Its sockets still release their counts as they close.
     pub fn unprotect(&mut self, port: u16) -> Result<(), Error> {
-        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
+        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))?;
+        self.set_port_bit(port, false)
+    }
+
+    fn set_port_bit(&mut self, port: u16, on: bool) -> Result<(), Error> {
+        let mut bits = self.port_bits.get(&0, 0).map_err(|e| Error::map("read port bits", e))?;
+        bits.set(port, on);
+        self.port_bits.set(0, bits, 0).map_err(|e| Error::map("write port bits", e))
     }
 
     pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {

@@ -437,10 +437,8 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
         }
     }
     let wanted = |n: &str| names.is_empty() || names.iter().any(|w| w.eq_ignore_ascii_case(n));
-    let mut report = String::from("# shed benchmark report\n\n");
-    let _ = writeln!(
-        report,
-        "Measured {} on {} ({} CPUs), kernel {}.{}\n",
+    let header = format!(
+        "Measured {} on {} ({} CPUs), kernel {}{}.\n\n",
         chrono_free_date(),
         std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -448,9 +446,10 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
         if quick { " (--quick)" } else { "" }
     );
     fs::create_dir_all(results_dir())?;
-    let mut save = |name: &str, (json, md): (serde_json::Value, String)| -> Result<()> {
+    // Each benchmark keeps its own JSON and report section, so running one leaves the others' results in place.
+    let save = |name: &str, (json, md): (serde_json::Value, String)| -> Result<()> {
         fs::write(results_dir().join(format!("{name}.json")), serde_json::to_string_pretty(&json)?)?;
-        report.push_str(&md);
+        fs::write(results_dir().join(format!("{name}.md")), format!("{header}{md}"))?;
         Ok(())
     };
     if wanted("b1") {
@@ -458,6 +457,13 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b4") {
         save("b4", b4(&workspace_root().join("target/release/shedctl"), quick)?)?;
+    }
+    let mut report = String::from("# shed benchmark report\n\n");
+    for name in all {
+        if let Ok(section) = fs::read_to_string(results_dir().join(format!("{name}.md"))) {
+            report.push_str(&section);
+            report.push('\n');
+        }
     }
     fs::write(results_dir().join("REPORT.md"), report)?;
     println!("wrote {}", results_dir().join("REPORT.md").display());
