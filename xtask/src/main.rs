@@ -2,6 +2,7 @@
 //! running demo, with no hand-run step.
 mod bench;
 mod demo;
+mod docs;
 mod setup;
 
 use std::{
@@ -56,10 +57,14 @@ enum Task {
         #[arg(long, default_value_t = 20)]
         seconds: u64,
     },
-    /// Build release binaries and install shedctl to /usr/local/bin.
+    /// Build release binaries and install shedctl, its man pages and shell completions.
     Install {
+        /// Folder for the binary.
         #[arg(long, default_value = "/usr/local/bin")]
         prefix: PathBuf,
+        /// Folder for man pages (man/man1) and completions (bash, zsh, fish).
+        #[arg(long, default_value = "/usr/local/share")]
+        share: PathBuf,
     },
 }
 
@@ -82,7 +87,7 @@ fn main() -> Result<()> {
             cargo(&["build", "--release", "--package", "shed-userspace"])?;
             demo::run(&workspace_root().join("target/release/shedctl"), seconds)
         }
-        Task::Install { prefix } => {
+        Task::Install { prefix, share } => {
             setup::setup()?;
             build_ebpf()?;
             cargo(&["build", "--release", "--package", "shed-userspace"])?;
@@ -90,6 +95,9 @@ fn main() -> Result<()> {
             std::fs::copy(workspace_root().join("target/release/shedctl"), &dest)
                 .with_context(|| format!("install {}", dest.display()))?;
             println!("installed {}", dest.display());
+            for file in docs::generate(&share)? {
+                println!("installed {}", file.display());
+            }
             Ok(())
         }
     }

@@ -1,0 +1,25 @@
+//! The deployment files are valid for the tools that consume them.
+use std::process::Command;
+
+#[test]
+fn systemd_unit_passes_systemd_analyze_verify() {
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/systemd/shed.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/shedctl attach"), "the unit runs the installed shedctl");
+    // verify checks that ExecStart's binary exists: point it at the one just built.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shed.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/shedctl", env!("CARGO_BIN_EXE_shedctl"))).unwrap();
+    // verify also opens the Documentation= man pages: give it the ones `cargo xtask install` installs.
+    let man1 = dir.path().join("man/man1");
+    std::fs::create_dir_all(&man1).unwrap();
+    clap_mangen::generate_to(<shed::cli::Cli as clap::CommandFactory>::command(), &man1).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .env("MANPATH", dir.path().join("man"))
+        .output()
+        .expect("systemd-analyze (systemd)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let complaints: Vec<&str> = stderr.lines().filter(|l| l.contains("shed.service")).collect();
+    assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify: {stderr}");
+}
