@@ -23,3 +23,21 @@ fn systemd_unit_passes_systemd_analyze_verify() {
     let complaints: Vec<&str> = stderr.lines().filter(|l| l.contains("shed.service")).collect();
     assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify: {stderr}");
 }
+
+#[test]
+fn kubernetes_manifests_validate_against_the_schemas() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
+    let files: Vec<String> = ["configmap.yaml", "daemonset.yaml"].iter().map(|f| format!("{dir}/{f}")).collect();
+    let out = Command::new("kubernetes-validate")
+        .arg("--strict")
+        .args(&files)
+        .output()
+        .expect("kubernetes-validate (installed by `cargo xtask setup`)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("passed").count(), 2, "{text}");
+    let daemonset = std::fs::read_to_string(&files[1]).unwrap();
+    for needed in ["hostNetwork: true", "/sys/fs/bpf", "/sys/kernel/tracing", "BPF", "NET_ADMIN", "PERFMON"] {
+        assert!(daemonset.contains(needed), "the DaemonSet needs {needed}");
+    }
+}

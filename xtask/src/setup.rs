@@ -11,8 +11,20 @@ pub fn setup() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
     debian_packages()?;
+    python_tools()?;
     mounts()?;
     Ok(())
+}
+
+/// kubernetes-validate: checks deploy/kubernetes against the Kubernetes schemas it ships.
+fn python_tools() -> Result<()> {
+    if output(Command::new("kubernetes-validate").arg("--version")).is_some() {
+        println!("setup: kubernetes-validate present");
+        return Ok(());
+    }
+    println!("setup: installing kubernetes-validate (pip)");
+    run(Command::new("python3").args(["-m", "pip", "install", "--quiet", "kubernetes-validate"]))
+        .context("pip install kubernetes-validate")
 }
 
 fn output(cmd: &mut Command) -> Option<String> {
