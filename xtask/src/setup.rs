@@ -18,7 +18,7 @@ pub fn setup() -> Result<()> {
 
 /// kubernetes-validate: checks deploy/kubernetes against the Kubernetes schemas it ships.
 fn python_tools() -> Result<()> {
-    if output(Command::new("kubernetes-validate").arg("--version")).is_some() {
+    if output(Command::new("python3").args(["-m", "kubernetes_validate", "--version"])).is_some() {
         println!("setup: kubernetes-validate present");
         return Ok(());
     }
