@@ -236,9 +236,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 .counters
                 .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
                 .unwrap();
-            for key in loaded.maps.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-                let _ = loaded.maps.pending.remove(&key);
-            }
+            loaded.maps.clear_pending();
             let key = model::flow_key(&frame);
             if ss.pending_hit
                 && let Some(key) = key

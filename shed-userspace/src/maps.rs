@@ -331,6 +331,14 @@ impl GateMaps {
         self.clock.set(0, now_ms, 0).map_err(|e| Error::map("write clock", e))
     }
 
+    /// Removes every pending reservation without accounting it (tests and benchmarks
+    /// resetting a gate that carries no traffic).
+    pub fn clear_pending(&mut self) {
+        for key in self.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+            let _ = self.pending.remove(&key);
+        }
+    }
+
     /// Removes reservations older than `timeout_ms` and accounts them as
     /// expired. Only the daemon calls this; it is the sole writer of
     /// `user_state`. Returns how many expired.

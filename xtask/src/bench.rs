@@ -53,11 +53,29 @@ struct Case {
     fresh_flows: bool,
 }
 
+impl Case {
+    /// An IPv4 packet the gate passes, whatever the limit.
+    const fn passing(name: &'static str, proto: u8, flags: u8, dport: u16) -> Self {
+        Self { name, v6: false, proto, flags, dport, limit: 100_000, act: action::DROP, fresh_flows: false }
+    }
+
+    /// A SYN to the protected port; with room under `limit` it is admitted, which needs a new flow each time.
+    const fn syn(name: &'static str, v6: bool, limit: u32, act: u8) -> Self {
+        Self { name, v6, proto: 6, flags: 0x02, dport: PORT, limit, act, fresh_flows: limit > 0 }
+    }
+
+    /// Whether the kernel can repeat the run on one frame: the verdict leaves it as it
+    /// was (an admitted SYN is pending afterwards; a RST rewrites the frame).
+    const fn repeatable(&self) -> bool {
+        !self.fresh_flows && self.act != action::RST
+    }
+}
+
 /// Mean ns per packet, as the kernel times it: one run repeated `n` times in the
 /// kernel where the verdict leaves the frame as it was, else `n` single runs
 /// with fresh frames (an admitted SYN is pending afterwards; a RST rewrites the frame).
 fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> Result<f64> {
-    if !case.fresh_flows && case.act != action::RST {
+    if case.repeatable() {
         let data = frame(case.v6, case.proto, case.flags, case.dport, 40_000);
         let opts = TestRunOptions { data_in: Some(&data), repeat: n, ..Default::default() };
         let r = if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? };
@@ -68,9 +86,7 @@ fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> R
         let client_port = if case.fresh_flows { 1024 + (i % 60_000) as u16 } else { 40_000 };
         if case.fresh_flows && i % 60_000 == 0 && i > 0 {
             // Start over so no flow is already pending.
-            for key in loaded.maps.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-                let _ = loaded.maps.pending.remove(&key);
-            }
+            loaded.maps.clear_pending();
         }
         let data = frame(case.v6, case.proto, case.flags, case.dport, client_port);
         let mut out = vec![0u8; data.len() + 64];
@@ -90,96 +106,15 @@ fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// Returns the JSON result and the report section.
 pub fn b1(quick: bool) -> Result<(serde_json::Value, String)> {
     let cases = [
-        Case {
-            name: "non-TCP (UDP)",
-            v6: false,
-            proto: 17,
-            flags: 0x02,
-            dport: PORT,
-            limit: 100_000,
-            act: action::DROP,
-            fresh_flows: false,
-        },
-        Case {
-            name: "TCP, not a SYN (ACK)",
-            v6: false,
-            proto: 6,
-            flags: 0x10,
-            dport: PORT,
-            limit: 100_000,
-            act: action::DROP,
-            fresh_flows: false,
-        },
-        Case {
-            name: "SYN, unprotected port",
-            v6: false,
-            proto: 6,
-            flags: 0x02,
-            dport: 9999,
-            limit: 100_000,
-            act: action::DROP,
-            fresh_flows: false,
-        },
-        Case {
-            name: "SYN admitted (IPv4)",
-            v6: false,
-            proto: 6,
-            flags: 0x02,
-            dport: PORT,
-            limit: 1_000_000,
-            act: action::DROP,
-            fresh_flows: true,
-        },
-        Case {
-            name: "SYN admitted (IPv6)",
-            v6: true,
-            proto: 6,
-            flags: 0x02,
-            dport: PORT,
-            limit: 1_000_000,
-            act: action::DROP,
-            fresh_flows: true,
-        },
-        Case {
-            name: "SYN rejected, drop (IPv4)",
-            v6: false,
-            proto: 6,
-            flags: 0x02,
-            dport: PORT,
-            limit: 0,
-            act: action::DROP,
-            fresh_flows: false,
-        },
-        Case {
-            name: "SYN rejected, drop (IPv6)",
-            v6: true,
-            proto: 6,
-            flags: 0x02,
-            dport: PORT,
-            limit: 0,
-            act: action::DROP,
-            fresh_flows: false,
-        },
-        Case {
-            name: "SYN rejected, RST (IPv4)",
-            v6: false,
-            proto: 6,
-            flags: 0x02,
-            dport: PORT,
-            limit: 0,
-            act: action::RST,
-            fresh_flows: false,
-        },
-        Case {
-            name: "SYN rejected, RST (IPv6)",
-            v6: true,
-            proto: 6,
-            flags: 0x02,
-            dport: PORT,
-            limit: 0,
-            act: action::RST,
-            fresh_flows: false,
-        },
+        Case::passing("non-TCP (UDP)", 17, 0x02, PORT),
+        Case::passing("TCP, not a SYN (ACK)", 6, 0x10, PORT),
+        Case::passing("SYN, unprotected port", 6, 0x02, 9999),
+        Case::syn("SYN admitted (IPv4)", false, 1_000_000, action::DROP),
+        Case::syn("SYN admitted (IPv6)", true, 1_000_000, action::DROP),
+        Case::syn("SYN rejected, drop (IPv4)", false, 0, action::DROP),
+        Case::syn("SYN rejected, drop (IPv6)", true, 0, action::DROP),
+        Case::syn("SYN rejected, RST (IPv4)", false, 0, action::RST),
+        Case::syn("SYN rejected, RST (IPv6)", true, 0, action::RST),
     ];
     let (runs, n) = if quick { (3, 5_000) } else { (7, 60_000) };
     let repeat = if quick { 100_000 } else { 1_000_000 };
@@ -199,10 +134,8 @@ pub fn b1(quick: bool) -> Result<(serde_json::Value, String)> {
         loaded.maps.set_limit(slot, case.limit)?;
         let (mut gate, mut empty, mut extra) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            for key in loaded.maps.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-                let _ = loaded.maps.pending.remove(&key);
-            }
-            let count = if !case.fresh_flows && case.act != action::RST { repeat } else { n };
+            loaded.maps.clear_pending();
+            let count = if case.repeatable() { repeat } else { n };
             let e = per_packet_ns(&mut loaded, true, case, count)?;
             let g = per_packet_ns(&mut loaded, false, case, count)?;
             empty.push(e);
