@@ -1,6 +1,6 @@
 //! The `shedctl` command line (clap derive). Every flag documents itself and
 //! validates its value before anything is changed.
-use std::{path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 
@@ -10,7 +10,7 @@ use crate::{
     control::{Algo, Settings},
     input::{
         Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_millis,
-        parse_percentile, parse_port, parse_prefix_v6,
+        parse_listen_addr, parse_percentile, parse_port, parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -173,6 +173,10 @@ pub struct AttachArgs {
     /// Milliseconds an admitted handshake may hold its slot before it expires (--pending-timeout 2000).
     #[arg(long, default_value = "2000", value_parser = |s: &str| parse_millis(s, 100, 60_000))]
     pub pending_timeout: Duration,
+
+    /// Serve Prometheus metrics on this address at /metrics (--metrics 127.0.0.1:9464).
+    #[arg(long, value_parser = parse_listen_addr)]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl AttachArgs {

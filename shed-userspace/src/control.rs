@@ -90,7 +90,7 @@ impl std::fmt::Display for Algo {
 }
 
 /// Why the limit is what it is after a window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// The operator's limit (`fixed`, or a `set --limit` just applied).

@@ -16,6 +16,7 @@ use crate::{
     control::{Algo, Controller, Reason, Settings, TierReserve, WindowSample},
     gate::Loaded,
     maps::{self, GateMaps},
+    metrics::Decisions,
     paths, stats, system,
 };
 
@@ -140,12 +141,14 @@ const HEAL_EVERY: Duration = Duration::from_secs(1);
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
 /// Settings of the control loop.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LoopSettings {
     /// How often the clock is written and reservations are checked.
     pub tick: Duration,
     /// How long an admitted handshake may hold its reservation.
     pub pending_timeout: Duration,
+    /// Where each window's decision is counted for the metrics endpoint.
+    pub decisions: Decisions,
 }
 
 /// Runs until SIGINT/SIGTERM or until every port has been detached.
@@ -177,7 +180,13 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                     return Ok(());
                 }
                 // Follow ports detached (or re-attached in another slot) since the last tick.
-                controls.retain(|c| ports.get(&c.port).is_some_and(|p| p.slot == c.slot));
+                controls.retain(|c| {
+                    let kept = ports.get(&c.port).is_some_and(|p| p.slot == c.slot);
+                    if !kept {
+                        tracing::info!(port = c.port, "port detached");
+                    }
+                    kept
+                });
                 for (&port, config) in &ports {
                     if !controls.iter().any(|c| c.port == port) {
                         let snapshot = loaded.maps.snapshot(port, *config)?;
@@ -195,7 +204,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                 }
                 let instant = Instant::now();
                 for control in &mut controls {
-                    control.run(&mut loaded.maps, instant)?;
+                    control.run(&mut loaded.maps, instant, &settings.decisions)?;
                 }
                 if expired_since_report > 0 && last_report.elapsed() >= Duration::from_secs(10) {
                     tracing::info!(expired = expired_since_report, "handshakes that never completed released their slots");
@@ -250,7 +259,7 @@ impl PortControl {
     }
 
     /// Runs one window if it is due.
-    fn run(&mut self, maps: &mut GateMaps, now: Instant) -> Result<(), Error> {
+    fn run(&mut self, maps: &mut GateMaps, now: Instant, decisions: &Decisions) -> Result<(), Error> {
         if now < self.next_run {
             return Ok(());
         }
@@ -322,6 +331,7 @@ impl PortControl {
             );
         }
         self.last_reason = Some(decision.reason);
+        decisions.record(self.port, decision.reason);
         self.windows += 1;
         maps.write_status(
             self.slot,

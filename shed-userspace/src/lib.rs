@@ -14,6 +14,7 @@ pub mod gate;
 pub mod heal;
 pub mod input;
 pub mod maps;
+pub mod metrics;
 pub mod model;
 pub mod object;
 pub mod paths;

@@ -11,6 +11,7 @@ use crate::{
     gate::{Loaded, default_hook},
     input::Hook,
     maps::{self, PortSpec},
+    metrics,
     paths,
     system::{self, Need},
     tiers,
@@ -32,6 +33,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     }
     // Every check runs before anything changes, so a refusal leaves the host untouched.
     system::check_privileges(Need::Attach)?;
+    // Bound in the namespace shedctl starts in (the host's), even with --netns.
+    let metrics_listener = args.metrics.map(metrics::bind).transpose()?;
     if let Some(netns) = &args.netns {
         // Before any thread exists: threads started later inherit the namespace.
         system::enter_netns(netns)?;
@@ -88,6 +91,11 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         loaded.attach_gate(iface, *hook, args.xdp_mode)?;
         tracing::info!(iface = %iface, hook = %hook, xdp_mode = ?args.xdp_mode, "gate attached");
     }
+    let decisions = metrics::Decisions::default();
+    if let Some(listener) = metrics_listener {
+        tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
+        metrics::serve(listener, decisions.clone());
+    }
     lock.write_pid()?;
     tracing::info!(
         ports = ?ports,
@@ -104,7 +112,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let tick = TICK.min(args.window);
-    runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout }))?;
+    runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout, decisions }))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");
     Ok(())

@@ -1,0 +1,393 @@
+//! The Prometheus endpoint (`shedctl attach --metrics ADDR`): every scrape
+//! reads the pinned maps and encodes them with `prometheus-client` in the
+//! Prometheus text format. The values are those of `shedctl stats --json`
+//! (both are built from [`PortStats`]), plus the latency histograms and the
+//! controller's decisions, which only the daemon sees.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, NoLabelSet},
+    metrics::MetricType,
+    registry::Registry,
+};
+use shed_common::{PortLatency, latency, tier};
+
+use crate::{Error, control::Reason, maps::GateMaps, stats::PortStats};
+
+/// The Content-Type of the Prometheus text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Histogram bucket edges in microseconds: powers of two from 16 us to 33.5 s.
+/// Each is an edge of the kernel's log-linear buckets, so the counts are exact.
+const EDGES_US: std::ops::RangeInclusive<u32> = 4..=25;
+
+/// Controller decisions per port and reason, counted by the daemon.
+#[derive(Clone, Debug, Default)]
+pub struct Decisions(Arc<Mutex<BTreeMap<(u16, Reason), u64>>>);
+
+impl Decisions {
+    pub fn record(&self, port: u16, reason: Reason) {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *counts.entry((port, reason)).or_default() += 1;
+    }
+
+    fn of(&self, port: u16) -> Vec<(Reason, u64)> {
+        let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        counts.iter().filter(|((p, _), _)| *p == port).map(|((_, r), n)| (*r, *n)).collect()
+    }
+}
+
+/// One port as a scrape sees it.
+#[derive(Debug)]
+pub struct PortMetrics {
+    pub stats: PortStats,
+    pub latency: PortLatency,
+    pub decisions: Vec<(Reason, u64)>,
+}
+
+/// Everything one scrape reports; a [`Collector`] built anew per scrape.
+#[derive(Debug)]
+pub struct Scrape(pub Vec<PortMetrics>);
+
+impl Scrape {
+    /// Reads every protected port from the maps.
+    pub fn read(maps: &GateMaps, decisions: &Decisions) -> Result<Self, Error> {
+        let mut ports = Vec::new();
+        for snapshot in maps.snapshots(None)? {
+            ports.push(PortMetrics {
+                stats: PortStats::new(&snapshot, None),
+                latency: maps.latency(snapshot.config.slot)?,
+                decisions: decisions.of(snapshot.port),
+            });
+        }
+        Ok(Self(ports))
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn port_label(port: u16) -> Labels {
+    vec![("port", port.to_string())]
+}
+
+fn with(mut labels: Labels, key: &'static str, value: impl ToString) -> Labels {
+    labels.push((key, value.to_string()));
+    labels
+}
+
+fn micros(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+/// Writes one metric family: `rows` gives each series' labels and value.
+fn family<V: Copy>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (Labels, V)>,
+) -> Result<(), std::fmt::Error>
+where
+    V: prometheus_client::encoding::EncodeGaugeValue + prometheus_client::encoding::EncodeCounterValue,
+{
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in rows {
+        let mut series = metric.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => series.encode_counter::<NoLabelSet, V, u64>(&value, None)?,
+            _ => series.encode_gauge(&value)?,
+        }
+    }
+    Ok(())
+}
+
+/// Cumulative-ready buckets `(upper edge in seconds, count)` and the
+/// estimated sum (bucket midpoints: the kernel keeps counts only).
+pub fn histogram(buckets: &[u64; latency::BUCKETS]) -> (Vec<(f64, u64)>, f64, u64) {
+    let mut out: Vec<(f64, u64)> = EDGES_US.map(|e| (micros(1 << e), 0)).collect();
+    out.push((f64::INFINITY, 0));
+    let mut sum = 0.0;
+    for (b, &n) in buckets.iter().enumerate().filter(|(_, n)| **n > 0) {
+        let (lo, hi) = (latency::lower_bound(b), latency::upper_bound(b).min(u64::from(u32::MAX)));
+        sum += n as f64 * micros(lo + (hi - lo) / 2);
+        // Every value of bucket b is below upper_bound(b) + 1 us.
+        let slot = out.iter().position(|(edge, _)| micros(hi + 1) <= *edge).unwrap_or(out.len() - 1);
+        out[slot].1 += n;
+    }
+    (out, sum, buckets.iter().sum())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        let ports = &self.0;
+        let per_port = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, u64)> {
+            ports.iter().map(|p| (port_label(p.stats.port), f(&p.stats))).collect()
+        };
+        let per_tier = |f: &dyn Fn(&crate::stats::TierStats) -> u64| -> Vec<(Labels, u64)> {
+            ports
+                .iter()
+                .flat_map(|p| {
+                    tier::NAMES.iter().map(move |t| (with(port_label(p.stats.port), "tier", t), f(&p.stats.tiers[t])))
+                })
+                .collect()
+        };
+        family(&mut e, "shed_limit", "Current concurrency limit of the port.", Gauge, per_port(&|s| s.limit.into()))?;
+        family(
+            &mut e,
+            "shed_in_flight",
+            "What the limit is compared with: pending handshakes plus busy (count=work) or established (count=connections) connections.",
+            Gauge,
+            per_port(&|s| s.in_flight),
+        )?;
+        let states: Vec<(Labels, u64)> = ports
+            .iter()
+            .flat_map(|p| {
+                let s = &p.stats;
+                [("established", s.established), ("busy", s.busy), ("pending", s.pending)]
+                    .map(|(state, n)| (with(port_label(s.port), "state", state), n))
+            })
+            .collect();
+        family(
+            &mut e,
+            "shed_connections",
+            "Connections by state: established (open), busy (owing an answer), pending (admitted handshakes).",
+            Gauge,
+            states,
+        )?;
+        family(&mut e, "shed_syn", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
+        family(&mut e, "shed_admitted", "SYNs admitted with a fresh reservation.", Counter, per_port(&|s| s.admitted))?;
+        let reasons: Vec<(Labels, u64)> = ports
+            .iter()
+            .flat_map(|p| {
+                let r = &p.stats.rejected_by_reason;
+                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap)]
+                    .map(|(reason, n)| (with(port_label(p.stats.port), "reason", reason), n))
+            })
+            .collect();
+        family(
+            &mut e,
+            "shed_rejected",
+            "SYNs shed by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap). Sheds, not errors.",
+            Counter,
+            reasons,
+        )?;
+        family(&mut e, "shed_tier_admitted", "SYNs admitted, by client tier.", Counter, per_tier(&|t| t.admitted))?;
+        family(&mut e, "shed_tier_rejected", "SYNs shed (every reason), by client tier.", Counter, per_tier(&|t| t.rejected))?;
+        family(
+            &mut e,
+            "shed_tier_held_back",
+            "Slots held back from the tier while a tier above it is shed.",
+            Gauge,
+            per_tier(&|t| t.held_back.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_trickle_admitted",
+            "SYNs admitted past a full tier share by the anti-starvation trickle.",
+            Counter,
+            per_port(&|s| s.trickle_admitted),
+        )?;
+        family(&mut e, "shed_rst_sent", "RST+ACK replies sent to shed SYNs.", Counter, per_port(&|s| s.rst_sent))?;
+        family(
+            &mut e,
+            "shed_rst_rate_limited",
+            "Shed SYNs dropped instead of answered because an RST cap was reached.",
+            Counter,
+            per_port(&|s| s.rst_rate_limited),
+        )?;
+        family(
+            &mut e,
+            "shed_dry_run_would_reject",
+            "Dry-run: SYNs enforce mode would have shed (they were admitted).",
+            Counter,
+            per_port(&|s| s.would_reject),
+        )?;
+        family(&mut e, "shed_dry_run", "1 while the port is in dry-run.", Gauge, per_port(&|s| s.dry_run.into()))?;
+        family(
+            &mut e,
+            "shed_syn_retransmits",
+            "Retransmitted SYNs of a handshake that already holds a reservation.",
+            Counter,
+            per_port(&|s| s.syn_retransmits),
+        )?;
+        family(
+            &mut e,
+            "shed_pending_expired",
+            "Reservations whose handshake never completed in time.",
+            Counter,
+            per_port(&|s| s.pending_expired),
+        )?;
+        family(
+            &mut e,
+            "shed_reserve_failed",
+            "SYNs passed without a reservation because the pending map was full (fail-open).",
+            Counter,
+            per_port(&|s| s.reserve_failed),
+        )?;
+        family(
+            &mut e,
+            "shed_drift_corrected",
+            "Connections corrected against the kernel's socket table.",
+            Counter,
+            per_port(&|s| s.drift_corrected),
+        )?;
+        let seconds = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, f64)> {
+            ports.iter().map(|p| (port_label(p.stats.port), micros(f(&p.stats)))).collect()
+        };
+        family(
+            &mut e,
+            "shed_baseline_latency_seconds",
+            "Request latency the controller treats as 'no queue'.",
+            Gauge,
+            seconds(&|s| s.baseline_us),
+        )?;
+        family(
+            &mut e,
+            "shed_observed_latency_seconds",
+            "The latency percentile the controller follows, in its last window.",
+            Gauge,
+            seconds(&|s| s.observed_us),
+        )?;
+        let histograms: [(&str, &str, fn(&PortLatency) -> &[u64; latency::BUCKETS]); 3] = [
+            ("shed_queue_wait_seconds", "Request arrival to pick-up by the service (sum estimated from bucket midpoints).", |l| &l.queue_wait),
+            ("shed_service_seconds", "Pick-up to first response byte (sum estimated from bucket midpoints).", |l| &l.service),
+            ("shed_sojourn_seconds", "Request arrival to first response byte (sum estimated from bucket midpoints).", |l| &l.sojourn),
+        ];
+        for (name, help, of) in histograms {
+            let mut metric = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for p in ports {
+                let (buckets, sum, count) = histogram(of(&p.latency));
+                let labels = port_label(p.stats.port);
+                metric.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
+        }
+        let decisions: Vec<(Labels, u64)> = ports
+            .iter()
+            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(p.stats.port), "reason", reason_name(*r)), *n)))
+            .collect();
+        family(
+            &mut e,
+            "shed_limit_decisions",
+            "Controller windows by the reason for the limit they set.",
+            Counter,
+            decisions,
+        )?;
+        let info: Vec<(Labels, u64)> = ports
+            .iter()
+            .map(|p| {
+                let s = &p.stats;
+                let labels = with(with(with(port_label(s.port), "algo", s.algo), "action", s.action), "count", count_name(s));
+                (labels, 1)
+            })
+            .collect();
+        family(&mut e, "shed_port_info", "The port's limiter, reject action and what in-flight counts.", Gauge, info)
+    }
+}
+
+fn reason_name(reason: Reason) -> String {
+    serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+fn count_name(s: &PortStats) -> String {
+    serde_json::to_value(s.count).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Binds the endpoint; done before anything is attached, so a bad or busy
+/// address refuses the attach.
+pub fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).map_err(|e| Error::io("listen for metrics on", addr.to_string(), e))
+}
+
+/// Serves `/metrics` on its own thread until the process exits; a scrape
+/// never waits for the control loop.
+pub fn serve(listener: TcpListener, decisions: Decisions) {
+    std::thread::Builder::new()
+        .name("shed-metrics".into())
+        .spawn(move || {
+            let maps = match GateMaps::open_pinned() {
+                Ok(maps) => maps,
+                Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
+            };
+            for stream in listener.incoming().flatten() {
+                if let Err(e) = answer(stream, &maps, &decisions) {
+                    tracing::debug!("metrics request: {e}");
+                }
+            }
+        })
+        .expect("spawn the metrics thread");
+}
+
+fn answer(stream: TcpStream, maps: &GateMaps, decisions: &Decisions) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.by_ref().take(8192).read_line(&mut request_line)?;
+    // Headers are read and ignored, bounded.
+    let mut line = String::new();
+    for _ in 0..100 {
+        line.clear();
+        if reader.by_ref().take(8192).read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
+            break;
+        }
+    }
+    let mut parts = request_line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => match Scrape::read(maps, decisions) {
+            Ok(scrape) => ("200 OK", CONTENT_TYPE, scrape.encode()),
+            Err(e) => ("503 Service Unavailable", "text/plain", format!("reading the gate's maps: {e}\n")),
+        },
+        ("GET", _) => ("404 Not Found", "text/plain", "shed serves /metrics only\n".into()),
+        _ => ("405 Method Not Allowed", "text/plain", "GET /metrics\n".into()),
+    };
+    let mut stream = stream;
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_exact_at_power_of_two_edges() {
+        let mut h = [0u64; latency::BUCKETS];
+        h[latency::bucket(15)] += 1; // below 16 us
+        h[latency::bucket(16)] += 2; // exactly 16 us: the next edge
+        h[latency::bucket(1_000)] += 3; // below 1024 us
+        h[latency::bucket(40_000_000)] += 4; // beyond the last edge
+        let (buckets, sum, count) = histogram(&h);
+        assert_eq!(count, 10);
+        assert_eq!(buckets[0], (16e-6, 1));
+        assert_eq!(buckets[1], (32e-6, 2));
+        let ms = buckets.iter().position(|(e, _)| *e == 1024e-6).unwrap();
+        assert_eq!(buckets[ms].1, 3);
+        assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, 4));
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), count);
+        let exact = 15e-6 + 2.0 * 16e-6 + 3.0 * 1e-3 + 4.0 * 40.0;
+        assert!((sum - exact).abs() / exact < 0.25, "sum {sum} vs {exact}");
+    }
+}

@@ -1,0 +1,130 @@
+//! Operating the gate: the Prometheus endpoint, `shedctl top` and the config
+//! file, end to end against the real kernel programs. Needs root.
+mod support;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    time::Duration,
+};
+
+use shed::testbed::{self, Backend, Outcome, Service, Testbed};
+use support::gate::{Gate, exclusive, field, shedctl, wait_for_stats};
+
+const PORT: u16 = 8080;
+const METRICS: &str = "127.0.0.1:19464";
+
+/// One HTTP GET; returns the status line and the body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut conn = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)).expect("connect metrics");
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).expect("read response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a header and a body");
+    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
+}
+
+fn scrape() -> prometheus_parse::Scrape {
+    let (status, body) = http_get(METRICS, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text format")
+}
+
+/// The value of the one series named `metric` whose labels include `labels`.
+fn value(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    let matching: Vec<_> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .collect();
+    assert_eq!(matching.len(), 1, "one series {metric}{labels:?}, found {}", matching.len());
+    match &matching[0].value {
+        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => *v,
+        other => panic!("{metric} is not a number: {other:?}"),
+    }
+}
+
+fn histogram(scrape: &prometheus_parse::Scrape, metric: &str) -> Vec<(f64, f64)> {
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == metric && s.labels.get("port") == Some("8080"))
+        .unwrap_or_else(|| panic!("no histogram {metric}"));
+    match &sample.value {
+        prometheus_parse::Value::Histogram(buckets) => buckets.iter().map(|b| (b.less_than, b.count)).collect(),
+        other => panic!("{metric} is not a histogram: {other:?}"),
+    }
+}
+
+#[test]
+fn metrics_endpoint_agrees_with_stats_json() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedm").expect("testbed");
+    let addr: SocketAddr = bed.server_addr(false, PORT);
+    let service_us = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(5_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: 2, service_us }).expect("backend");
+    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "3", "--action", "rst", "--metrics", METRICS]);
+
+    // Answered requests fill the latency histograms; three held connections
+    // fill the limit and five more are shed with an RST.
+    let answered = testbed::run_in(&bed.client_ns, move || {
+        (0..20).filter(|_| matches!(testbed::request(addr, Duration::from_secs(2)), Outcome::Answered(_))).count()
+    })
+    .unwrap();
+    assert_eq!(answered, 20);
+    let held = testbed::run_in(&bed.client_ns, move || {
+        let held: Vec<_> = (0..3).map(|_| testbed::connect(addr, Duration::from_secs(1)).expect("admitted")).collect();
+        let refused = (0..5).filter(|_| testbed::connect(addr, Duration::from_secs(1)).is_err()).count();
+        (held, refused)
+    })
+    .unwrap();
+    assert_eq!(held.1, 5);
+    let stats = wait_for_stats(PORT, Duration::from_secs(5), "3 established, 5 rejected", |s| {
+        field(s, "established") == 3 && field(s, "rejected") == 5
+    });
+
+    let m = scrape();
+    let port = [("port", "8080")];
+    let pairs: [(&str, &[(&str, &str)], u64); 9] = [
+        ("shed_limit", &port, field(&stats, "limit")),
+        ("shed_in_flight", &port, field(&stats, "in_flight")),
+        ("shed_connections", &[("port", "8080"), ("state", "established")], field(&stats, "established")),
+        ("shed_connections", &[("port", "8080"), ("state", "pending")], field(&stats, "pending")),
+        ("shed_admitted_total", &port, field(&stats, "admitted")),
+        ("shed_rejected_total", &[("port", "8080"), ("reason", "limit")], stats["rejected_by_reason"]["limit"].as_u64().unwrap()),
+        ("shed_rst_sent_total", &port, field(&stats, "rst_sent")),
+        ("shed_syn_total", &port, field(&stats, "syn_seen")),
+        ("shed_tier_rejected_total", &[("port", "8080"), ("tier", "normal")], stats["tiers"]["normal"]["rejected"].as_u64().unwrap()),
+    ];
+    for (metric, labels, expected) in pairs {
+        assert_eq!(value(&m, metric, labels), expected as f64, "{metric}{labels:?} vs stats --json {stats}");
+    }
+    assert_eq!((field(&stats, "limit"), field(&stats, "admitted"), field(&stats, "rst_sent")), (3, 23, 5));
+    assert_eq!(value(&m, "shed_rejected_total", &[("port", "8080"), ("reason", "client_cap")]), 0.0);
+    assert_eq!(value(&m, "shed_port_info", &[("port", "8080"), ("algo", "fixed"), ("action", "rst")]), 1.0);
+    assert!(value(&m, "shed_limit_decisions_total", &[("port", "8080"), ("reason", "operator")]) >= 1.0);
+
+    // Real histograms: cumulative, +Inf equals _count, and every answered request
+    // (5 ms service) lands between 4 ms and 1 s.
+    for metric in ["shed_queue_wait_seconds", "shed_service_seconds", "shed_sojourn_seconds"] {
+        let buckets = histogram(&m, metric);
+        assert!(buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{metric} cumulative: {buckets:?}");
+        let (last_edge, total) = *buckets.last().unwrap();
+        assert!(last_edge.is_infinite());
+        assert_eq!(value(&m, &format!("{metric}_count"), &port), total, "{metric}");
+    }
+    let sojourn = histogram(&m, "shed_sojourn_seconds");
+    let total = sojourn.last().unwrap().1;
+    assert!(total >= 20.0, "every answered request is a sample: {sojourn:?}");
+    let below = |edge: f64| sojourn.iter().find(|(e, _)| *e >= edge).map_or(0.0, |b| b.1);
+    assert_eq!(below(0.004), 0.0, "a 5 ms service cannot answer within 4 ms: {sojourn:?}");
+    assert_eq!(below(1.0), total, "{sojourn:?}");
+    let sum = value(&m, "shed_sojourn_seconds_sum", &port);
+    assert!((0.004 * total..=1.0 * total).contains(&sum), "sum {sum} of {total}");
+    assert!(value(&m, "shed_baseline_latency_seconds", &port) >= 0.0);
+
+    assert_eq!(http_get(METRICS, "/").0, "HTTP/1.1 404 Not Found");
+    drop(held);
+    drop(gate);
+}
