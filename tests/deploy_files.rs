@@ -1,10 +1,33 @@
 //! The deployment files are valid for the tools that consume them.
-use std::process::Command;
+use std::{path::Path, process::Command};
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+
+/// The flags a config file stands for, through shedctl's own config parser.
+fn config_flags(name: &str, text: &str) -> Vec<String> {
+    shed::config::file_args(Path::new(name), text, &|_| false)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect()
+}
+
+#[test]
+fn example_config_file_is_accepted() {
+    let text = std::fs::read_to_string(format!("{DEPLOY}/shed.toml")).unwrap();
+    let flags = config_flags("shed.toml", &text);
+    for expected in ["--port", "--action", "--metrics", "--tier"] {
+        assert!(flags.iter().any(|f| f == expected), "{expected} in {flags:?}");
+    }
+}
 
 #[test]
 fn systemd_unit_passes_systemd_analyze_verify() {
     let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/systemd/shed.service")).unwrap();
-    assert!(unit.contains("ExecStart=/usr/local/bin/shedctl attach"), "the unit runs the installed shedctl");
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/shedctl attach --config /etc/shed/shed.toml"),
+        "the unit runs the installed shedctl with the config file"
+    );
     // verify checks that ExecStart's binary exists: point it at the one just built.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shed.service");
@@ -38,7 +61,29 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     assert!(out.status.success(), "{text}");
     assert_eq!(text.matches("passed").count(), 2, "{text}");
     let daemonset = std::fs::read_to_string(&files[1]).unwrap();
-    for needed in ["hostNetwork: true", "/sys/fs/bpf", "/sys/kernel/tracing", "BPF", "NET_ADMIN", "PERFMON"] {
+    for needed in [
+        "hostNetwork: true",
+        "/sys/fs/bpf",
+        "/sys/kernel/tracing",
+        "BPF",
+        "NET_ADMIN",
+        "PERFMON",
+        "prometheus.io/scrape: \"true\"",
+        "prometheus.io/port: \"9464\"",
+        "--config",
+    ] {
         assert!(daemonset.contains(needed), "the DaemonSet needs {needed}");
     }
+    // The ConfigMap's shed.toml is what the pod runs with: shedctl must accept it,
+    // and it must serve metrics on the port the scrape annotation names.
+    let configmap = std::fs::read_to_string(&files[0]).unwrap();
+    let toml: String = configmap
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("shed.toml: |"))
+        .skip(1)
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let flags = config_flags("configmap.yaml:shed.toml", &toml);
+    let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());
+    assert_eq!(metrics, Some("0.0.0.0:9464"), "{flags:?}");
 }

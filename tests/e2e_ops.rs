@@ -9,7 +9,7 @@ use std::{
 };
 
 use shed::testbed::{self, Backend, Outcome, Service, Testbed};
-use support::gate::{Gate, exclusive, field, shedctl, wait_for_stats};
+use support::gate::{Gate, exclusive, field, wait_for_stats};
 
 const PORT: u16 = 8080;
 const METRICS: &str = "127.0.0.1:19464";
@@ -40,7 +40,9 @@ fn value(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)
         .collect();
     assert_eq!(matching.len(), 1, "one series {metric}{labels:?}, found {}", matching.len());
     match &matching[0].value {
-        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => *v,
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => *v,
         other => panic!("{metric} is not a number: {other:?}"),
     }
 }
@@ -58,13 +60,17 @@ fn histogram(scrape: &prometheus_parse::Scrape, metric: &str) -> Vec<(f64, f64)>
 }
 
 #[test]
-fn metrics_endpoint_agrees_with_stats_json() {
+fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     let _one = exclusive();
     let bed = Testbed::create("shedm").expect("testbed");
     let addr: SocketAddr = bed.server_addr(false, PORT);
     let service_us = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(5_000));
     let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: 2, service_us }).expect("backend");
-    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "3", "--action", "rst", "--metrics", METRICS]);
+    // The settings come from a config file; the testbed's --netns and --iface are flags.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shed.toml");
+    std::fs::write(&config, format!("ports = [8080]\nlimit = 3\naction = \"rst\"\nmetrics = \"{METRICS}\"\n")).unwrap();
+    let gate = Gate::start(&bed, &["--config", config.to_str().unwrap()]);
 
     // Answered requests fill the latency histograms; three held connections
     // fill the limit and five more are shed with an RST.
@@ -92,10 +98,18 @@ fn metrics_endpoint_agrees_with_stats_json() {
         ("shed_connections", &[("port", "8080"), ("state", "established")], field(&stats, "established")),
         ("shed_connections", &[("port", "8080"), ("state", "pending")], field(&stats, "pending")),
         ("shed_admitted_total", &port, field(&stats, "admitted")),
-        ("shed_rejected_total", &[("port", "8080"), ("reason", "limit")], stats["rejected_by_reason"]["limit"].as_u64().unwrap()),
+        (
+            "shed_rejected_total",
+            &[("port", "8080"), ("reason", "limit")],
+            stats["rejected_by_reason"]["limit"].as_u64().unwrap(),
+        ),
         ("shed_rst_sent_total", &port, field(&stats, "rst_sent")),
         ("shed_syn_total", &port, field(&stats, "syn_seen")),
-        ("shed_tier_rejected_total", &[("port", "8080"), ("tier", "normal")], stats["tiers"]["normal"]["rejected"].as_u64().unwrap()),
+        (
+            "shed_tier_rejected_total",
+            &[("port", "8080"), ("tier", "normal")],
+            stats["tiers"]["normal"]["rejected"].as_u64().unwrap(),
+        ),
     ];
     for (metric, labels, expected) in pairs {
         assert_eq!(value(&m, metric, labels), expected as f64, "{metric}{labels:?} vs stats --json {stats}");

@@ -9,8 +9,8 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{
-        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_millis,
-        parse_listen_addr, parse_percentile, parse_port, parse_prefix_v6,
+        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_listen_addr,
+        parse_millis, parse_percentile, parse_port, parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -82,8 +82,16 @@ pub enum TierCommand {
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
+    /// TOML file of attach settings, one key per flag; flags given here override it (--config /etc/shed/shed.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// Print the settings as a config file and exit, without attaching (--print-config > shed.toml).
+    #[arg(long)]
+    pub print_config: bool,
+
     /// Port to protect; repeat for several (--port 8080 --port 8443).
-    #[arg(long = "port", required = true, value_parser = parse_port)]
+    #[arg(long = "port", required_unless_present = "config", value_parser = parse_port)]
     pub ports: Vec<u16>,
 
     /// Interface to gate; repeat for several (--iface eth0 --iface lo).

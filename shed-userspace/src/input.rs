@@ -16,9 +16,9 @@ pub fn parse_port(s: &str) -> Result<u16, String> {
 
 /// An address to listen on, IP and port (`127.0.0.1:9464`, `[::1]:9464`).
 pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
-    s.trim().parse().map_err(|_| {
-        format!("{s:?} is not a listen address: give IP:PORT, e.g. 127.0.0.1:9464 or [::]:9464")
-    })
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a listen address: give IP:PORT, e.g. 127.0.0.1:9464 or [::]:9464"))
 }
 
 /// A concurrency limit (1..=MAX_LIMIT).

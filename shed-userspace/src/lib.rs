@@ -7,6 +7,7 @@
 pub mod btf;
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;

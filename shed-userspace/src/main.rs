@@ -1,9 +1,5 @@
 //! `shedctl`: the daemon and the operator's CLI.
-use clap::Parser as _;
-use shed::{
-    cli::{Cli, Command},
-    commands,
-};
+use shed::{cli::Command, commands, config};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -11,7 +7,14 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    let cli = match config::parse_cli(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(config::CliError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("shedctl: error: {e}");
+            std::process::exit(2);
+        }
+    };
     let result = match cli.command {
         Command::Attach(args) => commands::attach::execute(args),
         Command::Stats(args) => commands::stats::execute(args),

@@ -190,7 +190,13 @@ impl Collector for Scrape {
             reasons,
         )?;
         family(&mut e, "shed_tier_admitted", "SYNs admitted, by client tier.", Counter, per_tier(&|t| t.admitted))?;
-        family(&mut e, "shed_tier_rejected", "SYNs shed (every reason), by client tier.", Counter, per_tier(&|t| t.rejected))?;
+        family(
+            &mut e,
+            "shed_tier_rejected",
+            "SYNs shed (every reason), by client tier.",
+            Counter,
+            per_tier(&|t| t.rejected),
+        )?;
         family(
             &mut e,
             "shed_tier_held_back",
@@ -267,9 +273,19 @@ impl Collector for Scrape {
             seconds(&|s| s.observed_us),
         )?;
         let histograms: [(&str, &str, fn(&PortLatency) -> &[u64; latency::BUCKETS]); 3] = [
-            ("shed_queue_wait_seconds", "Request arrival to pick-up by the service (sum estimated from bucket midpoints).", |l| &l.queue_wait),
-            ("shed_service_seconds", "Pick-up to first response byte (sum estimated from bucket midpoints).", |l| &l.service),
-            ("shed_sojourn_seconds", "Request arrival to first response byte (sum estimated from bucket midpoints).", |l| &l.sojourn),
+            (
+                "shed_queue_wait_seconds",
+                "Request arrival to pick-up by the service (sum estimated from bucket midpoints).",
+                |l| &l.queue_wait,
+            ),
+            ("shed_service_seconds", "Pick-up to first response byte (sum estimated from bucket midpoints).", |l| {
+                &l.service
+            }),
+            (
+                "shed_sojourn_seconds",
+                "Request arrival to first response byte (sum estimated from bucket midpoints).",
+                |l| &l.sojourn,
+            ),
         ];
         for (name, help, of) in histograms {
             let mut metric = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
@@ -281,7 +297,9 @@ impl Collector for Scrape {
         }
         let decisions: Vec<(Labels, u64)> = ports
             .iter()
-            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(p.stats.port), "reason", reason_name(*r)), *n)))
+            .flat_map(|p| {
+                p.decisions.iter().map(|(r, n)| (with(port_label(p.stats.port), "reason", reason_name(*r)), *n))
+            })
             .collect();
         family(
             &mut e,
@@ -294,7 +312,8 @@ impl Collector for Scrape {
             .iter()
             .map(|p| {
                 let s = &p.stats;
-                let labels = with(with(with(port_label(s.port), "algo", s.algo), "action", s.action), "count", count_name(s));
+                let labels =
+                    with(with(with(port_label(s.port), "algo", s.algo), "action", s.action), "count", count_name(s));
                 (labels, 1)
             })
             .collect();

@@ -6,13 +6,13 @@ use anyhow::Context as _;
 use crate::{
     Error,
     cli::AttachArgs,
+    config,
     control::Algo,
     daemon::{self, DaemonLock, LoopSettings, PinGuard},
     gate::{Loaded, default_hook},
     input::Hook,
     maps::{self, PortSpec},
-    metrics,
-    paths,
+    metrics, paths,
     system::{self, Need},
     tiers,
 };
@@ -21,6 +21,13 @@ use crate::{
 const TICK: Duration = Duration::from_millis(100);
 
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
+    if args.print_config {
+        print!("{}", config::render(&args));
+        return Ok(());
+    }
+    if args.ports.is_empty() {
+        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file");
+    }
     let ports = dedup(&args.ports);
     let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
     let mut assignments = args.tiers.clone();
@@ -112,7 +119,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let tick = TICK.min(args.window);
-    runtime.block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout, decisions }))?;
+    runtime
+        .block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout, decisions }))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");
     Ok(())
