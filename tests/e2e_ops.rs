@@ -9,7 +9,7 @@ use std::{
 };
 
 use shed::testbed::{self, Backend, Outcome, Service, Testbed};
-use support::gate::{Gate, exclusive, field, wait_for_stats};
+use support::gate::{Gate, exclusive, field, shedctl, wait_for_stats};
 
 const PORT: u16 = 8080;
 const METRICS: &str = "127.0.0.1:19464";
@@ -92,7 +92,8 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
 
     let m = scrape();
     let port = [("port", "8080")];
-    let pairs: [(&str, &[(&str, &str)], u64); 9] = [
+    type Series<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+    let pairs: [Series; 9] = [
         ("shed_limit", &port, field(&stats, "limit")),
         ("shed_in_flight", &port, field(&stats, "in_flight")),
         ("shed_connections", &[("port", "8080"), ("state", "established")], field(&stats, "established")),
@@ -139,6 +140,25 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     assert!(value(&m, "shed_baseline_latency_seconds", &port) >= 0.0);
 
     assert_eq!(http_get(METRICS, "/").0, "HTTP/1.1 404 Not Found");
+
+    // `shedctl top` reads the same maps: one frame as text.
+    let out = shedctl(&["top", "--once", "--interval", "200", "--size", "110x24"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let screen = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "port 8080 · fixed",
+        "action rst",
+        "limit 3",
+        "in-flight 3",
+        "established 3",
+        "normal",
+        "sojourn",
+        "queue wait",
+    ] {
+        assert!(screen.contains(expected), "{expected:?} not in top's frame:\n{screen}");
+    }
+    let refused = shedctl(&["top", "--once", "--port", "9"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("port 9 is not protected"));
     drop(held);
     drop(gate);
 }

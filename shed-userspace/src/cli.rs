@@ -37,6 +37,10 @@ pub enum Command {
     ///
     /// Example: shedctl stats --port 8080 --json
     Stats(StatsArgs),
+    /// Live view: limit vs in-flight, shed rate by tier and reason, latency; q quits.
+    ///
+    /// Example: shedctl top --port 8080
+    Top(TopArgs),
     /// Change a protected port's settings live; the next SYN sees them.
     ///
     /// Example: shedctl set --port 8080 --limit 50
@@ -282,6 +286,40 @@ pub struct StatsArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Only this port (--port 8080).
+    #[arg(long, value_parser = parse_port)]
+    pub port: Option<u16>,
+
+    /// Milliseconds between refreshes (--interval 250). Default: the ports' control window.
+    #[arg(long, value_parser = |s: &str| parse_millis(s, 50, 60_000))]
+    pub interval: Option<Duration>,
+
+    /// Print one frame as text and exit (two samples, one interval apart), for scripts and reports (--once).
+    #[arg(long)]
+    pub once: bool,
+
+    /// Samples --once takes (one interval apart) before it prints, so the sparklines have history (--samples 60).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=10_000), requires = "once")]
+    pub samples: u32,
+
+    /// Size of the --once frame (--size 110x24).
+    #[arg(long, default_value = "110x24", value_parser = parse_size, requires = "once")]
+    pub size: (u16, u16),
+}
+
+/// `COLSxROWS`, e.g. 110x24.
+fn parse_size(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("{s:?} is not a size: give COLUMNSxROWS, e.g. 110x24 (at least 40x10)");
+    let (w, h) = s.split_once('x').ok_or_else(bad)?;
+    let (w, h): (u16, u16) = (w.trim().parse().map_err(|_| bad())?, h.trim().parse().map_err(|_| bad())?);
+    if w < 40 || h < 10 {
+        return Err(bad());
+    }
+    Ok((w, h))
+}
+
+#[derive(Debug, Args)]
 #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
@@ -447,6 +485,10 @@ mod tests {
             (&["attach", "--port", "8080", "--baseline-span", "1"], "not in 2..=100000"),
             (&["attach", "--port", "8080", "--client-prefix-v6", "200"], "out of range"),
             (&["tier", "add", "10.0.0.0/8", "platinum"], "unknown tier"),
+            (&["top", "--once", "--size", "10x2"], "not a size"),
+            (&["top", "--size", "110x24"], "--once"),
+            (&["top", "--once", "--samples", "1"], "not in 2..=10000"),
+            (&["attach", "--port", "8080", "--metrics", "9464"], "not a listen address"),
         ];
         for (args, expected) in cases {
             let err = parse(args).expect_err(&format!("{args:?} must be refused")).to_string();

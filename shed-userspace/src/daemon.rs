@@ -330,7 +330,10 @@ impl PortControl {
                 "limit decision"
             );
         }
-        self.last_reason = Some(decision.reason);
+        // A window too thin to judge does not count as a change of reason: one line per change, not per window.
+        if decision.reason != Reason::TooFewSamples {
+            self.last_reason = Some(decision.reason);
+        }
         decisions.record(self.port, decision.reason);
         self.windows += 1;
         maps.write_status(

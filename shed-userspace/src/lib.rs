@@ -25,5 +25,6 @@ pub mod system;
 pub mod table;
 pub mod testbed;
 pub mod tiers;
+pub mod top;
 
 pub use error::Error;

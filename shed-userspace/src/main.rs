@@ -2,11 +2,15 @@
 use shed::{cli::Command, commands, config};
 
 fn main() {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SHED_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    // SHED_LOG_FORMAT=json: one JSON object per line, for log shippers.
+    if std::env::var("SHED_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    }
     let cli = match config::parse_cli(std::env::args_os()) {
         Ok(cli) => cli,
         Err(config::CliError::Clap(e)) => e.exit(),
@@ -18,6 +22,7 @@ fn main() {
     let result = match cli.command {
         Command::Attach(args) => commands::attach::execute(args),
         Command::Stats(args) => commands::stats::execute(args),
+        Command::Top(args) => commands::top::execute(args),
         Command::Set(args) => commands::set::execute(args),
         Command::Detach(args) => commands::detach::execute(args),
         Command::Tier(command) => commands::tier::execute(command),

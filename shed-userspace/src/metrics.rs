@@ -83,6 +83,9 @@ impl Scrape {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// Picks one of a port's three latency histograms.
+type Buckets = fn(&PortLatency) -> &[u64; latency::BUCKETS];
+
 fn port_label(port: u16) -> Labels {
     vec![("port", port.to_string())]
 }
@@ -97,7 +100,7 @@ fn micros(us: u64) -> f64 {
 }
 
 /// Writes one metric family: `rows` gives each series' labels and value.
-fn family<V: Copy>(
+fn family<V>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -105,7 +108,7 @@ fn family<V: Copy>(
     rows: impl IntoIterator<Item = (Labels, V)>,
 ) -> Result<(), std::fmt::Error>
 where
-    V: prometheus_client::encoding::EncodeGaugeValue + prometheus_client::encoding::EncodeCounterValue,
+    V: Copy + prometheus_client::encoding::EncodeGaugeValue + prometheus_client::encoding::EncodeCounterValue,
 {
     let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
     for (labels, value) in rows {
@@ -272,7 +275,7 @@ impl Collector for Scrape {
             Gauge,
             seconds(&|s| s.observed_us),
         )?;
-        let histograms: [(&str, &str, fn(&PortLatency) -> &[u64; latency::BUCKETS]); 3] = [
+        let histograms: [(&str, &str, Buckets); 3] = [
             (
                 "shed_queue_wait_seconds",
                 "Request arrival to pick-up by the service (sum estimated from bucket midpoints).",

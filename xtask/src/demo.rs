@@ -23,6 +23,7 @@ const WORKERS: usize = 4;
 const SERVICE: Duration = Duration::from_millis(20);
 const DEADLINE: Duration = Duration::from_secs(1);
 const INITIAL_LIMIT: u32 = 50;
+const METRICS: &str = "127.0.0.1:9464";
 
 struct Daemon(Child);
 
@@ -50,11 +51,12 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     let daemon = Daemon(
         Command::new(shedctl)
             .args(["attach", "--port", "8080", "--initial-limit", &INITIAL_LIMIT.to_string(), "--action", "rst"])
-            .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
+            .args(["--netns", &bed.server_ns, "--iface", &bed.server_if, "--metrics", METRICS])
             .spawn()
             .context("starting shedctl attach")?,
     );
     let maps = wait_for_gate()?;
+    println!("watch it live: `sudo shedctl top` in another terminal; Prometheus metrics at http://{METRICS}/metrics");
 
     let addr = bed.server_addr(false, PORT);
     let start = Instant::now();

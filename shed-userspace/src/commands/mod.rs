@@ -4,3 +4,4 @@ pub mod detach;
 pub mod set;
 pub mod stats;
 pub mod tier;
+pub mod top;
