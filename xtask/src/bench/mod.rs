@@ -11,7 +11,41 @@ use shed_common::{ControlConfig, action, count_mode};
 
 use crate::workspace_root;
 
+mod b5;
+mod b6;
+mod plot;
+
 const PORT: u16 = 8080;
+
+/// `shedctl attach` on the testbed's server side (action rst, no per-prefix RST
+/// cap: one client host makes all the load), waiting until it is ready.
+fn start_gate(shedctl: &std::path::Path, bed: &shed::testbed::Testbed, args: &[&str]) -> Result<std::process::Child> {
+    let mut child = std::process::Command::new(shedctl)
+        .args(["attach", "--port", "8080", "--action", "rst", "--rst-prefix-rate", "0"])
+        .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let start = std::time::Instant::now();
+    while !shed::daemon::ready() {
+        if let Some(status) = child.try_wait()? {
+            bail!("shedctl attach {args:?} exited with {status}");
+        }
+        if start.elapsed() > std::time::Duration::from_secs(15) {
+            stop_gate(child);
+            bail!("shedctl attach {args:?}: the gate did not come up in 15 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(child)
+}
+
+/// SIGTERM and wait: the gate detaches and removes its pins.
+fn stop_gate(mut child: std::process::Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}
 
 fn results_dir() -> PathBuf {
     workspace_root().join("bench/results")
@@ -253,15 +287,17 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
             slowed: true,
         },
     ];
-    let (warm, measure) = if quick {
-        (Duration::from_millis(1500), Duration::from_millis(1500))
+    let (warm, measure, repeats) = if quick {
+        (Duration::from_millis(1500), Duration::from_millis(1500), 1)
     } else {
-        (Duration::from_secs(3), Duration::from_secs(4))
+        (Duration::from_secs(2), Duration::from_secs(3), 3)
     };
     let deadline = Duration::from_secs(1);
     let mut json = Vec::new();
     let mut rows = Vec::new();
+    let mut curves = Vec::new();
     for config in &configs {
+        let mut curve = plot::Series { name: config.name.to_owned(), points: Vec::new() };
         let bed = Testbed::create("shedb4")?;
         let service_us = Arc::new(AtomicU64::new(B4_SERVICE_US * if config.slowed { 5 } else { 1 }));
         let capacity = B4_WORKERS as f64 * 1e6 / service_us.load(Ordering::Relaxed) as f64;
@@ -271,24 +307,7 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
             addr,
             Service::Workers { workers: B4_WORKERS, service_us: service_us.clone() },
         )?;
-        let mut daemon = None;
-        if let Some(args) = config.shed {
-            let child = std::process::Command::new(shedctl)
-                // One client host makes all the load: no per-prefix RST cap.
-                .args(["attach", "--port", "8080", "--action", "rst", "--rst-prefix-rate", "0"])
-                .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
-                .args(args)
-                .stderr(std::process::Stdio::null())
-                .spawn()?;
-            daemon = Some(child);
-            let start = std::time::Instant::now();
-            while !shed::daemon::ready() {
-                if start.elapsed() > Duration::from_secs(15) {
-                    bail!("{}: the gate did not come up", config.name);
-                }
-                thread::sleep(Duration::from_millis(50));
-            }
-        }
+        let daemon = config.shed.map(|args| start_gate(shedctl, &bed, args)).transpose()?;
         if let Some(cap) = config.nft_cap {
             nft_cap(&bed.server_ns, cap)?;
         }
@@ -299,57 +318,70 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
             let load_gen = OpenLoop::start(&bed.client_ns, addr, rate, deadline);
             thread::sleep(warm);
             while load_gen.outcomes.try_recv().is_ok() {}
-            thread::sleep(measure);
-            let (mut answered, mut refused, mut timeouts) = (Vec::new(), 0u64, 0u64);
-            while let Ok(o) = load_gen.outcomes.try_recv() {
-                match o {
-                    Outcome::Answered(l) => answered.push(l.as_secs_f64() * 1e3),
-                    Outcome::Refused => refused += 1,
-                    Outcome::TimedOut | Outcome::Failed => timeouts += 1,
+            // `repeats` consecutive measurement windows at this load.
+            let mut windows = Vec::new();
+            for _ in 0..repeats {
+                thread::sleep(measure);
+                let (mut answered, mut refused, mut timeouts) = (Vec::new(), 0u64, 0u64);
+                while let Ok(o) = load_gen.outcomes.try_recv() {
+                    match o {
+                        Outcome::Answered(l) => answered.push(l.as_secs_f64() * 1e3),
+                        Outcome::Refused => refused += 1,
+                        Outcome::TimedOut | Outcome::Failed => timeouts += 1,
+                    }
                 }
+                answered.sort_by(f64::total_cmp);
+                let pct = |p: f64| {
+                    answered
+                        .get(((answered.len() as f64 * p) as usize).min(answered.len().saturating_sub(1)))
+                        .copied()
+                        .unwrap_or(0.0)
+                };
+                let goodput = answered.len() as f64 / measure.as_secs_f64() / capacity;
+                windows.push([goodput, pct(0.5), pct(0.99), refused as f64, timeouts as f64]);
             }
             drop(load_gen);
-            answered.sort_by(f64::total_cmp);
-            let pct = |p: f64| {
-                answered
-                    .get(((answered.len() as f64 * p) as usize).min(answered.len().saturating_sub(1)))
-                    .copied()
-                    .unwrap_or(0.0)
-            };
-            let goodput = answered.len() as f64 / measure.as_secs_f64() / capacity;
+            let stat = |i: usize| median_min_max(windows.iter().map(|w| w[i]).collect());
+            let (goodput, gmin, gmax) = stat(0);
+            let (p50, p99, refused, timeouts) = (stat(1).0, stat(2).0, stat(3).0, stat(4).0);
             println!(
-                "B4 {:<40} {load:>3}x: goodput {:5.1}% of capacity, p50 {:6.1} ms, p99 {:6.1} ms, refused {refused}, timeouts {timeouts}",
+                "B4 {:<40} {load:>3}x: goodput {:5.1}% ({:.1}-{:.1}) of capacity, p50 {p50:6.1} ms, p99 {p99:6.1} ms, refused {refused}, timeouts {timeouts}",
                 config.name,
                 goodput * 100.0,
-                pct(0.5),
-                pct(0.99)
+                gmin * 100.0,
+                gmax * 100.0,
             );
             rows.push(format!(
-                "| {} | {load}x | {:.1}% | {:.1} | {:.1} | {refused} | {timeouts} |",
+                "| {} | {load}x | {:.1}% ({:.1}-{:.1}) | {p50:.1} | {p99:.1} | {refused:.0} | {timeouts:.0} |",
                 config.name,
                 goodput * 100.0,
-                pct(0.5),
-                pct(0.99)
+                gmin * 100.0,
+                gmax * 100.0,
             ));
-            json.push(serde_json::json!({"config": config.name, "load": load, "goodput_fraction": goodput, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "refused": refused, "timeouts": timeouts, "capacity_rps": capacity}));
+            json.push(serde_json::json!({"config": config.name, "load": load, "goodput_fraction": goodput, "goodput_min": gmin, "goodput_max": gmax, "p50_ms": p50, "p99_ms": p99, "refused_per_window": refused, "timeouts_per_window": timeouts, "capacity_rps": capacity, "windows": repeats}));
+            curve.points.push((load, goodput * 100.0, gmin * 100.0, gmax * 100.0));
             thread::sleep(Duration::from_millis(300));
         }
-        if let Some(mut child) = daemon {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let _ = child.wait();
+        if let Some(child) = daemon {
+            stop_gate(child);
         }
+        curves.push(curve);
     }
+    plot::goodput_vs_load(
+        &results_dir().join("b4_goodput.png"),
+        "B4: goodput under overload (4 workers x 20 ms, new connection per request, 1 s deadline)",
+        &curves,
+    )?;
     let result = serde_json::json!({
         "benchmark": "B4 goodput under overload",
-        "setup": format!("{B4_WORKERS} workers x {} ms, new connection per request, open-loop arrivals, 1 s deadline; static caps {B4_STATIC_CAP}; warm {warm:?}, measured {measure:?} per point", B4_SERVICE_US / 1000),
+        "setup": format!("{B4_WORKERS} workers x {} ms, new connection per request, open-loop arrivals, 1 s deadline; static caps {B4_STATIC_CAP}; warm {warm:?}, then {repeats} windows of {measure:?} per point", B4_SERVICE_US / 1000),
         "points": json,
     });
     let mut md = String::new();
     let _ = writeln!(md, "\n## B4: goodput under overload\n");
     let _ = writeln!(
         md,
-        "{B4_WORKERS} workers x {} ms (200 req/s; 40 req/s when 5x slower), a new connection per request, open-loop arrivals at multiples of 200 req/s, 1 s client deadline. Goodput is answers within the deadline as a fraction of the backend's actual capacity; latency over answered requests. One run per point ({measure:?} after {warm:?} of warm-up), so treat differences of a few percent as noise.\n",
+        "{B4_WORKERS} workers x {} ms (200 req/s; 40 req/s when 5x slower), a new connection per request, open-loop arrivals at multiples of 200 req/s, 1 s client deadline. Goodput is answers within the deadline as a fraction of the backend's actual capacity (median of {repeats} consecutive {measure:?} windows after {warm:?} of warm-up, min-max in brackets); latency over answered requests; refused and timeouts per window.\n\n![goodput vs offered load](b4_goodput.png)\n",
         B4_SERVICE_US / 1000
     );
     let _ = writeln!(
@@ -363,7 +395,7 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
 }
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
-    let all = ["b1", "b4"];
+    let all = ["b1", "b4", "b5", "b6"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -388,8 +420,15 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     if wanted("b1") {
         save("b1", b1(quick)?)?;
     }
+    let shedctl = workspace_root().join("target/release/shedctl");
     if wanted("b4") {
-        save("b4", b4(&workspace_root().join("target/release/shedctl"), quick)?)?;
+        save("b4", b4(&shedctl, quick)?)?;
+    }
+    if wanted("b5") {
+        save("b5", b5::b5(&shedctl, quick, &results_dir())?)?;
+    }
+    if wanted("b6") {
+        save("b6", b6::b6(&shedctl, quick)?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {

@@ -1,0 +1,257 @@
+//! B5: adaptation over time. Under open-loop load the backend slows 5x and
+//! recovers, then demand steps from 0.8x to 1.4x; limit, goodput and p99 in
+//! 100 ms bins, time to first shed or cut, and settling time per event.
+use std::{
+    fmt::Write as _,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use shed::{
+    maps::GateMaps,
+    testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
+};
+
+use super::{PORT, median_min_max, plot, start_gate, stop_gate};
+
+const WORKERS: u64 = 4;
+const SERVICE_US: u64 = 20_000;
+const BIN: Duration = Duration::from_millis(100);
+/// Bins a settled state must hold.
+const HOLD_BINS: usize = 10;
+
+/// What happens at a moment of the run.
+#[derive(Clone, Copy)]
+struct Event {
+    at_s: f64,
+    name: &'static str,
+    /// Offered load, x the normal capacity.
+    load: f64,
+    /// Backend service time factor.
+    slow: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Bin {
+    pub t: f64,
+    pub limit: u32,
+    pub in_flight: u64,
+    pub offered: f64,
+    pub capacity: f64,
+    pub answered: u64,
+    pub refused: u64,
+    pub timeouts: u64,
+    pub p99_ms: f64,
+}
+
+fn schedule(quick: bool) -> (Vec<Event>, f64) {
+    let phase = if quick { 5.0 } else { 8.0 };
+    let events = vec![
+        Event { at_s: 0.0, name: "1.5x load", load: 1.5, slow: 1 },
+        Event { at_s: phase, name: "backend 5x slower", load: 1.5, slow: 5 },
+        Event { at_s: 2.0 * phase, name: "backend recovers", load: 1.5, slow: 1 },
+        Event { at_s: 3.0 * phase, name: "demand 0.8x", load: 0.8, slow: 1 },
+        Event { at_s: 4.0 * phase, name: "demand 1.4x", load: 1.4, slow: 1 },
+    ];
+    (events, 5.0 * phase)
+}
+
+/// One run: bins of the whole timeline.
+fn run_once(shedctl: &Path, quick: bool) -> Result<Vec<Bin>> {
+    let (events, end_s) = schedule(quick);
+    let bed = Testbed::create("shedb5")?;
+    let service_us = Arc::new(AtomicU64::new(SERVICE_US));
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(
+        &bed.server_ns,
+        addr,
+        Service::Workers { workers: WORKERS as usize, service_us: service_us.clone() },
+    )?;
+    let gate = start_gate(shedctl, &bed, &["--algo", "gradient", "--initial-limit", "20"])?;
+    let maps = GateMaps::open_pinned()?;
+    let base_capacity = WORKERS as f64 * 1e6 / SERVICE_US as f64;
+    let rate = Arc::new(AtomicU64::new((events[0].load * base_capacity) as u64));
+    let load = OpenLoop::start(&bed.client_ns, addr, rate.clone(), Duration::from_secs(1));
+    let start = Instant::now();
+    let mut next_event = 0;
+    let mut bins = Vec::new();
+    let mut bin_end = start + BIN;
+    let mut current = Bin::default();
+    let mut latencies = Vec::new();
+    while start.elapsed().as_secs_f64() < end_s {
+        let t = start.elapsed().as_secs_f64();
+        while next_event < events.len() && events[next_event].at_s <= t {
+            let e = events[next_event];
+            rate.store((e.load * base_capacity) as u64, Ordering::Relaxed);
+            service_us.store(SERVICE_US * e.slow, Ordering::Relaxed);
+            next_event += 1;
+        }
+        while let Ok(o) = load.outcomes.try_recv() {
+            match o {
+                Outcome::Answered(l) => {
+                    current.answered += 1;
+                    latencies.push(l.as_secs_f64() * 1e3);
+                }
+                Outcome::Refused => current.refused += 1,
+                Outcome::TimedOut | Outcome::Failed => current.timeouts += 1,
+            }
+        }
+        if Instant::now() >= bin_end {
+            let snapshot = maps.snapshot(PORT, maps.config(PORT)?)?;
+            let e = events[next_event.saturating_sub(1)];
+            latencies.sort_by(f64::total_cmp);
+            current.t = (bins.len() + 1) as f64 * BIN.as_secs_f64();
+            current.limit = snapshot.limit;
+            current.in_flight = snapshot.in_flight();
+            current.offered = e.load * base_capacity;
+            current.capacity = base_capacity / e.slow as f64;
+            current.p99_ms = latencies
+                .get((latencies.len() * 99 / 100).min(latencies.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0);
+            bins.push(std::mem::take(&mut current));
+            latencies.clear();
+            bin_end += BIN;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    drop(load);
+    stop_gate(gate);
+    Ok(bins)
+}
+
+/// Per event: seconds to the first shed (or first limit cut) and to settling.
+#[derive(Clone, Debug)]
+struct Response {
+    event: &'static str,
+    first_shed_s: Option<f64>,
+    first_cut_s: Option<f64>,
+    settle_s: Option<f64>,
+    settled_limit: f64,
+}
+
+fn per_second(n: u64) -> f64 {
+    n as f64 / BIN.as_secs_f64()
+}
+
+fn responses(bins: &[Bin], quick: bool) -> Vec<Response> {
+    let (events, end_s) = schedule(quick);
+    let mut out = Vec::new();
+    for (i, e) in events.iter().enumerate().skip(1) {
+        let until = events.get(i + 1).map_or(end_s, |n| n.at_s);
+        let phase: Vec<&Bin> = bins.iter().filter(|b| b.t > e.at_s && b.t <= until).collect();
+        let before = bins.iter().rfind(|b| b.t <= e.at_s);
+        // The level the limit settles to: median of the phase's last 2 s.
+        let tail: Vec<f64> = phase.iter().rev().take(20).map(|b| f64::from(b.limit)).collect();
+        let settled_limit = if tail.is_empty() { 0.0 } else { median_min_max(tail).0 };
+        let first_shed_s = phase.iter().find(|b| b.refused > 0).map(|b| b.t - e.at_s);
+        let first_cut_s = before.and_then(|b0| phase.iter().find(|b| b.limit < b0.limit)).map(|b| b.t - e.at_s);
+        let capacity = WORKERS as f64 * 1e6 / (SERVICE_US * e.slow) as f64;
+        let target = 0.9 * capacity.min(e.load * WORKERS as f64 * 1e6 / SERVICE_US as f64);
+        let settled = |w: &[&Bin]| {
+            let goodput = w.iter().map(|b| per_second(b.answered)).sum::<f64>() / w.len() as f64;
+            w.iter().all(|b| (f64::from(b.limit) - settled_limit).abs() <= 0.1 * settled_limit.max(1.0) + 0.5)
+                && goodput >= target
+        };
+        let settle_s = phase.windows(HOLD_BINS).find(|w| settled(w)).map(|w| w[0].t - BIN.as_secs_f64() - e.at_s);
+        out.push(Response { event: e.name, first_shed_s, first_cut_s, settle_s, settled_limit });
+    }
+    out
+}
+
+pub fn b5(shedctl: &Path, quick: bool, plot_dir: &Path) -> Result<(serde_json::Value, String)> {
+    let runs = if quick { 1 } else { 3 };
+    let mut all = Vec::new();
+    for r in 0..runs {
+        let bins = run_once(shedctl, quick)?;
+        let resp = responses(&bins, quick);
+        for x in &resp {
+            println!(
+                "B5 run {r}: {:<20} first shed {:>5} s, first cut {:>5} s, settled {:>5} s at limit {:.0}",
+                x.event,
+                fmt_s(x.first_shed_s),
+                fmt_s(x.first_cut_s),
+                fmt_s(x.settle_s),
+                x.settled_limit
+            );
+        }
+        all.push((bins, resp));
+    }
+    let (events, _) = schedule(quick);
+    let (bins, _) = &all[0];
+    let points: Vec<plot::TimelinePoint> = bins
+        .iter()
+        .map(|b| plot::TimelinePoint {
+            t: b.t,
+            limit: b.limit.into(),
+            in_flight: b.in_flight as f64,
+            goodput: per_second(b.answered),
+            capacity: b.capacity,
+            offered: b.offered,
+            p99_ms: b.p99_ms,
+        })
+        .collect();
+    let markers: Vec<(f64, &str)> = events.iter().skip(1).map(|e| (e.at_s, e.name)).collect();
+    plot::timeline(
+        &plot_dir.join("b5_adaptation.png"),
+        "B5: shed gradient adapting (4 workers x 20 ms; 100 ms bins)",
+        &points,
+        &markers,
+    )?;
+
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## B5: adaptation over time\n");
+    let _ = writeln!(
+        md,
+        "4 workers x 20 ms (200 req/s), `shed gradient` from limit 20, action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity). Median of {runs} runs (min-max).\n"
+    );
+    let _ = writeln!(md, "![B5 timeline](b5_adaptation.png)\n");
+    let _ = writeln!(
+        md,
+        "| event | first shed s | first limit cut s | settled after s | settled limit | settled within 2 s |\n|---|---|---|---|---|---|"
+    );
+    let mut json_events = Vec::new();
+    for (i, e) in events.iter().skip(1).enumerate() {
+        let pick = |f: fn(&Response) -> Option<f64>| -> Vec<f64> { all.iter().filter_map(|(_, r)| f(&r[i])).collect() };
+        let stat = |v: Vec<f64>| -> (String, Option<f64>) {
+            if v.is_empty() {
+                return ("never".into(), None);
+            }
+            let n = v.len();
+            let (m, lo, hi) = median_min_max(v);
+            let missing = if n < runs { format!(" ({} of {runs} runs)", n) } else { String::new() };
+            (format!("{m:.1} ({lo:.1}-{hi:.1}){missing}"), Some(m))
+        };
+        let (shed, shed_m) = stat(pick(|r| r.first_shed_s));
+        let (cut, cut_m) = stat(pick(|r| r.first_cut_s));
+        let settles = pick(|r| r.settle_s);
+        let all_settled = settles.len() == runs;
+        let (settle, settle_m) = stat(settles);
+        let (level, level_m) = stat(all.iter().map(|(_, r)| r[i].settled_limit).collect());
+        let met = all_settled && settle_m.is_some_and(|s| s <= 2.0);
+        let _ =
+            writeln!(md, "| {} | {shed} | {cut} | {settle} | {level} | {} |", e.name, if met { "yes" } else { "no" });
+        json_events.push(serde_json::json!({"event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "settle_s": settle_m, "settled_limit": level_m, "settled_within_2s": met}));
+    }
+    let timeline: Vec<_> = bins
+        .iter()
+        .map(|b| serde_json::json!({"t": b.t, "limit": b.limit, "in_flight": b.in_flight, "offered_rps": b.offered, "capacity_rps": b.capacity, "answered": b.answered, "refused": b.refused, "timeouts": b.timeouts, "p99_ms": b.p99_ms}))
+        .collect();
+    let json = serde_json::json!({
+        "benchmark": "B5 adaptation",
+        "runs": runs,
+        "events": json_events,
+        "timeline_run_0": timeline,
+    });
+    Ok((json, md))
+}
+
+fn fmt_s(v: Option<f64>) -> String {
+    v.map_or("-".into(), |s| format!("{s:.1}"))
+}
