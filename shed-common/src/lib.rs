@@ -264,18 +264,6 @@ pub mod tcp_state {
     pub const CLOSE: i32 = 7;
 }
 
-/// Field offsets of `sock:sk_data_ready`, `sock:sock_recv_length` and
-/// `sock:sock_send_length` (same layout for the fields used). Checked at attach.
-pub mod sock_io_tp {
-    pub const SKADDR: usize = 8;
-    pub const PROTOCOL: usize = 18;
-    /// recv/send only: bytes moved, or a negative errno.
-    pub const RET: usize = 20;
-    /// recv/send only: MSG_* flags.
-    pub const FLAGS: usize = 24;
-    pub const MSG_PEEK: i32 = 2;
-}
-
 /// Field offsets of `sock:inet_sock_set_state` (see its `format` file in tracefs).
 /// Userspace checks them against the running kernel before attaching.
 pub mod sock_state_tp {

@@ -5,7 +5,7 @@
 //! exactly-once: only the CPU whose insert (or delete) succeeds touches the
 //! port's counters.
 //!
-//! Per request turn (keep-alive connections have many):
+//! Per request turn (keep-alive connections have many), from raw tracepoints:
 //! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
 //! byte (`sock_send_length`). A connection is busy from acceptance, or from a
 //! request's arrival, until it answers; an idle keep-alive connection is not.
@@ -15,7 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
-use shed_common::{ClientKey, FlowKey, SockEntry, latency, sock_io_tp as io, sock_state_tp as tp, tcp_state};
+use shed_common::{ClientKey, FlowKey, SockEntry, latency, sock_state_tp as tp, tcp_state};
 
 use crate::{
     decide::{atomic_add, client_release},
@@ -134,28 +134,24 @@ fn in_protected_netns(skaddr: u64) -> bool {
     inum.map_or(true, |inum| inum == filter.inum)
 }
 
-/// The tracked socket of an I/O event, if it is one of ours.
+/// The tracked socket of an I/O event, if it is one of ours: only sockets of
+/// protected ports are in `SHED_SOCKS`, so the address alone decides.
 #[inline(always)]
-fn tracked(ctx: &TracePointContext) -> Option<*mut SockEntry> {
-    let protocol: u16 = unsafe { ctx.read_at(io::PROTOCOL).ok()? };
-    if protocol != IPPROTO_TCP {
-        return None;
-    }
-    let skaddr: u64 = unsafe { ctx.read_at(io::SKADDR).ok()? };
-    SHED_SOCKS.get_ptr_mut(&skaddr)
+fn tracked(sk: u64) -> Option<*mut SockEntry> {
+    SHED_SOCKS.get_ptr_mut(&sk)
 }
 
 /// Bytes moved by a recv/send event (0 for errors and MSG_PEEK).
 #[inline(always)]
-fn moved(ctx: &TracePointContext) -> i32 {
-    let ret: i32 = unsafe { ctx.read_at(io::RET).unwrap_or(0) };
-    let flags: i32 = unsafe { ctx.read_at(io::FLAGS).unwrap_or(0) };
-    if flags & io::MSG_PEEK != 0 { 0 } else { ret }
+fn moved(ret: i32, flags: i32) -> i32 {
+    if flags & MSG_PEEK != 0 { 0 } else { ret }
 }
 
+const MSG_PEEK: i32 = 2;
+
 /// `sock:sk_data_ready`: a request's bytes arrived.
-pub fn on_data_ready(ctx: &TracePointContext) {
-    let Some(entry) = tracked(ctx) else { return };
+pub fn on_data_ready(sk: u64) {
+    let Some(entry) = tracked(sk) else { return };
     // SAFETY: map value of a socket whose events the socket lock serialises.
     let entry = unsafe { &mut *entry };
     if entry.arrival_ns == 0 {
@@ -170,9 +166,9 @@ pub fn on_data_ready(ctx: &TracePointContext) {
 }
 
 /// `sock:sock_recv_length`: the application read the request.
-pub fn on_recv(ctx: &TracePointContext) {
-    let Some(entry) = tracked(ctx) else { return };
-    if moved(ctx) <= 0 {
+pub fn on_recv(sk: u64, ret: i32, flags: i32) {
+    let Some(entry) = tracked(sk) else { return };
+    if moved(ret, flags) <= 0 {
         return;
     }
     let entry = unsafe { &mut *entry };
@@ -184,9 +180,9 @@ pub fn on_recv(ctx: &TracePointContext) {
 }
 
 /// `sock:sock_send_length`: the application answered.
-pub fn on_send(ctx: &TracePointContext) {
-    let Some(entry) = tracked(ctx) else { return };
-    if moved(ctx) <= 0 {
+pub fn on_send(sk: u64, ret: i32, flags: i32) {
+    let Some(entry) = tracked(sk) else { return };
+    if moved(ret, flags) <= 0 {
         return;
     }
     let entry = unsafe { &mut *entry };

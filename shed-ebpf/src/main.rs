@@ -20,8 +20,8 @@ mod reject;
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::{bpf_redirect, bpf_skb_change_tail, bpf_xdp_adjust_tail},
-    macros::{classifier, tracepoint, xdp},
-    programs::{TcContext, TracePointContext, XdpContext},
+    macros::{classifier, raw_tracepoint, tracepoint, xdp},
+    programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
 };
 
 use crate::decide::Verdict;
@@ -115,21 +115,28 @@ pub fn shed_sock_state(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn shed_data_ready(ctx: TracePointContext) -> u32 {
-    account::on_data_ready(&ctx);
+// The per-request events are raw tracepoints: the kernel hands over the
+// TP_PROTO arguments as they are, without building the trace record first
+// (which regular tracepoints do for every event, ours or not).
+
+/// `sock:sk_data_ready(const struct sock *sk)`.
+#[raw_tracepoint(tracepoint = "sk_data_ready")]
+pub fn shed_data_ready(ctx: RawTracePointContext) -> i32 {
+    account::on_data_ready(ctx.arg(0));
     0
 }
 
-#[tracepoint]
-pub fn shed_recv(ctx: TracePointContext) -> u32 {
-    account::on_recv(&ctx);
+/// `sock:sock_recv_length(struct sock *sk, int ret, int flags)`.
+#[raw_tracepoint(tracepoint = "sock_recv_length")]
+pub fn shed_recv(ctx: RawTracePointContext) -> i32 {
+    account::on_recv(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 
-#[tracepoint]
-pub fn shed_send(ctx: TracePointContext) -> u32 {
-    account::on_send(&ctx);
+/// `sock:sock_send_length(struct sock *sk, int ret, int flags)`.
+#[raw_tracepoint(tracepoint = "sock_send_length")]
+pub fn shed_send(ctx: RawTracePointContext) -> i32 {
+    account::on_send(ctx.arg(0), ctx.arg(1), ctx.arg(2));
     0
 }
 

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    programs::{SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
+    programs::{RawTracePoint, SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
 };
 use shed_common::program;
 
@@ -30,10 +30,13 @@ impl Loaded {
         loaded.xdp()?.load().map_err(|e| Error::program("load XDP program", e))?;
         loaded.xdp_pass()?.load().map_err(|e| Error::program("load XDP pass program", e))?;
         loaded.tc()?.load().map_err(|e| Error::program("load TC program", e))?;
-        for (name, _, _) in TRACEPOINTS {
-            Self::program::<TracePoint>(&mut loaded.ebpf, name)?
+        Self::program::<TracePoint>(&mut loaded.ebpf, program::SOCK_STATE)?
+            .load()
+            .map_err(|e| Error::program(format!("load tracepoint program {}", program::SOCK_STATE), e))?;
+        for (name, _) in RAW_TRACEPOINTS {
+            Self::program::<RawTracePoint>(&mut loaded.ebpf, name)?
                 .load()
-                .map_err(|e| Error::program(format!("load tracepoint program {name}"), e))?;
+                .map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
         }
         Ok(loaded)
     }
@@ -64,10 +67,13 @@ impl Loaded {
     /// Starts in-flight accounting and latency measurement. Attach before any
     /// gate so no admitted connection is established unseen.
     pub fn attach_accounting(&mut self) -> Result<(), Error> {
-        for (name, category, event) in TRACEPOINTS {
-            Self::program::<TracePoint>(&mut self.ebpf, name)?
-                .attach(category, event)
-                .map_err(|e| Error::program(format!("attach tracepoint {category}:{event}"), e))?;
+        Self::program::<TracePoint>(&mut self.ebpf, program::SOCK_STATE)?
+            .attach("sock", "inet_sock_set_state")
+            .map_err(|e| Error::program("attach tracepoint sock:inet_sock_set_state", e))?;
+        for (name, event) in RAW_TRACEPOINTS {
+            Self::program::<RawTracePoint>(&mut self.ebpf, name)?
+                .attach(event)
+                .map_err(|e| Error::program(format!("attach raw tracepoint sock:{event}"), e))?;
         }
         Ok(())
     }
@@ -106,12 +112,10 @@ impl Loaded {
 }
 
 /// The socket tracepoint programs: (program, category, event).
-pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
-    (program::SOCK_STATE, "sock", "inet_sock_set_state"),
-    (program::DATA_READY, "sock", "sk_data_ready"),
-    (program::RECV, "sock", "sock_recv_length"),
-    (program::SEND, "sock", "sock_send_length"),
-];
+/// Per-request events: (program, raw tracepoint). Raw, so the kernel does not
+/// build a trace record for every socket's every recv and send.
+pub const RAW_TRACEPOINTS: [(&str, &str); 3] =
+    [(program::DATA_READY, "sk_data_ready"), (program::RECV, "sock_recv_length"), (program::SEND, "sock_send_length")];
 
 /// The hook for an interface when the operator did not pick one: XDP where
 /// it runs before the stack; TC on loopback (generic XDP there sees the skb

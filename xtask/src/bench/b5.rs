@@ -131,6 +131,8 @@ fn run_once(shedctl: &Path, quick: bool) -> Result<Vec<Bin>> {
 struct Response {
     event: &'static str,
     first_shed_s: Option<f64>,
+    /// The gate was shedding in the 0.5 s before the event (no "first" shed then).
+    shedding_before: bool,
     first_cut_s: Option<f64>,
     settle_s: Option<f64>,
     settled_limit: f64,
@@ -150,7 +152,10 @@ fn responses(bins: &[Bin], quick: bool) -> Vec<Response> {
         // The level the limit settles to: median of the phase's last 2 s.
         let tail: Vec<f64> = phase.iter().rev().take(20).map(|b| f64::from(b.limit)).collect();
         let settled_limit = if tail.is_empty() { 0.0 } else { median_min_max(tail).0 };
-        let first_shed_s = phase.iter().find(|b| b.refused > 0).map(|b| b.t - e.at_s);
+        // Only meaningful when the gate was not shedding already (the last 0.5 s before the event).
+        let shedding_before = bins.iter().filter(|b| b.t <= e.at_s).rev().take(5).any(|b| b.refused > 0);
+        let first_shed_s =
+            if shedding_before { None } else { phase.iter().find(|b| b.refused > 0).map(|b| b.t - e.at_s) };
         let first_cut_s = before.and_then(|b0| phase.iter().find(|b| b.limit < b0.limit)).map(|b| b.t - e.at_s);
         let capacity = WORKERS as f64 * 1e6 / (SERVICE_US * e.slow) as f64;
         let target = 0.9 * capacity.min(e.load * WORKERS as f64 * 1e6 / SERVICE_US as f64);
@@ -160,7 +165,7 @@ fn responses(bins: &[Bin], quick: bool) -> Vec<Response> {
                 && goodput >= target
         };
         let settle_s = phase.windows(HOLD_BINS).find(|w| settled(w)).map(|w| w[0].t - BIN.as_secs_f64() - e.at_s);
-        out.push(Response { event: e.name, first_shed_s, first_cut_s, settle_s, settled_limit });
+        out.push(Response { event: e.name, first_shed_s, shedding_before, first_cut_s, settle_s, settled_limit });
     }
     out
 }
@@ -173,9 +178,10 @@ pub fn b5(shedctl: &Path, quick: bool, plot_dir: &Path) -> Result<(serde_json::V
         let resp = responses(&bins, quick);
         for x in &resp {
             println!(
-                "B5 run {r}: {:<20} first shed {:>5} s, first cut {:>5} s, settled {:>5} s at limit {:.0}",
+                "B5 run {r}: {:<20} first shed {:>5} s{}, first cut {:>5} s, settled {:>5} s at limit {:.0}",
                 x.event,
                 fmt_s(x.first_shed_s),
+                if x.shedding_before { " (was shedding)" } else { "" },
                 fmt_s(x.first_cut_s),
                 fmt_s(x.settle_s),
                 x.settled_limit
@@ -228,7 +234,10 @@ pub fn b5(shedctl: &Path, quick: bool, plot_dir: &Path) -> Result<(serde_json::V
             let missing = if n < runs { format!(" ({} of {runs} runs)", n) } else { String::new() };
             (format!("{m:.1} ({lo:.1}-{hi:.1}){missing}"), Some(m))
         };
-        let (shed, shed_m) = stat(pick(|r| r.first_shed_s));
+        let (mut shed, shed_m) = stat(pick(|r| r.first_shed_s));
+        if all.iter().all(|(_, r)| r[i].shedding_before) {
+            shed = "already shedding".into();
+        }
         let (cut, cut_m) = stat(pick(|r| r.first_cut_s));
         let settles = pick(|r| r.settle_s);
         let all_settled = settles.len() == runs;

@@ -108,7 +108,8 @@ pub fn timeline(path: &Path, title: &str, points: &[TimelinePoint], events: &[(f
     let panels = rest.split_evenly((3, 1));
     let t_max = points.last().map_or(1.0, |p| p.t);
     type Pick = fn(&TimelinePoint) -> f64;
-    let specs: [(&str, Vec<(&str, Pick, RGBColor)>); 3] = [
+    type Panel<'a> = (&'a str, Vec<(&'a str, Pick, RGBColor)>);
+    let specs: [Panel; 3] = [
         ("connections", vec![("limit", |p| p.limit, PALETTE[1]), ("in-flight", |p| p.in_flight, PALETTE[4])]),
         (
             "req/s",
