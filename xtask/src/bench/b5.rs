@@ -18,7 +18,7 @@ use shed::{
     testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
 };
 
-use super::{PORT, median_min_max, plot, start_gate, stop_gate};
+use super::{PORT, Scale, median_min_max, plot, start_gate, stop_gate};
 
 const WORKERS: u64 = 4;
 const SERVICE_US: u64 = 20_000;
@@ -50,8 +50,8 @@ pub struct Bin {
     pub p99_ms: f64,
 }
 
-fn schedule(quick: bool) -> (Vec<Event>, f64) {
-    let phase = if quick { 5.0 } else { 8.0 };
+fn schedule(scale: Scale) -> (Vec<Event>, f64) {
+    let phase = scale.pick(8.0, 5.0, 1.5);
     let events = vec![
         Event { at_s: 0.0, name: "1.5x load", load: 1.5, slow: 1 },
         Event { at_s: phase, name: "backend 5x slower", load: 1.5, slow: 5 },
@@ -63,8 +63,8 @@ fn schedule(quick: bool) -> (Vec<Event>, f64) {
 }
 
 /// One run: bins of the whole timeline.
-fn run_once(shedctl: &Path, quick: bool) -> Result<Vec<Bin>> {
-    let (events, end_s) = schedule(quick);
+fn run_once(shedctl: &Path, scale: Scale) -> Result<Vec<Bin>> {
+    let (events, end_s) = schedule(scale);
     let bed = Testbed::create("shedb5")?;
     let service_us = Arc::new(AtomicU64::new(SERVICE_US));
     let addr = bed.server_addr(false, PORT);
@@ -142,8 +142,8 @@ fn per_second(n: u64) -> f64 {
     n as f64 / BIN.as_secs_f64()
 }
 
-fn responses(bins: &[Bin], quick: bool) -> Vec<Response> {
-    let (events, end_s) = schedule(quick);
+fn responses(bins: &[Bin], scale: Scale) -> Vec<Response> {
+    let (events, end_s) = schedule(scale);
     let mut out = Vec::new();
     for (i, e) in events.iter().enumerate().skip(1) {
         let until = events.get(i + 1).map_or(end_s, |n| n.at_s);
@@ -170,12 +170,12 @@ fn responses(bins: &[Bin], quick: bool) -> Vec<Response> {
     out
 }
 
-pub fn b5(shedctl: &Path, quick: bool, plot_dir: &Path) -> Result<(serde_json::Value, String)> {
-    let runs = if quick { 1 } else { 3 };
+pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::Value, String)> {
+    let runs = scale.pick(3, 1, 1);
     let mut all = Vec::new();
     for r in 0..runs {
-        let bins = run_once(shedctl, quick)?;
-        let resp = responses(&bins, quick);
+        let bins = run_once(shedctl, scale)?;
+        let resp = responses(&bins, scale);
         for x in &resp {
             println!(
                 "B5 run {r}: {:<20} first shed {:>5} s{}, first cut {:>5} s, settled {:>5} s at limit {:.0}",
@@ -189,7 +189,7 @@ pub fn b5(shedctl: &Path, quick: bool, plot_dir: &Path) -> Result<(serde_json::V
         }
         all.push((bins, resp));
     }
-    let (events, _) = schedule(quick);
+    let (events, _) = schedule(scale);
     let (bins, _) = &all[0];
     let points: Vec<plot::TimelinePoint> = bins
         .iter()

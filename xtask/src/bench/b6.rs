@@ -16,7 +16,7 @@ use shed::{
     testbed::{self, Backend, Service, Testbed},
 };
 
-use super::{PORT, median_min_max, start_gate, stop_gate};
+use super::{PORT, Scale, median_min_max, start_gate, stop_gate};
 
 const CONNECTIONS: usize = 8;
 
@@ -74,8 +74,9 @@ fn empty_xdp(bed: &Testbed) -> Result<Loaded> {
     })?
 }
 
-pub fn b6(shedctl: &Path, quick: bool) -> Result<(serde_json::Value, String)> {
-    let (duration, repeats) = if quick { (Duration::from_secs(2), 1) } else { (Duration::from_secs(4), 5) };
+pub fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
+    let (duration, repeats) =
+        scale.pick((Duration::from_secs(4), 5), (Duration::from_secs(2), 1), (Duration::from_millis(500), 1));
     // "empty XDP" is an XDP_PASS program on the server veth: what native XDP
     // costs a veth by itself (it moves the receive path onto veth's NAPI), shed aside.
     let configs: [(&str, Option<&[&str]>); 4] = [

@@ -17,6 +17,25 @@ mod plot;
 
 const PORT: u16 = 8080;
 
+/// How long a benchmark runs: the full report, `--quick` (under 5 minutes in
+/// all), or a smoke run in the tests that only checks it still works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    Full,
+    Quick,
+    Smoke,
+}
+
+impl Scale {
+    fn pick<T>(self, full: T, quick: T, smoke: T) -> T {
+        match self {
+            Self::Full => full,
+            Self::Quick => quick,
+            Self::Smoke => smoke,
+        }
+    }
+}
+
 /// `shedctl attach` on the testbed's server side (action rst, no per-prefix RST
 /// cap: one client host makes all the load), waiting until it is ready.
 fn start_gate(shedctl: &std::path::Path, bed: &shed::testbed::Testbed, args: &[&str]) -> Result<std::process::Child> {
@@ -138,7 +157,7 @@ fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 /// B1: decision cost per packet, against an empty XDP_PASS program in the same run.
 /// Returns the JSON result and the report section.
-pub fn b1(quick: bool) -> Result<(serde_json::Value, String)> {
+pub fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
     let cases = [
         Case::passing("non-TCP (UDP)", 17, 0x02, PORT),
         Case::passing("TCP, not a SYN (ACK)", 6, 0x10, PORT),
@@ -150,8 +169,8 @@ pub fn b1(quick: bool) -> Result<(serde_json::Value, String)> {
         Case::syn("SYN rejected, RST (IPv4)", false, 0, action::RST),
         Case::syn("SYN rejected, RST (IPv6)", true, 0, action::RST),
     ];
-    let (runs, n) = if quick { (3, 5_000) } else { (7, 60_000) };
-    let repeat = if quick { 100_000 } else { 1_000_000 };
+    let (runs, n) = scale.pick((7, 60_000), (3, 5_000), (1, 500));
+    let repeat = scale.pick(1_000_000, 100_000, 10_000);
     let mut loaded = Loaded::new(None).context("load the kernel object (root, after `cargo xtask build-ebpf`)")?;
     let spec = PortSpec {
         rst_per_sec: 0,
@@ -240,7 +259,7 @@ fn nft_cap(ns: &str, cap: u32) -> Result<()> {
 
 /// B4: goodput under overload, new connection per request, 1 s deadline.
 /// Returns the JSON result and the report section.
-pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, String)> {
+pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Result<(serde_json::Value, String)> {
     use std::{
         sync::{
             Arc,
@@ -287,16 +306,19 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
             slowed: true,
         },
     ];
-    let (warm, measure, repeats) = if quick {
-        (Duration::from_millis(1500), Duration::from_millis(1500), 1)
-    } else {
-        (Duration::from_secs(2), Duration::from_secs(3), 3)
-    };
+    let (warm, measure, repeats) = scale.pick(
+        (Duration::from_secs(2), Duration::from_secs(3), 3),
+        (Duration::from_millis(1500), Duration::from_millis(1500), 1),
+        (Duration::from_millis(500), Duration::from_millis(500), 1),
+    );
+    // The smoke run keeps one baseline and one adaptive configuration at two loads.
+    let smoke = |name: &str| scale != Scale::Smoke || name == "no gate" || name == "shed gradient";
+    let loads: &[f64] = if scale == Scale::Smoke { &[1.0, 2.0] } else { &B4_LOADS };
     let deadline = Duration::from_secs(1);
     let mut json = Vec::new();
     let mut rows = Vec::new();
     let mut curves = Vec::new();
-    for config in &configs {
+    for config in configs.iter().filter(|c| smoke(c.name)) {
         let mut curve = plot::Series { name: config.name.to_owned(), points: Vec::new() };
         let bed = Testbed::create("shedb4")?;
         let service_us = Arc::new(AtomicU64::new(B4_SERVICE_US * if config.slowed { 5 } else { 1 }));
@@ -311,7 +333,7 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
         if let Some(cap) = config.nft_cap {
             nft_cap(&bed.server_ns, cap)?;
         }
-        for load in B4_LOADS {
+        for &load in loads {
             // Offered load is relative to the capacity the configuration was tuned for.
             let tuned = B4_WORKERS as f64 * 1e6 / B4_SERVICE_US as f64;
             let rate = Arc::new(AtomicU64::new((load * tuned) as u64));
@@ -368,7 +390,7 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
         curves.push(curve);
     }
     plot::goodput_vs_load(
-        &results_dir().join("b4_goodput.png"),
+        &out.join("b4_goodput.png"),
         "B4: goodput under overload (4 workers x 20 ms, new connection per request, 1 s deadline)",
         &curves,
     )?;
@@ -395,6 +417,7 @@ pub fn b4(shedctl: &std::path::Path, quick: bool) -> Result<(serde_json::Value, 
 }
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
+    let scale = if quick { Scale::Quick } else { Scale::Full };
     let all = ["b1", "b4", "b5", "b6"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
@@ -418,17 +441,17 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
         Ok(())
     };
     if wanted("b1") {
-        save("b1", b1(quick)?)?;
+        save("b1", b1(scale)?)?;
     }
     let shedctl = workspace_root().join("target/release/shedctl");
     if wanted("b4") {
-        save("b4", b4(&shedctl, quick)?)?;
+        save("b4", b4(&shedctl, scale, &results_dir())?)?;
     }
     if wanted("b5") {
-        save("b5", b5::b5(&shedctl, quick, &results_dir())?)?;
+        save("b5", b5::b5(&shedctl, scale, &results_dir())?)?;
     }
     if wanted("b6") {
-        save("b6", b6::b6(&shedctl, quick)?)?;
+        save("b6", b6::b6(&shedctl, scale)?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {
@@ -454,12 +477,20 @@ fn chrono_free_date() -> String {
 
 #[cfg(test)]
 mod tests {
+    //! Smoke runs (root, after `cargo xtask build-ebpf`; run by `cargo xtask test`):
+    //! every benchmark still measures what it reports. They write nothing under bench/.
     use super::*;
 
-    /// Smoke run (root, after `cargo xtask build-ebpf`): B1 still measures every case. Writes nothing.
+    /// The shedctl that `cargo test` built for the integration tests.
+    fn shedctl() -> PathBuf {
+        let path = workspace_root().join("target/debug/shedctl");
+        assert!(path.exists(), "{} is missing: run the tests with `cargo xtask test`", path.display());
+        path
+    }
+
     #[test]
     fn b1_still_runs() {
-        let (json, md) = b1(true).expect("B1 runs");
+        let (json, md) = b1(Scale::Smoke).expect("B1 runs");
         let cases = json["cases"].as_array().expect("cases");
         assert_eq!(cases.len(), 9, "{json}");
         for c in cases {
@@ -467,5 +498,42 @@ mod tests {
             assert!(gate.is_finite() && gate > 0.0, "{c}");
         }
         assert!(md.contains("| SYN rejected, RST (IPv6) |"), "{md}");
+    }
+
+    #[test]
+    fn b4_still_runs() {
+        let out = tempfile::tempdir().unwrap();
+        let (json, md) = b4(&shedctl(), Scale::Smoke, out.path()).expect("B4 runs");
+        let points = json["points"].as_array().expect("points");
+        assert_eq!(points.len(), 4, "{json}");
+        let gated_2x = points.iter().find(|p| p["config"] == "shed gradient" && p["load"] == 2.0).expect("{json}");
+        assert!(gated_2x["refused_per_window"].as_f64().unwrap() > 0.0, "the gate sheds at 2x: {gated_2x}");
+        assert!(gated_2x["goodput_fraction"].as_f64().unwrap() > 0.0, "{gated_2x}");
+        assert!(md.contains("| shed gradient | 2x |"), "{md}");
+        assert!(std::fs::metadata(out.path().join("b4_goodput.png")).unwrap().len() > 1000, "a PNG plot");
+    }
+
+    #[test]
+    fn b5_still_runs() {
+        let out = tempfile::tempdir().unwrap();
+        let (json, md) = b5::b5(&shedctl(), Scale::Smoke, out.path()).expect("B5 runs");
+        let timeline = json["timeline_run_0"].as_array().expect("timeline");
+        assert!(timeline.len() >= 60, "7.5 s of 100 ms bins: {}", timeline.len());
+        assert!(timeline.iter().any(|b| b["refused"].as_u64().unwrap() > 0), "1.5x load is shed");
+        assert!(timeline.iter().all(|b| b["limit"].as_u64().unwrap() > 0));
+        assert_eq!(json["events"].as_array().unwrap().len(), 4, "{json}");
+        assert!(md.contains("| backend 5x slower |"), "{md}");
+        assert!(std::fs::metadata(out.path().join("b5_adaptation.png")).unwrap().len() > 1000, "a PNG plot");
+    }
+
+    #[test]
+    fn b6_still_runs() {
+        let (json, md) = b6::b6(&shedctl(), Scale::Smoke).expect("B6 runs");
+        let configs = json["configs"].as_array().expect("configs");
+        assert_eq!(configs.len(), 4, "{json}");
+        for c in configs {
+            assert!(c["rps"].as_f64().unwrap() > 100.0, "keep-alive requests flowed: {c}");
+        }
+        assert!(md.contains("| shed, TC |"), "{md}");
     }
 }
