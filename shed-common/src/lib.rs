@@ -99,6 +99,8 @@ pub mod program {
     pub const SEND: &str = "shed_send";
     /// XDP_PASS only: for the peer of a veth gated with XDP, so XDP_TX replies are delivered.
     pub const XDP_PASS: &str = "shed_xdp_pass";
+    /// XDP_DROP only: the cheapest possible verdict, a benchmark baseline.
+    pub const XDP_DROP: &str = "shed_xdp_drop";
 }
 
 /// Capacities of the kernel maps.

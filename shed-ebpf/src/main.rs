@@ -69,6 +69,13 @@ pub fn shed_xdp_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// Drops everything: the cheapest verdict there is, the baseline that
+/// `cargo xtask bench` measures rejection costs against.
+#[xdp]
+pub fn shed_xdp_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
 #[classifier]
 pub fn shed_tc(ctx: TcContext) -> i32 {
     match try_shed_tc(&ctx) {

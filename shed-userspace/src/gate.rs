@@ -29,6 +29,7 @@ impl Loaded {
         let mut loaded = Self { ebpf, maps };
         loaded.xdp()?.load().map_err(|e| Error::program("load XDP program", e))?;
         loaded.xdp_pass()?.load().map_err(|e| Error::program("load XDP pass program", e))?;
+        loaded.xdp_drop()?.load().map_err(|e| Error::program("load XDP drop program", e))?;
         loaded.tc()?.load().map_err(|e| Error::program("load TC program", e))?;
         Self::program::<TracePoint>(&mut loaded.ebpf, program::SOCK_STATE)?
             .load()
@@ -62,6 +63,11 @@ impl Loaded {
     /// The pass-everything XDP program (for the peer of an XDP-gated veth, and as a benchmark baseline).
     pub fn xdp_pass(&mut self) -> Result<&mut Xdp, Error> {
         Self::program(&mut self.ebpf, program::XDP_PASS)
+    }
+
+    /// The drop-everything XDP program (a benchmark baseline; never attached by `shedctl`).
+    pub fn xdp_drop(&mut self) -> Result<&mut Xdp, Error> {
+        Self::program(&mut self.ebpf, program::XDP_DROP)
     }
 
     /// Starts in-flight accounting and latency measurement. Attach before any

@@ -73,7 +73,7 @@ fn run_once(shedctl: &Path, scale: Scale) -> Result<Vec<Bin>> {
         addr,
         Service::Workers { workers: WORKERS as usize, service_us: service_us.clone() },
     )?;
-    let gate = start_gate(shedctl, &bed, &["--algo", "gradient", "--initial-limit", "20"])?;
+    let gate = start_gate(shedctl, &bed, &["--action", "rst", "--algo", "gradient", "--initial-limit", "20"])?;
     let maps = GateMaps::open_pinned()?;
     let base_capacity = WORKERS as f64 * 1e6 / SERVICE_US as f64;
     let rate = Arc::new(AtomicU64::new((events[0].load * base_capacity) as u64));

@@ -11,6 +11,7 @@ use shed_common::{ControlConfig, action, count_mode};
 
 use crate::workspace_root;
 
+mod b2;
 mod b5;
 mod b6;
 mod plot;
@@ -36,11 +37,11 @@ impl Scale {
     }
 }
 
-/// `shedctl attach` on the testbed's server side (action rst, no per-prefix RST
-/// cap: one client host makes all the load), waiting until it is ready.
+/// `shedctl attach` on the testbed's server side (no per-prefix RST cap: one
+/// client host makes all the load), waiting until it is ready.
 fn start_gate(shedctl: &std::path::Path, bed: &shed::testbed::Testbed, args: &[&str]) -> Result<std::process::Child> {
     let mut child = std::process::Command::new(shedctl)
-        .args(["attach", "--port", "8080", "--action", "rst", "--rst-prefix-rate", "0"])
+        .args(["attach", "--port", "8080", "--rst-prefix-rate", "0"])
         .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
         .args(args)
         .stderr(std::process::Stdio::null())
@@ -240,6 +241,7 @@ const B4_SERVICE_US: u64 = 20_000;
 const B4_STATIC_CAP: u32 = 8; // Little's law: 4 busy workers plus a short queue
 const B4_LOADS: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 4.0];
 
+/// A static connection cap in nftables: `ct count over CAP reject with tcp reset` on port 8080.
 fn nft_cap(ns: &str, cap: u32) -> Result<()> {
     let rules = format!(
         "table inet shedbench {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
@@ -329,7 +331,8 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
             addr,
             Service::Workers { workers: B4_WORKERS, service_us: service_us.clone() },
         )?;
-        let daemon = config.shed.map(|args| start_gate(shedctl, &bed, args)).transpose()?;
+        let daemon =
+            config.shed.map(|args| start_gate(shedctl, &bed, &[&["--action", "rst"], args].concat())).transpose()?;
         if let Some(cap) = config.nft_cap {
             nft_cap(&bed.server_ns, cap)?;
         }
@@ -418,7 +421,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b4", "b5", "b6"];
+    let all = ["b1", "b2", "b4", "b5", "b6"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -444,6 +447,9 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
         save("b1", b1(scale)?)?;
     }
     let shedctl = workspace_root().join("target/release/shedctl");
+    if wanted("b2") {
+        save("b2", b2::b2(&shedctl, scale)?)?;
+    }
     if wanted("b4") {
         save("b4", b4(&shedctl, scale, &results_dir())?)?;
     }
@@ -498,6 +504,20 @@ mod tests {
             assert!(gate.is_finite() && gate > 0.0, "{c}");
         }
         assert!(md.contains("| SYN rejected, RST (IPv6) |"), "{md}");
+    }
+
+    #[test]
+    fn b2_still_runs() {
+        let (json, md) = b2::b2(&shedctl(), Scale::Smoke).expect("B2 runs");
+        let configs = json["configs"].as_array().expect("configs");
+        assert_eq!(configs.len(), 6, "{json}");
+        for c in configs {
+            assert!(c["cpu_ns_per_syn"].as_f64().unwrap() > 0.0, "{c}");
+        }
+        // shed rejected (nearly) every SYN of the flood: all but the one that took the slot.
+        let shed_rst = &configs[2];
+        assert!(shed_rst["shed_rejected_fraction"].as_f64().unwrap() > 0.99, "{shed_rst}");
+        assert!(md.contains("| kernel RST (closed port) |"), "{md}");
     }
 
     #[test]
