@@ -17,7 +17,7 @@ use shed::{
     paths,
     testbed::{self, Backend, Service, Testbed},
 };
-use support::gate::{Gate, exclusive, field, loaded_shed_programs, shedctl, stats, wait_for_stats};
+use support::gate::{Gate, exclusive, field, shed_programs_left, shedctl, stats, wait_for_stats};
 
 const PORT: u16 = 8080;
 
@@ -261,11 +261,8 @@ fn sigkill_of_the_daemon_fails_open() {
     .expect("new connections admitted within 5 s of SIGKILL");
     println!("fail-open: first connection admitted {fail_open:?} after SIGKILL");
     assert!(fail_open < Duration::from_secs(1), "documented fail-open time is under 1 s, took {fail_open:?}");
-    assert!(
-        loaded_shed_programs().iter().all(|n| n == "shed_xdp_pass"),
-        "no gate program left loaded: {:?}",
-        loaded_shed_programs()
-    );
+    let left = shed_programs_left(&["shed_xdp_pass"]);
+    assert!(left.is_empty(), "no gate program left loaded: {left:?}");
 
     // The dead daemon's pins are reported, and `detach` cleans them.
     let out = shedctl(&["stats"]);
@@ -303,7 +300,8 @@ fn detach_stops_the_gate_and_removes_everything() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(gate.stop().success(), "daemon exits cleanly when its last port is detached:\n{}", gate.log());
     assert!(!Path::new(paths::PIN_DIR).exists(), "pins removed");
-    assert!(loaded_shed_programs().is_empty(), "programs unloaded: {:?}", loaded_shed_programs());
+    let left = shed_programs_left(&[]);
+    assert!(left.is_empty(), "programs unloaded: {left:?}");
     assert!(gate.log().contains("gate attached"), "the log says what was attached where:\n{}", gate.log());
 }
 
@@ -316,7 +314,8 @@ fn assert_refused(args: &[&str], expected: &str) {
 
 fn assert_nothing_left(bed: &Testbed) {
     assert!(!Path::new(paths::PIN_DIR).exists(), "nothing pinned");
-    assert!(loaded_shed_programs().is_empty(), "no program loaded: {:?}", loaded_shed_programs());
+    let left = shed_programs_left(&[]);
+    assert!(left.is_empty(), "no program loaded: {left:?}");
     let link = std::process::Command::new("ip")
         .args(["-n", &bed.server_ns, "link", "show", "dev", &bed.server_if])
         .output()

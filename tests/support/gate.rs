@@ -141,6 +141,20 @@ pub fn wait_for_stats(
     }
 }
 
+/// The shed programs still loaded after waiting up to 2 s for them all to go:
+/// the kernel frees a detached raw tracepoint program after an RCU grace
+/// period, not when its link closes (the hook itself is gone at once).
+pub fn shed_programs_left(allowed: &[&str]) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let left: Vec<String> = loaded_shed_programs().into_iter().filter(|n| !allowed.contains(&n.as_str())).collect();
+        if left.is_empty() || start.elapsed() > Duration::from_secs(2) {
+            return left;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Names of the shed programs loaded in the kernel right now.
 pub fn loaded_shed_programs() -> Vec<String> {
     aya::programs::loaded_programs()
