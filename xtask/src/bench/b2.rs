@@ -23,7 +23,7 @@ use super::{PORT, Scale, median_min_max, nft_cap, start_gate, stop_gate};
 const CLOSED_PORT: u16 = 8081;
 
 /// Busy CPU time of the whole machine so far (every CPU; /proc/stat ticks).
-fn busy_cpu() -> Result<Duration> {
+pub(super) fn busy_cpu() -> Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().context("/proc/stat is empty")?;
     let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();

@@ -12,6 +12,7 @@ use shed_common::{ControlConfig, action, count_mode};
 use crate::workspace_root;
 
 mod b2;
+mod b3;
 mod b5;
 mod b6;
 mod plot;
@@ -421,7 +422,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b4", "b5", "b6"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -449,6 +450,9 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     let shedctl = workspace_root().join("target/release/shedctl");
     if wanted("b2") {
         save("b2", b2::b2(&shedctl, scale)?)?;
+    }
+    if wanted("b3") {
+        save("b3", b3::b3(&shedctl, scale)?)?;
     }
     if wanted("b4") {
         save("b4", b4(&shedctl, scale, &results_dir())?)?;
@@ -518,6 +522,18 @@ mod tests {
         let shed_rst = &configs[2];
         assert!(shed_rst["shed_rejected_fraction"].as_f64().unwrap() > 0.99, "{shed_rst}");
         assert!(md.contains("| kernel RST (closed port) |"), "{md}");
+    }
+
+    #[test]
+    fn b3_still_runs() {
+        let (json, md) = b3::b3(&shedctl(), Scale::Smoke).expect("B3 runs");
+        let configs = json["configs"].as_array().expect("configs");
+        assert_eq!(configs.len(), 2, "{json}");
+        for c in configs {
+            assert!(c["rejected_fraction"].as_f64().unwrap() > 0.95, "every attempt is rejected: {c}");
+            assert!(c["reject_p99_us"].as_f64().unwrap() > 0.0, "{c}");
+        }
+        assert!(md.contains("| accept + 503 + close (userspace) |"), "{md}");
     }
 
     #[test]
