@@ -197,13 +197,15 @@ impl Server503 {
 
     fn stop(mut self) -> Result<Duration> {
         self.stop.store(true, Ordering::Relaxed);
-        let cpu = self.handle.take().expect("started").join().map_err(|_| anyhow::anyhow!("503 server panicked"))???;
+        let cpu =
+            self.handle.take().expect("started").join().map_err(|_| anyhow::anyhow!("503 server panicked"))???;
         Ok(cpu)
     }
 }
 
 pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
-    let (duration, runs) = scale.pick((Duration::from_secs(4), 5), (Duration::from_secs(2), 1), (Duration::from_millis(500), 1));
+    let (duration, runs) =
+        scale.pick((Duration::from_secs(4), 5), (Duration::from_secs(2), 1), (Duration::from_millis(500), 1));
     let bed = Testbed::create("shedb3")?;
     let addr = bed.server_addr(false, PORT);
     // Per configuration and run: attempts/s, rejected fraction, p50 us, p99 us,
@@ -214,7 +216,11 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
             let (run, process_cpu) = if i == 0 {
                 let backend = Backend::start(&bed.server_ns, addr, Service::Echo)?;
                 // One held connection fills limit 1 (counting open connections): every later SYN is refused.
-                let gate = start_gate(shedctl, &bed, &["--limit", "1", "--count", "connections", "--action", "rst", "--hook", "tc", "--rst-rate", "0"])?;
+                let gate = start_gate(
+                    shedctl,
+                    &bed,
+                    &["--limit", "1", "--count", "connections", "--action", "rst", "--hook", "tc", "--rst-rate", "0"],
+                )?;
                 let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))??;
                 let total_before = busy_cpu()?;
                 let run = testbed::run_in(&bed.client_ns, move || clients(addr, duration, false))?;
@@ -235,7 +241,11 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
             if run.rejected == 0 {
                 bail!("{name}: no attempt was rejected ({} attempts, {} other)", run.attempts, run.other);
             }
-            let pct = |p: f64| f64::from(run.latencies_us[((run.latencies_us.len() as f64 * p) as usize).min(run.latencies_us.len() - 1)]);
+            let pct = |p: f64| {
+                f64::from(
+                    run.latencies_us[((run.latencies_us.len() as f64 * p) as usize).min(run.latencies_us.len() - 1)],
+                )
+            };
             let rejected = run.rejected as f64;
             let server_ns = total.saturating_sub(run.cpu).as_nanos() as f64 / rejected;
             let process_ns = process_cpu.map_or(0.0, |c| c.as_nanos() as f64 / rejected);
@@ -257,7 +267,10 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
         md,
         "Non-blocking connect() clients in the client namespace keep {IN_FLIGHT} attempts in flight for {duration:?}. shed (TC, limit 1 held by one open connection, action rst) refuses every SYN; the in-app limiter is a userspace thread that accepts, writes a 503 and closes. Rejection latency is what the client sees (ECONNREFUSED, or the 503 read). Server CPU per rejection is the machine's busy CPU (/proc/stat) minus the client thread's own CPU, per rejection, so it includes the kernel's handshake and teardown work on both ends of the veth; for the 503 server the accepting thread's own CPU is also shown. Median of {runs} runs (min-max).\n"
     );
-    let _ = writeln!(md, "| configuration | attempts/s | rejected | p50 us | p99 us | server CPU ns per rejection | of which the 503 thread |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| configuration | attempts/s | rejected | p50 us | p99 us | server CPU ns per rejection | of which the 503 thread |\n|---|---|---|---|---|---|---|"
+    );
     let mut json = Vec::new();
     for (i, name) in NAMES.iter().enumerate() {
         let (rate, lo, hi) = stat(i, 0);
@@ -279,7 +292,10 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
         ratio,
         if ratio <= 0.10 { "met" } else { "missed" }
     );
-    Ok((serde_json::json!({"benchmark": "B3 real clients", "runs": runs, "configs": json, "shed_over_503_cpu": ratio}), md))
+    Ok((
+        serde_json::json!({"benchmark": "B3 real clients", "runs": runs, "configs": json, "shed_over_503_cpu": ratio}),
+        md,
+    ))
 }
 
 struct ClientRunWithTotal {
