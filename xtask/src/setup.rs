@@ -87,15 +87,25 @@ fn bpf_linker() -> Result<()> {
 
 fn debian_packages() -> Result<()> {
     // iproute2: namespaces and veth for the tests and the demo; util-linux: setpriv and unshare in the tests.
-    // nftables: the static-cap comparison in `cargo xtask bench`.
-    let wanted = [("ip", "iproute2"), ("setpriv", "util-linux"), ("unshare", "util-linux"), ("nft", "nftables")];
-    let missing: Vec<&str> = wanted
-        .iter()
-        .filter(|(bin, _)| output(Command::new("sh").args(["-c", &format!("command -v {bin}")])).is_none())
-        .map(|(_, pkg)| *pkg)
-        .collect();
+    // nftables: the static-cap comparison in `cargo xtask bench`; fonts-dejavu-core: the text of its plots.
+    // Each package is known by a command it installs, or by a file (a leading /).
+    let wanted = [
+        ("ip", "iproute2"),
+        ("setpriv", "util-linux"),
+        ("unshare", "util-linux"),
+        ("nft", "nftables"),
+        ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
+    ];
+    let present = |what: &str| {
+        if what.starts_with('/') {
+            std::path::Path::new(what).exists()
+        } else {
+            output(Command::new("sh").args(["-c", &format!("command -v {what}")])).is_some()
+        }
+    };
+    let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux and nftables present");
+        println!("setup: iproute2, util-linux, nftables and fonts-dejavu-core present");
         return Ok(());
     }
     let mut missing = missing;
