@@ -24,7 +24,15 @@ pub struct Loaded {
 impl Loaded {
     /// Loads every program; pins the maps under `pin_dir` when given.
     pub fn new(pin_dir: Option<&Path>) -> Result<Self, Error> {
-        let mut ebpf = object::load()?;
+        Self::with(object::load()?, pin_dir)
+    }
+
+    /// The same from an object file on disk (see [`object::load_file`]).
+    pub fn from_file(object: &Path, pin_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::with(object::load_file(object)?, pin_dir)
+    }
+
+    fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
         let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
         let mut loaded = Self { ebpf, maps };
         loaded.xdp()?.load().map_err(|e| Error::program("load XDP program", e))?;

@@ -1,4 +1,6 @@
 //! The kernel object embedded at build time (see `build.rs`).
+use std::path::Path;
+
 use aya::{Ebpf, EbpfLoader};
 
 use crate::Error;
@@ -16,4 +18,10 @@ pub fn load() -> Result<Ebpf, Error> {
         return Err(Error::EbpfObjectMissing);
     }
     EbpfLoader::new().load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
+}
+
+/// Loads an object file from disk instead (tools that build the object
+/// themselves, such as `cargo xtask bench`, so they never run a stale copy).
+pub fn load_file(path: &Path) -> Result<Ebpf, Error> {
+    EbpfLoader::new().load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
 }

@@ -85,7 +85,7 @@ fn xdp_in(
 ) -> Result<Loaded> {
     let iface = iface.to_owned();
     testbed::run_in(ns, move || -> Result<Loaded> {
-        let mut loaded = Loaded::new(None)?;
+        let mut loaded = super::load_object()?;
         pick(&mut loaded)?.attach(&iface, aya::programs::XdpMode::default())?;
         Ok(loaded)
     })?

@@ -68,7 +68,7 @@ fn keep_alive_load(ns: &str, addr: SocketAddr, duration: Duration) -> Result<(f6
 fn empty_xdp(bed: &Testbed) -> Result<Loaded> {
     let iface = bed.server_if.clone();
     testbed::run_in(&bed.server_ns, move || -> Result<Loaded> {
-        let mut loaded = Loaded::new(None)?;
+        let mut loaded = super::load_object()?;
         loaded.xdp_pass()?.attach(&iface, aya::programs::XdpMode::default())?;
         Ok(loaded)
     })?

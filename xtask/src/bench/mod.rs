@@ -68,6 +68,15 @@ fn stop_gate(mut child: std::process::Child) {
     let _ = child.wait();
 }
 
+/// The kernel object as `cargo xtask build-ebpf` just built it, read from disk:
+/// the copy embedded in this xtask binary may predate it (or be the placeholder
+/// of a fresh clone, where xtask is compiled before the object exists).
+fn load_object() -> Result<Loaded> {
+    let object = workspace_root().join("target/bpfel-unknown-none/release/shed");
+    Loaded::from_file(&object, None)
+        .with_context(|| format!("load {} (root, after `cargo xtask build-ebpf`)", object.display()))
+}
+
 fn results_dir() -> PathBuf {
     workspace_root().join("bench/results")
 }
@@ -173,7 +182,7 @@ pub fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
     ];
     let (runs, n) = scale.pick((7, 60_000), (3, 5_000), (1, 500));
     let repeat = scale.pick(1_000_000, 100_000, 10_000);
-    let mut loaded = Loaded::new(None).context("load the kernel object (root, after `cargo xtask build-ebpf`)")?;
+    let mut loaded = load_object()?;
     let spec = PortSpec {
         rst_per_sec: 0,
         rst_per_prefix_per_sec: 0,
