@@ -320,12 +320,12 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
     ];
     let (warm, measure, repeats) = scale.pick(
         (Duration::from_secs(2), Duration::from_secs(3), 3),
-        (Duration::from_millis(1500), Duration::from_millis(1500), 1),
+        (Duration::from_secs(1), Duration::from_millis(1500), 1),
         (Duration::from_millis(500), Duration::from_millis(500), 1),
     );
     // The smoke run keeps one baseline and one adaptive configuration at two loads.
     let smoke = |name: &str| scale != Scale::Smoke || name == "no gate" || name == "shed gradient";
-    let loads: &[f64] = if scale == Scale::Smoke { &[1.0, 2.0] } else { &B4_LOADS };
+    let loads: &[f64] = scale.pick(&B4_LOADS, &[1.0, 2.0, 4.0], &[1.0, 2.0]);
     let deadline = Duration::from_secs(1);
     let mut json = Vec::new();
     let mut rows = Vec::new();
