@@ -36,6 +36,25 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plot: {e}")
 }
 
+/// The series' names in a framed box.
+fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    font_size: u32,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", font_size))
+        .draw()
+        .map_err(err)
+}
+
 /// One line of a chart: name and (x, median, min, max) points.
 pub struct Series {
     pub name: String,
@@ -75,14 +94,7 @@ pub fn goodput_vs_load(path: &Path, title: &str, series: &[Series]) -> Result<()
             .draw_series(s.points.iter().map(|p| PathElement::new(vec![(p.0, p.2), (p.0, p.3)], color.stroke_width(1))))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::LowerLeft, 15)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -142,14 +154,7 @@ pub fn timeline(path: &Path, title: &str, points: &[TimelinePoint], events: &[(f
                 .label(name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 13)?;
     }
     // Event names along the top.
     for (t, name) in events {
