@@ -28,7 +28,21 @@ fn main() {
         Command::Tier(command) => commands::tier::execute(command),
     };
     if let Err(err) = result {
-        eprintln!("shedctl: error: {err:#}");
+        eprintln!("shedctl: error: {}", chain_message(&err));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each said once: our errors already name their
+/// cause in their own message, so `{:#}` would repeat it.
+fn chain_message(err: &anyhow::Error) -> String {
+    let mut message = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !message.contains(&cause) {
+            message.push_str(": ");
+            message.push_str(&cause);
+        }
+    }
+    message
 }

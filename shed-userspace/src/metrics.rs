@@ -395,6 +395,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_busy_address_is_refused_with_its_name() {
+        let first = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = first.local_addr().unwrap();
+        let err = bind(addr).unwrap_err().to_string();
+        assert!(err.contains(&addr.to_string()), "{err}");
+    }
+
+    #[test]
     fn histogram_buckets_are_exact_at_power_of_two_edges() {
         let mut h = [0u64; latency::BUCKETS];
         h[latency::bucket(15)] += 1; // below 16 us
