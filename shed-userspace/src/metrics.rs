@@ -19,7 +19,12 @@ use prometheus_client::{
 };
 use shed_common::{PortLatency, latency, tier};
 
-use crate::{Error, control::Reason, maps::GateMaps, stats::PortStats};
+use crate::{
+    Error,
+    control::Reason,
+    maps::GateMaps,
+    stats::{PortStats, json_name},
+};
 
 /// The Content-Type of the Prometheus text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -300,9 +305,7 @@ impl Collector for Scrape {
         }
         let decisions: Vec<(Labels, u64)> = ports
             .iter()
-            .flat_map(|p| {
-                p.decisions.iter().map(|(r, n)| (with(port_label(p.stats.port), "reason", reason_name(*r)), *n))
-            })
+            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(p.stats.port), "reason", json_name(r)), *n)))
             .collect();
         family(
             &mut e,
@@ -315,21 +318,16 @@ impl Collector for Scrape {
             .iter()
             .map(|p| {
                 let s = &p.stats;
-                let labels =
-                    with(with(with(port_label(s.port), "algo", s.algo), "action", s.action), "count", count_name(s));
+                let labels = with(
+                    with(with(port_label(s.port), "algo", s.algo), "action", s.action),
+                    "count",
+                    json_name(&s.count),
+                );
                 (labels, 1)
             })
             .collect();
         family(&mut e, "shed_port_info", "The port's limiter, reject action and what in-flight counts.", Gauge, info)
     }
-}
-
-fn reason_name(reason: Reason) -> String {
-    serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-}
-
-fn count_name(s: &PortStats) -> String {
-    serde_json::to_value(s.count).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// Binds the endpoint; done before anything is attached, so a bad or busy

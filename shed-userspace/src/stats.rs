@@ -216,6 +216,12 @@ impl PortStats {
     }
 }
 
+/// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
+/// its label in the metrics and its text in `top`.
+pub fn json_name(value: &impl Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
 /// The `p`th percentile (0-100) of a latency histogram, microseconds: the
 /// midpoint of the bucket holding that rank (0 when the histogram is empty).
 pub fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {

@@ -14,7 +14,7 @@ use ratatui::{
 };
 use shed_common::tier;
 
-use crate::stats::PortStats;
+use crate::stats::{PortStats, json_name};
 
 /// Samples of history kept per port (wider terminals show more).
 const HISTORY: usize = 512;
@@ -136,9 +136,7 @@ const PORT_HEIGHT: u16 = 17;
 
 fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
     let s = &view.now;
-    let decision = s.last_decision.map_or("-".to_owned(), |r| {
-        serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-    });
+    let decision = s.last_decision.map_or("-".to_owned(), |r| json_name(&r));
     let title = format!(
         " port {} · {} ({decision}) · action {}{} ",
         s.port,

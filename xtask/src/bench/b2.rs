@@ -17,7 +17,7 @@ use shed::{
     testbed::{self, Backend, Service, Testbed},
 };
 
-use super::{PORT, Scale, median_min_max, nft_cap, start_gate, stop_gate};
+use super::{PORT, Scale, median_min_max, nft_cap, start_gate, stop_gate, xdp_in};
 
 /// A port nothing listens on: the kernel answers with an RST.
 const CLOSED_PORT: u16 = 8081;
@@ -75,20 +75,6 @@ fn flood(bed: &Testbed, port: u16, count: u32) -> Result<(u32, Duration, Duratio
     std::thread::sleep(Duration::from_millis(20));
     let elapsed = start.elapsed();
     Ok((sent, elapsed, busy_cpu()?.saturating_sub(cpu_before)))
-}
-
-/// Attaches an XDP program of `loaded` (by `pick`) to `iface` in `ns`.
-fn xdp_in(
-    ns: &str,
-    iface: &str,
-    pick: fn(&mut Loaded) -> Result<&mut aya::programs::Xdp, shed::Error>,
-) -> Result<Loaded> {
-    let iface = iface.to_owned();
-    testbed::run_in(ns, move || -> Result<Loaded> {
-        let mut loaded = super::load_object()?;
-        pick(&mut loaded)?.attach(&iface, aya::programs::XdpMode::default())?;
-        Ok(loaded)
-    })?
 }
 
 pub fn b2(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Result, bail};
 use shed::testbed::{self, Backend, Service, Testbed};
 
-use super::{PORT, Scale, b2::busy_cpu, median_min_max, start_gate, stop_gate};
+use super::{PORT, Scale, b2::busy_cpu, median_min_max, percentile, start_gate, stop_gate};
 
 const IN_FLIGHT: usize = 64;
 const NAMES: [&str; 2] = ["shed RST (TC)", "accept + 503 + close (userspace)"];
@@ -213,7 +213,7 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     let mut samples: [Vec<[f64; 6]>; 2] = [Vec::new(), Vec::new()];
     for r in 0..runs {
         for (i, name) in NAMES.iter().enumerate() {
-            let (run, process_cpu) = if i == 0 {
+            let (run, total, process_cpu) = if i == 0 {
                 let backend = Backend::start(&bed.server_ns, addr, Service::Echo)?;
                 // One held connection fills limit 1 (counting open connections): every later SYN is refused.
                 let gate = start_gate(
@@ -228,24 +228,19 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
                 drop(held);
                 stop_gate(gate);
                 drop(backend);
-                (ClientRunWithTotal { run, total }, None)
+                (run, total, None)
             } else {
                 let server = Server503::start(&bed.server_ns, addr)?;
                 let total_before = busy_cpu()?;
                 let run = testbed::run_in(&bed.client_ns, move || clients(addr, duration, true))?;
                 let total = busy_cpu()?.saturating_sub(total_before);
                 let process = server.stop()?;
-                (ClientRunWithTotal { run, total }, Some(process))
+                (run, total, Some(process))
             };
-            let ClientRunWithTotal { run, total } = run;
             if run.rejected == 0 {
                 bail!("{name}: no attempt was rejected ({} attempts, {} other)", run.attempts, run.other);
             }
-            let pct = |p: f64| {
-                f64::from(
-                    run.latencies_us[((run.latencies_us.len() as f64 * p) as usize).min(run.latencies_us.len() - 1)],
-                )
-            };
+            let pct = |p: f64| f64::from(percentile(&run.latencies_us, p).expect("every rejection has a latency"));
             let rejected = run.rejected as f64;
             let server_ns = total.saturating_sub(run.cpu).as_nanos() as f64 / rejected;
             let process_ns = process_cpu.map_or(0.0, |c| c.as_nanos() as f64 / rejected);
@@ -296,9 +291,4 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
         serde_json::json!({"benchmark": "B3 real clients", "runs": runs, "configs": json, "shed_over_503_cpu": ratio}),
         md,
     ))
-}
-
-struct ClientRunWithTotal {
-    run: ClientRun,
-    total: Duration,
 }

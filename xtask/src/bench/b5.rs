@@ -18,7 +18,7 @@ use shed::{
     testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
 };
 
-use super::{PORT, Scale, median_min_max, plot, start_gate, stop_gate};
+use super::{PORT, Scale, median_min_max, percentile, plot, start_gate, stop_gate};
 
 const WORKERS: u64 = 4;
 const SERVICE_US: u64 = 20_000;
@@ -111,10 +111,7 @@ fn run_once(shedctl: &Path, scale: Scale) -> Result<Vec<Bin>> {
             current.in_flight = snapshot.in_flight();
             current.offered = e.load * base_capacity;
             current.capacity = base_capacity / e.slow as f64;
-            current.p99_ms = latencies
-                .get((latencies.len() * 99 / 100).min(latencies.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0.0);
+            current.p99_ms = percentile(&latencies, 0.99).unwrap_or(0.0);
             bins.push(std::mem::take(&mut current));
             latencies.clear();
             bin_end += BIN;

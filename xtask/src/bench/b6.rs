@@ -16,7 +16,7 @@ use shed::{
     testbed::{self, Backend, Service, Testbed},
 };
 
-use super::{PORT, Scale, median_min_max, start_gate, stop_gate};
+use super::{PORT, Scale, median_min_max, percentile, start_gate, stop_gate, xdp_in};
 
 const CONNECTIONS: usize = 8;
 
@@ -60,18 +60,8 @@ fn keep_alive_load(ns: &str, addr: SocketAddr, duration: Duration) -> Result<(f6
         all.extend(latencies.context("keep-alive client")?);
     }
     all.sort_unstable();
-    let pct = |p: f64| f64::from(all[((all.len() as f64 * p) as usize).min(all.len() - 1)]);
+    let pct = |p: f64| f64::from(percentile(&all, p).expect("keep-alive clients answered"));
     Ok((all.len() as f64 / duration.as_secs_f64(), pct(0.5), pct(0.99)))
-}
-
-/// An XDP_PASS program on the server veth, detached on drop.
-fn empty_xdp(bed: &Testbed) -> Result<Loaded> {
-    let iface = bed.server_if.clone();
-    testbed::run_in(&bed.server_ns, move || -> Result<Loaded> {
-        let mut loaded = super::load_object()?;
-        loaded.xdp_pass()?.attach(&iface, aya::programs::XdpMode::default())?;
-        Ok(loaded)
-    })?
 }
 
 pub fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
@@ -93,7 +83,7 @@ pub fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     for r in 0..repeats {
         for (i, (name, args)) in configs.iter().enumerate() {
             let gate = args.map(|a| start_gate(shedctl, &bed, a)).transpose()?;
-            let empty_xdp = (i == 1).then(|| empty_xdp(&bed)).transpose()?;
+            let empty_xdp = (i == 1).then(|| xdp_in(&bed.server_ns, &bed.server_if, Loaded::xdp_pass)).transpose()?;
             let (rps, p50, p99) = keep_alive_load(&bed.client_ns, addr, duration)?;
             drop(empty_xdp);
             if let Some(g) = gate {

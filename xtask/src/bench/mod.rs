@@ -161,6 +161,25 @@ fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> R
     Ok(total as f64 / f64::from(n))
 }
 
+/// The `p` quantile (0-1) of sorted samples, by rank; `None` when there are none.
+fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1))).copied()
+}
+
+/// Attaches one of the object's XDP programs (by `pick`) to `iface` in `ns`; detached on drop.
+fn xdp_in(
+    ns: &str,
+    iface: &str,
+    pick: fn(&mut Loaded) -> Result<&mut aya::programs::Xdp, shed::Error>,
+) -> Result<Loaded> {
+    let iface = iface.to_owned();
+    shed::testbed::run_in(ns, move || -> Result<Loaded> {
+        let mut loaded = load_object()?;
+        pick(&mut loaded)?.attach(&iface, aya::programs::XdpMode::default())?;
+        Ok(loaded)
+    })?
+}
+
 fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0], v[v.len() - 1])
@@ -366,12 +385,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
                     }
                 }
                 answered.sort_by(f64::total_cmp);
-                let pct = |p: f64| {
-                    answered
-                        .get(((answered.len() as f64 * p) as usize).min(answered.len().saturating_sub(1)))
-                        .copied()
-                        .unwrap_or(0.0)
-                };
+                let pct = |p: f64| percentile(&answered, p).unwrap_or(0.0);
                 let goodput = answered.len() as f64 / measure.as_secs_f64() / capacity;
                 windows.push([goodput, pct(0.5), pct(0.99), refused as f64, timeouts as f64]);
             }
