@@ -11,9 +11,15 @@
 //! - addresses are **network order** byte arrays, IPv4 stored as IPv4-mapped
 //!   IPv6 (`::ffff:a.b.c.d`), which is what the socket tracepoint reports.
 #![no_std]
+#[cfg(test)]
+extern crate std;
 
+pub mod handshake;
 pub mod latency;
+pub mod ratelimit;
 pub mod rst;
+
+pub use handshake::{HandshakeCell, HandshakeRing, HandshakeStamp};
 
 use core::mem::size_of;
 
@@ -27,12 +33,24 @@ pub mod map {
     pub const USER_STATE: &str = "SHED_USER_STATE";
     /// `PerCpuArray<PortCounters>` indexed by slot: event counters. Written by the kernel.
     pub const COUNTERS: &str = "SHED_COUNTERS";
-    /// `HashMap<FlowKey, PendingEntry>`: handshakes admitted but not yet established.
-    pub const PENDING: &str = "SHED_PENDING";
+    /// `Array<HandshakeRing>` indexed by slot: handshakes admitted and not yet
+    /// established, by epoch (see [`crate::handshake`]). Written by the kernel (atomics).
+    pub const HANDSHAKES: &str = "SHED_HANDSHAKES";
+    /// `Array<HandshakeStamp>`, [`crate::handshake::STAMPS_PER_PORT`] per slot:
+    /// when each flow was admitted. Written by the kernel.
+    pub const STAMPS: &str = "SHED_STAMPS";
+    /// `HashMap<[u8; 16], u8>`: the protected namespace's own addresses (one of
+    /// [`local_addr`]). Only SYNs addressed to one of them are judged. Written by the daemon.
+    pub const LOCAL_ADDRS: &str = "SHED_LOCAL_ADDRS";
+    /// `Array<u32>` indexed by port: non-zero while handshake-completing ACKs to the
+    /// port are checked (some admissions lapsed, so a late completion could overshoot).
+    /// Set by the kernel and the daemon, cleared by the daemon.
+    pub const ACK_CHECK: &str = "SHED_ACK_CHECK";
+    /// `PerCpuArray<GateCounters>[1]`: what the gate did with packets it could not
+    /// tie to a port (fragments, unparsable headers). Written by the kernel.
+    pub const GATE_COUNTERS: &str = "SHED_GATE_COUNTERS";
     /// `HashMap<u64 sock address, SockEntry>`: established sockets counted in flight, so each is released once.
     pub const SOCKS: &str = "SHED_SOCKS";
-    /// `Array<u64>[1]`: the daemon's clock (monotonic milliseconds), stamped on pending reservations.
-    pub const CLOCK: &str = "SHED_CLOCK";
     /// `Array<u32>` indexed by slot: the current concurrency limit. Written by the daemon's
     /// controller and by `shedctl set --limit`; read by the gate.
     pub const LIMITS: &str = "SHED_LIMITS";
@@ -48,13 +66,15 @@ pub mod map {
     /// Written by the daemon, read by the gate.
     pub const RESERVE: &str = "SHED_RESERVE";
 
-    /// `HashMap<ClientKey, i64>`: a client's admissions minus its closes (kernel atomics).
+    /// `HashMap<ClientKey, i64>`: a client's established connections (opened minus
+    /// closed; kernel atomics). Only confirmed handshakes enter it, so forged
+    /// sources cannot fill it.
     pub const CLIENTS: &str = "SHED_CLIENTS";
-    /// `HashMap<ClientKey, i64>`: a client's reservations that expired (daemon only).
-    pub const CLIENT_EXPIRED: &str = "SHED_CLIENT_EXPIRED";
-    /// `Array<RstBucket>` indexed by slot: the port's RST budget. Kernel only.
+    /// `Array<u64>` indexed by slot: the port's RST budget (a GCRA time, see
+    /// [`crate::ratelimit`]). Kernel only.
     pub const RST_BUCKETS: &str = "SHED_RST_BUCKETS";
-    /// `LruHashMap<RstPrefixKey, RstBucket>`: RST budget per source prefix. Kernel only.
+    /// `Array<u64>`, [`crate::ratelimit::PREFIX_BUCKETS_PER_PORT`] per slot: RST budget
+    /// per source prefix, by prefix hash. Kernel only.
     pub const RST_PREFIX_BUCKETS: &str = "SHED_RST_PREFIX";
 
     /// `Array<NetnsFilter>[1]`: which network namespace's sockets to count. Written by the daemon.
@@ -64,14 +84,17 @@ pub mod map {
     pub const PORT_BITS: &str = "SHED_PORT_BITS";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 21] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
         COUNTERS,
-        PENDING,
+        HANDSHAKES,
+        STAMPS,
+        LOCAL_ADDRS,
+        ACK_CHECK,
+        GATE_COUNTERS,
         SOCKS,
-        CLOCK,
         LIMITS,
         LATENCY,
         CONTROL,
@@ -79,10 +102,10 @@ pub mod map {
         TIERS,
         RESERVE,
         CLIENTS,
-        CLIENT_EXPIRED,
         NETNS,
         RST_BUCKETS,
         RST_PREFIX_BUCKETS,
+        PORT_BITS,
     ];
 }
 
@@ -107,8 +130,8 @@ pub mod program {
 pub mod capacity {
     /// Ports one gate can protect at once (slots in the per-port arrays).
     pub const MAX_PORTS: u32 = 64;
-    /// Concurrent half-open reservations across all ports. A full map fails open (counted).
-    pub const MAX_PENDING: u32 = 65_536;
+    /// Addresses of the protected namespace (interface addresses and broadcasts).
+    pub const MAX_LOCAL_ADDRS: u32 = 4096;
     /// Established sockets tracked across all ports.
     pub const MAX_SOCKS: u32 = 262_144;
     /// Client CIDRs with a tier.
@@ -117,8 +140,16 @@ pub mod capacity {
     pub const MAX_CLIENTS: u32 = 65_536;
 }
 
-/// The highest concurrency limit an operator may set. Above this the pending and
-/// socket maps could not hold the admitted work, so the limit would be a lie.
+/// Values of [`map::LOCAL_ADDRS`].
+pub mod local_addr {
+    /// An address of an interface of the namespace: SYNs to it are judged.
+    pub const UNICAST: u8 = 1;
+    /// A broadcast address of the namespace: never judged, never answered.
+    pub const BROADCAST: u8 = 2;
+}
+
+/// The highest concurrency limit an operator may set. Above this the socket
+/// map could not hold the admitted work, so the limit would be a lie.
 pub const MAX_LIMIT: u32 = 65_536;
 
 /// Default cap on RSTs a port sends per second; forged SYNs must not turn
@@ -126,51 +157,6 @@ pub const MAX_LIMIT: u32 = 65_536;
 pub const DEFAULT_RST_PER_SEC: u32 = 20_000;
 /// Default cap on RSTs per second to one source prefix (IPv4 /24, IPv6 /48).
 pub const DEFAULT_RST_PER_PREFIX_PER_SEC: u32 = 1_000;
-
-/// A token bucket for RSTs: `nanotokens` is tokens x 1e9, refilled at the
-/// port's rate per second of `last_ns` elapsed, holding at most one second.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RstBucket {
-    pub nanotokens: u64,
-    pub last_ns: u64,
-}
-const _: () = assert!(size_of::<RstBucket>() == 16);
-
-impl RstBucket {
-    /// A bucket that starts full.
-    pub const fn full(rate: u32, now_ns: u64) -> Self {
-        Self { nanotokens: rate as u64 * 1_000_000_000, last_ns: now_ns }
-    }
-
-    /// Takes a token if one is there (refilling first).
-    #[inline(always)]
-    pub fn take(&mut self, rate: u32, now_ns: u64) -> bool {
-        let cap = rate as u64 * 1_000_000_000;
-        let elapsed = now_ns.saturating_sub(self.last_ns);
-        // More than a second of refill fills the bucket anyway; this also keeps the product small.
-        let elapsed = if elapsed > 1_000_000_000 { 1_000_000_000 } else { elapsed };
-        let refilled = self.nanotokens + elapsed * rate as u64;
-        self.nanotokens = if refilled > cap { cap } else { refilled };
-        self.last_ns = now_ns;
-        if self.nanotokens >= 1_000_000_000 {
-            self.nanotokens -= 1_000_000_000;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// Key of a per-prefix RST bucket.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RstPrefixKey {
-    pub slot: u32,
-    /// IPv4-mapped /24 or IPv6 /48, host bits zero.
-    pub prefix: [u8; 16],
-}
-const _: () = assert!(size_of::<RstPrefixKey>() == 20);
 
 /// The RST-rate prefix of a client address.
 #[inline(always)]
@@ -216,9 +202,9 @@ pub mod tier {
 
 /// Indices into [`PortCounters::values`].
 pub mod counter {
-    /// SYNs (without ACK) seen for the port.
+    /// SYNs (without ACK) addressed to this host for the port.
     pub const SYN_SEEN: usize = 0;
-    /// SYNs admitted with a fresh reservation.
+    /// SYNs admitted (each holds a handshake reservation for about one handshake time).
     pub const ADMITTED: usize = 1;
     /// SYNs rejected because in-flight had reached the limit.
     pub const REJECTED_LIMIT: usize = 2;
@@ -226,10 +212,12 @@ pub mod counter {
     pub const RST_SENT: usize = 3;
     /// Dry-run: SYNs that enforce mode would have rejected (they were admitted).
     pub const DRY_RUN_WOULD_REJECT: usize = 4;
-    /// Retransmitted SYNs of a handshake that already holds a reservation (passed, no new slot).
-    pub const SYN_RETRANSMIT: usize = 5;
-    /// SYNs passed without a reservation because the pending map was full (fail-open).
-    pub const RESERVE_FAILED: usize = 6;
+    /// Handshakes that completed after their reservation lapsed (or whose stamp
+    /// was overwritten): counted from their completion on.
+    pub const LATE_COMPLETED: usize = 5;
+    /// Handshake-completing ACKs refused because their reservation had lapsed and
+    /// the port was full.
+    pub const LATE_ACK_REJECTED: usize = 6;
     /// Rejected SYNs for which the RST could not be built (dropped instead).
     pub const RST_FAILED: usize = 7;
     /// SYNs rejected because in-flight had reached their tier's share of the limit.
@@ -246,16 +234,53 @@ pub mod counter {
     pub const REJECTED_BY_TIER: usize = 16;
     /// Rejected SYNs dropped instead of answered because an RST cap was reached.
     pub const RST_RATE_LIMITED: usize = 20;
+    /// SYNs to the port that were not addressed to this namespace (forwarded or
+    /// leaving local containers): passed untouched.
+    pub const NOT_LOCAL: usize = 21;
+    /// Rejected SYNs not answered because the source cannot be a real client
+    /// (multicast, broadcast, unspecified, or this host's own or loopback address
+    /// arriving from outside): dropped.
+    pub const RST_SUPPRESSED: usize = 22;
+    /// Established connections not counted against their client's cap because
+    /// the client map was full (fail-open).
+    pub const CLIENT_MAP_FULL: usize = 23;
+    /// Late handshake-completing ACKs admitted (the port had room): counted as
+    /// a reservation until the connection is established.
+    pub const LATE_ACK_ADMITTED: usize = 24;
     /// Number of counter slots; spare slots are reserved for later reasons.
-    pub const COUNT: usize = 24;
+    pub const COUNT: usize = 32;
 }
+
+/// Indices into [`GateCounters::values`]: packets the gate judged before it
+/// could tie them to a port.
+pub mod gate_counter {
+    /// First IPv4 fragments of TCP too short to hold the TCP header (RFC 1858,
+    /// RFC 3128): dropped.
+    pub const TINY_FRAGMENT: usize = 0;
+    /// IPv4 TCP fragments at offset 8 bytes (RFC 1858 overlap attack): dropped.
+    pub const OVERLAP_FRAGMENT: usize = 1;
+    /// IPv6 packets whose extension-header chain was longer than the gate
+    /// parses or malformed: dropped (a SYN could hide behind them).
+    pub const IPV6_CHAIN_UNPARSED: usize = 2;
+    /// Later fragments (IPv4 or IPv6): passed, the first fragment carries the TCP header.
+    pub const LATER_FRAGMENT: usize = 3;
+    pub const COUNT: usize = 8;
+}
+
+/// Gate-wide counters on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GateCounters {
+    pub values: [u64; gate_counter::COUNT],
+}
+const _: () = assert!(size_of::<GateCounters>() == 8 * gate_counter::COUNT);
 
 /// What in-flight counts for a port ([`PortConfig::count_mode`]).
 pub mod count_mode {
-    /// Work in the service: pending handshakes plus connections that have not
+    /// Work in the service: handshakes under way plus connections that have not
     /// answered their latest request. Idle keep-alive connections do not count.
     pub const WORK: u8 = 0;
-    /// Open connections: pending handshakes plus established connections.
+    /// Open connections: handshakes under way plus established connections.
     pub const CONNECTIONS: u8 = 1;
 }
 
@@ -373,9 +398,9 @@ impl PortConfig {
 /// share a field:
 /// - established = `opened - closed`
 /// - busy        = `busy_enter - busy_exit` (connections owing an answer)
-/// - pending     = `reserved - released - UserPortState::pending_expired`
 ///
-/// Written only by the kernel programs.
+/// Handshakes under way live in the port's [`HandshakeRing`]. Written only by
+/// the kernel programs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PortState {
@@ -383,23 +408,21 @@ pub struct PortState {
     pub opened: u64,
     /// Of those, sockets that reached their final close.
     pub closed: u64,
-    /// SYNs that took a pending reservation.
-    pub reserved: u64,
-    /// Reservations released by their handshake completing.
-    pub released: u64,
     /// Connections that started owing an answer (accepted, or a request arrived while idle).
     pub busy_enter: u64,
     /// Connections that stopped owing one (answered, or closed while busy).
     pub busy_exit: u64,
 }
-const _: () = assert!(size_of::<PortState>() == 48);
+const _: () = assert!(size_of::<PortState>() == 32);
 
 /// The daemon's share of a port's accounting. Written only by the daemon.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserPortState {
-    /// Reservations removed by the daemon because their handshake never completed in time.
-    pub pending_expired: u64,
+    /// Epoch length of the port's handshake ring, as a power of two of ns
+    /// (0: [`handshake::DEFAULT_SHIFT`]).
+    pub handshake_shift: u32,
+    pub _pad: u32,
     /// Drift healing: added to the kernel's established count (missed events, adopted sockets).
     pub established_adjust: i64,
     /// Drift healing: added to the kernel's busy count.
@@ -408,6 +431,23 @@ pub struct UserPortState {
     pub drift_corrected: u64,
 }
 const _: () = assert!(size_of::<UserPortState>() == 32);
+
+impl UserPortState {
+    /// The epoch shift the gate uses, clamped to the supported range.
+    #[inline(always)]
+    pub const fn shift(&self) -> u32 {
+        let s = self.handshake_shift;
+        if s == 0 {
+            handshake::DEFAULT_SHIFT
+        } else if s < handshake::MIN_SHIFT {
+            handshake::MIN_SHIFT
+        } else if s > handshake::MAX_SHIFT {
+            handshake::MAX_SHIFT
+        } else {
+            s
+        }
+    }
+}
 
 /// Event counters of one port on one CPU.
 #[repr(C)]
@@ -433,19 +473,6 @@ pub struct FlowKey {
     pub server_port: u16,
 }
 const _: () = assert!(size_of::<FlowKey>() == 36);
-
-/// A pending reservation.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PendingEntry {
-    /// The port's slot, so the daemon can account an expiry without a port lookup.
-    pub slot: u32,
-    /// 1 if the reservation counts against the client's cap.
-    pub capped: u32,
-    /// The daemon clock ([`map::CLOCK`]) when the SYN was admitted.
-    pub admitted_ms: u64,
-}
-const _: () = assert!(size_of::<PendingEntry>() == 16);
 
 /// Socket tracepoints fire for every network namespace; the gate counts only
 /// sockets of the namespace it protects. Offsets come from the running
@@ -532,12 +559,19 @@ pub struct PortLatency {
     pub service: [u64; latency::BUCKETS],
     /// Arrival to first response byte.
     pub sojourn: [u64; latency::BUCKETS],
+    /// Admitted SYN to established: how long a handshake takes (sizes the handshake window).
+    pub handshake: [u64; latency::BUCKETS],
 }
-const _: () = assert!(size_of::<PortLatency>() == 3 * 8 * latency::BUCKETS);
+const _: () = assert!(size_of::<PortLatency>() == 4 * 8 * latency::BUCKETS);
 
 impl Default for PortLatency {
     fn default() -> Self {
-        Self { queue_wait: [0; latency::BUCKETS], service: [0; latency::BUCKETS], sojourn: [0; latency::BUCKETS] }
+        Self {
+            queue_wait: [0; latency::BUCKETS],
+            service: [0; latency::BUCKETS],
+            sojourn: [0; latency::BUCKETS],
+            handshake: [0; latency::BUCKETS],
+        }
     }
 }
 
@@ -601,8 +635,11 @@ pub struct ControlStatus {
     pub reason: u32,
     /// Limit before the last decision.
     pub previous_limit: u32,
+    /// Handshake time (admitted SYN to established) in the last windows.
+    pub handshake_p50_us: u64,
+    pub handshake_p99_us: u64,
 }
-const _: () = assert!(size_of::<ControlStatus>() == 96);
+const _: () = assert!(size_of::<ControlStatus>() == 112);
 
 /// Builds the IPv4-mapped IPv6 form of an IPv4 address, as the socket tracepoint reports it.
 #[inline(always)]
@@ -610,14 +647,19 @@ pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
     [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3]]
 }
 
-/// In-flight of a port: pending handshakes plus busy connections
-/// ([`count_mode::WORK`]) or plus established ones ([`count_mode::CONNECTIONS`]).
-/// The counters are read without a lock, so a momentarily inconsistent read is
-/// clamped at zero rather than wrapping.
+/// In-flight of a port: handshakes under way (`handshakes`, from the ring)
+/// plus busy connections ([`count_mode::WORK`]) or established ones
+/// ([`count_mode::CONNECTIONS`]). The counters are read without a lock, so a
+/// momentarily inconsistent read is clamped at zero rather than wrapping.
 #[inline(always)]
-pub const fn in_flight(state: &PortState, reserved: u64, user: &UserPortState, mode: u8) -> u64 {
-    let held = if mode == count_mode::CONNECTIONS { established(state, user) } else { busy(state, user) };
-    held + pending(reserved, state.released, user.pending_expired)
+pub const fn in_flight(state: &PortState, handshakes: u64, user: &UserPortState, mode: u8) -> u64 {
+    held(state, user, mode) + handshakes
+}
+
+/// Connections the port holds: busy or established, by `mode`.
+#[inline(always)]
+pub const fn held(state: &PortState, user: &UserPortState, mode: u8) -> u64 {
+    if mode == count_mode::CONNECTIONS { established(state, user) } else { busy(state, user) }
 }
 
 /// `a - b + adjust`, clamped at zero.
@@ -638,10 +680,6 @@ pub const fn established(state: &PortState, user: &UserPortState) -> u64 {
     adjusted(state.opened, state.closed, user.established_adjust)
 }
 
-#[inline(always)]
-pub const fn pending(reserved: u64, released: u64, expired: u64) -> u64 {
-    reserved.saturating_sub(released).saturating_sub(expired)
-}
 
 #[cfg(feature = "user")]
 mod user {
@@ -652,7 +690,9 @@ mod user {
     unsafe impl aya::Pod for UserPortState {}
     unsafe impl aya::Pod for PortCounters {}
     unsafe impl aya::Pod for FlowKey {}
-    unsafe impl aya::Pod for PendingEntry {}
+    unsafe impl aya::Pod for HandshakeRing {}
+    unsafe impl aya::Pod for HandshakeStamp {}
+    unsafe impl aya::Pod for GateCounters {}
     unsafe impl aya::Pod for SockEntry {}
     unsafe impl aya::Pod for PortLatency {}
     unsafe impl aya::Pod for ControlConfig {}
@@ -660,8 +700,6 @@ mod user {
     unsafe impl aya::Pod for TierReserve {}
     unsafe impl aya::Pod for ClientKey {}
     unsafe impl aya::Pod for NetnsFilter {}
-    unsafe impl aya::Pod for RstBucket {}
-    unsafe impl aya::Pod for RstPrefixKey {}
     unsafe impl aya::Pod for PortBits {}
 }
 
@@ -671,33 +709,27 @@ mod tests {
 
     #[test]
     fn in_flight_clamps_inconsistent_reads() {
-        let user = |expired, e, b| UserPortState {
-            pending_expired: expired,
-            established_adjust: e,
-            busy_adjust: b,
-            drift_corrected: 0,
-        };
-        let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2, ..PortState::default() };
-        assert_eq!(in_flight(&state, 2, &user(4, 0, 0), count_mode::CONNECTIONS), 0);
-        assert_eq!(in_flight(&state, 2, &user(4, 0, 0), count_mode::WORK), 0);
-        let state = PortState { opened: 10, closed: 4, reserved: 9, released: 2, busy_enter: 7, busy_exit: 5 };
-        assert_eq!(in_flight(&state, 9, &user(3, 0, 0), count_mode::CONNECTIONS), 6 + 4);
-        assert_eq!(in_flight(&state, 9, &user(3, 0, 0), count_mode::WORK), 2 + 4);
+        let user = |e, b| UserPortState { established_adjust: e, busy_adjust: b, ..UserPortState::default() };
+        let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2 };
+        assert_eq!(in_flight(&state, 0, &user(0, 0), count_mode::CONNECTIONS), 0);
+        assert_eq!(in_flight(&state, 0, &user(0, 0), count_mode::WORK), 0);
+        let state = PortState { opened: 10, closed: 4, busy_enter: 7, busy_exit: 5 };
+        assert_eq!(in_flight(&state, 4, &user(0, 0), count_mode::CONNECTIONS), 6 + 4);
+        assert_eq!(in_flight(&state, 4, &user(0, 0), count_mode::WORK), 2 + 4);
         // Drift healing adjusts both ways, never below zero.
-        assert_eq!(established(&state, &user(0, -2, 0)), 4);
-        assert_eq!(established(&state, &user(0, 3, 0)), 9);
-        assert_eq!(established(&state, &user(0, -100, 0)), 0);
-        assert_eq!(busy(&state, &user(0, 0, -1)), 1);
+        assert_eq!(established(&state, &user(-2, 0)), 4);
+        assert_eq!(established(&state, &user(3, 0)), 9);
+        assert_eq!(established(&state, &user(-100, 0)), 0);
+        assert_eq!(busy(&state, &user(0, -1)), 1);
     }
 
     #[test]
-    fn rst_buckets_refill_at_their_rate() {
-        let mut b = RstBucket::full(3, 0);
-        assert_eq!([b.take(3, 0), b.take(3, 0), b.take(3, 0), b.take(3, 0)], [true, true, true, false]);
-        assert!(!b.take(3, 300_000_000), "0.9 tokens after 300 ms");
-        assert!(b.take(3, 340_000_000), "a token after 1/3 s");
-        assert!(b.take(3, 10_000_000_000));
-        assert_eq!(b.nanotokens, 2_000_000_000, "a long pause refills to the burst, no more");
+    fn handshake_shift_is_clamped() {
+        let shift = |s| UserPortState { handshake_shift: s, ..UserPortState::default() }.shift();
+        assert_eq!(shift(0), handshake::DEFAULT_SHIFT);
+        assert_eq!(shift(1), handshake::MIN_SHIFT);
+        assert_eq!(shift(20), 20);
+        assert_eq!(shift(63), handshake::MAX_SHIFT);
         assert_eq!(rst_prefix(&ipv4_mapped([10, 1, 2, 3])), ipv4_mapped([10, 1, 2, 0]));
     }
 

@@ -11,8 +11,10 @@ pub const IPV6_HEADER_LEN: usize = 40;
 pub const TCP_HEADER_LEN: usize = 20;
 /// TTL / hop limit of replies: the Linux default.
 pub const REPLY_TTL: u8 = 64;
-/// Flags byte (offset 13) of the reply: RST | ACK.
+/// Flags byte (offset 13) of the reply to a SYN: RST | ACK.
 pub const FLAGS_RST_ACK: u8 = 0x14;
+/// Flags byte of the reply to an ACK: RST alone.
+pub const FLAGS_RST: u8 = 0x04;
 const IPPROTO_TCP: u8 = 6;
 
 /// Ones'-complement sum of big-endian 16-bit words (unfolded). `N` must be even.
@@ -102,10 +104,40 @@ pub fn pseudo_sum_v6(src: [u8; 16], dst: [u8; 16]) -> u32 {
 /// (host order) sent from `client_port` to `server_port`.
 #[inline(always)]
 pub fn tcp_rst_ack(server_port: u16, client_port: u16, syn_seq: u32, pseudo_sum: u32) -> [u8; TCP_HEADER_LEN] {
+    tcp_reset(server_port, client_port, Reset::to_syn(syn_seq), pseudo_sum)
+}
+
+/// What a reset says, by the segment it answers (RFC 9293 §3.10.7.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reset {
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+}
+
+impl Reset {
+    /// A SYN (no ACK): `SEQ=0, ACK=SEG.SEQ+1, CTL=RST,ACK`.
+    #[inline(always)]
+    pub const fn to_syn(syn_seq: u32) -> Self {
+        Self { seq: 0, ack: syn_seq.wrapping_add(1), flags: FLAGS_RST_ACK }
+    }
+
+    /// An ACK: `SEQ=SEG.ACK, CTL=RST`.
+    #[inline(always)]
+    pub const fn to_ack(ack_seq: u32) -> Self {
+        Self { seq: ack_seq, ack: 0, flags: FLAGS_RST }
+    }
+}
+
+/// TCP header (no options) of `reset`, from `server_port` to `client_port`.
+#[inline(always)]
+pub fn tcp_reset(server_port: u16, client_port: u16, reset: Reset, pseudo_sum: u32) -> [u8; TCP_HEADER_LEN] {
     let s = server_port.to_be_bytes();
     let d = client_port.to_be_bytes();
-    let a = syn_seq.wrapping_add(1).to_be_bytes();
-    let mut h = [s[0], s[1], d[0], d[1], 0, 0, 0, 0, a[0], a[1], a[2], a[3], 0x50, FLAGS_RST_ACK, 0, 0, 0, 0, 0, 0];
+    let q = reset.seq.to_be_bytes();
+    let a = reset.ack.to_be_bytes();
+    let mut h =
+        [s[0], s[1], d[0], d[1], q[0], q[1], q[2], q[3], a[0], a[1], a[2], a[3], 0x50, reset.flags, 0, 0, 0, 0, 0, 0];
     let c = finish(pseudo_sum + sum_words(&h)).to_be_bytes();
     h[16] = c[0];
     h[17] = c[1];
@@ -139,6 +171,15 @@ mod tests {
             let tcp = tcp_rst_ack(sp, dp, seq, pseudo_sum_v4(src, dst));
             prop_assert!(verifies(pseudo_sum_v4(src, dst), &tcp));
             prop_assert_eq!(u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]), seq.wrapping_add(1));
+        }
+
+        #[test]
+        fn reset_to_an_ack_verifies(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16, ack: u32) {
+            let tcp = tcp_reset(sp, dp, Reset::to_ack(ack), pseudo_sum_v4(src, dst));
+            prop_assert!(verifies(pseudo_sum_v4(src, dst), &tcp));
+            prop_assert_eq!(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), ack);
+            prop_assert_eq!(u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]), 0);
+            prop_assert_eq!(tcp[13], FLAGS_RST);
         }
 
         #[test]

@@ -15,11 +15,15 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
-use shed_common::{ClientKey, FlowKey, SockEntry, latency, sock_state_tp as tp, tcp_state};
+use shed_common::{ClientKey, FlowKey, SockEntry, counter, handshake::flow_hash, latency, sock_state_tp as tp, tcp_state};
 
 use crate::{
-    decide::{atomic_add, client_release},
-    maps::{SHED_LATENCY, SHED_NETNS, SHED_PENDING, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, tier_of},
+    atomic::add as atomic_add,
+    decide::{client_add, client_release, complete},
+    maps::{
+        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, SHED_USER_STATE, count, request_ack_check,
+        tier_of,
+    },
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -81,38 +85,52 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         // Exempt clients are never counted (nor reserved for at the gate).
         return Ok(());
     }
-    // The handshake's reservation becomes this connection; whoever deletes it releases it.
     let key = FlowKey {
         client_addr,
         server_addr: unsafe { ctx.read_at(tp::SADDR_V6)? },
         client_port: unsafe { ctx.read_at(tp::DPORT)? },
         server_port: local_port,
     };
-    let mut capped = 0;
-    if let Some(pending) = unsafe { SHED_PENDING.get(&key) }.copied()
-        && SHED_PENDING.remove(&key).is_ok()
-    {
-        atomic_add(unsafe { &raw mut (*state).released }, 1);
-        capped = pending.capped as u8;
-    }
+    // The connection is counted first and its handshake released after, so it is
+    // never in neither count.
     let client = config.client_key(&client_addr);
     // Accepted and not yet answered: busy (a server-first protocol answers before any request).
-    let entry = SockEntry {
+    let mut entry = SockEntry {
         slot,
         port: local_port,
         busy: 1,
-        capped,
+        capped: 0,
         arrival_ns: 0,
         pickup_ns: 0,
         client: client.addr,
         flow: key,
         _pad2: [0; 4],
     };
+    if config.client_cap != 0 {
+        if client_add(&client) {
+            entry.capped = 1;
+        } else {
+            count(slot, counter::CLIENT_MAP_FULL);
+        }
+    }
     if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
         atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
         atomic_add(unsafe { &raw mut (*state).opened }, 1);
-    } else if capped != 0 {
+    } else if entry.capped != 0 {
         client_release(&client);
+    }
+    // SAFETY: reading the clock has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let shift = SHED_USER_STATE.get(slot).copied().unwrap_or_default().shift();
+    let flow = flow_hash(&key.client_addr, &key.server_addr, key.client_port, key.server_port);
+    let (took, in_time) = complete(slot, shift, flow, now);
+    if let Some(ns) = took {
+        record(slot, Histogram::Handshake, ns);
+    }
+    if !in_time {
+        // Counted from now on all the same; late completions could overshoot, so check ACKs.
+        count(slot, counter::LATE_COMPLETED);
+        request_ack_check(local_port);
     }
     Ok(())
 }
@@ -206,6 +224,7 @@ enum Histogram {
     QueueWait,
     Service,
     Sojourn,
+    Handshake,
 }
 
 #[inline(always)]
@@ -223,6 +242,7 @@ fn record(slot: u32, which: Histogram, ns: u64) {
             Histogram::QueueWait => &mut (*hist).queue_wait,
             Histogram::Service => &mut (*hist).service,
             Histogram::Sojourn => &mut (*hist).sojourn,
+            Histogram::Handshake => &mut (*hist).handshake,
         }
     };
     // `get_mut`, not indexing: an index panic path would end the program in a

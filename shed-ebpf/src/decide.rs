@@ -1,228 +1,399 @@
 //! The admission decision, shared by the XDP and TC entry points.
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
-
-use aya_ebpf::bindings::BPF_NOEXIST;
+//!
+//! A SYN is judged only when it is addressed to this namespace and its port is
+//! protected. The check itself only reads: held connections (confirmed by the
+//! kernel, counted by the socket tracepoint) plus the handshakes still under
+//! way in the port's ring. Only an admitted SYN writes: one fetch-add into the
+//! current epoch's cell (judged again with the value it fetched, so racing
+//! CPUs cannot overshoot) and one stamp. A rejected SYN writes nothing but
+//! per-CPU counters (and, for a RST, the rate buckets).
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use shed_common::{ClientKey, FlowKey, PendingEntry, RstBucket, RstPrefixKey, action, counter, rst_prefix, tier};
-
-use crate::{
-    maps::{
-        SHED_CLIENT_EXPIRED, SHED_CLIENTS, SHED_CLOCK, SHED_COUNTERS, SHED_LIMITS, SHED_PENDING, SHED_PORT_STATE,
-        SHED_PORTS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_USER_STATE, maybe_protected, tier_of,
-    },
-    parse::Syn,
+use shed_common::{
+    ClientKey, HandshakeRing, HandshakeStamp, PortConfig, action, counter,
+    handshake::{cell_of, flow_hash, live, stamp_index, stamp_state},
+    ratelimit::{gcra_take, prefix_bucket_index},
+    rst::Reset,
+    rst_prefix, tier,
 };
 
-const EEXIST: i32 = 17;
+use crate::{
+    atomic,
+    maps::{
+        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_LOCAL_ADDRS, SHED_PORT_STATE, SHED_PORTS,
+        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, ack_check, count, is_local,
+        is_loopback, maybe_protected, request_ack_check, tier_of,
+    },
+    parse::Segment,
+};
 
 pub enum Verdict {
     Pass,
     Drop,
-    /// Reject with a RST; `slot` lets the adapter count how the reply went.
-    Rst {
-        slot: u32,
-    },
+    /// Reject with a reset; `slot` lets the adapter count how the reply went.
+    Rst { slot: u32, reset: Reset },
 }
 
-/// Adds one to a per-CPU counter of the port in `slot`.
-#[inline(always)]
-pub fn count(slot: u32, index: usize) {
-    if let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot) {
-        // SAFETY: per-CPU value; programs do not migrate CPU mid-run.
-        unsafe { (*counters).values[index] += 1 };
+/// `sk_state` values (include/net/tcp_states.h).
+const TCP_LISTEN: u32 = 10;
+const TCP_NEW_SYN_RECV: u32 = 12;
+
+/// Everything the SYN and late-ACK checks read about one port.
+struct Port {
+    port: u16,
+    slot: u32,
+    config: PortConfig,
+    limit: u64,
+    /// Connections held (busy or established, by the port's count mode).
+    held: u64,
+    ring: *mut HandshakeRing,
+    now_ns: u64,
+    epoch: u64,
+}
+
+impl Port {
+    /// The protected port a segment is addressed to, or `None` (pass): the port
+    /// bit is clear, the port has no config, or the destination is not one of
+    /// this namespace's addresses (forwarded, or leaving a local container).
+    #[inline(always)]
+    fn of(seg: &Segment) -> Option<Self> {
+        let port = seg.server_port;
+        if !maybe_protected(port) {
+            return None;
+        }
+        // SAFETY: map values are plain data; a miss means "not protected" and passes.
+        let config = *unsafe { SHED_PORTS.get(&port) }?;
+        let slot = config.slot;
+        if !is_local(&seg.server_addr) {
+            count(slot, counter::NOT_LOCAL);
+            return None;
+        }
+        let state = SHED_PORT_STATE.get(slot)?;
+        let limit = u64::from(*SHED_LIMITS.get(slot)?);
+        let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+        let ring = SHED_HANDSHAKES.get_ptr_mut(slot)?;
+        // SAFETY: reading the clock has no preconditions.
+        let now_ns = unsafe { bpf_ktime_get_ns() };
+        Some(Self {
+            port,
+            slot,
+            config,
+            limit,
+            held: shed_common::held(state, &user, config.count_mode),
+            ring,
+            now_ns,
+            epoch: now_ns >> user.shift(),
+        })
+    }
+
+    /// Handshakes under way in the live cells other than the current epoch's,
+    /// and in the current one. Asks for ACK checks if an admission lapsed.
+    #[inline(always)]
+    fn handshakes(&self) -> (u64, u64) {
+        // SAFETY: map value; cells are read field by field while other CPUs add to them.
+        let ring = unsafe { &*self.ring };
+        let (mut others, mut current, mut lapsed) = (0, 0, 0);
+        for cell in &ring.cells {
+            let epoch = atomic::load(&cell.epoch);
+            let open = atomic::load(&cell.admitted).saturating_sub(atomic::load(&cell.completed));
+            if epoch == self.epoch {
+                current = open;
+            } else if live(epoch, self.epoch) {
+                others += open;
+            } else {
+                lapsed += open;
+            }
+        }
+        if lapsed != 0 {
+            request_ack_check(self.port);
+        }
+        (others, current)
+    }
+
+    /// Takes a reservation in the current epoch's cell if in-flight stays within
+    /// the limit, judged with the value the fetch-add returned.
+    #[inline(always)]
+    fn reserve(&self, others: u64, enforce: bool) -> bool {
+        // SAFETY: map value; `cell_of` is < RING.
+        let ring = unsafe { &mut *self.ring };
+        let Some(cell) = ring.cells.get_mut(cell_of(self.epoch)) else { return false };
+        if atomic::load(&cell.epoch) != self.epoch {
+            self.start_epoch(cell, &mut ring.lapsed);
+        }
+        let before = atomic::add(&raw mut cell.admitted, 1);
+        let mine = (before + 1).saturating_sub(atomic::load(&cell.completed));
+        if enforce && self.held + others + mine > self.limit {
+            atomic::add(&raw mut cell.admitted, u64::MAX);
+            return false;
+        }
+        true
+    }
+
+    /// Reuses a cell of an ended epoch for the current one. One CPU wins the
+    /// epoch swap and subtracts what the old epoch held (its adders are gone:
+    /// nobody adds to a dead epoch), so adds racing the reset are not lost.
+    #[inline(always)]
+    fn start_epoch(&self, cell: &mut shed_common::HandshakeCell, lapsed: &mut u64) {
+        let old = atomic::load(&cell.epoch);
+        let admitted = atomic::load(&cell.admitted);
+        let completed = atomic::load(&cell.completed);
+        if old == self.epoch || !atomic::compare_exchange(&raw mut cell.epoch, old, self.epoch) {
+            return;
+        }
+        atomic::add(&raw mut cell.admitted, admitted.wrapping_neg());
+        atomic::add(&raw mut cell.completed, completed.wrapping_neg());
+        if admitted > completed {
+            atomic::add(lapsed, admitted - completed);
+            request_ack_check(self.port);
+        }
+    }
+
+    /// Remembers where `flow` holds its reservation, so its completion releases it.
+    #[inline(always)]
+    fn stamp(&self, flow: u32, syn_ns: u64) {
+        if let Some(stamp) = SHED_STAMPS.get_ptr_mut(stamp_index(self.slot, flow)) {
+            // SAFETY: map value; a torn stamp at worst releases nothing (the reservation lapses).
+            unsafe { *stamp = HandshakeStamp { flow, state: stamp_state::ADMITTED, epoch: self.epoch, syn_ns } };
+        }
+    }
+
+    /// The verdict for a rejected segment; `reason` counted.
+    #[inline(always)]
+    fn reject(&self, reason: usize, tier: u8, seg: &Segment, from_loopback: bool, reset: Reset) -> Verdict {
+        count(self.slot, reason);
+        count(self.slot, counter::REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
+        if self.config.action_for(tier) != action::RST {
+            return Verdict::Drop;
+        }
+        if !answerable(&seg.client_addr, from_loopback) {
+            count(self.slot, counter::RST_SUPPRESSED);
+            return Verdict::Drop;
+        }
+        if !rst_allowed(self.slot, &self.config, &seg.client_addr, self.now_ns) {
+            count(self.slot, counter::RST_RATE_LIMITED);
+            return Verdict::Drop;
+        }
+        Verdict::Rst { slot: self.slot, reset }
     }
 }
 
-/// Atomically adds `delta` (two's complement for subtraction) and returns the previous value.
-#[inline(always)]
-pub fn atomic_add(field: *mut u64, delta: u64) -> u64 {
-    // The BPF target has no compare-and-swap, so core's AtomicU64 lacks fetch_add;
-    // the intrinsic lowers to BPF_ATOMIC | BPF_FETCH (kernel >= 5.12).
-    // SeqCst, not Relaxed: LLVM 22's BPF backend lowers a Relaxed add whose result
-    // is used to the non-fetching `lock +=` and hands back the operand instead of
-    // the old value (seen in the disassembly; tests/prog_test_run.rs catches it).
-    // SAFETY: `field` points into a map value, valid and 8-byte aligned for the program's run.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(field, delta) }
-}
-
-#[inline(always)]
-pub fn decide(syn: &Syn) -> Verdict {
-    // Most SYNs are for ports the gate does not protect: an array lookup answers that.
-    if !maybe_protected(syn.server_port) {
-        return Verdict::Pass;
-    }
-    // SAFETY: map values are plain data; a miss means "not protected" and passes.
-    let Some(config) = (unsafe { SHED_PORTS.get(&syn.server_port) }) else {
-        return Verdict::Pass;
-    };
-    let slot = config.slot;
-    let Some(state) = SHED_PORT_STATE.get_ptr_mut(slot) else {
-        return Verdict::Pass;
-    };
-    let Some(&limit) = SHED_LIMITS.get(slot) else {
-        return Verdict::Pass;
-    };
+/// Judges a SYN. `from_loopback`: it arrived on the loopback interface.
+/// Subprograms (not inlined), like [`ack`]: each needs much of the 512-byte stack.
+#[inline(never)]
+pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
+    let Some(port) = Port::of(seg) else { return Verdict::Pass };
+    let slot = port.slot;
     count(slot, counter::SYN_SEEN);
     // The LPM lookup is the dearest step of a SYN; skip it while no tier is configured.
-    let tier = if config.tiered != 0 { tier_of(&syn.client_addr) } else { tier::NORMAL };
+    let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
     if tier == tier::EXEMPT {
         // Health checks and control-plane callers: always in, never counted.
         count(slot, counter::EXEMPT);
         count(slot, counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
         return Verdict::Pass;
     }
-
-    let key = FlowKey {
-        client_addr: syn.client_addr,
-        server_addr: syn.server_addr,
-        client_port: syn.client_port,
-        server_port: syn.server_port,
-    };
-    // A retransmitted SYN of an admitted handshake already holds its slot.
-    if unsafe { SHED_PENDING.get(&key) }.is_some() {
-        count(slot, counter::SYN_RETRANSMIT);
-        return Verdict::Pass;
-    }
-
-    // Reserve first, then judge with the value we reserved against: two CPUs
-    // racing for the last slot see different values, so the limit holds even
-    // for a burst of simultaneous SYNs.
-    let reserved_before = atomic_add(unsafe { &raw mut (*state).reserved }, 1);
-    let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
-    let in_flight = shed_common::in_flight(unsafe { &*state }, reserved_before, &user, config.count_mode);
+    let (others, current) = port.handshakes();
+    let in_flight = port.held + others + current;
     // The whole limit is a hard stop; a tier's share of it sheds lower tiers
     // first, except for a trickle that keeps a full tier from starving.
-    let mut capped: Option<ClientKey> = None;
-    let reason = if in_flight >= u64::from(limit) {
+    let mut reason = if in_flight >= port.limit {
         Some(counter::REJECTED_LIMIT)
-    } else if in_flight >= config.tier_threshold(tier, limit).saturating_sub(held_back(slot, tier)) {
+    } else if in_flight >= port.config.tier_threshold(tier, port.limit as u32).saturating_sub(held_back(slot, tier)) {
         if trickle(slot) {
             count(slot, counter::TRICKLE);
             None
         } else {
             Some(counter::REJECTED_SHARE)
         }
-    } else if config.client_cap != 0 {
-        let client = config.client_key(&syn.client_addr);
-        match client_reserve(&client, config.client_cap) {
-            ClientVerdict::Counted => {
-                capped = Some(client);
-                None
-            }
-            ClientVerdict::Uncounted => None,
-            ClientVerdict::OverCap => Some(counter::REJECTED_CLIENT_CAP),
-        }
+    } else if over_client_cap(&port.config, &seg.client_addr) {
+        Some(counter::REJECTED_CLIENT_CAP)
     } else {
         None
     };
+    let enforce = port.config.dry_run == 0;
+    if reason.is_none() && !port.reserve(others, enforce) {
+        reason = Some(counter::REJECTED_LIMIT);
+    }
     if let Some(reason) = reason {
-        if config.dry_run != 0 {
-            count(slot, counter::DRY_RUN_WOULD_REJECT);
-        } else {
-            atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
-            count(slot, reason);
-            count(slot, counter::REJECTED_BY_TIER + (tier as usize & 3));
-            if config.action_for(tier) != action::RST {
-                return Verdict::Drop;
-            }
-            if !rst_allowed(slot, config.rst_per_sec, config.rst_per_prefix_per_sec, &syn.client_addr) {
-                count(slot, counter::RST_RATE_LIMITED);
-                return Verdict::Drop;
-            }
-            return Verdict::Rst { slot };
+        if enforce {
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seg.seq));
         }
+        count(slot, counter::DRY_RUN_WOULD_REJECT);
+        // Dry run admits it, and accounts it as any admission.
+        port.reserve(others, false);
     }
-
-    let entry = PendingEntry {
-        slot,
-        capped: u32::from(capped.is_some()),
-        admitted_ms: SHED_CLOCK.get(0).copied().unwrap_or(0),
-    };
-    if let Err(err) = SHED_PENDING.insert(&key, &entry, u64::from(BPF_NOEXIST)) {
-        atomic_add(unsafe { &raw mut (*state).reserved }, u64::MAX);
-        if let Some(client) = capped {
-            client_release(&client);
-        }
-        // Another CPU admitted the same handshake a moment ago (a retransmit race),
-        // or the map is full: either way pass without a second slot.
-        count(slot, if err == -EEXIST { counter::SYN_RETRANSMIT } else { counter::RESERVE_FAILED });
-        return Verdict::Pass;
-    }
+    port.stamp(flow_of(seg), port.now_ns);
     count(slot, counter::ADMITTED);
-    count(slot, counter::ADMITTED_BY_TIER + (tier as usize & 3));
+    count(slot, counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
     Verdict::Pass
 }
 
-/// Whether the port and the client's prefix still have RST budget. Races
-/// between CPUs can let a few extra through; a cap, not an exact count.
-#[inline(always)]
-fn rst_allowed(slot: u32, per_sec: u32, per_prefix: u32, client: &[u8; 16]) -> bool {
-    // SAFETY: reading the clock has no preconditions; only the reject path pays for it.
-    let now = unsafe { bpf_ktime_get_ns() };
-    // The prefix first: a flood from one prefix must not spend the port's budget.
-    if per_prefix != 0 {
-        let key = RstPrefixKey { slot, prefix: rst_prefix(client) };
-        let allowed = match SHED_RST_PREFIX.get_ptr_mut(&key) {
+/// Judges an ACK that may complete a handshake whose reservation lapsed, on
+/// ports where an admission lapsed recently (see `map::ACK_CHECK`); elsewhere
+/// an ACK costs two array lookups. `ctx` is the program's context, for the
+/// kernel's socket lookup.
+#[inline(never)]
+pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
+    if !maybe_protected(seg.server_port) || !ack_check(seg.server_port) {
+        return Verdict::Pass;
+    }
+    let Some(port) = Port::of(seg) else { return Verdict::Pass };
+    let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
+    if tier == tier::EXEMPT {
+        return Verdict::Pass;
+    }
+    let flow = flow_of(seg);
+    // SAFETY: plain data copied out of the map.
+    let stamp = SHED_STAMPS.get(stamp_index(port.slot, flow)).copied().unwrap_or_default();
+    let late = if stamp.flow == flow {
+        match stamp.state {
+            stamp_state::COMPLETED => false,
             // SAFETY: map value.
-            Some(bucket) => unsafe { (*bucket).take(per_prefix, now) },
-            None => {
-                let mut bucket = RstBucket::full(per_prefix, now);
-                let allowed = bucket.take(per_prefix, now);
-                let _ = SHED_RST_PREFIX.insert(&key, &bucket, 0);
-                allowed
-            }
-        };
-        if !allowed {
+            _ => !(live(stamp.epoch, port.epoch) && cell_epoch(port.ring, stamp.epoch) == stamp.epoch),
+        }
+    } else {
+        // Not stamped (or overwritten): ask the kernel whether this ACK would complete a handshake.
+        completes_handshake(seg, ctx)
+    };
+    if !late {
+        return Verdict::Pass;
+    }
+    let (others, current) = port.handshakes();
+    let enforce = port.config.dry_run == 0;
+    if port.held + others + current >= port.limit || !port.reserve(others, enforce) {
+        if enforce {
+            return port.reject(counter::LATE_ACK_REJECTED, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
+        }
+        count(port.slot, counter::DRY_RUN_WOULD_REJECT);
+        port.reserve(others, false);
+    }
+    let syn_ns = if stamp.flow == flow { stamp.syn_ns } else { port.now_ns };
+    port.stamp(flow, syn_ns);
+    count(port.slot, counter::LATE_ACK_ADMITTED);
+    Verdict::Pass
+}
+
+#[inline(always)]
+fn flow_of(seg: &Segment) -> u32 {
+    flow_hash(&seg.client_addr, &seg.server_addr, seg.client_port, seg.server_port)
+}
+
+#[inline(always)]
+fn cell_epoch(ring: *mut HandshakeRing, epoch: u64) -> u64 {
+    // SAFETY: map value; `cell_of` is < RING.
+    unsafe { (*ring).cells.get(cell_of(epoch)).map_or(u64::MAX, |c| atomic::load(&c.epoch)) }
+}
+
+/// Whether the kernel would complete a handshake with this ACK: the socket it
+/// finds for the 4-tuple is a request socket (a handshake under way) or the
+/// listener itself (a SYN cookie's ACK).
+#[inline(always)]
+fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
+    use aya_ebpf::{
+        bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple},
+        helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
+    };
+    // SAFETY: a plain C union of byte arrays and integers; all-zero is valid.
+    let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
+    let size = if seg.is_ipv6 {
+        // SAFETY: writing plain fields of the union.
+        unsafe {
+            let t = &mut tuple.__bindgen_anon_1.ipv6;
+            t.saddr = core::mem::transmute::<[u8; 16], [u32; 4]>(seg.client_addr);
+            t.daddr = core::mem::transmute::<[u8; 16], [u32; 4]>(seg.server_addr);
+            t.sport = seg.client_port.to_be();
+            t.dport = seg.server_port.to_be();
+        }
+        core::mem::size_of::<aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2>()
+    } else {
+        let v4 = |a: &[u8; 16]| u32::from_ne_bytes([a[12], a[13], a[14], a[15]]);
+        // SAFETY: as above.
+        unsafe {
+            let t = &mut tuple.__bindgen_anon_1.ipv4;
+            t.saddr = v4(&seg.client_addr);
+            t.daddr = v4(&seg.server_addr);
+            t.sport = seg.client_port.to_be();
+            t.dport = seg.server_port.to_be();
+        }
+        core::mem::size_of::<aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1>()
+    };
+    // SAFETY: the helper takes the program's own context and a stack tuple of `size` bytes;
+    // a non-null result is a referenced socket that must be released on every path.
+    unsafe {
+        let sk = bpf_skc_lookup_tcp(ctx, &mut tuple, size as u32, BPF_F_CURRENT_NETNS as u64, 0);
+        if sk.is_null() {
+            return false;
+        }
+        let state = (*sk).state;
+        bpf_sk_release(sk.cast());
+        state == TCP_NEW_SYN_RECV || state == TCP_LISTEN
+    }
+}
+
+/// Whether a client already holds its cap of established connections (read only:
+/// the tracepoint counts connections when the kernel confirms them).
+#[inline(always)]
+fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
+    if config.client_cap == 0 {
+        return false;
+    }
+    let key: ClientKey = config.client_key(client);
+    // SAFETY: plain data.
+    unsafe { SHED_CLIENTS.get(&key) }.is_some_and(|&held| held >= i64::from(config.client_cap))
+}
+
+/// Whether a reset may go to `client`: never to multicast, broadcast or an
+/// unspecified source, nor, unless the SYN came in on loopback, to a loopback
+/// address or one of this host's own (a forged source would make us hit ourselves).
+#[inline(always)]
+fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
+    let v4 = client[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    if v4 {
+        let first = client[12];
+        let all_ones = client[12..] == [0xff; 4];
+        let zero = client[12..] == [0; 4];
+        if (224..=239).contains(&first) || all_ones || zero || first >= 240 {
+            return false;
+        }
+    } else if client[0] == 0xff || *client == [0; 16] {
+        return false;
+    }
+    if from_loopback {
+        return true;
+    }
+    // SAFETY: plain data.
+    !is_loopback(client) && unsafe { SHED_LOCAL_ADDRS.get(client) }.is_none()
+}
+
+/// Whether the port and the client's prefix still have RST budget. Each bucket
+/// is one GCRA time updated by compare-and-swap, so CPUs racing each other
+/// cannot exceed a cap; a swap lost four times over refuses (never over the cap).
+#[inline(always)]
+fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now: u64) -> bool {
+    // The prefix first: a flood from one prefix must not spend the port's budget.
+    if config.rst_per_prefix_per_sec != 0 {
+        let index = prefix_bucket_index(slot, &rst_prefix(client));
+        let Some(bucket) = SHED_RST_PREFIX.get_ptr_mut(index) else { return false };
+        if !take(bucket, now, config.rst_per_prefix_per_sec) {
             return false;
         }
     }
-    if per_sec != 0 {
+    if config.rst_per_sec != 0 {
         let Some(bucket) = SHED_RST_BUCKETS.get_ptr_mut(slot) else { return false };
-        // SAFETY: map value; a first use (last_ns 0) starts full.
-        let bucket = unsafe { &mut *bucket };
-        if bucket.last_ns == 0 {
-            *bucket = RstBucket::full(per_sec, now);
-        }
-        return bucket.take(per_sec, now);
+        return take(bucket, now, config.rst_per_sec);
     }
     true
 }
 
-enum ClientVerdict {
-    /// Under the cap; counted (release it when the connection ends).
-    Counted,
-    /// The client map is full: admitted without a count (fail-open).
-    Uncounted,
-    OverCap,
-}
-
-/// Counts one more connection for `client`, unless it already holds `cap`.
-/// Fetch-add first, then judge (as for the port), so racing SYNs of one
-/// client cannot overshoot its cap.
 #[inline(always)]
-fn client_reserve(client: &ClientKey, cap: u32) -> ClientVerdict {
-    if SHED_CLIENTS.get_ptr_mut(client).is_none() {
-        let _ = SHED_CLIENTS.insert(client, &0i64, u64::from(BPF_NOEXIST));
+fn take(bucket: *mut u64, now: u64, rate: u32) -> bool {
+    for _ in 0..4 {
+        let old = atomic::load(bucket);
+        let Some(new) = gcra_take(old, now, rate) else { return false };
+        if atomic::compare_exchange(bucket, old, new) {
+            return true;
+        }
     }
-    let Some(held) = SHED_CLIENTS.get_ptr_mut(client) else {
-        return ClientVerdict::Uncounted;
-    };
-    let before = atomic_add(held.cast::<u64>(), 1) as i64;
-    // SAFETY: plain data.
-    let expired = unsafe { SHED_CLIENT_EXPIRED.get(client) }.copied().unwrap_or(0);
-    if before - expired >= i64::from(cap) {
-        atomic_add(held.cast::<u64>(), u64::MAX);
-        return ClientVerdict::OverCap;
-    }
-    ClientVerdict::Counted
-}
-
-/// Releases one connection of `client` (it closed, or its reservation was rolled back).
-#[inline(always)]
-pub fn client_release(client: &ClientKey) {
-    if let Some(held) = SHED_CLIENTS.get_ptr_mut(client) {
-        atomic_add(held.cast::<u64>(), u64::MAX);
-    }
+    false
 }
 
 /// Room the daemon holds back from `tier` for the tiers above it.
@@ -238,4 +409,47 @@ fn trickle(slot: u32) -> bool {
     // SAFETY: per-CPU value. The share-rejection count doubles as the trickle's clock.
     let seen = unsafe { (*counters).values[counter::REJECTED_SHARE] + (*counters).values[counter::TRICKLE] };
     seen % tier::TRICKLE_EVERY == tier::TRICKLE_EVERY - 1
+}
+
+/// Releases one connection of `client` (it closed).
+#[inline(always)]
+pub fn client_release(client: &ClientKey) {
+    if let Some(held) = SHED_CLIENTS.get_ptr_mut(client) {
+        atomic::add(held.cast::<u64>(), u64::MAX);
+    }
+}
+
+/// Counts one more established connection for `client`; false if the client
+/// map is full (the connection is then not counted against the cap).
+#[inline(always)]
+pub fn client_add(client: &ClientKey) -> bool {
+    if SHED_CLIENTS.get_ptr_mut(client).is_none() {
+        let _ = SHED_CLIENTS.insert(client, &0i64, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
+    }
+    let Some(held) = SHED_CLIENTS.get_ptr_mut(client) else { return false };
+    atomic::add(held.cast::<u64>(), 1);
+    true
+}
+
+/// The reservation of an admitted flow, released when its handshake completes.
+/// Returns the handshake time (ns) if the flow was stamped, and whether its
+/// reservation was still live (false: a late completion).
+#[inline(always)]
+pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, bool) {
+    let Some(stamp) = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow)) else { return (None, false) };
+    // SAFETY: map value; the socket lock serialises a flow's own events.
+    let stamp = unsafe { &mut *stamp };
+    if stamp.flow != flow || stamp.state != stamp_state::ADMITTED {
+        return (None, false);
+    }
+    stamp.state = stamp_state::COMPLETED;
+    let took = now_ns.saturating_sub(stamp.syn_ns);
+    let Some(ring) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
+    // SAFETY: map value; `cell_of` is < RING.
+    let Some(cell) = (unsafe { (*ring).cells.get_mut(cell_of(stamp.epoch)) }) else { return (Some(took), false) };
+    if !live(stamp.epoch, now_ns >> shift) || atomic::load(&cell.epoch) != stamp.epoch {
+        return (Some(took), false);
+    }
+    atomic::add(&raw mut cell.completed, 1);
+    (Some(took), true)
 }

@@ -1,7 +1,7 @@
 //! shed's kernel programs.
 //!
 //! - `shed_xdp` / `shed_tc`: the admission gate. Thin adapters over one
-//!   [`decide::decide`]; they differ only in how a RST leaves the host.
+//!   [`judge`]; they differ only in how a reset leaves the host.
 //! - `shed_sock_state`: in-flight accounting from `sock:inet_sock_set_state`.
 //!
 //! Every failure path passes the packet: a gate that cannot judge a packet
@@ -12,6 +12,7 @@
 #![expect(internal_features, reason = "atomic_xadd: the only 64-bit fetch-add on the BPF target")]
 
 mod account;
+mod atomic;
 mod decide;
 mod maps;
 mod parse;
@@ -19,46 +20,81 @@ mod reject;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    helpers::{bpf_redirect, bpf_skb_change_tail, bpf_xdp_adjust_tail},
+    helpers::{bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail},
     macros::{classifier, raw_tracepoint, tracepoint, xdp},
     programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
 };
+use shed_common::{counter, gate_counter};
 
-use crate::decide::Verdict;
+use crate::{
+    decide::Verdict,
+    maps::{count, count_gate},
+    parse::Parsed,
+};
 
-#[xdp]
-pub fn shed_xdp(ctx: XdpContext) -> u32 {
-    match try_shed_xdp(&ctx) {
-        Ok(action) => action,
-        Err(()) => xdp_action::XDP_PASS,
+/// The loopback interface's index in every namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
+/// How much of a TC packet to make linear when its headers run past the head
+/// (long IPv6 extension chains): enough for any chain the parser follows.
+const TC_PULL_LEN: u32 = 512;
+
+/// What an entry point must do with a frame, before hook-specific actions.
+enum Outcome {
+    Pass,
+    Drop,
+    /// Send the reset now written into the frame, `len` bytes long.
+    Reply { slot: u32, len: usize },
+}
+
+/// The tail both entry points share: parse, decide, count, write any reset.
+#[inline(always)]
+fn judge(data: usize, data_end: usize, parsed: Parsed, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Outcome {
+    let (verdict, seg) = match parsed {
+        Parsed::Pass | Parsed::Truncated => return Outcome::Pass,
+        Parsed::LaterFragment => {
+            count_gate(gate_counter::LATER_FRAGMENT);
+            return Outcome::Pass;
+        }
+        Parsed::Refuse(why) => {
+            count_gate(why);
+            return Outcome::Drop;
+        }
+        Parsed::Syn(seg) => (decide::syn(&seg, from_loopback), seg),
+        Parsed::Ack(seg) => (decide::ack(&seg, ctx, from_loopback), seg),
+    };
+    match verdict {
+        Verdict::Pass => Outcome::Pass,
+        Verdict::Drop => Outcome::Drop,
+        Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, &seg, reset) {
+            Ok(len) => Outcome::Reply { slot, len },
+            Err(()) => {
+                count(slot, counter::RST_FAILED);
+                Outcome::Drop
+            }
+        },
     }
 }
 
-fn try_shed_xdp(ctx: &XdpContext) -> Result<u32, ()> {
+#[xdp]
+pub fn shed_xdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Some(syn) = parse::parse_syn(data, data_end) else {
-        return Ok(xdp_action::XDP_PASS);
-    };
-    Ok(match decide::decide(&syn) {
-        Verdict::Pass => xdp_action::XDP_PASS,
-        Verdict::Drop => xdp_action::XDP_DROP,
-        Verdict::Rst { slot } => match reject::write_rst(data, data_end, &syn) {
-            Ok(new_len) => {
-                let delta = new_len as i32 - (data_end - data) as i32;
-                // SAFETY: shrinking the frame; the helper checks the bounds itself.
-                if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
-                    decide::count(slot, shed_common::counter::RST_FAILED);
-                    return Ok(xdp_action::XDP_DROP);
-                }
-                decide::count(slot, shed_common::counter::RST_SENT);
-                xdp_action::XDP_TX
+    // SAFETY: the context pointer the kernel passed us.
+    let from_loopback = unsafe { (*ctx.ctx).ingress_ifindex } == LOOPBACK_IFINDEX;
+    let parsed = parse::parse(data, data_end);
+    match judge(data, data_end, parsed, ctx.ctx.cast(), from_loopback) {
+        Outcome::Pass => xdp_action::XDP_PASS,
+        Outcome::Drop => xdp_action::XDP_DROP,
+        Outcome::Reply { slot, len } => {
+            let delta = len as i32 - (data_end - data) as i32;
+            // SAFETY: shrinking the frame; the helper checks the bounds itself.
+            if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+                count(slot, counter::RST_FAILED);
+                return xdp_action::XDP_DROP;
             }
-            Err(()) => {
-                decide::count(slot, shed_common::counter::RST_FAILED);
-                xdp_action::XDP_DROP
-            }
-        },
-    })
+            count(slot, counter::RST_SENT);
+            xdp_action::XDP_TX
+        }
+    }
 }
 
 /// Passes everything. Attach it to the peer of a veth that runs `shed_xdp`:
@@ -78,42 +114,37 @@ pub fn shed_xdp_drop(_ctx: XdpContext) -> u32 {
 
 #[classifier]
 pub fn shed_tc(ctx: TcContext) -> i32 {
-    match try_shed_tc(&ctx) {
-        Ok(action) => action,
-        Err(()) => TC_ACT_OK,
+    // TC sees the linear head of the skb; received packets carry their headers
+    // there, and a chain that runs past it is pulled in once and parsed again.
+    let mut parsed = parse::parse(ctx.data(), ctx.data_end());
+    if matches!(parsed, Parsed::Truncated) {
+        // SAFETY: our own skb; packet pointers are re-read after the helper.
+        let len = unsafe { (*ctx.skb.skb).len }.min(TC_PULL_LEN);
+        if unsafe { bpf_skb_pull_data(ctx.skb.skb.cast(), len) } != 0 {
+            return TC_ACT_OK;
+        }
+        parsed = parse::parse(ctx.data(), ctx.data_end());
     }
-}
-
-fn try_shed_tc(ctx: &TcContext) -> Result<i32, ()> {
-    // TC sees only the linear head of the skb; received packets carry their
-    // headers there, and anything else fails open in the parser.
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Some(syn) = parse::parse_syn(data, data_end) else {
-        return Ok(TC_ACT_OK);
-    };
-    Ok(match decide::decide(&syn) {
-        Verdict::Pass => TC_ACT_OK,
-        Verdict::Drop => TC_ACT_SHOT,
-        Verdict::Rst { slot } => match reject::write_rst(data, data_end, &syn) {
-            Ok(new_len) => {
-                // SAFETY: plain helper calls on our own skb. Packet pointers are
-                // not used after change_tail invalidates them.
-                unsafe {
-                    if bpf_skb_change_tail(ctx.skb.skb, new_len as u32, 0) != 0 {
-                        decide::count(slot, shed_common::counter::RST_FAILED);
-                        return Ok(TC_ACT_SHOT);
-                    }
-                    decide::count(slot, shed_common::counter::RST_SENT);
-                    // Out of the interface it came in on, back towards the client.
-                    bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32
+    // SAFETY: the context pointer the kernel passed us.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    match judge(data, data_end, parsed, ctx.skb.skb.cast(), ifindex == LOOPBACK_IFINDEX) {
+        Outcome::Pass => TC_ACT_OK,
+        Outcome::Drop => TC_ACT_SHOT,
+        Outcome::Reply { slot, len } => {
+            // SAFETY: plain helper calls on our own skb. Packet pointers are
+            // not used after change_tail invalidates them.
+            unsafe {
+                if bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) != 0 {
+                    count(slot, counter::RST_FAILED);
+                    return TC_ACT_SHOT;
                 }
+                count(slot, counter::RST_SENT);
+                // Out of the interface it came in on, back towards the client.
+                bpf_redirect(ifindex, 0) as i32
             }
-            Err(()) => {
-                decide::count(slot, shed_common::counter::RST_FAILED);
-                TC_ACT_SHOT
-            }
-        },
-    })
+        }
+    }
 }
 
 #[tracepoint]

@@ -2,12 +2,14 @@
 //! named exactly like `shed_common::map::*` (the `#[map]` macro needs a literal).
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortBits, PortConfig, PortCounters,
-    PortLatency, PortState, RstBucket, RstPrefixKey, SockEntry, TierReserve, UserPortState,
-    capacity::{MAX_CLIENTS, MAX_PENDING, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter, PortBits,
+    PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+    capacity::{MAX_CLIENTS, MAX_LOCAL_ADDRS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
+    handshake::STAMPS_PER_PORT,
+    ratelimit::PREFIX_BUCKETS_PER_PORT,
 };
 
 #[map]
@@ -23,13 +25,25 @@ pub static SHED_USER_STATE: Array<UserPortState> = Array::with_max_entries(MAX_P
 pub static SHED_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
 
 #[map]
-pub static SHED_PENDING: HashMap<FlowKey, PendingEntry> = HashMap::with_max_entries(MAX_PENDING, 0);
+pub static SHED_HANDSHAKES: Array<HandshakeRing> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_STAMPS: Array<HandshakeStamp> = Array::with_max_entries(MAX_PORTS * STAMPS_PER_PORT, 0);
+
+#[map]
+pub static SHED_LOCAL_ADDRS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
+
+/// Indexed by port: one array slot each, so the kernel and the daemon never
+/// rewrite each other's ports.
+#[map]
+pub static SHED_ACK_CHECK: Array<u32> = Array::with_max_entries(65_536, 0);
+
+#[map]
+pub static SHED_GATE_COUNTERS: PerCpuArray<GateCounters> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_SOCKS: HashMap<u64, SockEntry> = HashMap::with_max_entries(MAX_SOCKS, 0);
 
-#[map]
-pub static SHED_CLOCK: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_LIMITS: Array<u32> = Array::with_max_entries(MAX_PORTS, 0);
@@ -45,12 +59,14 @@ pub static SHED_CONTROL: Array<ControlConfig> = Array::with_max_entries(MAX_PORT
 #[map]
 pub static SHED_STATUS: Array<ControlStatus> = Array::with_max_entries(MAX_PORTS, 0);
 
+/// GCRA times (see `shed_common::ratelimit`), one per port.
 #[map]
-pub static SHED_RST_BUCKETS: Array<RstBucket> = Array::with_max_entries(MAX_PORTS, 0);
+pub static SHED_RST_BUCKETS: Array<u64> = Array::with_max_entries(MAX_PORTS, 0);
 
-/// LRU: a flood from many prefixes evicts old buckets instead of failing.
+/// GCRA times per source-prefix hash, a block per port: no insert on the reject
+/// path, and one port's flood cannot evict another port's buckets.
 #[map]
-pub static SHED_RST_PREFIX: LruHashMap<RstPrefixKey, RstBucket> = LruHashMap::with_max_entries(65_536, 0);
+pub static SHED_RST_PREFIX: Array<u64> = Array::with_max_entries(MAX_PORTS * PREFIX_BUCKETS_PER_PORT, 0);
 
 #[map]
 pub static SHED_PORT_BITS: Array<PortBits> = Array::with_max_entries(1, 0);
@@ -71,8 +87,6 @@ pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);
 #[map]
 pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, 0);
 
-#[map]
-pub static SHED_CLIENT_EXPIRED: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, 0);
 
 #[map]
 pub static SHED_RESERVE: Array<TierReserve> = Array::with_max_entries(MAX_PORTS, 0);
@@ -88,4 +102,61 @@ pub fn tier_of(addr: &[u8; 16]) -> u8 {
         Some(&t) if (t as usize) < shed_common::tier::COUNT => t as u8,
         _ => shed_common::tier::NORMAL,
     }
+}
+
+/// Whether `addr` is one of the protected namespace's own unicast addresses
+/// (loopback included): only SYNs addressed to it are judged.
+#[inline(always)]
+pub fn is_local(addr: &[u8; 16]) -> bool {
+    if is_loopback(addr) {
+        return true;
+    }
+    // SAFETY: plain data.
+    matches!(unsafe { SHED_LOCAL_ADDRS.get(addr) }, Some(&shed_common::local_addr::UNICAST))
+}
+
+/// 127.0.0.0/8 (IPv4-mapped) or ::1.
+#[inline(always)]
+pub fn is_loopback(addr: &[u8; 16]) -> bool {
+    let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    (v4 && addr[12] == 127) || *addr == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+}
+
+/// Adds one to a gate-wide per-CPU counter.
+#[inline(always)]
+pub fn count_gate(index: usize) {
+    if let Some(counters) = SHED_GATE_COUNTERS.get_ptr_mut(0)
+        && let Some(v) = unsafe { (*counters).values.get_mut(index) }
+    {
+        // SAFETY: per-CPU value; programs do not migrate CPU mid-run.
+        *v += 1;
+    }
+}
+
+/// Adds one to a per-CPU counter of the port in `slot`.
+#[inline(always)]
+pub fn count(slot: u32, index: usize) {
+    if let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot)
+        && let Some(v) = unsafe { (*counters).values.get_mut(index) }
+    {
+        // SAFETY: per-CPU value; programs do not migrate CPU mid-run.
+        *v += 1;
+    }
+}
+
+/// Asks for handshake-completing ACKs to `port` to be checked (some admission lapsed).
+#[inline(always)]
+pub fn request_ack_check(port: u16) {
+    if let Some(flag) = SHED_ACK_CHECK.get_ptr_mut(u32::from(port))
+        // SAFETY: map value; a plain store, set only when clear so a flood does not keep writing.
+        && unsafe { *flag } == 0
+    {
+        unsafe { *flag = 1 };
+    }
+}
+
+/// Whether handshake-completing ACKs to `port` are checked.
+#[inline(always)]
+pub fn ack_check(port: u16) -> bool {
+    SHED_ACK_CHECK.get(u32::from(port)).is_some_and(|&f| f != 0)
 }

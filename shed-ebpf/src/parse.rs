@@ -1,4 +1,16 @@
-//! Packet parsing: from a frame to the one thing the gate cares about, a SYN.
+//! Packet parsing: from a frame to the TCP segments the gate judges.
+//!
+//! The policy (docs/ARCHITECTURE.md, "What is judged"): every TCP segment the
+//! kernel could accept as a SYN or as the ACK completing a handshake is found,
+//! whatever sits in front of its TCP header: up to two VLAN tags (802.1Q,
+//! 802.1ad/QinQ), IPv4 options, an IPv4 first fragment that holds the whole TCP
+//! header, an IPv6 extension-header chain of up to [`MAX_IPV6_EXTENSIONS`]
+//! headers (hop-by-hop, routing, destination options, fragment, AH, mobility,
+//! HIP, shim6). What cannot be parsed but might hide a SYN is dropped and
+//! counted ([`Parsed::Refuse`]): a first IPv4 fragment too short for the TCP
+//! header (RFC 1858, RFC 3128), an overlapping TCP fragment at offset 8, an
+//! IPv6 chain longer than the parser follows. Later fragments pass: the first
+//! one carries the flags.
 use core::mem::size_of;
 
 use network_types::{
@@ -7,18 +19,34 @@ use network_types::{
     tcp::TcpHdr,
     vlan::VlanHdr,
 };
-use shed_common::ipv4_mapped;
+use shed_common::{gate_counter, ipv4_mapped};
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 const IPPROTO_TCP: u8 = 6;
-/// IPv4 "more fragments" flag and fragment offset bits.
-const IPV4_FRAG_MASK: u16 = 0x3fff;
+/// IPv4 "more fragments" flag, in [`Ipv4Hdr::frag_flags`].
+const IPV4_MORE_FRAGMENTS: u8 = 0b001;
+/// VLAN tags the parser looks through (QinQ: an outer 802.1ad and an inner 802.1Q tag).
+const MAX_VLAN_TAGS: usize = 2;
+/// IPv6 extension headers the parser follows before TCP; a longer chain is refused.
+pub const MAX_IPV6_EXTENSIONS: usize = 8;
 
-/// A SYN (without ACK or RST) and where its headers sit in the frame.
-pub struct Syn {
+/// IPv6 next-header values.
+mod nexthdr {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ROUTING: u8 = 43;
+    pub const FRAGMENT: u8 = 44;
+    pub const AUTH: u8 = 51;
+    pub const DEST_OPTS: u8 = 60;
+    pub const MOBILITY: u8 = 135;
+    pub const HIP: u8 = 139;
+    pub const SHIM6: u8 = 140;
+}
+
+/// A TCP segment the gate may judge, and where its headers sit in the frame.
+pub struct Segment {
     pub l3_offset: usize,
     pub is_ipv6: bool,
     pub client_addr: [u8; 16],
@@ -27,6 +55,26 @@ pub struct Syn {
     pub server_port: u16,
     /// Sequence number, host order.
     pub seq: u32,
+    /// Acknowledgment number, host order.
+    pub ack_seq: u32,
+}
+
+/// What the frame is, as far as the gate is concerned.
+pub enum Parsed {
+    /// Not a segment the gate judges: pass.
+    Pass,
+    /// A SYN (without ACK, RST or FIN): judged by the admission decision.
+    Syn(Segment),
+    /// An ACK without SYN or RST: possibly the one completing a handshake.
+    Ack(Segment),
+    /// Headers that could hide a SYN but cannot be judged: drop, counted under
+    /// this [`gate_counter`] index.
+    Refuse(usize),
+    /// Headers run past the end of the data the program sees (TC: the skb's
+    /// linear part); the caller may pull more and parse again.
+    Truncated,
+    /// A later fragment: pass, counted under [`gate_counter::LATER_FRAGMENT`].
+    LaterFragment,
 }
 
 /// Bounds-checked pointer to a `T` at `offset` into the frame.
@@ -38,57 +86,172 @@ pub fn ptr_at<T>(data: usize, data_end: usize, offset: usize) -> Option<*mut T> 
     Some((data + offset) as *mut T)
 }
 
-/// Returns the SYN in the frame, or `None` for everything else (other
-/// protocols, other TCP segments, truncated or malformed headers).
-#[inline(always)]
-pub fn parse_syn(data: usize, data_end: usize) -> Option<Syn> {
-    let eth: *const EthHdr = ptr_at(data, data_end, 0)?;
+/// Where the TCP header is, once the network layer has been looked through.
+struct Network {
+    l3_offset: usize,
+    l4_offset: usize,
+    is_ipv6: bool,
+    client_addr: [u8; 16],
+    server_addr: [u8; 16],
+}
+
+/// Classifies a frame that starts with an Ethernet header. A function of its
+/// own (a BPF subprogram): TC calls it twice, and two inlined copies of the
+/// header walk would not fit the 512-byte stack.
+#[inline(never)]
+pub fn parse(data: usize, data_end: usize) -> Parsed {
+    let Some(eth) = ptr_at::<EthHdr>(data, data_end, 0) else { return Parsed::Pass };
+    // SAFETY: bounds checked by ptr_at; headers are byte arrays (alignment 1).
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
     let mut l3_offset = EthHdr::LEN;
-    if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
-        let vlan: *const VlanHdr = ptr_at(data, data_end, l3_offset)?;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
+            break;
+        }
+        let Some(vlan) = ptr_at::<VlanHdr>(data, data_end, l3_offset) else { return Parsed::Truncated };
+        // SAFETY: bounds checked by ptr_at.
         ether_type = u16::from_be(unsafe { (*vlan).ether_type });
         l3_offset += VlanHdr::LEN;
     }
-
-    let (l4_offset, is_ipv6, client_addr, server_addr) = match ether_type {
-        ETH_P_IP => {
-            let ip: *const Ipv4Hdr = ptr_at(data, data_end, l3_offset)?;
-            let ip = unsafe { &*ip };
-            let header_len = usize::from(ip.vihl & 0x0f) * 4;
-            if ip.vihl >> 4 != 4 || header_len < Ipv4Hdr::LEN || ip.proto != IPPROTO_TCP {
-                return None;
-            }
-            // A fragment is never a whole SYN we could judge.
-            if u16::from_be_bytes(ip.frags) & IPV4_FRAG_MASK != 0 {
-                return None;
-            }
-            (l3_offset + header_len, false, ipv4_mapped(ip.src_addr), ipv4_mapped(ip.dst_addr))
-        }
-        ETH_P_IPV6 => {
-            let ip: *const Ipv6Hdr = ptr_at(data, data_end, l3_offset)?;
-            let ip = unsafe { &*ip };
-            // Extension headers before TCP: pass untouched.
-            if ip.vcf[0] >> 4 != 6 || ip.next_hdr != IPPROTO_TCP {
-                return None;
-            }
-            (l3_offset + Ipv6Hdr::LEN, true, ip.src_addr, ip.dst_addr)
-        }
-        _ => return None,
+    let network = match ether_type {
+        ETH_P_IP => ipv4(data, data_end, l3_offset),
+        ETH_P_IPV6 => ipv6(data, data_end, l3_offset),
+        // A third VLAN tag, ARP, MPLS, ...: the kernel does not deliver these to a TCP listener.
+        _ => return Parsed::Pass,
     };
-
-    let tcp: *const TcpHdr = ptr_at(data, data_end, l4_offset)?;
+    let network = match network {
+        Ok(n) => n,
+        Err(other) => return other,
+    };
+    let Some(tcp) = ptr_at::<TcpHdr>(data, data_end, network.l4_offset) else { return Parsed::Truncated };
+    // SAFETY: bounds checked by ptr_at.
     let tcp = unsafe { &*tcp };
-    if tcp.doff() < 5 || tcp.syn() == 0 || tcp.ack() != 0 || tcp.rst() != 0 {
-        return None;
+    if tcp.doff() < 5 || tcp.rst() != 0 {
+        return Parsed::Pass;
     }
-    Some(Syn {
-        l3_offset,
-        is_ipv6,
-        client_addr,
-        server_addr,
+    let segment = Segment {
+        l3_offset: network.l3_offset,
+        is_ipv6: network.is_ipv6,
+        client_addr: network.client_addr,
+        server_addr: network.server_addr,
         client_port: u16::from_be_bytes(tcp.source),
         server_port: u16::from_be_bytes(tcp.dest),
         seq: u32::from_be_bytes(tcp.seq),
+        ack_seq: u32::from_be_bytes(tcp.ack_seq),
+    };
+    match (tcp.syn() != 0, tcp.ack() != 0) {
+        // SYN+FIN: a Linux listener discards it, so it holds nothing.
+        (true, false) if tcp.fin() == 0 => Parsed::Syn(segment),
+        (false, true) => Parsed::Ack(segment),
+        _ => Parsed::Pass,
+    }
+}
+
+#[inline(always)]
+fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parsed> {
+    let Some(ip) = ptr_at::<Ipv4Hdr>(data, data_end, l3_offset) else { return Err(Parsed::Truncated) };
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    let header_len = usize::from(ip.ihl());
+    if ip.version() != 4 || header_len < Ipv4Hdr::LEN || ip.proto != IPPROTO_TCP {
+        return Err(Parsed::Pass);
+    }
+    let offset = ip.frag_offset();
+    if offset == 1 {
+        // RFC 1858: a TCP fragment at offset 8 can only serve to overwrite the flags.
+        return Err(Parsed::Refuse(gate_counter::OVERLAP_FRAGMENT));
+    }
+    if offset != 0 {
+        return Err(Parsed::LaterFragment);
+    }
+    if ip.frag_flags() & IPV4_MORE_FRAGMENTS != 0 {
+        // A first fragment is judged only if it holds the whole basic TCP header.
+        let l4_len = usize::from(ip.tot_len()).saturating_sub(header_len);
+        if l4_len < TcpHdr::LEN {
+            return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT));
+        }
+    }
+    Ok(Network {
+        l3_offset,
+        l4_offset: l3_offset + header_len,
+        is_ipv6: false,
+        client_addr: ipv4_mapped(ip.src_addr),
+        server_addr: ipv4_mapped(ip.dst_addr),
     })
+}
+
+#[inline(always)]
+fn ipv6(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parsed> {
+    let Some(ip) = ptr_at::<Ipv6Hdr>(data, data_end, l3_offset) else { return Err(Parsed::Truncated) };
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    if ip.version() != 6 {
+        return Err(Parsed::Pass);
+    }
+    let mut next = ip.next_hdr;
+    let mut offset = l3_offset + Ipv6Hdr::LEN;
+    let mut first_fragment = false;
+    for _ in 0..MAX_IPV6_EXTENSIONS {
+        if next == IPPROTO_TCP {
+            if first_fragment {
+                // RFC 7112: the first fragment must hold the upper-layer header.
+                let end = l3_offset + Ipv6Hdr::LEN + usize::from(ip.payload_len());
+                if end < offset + TcpHdr::LEN {
+                    return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT));
+                }
+            }
+            return Ok(Network {
+                l3_offset,
+                l4_offset: offset,
+                is_ipv6: true,
+                client_addr: ip.src_addr,
+                server_addr: ip.dst_addr,
+            });
+        }
+        // Every extension header starts with (next header, length).
+        let Some(ext) = ptr_at::<[u8; 8]>(data, data_end, offset) else { return Err(Parsed::Truncated) };
+        // SAFETY: bounds checked by ptr_at.
+        let ext = unsafe { *ext };
+        let len = match next {
+            nexthdr::HOP_BY_HOP
+            | nexthdr::ROUTING
+            | nexthdr::DEST_OPTS
+            | nexthdr::MOBILITY
+            | nexthdr::HIP
+            | nexthdr::SHIM6 => (usize::from(ext[1]) + 1) * 8,
+            nexthdr::AUTH => (usize::from(ext[1]) + 2) * 4,
+            nexthdr::FRAGMENT => {
+                let fragment_offset = u16::from_be_bytes([ext[2], ext[3]]) >> 3;
+                if fragment_offset != 0 {
+                    return Err(Parsed::LaterFragment);
+                }
+                first_fragment = true;
+                8
+            }
+            // ESP, no next header, or another upper layer: not TCP we can see.
+            _ => return Err(Parsed::Pass),
+        };
+        next = ext[0];
+        offset += len;
+    }
+    // Still inside the chain: TCP may follow, and a SYN must not hide behind headers.
+    match next {
+        nexthdr::HOP_BY_HOP
+        | nexthdr::ROUTING
+        | nexthdr::DEST_OPTS
+        | nexthdr::MOBILITY
+        | nexthdr::HIP
+        | nexthdr::SHIM6
+        | nexthdr::AUTH
+        | nexthdr::FRAGMENT => Err(Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED)),
+        IPPROTO_TCP if !first_fragment => Ok(Network {
+            l3_offset,
+            l4_offset: offset,
+            is_ipv6: true,
+            client_addr: ip.src_addr,
+            server_addr: ip.dst_addr,
+        }),
+        IPPROTO_TCP => Err(Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED)),
+        _ => Err(Parsed::Pass),
+    }
 }

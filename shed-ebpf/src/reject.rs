@@ -1,16 +1,17 @@
-//! Turns a rejected SYN into its RST+ACK reply, in place.
+//! Turns a rejected segment into its reset reply, in place.
 use shed_common::rst::{
-    IPV4_HEADER_LEN, IPV6_HEADER_LEN, TCP_HEADER_LEN, ipv4_header, ipv6_header, pseudo_sum_v4, pseudo_sum_v6,
-    tcp_rst_ack,
+    IPV4_HEADER_LEN, IPV6_HEADER_LEN, Reset, TCP_HEADER_LEN, ipv4_header, ipv6_header, pseudo_sum_v4, pseudo_sum_v6,
+    tcp_reset,
 };
 
-use crate::parse::{Syn, ptr_at};
+use crate::parse::{Segment, ptr_at};
 
 /// Rewrites the frame into the reply: MACs swapped, a fresh IP header without
-/// options, a TCP header without options. Returns the reply's length; the
-/// caller trims the frame to it. The VLAN tag, if any, is kept.
-#[inline(always)]
-pub fn write_rst(data: usize, data_end: usize, syn: &Syn) -> Result<usize, ()> {
+/// options or extension headers, a TCP header without options. Returns the
+/// reply's length; the caller trims the frame to it. VLAN tags are kept.
+/// A subprogram: the header arrays it builds need stack of their own.
+#[inline(never)]
+pub fn write_rst(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> Result<usize, ()> {
     let macs: *mut [u8; 12] = ptr_at(data, data_end, 0).ok_or(())?;
     // SAFETY: bounds checked by ptr_at; frames are byte arrays (alignment 1).
     unsafe {
@@ -18,25 +19,26 @@ pub fn write_rst(data: usize, data_end: usize, syn: &Syn) -> Result<usize, ()> {
         *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
     }
 
-    let l3 = syn.l3_offset;
-    let l4 = if syn.is_ipv6 {
+    let l3 = seg.l3_offset;
+    let l4 = if seg.is_ipv6 {
         let ip: *mut [u8; IPV6_HEADER_LEN] = ptr_at(data, data_end, l3).ok_or(())?;
-        unsafe { *ip = ipv6_header(syn.server_addr, syn.client_addr) };
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *ip = ipv6_header(seg.server_addr, seg.client_addr) };
         l3 + IPV6_HEADER_LEN
     } else {
         let ip: *mut [u8; IPV4_HEADER_LEN] = ptr_at(data, data_end, l3).ok_or(())?;
-        let server = v4(&syn.server_addr);
-        let client = v4(&syn.client_addr);
-        unsafe { *ip = ipv4_header(server, client) };
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *ip = ipv4_header(v4(&seg.server_addr), v4(&seg.client_addr)) };
         l3 + IPV4_HEADER_LEN
     };
-    let pseudo = if syn.is_ipv6 {
-        pseudo_sum_v6(syn.server_addr, syn.client_addr)
+    let pseudo = if seg.is_ipv6 {
+        pseudo_sum_v6(seg.server_addr, seg.client_addr)
     } else {
-        pseudo_sum_v4(v4(&syn.server_addr), v4(&syn.client_addr))
+        pseudo_sum_v4(v4(&seg.server_addr), v4(&seg.client_addr))
     };
     let tcp: *mut [u8; TCP_HEADER_LEN] = ptr_at(data, data_end, l4).ok_or(())?;
-    unsafe { *tcp = tcp_rst_ack(syn.server_port, syn.client_port, syn.seq, pseudo) };
+    // SAFETY: bounds checked by ptr_at.
+    unsafe { *tcp = tcp_reset(seg.server_port, seg.client_port, reset, pseudo) };
     Ok(l4 + TCP_HEADER_LEN)
 }
 

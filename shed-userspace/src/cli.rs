@@ -10,7 +10,7 @@ use crate::{
     control::{Algo, Settings},
     input::{
         Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_listen_addr,
-        parse_millis, parse_percentile, parse_port, parse_prefix_v6,
+        parse_handshake_window, parse_millis, parse_percentile, parse_port, parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -158,7 +158,7 @@ pub struct AttachArgs {
     #[arg(long)]
     pub tier_file: Option<PathBuf>,
 
-    /// Most connections (open plus pending) one client may hold; 0: no cap (--client-cap 20).
+    /// Most established connections one client may hold; 0: no cap (--client-cap 20).
     #[arg(long, value_parser = parse_client_cap, default_value_t = 0)]
     pub client_cap: u32,
 
@@ -182,9 +182,10 @@ pub struct AttachArgs {
     #[arg(long)]
     pub netns: Option<String>,
 
-    /// Milliseconds an admitted handshake may hold its slot before it expires (--pending-timeout 2000).
-    #[arg(long, default_value = "2000", value_parser = |s: &str| parse_millis(s, 100, 60_000))]
-    pub pending_timeout: Duration,
+    /// Milliseconds an admitted SYN holds its slot while its handshake is under way;
+    /// 0: about three times the measured handshake time (--handshake-window 0).
+    #[arg(long, default_value = "0", value_parser = parse_handshake_window)]
+    pub handshake_window: Duration,
 
     /// Serve Prometheus metrics on this address at /metrics (--metrics 127.0.0.1:9464).
     #[arg(long, value_parser = parse_listen_addr)]
@@ -425,7 +426,7 @@ mod tests {
     fn attach_defaults() {
         let Command::Attach(a) = parse(&["attach", "--port", "8080"]).unwrap().command else { panic!() };
         assert_eq!((a.hook, a.action, a.limit, a.dry_run, a.count), (None, Action::Drop, None, false, Count::Work));
-        assert_eq!(a.pending_timeout, Duration::from_secs(2));
+        assert_eq!(a.handshake_window, Duration::ZERO);
         let (control, limit) = a.control().unwrap();
         assert_eq!(
             (Algo::from_raw(control.algo), limit, control.window_ms, control.percentile),

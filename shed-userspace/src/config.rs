@@ -56,7 +56,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("rst-prefix-rate", "rst-prefix-rate", Kind::Int),
     ("dry-run", "dry-run", Kind::Bool),
     ("netns", "netns", Kind::Str),
-    ("pending-timeout", "pending-timeout", Kind::Int),
+    ("handshake-window", "handshake-window", Kind::Int),
     ("metrics", "metrics", Kind::Str),
 ];
 
@@ -247,7 +247,7 @@ pub fn render(args: &AttachArgs) -> String {
     if let Some(netns) = &args.netns {
         t.insert("netns".into(), s(netns));
     }
-    t.insert("pending-timeout".into(), int(args.pending_timeout.as_millis() as u64));
+    t.insert("handshake-window".into(), int(args.handshake_window.as_millis() as u64));
     if let Some(metrics) = args.metrics {
         t.insert("metrics".into(), s(&metrics));
     }
@@ -340,8 +340,8 @@ mod tests {
         "--dry-run",
         "--netns",
         "srv",
-        "--pending-timeout",
-        "3000",
+        "--handshake-window",
+        "40",
         "--metrics",
         "127.0.0.1:9464",
     ];

@@ -1,6 +1,7 @@
 //! The daemon's life: one gate per host, guarded by a lock file; a control
-//! loop that keeps the kernel's clock and expires stale reservations; and a
-//! clean exit that leaves nothing attached or pinned.
+//! loop that runs the controllers, sizes each port's handshake window, keeps
+//! the namespace's addresses and interfaces covered; and a clean exit that
+//! leaves nothing attached or pinned.
 use std::{
     fs::{self, File, OpenOptions},
     io::{Read, Seek, Write},
@@ -9,12 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, latency, tier};
+use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, handshake, latency, tier};
 
 use crate::{
     Error,
     control::{Algo, Controller, Reason, Settings, TierReserve, WindowSample},
-    gate::Loaded,
+    gate::{Loaded, default_hook},
+    input::{Hook, XdpAttachMode},
     maps::{self, GateMaps},
     metrics::Decisions,
     paths, stats, system,
@@ -140,15 +142,60 @@ const HEAL_EVERY: Duration = Duration::from_secs(1);
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
+/// How often the namespace's addresses and interfaces are looked at again.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// How long handshake-completing ACKs stay checked after the last lapsed
+/// admission: longer than the kernel keeps a half-open handshake (SYN-ACK
+/// retries, about 63 s) and than a SYN cookie stays valid (about 2 minutes).
+const ACK_CHECK_HOLD: Duration = Duration::from_secs(180);
+
 /// Settings of the control loop.
 #[derive(Clone, Debug)]
 pub struct LoopSettings {
-    /// How often the clock is written and reservations are checked.
+    /// How often the loop runs (the shortest control window).
     pub tick: Duration,
-    /// How long an admitted handshake may hold its reservation.
-    pub pending_timeout: Duration,
+    /// A fixed handshake window, or zero to follow the measured handshake time.
+    pub handshake_window: Duration,
     /// Where each window's decision is counted for the metrics endpoint.
     pub decisions: Decisions,
+    /// With no `--iface`: interfaces that appear later are gated too.
+    pub follow_interfaces: Option<FollowInterfaces>,
+}
+
+/// Gates interfaces as they appear (no `--iface`: the whole namespace).
+#[derive(Clone, Debug)]
+pub struct FollowInterfaces {
+    pub hook: Option<Hook>,
+    pub xdp_mode: XdpAttachMode,
+    /// Interfaces already gated or already reported as impossible to gate.
+    pub seen: Vec<String>,
+}
+
+impl FollowInterfaces {
+    /// Attaches to every interface not seen before; a failure is logged, not fatal.
+    pub fn attach_new(&mut self, loaded: &mut Loaded) {
+        for iface in system::interfaces() {
+            if self.seen.contains(&iface) {
+                continue;
+            }
+            self.seen.push(iface.clone());
+            let hook = self.hook.unwrap_or_else(|| default_hook(&iface));
+            match loaded.attach_gate(&iface, hook, self.xdp_mode) {
+                Ok(()) => tracing::info!(iface = %iface, hook = %hook, "new interface gated"),
+                Err(e) => tracing::warn!(iface = %iface, "new interface not gated: {e}"),
+            }
+        }
+    }
+}
+
+/// Writes the namespace's addresses to the gate (only SYNs to them are judged).
+pub fn refresh_local_addrs(maps: &mut GateMaps) -> Result<(), Error> {
+    let addrs = system::local_addresses()?;
+    if maps.set_local_addrs(&addrs)? {
+        tracing::debug!(addresses = addrs.len(), "local addresses updated");
+    }
+    Ok(())
 }
 
 /// Runs until SIGINT/SIGTERM or until every port has been detached.
@@ -158,9 +205,8 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| Error::io("install handler", "SIGTERM", e))?;
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let timeout_ms = settings.pending_timeout.as_millis() as u64;
-    let mut last_report = Instant::now();
-    let mut expired_since_report = 0;
+    let mut settings = settings;
+    let mut last_watch = Instant::now();
     let mut controls: Vec<PortControl> = Vec::new();
     let mut idle_clients = Vec::new();
     let mut last_client_sweep = Instant::now();
@@ -171,9 +217,13 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
             _ = ticker.tick() => {
-                let now = system::monotonic_ms();
-                loaded.maps.set_clock(now)?;
-                expired_since_report += loaded.maps.expire_pending(now, timeout_ms)?;
+                if last_watch.elapsed() >= WATCH_EVERY {
+                    refresh_local_addrs(&mut loaded.maps)?;
+                    if let Some(follow) = &mut settings.follow_interfaces {
+                        follow.attach_new(loaded);
+                    }
+                    last_watch = Instant::now();
+                }
                 let ports = loaded.maps.port_configs()?;
                 if ports.is_empty() {
                     tracing::info!("every port was detached: stopping");
@@ -191,7 +241,8 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                     if !controls.iter().any(|c| c.port == port) {
                         let snapshot = loaded.maps.snapshot(port, *config)?;
                         let hist = loaded.maps.latency(config.slot)?;
-                        controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist));
+                        let handshakes = HandshakeWindow::new(settings.handshake_window);
+                        controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
                 }
                 if last_heal.elapsed() >= HEAL_EVERY {
@@ -205,11 +256,6 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                 let instant = Instant::now();
                 for control in &mut controls {
                     control.run(&mut loaded.maps, instant, &settings.decisions)?;
-                }
-                if expired_since_report > 0 && last_report.elapsed() >= Duration::from_secs(10) {
-                    tracing::info!(expired = expired_since_report, "handshakes that never completed released their slots");
-                    expired_since_report = 0;
-                    last_report = Instant::now();
                 }
             }
         }
@@ -233,10 +279,18 @@ struct PortControl {
     carried: u32,
     reserve: TierReserve,
     last_rejected_by_tier: [u64; tier::COUNT],
+    handshakes: HandshakeWindow,
 }
 
 impl PortControl {
-    fn new(port: u16, slot: u32, limit: u32, config: &ControlConfig, hist: PortLatency) -> Self {
+    fn new(
+        port: u16,
+        slot: u32,
+        limit: u32,
+        config: &ControlConfig,
+        hist: PortLatency,
+        handshakes: HandshakeWindow,
+    ) -> Self {
         let mut controller = Controller::new(settings(config, limit), u64::from(port));
         controller.set_limit(limit);
         let window = Duration::from_millis(u64::from(config.window_ms.max(1)));
@@ -255,6 +309,7 @@ impl PortControl {
             carried: 0,
             reserve: TierReserve::default(),
             last_rejected_by_tier: [0; tier::COUNT],
+            handshakes,
         }
     }
 
@@ -306,6 +361,7 @@ impl PortControl {
         if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
             maps.write_reserve(self.slot, shed_common::TierReserve { held_back })?;
         }
+        let handshake_times = self.handshakes.on_window(maps, &snapshot, &hist.handshake, now)?;
         let previous = snapshot.limit;
         let decision = self.controller.on_window(&sample);
         // Too few samples: keep this window's requests for the next one.
@@ -352,8 +408,135 @@ impl PortControl {
                 windows: self.windows,
                 reason: decision.reason.to_raw(),
                 previous_limit: previous,
+                handshake_p50_us: handshake_times.0,
+                handshake_p99_us: handshake_times.1,
             },
         )
+    }
+}
+
+/// Sizes a port's handshake window (how long an admitted SYN holds its slot)
+/// from the measured handshake time, and keeps the ACK check on while
+/// admissions lapse.
+///
+/// The window is four times the p99 handshake time over the last period
+/// (at least ~1 ms): long enough that real handshakes complete inside it, short
+/// enough that a forged SYN, which never completes, holds its slot only that
+/// long. It grows at once and shrinks only after a run of periods that all
+/// want it shorter, so a burst of slow handshakes is not forgotten at once.
+struct HandshakeWindow {
+    /// A fixed window (`--handshake-window`), or `None` to measure.
+    fixed: Option<Duration>,
+    /// Handshake histogram at the start of the current measuring period.
+    period_start: Option<(Instant, [u64; latency::BUCKETS])>,
+    /// Consecutive periods that wanted a shorter window.
+    shorter: u32,
+    shift: Option<u32>,
+    last_lapsed: u64,
+    last_late: u64,
+    last_lapse: Option<Instant>,
+    /// p50/p99 of the last full period, microseconds.
+    times: (u64, u64),
+}
+
+/// One measuring period of handshake times.
+const HANDSHAKE_PERIOD: Duration = Duration::from_secs(1);
+/// Periods in a row that must want a shorter window before it shrinks.
+const SHRINK_AFTER: u32 = 5;
+/// Handshakes a period needs before it may shrink the window.
+const SHRINK_SAMPLES: u64 = 20;
+
+impl HandshakeWindow {
+    fn new(fixed: Duration) -> Self {
+        Self {
+            fixed: (!fixed.is_zero()).then_some(fixed),
+            period_start: None,
+            shorter: 0,
+            shift: None,
+            last_lapsed: 0,
+            last_late: 0,
+            last_lapse: None,
+            times: (0, 0),
+        }
+    }
+
+    /// Returns the handshake p50/p99 (us) of the last full period.
+    fn on_window(
+        &mut self,
+        maps: &mut GateMaps,
+        snapshot: &maps::PortSnapshot,
+        hist: &[u64; latency::BUCKETS],
+        now: Instant,
+    ) -> Result<(u64, u64), Error> {
+        self.watch_lapses(maps, snapshot, now)?;
+        let (start, before) = *self.period_start.get_or_insert((now, *hist));
+        if now.duration_since(start) < HANDSHAKE_PERIOD {
+            return Ok(self.times);
+        }
+        let period: [u64; latency::BUCKETS] = std::array::from_fn(|i| hist[i].wrapping_sub(before[i]));
+        self.period_start = Some((now, *hist));
+        let samples: u64 = period.iter().sum();
+        if samples > 0 {
+            self.times = (stats::histogram_percentile(&period, 50.0), stats::histogram_percentile(&period, 99.0));
+        }
+        let current = snapshot.user.shift();
+        let wanted = match self.fixed {
+            Some(window) => handshake::shift_for_window(window.as_nanos() as u64),
+            None if samples == 0 => current,
+            None => handshake::shift_for_window(4 * 1000 * self.times.1),
+        };
+        let shift = if wanted >= current || self.fixed.is_some() {
+            self.shorter = 0;
+            wanted
+        } else if samples >= SHRINK_SAMPLES {
+            self.shorter += 1;
+            if self.shorter >= SHRINK_AFTER {
+                self.shorter = 0;
+                wanted
+            } else {
+                current
+            }
+        } else {
+            current
+        };
+        if self.shift != Some(shift) || shift != current {
+            maps.set_handshake_shift(snapshot.config.slot, shift)?;
+            if self.shift.is_some() && shift != current {
+                tracing::info!(
+                    port = snapshot.port,
+                    window_us = (handshake::LIVE_EPOCHS << shift) / 1000,
+                    handshake_p99_us = self.times.1,
+                    "handshake window changed"
+                );
+            }
+            self.shift = Some(shift);
+        }
+        Ok(self.times)
+    }
+
+    /// Turns the ACK check on when admissions lapse (the kernel does too, on the
+    /// next SYN; this covers a port that gets none) and off once none has for
+    /// [`ACK_CHECK_HOLD`].
+    fn watch_lapses(&mut self, maps: &mut GateMaps, snapshot: &maps::PortSnapshot, now: Instant) -> Result<(), Error> {
+        let lapsed = snapshot.handshakes_lapsed();
+        let late = snapshot.counter(counter::LATE_COMPLETED);
+        if lapsed != self.last_lapsed || late != self.last_late {
+            self.last_lapsed = lapsed;
+            self.last_late = late;
+            self.last_lapse = Some(now);
+            if !snapshot.ack_check {
+                maps.set_ack_check(snapshot.port, true)?;
+            }
+        } else if snapshot.ack_check && self.last_lapse.is_none_or(|t| now.duration_since(t) >= ACK_CHECK_HOLD) {
+            if self.last_lapse.is_none() {
+                // Set before we started watching: hold it from now.
+                self.last_lapse = Some(now);
+            } else {
+                maps.set_ack_check(snapshot.port, false)?;
+                tracing::info!(port = snapshot.port, "no handshake lapsed for {ACK_CHECK_HOLD:?}: ACK check off");
+            }
+        }
+        Ok(())
     }
 }
 

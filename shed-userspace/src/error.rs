@@ -22,6 +22,11 @@ pub enum Error {
     )]
     UnknownInterface { name: String },
 
+    #[error(
+        "interface {name:?} carries no Ethernet header (link type {link_type}: WireGuard, tun, ipip and the like); shed parses Ethernet frames only: gate the Ethernet interface the traffic arrives on instead"
+    )]
+    NotEthernet { name: String, link_type: u32 },
+
     #[error("no shed gate is running (nothing pinned at {}): start one with `sudo shedctl attach --port PORT`", pin_dir.display())]
     NoGate { pin_dir: PathBuf },
 

@@ -91,9 +91,13 @@ impl Healer {
             tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
         for (key, entry) in tracked.iter().filter(|(k, _)| stale.contains(k) && self.stale_before.contains(k)) {
             if maps.socks.remove(key).is_ok() && entry.capped != 0 {
+                // The close was missed, so its client still counts it. A read-modify-write:
+                // a kernel add racing it (microseconds, on a connection whose close we
+                // missed) would be lost, loosening that client's cap by one.
                 let client = shed_common::ClientKey { slot: entry.slot, addr: entry.client };
-                let expired = maps.client_expired.get(&client, 0).unwrap_or(0);
-                let _ = maps.client_expired.insert(client, expired + 1, 0);
+                if let Ok(held) = maps.clients.get(&client, 0) {
+                    let _ = maps.clients.insert(client, (held - 1).max(0), 0);
+                }
             }
         }
         self.stale_before = stale;

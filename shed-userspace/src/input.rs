@@ -68,6 +68,14 @@ pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, Strin
     Ok(Duration::from_millis(ms))
 }
 
+/// `--handshake-window`: 0 (measured) or 1 to 2000 ms.
+pub fn parse_handshake_window(s: &str) -> Result<Duration, String> {
+    if s.trim().trim_end_matches("ms") == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_millis(s, 1, 2000).map_err(|e| format!("{e} (or 0 to follow the measured handshake time)"))
+}
+
 /// What a rejected SYN gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

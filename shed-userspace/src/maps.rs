@@ -7,8 +7,9 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, FlowKey, NetnsFilter, PendingEntry, PortBits, PortConfig, PortCounters,
-    PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, map,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, NetnsFilter, PortBits, PortConfig,
+    PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, gate_counter,
+    handshake, map,
 };
 
 use crate::{Error, paths, tiers::Cidr};
@@ -18,9 +19,11 @@ pub struct GateMaps {
     pub state: Array<MapData, PortState>,
     pub user_state: Array<MapData, UserPortState>,
     pub counters: PerCpuArray<MapData, PortCounters>,
-    pub pending: HashMap<MapData, FlowKey, PendingEntry>,
+    pub handshakes: Array<MapData, HandshakeRing>,
+    pub local_addrs: HashMap<MapData, [u8; 16], u8>,
+    pub ack_check: Array<MapData, u32>,
+    pub gate_counters: PerCpuArray<MapData, GateCounters>,
     pub socks: HashMap<MapData, u64, SockEntry>,
-    pub clock: Array<MapData, u64>,
     pub limits: Array<MapData, u32>,
     pub latency: PerCpuArray<MapData, PortLatency>,
     pub control: Array<MapData, ControlConfig>,
@@ -28,7 +31,6 @@ pub struct GateMaps {
     pub tiers: LpmTrie<MapData, [u8; 16], u32>,
     pub reserve: Array<MapData, TierReserve>,
     pub clients: HashMap<MapData, ClientKey, i64>,
-    pub client_expired: HashMap<MapData, ClientKey, i64>,
     pub netns: Array<MapData, NetnsFilter>,
     pub port_bits: Array<MapData, PortBits>,
 }
@@ -44,6 +46,12 @@ pub struct PortSnapshot {
     pub reserve: TierReserve,
     pub state: PortState,
     pub user: UserPortState,
+    /// Handshakes under way, by epoch.
+    pub ring: HandshakeRing,
+    /// When the snapshot was taken (kernel monotonic clock, ns): which ring epochs are live.
+    pub now_ns: u64,
+    /// Whether handshake-completing ACKs to the port are checked.
+    pub ack_check: bool,
     /// Counters summed over CPUs.
     pub counters: PortCounters,
 }
@@ -52,14 +60,26 @@ impl PortSnapshot {
     pub fn established(&self) -> u64 {
         shed_common::established(&self.state, &self.user)
     }
+    /// Handshakes admitted and not yet established, in the live epochs.
     pub fn pending(&self) -> u64 {
-        shed_common::pending(self.state.reserved, self.state.released, self.user.pending_expired)
+        self.ring.outstanding(self.epoch())
+    }
+    fn epoch(&self) -> u64 {
+        self.now_ns >> self.user.shift()
+    }
+    /// The longest a reservation lives: [`handshake::LIVE_EPOCHS`] epochs.
+    pub fn handshake_window_us(&self) -> u64 {
+        (handshake::LIVE_EPOCHS << self.user.shift()) / 1000
+    }
+    /// Admissions that lapsed without completing, folded or not yet.
+    pub fn handshakes_lapsed(&self) -> u64 {
+        self.ring.lapsed + self.ring.lapsed_unfolded(self.epoch())
     }
     pub fn busy(&self) -> u64 {
         shed_common::busy(&self.state, &self.user)
     }
     pub fn in_flight(&self) -> u64 {
-        shed_common::in_flight(&self.state, self.state.reserved, &self.user, self.config.count_mode)
+        shed_common::in_flight(&self.state, self.pending(), &self.user, self.config.count_mode)
     }
     pub fn counter(&self, index: usize) -> u64 {
         self.counters.values[index]
@@ -111,9 +131,11 @@ impl GateMaps {
             state: typed(map::PORT_STATE, open(map::PORT_STATE)?)?,
             user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
             counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
-            pending: typed(map::PENDING, open(map::PENDING)?)?,
+            handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
+            local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
+            ack_check: typed(map::ACK_CHECK, open(map::ACK_CHECK)?)?,
+            gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,
             socks: typed(map::SOCKS, open(map::SOCKS)?)?,
-            clock: typed(map::CLOCK, open(map::CLOCK)?)?,
             limits: typed(map::LIMITS, open(map::LIMITS)?)?,
             latency: typed(map::LATENCY, open(map::LATENCY)?)?,
             control: typed(map::CONTROL, open(map::CONTROL)?)?,
@@ -121,7 +143,6 @@ impl GateMaps {
             tiers: typed(map::TIERS, open(map::TIERS)?)?,
             reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
             clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
-            client_expired: typed(map::CLIENT_EXPIRED, open(map::CLIENT_EXPIRED)?)?,
             netns: typed(map::NETNS, open(map::NETNS)?)?,
             port_bits: typed(map::PORT_BITS, open(map::PORT_BITS)?)?,
         })
@@ -153,6 +174,8 @@ impl GateMaps {
         let reset = |e| Error::map("reset port state", e);
         self.state.set(slot, PortState::default(), 0).map_err(reset)?;
         self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
+        self.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
+        self.ack_check.set(u32::from(port), 0, 0).map_err(reset)?;
         let zero =
             aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
         self.counters.set(slot, zero, 0).map_err(reset)?;
@@ -202,6 +225,7 @@ impl GateMaps {
                 (&mut sum.queue_wait, &cpu.queue_wait),
                 (&mut sum.service, &cpu.service),
                 (&mut sum.sojourn, &cpu.sojourn),
+                (&mut sum.handshake, &cpu.handshake),
             ] {
                 for (t, v) in total.iter_mut().zip(part) {
                     *t = t.wrapping_add(*v);
@@ -235,6 +259,9 @@ impl GateMaps {
         let reserve = self.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
         let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let ring = self.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
+        let ack_check = self.ack_check.get(&u32::from(port), 0).map_err(|e| Error::map("read ACK check", e))? != 0;
+        let now_ns = crate::system::monotonic_ns();
         let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
         let mut counters = PortCounters::default();
         for cpu in per_cpu.iter() {
@@ -242,7 +269,7 @@ impl GateMaps {
                 *sum = sum.wrapping_add(v);
             }
         }
-        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, counters })
+        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, ring, now_ns, ack_check, counters })
     }
 
     /// Snapshots of every protected port (or just `only`), by port.
@@ -297,7 +324,6 @@ impl GateMaps {
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, _)| k.slot == slot)
-            .map(|(k, held)| (k, held - self.client_expired.get(&k, 0).unwrap_or(0)))
             .collect();
         out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(out)
@@ -310,12 +336,11 @@ impl GateMaps {
     pub fn forget_idle_clients(&mut self, idle_before: &[ClientKey]) -> Result<Vec<ClientKey>, Error> {
         let mut idle = Vec::new();
         for (key, held) in self.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
-            if held - self.client_expired.get(&key, 0).unwrap_or(0) > 0 {
+            if held > 0 {
                 continue;
             }
             if idle_before.contains(&key) {
                 let _ = self.clients.remove(&key);
-                let _ = self.client_expired.remove(&key);
             } else {
                 idle.push(key);
             }
@@ -327,54 +352,58 @@ impl GateMaps {
         self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
     }
 
-    pub fn set_clock(&mut self, now_ms: u64) -> Result<(), Error> {
-        self.clock.set(0, now_ms, 0).map_err(|e| Error::map("write clock", e))
-    }
-
-    /// Removes every pending reservation without accounting it (tests and benchmarks
-    /// resetting a gate that carries no traffic).
-    pub fn clear_pending(&mut self) {
-        for key in self.pending.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-            let _ = self.pending.remove(&key);
+    /// Writes the namespace's own addresses (see [`shed_common::local_addr`]),
+    /// removing those that went away. Returns whether anything changed.
+    pub fn set_local_addrs(&mut self, addrs: &BTreeMap<[u8; 16], u8>) -> Result<bool, Error> {
+        let now: BTreeMap<[u8; 16], u8> = self.local_addrs.iter().filter_map(Result::ok).collect();
+        if &now == addrs {
+            return Ok(false);
         }
-    }
-
-    /// Removes reservations older than `timeout_ms` and accounts them as
-    /// expired. Only the daemon calls this; it is the sole writer of
-    /// `user_state`. Returns how many expired.
-    pub fn expire_pending(&mut self, now_ms: u64, timeout_ms: u64) -> Result<u64, Error> {
-        let stale: Vec<(FlowKey, PendingEntry)> = self
-            .pending
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, e)| e.admitted_ms.saturating_add(timeout_ms) <= now_ms)
-            .collect();
-        let mut per_slot: BTreeMap<u32, u64> = BTreeMap::new();
-        let configs: BTreeMap<u32, PortConfig> = self.port_configs()?.into_values().map(|c| (c.slot, c)).collect();
-        for (key, entry) in &stale {
-            // The handshake may complete (and the kernel release it) between our read and
-            // this delete: whoever deletes the entry accounts for it, so only count our wins.
-            if self.pending.remove(key).is_ok() {
-                *per_slot.entry(entry.slot).or_default() += 1;
-                if entry.capped != 0
-                    && let Some(config) = configs.get(&entry.slot)
-                {
-                    let client = config.client_key(&key.client_addr);
-                    let expired = self.client_expired.get(&client, 0).unwrap_or(0);
-                    self.client_expired
-                        .insert(client, expired + 1, 0)
-                        .map_err(|e| Error::map("write client expiry", e))?;
-                }
+        // New ones first, so an address never goes missing while it is being renewed.
+        for (addr, kind) in addrs {
+            if now.get(addr) != Some(kind) {
+                self.local_addrs.insert(addr, kind, 0).map_err(|e| Error::map("write local addresses", e))?;
             }
         }
-        let mut total = 0;
-        for (slot, n) in per_slot {
-            let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-            user.pending_expired += n;
-            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write expired reservations", e))?;
-            total += n;
+        for addr in now.keys().filter(|a| !addrs.contains_key(*a)) {
+            let _ = self.local_addrs.remove(addr);
         }
-        Ok(total)
+        Ok(true)
+    }
+
+    /// Sets the epoch shift of a port's handshake ring (its reservation lifetime).
+    pub fn set_handshake_shift(&mut self, slot: u32, shift: u32) -> Result<(), Error> {
+        let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        if user.handshake_shift != shift {
+            user.handshake_shift = shift;
+            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write handshake window", e))?;
+        }
+        Ok(())
+    }
+
+    /// Turns the check of handshake-completing ACKs to `port` on or off.
+    pub fn set_ack_check(&mut self, port: u16, on: bool) -> Result<(), Error> {
+        self.ack_check.set(u32::from(port), u32::from(on), 0).map_err(|e| Error::map("write ACK check", e))
+    }
+
+    /// Gate-wide counters summed over CPUs, by [`gate_counter`] index.
+    pub fn gate_counters(&self) -> Result<[u64; gate_counter::COUNT], Error> {
+        let per_cpu = self.gate_counters.get(&0, 0).map_err(|e| Error::map("read gate counters", e))?;
+        let mut sum = [0u64; gate_counter::COUNT];
+        for cpu in per_cpu.iter() {
+            for (s, v) in sum.iter_mut().zip(cpu.values) {
+                *s = s.wrapping_add(v);
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Empties the port's handshake ring (tests and benchmarks resetting a gate
+    /// that carries no traffic, so one case's admissions do not hold the next one's slots).
+    pub fn clear_handshakes(&mut self) {
+        for slot in self.port_configs().unwrap_or_default().values().map(|c| c.slot) {
+            let _ = self.handshakes.set(slot, HandshakeRing::default(), 0);
+        }
     }
 }
 

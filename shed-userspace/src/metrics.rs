@@ -176,24 +176,24 @@ impl Collector for Scrape {
         family(
             &mut e,
             "shed_connections",
-            "Connections by state: established (open), busy (owing an answer), pending (admitted handshakes).",
+            "Connections by state: established (open), busy (owing an answer), pending (handshakes under way).",
             Gauge,
             states,
         )?;
         family(&mut e, "shed_syn", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
-        family(&mut e, "shed_admitted", "SYNs admitted with a fresh reservation.", Counter, per_port(&|s| s.admitted))?;
+        family(&mut e, "shed_admitted", "SYNs admitted.", Counter, per_port(&|s| s.admitted))?;
         let reasons: Vec<(Labels, u64)> = ports
             .iter()
             .flat_map(|p| {
                 let r = &p.stats.rejected_by_reason;
-                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap)]
+                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("late_ack", r.late_ack)]
                     .map(|(reason, n)| (with(port_label(p.stats.port), "reason", reason), n))
             })
             .collect();
         family(
             &mut e,
             "shed_rejected",
-            "SYNs shed by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap). Sheds, not errors.",
+            "SYNs shed by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), late_ack (a handshake completing after its reservation lapsed, while full). Sheds, not errors.",
             Counter,
             reasons,
         )?;
@@ -237,24 +237,62 @@ impl Collector for Scrape {
         family(&mut e, "shed_dry_run", "1 while the port is in dry-run.", Gauge, per_port(&|s| s.dry_run.into()))?;
         family(
             &mut e,
-            "shed_syn_retransmits",
-            "Retransmitted SYNs of a handshake that already holds a reservation.",
+            "shed_not_local",
+            "SYNs to the port not addressed to this namespace (forwarded, or leaving local containers): passed untouched.",
             Counter,
-            per_port(&|s| s.syn_retransmits),
+            per_port(&|s| s.not_local),
         )?;
         family(
             &mut e,
-            "shed_pending_expired",
-            "Reservations whose handshake never completed in time.",
+            "shed_handshakes_lapsed",
+            "Handshake reservations that lapsed without the handshake completing (forged or lost SYNs).",
             Counter,
-            per_port(&|s| s.pending_expired),
+            per_port(&|s| s.handshakes_lapsed),
         )?;
         family(
             &mut e,
-            "shed_reserve_failed",
-            "SYNs passed without a reservation because the pending map was full (fail-open).",
+            "shed_late_completed",
+            "Handshakes that completed after their reservation lapsed (counted from then on).",
             Counter,
-            per_port(&|s| s.reserve_failed),
+            per_port(&|s| s.late_completed),
+        )?;
+        family(
+            &mut e,
+            "shed_late_ack_admitted",
+            "Late handshake-completing ACKs admitted because the port had room.",
+            Counter,
+            per_port(&|s| s.late_ack_admitted),
+        )?;
+        family(
+            &mut e,
+            "shed_ack_check",
+            "1 while handshake-completing ACKs to the port are checked (an admission lapsed recently).",
+            Gauge,
+            per_port(&|s| s.ack_check.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_handshake_window_seconds",
+            "How long an admitted SYN holds its slot at most while its handshake is under way.",
+            Gauge,
+            ports
+                .iter()
+                .map(|p| (port_label(p.stats.port), micros(p.stats.handshake_window_us)))
+                .collect::<Vec<(Labels, f64)>>(),
+        )?;
+        family(
+            &mut e,
+            "shed_rst_suppressed",
+            "Resets withheld because the source cannot be a real client (multicast, broadcast, own address from outside).",
+            Counter,
+            per_port(&|s| s.rst_suppressed),
+        )?;
+        family(
+            &mut e,
+            "shed_client_map_full",
+            "Connections not counted against their client's cap because the client map was full (fail-open).",
+            Counter,
+            per_port(&|s| s.client_map_full),
         )?;
         family(
             &mut e,

@@ -1,14 +1,30 @@
-//! A reference model of the gate's packet decision, written independently of
-//! the kernel code (plain slices, no shared parser or RST builder), for
-//! differential testing: the same frame and state through the model and
-//! through the loaded programs must give the same verdict, the same counter
-//! changes and, for a RST, the same bytes.
+//! A reference model of the gate's packet decision, written from the policy in
+//! docs/ARCHITECTURE.md ("What is judged"), independently of the kernel code
+//! (plain slices, no shared parser or RST builder), for differential testing:
+//! the same frame and state through the model and through the loaded
+//! programs must give the same verdict, the same counter changes and, for a
+//! RST, the same bytes.
 //!
-//! The model covers what the fuzz harness varies: one protected port, its
-//! limit, action, dry-run, tier shares and actions, pre-existing in-flight,
-//! an optional pending reservation for the frame's flow, and a fixed tier
-//! table. Client caps and RST caps are off in the harness.
-use shed_common::{PortConfig, action, counter, tier};
+//! The policy, as the model states it:
+//! - Up to two VLAN tags (802.1Q or 802.1ad) are looked through; a third is not
+//!   a frame for a TCP listener (pass).
+//! - IPv4: a TCP fragment at offset 8 bytes is dropped (RFC 1858); later
+//!   fragments pass (the first carries the flags); a first fragment shorter
+//!   than the 20-byte TCP header is dropped (RFC 3128); one that holds it is judged.
+//! - IPv6: hop-by-hop, routing, destination options, fragment, AH, mobility,
+//!   HIP and shim6 headers are followed, up to 8; a longer chain, or a first
+//!   fragment without the whole TCP header, is dropped; a later fragment passes;
+//!   ESP, no-next-header and other protocols pass.
+//! - TCP: SYN without ACK, RST or FIN is judged; SYN+FIN passes (a Linux
+//!   listener discards it); an ACK is judged only while the port's ACK check is
+//!   on (not modelled: the harness keeps it off).
+//! - Only a SYN addressed to one of the namespace's addresses (or loopback) is
+//!   judged; others count `NOT_LOCAL` and pass.
+//!
+//! The harness varies one protected port, its limit, action, dry-run, tier
+//! shares and actions, pre-existing in-flight, the local addresses and a fixed
+//! tier table. Client caps and RST caps are off in the harness.
+use shed_common::{PortConfig, action, counter, gate_counter, tier};
 
 /// What the model expects the program to do with a frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,8 +43,8 @@ pub struct ModelState {
     pub limit: u32,
     /// In-flight before the frame (established connections, counted as connections).
     pub in_flight: u64,
-    /// Whether the frame's flow already holds a pending reservation.
-    pub pending_hit: bool,
+    /// The namespace's own addresses (IPv4-mapped for IPv4); loopback is always local.
+    pub local: Vec<[u8; 16]>,
     /// Longest-prefix tiers: (prefix length over the mapped address, address, tier).
     pub tiers: Vec<(u32, [u8; 16], u8)>,
 }
@@ -38,6 +54,17 @@ pub struct ModelState {
 pub struct Outcome {
     pub verdict: Expected,
     pub counters: [u64; counter::COUNT],
+    /// Gate-wide counters (see [`gate_counter`]).
+    pub gate: [u64; gate_counter::COUNT],
+}
+
+/// What the policy makes of a frame before any port is looked at.
+enum Frame {
+    Pass,
+    /// Dropped and counted under this gate counter.
+    Refuse(usize),
+    LaterFragment,
+    Syn(Syn),
 }
 
 struct Syn {
@@ -62,44 +89,103 @@ fn mapped(v4: &[u8]) -> [u8; 16] {
     a
 }
 
-fn parse(f: &[u8]) -> Option<Syn> {
-    let mut ethertype = be16(f, 12)?;
-    let mut l3 = 14;
-    if ethertype == 0x8100 || ethertype == 0x88a8 {
-        ethertype = be16(f, 16)?;
-        l3 = 18;
+/// IPv6 extension headers the policy follows, and how long each is.
+fn extension_len(next: u8, hdr: &[u8]) -> Option<usize> {
+    match next {
+        0 | 43 | 60 | 135 | 139 | 140 => Some((usize::from(*hdr.get(1)?) + 1) * 8),
+        51 => Some((usize::from(*hdr.get(1)?) + 2) * 4),
+        44 => Some(8),
+        _ => None,
     }
-    let (l4, v6, client, server) = match ethertype {
+}
+
+/// (where TCP starts, IPv6?, client, server), or what else the frame is.
+fn network(f: &[u8], l3: usize, ethertype: u16) -> Result<(usize, bool, [u8; 16], [u8; 16]), Frame> {
+    match ethertype {
         0x0800 => {
-            let ip = f.get(l3..l3 + 20)?;
+            let ip = f.get(l3..l3 + 20).ok_or(Frame::Pass)?;
             let ihl = usize::from(ip[0] & 0x0f) * 4;
-            if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != 6 || be16(ip, 6)? & 0x3fff != 0 {
-                return None;
+            if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != 6 {
+                return Err(Frame::Pass);
             }
-            (l3 + ihl, false, mapped(&ip[12..16]), mapped(&ip[16..20]))
+            let frag = be16(ip, 6).ok_or(Frame::Pass)?;
+            let offset = frag & 0x1fff;
+            if offset == 1 {
+                return Err(Frame::Refuse(gate_counter::OVERLAP_FRAGMENT));
+            }
+            if offset != 0 {
+                return Err(Frame::LaterFragment);
+            }
+            let more = frag & 0x2000 != 0;
+            if more && usize::from(be16(ip, 2).ok_or(Frame::Pass)?).saturating_sub(ihl) < 20 {
+                return Err(Frame::Refuse(gate_counter::TINY_FRAGMENT));
+            }
+            Ok((l3 + ihl, false, mapped(&ip[12..16]), mapped(&ip[16..20])))
         }
         0x86dd => {
-            let ip = f.get(l3..l3 + 40)?;
-            if ip[0] >> 4 != 6 || ip[6] != 6 {
-                return None;
+            let ip = f.get(l3..l3 + 40).ok_or(Frame::Pass)?;
+            if ip[0] >> 4 != 6 {
+                return Err(Frame::Pass);
             }
-            (l3 + 40, true, ip[8..24].try_into().ok()?, ip[24..40].try_into().ok()?)
+            let payload_end = l3 + 40 + usize::from(be16(ip, 4).ok_or(Frame::Pass)?);
+            let client: [u8; 16] = ip[8..24].try_into().expect("16 bytes");
+            let server: [u8; 16] = ip[24..40].try_into().expect("16 bytes");
+            let (mut next, mut at, mut fragmented) = (ip[6], l3 + 40, false);
+            for _ in 0..8 {
+                if next == 6 {
+                    break;
+                }
+                let hdr = f.get(at..at + 8).ok_or(Frame::Pass)?;
+                let Some(len) = extension_len(next, hdr) else { return Err(Frame::Pass) };
+                if next == 44 {
+                    if be16(hdr, 2).ok_or(Frame::Pass)? >> 3 != 0 {
+                        return Err(Frame::LaterFragment);
+                    }
+                    fragmented = true;
+                }
+                next = hdr[0];
+                at += len;
+            }
+            match next {
+                6 if fragmented && payload_end < at + 20 => Err(Frame::Refuse(gate_counter::TINY_FRAGMENT)),
+                6 => Ok((at, true, client, server)),
+                n if extension_len(n, &[0, 0]).is_some() => Err(Frame::Refuse(gate_counter::IPV6_CHAIN_UNPARSED)),
+                _ => Err(Frame::Pass),
+            }
         }
-        _ => return None,
-    };
-    let tcp = f.get(l4..l4 + 20)?;
-    let flags = tcp[13];
-    if tcp[12] >> 4 < 5 || flags & 0x02 == 0 || flags & 0x10 != 0 || flags & 0x04 != 0 {
-        return None;
+        _ => Err(Frame::Pass),
     }
-    Some(Syn {
+}
+
+fn parse(f: &[u8]) -> Frame {
+    let Some(mut ethertype) = be16(f, 12) else { return Frame::Pass };
+    let mut l3 = 14;
+    for _ in 0..2 {
+        if ethertype != 0x8100 && ethertype != 0x88a8 {
+            break;
+        }
+        let Some(inner) = be16(f, l3 + 2) else { return Frame::Pass };
+        ethertype = inner;
+        l3 += 4;
+    }
+    let (l4, v6, client, server) = match network(f, l3, ethertype) {
+        Ok(n) => n,
+        Err(other) => return other,
+    };
+    let Some(tcp) = f.get(l4..l4 + 20) else { return Frame::Pass };
+    let flags = tcp[13];
+    let (fin, syn, rst, ack) = (flags & 0x01 != 0, flags & 0x02 != 0, flags & 0x04 != 0, flags & 0x10 != 0);
+    if tcp[12] >> 4 < 5 || !syn || ack || rst || fin {
+        return Frame::Pass;
+    }
+    Frame::Syn(Syn {
         l2_len: l3,
         v6,
         client,
         server,
-        client_port: be16(tcp, 0)?,
-        server_port: be16(tcp, 2)?,
-        seq: u32::from_be_bytes(tcp[4..8].try_into().ok()?),
+        client_port: u16::from_be_bytes([tcp[0], tcp[1]]),
+        server_port: u16::from_be_bytes([tcp[2], tcp[3]]),
+        seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
     })
 }
 
@@ -154,23 +240,43 @@ fn rst_reply(frame: &[u8], syn: &Syn) -> Vec<u8> {
     out
 }
 
-/// The flow of a frame's SYN, as the pending map keys it (None: not a SYN).
-pub fn flow_key(frame: &[u8]) -> Option<shed_common::FlowKey> {
-    let syn = parse(frame)?;
-    Some(shed_common::FlowKey {
-        client_addr: syn.client,
-        server_addr: syn.server,
-        client_port: syn.client_port,
-        server_port: syn.server_port,
-    })
+fn is_local(state: &ModelState, addr: &[u8; 16]) -> bool {
+    let loopback_v4 = addr[..12] == mapped(&[0; 4])[..12] && addr[12] == 127;
+    let loopback_v6 = *addr == std::net::Ipv6Addr::LOCALHOST.octets();
+    loopback_v4 || loopback_v6 || state.local.contains(addr)
+}
+
+/// Whether a reset may go to `client` (the frame arrives from outside, not on loopback).
+fn answerable(state: &ModelState, client: &[u8; 16]) -> bool {
+    let special = match std::net::Ipv6Addr::from(*client).to_ipv4_mapped() {
+        Some(v4) => v4.is_multicast() || v4.is_broadcast() || v4.is_unspecified() || v4.octets()[0] >= 240,
+        None => client[0] == 0xff || client == &[0; 16],
+    };
+    !special && !is_local(state, client)
 }
 
 /// What the gate should do with `frame` in `state`.
 pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     let mut counters = [0u64; counter::COUNT];
-    let pass = |counters| Outcome { verdict: Expected::Pass, counters };
-    let Some(syn) = parse(frame) else { return pass(counters) };
+    let mut gate = [0u64; gate_counter::COUNT];
+    let syn = match parse(frame) {
+        Frame::Syn(syn) => syn,
+        Frame::Pass => return Outcome { verdict: Expected::Pass, counters, gate },
+        Frame::LaterFragment => {
+            gate[gate_counter::LATER_FRAGMENT] += 1;
+            return Outcome { verdict: Expected::Pass, counters, gate };
+        }
+        Frame::Refuse(why) => {
+            gate[why] += 1;
+            return Outcome { verdict: Expected::Drop, counters, gate };
+        }
+    };
+    let pass = |counters| Outcome { verdict: Expected::Pass, counters, gate };
     if syn.server_port != state.port {
+        return pass(counters);
+    }
+    if !is_local(state, &syn.server) {
+        counters[counter::NOT_LOCAL] += 1;
         return pass(counters);
     }
     let c = &state.config;
@@ -180,10 +286,6 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     if t == tier::EXEMPT {
         counters[counter::EXEMPT] += 1;
         counters[counter::ADMITTED_BY_TIER + t as usize] += 1;
-        return pass(counters);
-    }
-    if state.pending_hit {
-        counters[counter::SYN_RETRANSMIT] += 1;
         return pass(counters);
     }
     let share = if c.tiered == 0 { 1000 } else { u64::from(c.share_permille[t as usize]) };
@@ -202,10 +304,14 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
             let act =
                 if c.tier_action[t as usize] != tier::ACTION_DEFAULT { c.tier_action[t as usize] } else { c.action };
             if act != action::RST {
-                return Outcome { verdict: Expected::Drop, counters };
+                return Outcome { verdict: Expected::Drop, counters, gate };
+            }
+            if !answerable(state, &syn.client) {
+                counters[counter::RST_SUPPRESSED] += 1;
+                return Outcome { verdict: Expected::Drop, counters, gate };
             }
             counters[counter::RST_SENT] += 1;
-            return Outcome { verdict: Expected::Rst(rst_reply(frame, &syn)), counters };
+            return Outcome { verdict: Expected::Rst(rst_reply(frame, &syn)), counters, gate };
         }
         counters[counter::DRY_RUN_WOULD_REJECT] += 1;
     }

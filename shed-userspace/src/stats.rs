@@ -20,6 +20,8 @@ pub struct RejectedByReason {
     pub share: u64,
     /// The client already held its cap.
     pub client_cap: u64,
+    /// A handshake-completing ACK whose reservation had lapsed, while the port was full.
+    pub late_ack: u64,
 }
 
 /// A client and what it holds against the cap.
@@ -49,15 +51,25 @@ pub struct TierStats {
 pub struct PortStats {
     pub port: u16,
     pub limit: u32,
-    /// What the limit applies to: pending handshakes plus busy connections (`work`)
-    /// or plus established ones (`connections`).
+    /// What the limit applies to: handshakes under way (`pending`) plus busy
+    /// connections (`work`) or plus established ones (`connections`).
     pub in_flight: u64,
     pub count: Count,
     /// Open (established) connections.
     pub established: u64,
     /// Connections owing an answer.
     pub busy: u64,
+    /// Handshakes admitted and not yet established, within the handshake window.
     pub pending: u64,
+    /// How long an admitted SYN holds its reservation at most (the handshake
+    /// window): about three times the measured handshake time, or `--handshake-window`.
+    pub handshake_window_us: u64,
+    /// Measured handshake time (admitted SYN to established), recent windows.
+    pub handshake_p50_us: u64,
+    pub handshake_p99_us: u64,
+    /// Whether handshake-completing ACKs are checked (an admission lapsed recently,
+    /// so a late completion could otherwise overshoot the limit).
+    pub ack_check: bool,
     pub algo: Algo,
     pub min_limit: u32,
     pub max_limit: u32,
@@ -86,9 +98,9 @@ pub struct PortStats {
     /// Why the controller set the limit it set last window (null before the first window).
     pub last_decision: Option<Reason>,
     pub previous_limit: u32,
-    /// SYNs admitted with a fresh reservation (cumulative).
+    /// SYNs admitted (cumulative).
     pub admitted: u64,
-    /// SYNs rejected, all reasons (cumulative).
+    /// SYNs and late handshake-completing ACKs rejected, all reasons (cumulative).
     pub rejected: u64,
     pub rejected_by_reason: RejectedByReason,
     /// Per client tier: exempt, critical, normal, low.
@@ -104,7 +116,13 @@ pub struct PortStats {
     /// Dry-run only: SYNs enforce mode would have rejected (they were admitted).
     pub would_reject: u64,
     pub syn_seen: u64,
-    pub syn_retransmits: u64,
+    /// SYNs to the port not addressed to this namespace (forwarded, or leaving
+    /// local containers): passed untouched.
+    pub not_local: u64,
+    /// Handshakes that completed after their reservation lapsed (counted all the same).
+    pub late_completed: u64,
+    /// Late handshake-completing ACKs admitted because the port had room.
+    pub late_ack_admitted: u64,
     pub rst_sent: u64,
     pub rst_failed: u64,
     /// Rejected SYNs dropped instead of answered because an RST cap was reached.
@@ -112,10 +130,14 @@ pub struct PortStats {
     /// The RST caps, per second (0: none).
     pub rst_rate: u32,
     pub rst_prefix_rate: u32,
-    /// SYNs passed without a reservation because the pending map was full.
-    pub reserve_failed: u64,
-    /// Reservations whose handshake never completed in time.
-    pub pending_expired: u64,
+    /// Resets withheld because the source cannot be a real client (multicast,
+    /// broadcast, unspecified, or this host's own address from outside).
+    pub rst_suppressed: u64,
+    /// Connections not counted against their client's cap because the client map was full.
+    pub client_map_full: u64,
+    /// Handshake reservations that lapsed without the handshake completing
+    /// (forged or lost SYNs), cumulative.
+    pub handshakes_lapsed: u64,
     /// Connections the daemon corrected against the kernel's socket table (missed events).
     pub drift_corrected: u64,
     /// Rates over the sampling interval; null when only one sample was taken.
@@ -142,6 +164,10 @@ impl PortStats {
             established: now.established(),
             busy: now.busy(),
             pending: now.pending(),
+            handshake_window_us: now.handshake_window_us(),
+            handshake_p50_us: now.status.handshake_p50_us,
+            handshake_p99_us: now.status.handshake_p99_us,
+            ack_check: now.ack_check,
             algo: Algo::from_raw(now.control.algo),
             min_limit: now.control.min_limit,
             max_limit: now.control.max_limit,
@@ -164,13 +190,12 @@ impl PortStats {
             last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
             previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),
-            rejected: now.counter(counter::REJECTED_LIMIT)
-                + now.counter(counter::REJECTED_SHARE)
-                + now.counter(counter::REJECTED_CLIENT_CAP),
+            rejected: REJECTIONS.iter().map(|&c| now.counter(c)).sum(),
             rejected_by_reason: RejectedByReason {
                 limit: now.counter(counter::REJECTED_LIMIT),
                 share: now.counter(counter::REJECTED_SHARE),
                 client_cap: now.counter(counter::REJECTED_CLIENT_CAP),
+                late_ack: now.counter(counter::LATE_ACK_REJECTED),
             },
             client_cap: now.config.client_cap,
             top_clients: Vec::new(),
@@ -197,24 +222,28 @@ impl PortStats {
             dry_run: now.config.dry_run != 0,
             would_reject: now.counter(counter::DRY_RUN_WOULD_REJECT),
             syn_seen: now.counter(counter::SYN_SEEN),
-            syn_retransmits: now.counter(counter::SYN_RETRANSMIT),
+            not_local: now.counter(counter::NOT_LOCAL),
+            late_completed: now.counter(counter::LATE_COMPLETED),
+            late_ack_admitted: now.counter(counter::LATE_ACK_ADMITTED),
             rst_sent: now.counter(counter::RST_SENT),
             rst_failed: now.counter(counter::RST_FAILED),
             rst_rate_limited: now.counter(counter::RST_RATE_LIMITED),
             rst_rate: now.config.rst_per_sec,
             rst_prefix_rate: now.config.rst_per_prefix_per_sec,
-            reserve_failed: now.counter(counter::RESERVE_FAILED),
-            pending_expired: now.user.pending_expired,
+            rst_suppressed: now.counter(counter::RST_SUPPRESSED),
+            client_map_full: now.counter(counter::CLIENT_MAP_FULL),
+            handshakes_lapsed: now.handshakes_lapsed(),
             drift_corrected: now.user.drift_corrected,
             syn_per_sec: rate(counter::SYN_SEEN),
             admitted_per_sec: rate(counter::ADMITTED),
-            rejected_per_sec: rate(counter::REJECTED_LIMIT)
-                .zip(rate(counter::REJECTED_SHARE))
-                .zip(rate(counter::REJECTED_CLIENT_CAP))
-                .map(|((a, b), c)| a + b + c),
+            rejected_per_sec: REJECTIONS.iter().map(|&c| rate(c)).sum(),
         }
     }
 }
+
+/// The counters whose sum is `rejected`.
+const REJECTIONS: [usize; 4] =
+    [counter::REJECTED_LIMIT, counter::REJECTED_SHARE, counter::REJECTED_CLIENT_CAP, counter::LATE_ACK_REJECTED];
 
 /// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
 /// its label in the metrics and its text in `top`.
@@ -259,8 +288,8 @@ pub fn listen_drops(netstat: &str) -> Option<u64> {
 mod tests {
     use super::*;
     use shed_common::{
-        ControlConfig, ControlStatus, PortConfig, PortCounters, PortState, TierReserve, UserPortState, action,
-        count_mode,
+        ControlConfig, ControlStatus, HandshakeCell, HandshakeRing, PortConfig, PortCounters, PortState, TierReserve,
+        UserPortState, action, count_mode,
     };
 
     fn snapshot(admitted: u64, rejected: u64) -> PortSnapshot {
@@ -279,8 +308,17 @@ mod tests {
                 reason: Reason::Grow.to_raw(),
                 ..ControlStatus::default()
             },
-            state: PortState { opened: 7, closed: 2, reserved: 9, released: 6, busy_enter: 4, busy_exit: 3 },
-            user: UserPortState { pending_expired: 1, ..UserPortState::default() },
+            state: PortState { opened: 7, closed: 2, busy_enter: 4, busy_exit: 3 },
+            user: UserPortState { handshake_shift: 20, ..UserPortState::default() },
+            ring: {
+                // Epoch 100 at shift 20: one live cell with 2 open, one lapsed cell with 1.
+                let mut ring = HandshakeRing { lapsed: 4, ..HandshakeRing::default() };
+                ring.cells[0] = HandshakeCell { epoch: 100, admitted: 5, completed: 3 };
+                ring.cells[1] = HandshakeCell { epoch: 97, admitted: 1, completed: 0 };
+                ring
+            },
+            now_ns: 100 << 20,
+            ack_check: true,
             counters,
         }
     }
@@ -291,6 +329,7 @@ mod tests {
         let now = snapshot(9, 30);
         let stats = PortStats::new(&now, Some((&before, Duration::from_secs(2))));
         assert_eq!((stats.established, stats.busy, stats.pending, stats.in_flight), (5, 1, 2, 7));
+        assert_eq!((stats.handshakes_lapsed, stats.handshake_window_us, stats.ack_check), (5, (4 << 20) / 1000, true));
         assert_eq!((stats.baseline_us, stats.last_decision), (900, Some(Reason::Grow)));
         assert_eq!((stats.admitted, stats.rejected, stats.rejected_by_reason.limit), (9, 30, 30));
         assert_eq!(stats.admitted_per_sec, Some(2.0));

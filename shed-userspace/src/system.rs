@@ -2,6 +2,7 @@
 //! privileges, mounted filesystems, interfaces, the tracepoint's layout, and
 //! the network namespace to work in.
 use std::{
+    collections::BTreeMap,
     ffi::{CStr, CString},
     fs,
     os::fd::AsRawFd,
@@ -152,14 +153,80 @@ pub fn interfaces() -> Vec<String> {
     names
 }
 
-/// Fails with a clear error for an interface that does not exist here.
+/// Fails with a clear error for an interface that does not exist here, or
+/// whose frames do not start with an Ethernet header (the parser would not
+/// find the SYNs in them: they would pass unjudged).
 pub fn check_interface(name: &str) -> Result<(), Error> {
     let c = CString::new(name).map_err(|_| Error::UnknownInterface { name: name.to_owned() })?;
     // SAFETY: valid C string.
     if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
         return Err(Error::UnknownInterface { name: name.to_owned() });
     }
-    Ok(())
+    match link_type(name) {
+        Some(ARPHRD_ETHER | ARPHRD_LOOPBACK) | None => Ok(()),
+        Some(link_type) => Err(Error::NotEthernet { name: name.to_owned(), link_type }),
+    }
+}
+
+const ARPHRD_ETHER: u32 = 1;
+const ARPHRD_LOOPBACK: u32 = 772;
+
+/// The interface's ARPHRD link type, from sysfs (`None` if it cannot be read).
+pub fn link_type(name: &str) -> Option<u32> {
+    fs::read_to_string(format!("/sys/class/net/{name}/type")).ok()?.trim().parse().ok()
+}
+
+/// The namespace's own addresses, as the gate keys them (IPv4-mapped for IPv4):
+/// every interface address, and the IPv4 broadcast addresses.
+pub fn local_addresses() -> Result<BTreeMap<[u8; 16], u8>, Error> {
+    use shed_common::local_addr::{BROADCAST, UNICAST};
+    let mut out = BTreeMap::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the list is freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(Error::io("list addresses", "getifaddrs", std::io::Error::last_os_error()));
+    }
+    let mut entry = list;
+    // SAFETY: walking the list getifaddrs returned; sockaddrs are read by their family.
+    unsafe {
+        while !entry.is_null() {
+            let ifa = &*entry;
+            entry = ifa.ifa_next;
+            let Some(addr) = sockaddr_bytes(ifa.ifa_addr) else { continue };
+            out.insert(addr, UNICAST);
+            if ifa.ifa_flags & libc::IFF_BROADCAST as u32 != 0
+                && let Some(broadcast) = sockaddr_bytes(ifa.ifa_ifu)
+                && broadcast != addr
+            {
+                out.entry(broadcast).or_insert(BROADCAST);
+            }
+        }
+        libc::freeifaddrs(list);
+    }
+    // The limited broadcast is nobody's client either.
+    out.entry(shed_common::ipv4_mapped([255; 4])).or_insert(BROADCAST);
+    Ok(out)
+}
+
+/// An IPv4 (mapped) or IPv6 address out of a sockaddr, if it is one.
+///
+/// # Safety
+/// `sa` is null or points to a sockaddr of the size its family implies.
+unsafe fn sockaddr_bytes(sa: *const libc::sockaddr) -> Option<[u8; 16]> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; the family says which struct it is.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let v4 = &*sa.cast::<libc::sockaddr_in>();
+                Some(shed_common::ipv4_mapped(v4.sin_addr.s_addr.to_ne_bytes()))
+            }
+            libc::AF_INET6 => Some((*sa.cast::<libc::sockaddr_in6>()).sin6_addr.s6_addr),
+            _ => None,
+        }
+    }
 }
 
 /// The kernel driver behind an interface ("veth", "virtio_net", ...), from ETHTOOL_GDRVINFO.
@@ -235,6 +302,14 @@ pub fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
 }
 
 /// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.
+/// The kernel's monotonic clock in ns (what `bpf_ktime_get_ns` reads).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.

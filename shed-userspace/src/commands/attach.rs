@@ -8,7 +8,7 @@ use crate::{
     cli::AttachArgs,
     config,
     control::Algo,
-    daemon::{self, DaemonLock, LoopSettings, PinGuard},
+    daemon::{self, DaemonLock, FollowInterfaces, LoopSettings, PinGuard},
     gate::{Loaded, default_hook},
     input::Hook,
     maps::{self, PortSpec},
@@ -17,7 +17,7 @@ use crate::{
     tiers,
 };
 
-/// Longest control-loop period: the clock resolution of pending reservations.
+/// Longest control-loop period.
 const TICK: Duration = Duration::from_millis(100);
 
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
@@ -73,7 +73,6 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
     let _pins = PinGuard;
     let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
-    loaded.maps.set_clock(system::monotonic_ms())?;
     let spec = PortSpec {
         client_cap: args.client_cap,
         client_prefix_v6: args.client_prefix_v6,
@@ -93,6 +92,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
         ),
     }
+    // Before any gate: only SYNs addressed to these are judged.
+    daemon::refresh_local_addrs(&mut loaded.maps)?;
     loaded.attach_accounting()?;
     for (iface, hook) in &targets {
         loaded.attach_gate(iface, *hook, args.xdp_mode)?;
@@ -119,8 +120,13 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let tick = TICK.min(args.window);
-    runtime
-        .block_on(daemon::run(&mut loaded, LoopSettings { tick, pending_timeout: args.pending_timeout, decisions }))?;
+    let follow_interfaces = args.ifaces.is_empty().then(|| FollowInterfaces {
+        hook: args.hook,
+        xdp_mode: args.xdp_mode,
+        seen: system::interfaces(),
+    });
+    let settings = LoopSettings { tick, handshake_window: args.handshake_window, decisions, follow_interfaces };
+    runtime.block_on(daemon::run(&mut loaded, settings))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");
     Ok(())
@@ -147,7 +153,14 @@ fn targets(ifaces: &[String], hook: Option<Hook>) -> Result<Vec<(String, Hook)>,
     };
     let mut targets = Vec::new();
     for iface in chosen {
-        system::check_interface(&iface)?;
+        match system::check_interface(&iface) {
+            // The whole namespace: an interface without Ethernet framing is left out, loudly.
+            Err(e @ Error::NotEthernet { .. }) if ifaces.is_empty() => {
+                tracing::warn!("not gated: {e}");
+                continue;
+            }
+            other => other?,
+        }
         if !targets.iter().any(|(i, _)| *i == iface) {
             let hook = hook.unwrap_or_else(|| default_hook(&iface));
             targets.push((iface, hook));

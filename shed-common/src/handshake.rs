@@ -1,0 +1,208 @@
+//! Handshake accounting without per-flow map inserts.
+//!
+//! An unverified SYN must not buy a slot for long: a forged source never
+//! completes its handshake, so whatever it reserves has to lapse by itself,
+//! within about one handshake time. Each port therefore keeps a small ring of
+//! epoch cells ([`HandshakeRing`]): an admitted SYN adds one to the current
+//! epoch's `admitted`; a completed handshake adds one to its admission epoch's
+//! `completed`; only the last [`LIVE_EPOCHS`] epochs count. The epoch length
+//! is `2^shift` ns, set by the daemon from the measured handshake time (see
+//! [`shift_for_window`]), so a reservation lives between `3 * 2^shift` and
+//! `4 * 2^shift` ns. A connection is counted for real when the kernel confirms
+//! it (the socket becomes ESTABLISHED); the ring only bounds bursts of SYNs
+//! whose handshakes are still under way.
+//!
+//! [`HandshakeStamp`]s, one array slot per flow hash and port, remember when
+//! and in which epoch a flow was admitted, so its completion releases the
+//! right cell and yields the handshake time. A stamp can be overwritten by a
+//! colliding flow; its completion then releases nothing, and the admission
+//! lapses with its epoch (counting a little too much, never too little).
+
+/// Cells per ring.
+pub const RING: usize = 4;
+/// Epochs whose admissions still count: the current one and the three before.
+pub const LIVE_EPOCHS: u64 = RING as u64;
+/// Stamps per port (a power of two).
+pub const STAMPS_PER_PORT: u32 = 1024;
+/// Shortest epoch shift: 2^18 ns = 262 us (handshake windows of about 1 ms).
+pub const MIN_SHIFT: u32 = 18;
+/// Longest: 2^29 ns = 537 ms (windows of about 2 s, for very distant clients).
+pub const MAX_SHIFT: u32 = 29;
+/// Until the daemon has measured handshakes: 2^23 ns = 8.4 ms (windows of about 30 ms).
+pub const DEFAULT_SHIFT: u32 = 23;
+
+/// One epoch's handshakes. Both counters only grow while the epoch lives; the
+/// first admission of a later epoch that maps to the same cell resets it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandshakeCell {
+    pub epoch: u64,
+    pub admitted: u64,
+    pub completed: u64,
+}
+
+/// A port's handshakes in flight. Kernel-written (atomics); read by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandshakeRing {
+    pub cells: [HandshakeCell; RING],
+    /// Admissions that lapsed without completing, summed as their cells are reused.
+    pub lapsed: u64,
+    pub _pad: u64,
+}
+const _: () = assert!(core::mem::size_of::<HandshakeRing>() == 24 * RING + 16);
+
+/// Whether a cell of `cell_epoch` still counts at `now_epoch`.
+#[inline(always)]
+pub const fn live(cell_epoch: u64, now_epoch: u64) -> bool {
+    cell_epoch <= now_epoch && now_epoch - cell_epoch < LIVE_EPOCHS
+}
+
+impl HandshakeRing {
+    /// Admitted and not yet completed handshakes of the live epochs.
+    #[inline(always)]
+    pub fn outstanding(&self, now_epoch: u64) -> u64 {
+        let mut sum = 0;
+        let mut i = 0;
+        while i < RING {
+            let c = &self.cells[i];
+            if live(c.epoch, now_epoch) {
+                sum += c.admitted.saturating_sub(c.completed);
+            }
+            i += 1;
+        }
+        sum
+    }
+
+    /// Admissions in cells whose epoch has ended without them completing
+    /// (not yet folded into `lapsed`): the handshakes that would now complete late.
+    #[inline(always)]
+    pub fn lapsed_unfolded(&self, now_epoch: u64) -> u64 {
+        let mut sum = 0;
+        let mut i = 0;
+        while i < RING {
+            let c = &self.cells[i];
+            if !live(c.epoch, now_epoch) {
+                sum += c.admitted.saturating_sub(c.completed);
+            }
+            i += 1;
+        }
+        sum
+    }
+}
+
+/// Cell index of an epoch.
+#[inline(always)]
+pub const fn cell_of(epoch: u64) -> usize {
+    (epoch as usize) & (RING - 1)
+}
+
+/// The epoch shift that makes a reservation live at least `window_ns`
+/// (three full epochs), clamped to [`MIN_SHIFT`]..=[`MAX_SHIFT`].
+pub const fn shift_for_window(window_ns: u64) -> u32 {
+    let mut shift = MIN_SHIFT;
+    while shift < MAX_SHIFT && (3u64 << shift) < window_ns {
+        shift += 1;
+    }
+    shift
+}
+
+/// Where a flow was admitted. `flow` is the flow hash (never 0 for a used stamp).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandshakeStamp {
+    pub flow: u32,
+    /// One of [`stamp_state`].
+    pub state: u32,
+    /// The epoch whose cell holds the reservation.
+    pub epoch: u64,
+    /// When the SYN was admitted (ns, kernel monotonic clock).
+    pub syn_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<HandshakeStamp>() == 24);
+
+pub mod stamp_state {
+    /// The handshake holds a reservation in the cell of its epoch.
+    pub const ADMITTED: u32 = 1;
+    /// The handshake completed (its reservation was released).
+    pub const COMPLETED: u32 = 2;
+}
+
+/// A 32-bit hash of a flow (never 0). Mixes the addresses as 32-bit words
+/// (IPv4-mapped addresses share their first three words, so they add nothing).
+#[inline(always)]
+pub fn flow_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server_port: u16) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let mut i = 0;
+    while i < 16 {
+        let c = u32::from_ne_bytes([client[i], client[i + 1], client[i + 2], client[i + 3]]);
+        let s = u32::from_ne_bytes([server[i], server[i + 1], server[i + 2], server[i + 3]]);
+        h = (h ^ c).wrapping_mul(0x9e37_79b1).rotate_left(13);
+        h = (h ^ s).wrapping_mul(0x85eb_ca77).rotate_left(15);
+        i += 4;
+    }
+    h ^= (u32::from(client_port) << 16) | u32::from(server_port);
+    h = (h ^ (h >> 16)).wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    // 0 marks an unused stamp.
+    if h == 0 { 1 } else { h }
+}
+
+/// Index of a flow's stamp: the port's own block, so one port's flood cannot
+/// overwrite another port's stamps.
+#[inline(always)]
+pub const fn stamp_index(slot: u32, hash: u32) -> u32 {
+    slot * STAMPS_PER_PORT + (hash & (STAMPS_PER_PORT - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_live_cells_count() {
+        let mut ring = HandshakeRing::default();
+        ring.cells[cell_of(100)] = HandshakeCell { epoch: 100, admitted: 5, completed: 2 };
+        ring.cells[cell_of(101)] = HandshakeCell { epoch: 101, admitted: 1, completed: 0 };
+        ring.cells[cell_of(98)] = HandshakeCell { epoch: 98, admitted: 7, completed: 7 };
+        assert_eq!(ring.outstanding(101), 4);
+        assert_eq!(ring.outstanding(103), 4, "epoch 100 still lives at 103");
+        assert_eq!(ring.outstanding(104), 1, "epoch 100 lapsed at 104");
+        assert_eq!(ring.lapsed_unfolded(104), 3);
+        assert_eq!(ring.outstanding(105), 0);
+        assert_eq!(ring.outstanding(99), 0, "cells from the future (a shorter epoch) do not count");
+        // A late completion (completed > admitted) never counts below zero.
+        ring.cells[cell_of(101)].completed = 3;
+        assert_eq!(ring.outstanding(101), 3);
+    }
+
+    #[test]
+    fn windows_map_to_shifts() {
+        assert_eq!(shift_for_window(0), MIN_SHIFT);
+        assert_eq!(shift_for_window(3 << 20), 20);
+        assert_eq!(shift_for_window((3 << 20) + 1), 21);
+        assert_eq!(shift_for_window(u64::MAX), MAX_SHIFT);
+        for w in [1u64, 500_000, 3_000_000, 40_000_000, 1_000_000_000] {
+            let s = shift_for_window(w);
+            assert!((3u64 << s) >= w.min(3 << MAX_SHIFT), "{w} -> {s}");
+            assert!(s == MIN_SHIFT || (3u64 << (s - 1)) < w, "{w} -> {s} is not the smallest");
+        }
+    }
+
+    #[test]
+    fn flow_hashes_spread_and_are_never_zero() {
+        let v4 = |last: u8| crate::ipv4_mapped([10, 0, 0, last]);
+        let mut seen = std::collections::HashSet::new();
+        let mut slots = std::collections::HashSet::new();
+        for port in 1000..3000u16 {
+            let h = flow_hash(&v4(1), &v4(2), port, 80);
+            assert_ne!(h, 0);
+            seen.insert(h);
+            slots.insert(h & (STAMPS_PER_PORT - 1));
+        }
+        assert_eq!(seen.len(), 2000, "distinct flows, distinct hashes");
+        assert!(slots.len() > 800, "2000 flows fill most of 1024 stamps: {}", slots.len());
+        assert_ne!(flow_hash(&v4(1), &v4(2), 1, 2), flow_hash(&v4(2), &v4(1), 1, 2));
+        assert_eq!(stamp_index(3, 0xffff_ffff), 3 * STAMPS_PER_PORT + STAMPS_PER_PORT - 1);
+    }
+}

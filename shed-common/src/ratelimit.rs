@@ -1,0 +1,86 @@
+//! RST caps as a GCRA (generic cell rate algorithm): one 64-bit "theoretical
+//! arrival time" per bucket, so the kernel can update it with a single
+//! compare-and-swap and the cap holds exactly when CPUs race.
+//!
+//! A bucket of `rate` per second allows a burst of `rate` and then `rate` per
+//! second: over any span of `t` seconds at most `rate + rate * t` replies.
+
+const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// The bucket's next value if one more reply is allowed at `now_ns`, else `None`.
+/// `tat` 0 is a bucket never used (full).
+#[inline(always)]
+pub const fn gcra_take(tat: u64, now_ns: u64, rate: u32) -> Option<u64> {
+    if rate == 0 {
+        return None;
+    }
+    let interval = NS_PER_SEC / rate as u64;
+    // The burst: `rate` replies at once, i.e. up to one second ahead of now.
+    let tolerance = NS_PER_SEC - interval;
+    let start = if tat > now_ns { tat } else { now_ns };
+    if start - now_ns > tolerance {
+        return None;
+    }
+    Some(start + interval)
+}
+
+/// Index of a source prefix's bucket in the port's block of the prefix-bucket array.
+/// Colliding prefixes share a bucket: they get less, never more, than the cap.
+#[inline(always)]
+pub fn prefix_bucket_index(slot: u32, prefix: &[u8; 16]) -> u32 {
+    let h = crate::handshake::flow_hash(prefix, prefix, slot as u16, 0);
+    slot * PREFIX_BUCKETS_PER_PORT + (h & (PREFIX_BUCKETS_PER_PORT - 1))
+}
+
+/// Prefix buckets per port (a power of two).
+pub const PREFIX_BUCKETS_PER_PORT: u32 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use std::vec::Vec;
+
+    use super::*;
+
+    /// Replies allowed over `steps` attempts spaced `gap_ns` apart.
+    fn allowed(rate: u32, start: u64, gap_ns: u64, steps: u64) -> u64 {
+        let mut tat = 0;
+        let mut n = 0;
+        for i in 0..steps {
+            if let Some(next) = gcra_take(tat, start + i * gap_ns, rate) {
+                tat = next;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn burst_then_rate() {
+        assert_eq!(allowed(3, 1_000, 0, 10), 3, "a burst of the rate at once");
+        // 10 attempts per ms for 2 s at 5/s: the burst of 5, then 5 per second.
+        let n = allowed(5, 7, 100_000, 20_000);
+        assert!((14..=15).contains(&n), "{n}");
+        assert_eq!(gcra_take(0, 5, 0), None, "rate 0 allows nothing (the caller skips the check)");
+        assert_eq!(allowed(2_000_000_000, 0, 0, 100), 100, "rates above 1e9/s do not limit");
+    }
+
+    #[test]
+    fn never_more_than_the_cap_in_any_second() {
+        let rate = 7;
+        let mut tat = 0;
+        let mut times = Vec::new();
+        for i in 0..50_000u64 {
+            let now = 1_000_000_000 + i * 97_003;
+            if let Some(next) = gcra_take(tat, now, rate) {
+                tat = next;
+                times.push(now);
+            }
+        }
+        for (i, &t) in times.iter().enumerate() {
+            let in_second = times[i..].iter().take_while(|&&u| u < t + 1_000_000_000).count();
+            assert!(in_second <= 2 * rate as usize, "{in_second} in one second");
+        }
+        let tail = times.iter().filter(|&&t| t >= 2_000_000_000 && t < 4_000_000_000).count();
+        assert!((13..=15).contains(&tail), "steady state is the rate: {tail} in 2 s");
+    }
+}
