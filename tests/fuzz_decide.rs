@@ -11,13 +11,31 @@ use shed::{
     model::{self, Expected, ModelState},
     tiers::parse_cidr,
 };
-use shed_common::{ControlConfig, PortCounters, PortState, UserPortState, action, count_mode, counter, tier};
+use shed_common::{
+    ControlConfig, GateCounters, HandshakeRing, PortCounters, PortState, UserPortState, action, count_mode, counter,
+    gate_counter, ipv4_mapped, local_addr, tier,
+};
 
 const PORT: u16 = 8080;
 
+/// The namespace's own addresses in the harness; the generator also sends to others.
+const LOCAL_V4: [u8; 4] = [10, 200, 0, 1];
+const LOCAL_V6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
 #[derive(Clone, Debug)]
 struct FrameSpec {
+    /// An outer 802.1ad tag (QinQ), before `vlan`; a third tag with `extra_tag`.
+    outer_vlan: Option<u16>,
     vlan: Option<u16>,
+    extra_tag: bool,
+    /// IPv6 extension headers before `v6_next` (values, lengths in 8-byte units).
+    v6_chain: Vec<(u8, u8)>,
+    /// Fragment header offset-and-flags, for a 44 in the chain.
+    v6_frag: u16,
+    /// Send to a local address (else a forwarded one).
+    to_local: bool,
+    /// IPv4 total length / IPv6 payload length shortened by this many bytes (tiny fragments).
+    short_by: u8,
     /// 0: IPv4, 1: IPv6, 2: ARP, 3: anything
     family: u8,
     ether_other: u16,
@@ -40,13 +58,32 @@ struct FrameSpec {
 }
 
 fn frame_spec() -> impl Strategy<Value = FrameSpec> {
-    let addr_v4 = prop_oneof![Just([10, 1, 2, 3]), Just([10, 1, 9, 9]), Just([10, 200, 0, 1]), any::<[u8; 4]>(),];
+    let addr_v4 = prop_oneof![
+        Just([10, 1, 2, 3]),
+        Just([10, 1, 9, 9]),
+        Just(LOCAL_V4),
+        Just([224, 0, 0, 5]),
+        Just([255, 255, 255, 255]),
+        Just([127, 0, 0, 1]),
+        any::<[u8; 4]>(),
+    ];
     let addr_v6 = prop_oneof![
         Just([0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]),
         Just([0x20, 0x01, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]),
+        Just(LOCAL_V6),
+        Just([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
         any::<[u8; 16]>(),
     ];
-    (
+    let ext = (prop_oneof![Just(0u8), Just(43), Just(44), Just(60), Just(51), Just(135), Just(50), Just(59)], 0u8..3);
+    let headers = (
+        prop::option::weighted(0.15, any::<u16>()),
+        prop::bool::weighted(0.05),
+        prop::collection::vec(ext, 0..11),
+        prop_oneof![Just(0u16), Just(1), Just(0x10), Just(0x11), any::<u16>()],
+        prop::bool::weighted(0.85),
+        prop_oneof![8 => Just(0u8), 1 => 1u8..30],
+    );
+    (headers, (
         (
             prop::option::weighted(0.2, any::<u16>()),
             prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
@@ -63,18 +100,27 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
         ),
         (addr_v4, addr_v6, prop::bool::weighted(0.8), any::<u16>(), any::<u16>(), any::<u32>()),
         (prop_oneof![6 => Just(10u8), 2 => Just(5u8), 2 => 0u8..16], prop_oneof![6 => Just(0x02u8), 4 => any::<u8>()]),
-        (prop::collection::vec(any::<u8>(), 0..48), prop::option::weighted(0.3, 0usize..120)),
-    )
+        (prop::collection::vec(any::<u8>(), 0..48), prop::option::weighted(0.3, 0usize..160)),
+    ))
         .prop_map(
             |(
+                (outer_vlan, extra_tag, v6_chain, v6_frag, to_local, short_by),
+                (
                 (vlan, family, ether_other),
                 (version_ok, ihl, ip_proto),
                 (frag, v6_next),
                 (client_v4, client_v6, dport_protected, dport_other, sport, seq),
                 (doff, flags),
                 (payload, cut),
+                ),
             )| FrameSpec {
+                outer_vlan,
                 vlan,
+                extra_tag,
+                v6_chain,
+                v6_frag,
+                to_local,
+                short_by,
                 family,
                 ether_other,
                 version_ok,
@@ -98,9 +144,16 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
 
 fn build(s: &FrameSpec) -> Vec<u8> {
     let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    if let Some(tci) = s.outer_vlan {
+        f.extend_from_slice(&[0x88, 0xa8]);
+        f.extend_from_slice(&tci.to_be_bytes());
+    }
     if let Some(tci) = s.vlan {
         f.extend_from_slice(&[0x81, 0x00]);
         f.extend_from_slice(&tci.to_be_bytes());
+    }
+    if s.extra_tag {
+        f.extend_from_slice(&[0x81, 0x00, 0, 9]);
     }
     let ether = match s.family {
         0 => 0x0800,
@@ -118,11 +171,35 @@ fn build(s: &FrameSpec) -> Vec<u8> {
     tcp.extend_from_slice(&[0, 0, 0, 0, s.doff << 4, s.flags, 0xfa, 0xf0, 0, 0, 0, 0]);
     tcp.resize(tcp_len, 1);
     if s.family == 1 {
+        let mut chain = Vec::new();
+        for (i, &(kind, len)) in s.v6_chain.iter().enumerate() {
+            let next = s.v6_chain.get(i + 1).map_or(s.v6_next, |e| e.0);
+            let start = chain.len();
+            match kind {
+                44 => {
+                    chain.extend_from_slice(&[next, 0]);
+                    chain.extend_from_slice(&s.v6_frag.to_be_bytes());
+                    chain.extend_from_slice(&[0, 0, 0, 1]);
+                }
+                51 => {
+                    // AH: (len + 2) * 4 bytes.
+                    let bytes = (usize::from(len) + 2) * 4;
+                    chain.extend_from_slice(&[next, len]);
+                    chain.resize(start + bytes, 0);
+                }
+                _ => {
+                    chain.extend_from_slice(&[next, len]);
+                    chain.resize(start + (usize::from(len) + 1) * 8, 0);
+                }
+            }
+        }
         f.extend_from_slice(&[if s.version_ok { 0x60 } else { 0x40 }, 0, 0, 0]);
-        f.extend_from_slice(&((tcp.len() + s.payload.len()) as u16).to_be_bytes());
-        f.extend_from_slice(&[s.v6_next, 64]);
+        let payload = (chain.len() + tcp.len() + s.payload.len()).saturating_sub(usize::from(s.short_by));
+        f.extend_from_slice(&(payload as u16).to_be_bytes());
+        f.extend_from_slice(&[s.v6_chain.first().map_or(s.v6_next, |e| e.0), 64]);
         f.extend_from_slice(&s.client_v6);
-        f.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        f.extend_from_slice(&if s.to_local { LOCAL_V6 } else { [0x20, 0x01, 0x0d, 0xb8, 0, 0xee, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1] });
+        f.extend_from_slice(&chain);
     } else {
         let ihl = s.ihl & 0x0f;
         let version = if s.version_ok { 0x40 } else { 0x60 };
@@ -131,9 +208,9 @@ fn build(s: &FrameSpec) -> Vec<u8> {
         ip.extend_from_slice(&s.frag.to_be_bytes());
         ip.extend_from_slice(&[64, s.ip_proto, 0, 0]);
         ip.extend_from_slice(&s.client_v4);
-        ip.extend_from_slice(&[10, 200, 0, 1]);
+        ip.extend_from_slice(&if s.to_local { LOCAL_V4 } else { [10, 201, 0, 1] });
         ip.resize(hdr, 1);
-        let total = (ip.len() + tcp.len() + s.payload.len()) as u16;
+        let total = (ip.len() + tcp.len() + s.payload.len()).saturating_sub(usize::from(s.short_by)) as u16;
         ip[2..4].copy_from_slice(&total.to_be_bytes());
         f.extend_from_slice(&ip);
     }
@@ -154,7 +231,6 @@ struct StateSpec {
     tiered: bool,
     shares: [u16; 4],
     tier_action: [u8; 4],
-    pending_hit: bool,
 }
 
 fn state_spec() -> impl Strategy<Value = StateSpec> {
@@ -168,9 +244,8 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
         prop::array::uniform4(
             prop_oneof![3 => Just(tier::ACTION_DEFAULT), 1 => Just(action::DROP), 1 => Just(action::RST)],
         ),
-        prop::bool::weighted(0.1),
     )
-        .prop_map(|(limit, in_flight, act, dry_run, tiered, shares, tier_action, pending_hit)| StateSpec {
+        .prop_map(|(limit, in_flight, act, dry_run, tiered, shares, tier_action)| StateSpec {
             limit,
             in_flight,
             act,
@@ -178,7 +253,6 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
             tiered,
             shares,
             tier_action,
-            pending_hit,
         })
 }
 
@@ -195,12 +269,17 @@ fn kernel_and_model_agree_on_every_frame() {
     let cases: u32 = std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
     let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
     let judged = std::cell::RefCell::new([0u64; 3]); // pass, drop, rst
+    let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
+    let reached_gate = std::cell::RefCell::new([0u64; gate_counter::COUNT]);
+    let refused = std::cell::Cell::new(0u64);
     let spec = PortSpec {
         rst_per_sec: 0,
         rst_per_prefix_per_sec: 0,
         ..PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default())
     };
     let slot = loaded.maps.protect(PORT, &spec).unwrap().slot;
+    let local = vec![ipv4_mapped(LOCAL_V4), LOCAL_V6];
+    loaded.maps.set_local_addrs(&local.iter().map(|&a| (a, local_addr::UNICAST)).collect()).unwrap();
     let mut tiers = Vec::new();
     for (cidr, t) in TIERS {
         let c = parse_cidr(cidr).unwrap();
@@ -236,20 +315,18 @@ fn kernel_and_model_agree_on_every_frame() {
                 .counters
                 .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
                 .unwrap();
-            loaded.maps.clear_pending();
-            let key = model::flow_key(&frame);
-            if ss.pending_hit
-                && let Some(key) = key
-            {
-                let entry = shed_common::PendingEntry { slot, capped: 0, admitted_ms: 0 };
-                loaded.maps.pending.insert(key, entry, 0).unwrap();
-            }
+            loaded
+                .maps
+                .gate_counters
+                .set(0, PerCpuValues::try_from(vec![GateCounters::default(); cpus]).unwrap(), 0)
+                .unwrap();
+            loaded.maps.handshakes.set(slot, HandshakeRing::default(), 0).unwrap();
             let state = ModelState {
                 port: PORT,
                 config,
                 limit: ss.limit,
                 in_flight: ss.in_flight,
-                pending_hit: ss.pending_hit && key.is_some(),
+                local: local.clone(),
                 tiers: tiers.clone(),
             };
             let expected = model::decide(&frame, &state);
@@ -258,11 +335,17 @@ fn kernel_and_model_agree_on_every_frame() {
             let opts = TestRunOptions { data_in: Some(&frame), data_out: Some(&mut out), ..Default::default() };
             let run =
                 if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
-            let Ok(run) = run else {
-                // The skb test runner refuses frames without a whole IP header; such frames are
-                // judged by the XDP run of the same case set.
-                prop_assume!(hook == "tc");
-                return Ok(());
+            let run = match run {
+                Ok(run) => run,
+                // The skb test runner refuses frames that end inside the Ethernet or IP header
+                // (EINVAL, before the program runs); the XDP run of the same case set judges
+                // them. Anything else is a failure.
+                Err(e) if hook == "tc" && frame_ends_in_l2_or_l3(&frame) => {
+                    let _ = e;
+                    refused.set(refused.get() + 1);
+                    return Ok(());
+                }
+                Err(e) => panic!("{hook}: test run failed on {frame:02x?}: {e:?}"),
             };
             out.truncate(run.data_size_out as usize);
             let verdict = match (hook, run.return_value) {
@@ -272,7 +355,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 (_, other) => panic!("{hook}: unexpected verdict {other}"),
             };
             let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
-            let mut counters = snapshot.counters.values;
+            let counters = snapshot.counters.values;
             prop_assert_eq!(
                 &verdict,
                 &expected.verdict,
@@ -285,9 +368,19 @@ fn kernel_and_model_agree_on_every_frame() {
             if verdict == Expected::Pass {
                 prop_assert_eq!(&out, &frame, "{}: a passed frame is untouched", hook);
             }
-            // Reservations are not modelled as counters.
-            counters[counter::RESERVE_FAILED] = 0;
             prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, fs, ss);
+            let gate = loaded.maps.gate_counters().unwrap();
+            prop_assert_eq!(gate, expected.gate, "{} gate counters for {:?} / {:?}", hook, fs, ss);
+            for (i, &n) in counters.iter().enumerate() {
+                if n > 0 {
+                    reached.borrow_mut()[i] += 1;
+                }
+            }
+            for (i, &n) in gate.iter().enumerate() {
+                if n > 0 {
+                    reached_gate.borrow_mut()[i] += 1;
+                }
+            }
             judged.borrow_mut()[match verdict {
                 Expected::Pass => 0,
                 Expected::Drop => 1,
@@ -301,7 +394,52 @@ fn kernel_and_model_agree_on_every_frame() {
         }
     }
     let judged = judged.into_inner();
-    println!("fuzz: {cases} cases per hook; verdicts pass/drop/rst = {judged:?}; disagreements {disagreements}");
+    let (reached, reached_gate) = (reached.into_inner(), reached_gate.into_inner());
+    println!(
+        "fuzz: {cases} cases per hook; verdicts pass/drop/rst = {judged:?}; counters reached {reached:?}; gate {reached_gate:?}; TC runs refused by the kernel {}; disagreements {disagreements}",
+        refused.get()
+    );
     assert_eq!(disagreements, 0, "kernel and model disagree (see above)");
+    // Every branch of the policy is exercised, each by a share of the cases.
+    let floor = u64::from(cases) / 200;
+    for (name, index) in [
+        ("admitted", counter::ADMITTED),
+        ("rejected at the limit", counter::REJECTED_LIMIT),
+        ("rejected at a share", counter::REJECTED_SHARE),
+        ("RST sent", counter::RST_SENT),
+        ("dry-run would reject", counter::DRY_RUN_WOULD_REJECT),
+        ("exempt", counter::EXEMPT),
+        ("not local", counter::NOT_LOCAL),
+        ("RST suppressed", counter::RST_SUPPRESSED),
+    ] {
+        assert!(reached[index] >= floor, "the generator reached {name} only {} times (floor {floor})", reached[index]);
+    }
+    for (name, index) in [
+        ("tiny fragment", gate_counter::TINY_FRAGMENT),
+        ("overlapping fragment", gate_counter::OVERLAP_FRAGMENT),
+        ("long IPv6 chain", gate_counter::IPV6_CHAIN_UNPARSED),
+        ("later fragment", gate_counter::LATER_FRAGMENT),
+    ] {
+        assert!(
+            reached_gate[index] >= floor,
+            "the generator reached {name} only {} times (floor {floor})",
+            reached_gate[index]
+        );
+    }
     assert!(judged[1] > 0 && judged[2] > 0, "the generator must reach drops and RSTs: {judged:?}");
+    // Refused TC runs are bounded: they are only frames cut inside their headers.
+    assert!(refused.get() <= u64::from(cases) / 3, "{} TC runs refused", refused.get());
+}
+
+/// Whether the skb test runner refuses the frame before the program runs: shorter
+/// than an Ethernet header, or an untagged IP frame whose fixed IP header is cut.
+fn frame_ends_in_l2_or_l3(frame: &[u8]) -> bool {
+    if frame.len() < 14 {
+        return true;
+    }
+    match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => frame.len() < 14 + 20,
+        0x86dd => frame.len() < 14 + 40,
+        _ => false,
+    }
 }

@@ -1,11 +1,12 @@
 //! The XDP and TC programs run by the kernel on crafted frames
-//! (BPF_PROG_TEST_RUN): verdicts, counters, reservations, and the RST reply
+//! (BPF_PROG_TEST_RUN): verdicts, counters, handshake reservations, what is
+//! judged behind extension headers, fragments and VLAN tags, and the RST reply
 //! byte by byte. Needs root.
 mod support;
 
 use aya::{TestRun as _, TestRunOptions};
 use shed::{gate::Loaded, maps::PortSpec};
-use shed_common::{ControlConfig, action, count_mode, counter, ipv4_mapped};
+use shed_common::{ControlConfig, action, count_mode, counter, gate_counter, ipv4_mapped, local_addr};
 use support::frames::*;
 
 const XDP_DROP: u32 = 1;
@@ -32,7 +33,14 @@ impl Harness {
             Loaded::new(None).expect("load the kernel object (run as root after `cargo xtask build-ebpf`)");
         let spec = PortSpec::new(limit, act, dry_run, count_mode::WORK, ControlConfig::default());
         loaded.maps.protect(PORT, &spec).expect("protect port");
+        // The frames' server addresses are this namespace's own: SYNs to them are judged.
+        let local = [(ipv4_mapped(SERVER_V4), local_addr::UNICAST), (SERVER_V6, local_addr::UNICAST)];
+        loaded.maps.set_local_addrs(&local.into_iter().collect()).expect("local addresses");
         Self { loaded }
+    }
+
+    fn gate_counters(&self) -> [u64; gate_counter::COUNT] {
+        self.loaded.maps.gate_counters().unwrap()
     }
 
     /// Runs one frame; returns the verdict (as i64 for both hooks) and the frame after the run.
@@ -83,7 +91,8 @@ fn rst(hook: Hook) -> i64 {
 const HOOKS: [Hook; 2] = [Hook::Xdp, Hook::Tc];
 
 #[test]
-fn admits_under_limit_and_reserves_a_slot_once() {
+fn admits_under_limit_and_reserves_a_handshake_slot() {
+    use shed_common::handshake::{flow_hash, stamp_index, stamp_state};
     for hook in HOOKS {
         let mut h = Harness::new(2, action::RST, false);
         let syn = frame(&Spec::default());
@@ -92,23 +101,39 @@ fn admits_under_limit_and_reserves_a_slot_once() {
         assert_eq!(out, syn, "{hook:?}: an admitted SYN is not modified");
         let s = h.snapshot();
         assert_eq!((s.counter(counter::SYN_SEEN), s.counter(counter::ADMITTED)), (1, 1), "{hook:?}");
-        assert_eq!((s.pending(), s.in_flight()), (1, 1), "{hook:?}: admission reserves a pending slot");
-        let entries: Vec<_> = h.loaded.maps.pending.iter().map(Result::unwrap).collect();
-        assert_eq!(entries.len(), 1);
-        let key = entries[0].0;
-        assert_eq!(key.client_addr, ipv4_mapped(CLIENT_V4));
-        assert_eq!(key.server_addr, ipv4_mapped(SERVER_V4));
-        assert_eq!((key.client_port, key.server_port), (40_000, PORT));
+        assert_eq!((s.pending(), s.in_flight()), (1, 1), "{hook:?}: admission reserves a handshake slot");
+        // The stamp that lets the handshake's completion release the right epoch.
+        let slot = s.config.slot;
+        let flow = flow_hash(&ipv4_mapped(CLIENT_V4), &ipv4_mapped(SERVER_V4), 40_000, PORT);
+        let stamp = h.loaded.maps.stamps.get(&stamp_index(slot, flow), 0).unwrap();
+        assert_eq!((stamp.flow, stamp.state), (flow, stamp_state::ADMITTED), "{hook:?}");
+        assert_eq!(stamp.epoch, s.ring.cells.iter().find(|c| c.admitted == 1).unwrap().epoch, "{hook:?}");
 
-        // Retransmission of the same handshake: passes, takes no second slot.
-        let (verdict, _) = h.run(hook, &syn).unwrap();
-        assert_eq!(verdict, pass(hook));
+        // No per-flow state: the same SYN again within the window takes another slot
+        // (a real retransmission comes a second later, after the window).
+        assert_eq!(h.run(hook, &syn).unwrap().0, pass(hook));
+        assert_eq!((h.snapshot().counter(counter::ADMITTED), h.snapshot().pending()), (2, 2), "{hook:?}");
+        assert_eq!(h.run(hook, &syn).unwrap().0, rst(hook), "{hook:?}: the limit holds");
+    }
+}
+
+#[test]
+fn reservations_lapse_after_the_handshake_window() {
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::DROP, false);
+        let slot = h.loaded.maps.config(PORT).unwrap().slot;
+        // The shortest window: epochs of 2^18 ns, reservations live at most ~1 ms.
+        h.loaded.maps.set_handshake_shift(slot, shed_common::handshake::MIN_SHIFT).unwrap();
+        assert_eq!(h.run(hook, &frame(&Spec::default())).unwrap().0, pass(hook));
+        let next = frame(&Spec { client_port: 40_001, ..Spec::default() });
+        assert_eq!(h.run(hook, &next).unwrap().0, dropped(hook), "{hook:?}: the slot is held");
+        let started = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        assert_eq!(h.snapshot().pending(), 0, "{hook:?}: lapsed after {:?}", started.elapsed());
+        assert_eq!(h.run(hook, &next).unwrap().0, pass(hook), "{hook:?}: a forged SYN held its slot only ~1 ms");
         let s = h.snapshot();
-        assert_eq!(
-            (s.counter(counter::SYN_RETRANSMIT), s.counter(counter::ADMITTED), s.pending()),
-            (1, 1, 1),
-            "{hook:?}"
-        );
+        assert_eq!(s.handshakes_lapsed(), 1, "{hook:?}: the lapsed admission is counted");
+        assert!(s.ack_check, "{hook:?}: a lapsed admission turns the ACK check on");
     }
 }
 
@@ -128,6 +153,7 @@ fn rejects_at_the_limit_with_drop_and_rst() {
             assert_eq!(c[counter::ADMITTED], 1);
             assert_eq!(c[counter::RST_SENT], u64::from(act == action::RST));
             assert_eq!(h.snapshot().pending(), 1, "a rejected SYN must not keep a reservation");
+            assert_eq!(h.gate_counters(), [0; gate_counter::COUNT]);
         }
     }
 }
@@ -239,12 +265,13 @@ fn everything_that_is_not_a_syn_to_a_protected_port_passes_untouched() {
         ("rst", Spec { flags: RST, ..Spec::default() }),
         ("udp", Spec { protocol: 17, ..Spec::default() }),
         ("icmp", Spec { protocol: 1, ..Spec::default() }),
+        ("syn+fin (a listener discards it)", Spec { flags: SYN | FIN, ..Spec::default() }),
         ("unprotected port", Spec { server_port: 9090, ..Spec::default() }),
-        ("ipv4 fragment", Spec { frag: 0x2000, ..Spec::default() }),
-        ("ipv4 later fragment", Spec { frag: 0x0010, ..Spec::default() }),
         ("tcp data offset below 5", Spec { doff: Some(4), ..Spec::default() }),
-        ("ipv6 extension header before tcp", Spec { v6_ext_header: true, ..Spec::v6() }),
         ("ipv6 udp", Spec { protocol: 17, ..Spec::v6() }),
+        ("ipv6 udp behind a hop-by-hop header", Spec { protocol: 17, v6_chain: vec![0], ..Spec::v6() }),
+        ("ipv6 esp", Spec { protocol: 50, ..Spec::v6() }),
+        ("qinq udp", Spec { outer_vlan: Some(1), vlan: Some(2), protocol: 17, ..Spec::default() }),
         ("ipv6 unprotected port", Spec { server_port: 443, ..Spec::v6() }),
     ];
     for hook in HOOKS {
@@ -432,33 +459,32 @@ fn per_tier_action_and_the_anti_starvation_trickle() {
 }
 
 #[test]
-fn per_client_cap_counts_each_source_and_ipv6_prefix() {
+fn per_client_cap_reads_established_connections_per_source_and_ipv6_prefix() {
+    use shed_common::ClientKey;
     for hook in HOOKS {
         let mut h = Harness::new(100, action::RST, false);
         let mut config = h.loaded.maps.config(PORT).unwrap();
         config.client_cap = 3;
         h.loaded.maps.write_config(PORT, config).unwrap();
-        for port in 0..3 {
-            assert_eq!(h.run(hook, &v4([192, 0, 2, 2], port)).unwrap().0, pass(hook), "{hook:?}: under the cap");
-        }
-        assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 10)).unwrap().0, rst(hook), "{hook:?}: the 4th of one client");
-        assert_eq!(
-            h.run(hook, &v4([192, 0, 2, 3], 10)).unwrap().0,
-            pass(hook),
-            "{hook:?}: another client still gets in"
-        );
-        // IPv6 clients are counted per /64: two hosts of one /64 share a cap.
+        let slot = config.slot;
+        // What the socket tracepoint counted for established connections.
         let host = |last: u8, subnet: u8| [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, subnet, 0, 0, 0, 0, 0, 0, 0, last];
-        for (i, last) in [1u8, 2, 3].into_iter().enumerate() {
-            assert_eq!(h.run(hook, &v6(host(last, 0), 100 + i as u16)).unwrap().0, pass(hook), "{hook:?}: v6 {last}");
+        for (addr, held) in [
+            (ipv4_mapped([192, 0, 2, 2]), 3i64),
+            (ipv4_mapped([192, 0, 2, 3]), 2),
+            (config.client_key(&host(1, 0)).addr, 3),
+        ] {
+            h.loaded.maps.clients.insert(ClientKey { slot, addr }, held, 0).unwrap();
         }
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 10)).unwrap().0, rst(hook), "{hook:?}: a client at its cap");
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 3], 10)).unwrap().0, pass(hook), "{hook:?}: under its cap");
+        assert_eq!(h.run(hook, &v4([192, 0, 2, 4], 10)).unwrap().0, pass(hook), "{hook:?}: a new client");
+        // IPv6 clients are counted per /64: another host of the same /64 shares the cap.
         assert_eq!(h.run(hook, &v6(host(4, 0), 200)).unwrap().0, rst(hook), "{hook:?}: same /64 is one client");
         assert_eq!(h.run(hook, &v6(host(4, 1), 201)).unwrap().0, pass(hook), "{hook:?}: another /64");
         assert_eq!(h.counters()[counter::REJECTED_CLIENT_CAP], 2, "{hook:?}");
-        let slot = config.slot;
-        let counts = h.loaded.maps.client_counts(slot).unwrap();
-        assert_eq!(counts.iter().map(|c| c.1).collect::<Vec<_>>(), [3, 3, 1, 1], "{hook:?}: {counts:?}");
-        assert_eq!(h.snapshot().in_flight(), 8, "{hook:?}: cap rejections take no slot");
+        assert_eq!(h.snapshot().in_flight(), 3, "{hook:?}: cap rejections take no slot");
+        assert_eq!(h.loaded.maps.client_counts(slot).unwrap().len(), 3, "{hook:?}: a SYN adds no client entry");
     }
 }
 
@@ -489,4 +515,261 @@ fn rst_caps_per_prefix_and_per_port_fall_back_to_drop() {
             "{hook:?}"
         );
     }
+}
+
+/// Asserts a RST reply to `spec`'s SYN, for frames whose headers in front of TCP
+/// (IPv6 extension headers, IPv4 options) the reply drops: tags kept, then the
+/// same checks as [`assert_rst_reply`] on a plain frame.
+fn assert_rst_reply_stripped(spec: &Spec, out: &[u8]) {
+    let tags = usize::from(spec.outer_vlan.is_some()) + usize::from(spec.vlan.is_some());
+    if tags == 2 {
+        assert_eq!(&out[12..14], &[0x88, 0xa8], "outer tag kept");
+        assert_eq!(&out[16..18], &[0x81, 0x00], "inner tag kept");
+        // Compare the rest as if single-tagged.
+        let mut single = out[..12].to_vec();
+        single.extend_from_slice(&out[16..]);
+        let plain = Spec { outer_vlan: None, v6_chain: Vec::new(), ..spec.clone() };
+        return assert_rst_reply(&plain, &single);
+    }
+    assert_rst_reply(&Spec { v6_chain: Vec::new(), ..spec.clone() }, out);
+}
+
+#[test]
+fn syns_behind_extension_headers_fragments_and_qinq_are_judged() {
+    let first_fragment_v6 = |chain: Vec<u8>| Spec { v6_chain: chain, v6_fragment: 0x0001, ..Spec::v6() };
+    let cases = [
+        ("ipv6 hop-by-hop", Spec { v6_chain: vec![0], ..Spec::v6() }),
+        ("ipv6 destination options", Spec { v6_chain: vec![60], ..Spec::v6() }),
+        ("ipv6 routing", Spec { v6_chain: vec![43], ..Spec::v6() }),
+        ("ipv6 first fragment holding tcp", first_fragment_v6(vec![44])),
+        ("ipv6 authentication header", Spec { v6_chain: vec![51], ..Spec::v6() }),
+        ("ipv6 chain of eight", Spec { v6_chain: vec![0, 60, 43, 60, 135, 139, 140, 60], ..Spec::v6() }),
+        ("ipv6 chain with a fragment inside", first_fragment_v6(vec![0, 43, 44, 60])),
+        ("ipv4 first fragment holding tcp", Spec { frag: 0x2000, ..Spec::default() }),
+        ("ipv4 first fragment, options", Spec { frag: 0x2000, ip_options: 8, ..Spec::default() }),
+        ("qinq ipv4", Spec { outer_vlan: Some(100), vlan: Some(42), ..Spec::default() }),
+        ("qinq ipv6 with options header", Spec { outer_vlan: Some(100), vlan: Some(42), v6_chain: vec![60], ..Spec::v6() }),
+        ("syn+psh+urg", Spec { flags: SYN | 0x08 | 0x20, ..Spec::default() }),
+        ("syn+ece+cwr (ecn setup)", Spec { flags: SYN | 0x40 | 0x80, ..Spec::default() }),
+    ];
+    for hook in HOOKS {
+        for (name, spec) in &cases {
+            let mut h = Harness::new(1, action::RST, false);
+            let filler = Spec { client_port: 1, ..spec.clone() };
+            assert_eq!(h.run(hook, &frame(&filler)).unwrap().0, pass(hook), "{hook:?} {name}: admitted under the limit");
+            assert_eq!(h.counters()[counter::ADMITTED], 1, "{hook:?} {name}: counted");
+            let (verdict, out) = h.run(hook, &frame(spec)).unwrap();
+            assert_eq!(verdict, rst(hook), "{hook:?} {name}: judged at the limit");
+            if spec.flags == SYN {
+                assert_rst_reply_stripped(spec, &out);
+            }
+            assert_eq!(h.counters()[counter::REJECTED_LIMIT], 1, "{hook:?} {name}");
+        }
+    }
+}
+
+#[test]
+fn unjudgeable_headers_that_could_hide_a_syn_are_dropped() {
+    let cases = [
+        // RFC 1858 / 3128: the TCP header does not fit the first fragment.
+        ("ipv4 tiny first fragment", Spec { frag: 0x2000, ip_length: Some(20 + 8), ..Spec::default() }, gate_counter::TINY_FRAGMENT),
+        ("ipv4 overlapping fragment at offset 8", Spec { frag: 0x0001, ..Spec::default() }, gate_counter::OVERLAP_FRAGMENT),
+        (
+            "ipv6 first fragment without the tcp header",
+            Spec { v6_chain: vec![44], v6_fragment: 0x0001, ip_length: Some(8 + 8), ..Spec::v6() },
+            gate_counter::TINY_FRAGMENT,
+        ),
+        ("ipv6 chain of nine", Spec { v6_chain: vec![0, 60, 60, 60, 60, 60, 60, 60, 60], ..Spec::v6() }, gate_counter::IPV6_CHAIN_UNPARSED),
+    ];
+    for hook in HOOKS {
+        let mut h = Harness::new(100, action::RST, false);
+        for (i, (name, spec, why)) in cases.iter().enumerate() {
+            let (verdict, _) = h.run(hook, &frame(spec)).unwrap();
+            assert_eq!(verdict, dropped(hook), "{hook:?} {name}");
+            assert_eq!(h.gate_counters()[*why], 1 + u64::from(i == 2 && *why == gate_counter::TINY_FRAGMENT), "{hook:?} {name}");
+        }
+        // Later fragments pass (the first one carries the flags), counted.
+        for spec in [Spec { frag: 0x0010, ..Spec::default() }, Spec { v6_chain: vec![44], v6_fragment: 0x0010, ..Spec::v6() }] {
+            let f = frame(&spec);
+            assert_eq!(h.run(hook, &f).unwrap(), (pass(hook), f), "{hook:?} later fragment");
+        }
+        assert_eq!(h.gate_counters()[gate_counter::LATER_FRAGMENT], 2, "{hook:?}");
+        assert_eq!(h.counters()[counter::SYN_SEEN], 0, "{hook:?}: nothing reached a port");
+    }
+}
+
+#[test]
+fn only_syns_addressed_to_this_namespace_are_judged() {
+    for hook in HOOKS {
+        let mut h = Harness::new(0, action::RST, false);
+        // Limit 0: every judged SYN is rejected. Forwarded ones must pass untouched.
+        for spec in [
+            Spec { server_v4: [198, 51, 100, 9], ..Spec::default() },
+            Spec { server_v6: [0x20, 0x01, 0x0d, 0xb8, 0, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], ..Spec::v6() },
+        ] {
+            let f = frame(&spec);
+            assert_eq!(h.run(hook, &f).unwrap(), (pass(hook), f), "{hook:?}: forwarded SYN untouched");
+        }
+        let c = h.counters();
+        assert_eq!((c[counter::NOT_LOCAL], c[counter::SYN_SEEN], c[counter::REJECTED_LIMIT]), (2, 0, 0), "{hook:?}");
+        // Loopback addresses are always local.
+        let lo = Spec { server_v4: [127, 0, 0, 1], client_v4: [127, 0, 0, 1], ..Spec::default() };
+        assert_eq!(h.run(hook, &frame(&lo)).unwrap().0, dropped(hook), "{hook:?}: judged; no RST to 127/8 from outside");
+        assert_eq!(h.counters()[counter::RST_SUPPRESSED], 1, "{hook:?}");
+    }
+}
+
+#[test]
+fn no_reset_to_addresses_that_cannot_be_clients() {
+    for hook in HOOKS {
+        let mut h = Harness::new(0, action::RST, false);
+        let mut local = h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
+        local.insert(ipv4_mapped([192, 0, 2, 255]), local_addr::BROADCAST);
+        h.loaded.maps.set_local_addrs(&local).unwrap();
+        let sources: [(&str, Spec); 7] = [
+            ("multicast", Spec { client_v4: [224, 0, 0, 1], ..Spec::default() }),
+            ("limited broadcast", Spec { client_v4: [255, 255, 255, 255], ..Spec::default() }),
+            ("subnet broadcast", Spec { client_v4: [192, 0, 2, 255], ..Spec::default() }),
+            ("unspecified", Spec { client_v4: [0, 0, 0, 0], ..Spec::default() }),
+            ("our own address", Spec { client_v4: SERVER_V4, ..Spec::default() }),
+            ("ipv6 multicast", Spec { client_v6: [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], ..Spec::v6() }),
+            ("ipv6 own address", Spec { client_v6: SERVER_V6, ..Spec::v6() }),
+        ];
+        for (name, spec) in &sources {
+            assert_eq!(h.run(hook, &frame(spec)).unwrap().0, dropped(hook), "{hook:?} {name}: dropped, not answered");
+        }
+        let c = h.counters();
+        assert_eq!((c[counter::RST_SUPPRESSED], c[counter::RST_SENT]), (7, 0), "{hook:?}");
+        assert_eq!(h.run(hook, &frame(&Spec::default())).unwrap().0, rst(hook), "{hook:?}: a real client still gets its RST");
+    }
+}
+
+#[test]
+fn late_handshake_completions_are_judged_while_the_port_is_full() {
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::RST, false);
+        let slot = h.loaded.maps.config(PORT).unwrap().slot;
+        h.loaded.maps.set_handshake_shift(slot, shed_common::handshake::MIN_SHIFT).unwrap();
+        let syn = Spec { seq: 1000, ..Spec::default() };
+        assert_eq!(h.run(hook, &frame(&syn)).unwrap().0, pass(hook));
+        let ack = Spec { flags: ACK, seq: 1001, ..Spec::default() };
+        // In time: the reservation stands, the ACK passes.
+        let f = frame(&ack);
+        assert_eq!(h.run(hook, &f).unwrap(), (pass(hook), f.clone()), "{hook:?}: an ACK in time passes untouched");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        // The reservation lapsed; another SYN takes the slot (the port is full again).
+        assert_eq!(h.run(hook, &frame(&Spec { client_port: 2, ..Spec::default() })).unwrap().0, pass(hook));
+        assert!(h.snapshot().ack_check, "{hook:?}: the lapse turned the ACK check on");
+        // Now the late ACK would complete a handshake past the limit: reset (RST, seq = its ack).
+        let (verdict, out) = h.run(hook, &frame(&ack)).unwrap();
+        assert_eq!(verdict, rst(hook), "{hook:?}: late completion refused");
+        let tcp = &out[14 + 20..];
+        assert_eq!(tcp[13], RST, "{hook:?}: RST alone answers an ACK");
+        assert_eq!(&tcp[4..8], &f[14 + 20 + 8..14 + 20 + 12], "{hook:?}: seq = the ACK's ack number");
+        assert_eq!(h.counters()[counter::LATE_ACK_REJECTED], 1, "{hook:?}");
+        // With room, a late ACK is admitted and holds a reservation until it is established.
+        h.loaded.maps.set_limit(slot, 5).unwrap();
+        assert_eq!(h.run(hook, &frame(&ack)).unwrap().0, pass(hook), "{hook:?}");
+        let s = h.snapshot();
+        assert_eq!((s.counter(counter::LATE_ACK_ADMITTED), s.pending()), (1, 2), "{hook:?}");
+        // Segments of unknown flows (no stamp, no socket in this test namespace) pass.
+        let stranger = frame(&Spec { flags: ACK, client_port: 7, ..Spec::default() });
+        assert_eq!(h.run(hook, &stranger).unwrap().0, pass(hook), "{hook:?}");
+    }
+}
+
+#[test]
+fn rst_caps_hold_when_cpus_race() {
+    // Both CPUs flood forged SYNs (a new /24 each time, so only the port's cap binds).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    let h = std::sync::Mutex::new(Harness::new(0, action::RST, false));
+    {
+        let mut h = h.lock().unwrap();
+        let mut config = h.loaded.maps.config(PORT).unwrap();
+        config.rst_per_prefix_per_sec = 0;
+        config.rst_per_sec = 50;
+        h.loaded.maps.write_config(PORT, config).unwrap();
+    }
+    let prog_fd = {
+        use std::os::fd::AsFd as _;
+        let mut h = h.lock().unwrap();
+        h.loaded.xdp().unwrap().fd().unwrap().as_fd().try_clone_to_owned().unwrap()
+    };
+    let started = std::time::Instant::now();
+    let sent: u64 = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..cpus)
+            .map(|cpu| {
+                let prog_fd = &prog_fd;
+                scope.spawn(move || {
+                    pin_to_cpu(cpu);
+                    let mut rsts = 0u64;
+                    for i in 0..3000u32 {
+                        let client = [10, (i >> 8) as u8, (i & 0xff) as u8, cpu as u8];
+                        let f = frame(&Spec { client_v4: client, ..Spec::default() });
+                        if test_run_fd(prog_fd, &f) == XDP_TX {
+                            rsts += 1;
+                        }
+                    }
+                    rsts
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let cap = 50.0 + 50.0 * elapsed;
+    let c = h.lock().unwrap().counters();
+    assert_eq!(c[counter::RST_SENT], sent);
+    assert!(sent as f64 <= cap.floor(), "{sent} RSTs in {elapsed:.3} s from {cpus} CPUs: the cap allows {cap:.0}");
+    assert!(sent >= 50, "the burst of the cap is sent: {sent}");
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+    }
+}
+
+/// One BPF_PROG_TEST_RUN of an XDP program by fd, from the calling thread (so on its CPU).
+fn test_run_fd(prog: &std::os::fd::OwnedFd, data: &[u8]) -> u32 {
+    use std::os::fd::AsRawFd as _;
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestRunAttr {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+        flags: u32,
+        cpu: u32,
+        batch_size: u32,
+    }
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    let mut out = vec![0u8; data.len() + 64];
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: data.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: data.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..TestRunAttr::default()
+    };
+    // SAFETY: the attr is a valid BPF_PROG_TEST_RUN request of its own size, with live buffers.
+    let r = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, &mut attr as *mut TestRunAttr, std::mem::size_of::<TestRunAttr>())
+    };
+    assert_eq!(r, 0, "test run: {}", std::io::Error::last_os_error());
+    attr.retval
 }

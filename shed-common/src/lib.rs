@@ -359,18 +359,25 @@ impl PortConfig {
     /// The key a client is counted under: its address, IPv6 cut to the port's prefix.
     #[inline(always)]
     pub fn client_key(&self, addr: &[u8; 16]) -> ClientKey {
-        let mut masked = *addr;
         let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-        if !v4 {
-            let prefix = if self.client_prefix_v6 > 128 { 128 } else { self.client_prefix_v6 as usize };
-            let mut i = 0;
-            while i < 16 {
-                let bits = if prefix >= 8 * (i + 1) { 8 } else { prefix.saturating_sub(8 * i) };
-                masked[i] &= if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
-                i += 1;
-            }
+        if v4 {
+            return ClientKey { slot: self.slot, addr: *addr };
         }
-        ClientKey { slot: self.slot, addr: masked }
+        // Two 64-bit masks, not a loop over bytes: a data-dependent branch per
+        // byte multiplies the paths the verifier must walk.
+        let prefix = if self.client_prefix_v6 > 128 { 128 } else { self.client_prefix_v6 as u32 };
+        let hi_bits = if prefix > 64 { 64 } else { prefix };
+        let lo_bits = prefix - hi_bits;
+        let hi = u64::from_be_bytes([addr[0], addr[1], addr[2], addr[3], addr[4], addr[5], addr[6], addr[7]]);
+        let lo = u64::from_be_bytes([addr[8], addr[9], addr[10], addr[11], addr[12], addr[13], addr[14], addr[15]]);
+        let (hi, lo) = ((hi & high_bits(hi_bits)).to_be_bytes(), (lo & high_bits(lo_bits)).to_be_bytes());
+        ClientKey {
+            slot: self.slot,
+            addr: [
+                hi[0], hi[1], hi[2], hi[3], hi[4], hi[5], hi[6], hi[7], lo[0], lo[1], lo[2], lo[3], lo[4], lo[5], lo[6],
+                lo[7],
+            ],
+        }
     }
 
     /// The action for a rejected SYN of `tier`.
@@ -391,6 +398,12 @@ impl PortConfig {
         let share = self.share_permille.get(tier as usize).copied().unwrap_or(1000);
         u64::from(limit) * u64::from(share) / 1000
     }
+}
+
+/// A u64 with its top `bits` bits set (0 to 64).
+#[inline(always)]
+const fn high_bits(bits: u32) -> u64 {
+    if bits == 0 { 0 } else { u64::MAX << (64 - bits) }
 }
 
 /// In-flight accounting for one port, kept as monotonically increasing event

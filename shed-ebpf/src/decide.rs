@@ -87,7 +87,9 @@ impl Port {
 
     /// Handshakes under way in the live cells other than the current epoch's,
     /// and in the current one. Asks for ACK checks if an admission lapsed.
-    #[inline(always)]
+    /// A subprogram: its branches per cell, inlined, multiply the paths the
+    /// verifier walks through the rest of the decision.
+    #[inline(never)]
     fn handshakes(&self) -> (u64, u64) {
         // SAFETY: map value; cells are read field by field while other CPUs add to them.
         let ring = unsafe { &*self.ring };
@@ -331,7 +333,7 @@ fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
 
 /// Whether a client already holds its cap of established connections (read only:
 /// the tracepoint counts connections when the kernel confirms them).
-#[inline(always)]
+#[inline(never)]
 fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
     if config.client_cap == 0 {
         return false;
@@ -344,7 +346,7 @@ fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
 /// Whether a reset may go to `client`: never to multicast, broadcast or an
 /// unspecified source, nor, unless the SYN came in on loopback, to a loopback
 /// address or one of this host's own (a forged source would make us hit ourselves).
-#[inline(always)]
+#[inline(never)]
 fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
     let v4 = client[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
     if v4 {
@@ -367,7 +369,7 @@ fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
 /// Whether the port and the client's prefix still have RST budget. Each bucket
 /// is one GCRA time updated by compare-and-swap, so CPUs racing each other
 /// cannot exceed a cap; a swap lost four times over refuses (never over the cap).
-#[inline(always)]
+#[inline(never)]
 fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now: u64) -> bool {
     // The prefix first: a flood from one prefix must not spend the port's budget.
     if config.rst_per_prefix_per_sec != 0 {

@@ -34,9 +34,10 @@ use crate::{
 
 /// The loopback interface's index in every namespace.
 const LOOPBACK_IFINDEX: u32 = 1;
-/// How much of a TC packet to make linear when its headers run past the head
-/// (long IPv6 extension chains): enough for any chain the parser follows.
-const TC_PULL_LEN: u32 = 512;
+/// How much of a TC packet must be linear for the parser's direct reads:
+/// Ethernet, two VLAN tags, IPv4 with options or IPv6, and the TCP header's
+/// first 16 bytes (extension headers are read through a helper).
+const TC_LINEAR_HEAD: u32 = 14 + 8 + 60 + 16;
 
 /// What an entry point must do with a frame, before hook-specific actions.
 enum Outcome {
@@ -48,19 +49,26 @@ enum Outcome {
 
 /// The tail both entry points share: parse, decide, count, write any reset.
 #[inline(always)]
-fn judge(data: usize, data_end: usize, parsed: Parsed, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Outcome {
-    let (verdict, seg) = match parsed {
+fn judge<B: parse::LoadBytes>(
+    data: usize,
+    data_end: usize,
+    bytes: &B,
+    ctx: *mut core::ffi::c_void,
+    from_loopback: bool,
+) -> Outcome {
+    let mut seg = parse::Segment::default();
+    let verdict = match parse::parse(data, data_end, bytes, &mut seg) {
         Parsed::Pass | Parsed::Truncated => return Outcome::Pass,
         Parsed::LaterFragment => {
             count_gate(gate_counter::LATER_FRAGMENT);
             return Outcome::Pass;
         }
         Parsed::Refuse(why) => {
-            count_gate(why);
+            count_gate(why as usize);
             return Outcome::Drop;
         }
-        Parsed::Syn(seg) => (decide::syn(&seg, from_loopback), seg),
-        Parsed::Ack(seg) => (decide::ack(&seg, ctx, from_loopback), seg),
+        Parsed::Syn => decide::syn(&seg, from_loopback),
+        Parsed::Ack => decide::ack(&seg, ctx, from_loopback),
     };
     match verdict {
         Verdict::Pass => Outcome::Pass,
@@ -80,8 +88,7 @@ pub fn shed_xdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
     // SAFETY: the context pointer the kernel passed us.
     let from_loopback = unsafe { (*ctx.ctx).ingress_ifindex } == LOOPBACK_IFINDEX;
-    let parsed = parse::parse(data, data_end);
-    match judge(data, data_end, parsed, ctx.ctx.cast(), from_loopback) {
+    match judge(data, data_end, &parse::XdpBytes(ctx.ctx), ctx.ctx.cast(), from_loopback) {
         Outcome::Pass => xdp_action::XDP_PASS,
         Outcome::Drop => xdp_action::XDP_DROP,
         Outcome::Reply { slot, len } => {
@@ -114,21 +121,17 @@ pub fn shed_xdp_drop(_ctx: XdpContext) -> u32 {
 
 #[classifier]
 pub fn shed_tc(ctx: TcContext) -> i32 {
-    // TC sees the linear head of the skb; received packets carry their headers
-    // there, and a chain that runs past it is pulled in once and parsed again.
-    let mut parsed = parse::parse(ctx.data(), ctx.data_end());
-    if matches!(parsed, Parsed::Truncated) {
-        // SAFETY: our own skb; packet pointers are re-read after the helper.
-        let len = unsafe { (*ctx.skb.skb).len }.min(TC_PULL_LEN);
-        if unsafe { bpf_skb_pull_data(ctx.skb.skb.cast(), len) } != 0 {
-            return TC_ACT_OK;
-        }
-        parsed = parse::parse(ctx.data(), ctx.data_end());
+    // TC reads the linear head of the skb directly: make sure the headers the
+    // parser reads that way are in it (received packets nearly always are).
+    // SAFETY: our own skb; packet pointers are read after the helper.
+    let len = unsafe { (*ctx.skb.skb).len }.min(TC_LINEAR_HEAD);
+    if ((ctx.data_end() - ctx.data()) as u32) < len && unsafe { bpf_skb_pull_data(ctx.skb.skb.cast(), len) } != 0 {
+        return TC_ACT_OK;
     }
     let (data, data_end) = (ctx.data(), ctx.data_end());
     // SAFETY: the context pointer the kernel passed us.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    match judge(data, data_end, parsed, ctx.skb.skb.cast(), ifindex == LOOPBACK_IFINDEX) {
+    match judge(data, data_end, &parse::SkbBytes(ctx.skb.skb), ctx.skb.skb.cast(), ifindex == LOOPBACK_IFINDEX) {
         Outcome::Pass => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         Outcome::Reply { slot, len } => {

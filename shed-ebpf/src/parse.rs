@@ -46,6 +46,7 @@ mod nexthdr {
 }
 
 /// A TCP segment the gate may judge, and where its headers sit in the frame.
+#[derive(Default)]
 pub struct Segment {
     pub l3_offset: usize,
     pub is_ipv6: bool,
@@ -59,22 +60,63 @@ pub struct Segment {
     pub ack_seq: u32,
 }
 
-/// What the frame is, as far as the gate is concerned.
+/// What the frame is, as far as the gate is concerned (the segment itself is
+/// written to the caller's [`Segment`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Parsed {
     /// Not a segment the gate judges: pass.
     Pass,
     /// A SYN (without ACK, RST or FIN): judged by the admission decision.
-    Syn(Segment),
+    Syn,
     /// An ACK without SYN or RST: possibly the one completing a handshake.
-    Ack(Segment),
+    Ack,
     /// Headers that could hide a SYN but cannot be judged: drop, counted under
     /// this [`gate_counter`] index.
-    Refuse(usize),
-    /// Headers run past the end of the data the program sees (TC: the skb's
-    /// linear part); the caller may pull more and parse again.
+    Refuse(u32),
+    /// Headers run past the end of the data the program reads directly: pass
+    /// (TC makes the headers linear first; XDP sees the whole frame).
     Truncated,
     /// A later fragment: pass, counted under [`gate_counter::LATER_FRAGMENT`].
     LaterFragment,
+}
+
+/// Copies bytes out of the packet through the program type's helper
+/// (`bpf_xdp_load_bytes`, `bpf_skb_load_bytes`). Used behind IPv6 extension
+/// headers: an offset handed to a helper stays imprecise to the verifier, so
+/// the paths through a chain of headers of different lengths merge instead of
+/// multiplying (with direct packet access each length is a state of its own).
+pub trait LoadBytes {
+    fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]>;
+}
+
+/// An XDP context.
+pub struct XdpBytes(pub *mut aya_ebpf::bindings::xdp_md);
+
+impl LoadBytes for XdpBytes {
+    #[inline(always)]
+    fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        let mut buf = [0u8; N];
+        // SAFETY: the program's own context; the helper bounds-checks offset and length.
+        let r = unsafe {
+            aya_ebpf::helpers::bpf_xdp_load_bytes(self.0, offset as u32, buf.as_mut_ptr().cast(), N as u32)
+        };
+        (r == 0).then_some(buf)
+    }
+}
+
+/// A TC (skb) context.
+pub struct SkbBytes(pub *mut aya_ebpf::bindings::__sk_buff);
+
+impl LoadBytes for SkbBytes {
+    #[inline(always)]
+    fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        let mut buf = [0u8; N];
+        // SAFETY: the program's own context; the helper bounds-checks offset and length.
+        let r = unsafe {
+            aya_ebpf::helpers::bpf_skb_load_bytes(self.0.cast(), offset as u32, buf.as_mut_ptr().cast(), N as u32)
+        };
+        (r == 0).then_some(buf)
+    }
 }
 
 /// Bounds-checked pointer to a `T` at `offset` into the frame.
@@ -89,17 +131,21 @@ pub fn ptr_at<T>(data: usize, data_end: usize, offset: usize) -> Option<*mut T> 
 /// Where the TCP header is, once the network layer has been looked through.
 struct Network {
     l3_offset: usize,
-    l4_offset: usize,
+    /// Where TCP starts, when it follows the fixed IP header and its options
+    /// (read directly); `None` behind IPv6 extension headers (read through the helper).
+    l4_offset: Option<usize>,
+    /// Behind extension headers: the TCP header's first 16 bytes, already loaded.
+    tcp_head: [u8; 16],
     is_ipv6: bool,
     client_addr: [u8; 16],
     server_addr: [u8; 16],
 }
 
-/// Classifies a frame that starts with an Ethernet header. A function of its
-/// own (a BPF subprogram): TC calls it twice, and two inlined copies of the
-/// header walk would not fit the 512-byte stack.
+/// Classifies a frame that starts with an Ethernet header; a SYN's or ACK's
+/// fields go to `seg`. A subprogram of its own, returning a plain value: the
+/// header walk and the decision do not fit one 512-byte stack frame.
 #[inline(never)]
-pub fn parse(data: usize, data_end: usize) -> Parsed {
+pub fn parse<B: LoadBytes>(data: usize, data_end: usize, bytes: &B, seg: &mut Segment) -> Parsed {
     let Some(eth) = ptr_at::<EthHdr>(data, data_end, 0) else { return Parsed::Pass };
     // SAFETY: bounds checked by ptr_at; headers are byte arrays (alignment 1).
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
@@ -115,7 +161,7 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
     }
     let network = match ether_type {
         ETH_P_IP => ipv4(data, data_end, l3_offset),
-        ETH_P_IPV6 => ipv6(data, data_end, l3_offset),
+        ETH_P_IPV6 => ipv6(data, data_end, l3_offset, bytes),
         // A third VLAN tag, ARP, MPLS, ...: the kernel does not deliver these to a TCP listener.
         _ => return Parsed::Pass,
     };
@@ -123,29 +169,42 @@ pub fn parse(data: usize, data_end: usize) -> Parsed {
         Ok(n) => n,
         Err(other) => return other,
     };
-    let Some(tcp) = ptr_at::<TcpHdr>(data, data_end, network.l4_offset) else { return Parsed::Truncated };
-    // SAFETY: bounds checked by ptr_at.
-    let tcp = unsafe { &*tcp };
-    if tcp.doff() < 5 || tcp.rst() != 0 {
+    // The first 14 bytes of TCP: ports, sequence and acknowledgment numbers, offset, flags.
+    let head: [u8; 16] = match network.l4_offset {
+        Some(l4) => {
+            let Some(tcp) = ptr_at::<[u8; 16]>(data, data_end, l4) else { return Parsed::Truncated };
+            // SAFETY: bounds checked by ptr_at.
+            unsafe { *tcp }
+        }
+        None => network.tcp_head,
+    };
+    let (doff, flags) = (head[12] >> 4, head[13]);
+    if doff < 5 || flags & TCP_RST != 0 {
         return Parsed::Pass;
     }
-    let segment = Segment {
+    let kind = match (flags & TCP_SYN != 0, flags & TCP_ACK != 0) {
+        // SYN+FIN: a Linux listener discards it, so it holds nothing.
+        (true, false) if flags & TCP_FIN == 0 => Parsed::Syn,
+        (false, true) => Parsed::Ack,
+        _ => return Parsed::Pass,
+    };
+    *seg = Segment {
         l3_offset: network.l3_offset,
         is_ipv6: network.is_ipv6,
         client_addr: network.client_addr,
         server_addr: network.server_addr,
-        client_port: u16::from_be_bytes(tcp.source),
-        server_port: u16::from_be_bytes(tcp.dest),
-        seq: u32::from_be_bytes(tcp.seq),
-        ack_seq: u32::from_be_bytes(tcp.ack_seq),
+        client_port: u16::from_be_bytes([head[0], head[1]]),
+        server_port: u16::from_be_bytes([head[2], head[3]]),
+        seq: u32::from_be_bytes([head[4], head[5], head[6], head[7]]),
+        ack_seq: u32::from_be_bytes([head[8], head[9], head[10], head[11]]),
     };
-    match (tcp.syn() != 0, tcp.ack() != 0) {
-        // SYN+FIN: a Linux listener discards it, so it holds nothing.
-        (true, false) if tcp.fin() == 0 => Parsed::Syn(segment),
-        (false, true) => Parsed::Ack(segment),
-        _ => Parsed::Pass,
-    }
+    kind
 }
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
 
 #[inline(always)]
 fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parsed> {
@@ -159,7 +218,7 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
     let offset = ip.frag_offset();
     if offset == 1 {
         // RFC 1858: a TCP fragment at offset 8 can only serve to overwrite the flags.
-        return Err(Parsed::Refuse(gate_counter::OVERLAP_FRAGMENT));
+        return Err(Parsed::Refuse(gate_counter::OVERLAP_FRAGMENT as u32));
     }
     if offset != 0 {
         return Err(Parsed::LaterFragment);
@@ -168,12 +227,13 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
         // A first fragment is judged only if it holds the whole basic TCP header.
         let l4_len = usize::from(ip.tot_len()).saturating_sub(header_len);
         if l4_len < TcpHdr::LEN {
-            return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT));
+            return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT as u32));
         }
     }
     Ok(Network {
         l3_offset,
-        l4_offset: l3_offset + header_len,
+        l4_offset: Some(l3_offset + header_len),
+        tcp_head: [0; 16],
         is_ipv6: false,
         client_addr: ipv4_mapped(ip.src_addr),
         server_addr: ipv4_mapped(ip.dst_addr),
@@ -181,37 +241,35 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
 }
 
 #[inline(always)]
-fn ipv6(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parsed> {
+fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B) -> Result<Network, Parsed> {
     let Some(ip) = ptr_at::<Ipv6Hdr>(data, data_end, l3_offset) else { return Err(Parsed::Truncated) };
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     if ip.version() != 6 {
         return Err(Parsed::Pass);
     }
+    let network = |l4_offset, tcp_head| Network {
+        l3_offset,
+        l4_offset,
+        tcp_head,
+        is_ipv6: true,
+        client_addr: ip.src_addr,
+        server_addr: ip.dst_addr,
+    };
     let mut next = ip.next_hdr;
+    if next == IPPROTO_TCP {
+        return Ok(network(Some(l3_offset + Ipv6Hdr::LEN), [0; 16]));
+    }
+    // Behind extension headers everything is read through the helper (see `LoadBytes`).
+    let payload_end = l3_offset + Ipv6Hdr::LEN + usize::from(ip.payload_len());
     let mut offset = l3_offset + Ipv6Hdr::LEN;
     let mut first_fragment = false;
     for _ in 0..MAX_IPV6_EXTENSIONS {
         if next == IPPROTO_TCP {
-            if first_fragment {
-                // RFC 7112: the first fragment must hold the upper-layer header.
-                let end = l3_offset + Ipv6Hdr::LEN + usize::from(ip.payload_len());
-                if end < offset + TcpHdr::LEN {
-                    return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT));
-                }
-            }
-            return Ok(Network {
-                l3_offset,
-                l4_offset: offset,
-                is_ipv6: true,
-                client_addr: ip.src_addr,
-                server_addr: ip.dst_addr,
-            });
+            break;
         }
         // Every extension header starts with (next header, length).
-        let Some(ext) = ptr_at::<[u8; 8]>(data, data_end, offset) else { return Err(Parsed::Truncated) };
-        // SAFETY: bounds checked by ptr_at.
-        let ext = unsafe { *ext };
+        let Some(ext) = bytes.load::<4>(offset) else { return Err(Parsed::Pass) };
         let len = match next {
             nexthdr::HOP_BY_HOP
             | nexthdr::ROUTING
@@ -221,8 +279,7 @@ fn ipv6(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
             | nexthdr::SHIM6 => (usize::from(ext[1]) + 1) * 8,
             nexthdr::AUTH => (usize::from(ext[1]) + 2) * 4,
             nexthdr::FRAGMENT => {
-                let fragment_offset = u16::from_be_bytes([ext[2], ext[3]]) >> 3;
-                if fragment_offset != 0 {
+                if u16::from_be_bytes([ext[2], ext[3]]) >> 3 != 0 {
                     return Err(Parsed::LaterFragment);
                 }
                 first_fragment = true;
@@ -234,24 +291,26 @@ fn ipv6(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
         next = ext[0];
         offset += len;
     }
-    // Still inside the chain: TCP may follow, and a SYN must not hide behind headers.
-    match next {
-        nexthdr::HOP_BY_HOP
-        | nexthdr::ROUTING
-        | nexthdr::DEST_OPTS
-        | nexthdr::MOBILITY
-        | nexthdr::HIP
-        | nexthdr::SHIM6
-        | nexthdr::AUTH
-        | nexthdr::FRAGMENT => Err(Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED)),
-        IPPROTO_TCP if !first_fragment => Ok(Network {
-            l3_offset,
-            l4_offset: offset,
-            is_ipv6: true,
-            client_addr: ip.src_addr,
-            server_addr: ip.dst_addr,
-        }),
-        IPPROTO_TCP => Err(Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED)),
-        _ => Err(Parsed::Pass),
+    if next != IPPROTO_TCP {
+        // Still inside the chain: TCP may follow, and a SYN must not hide behind headers.
+        return Err(match next {
+            nexthdr::HOP_BY_HOP
+            | nexthdr::ROUTING
+            | nexthdr::DEST_OPTS
+            | nexthdr::MOBILITY
+            | nexthdr::HIP
+            | nexthdr::SHIM6
+            | nexthdr::AUTH
+            | nexthdr::FRAGMENT => Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED as u32),
+            _ => Parsed::Pass,
+        });
+    }
+    // RFC 7112: the first fragment must hold the upper-layer header.
+    if first_fragment && payload_end < offset + TcpHdr::LEN {
+        return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT as u32));
+    }
+    match bytes.load::<16>(offset) {
+        Some(head) => Ok(network(None, head)),
+        None => Err(Parsed::Pass),
     }
 }

@@ -19,7 +19,11 @@ pub fn write_rst(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> R
         *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
     }
 
+    // The verifier does not carry the offset's bounds through the caller's stack: restate them.
     let l3 = seg.l3_offset;
+    if l3 > MAX_L3_OFFSET {
+        return Err(());
+    }
     let l4 = if seg.is_ipv6 {
         let ip: *mut [u8; IPV6_HEADER_LEN] = ptr_at(data, data_end, l3).ok_or(())?;
         // SAFETY: bounds checked by ptr_at.
@@ -41,6 +45,9 @@ pub fn write_rst(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> R
     unsafe { *tcp = tcp_reset(seg.server_port, seg.client_port, reset, pseudo) };
     Ok(l4 + TCP_HEADER_LEN)
 }
+
+/// Ethernet plus two VLAN tags: the furthest the IP header can start.
+const MAX_L3_OFFSET: usize = 14 + 8;
 
 /// The IPv4 address inside an IPv4-mapped IPv6 address.
 #[inline(always)]

@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, NetnsFilter, PortBits, PortConfig,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter, PortBits, PortConfig,
     PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, gate_counter,
     handshake, map,
 };
@@ -20,6 +20,7 @@ pub struct GateMaps {
     pub user_state: Array<MapData, UserPortState>,
     pub counters: PerCpuArray<MapData, PortCounters>,
     pub handshakes: Array<MapData, HandshakeRing>,
+    pub stamps: Array<MapData, HandshakeStamp>,
     pub local_addrs: HashMap<MapData, [u8; 16], u8>,
     pub ack_check: Array<MapData, u32>,
     pub gate_counters: PerCpuArray<MapData, GateCounters>,
@@ -132,6 +133,7 @@ impl GateMaps {
             user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
             counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
             handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
+            stamps: typed(map::STAMPS, open(map::STAMPS)?)?,
             local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
             ack_check: typed(map::ACK_CHECK, open(map::ACK_CHECK)?)?,
             gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,

@@ -272,6 +272,9 @@ mod tests {
             reserve: TierReserve::default(),
             state: PortState::default(),
             user: UserPortState::default(),
+            ring: shed_common::HandshakeRing::default(),
+            now_ns: 0,
+            ack_check: false,
             counters: PortCounters::default(),
         };
         let mut s = PortStats::new(&empty, None);
