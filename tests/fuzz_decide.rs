@@ -74,14 +74,17 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
         Just([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
         any::<[u8; 16]>(),
     ];
-    let ext = (prop_oneof![Just(0u8), Just(43), Just(44), Just(60), Just(51), Just(135), Just(50), Just(59)], 0u8..3);
+    let ext = (
+        prop_oneof![3 => Just(0u8), 3 => Just(43), 3 => Just(44), 3 => Just(60), 3 => Just(51), 3 => Just(135), 1 => Just(50), 1 => Just(59)],
+        0u8..3,
+    );
     let headers = (
         prop::option::weighted(0.15, any::<u16>()),
         prop::bool::weighted(0.05),
-        prop::collection::vec(ext, 0..11),
-        prop_oneof![Just(0u16), Just(1), Just(0x10), Just(0x11), any::<u16>()],
+        prop_oneof![2 => prop::collection::vec(ext.clone(), 0..3), 1 => prop::collection::vec(ext, 3..11)],
+        prop_oneof![3 => Just(0u16), 3 => Just(1), 1 => Just(0x10), 1 => Just(0x11), 1 => any::<u16>()],
         prop::bool::weighted(0.85),
-        prop_oneof![8 => Just(0u8), 1 => 1u8..30],
+        prop_oneof![12 => Just(0u8), 1 => 1u8..30, 2 => 40u8..120],
     );
     (headers, (
         (
@@ -95,7 +98,15 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
             prop_oneof![9 => Just(6u8), 1 => any::<u8>()],
         ),
         (
-            prop_oneof![6 => Just(0x4000u16), 1 => Just(0u16), 1 => Just(0x2000u16), 1 => any::<u16>()],
+            prop_oneof![
+                12 => Just(0x4000u16),
+                2 => Just(0u16),
+                3 => Just(0x2000u16),
+                1 => Just(0x0001u16),
+                1 => Just(0x2001u16),
+                1 => Just(0x0010u16),
+                1 => any::<u16>()
+            ],
             prop_oneof![8 => Just(6u8), 1 => Just(0u8), 1 => any::<u8>()],
         ),
         (addr_v4, addr_v6, prop::bool::weighted(0.8), any::<u16>(), any::<u16>(), any::<u32>()),
@@ -267,6 +278,16 @@ const TIERS: [(&str, u8); 5] = [
 #[test]
 fn kernel_and_model_agree_on_every_frame() {
     let cases: u32 = std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    // Frames arrive on a real interface, not loopback (the test runner's default),
+    // as an attacker's would: replies to this host's own addresses are then withheld.
+    let bed = shed::testbed::Testbed::create("shedfz").expect("testbed");
+    shed::testbed::enter(&bed.server_ns).expect("enter the namespace");
+    let ifname = std::ffi::CString::new(bed.server_if.as_str()).unwrap();
+    // SAFETY: valid C string.
+    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+    let xdp_ctx: Vec<u8> = [0u32, 0, 0, ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let mut skb_ctx = vec![0u8; 192];
+    skb_ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
     let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
     let judged = std::cell::RefCell::new([0u64; 3]); // pass, drop, rst
     let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
@@ -332,7 +353,16 @@ fn kernel_and_model_agree_on_every_frame() {
             let expected = model::decide(&frame, &state);
 
             let mut out = vec![0u8; frame.len() + 256];
-            let opts = TestRunOptions { data_in: Some(&frame), data_out: Some(&mut out), ..Default::default() };
+            // struct xdp_md wants data_end = the frame's length; __sk_buff only the ifindex.
+            let mut xdp_ctx = xdp_ctx.clone();
+            xdp_ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+            let ctx = if hook == "xdp" { &xdp_ctx } else { &skb_ctx };
+            let opts = TestRunOptions {
+                data_in: Some(&frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx),
+                ..Default::default()
+            };
             let run =
                 if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
             let run = match run {

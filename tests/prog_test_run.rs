@@ -39,6 +39,35 @@ impl Harness {
         Self { loaded }
     }
 
+    /// Runs one frame as if it arrived on interface `ifindex` of the calling
+    /// thread's namespace (the test runner otherwise presents every frame as
+    /// arriving on loopback).
+    fn run_on(&mut self, hook: Hook, frame: &[u8], ifindex: u32) -> (i64, Vec<u8>) {
+        let mut out = vec![0u8; frame.len() + 256];
+        let ctx: Vec<u8> = match hook {
+            // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+            Hook::Xdp => [0, frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect(),
+            // struct __sk_buff (192 bytes) with only `ifindex` (offset 40) set.
+            Hook::Tc => {
+                let mut skb = vec![0u8; 192];
+                skb[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+                skb
+            }
+        };
+        let opts =
+            TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ctx_in: Some(&ctx), ..Default::default() };
+        let result = match hook {
+            Hook::Xdp => self.loaded.xdp().unwrap().test_run(opts).unwrap(),
+            Hook::Tc => self.loaded.tc().unwrap().test_run(opts).unwrap(),
+        };
+        out.truncate(result.data_size_out as usize);
+        let verdict = match hook {
+            Hook::Xdp => i64::from(result.return_value),
+            Hook::Tc => i64::from(result.return_value as i32),
+        };
+        (verdict, out)
+    }
+
     fn gate_counters(&self) -> [u64; gate_counter::COUNT] {
         self.loaded.maps.gate_counters().unwrap()
     }
@@ -598,8 +627,21 @@ fn unjudgeable_headers_that_could_hide_a_syn_are_dropped() {
     }
 }
 
+/// A namespace with a real (veth) interface, entered by the calling thread,
+/// for frames that must arrive from outside; returns the interface's index.
+fn outside(name: &str) -> (shed::testbed::Testbed, u32) {
+    let bed = shed::testbed::Testbed::create(name).expect("testbed");
+    shed::testbed::enter(&bed.server_ns).expect("enter the namespace");
+    let name = std::ffi::CString::new(bed.server_if.as_str()).unwrap();
+    // SAFETY: valid C string.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert!(ifindex > 1);
+    (bed, ifindex)
+}
+
 #[test]
 fn only_syns_addressed_to_this_namespace_are_judged() {
+    let (_bed, ifindex) = outside("shedpt1");
     for hook in HOOKS {
         let mut h = Harness::new(0, action::RST, false);
         // Limit 0: every judged SYN is rejected. Forwarded ones must pass untouched.
@@ -614,13 +656,16 @@ fn only_syns_addressed_to_this_namespace_are_judged() {
         assert_eq!((c[counter::NOT_LOCAL], c[counter::SYN_SEEN], c[counter::REJECTED_LIMIT]), (2, 0, 0), "{hook:?}");
         // Loopback addresses are always local.
         let lo = Spec { server_v4: [127, 0, 0, 1], client_v4: [127, 0, 0, 1], ..Spec::default() };
-        assert_eq!(h.run(hook, &frame(&lo)).unwrap().0, dropped(hook), "{hook:?}: judged; no RST to 127/8 from outside");
+        assert_eq!(h.run_on(hook, &frame(&lo), ifindex).0, dropped(hook), "{hook:?}: judged; no RST to 127/8 from outside");
         assert_eq!(h.counters()[counter::RST_SUPPRESSED], 1, "{hook:?}");
+        // On loopback itself, a local client is a real one: it gets its RST.
+        assert_eq!(h.run(hook, &frame(&lo)).unwrap().0, rst(hook), "{hook:?}: RST to a loopback client on lo");
     }
 }
 
 #[test]
 fn no_reset_to_addresses_that_cannot_be_clients() {
+    let (_bed, ifindex) = outside("shedpt2");
     for hook in HOOKS {
         let mut h = Harness::new(0, action::RST, false);
         let mut local = h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
@@ -636,11 +681,12 @@ fn no_reset_to_addresses_that_cannot_be_clients() {
             ("ipv6 own address", Spec { client_v6: SERVER_V6, ..Spec::v6() }),
         ];
         for (name, spec) in &sources {
-            assert_eq!(h.run(hook, &frame(spec)).unwrap().0, dropped(hook), "{hook:?} {name}: dropped, not answered");
+            assert_eq!(h.run_on(hook, &frame(spec), ifindex).0, dropped(hook), "{hook:?} {name}: dropped, not answered");
         }
         let c = h.counters();
         assert_eq!((c[counter::RST_SUPPRESSED], c[counter::RST_SENT]), (7, 0), "{hook:?}");
-        assert_eq!(h.run(hook, &frame(&Spec::default())).unwrap().0, rst(hook), "{hook:?}: a real client still gets its RST");
+        let real = h.run_on(hook, &frame(&Spec::default()), ifindex).0;
+        assert_eq!(real, rst(hook), "{hook:?}: a real client still gets its RST");
     }
 }
 
@@ -690,23 +736,22 @@ fn rst_caps_hold_when_cpus_race() {
         config.rst_per_sec = 50;
         h.loaded.maps.write_config(PORT, config).unwrap();
     }
-    let prog_fd = {
-        use std::os::fd::AsFd as _;
-        let mut h = h.lock().unwrap();
-        h.loaded.xdp().unwrap().fd().unwrap().as_fd().try_clone_to_owned().unwrap()
-    };
+    let guard = h.lock().unwrap();
+    let xdp: &aya::programs::Xdp =
+        guard.loaded.ebpf.program(shed_common::program::XDP).unwrap().try_into().expect("an XDP program");
     let started = std::time::Instant::now();
     let sent: u64 = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..cpus)
             .map(|cpu| {
-                let prog_fd = &prog_fd;
                 scope.spawn(move || {
                     pin_to_cpu(cpu);
                     let mut rsts = 0u64;
                     for i in 0..3000u32 {
                         let client = [10, (i >> 8) as u8, (i & 0xff) as u8, cpu as u8];
                         let f = frame(&Spec { client_v4: client, ..Spec::default() });
-                        if test_run_fd(prog_fd, &f) == XDP_TX {
+                        let mut out = vec![0u8; f.len() + 64];
+                        let opts = TestRunOptions { data_in: Some(&f), data_out: Some(&mut out), ..Default::default() };
+                        if xdp.test_run(opts).unwrap().return_value == XDP_TX {
                             rsts += 1;
                         }
                     }
@@ -718,7 +763,7 @@ fn rst_caps_hold_when_cpus_race() {
     });
     let elapsed = started.elapsed().as_secs_f64();
     let cap = 50.0 + 50.0 * elapsed;
-    let c = h.lock().unwrap().counters();
+    let c = guard.counters();
     assert_eq!(c[counter::RST_SENT], sent);
     assert!(sent as f64 <= cap.floor(), "{sent} RSTs in {elapsed:.3} s from {cpus} CPUs: the cap allows {cap:.0}");
     assert!(sent >= 50, "the burst of the cap is sent: {sent}");
@@ -733,43 +778,3 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
-/// One BPF_PROG_TEST_RUN of an XDP program by fd, from the calling thread (so on its CPU).
-fn test_run_fd(prog: &std::os::fd::OwnedFd, data: &[u8]) -> u32 {
-    use std::os::fd::AsRawFd as _;
-    #[repr(C)]
-    #[derive(Default)]
-    struct TestRunAttr {
-        prog_fd: u32,
-        retval: u32,
-        data_size_in: u32,
-        data_size_out: u32,
-        data_in: u64,
-        data_out: u64,
-        repeat: u32,
-        duration: u32,
-        ctx_size_in: u32,
-        ctx_size_out: u32,
-        ctx_in: u64,
-        ctx_out: u64,
-        flags: u32,
-        cpu: u32,
-        batch_size: u32,
-    }
-    const BPF_PROG_TEST_RUN: libc::c_long = 10;
-    let mut out = vec![0u8; data.len() + 64];
-    let mut attr = TestRunAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        data_size_in: data.len() as u32,
-        data_size_out: out.len() as u32,
-        data_in: data.as_ptr() as u64,
-        data_out: out.as_mut_ptr() as u64,
-        repeat: 1,
-        ..TestRunAttr::default()
-    };
-    // SAFETY: the attr is a valid BPF_PROG_TEST_RUN request of its own size, with live buffers.
-    let r = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, &mut attr as *mut TestRunAttr, std::mem::size_of::<TestRunAttr>())
-    };
-    assert_eq!(r, 0, "test run: {}", std::io::Error::last_os_error());
-    attr.retval
-}

@@ -36,8 +36,8 @@ use crate::{
 const LOOPBACK_IFINDEX: u32 = 1;
 /// How much of a TC packet must be linear for the parser's direct reads:
 /// Ethernet, two VLAN tags, IPv4 with options or IPv6, and the TCP header's
-/// first 16 bytes (extension headers are read through a helper).
-const TC_LINEAR_HEAD: u32 = 14 + 8 + 60 + 16;
+/// header (extension headers are read through a helper).
+const TC_LINEAR_HEAD: u32 = 14 + 8 + 60 + 20;
 
 /// What an entry point must do with a frame, before hook-specific actions.
 enum Outcome {

@@ -134,8 +134,8 @@ struct Network {
     /// Where TCP starts, when it follows the fixed IP header and its options
     /// (read directly); `None` behind IPv6 extension headers (read through the helper).
     l4_offset: Option<usize>,
-    /// Behind extension headers: the TCP header's first 16 bytes, already loaded.
-    tcp_head: [u8; 16],
+    /// Behind extension headers: the TCP header, already loaded.
+    tcp_head: [u8; TCP_HEADER],
     is_ipv6: bool,
     client_addr: [u8; 16],
     server_addr: [u8; 16],
@@ -169,10 +169,10 @@ pub fn parse<B: LoadBytes>(data: usize, data_end: usize, bytes: &B, seg: &mut Se
         Ok(n) => n,
         Err(other) => return other,
     };
-    // The first 14 bytes of TCP: ports, sequence and acknowledgment numbers, offset, flags.
-    let head: [u8; 16] = match network.l4_offset {
+    // The fixed TCP header must be there whole, as the kernel requires.
+    let head: [u8; TCP_HEADER] = match network.l4_offset {
         Some(l4) => {
-            let Some(tcp) = ptr_at::<[u8; 16]>(data, data_end, l4) else { return Parsed::Truncated };
+            let Some(tcp) = ptr_at::<[u8; TCP_HEADER]>(data, data_end, l4) else { return Parsed::Truncated };
             // SAFETY: bounds checked by ptr_at.
             unsafe { *tcp }
         }
@@ -201,6 +201,7 @@ pub fn parse<B: LoadBytes>(data: usize, data_end: usize, bytes: &B, seg: &mut Se
     kind
 }
 
+const TCP_HEADER: usize = 20;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
@@ -233,7 +234,7 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
     Ok(Network {
         l3_offset,
         l4_offset: Some(l3_offset + header_len),
-        tcp_head: [0; 16],
+        tcp_head: [0; TCP_HEADER],
         is_ipv6: false,
         client_addr: ipv4_mapped(ip.src_addr),
         server_addr: ipv4_mapped(ip.dst_addr),
@@ -258,7 +259,7 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
     };
     let mut next = ip.next_hdr;
     if next == IPPROTO_TCP {
-        return Ok(network(Some(l3_offset + Ipv6Hdr::LEN), [0; 16]));
+        return Ok(network(Some(l3_offset + Ipv6Hdr::LEN), [0; TCP_HEADER]));
     }
     // Behind extension headers everything is read through the helper (see `LoadBytes`).
     let payload_end = l3_offset + Ipv6Hdr::LEN + usize::from(ip.payload_len());
@@ -269,7 +270,7 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
             break;
         }
         // Every extension header starts with (next header, length).
-        let Some(ext) = bytes.load::<4>(offset) else { return Err(Parsed::Pass) };
+        let Some(ext) = bytes.load::<8>(offset) else { return Err(Parsed::Pass) };
         let len = match next {
             nexthdr::HOP_BY_HOP
             | nexthdr::ROUTING
@@ -309,7 +310,7 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
     if first_fragment && payload_end < offset + TcpHdr::LEN {
         return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT as u32));
     }
-    match bytes.load::<16>(offset) {
+    match bytes.load::<TCP_HEADER>(offset) {
         Some(head) => Ok(network(None, head)),
         None => Err(Parsed::Pass),
     }
