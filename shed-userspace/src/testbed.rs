@@ -5,7 +5,7 @@ use std::{
     fs::File,
     io::{self, Read, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, FromRawFd as _},
     process::Command,
     sync::{
         Arc,
@@ -349,6 +349,23 @@ impl OpenLoop {
     }
 }
 
+impl OpenLoop {
+    /// Stops sending and returns every outcome, waiting for requests still
+    /// under way (each is bounded by its deadline).
+    pub fn finish(mut self) -> Vec<Outcome> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        // Disconnected once the last request thread has sent its outcome.
+        let mut out = Vec::new();
+        while let Ok(o) = self.outcomes.recv_timeout(Duration::from_secs(10)) {
+            out.push(o);
+        }
+        out
+    }
+}
+
 impl Drop for OpenLoop {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -358,46 +375,57 @@ impl Drop for OpenLoop {
     }
 }
 
-/// Sends `count` SYNs to `dst:port` from forged sources (`source(i)`), over a
-/// raw socket: a flood of handshakes that never complete. Returns SYNs sent.
-pub fn syn_flood(dst: Ipv4Addr, port: u16, count: u32, source: impl Fn(u32) -> Ipv4Addr) -> io::Result<u32> {
+/// An IPv4 TCP segment without options or payload, checksums filled in.
+pub fn tcp_segment(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u32, ack: u32, flags: u8) -> [u8; 40] {
     use shed_common::rst::{finish, sum_words};
-    // SAFETY: a raw socket (IPPROTO_RAW implies IP_HDRINCL); closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+    let (s, d) = (src.octets(), dst.octets());
+    let mut pkt = [0u8; 40];
+    pkt[..20].copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]]);
+    let ip_sum = finish(sum_words(&<[u8; 20]>::try_from(&pkt[..20]).expect("20 bytes")));
+    pkt[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+    tcp[12] = 0x50;
+    tcp[13] = flags;
+    tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
+    let pseudo = sum_words(&s) + sum_words(&d) + 6 + 20;
+    let checksum = finish(pseudo + sum_words(&tcp));
+    tcp[16..18].copy_from_slice(&checksum.to_be_bytes());
+    pkt[20..].copy_from_slice(&tcp);
+    pkt
+}
+
+/// A raw IPv4 socket that sends whole packets (IP_HDRINCL), closed on drop.
+pub struct RawSender {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl RawSender {
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: a raw socket (IPPROTO_RAW implies IP_HDRINCL).
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) } })
     }
-    let to = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(dst.octets()) },
-        sin_zero: [0; 8],
-    };
-    let mut sent = 0;
-    for i in 0..count {
-        let src = source(i).octets();
-        let d = dst.octets();
-        // IPv4 header: the kernel fills in the checksum and total length.
-        let mut pkt = [0u8; 40];
-        pkt[..20].copy_from_slice(&[
-            0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, src[0], src[1], src[2], src[3], d[0], d[1], d[2], d[3],
-        ]);
-        let sport = (1024 + i % 60_000) as u16;
-        let mut tcp = [0u8; 20];
-        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-        tcp[2..4].copy_from_slice(&port.to_be_bytes());
-        tcp[4..8].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_be_bytes());
-        tcp[12] = 0x50;
-        tcp[13] = 0x02; // SYN
-        tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-        let pseudo = sum_words(&src) + sum_words(&d) + 6 + 20;
-        let checksum = finish(pseudo + sum_words(&tcp));
-        tcp[16..18].copy_from_slice(&checksum.to_be_bytes());
-        pkt[20..].copy_from_slice(&tcp);
+
+    /// Sends one packet built by [`tcp_segment`]; whether it went out whole.
+    pub fn send(&self, pkt: &[u8; 40]) -> bool {
+        let to = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes([pkt[16], pkt[17], pkt[18], pkt[19]]) },
+            sin_zero: [0; 8],
+        };
         // SAFETY: valid buffer and address.
         let n = unsafe {
             libc::sendto(
-                fd,
+                self.fd.as_raw_fd(),
                 pkt.as_ptr().cast(),
                 pkt.len(),
                 0,
@@ -405,11 +433,125 @@ pub fn syn_flood(dst: Ipv4Addr, port: u16, count: u32, source: impl Fn(u32) -> I
                 std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
             )
         };
-        if n == pkt.len() as isize {
+        n == pkt.len() as isize
+    }
+}
+
+/// Sends `count` SYNs to `dst:port` from forged sources (`source(i)`), over a
+/// raw socket: a flood of handshakes that never complete. Returns SYNs sent.
+pub fn syn_flood(dst: Ipv4Addr, port: u16, count: u32, source: impl Fn(u32) -> Ipv4Addr) -> io::Result<u32> {
+    let raw = RawSender::new()?;
+    let mut sent = 0;
+    for i in 0..count {
+        let sport = (1024 + i % 60_000) as u16;
+        let pkt = tcp_segment(source(i), dst, sport, port, i.wrapping_mul(2_654_435_761), 0, 0x02);
+        sent += u32::from(raw.send(&pkt));
+    }
+    Ok(sent)
+}
+
+/// Sends forged SYNs at `per_sec` for `duration` (paced in 1 ms slices), from
+/// `source(i)`; returns how many were sent. Bounded by the duration.
+pub fn syn_flood_at(
+    dst: Ipv4Addr,
+    port: u16,
+    per_sec: u32,
+    duration: Duration,
+    source: impl Fn(u32) -> Ipv4Addr,
+) -> io::Result<u32> {
+    let raw = RawSender::new()?;
+    let start = Instant::now();
+    let mut sent = 0u32;
+    while start.elapsed() < duration {
+        let due = (start.elapsed().as_secs_f64() * f64::from(per_sec)) as u32;
+        while sent < due {
+            let sport = (1024 + sent % 60_000) as u16;
+            let pkt = tcp_segment(source(sent), dst, sport, port, sent.wrapping_mul(2_654_435_761), 0, 0x02);
+            raw.send(&pkt);
             sent += 1;
         }
+        thread::sleep(Duration::from_micros(500));
     }
-    // SAFETY: our fd.
-    unsafe { libc::close(fd) };
     Ok(sent)
+}
+
+/// Captures SYN-ACKs addressed to `to` on `iface` of the calling thread's
+/// namespace (an AF_PACKET socket), for at most `timeout`: (port, their seq)
+/// of each, the first `count` distinct ports. For forged handshakes completed by hand.
+pub struct SynAckCapture {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl SynAckCapture {
+    pub fn open(iface: &str) -> io::Result<Self> {
+        const ETH_P_IP: u16 = 0x0800;
+        // SAFETY: an AF_PACKET socket for IPv4 frames.
+        let fd = unsafe {
+            libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, i32::from(ETH_P_IP.to_be()))
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let name = std::ffi::CString::new(iface).map_err(io::Error::other)?;
+        // SAFETY: valid C string.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = ETH_P_IP.to_be();
+        addr.sll_ifindex = ifindex as i32;
+        // SAFETY: binding our socket to a valid sockaddr_ll.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let tv = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
+        // SAFETY: a valid timeval for SO_RCVTIMEO.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        Ok(Self { fd })
+    }
+
+    /// SYN-ACKs to `to` seen within `timeout`, (our port, their seq), at most `count` distinct ports.
+    pub fn syn_acks(&self, to: Ipv4Addr, count: usize, timeout: Duration) -> Vec<(u16, u32)> {
+        let start = Instant::now();
+        let mut seen: Vec<(u16, u32)> = Vec::new();
+        let mut buf = [0u8; 2048];
+        while seen.len() < count && start.elapsed() < timeout {
+            // SAFETY: reading into our buffer.
+            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 40 {
+                continue;
+            }
+            let p = &buf[..n as usize];
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            if p[9] != 6 || p[16..20] != to.octets() || p.len() < ihl + 20 {
+                continue;
+            }
+            let tcp = &p[ihl..];
+            if tcp[13] & 0x12 != 0x12 {
+                continue;
+            }
+            let port = u16::from_be_bytes([tcp[2], tcp[3]]);
+            let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+            if !seen.iter().any(|(p, _)| *p == port) {
+                seen.push((port, seq));
+            }
+        }
+        seen
+    }
 }

@@ -47,7 +47,7 @@ mod tests {
         for word in ["attach", "stats", "set", "detach", "tier", "--client-cap", "--xdp-mode"] {
             assert!(bash.contains(word), "bash completion lacks {word}");
         }
-        assert!(read("zsh/vendor-completions/_shedctl").contains("--pending-timeout"));
+        assert!(read("zsh/vendor-completions/_shedctl").contains("--handshake-window"));
         assert!(read("fish/vendor_completions.d/shedctl.fish").contains("rst-prefix-rate"));
         let attach = read("man/man1/shedctl-attach.1");
         assert!(

@@ -114,8 +114,8 @@ pub fn b2(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
             match config.how {
                 Reject::XdpDrop => drop_prog = Some(xdp_in(&bed.server_ns, &bed.server_if, Loaded::xdp_drop)?),
                 Reject::Shed(args) => {
-                    // Limit 1: the first SYN takes the only slot, every later one is rejected.
-                    let base = ["--limit", "1", "--rst-rate", "0", "--pending-timeout", "60000"];
+                    // Limit 1: a forged SYN takes the only slot for one handshake window, the rest are rejected.
+                    let base = ["--limit", "1", "--rst-rate", "0"];
                     gate = Some(start_gate(shedctl, &bed, &[&base[..], args].concat())?);
                 }
                 Reject::Nftables => nft_cap(&bed.server_ns, 0)?,

@@ -15,6 +15,7 @@ mod b2;
 mod b3;
 mod b5;
 mod b6;
+mod b7;
 mod plot;
 
 const PORT: u16 = 8080;
@@ -443,7 +444,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -483,6 +484,9 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b6") {
         save("b6", b6::b6(&shedctl, scale)?)?;
+    }
+    if wanted("b7") {
+        save("b7", b7::b7(&shedctl, scale, &results_dir())?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {
@@ -581,6 +585,26 @@ mod tests {
         assert_eq!(json["events"].as_array().unwrap().len(), 4, "{json}");
         assert!(md.contains("| backend 5x slower |"), "{md}");
         assert!(std::fs::metadata(out.path().join("b5_adaptation.png")).unwrap().len() > 1000, "a PNG plot");
+    }
+
+    #[test]
+    fn b7_still_runs() {
+        let out = tempfile::tempdir().unwrap();
+        let (json, md) = b7::b7(&shedctl(), Scale::Smoke, out.path()).expect("B7 runs");
+        let points = json["points"].as_array().expect("points");
+        assert_eq!(points.len(), 6, "{json}");
+        let goodput = |config: &str, rate: u64| {
+            points
+                .iter()
+                .find(|p| p["config"] == config && p["forged_per_sec"] == rate)
+                .and_then(|p| p["goodput_fraction"].as_f64())
+                .unwrap_or_else(|| panic!("{config} at {rate}/s in {json}"))
+        };
+        // Under the flood, shed keeps the legitimate clients within 10% of no gate.
+        let (shed, none) = (goodput("shed", 2_000), goodput("no gate (kernel SYN cookies)", 2_000));
+        assert!(shed >= 0.9 * none, "shed {shed} vs no gate {none} at 2,000 forged SYN/s");
+        assert!(md.contains("| shed | 2000 |"), "{md}");
+        assert!(std::fs::metadata(out.path().join("b7_spoofed_flood.png")).unwrap().len() > 1000, "a PNG plot");
     }
 
     #[test]

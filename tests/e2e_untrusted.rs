@@ -1,0 +1,331 @@
+//! Untrusted traffic end to end: forged SYN floods, late handshake
+//! completions, forwarded traffic, interfaces that come and go, ports that
+//! share a gate. The real `shedctl`, real kernel programs, real sockets
+//! between network namespaces. Needs root.
+mod support;
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    process::Command,
+    sync::{Arc, atomic::AtomicU64},
+    thread,
+    time::{Duration, Instant},
+};
+
+use shed::testbed::{self, Backend, OpenLoop, Outcome, RawSender, Service, SynAckCapture, Testbed, tcp_segment};
+use support::gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats};
+
+const PORT: u16 = 8080;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// A source address for the `i`th forged SYN: spread over 100.64.0.0/10, or all in one /24.
+fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
+    let h = i.wrapping_mul(2_654_435_761);
+    if one_prefix {
+        Ipv4Addr::new(198, 51, 100, (h % 250) as u8 + 1)
+    } else {
+        Ipv4Addr::new(100, 64 + ((h >> 16) & 63) as u8, (h >> 8) as u8, (h as u8).max(1))
+    }
+}
+
+/// Answered share of the legitimate requests made while `during` runs.
+fn legit_goodput(bed: &Testbed, per_sec: u64, seconds: u64, during: impl FnOnce()) -> (f64, usize) {
+    let rate = Arc::new(AtomicU64::new(per_sec));
+    let load = OpenLoop::start(&bed.client_ns, bed.server_addr(false, PORT), rate, Duration::from_secs(1));
+    let start = Instant::now();
+    during();
+    if let Some(rest) = Duration::from_secs(seconds).checked_sub(start.elapsed()) {
+        thread::sleep(rest);
+    }
+    let outcomes = load.finish();
+    let answered = outcomes.iter().filter(|o| matches!(o, Outcome::Answered(_))).count();
+    (answered as f64 / outcomes.len().max(1) as f64, outcomes.len())
+}
+
+#[test]
+fn forged_syn_floods_hold_almost_nothing() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtu").expect("testbed");
+    // SYN-ACKs to forged sources leave for the client side, where nobody answers them.
+    ip(&["-n", &bed.server_ns, "route", "add", "default", "via", "10.200.0.2"]);
+    let addr = bed.server_addr(false, PORT);
+    let service_us = Arc::new(AtomicU64::new(1_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Workers { workers: 4, service_us }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst"]);
+    // Warm up: real handshakes size the handshake window.
+    let (warm, _) = legit_goodput(&bed, 50, 2, || {});
+    assert!(warm >= 0.99, "no flood yet: {warm}");
+    let window_us = field(&stats(PORT), "handshake_window_us");
+    for (label, one_prefix) in [("random sources", false), ("one /24", true)] {
+        let before = stats(PORT);
+        let server = bed.server_v4;
+        let ns = bed.client_ns.clone();
+        let mut sent = 0;
+        let (goodput, requests) = legit_goodput(&bed, 50, 3, || {
+            sent = testbed::run_in(&ns, move || {
+                testbed::syn_flood_at(server, PORT, 2_000, Duration::from_secs(3), |i| forged(i, one_prefix))
+            })
+            .unwrap()
+            .expect("raw socket");
+        });
+        let after = wait_for_stats(PORT, Duration::from_secs(2), "forged reservations lapsed", |s| {
+            field(s, "pending") == 0
+        });
+        let lapsed = field(&after, "handshakes_lapsed") - field(&before, "handshakes_lapsed");
+        let admitted = field(&after, "admitted") - field(&before, "admitted");
+        println!(
+            "flood ({label}): {sent} forged SYNs in 3 s, legit goodput {:.1}% of {requests} requests, \
+             {lapsed} reservations lapsed, {admitted} admitted, handshake window {window_us} us",
+            goodput * 100.0
+        );
+        assert!(goodput >= 0.9, "{label}: legitimate goodput {goodput:.3} under a 2,000/s forged flood");
+        assert!(sent >= 4_000, "{label}: the flood ran ({sent} sent)");
+        // The forged SYNs were admitted (there was room) and their reservations lapsed by themselves.
+        assert!(lapsed * 10 >= u64::from(sent) * 8, "{label}: {lapsed} of {sent} forged reservations lapsed");
+    }
+    assert!(window_us <= 10_000, "the measured window on a veth is short: {window_us} us");
+}
+
+#[test]
+fn late_handshake_completions_are_counted_and_capped() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtk").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    // A forged client address the client namespace does not own: its SYN-ACKs reach the
+    // client veth (a fixed neighbour entry), where we capture them instead of the kernel answering.
+    let forged_addr = Ipv4Addr::new(10, 200, 0, 77);
+    ip(&["-n", &bed.client_ns, "link", "set", "dev", &bed.client_if, "address", "02:00:00:00:00:77"]);
+    ip(&["-n", &bed.server_ns, "neigh", "replace", "10.200.0.77", "lladdr", "02:00:00:00:00:77", "dev", &bed.server_if]);
+    for (label, args, expected) in [
+        ("limit 3", vec!["--limit", "3"], 3u64),
+        ("client cap 2", vec!["--limit", "100", "--client-cap", "2"], 2),
+    ] {
+        let mut gate_args = vec!["--port", "8080", "--action", "rst", "--count", "connections"];
+        gate_args.extend(args);
+        let _gate = Gate::start(&bed, &gate_args);
+        let (server, iface) = (bed.server_v4, bed.client_if.clone());
+        let (established, rejected) = testbed::run_in(&bed.client_ns, move || {
+            let capture = SynAckCapture::open(&iface).expect("capture");
+            let raw = RawSender::new().expect("raw socket");
+            // Ten handshakes, each admitted and then left to lapse (the window is ~30 ms before
+            // any real handshake has been measured).
+            let ports: Vec<u16> = (0..10).map(|i| 41_000 + i).collect();
+            for &port in &ports {
+                raw.send(&tcp_segment(forged_addr, server, port, PORT, 1000, 0, 0x02));
+                thread::sleep(Duration::from_millis(60));
+            }
+            let syn_acks = capture.syn_acks(forged_addr, ports.len(), Duration::from_secs(3));
+            assert_eq!(syn_acks.len(), ports.len(), "every forged SYN was admitted and answered");
+            // All ten late ACKs at once.
+            for (port, seq) in &syn_acks {
+                raw.send(&tcp_segment(forged_addr, server, *port, PORT, 1001, seq.wrapping_add(1), 0x10));
+            }
+            thread::sleep(Duration::from_millis(300));
+            let s = stats(PORT);
+            (field(&s, "established"), s)
+        })
+        .unwrap();
+        println!("late ACKs ({label}): {established} established; {rejected}");
+        assert_eq!(established, expected, "{label}: late completions are counted and capped");
+        assert_eq!(field(&rejected, "late_completed"), expected, "{label}: {rejected}");
+        assert_eq!(field(&rejected, "rejected"), 10 - expected, "{label}: the rest were refused: {rejected}");
+        assert!(rejected["ack_check"].as_bool().unwrap(), "{label}");
+    }
+}
+
+/// Three namespaces in a row: client -- router (gated, forwarding) -- remote server.
+struct Forwarding {
+    bed: Testbed,
+    remote_ns: String,
+}
+
+impl Forwarding {
+    fn create() -> Self {
+        // client ns = "shedtw-cli" (10.200.0.2), router = "shedtw-srv" (10.200.0.1, 10.201.0.1), remote (10.201.0.2).
+        let bed = Testbed::create("shedtw").expect("testbed");
+        let remote_ns = "shedtw-rem".to_owned();
+        let _ = Command::new("ip").args(["netns", "del", &remote_ns]).output();
+        ip(&["netns", "add", &remote_ns]);
+        ip(&["link", "add", "shedtw-r", "netns", &bed.server_ns, "type", "veth", "peer", "name", "shedtw-x", "netns", &remote_ns]);
+        ip(&["-n", &bed.server_ns, "addr", "add", "10.201.0.1/24", "dev", "shedtw-r"]);
+        ip(&["-n", &remote_ns, "addr", "add", "10.201.0.2/24", "dev", "shedtw-x"]);
+        for (ns, dev) in [(bed.server_ns.as_str(), "shedtw-r"), (remote_ns.as_str(), "shedtw-x"), (remote_ns.as_str(), "lo")] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        ip(&["-n", &bed.client_ns, "route", "add", "10.201.0.0/24", "via", "10.200.0.1"]);
+        ip(&["-n", &remote_ns, "route", "add", "default", "via", "10.201.0.1"]);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &bed.server_ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+            .output()
+            .expect("sysctl");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Self { bed, remote_ns }
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.remote_ns]).output();
+    }
+}
+
+#[test]
+fn forwarded_connections_are_never_judged() {
+    let _one = exclusive();
+    let net = Forwarding::create();
+    let bed = &net.bed;
+    let remote = SocketAddr::from(([10, 201, 0, 2], PORT));
+    let local = bed.server_addr(false, PORT);
+    let _remote_backend = Backend::start(&net.remote_ns, remote, Service::Echo).expect("remote backend");
+    let _local_backend = Backend::start(&bed.server_ns, local, Service::Echo).expect("router's own service");
+    // The router is gated on every interface (as the DaemonSet runs), port 8080, limit 1.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Command::new(support::gate::SHEDCTL)
+        .args(["attach", "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"])
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("spawn shedctl");
+    let _stop = scopeguard(move || {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+    });
+    let start = Instant::now();
+    while !(shed::daemon::ready() && shedctl(&["stats", "--json"]).status.success()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // Six connections forwarded through the router to the remote server on the protected port.
+    let forwarded: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+        (0..6).map(|_| testbed::connect(remote, Duration::from_secs(2))).collect::<Vec<_>>()
+    })
+    .unwrap();
+    let ok = forwarded.iter().filter(|r| r.is_ok()).count();
+    // The router's own listener is judged: limit 1.
+    let own: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+        (0..2).map(|_| testbed::connect(local, Duration::from_secs(2))).collect::<Vec<_>>()
+    })
+    .unwrap();
+    let s = stats(PORT);
+    println!("forwarding: {ok} of 6 forwarded connections made; own service {:?}; {s}", own.iter().map(|r| r.is_ok()).collect::<Vec<_>>());
+    assert_eq!(ok, 6, "forwarded connections are not the router's to judge");
+    assert!(own[0].is_ok(), "the router's own service admits up to its limit");
+    assert_eq!(own[1].as_ref().err().map(|e| e.kind()), Some(std::io::ErrorKind::ConnectionRefused), "and refuses past it");
+    assert!(field(&s, "not_local") >= 6, "forwarded SYNs were seen and passed: {s}");
+    assert_eq!(field(&s, "admitted"), 1, "{s}");
+    drop((forwarded, own));
+}
+
+#[test]
+fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtn").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    // A tun device has no Ethernet header: naming it is refused with the reason.
+    ip(&["-n", &bed.server_ns, "tuntap", "add", "dev", "shedtun0", "mode", "tun"]);
+    let out = shedctl(&["attach", "--netns", &bed.server_ns, "--iface", "shedtun0", "--port", "8080", "--limit", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no Ethernet header"), "{err}");
+
+    // The whole namespace (no --iface): the tun device is left out with a warning, the rest gated.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Command::new(support::gate::SHEDCTL)
+        .args(["attach", "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"])
+        .env("SHED_LOG", "info")
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("spawn shedctl");
+    let _stop = scopeguard(move || {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+    });
+    let start = Instant::now();
+    while !(shed::daemon::ready() && shedctl(&["stats", "--json"]).status.success()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(2))).unwrap();
+    assert!(held.is_ok(), "first connection fits the limit");
+
+    // A new interface into the server namespace, with a client behind it.
+    let late_ns = "shedtn-new".to_owned();
+    let _ = Command::new("ip").args(["netns", "del", &late_ns]).output();
+    ip(&["netns", "add", &late_ns]);
+    let _cleanup = scopeguard({
+        let late_ns = late_ns.clone();
+        move || {
+            let _ = Command::new("ip").args(["netns", "del", &late_ns]).output();
+        }
+    });
+    ip(&["link", "add", "shedtn-n", "netns", &bed.server_ns, "type", "veth", "peer", "name", "shedtn-p", "netns", &late_ns]);
+    ip(&["-n", &bed.server_ns, "addr", "add", "10.202.0.1/24", "dev", "shedtn-n"]);
+    ip(&["-n", &late_ns, "addr", "add", "10.202.0.2/24", "dev", "shedtn-p"]);
+    ip(&["-n", &bed.server_ns, "link", "set", "shedtn-n", "up"]);
+    ip(&["-n", &late_ns, "link", "set", "shedtn-p", "up"]);
+    let new_addr = SocketAddr::from(([10, 202, 0, 1], PORT));
+    // The daemon looks for new interfaces (and addresses) every second.
+    let start = Instant::now();
+    let refused = loop {
+        let r = testbed::run_in(&late_ns, move || testbed::connect(new_addr, Duration::from_millis(500))).unwrap();
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break true,
+            _ if start.elapsed() > Duration::from_secs(5) => break false,
+            _ => thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    let logs = std::fs::read_to_string(log.path()).unwrap_or_default();
+    assert!(refused, "a SYN through the new interface is judged (limit full):\n{logs}");
+    assert!(logs.contains("new interface gated") && logs.contains("shedtun0"), "{logs}");
+    drop(held);
+}
+
+#[test]
+fn a_flooded_dry_run_port_leaves_the_other_ports_alone() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedti").expect("testbed");
+    ip(&["-n", &bed.server_ns, "route", "add", "default", "via", "10.200.0.2"]);
+    let (flooded, other) = (bed.server_addr(false, 8081), bed.server_addr(false, PORT));
+    let _b1 = Backend::start(&bed.server_ns, flooded, Service::Echo).expect("backend");
+    let _b2 = Backend::start(&bed.server_ns, other, Service::Echo).expect("backend");
+    // Both ports share the gate; 8081 is in dry-run (admits everything it sees).
+    let _gate = Gate::start(&bed, &["--port", "8080", "--port", "8081", "--limit", "5", "--action", "rst", "--dry-run"]);
+    let out = shedctl(&["set", "--port", "8080", "--dry-run", "off"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let server = bed.server_v4;
+    let flood = testbed::spawn_in(&bed.client_ns, move || {
+        testbed::syn_flood_at(server, 8081, 5_000, Duration::from_secs(2), |i| forged(i, false))
+    });
+    thread::sleep(Duration::from_millis(300));
+    // Five real connections to 8080 during the flood fill its limit exactly; the sixth is refused.
+    let results = testbed::run_in(&bed.client_ns, move || {
+        (0..6).map(|_| testbed::connect(other, Duration::from_secs(1))).collect::<Vec<_>>()
+    })
+    .unwrap();
+    let sent = flood.join().unwrap().unwrap().unwrap();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let s = stats(PORT);
+    println!("isolation: {sent} forged SYNs at 8081 (dry-run); 8080 admitted {ok} of 6: {s}");
+    assert_eq!(ok, 5, "8080's limit holds whatever 8081 sees");
+    assert_eq!(field(&s, "established"), 5, "{s}");
+    assert_eq!(field(&s, "rejected"), 1, "{s}");
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
