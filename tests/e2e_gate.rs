@@ -518,4 +518,3 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     assert_eq!(r.expect_err("limit 5 with 5 open").kind(), io::ErrorKind::ConnectionRefused);
     drop(held);
 }
-

@@ -86,43 +86,49 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
         prop::bool::weighted(0.85),
         prop_oneof![12 => Just(0u8), 1 => 1u8..30, 2 => 40u8..120],
     );
-    (headers, (
+    (
+        headers,
         (
-            prop::option::weighted(0.2, any::<u16>()),
-            prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
-            any::<u16>(),
+            (
+                prop::option::weighted(0.2, any::<u16>()),
+                prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)],
+                any::<u16>(),
+            ),
+            (
+                prop::bool::weighted(0.9),
+                prop_oneof![8 => Just(5u8), 2 => 0u8..16],
+                prop_oneof![9 => Just(6u8), 1 => any::<u8>()],
+            ),
+            (
+                prop_oneof![
+                    12 => Just(0x4000u16),
+                    2 => Just(0u16),
+                    3 => Just(0x2000u16),
+                    1 => Just(0x0001u16),
+                    1 => Just(0x2001u16),
+                    1 => Just(0x0010u16),
+                    1 => any::<u16>()
+                ],
+                prop_oneof![8 => Just(6u8), 1 => Just(0u8), 1 => any::<u8>()],
+            ),
+            (addr_v4, addr_v6, prop::bool::weighted(0.8), any::<u16>(), any::<u16>(), any::<u32>()),
+            (
+                prop_oneof![6 => Just(10u8), 2 => Just(5u8), 2 => 0u8..16],
+                prop_oneof![6 => Just(0x02u8), 4 => any::<u8>()],
+            ),
+            (prop::collection::vec(any::<u8>(), 0..48), prop::option::weighted(0.3, 0usize..160)),
         ),
-        (
-            prop::bool::weighted(0.9),
-            prop_oneof![8 => Just(5u8), 2 => 0u8..16],
-            prop_oneof![9 => Just(6u8), 1 => any::<u8>()],
-        ),
-        (
-            prop_oneof![
-                12 => Just(0x4000u16),
-                2 => Just(0u16),
-                3 => Just(0x2000u16),
-                1 => Just(0x0001u16),
-                1 => Just(0x2001u16),
-                1 => Just(0x0010u16),
-                1 => any::<u16>()
-            ],
-            prop_oneof![8 => Just(6u8), 1 => Just(0u8), 1 => any::<u8>()],
-        ),
-        (addr_v4, addr_v6, prop::bool::weighted(0.8), any::<u16>(), any::<u16>(), any::<u32>()),
-        (prop_oneof![6 => Just(10u8), 2 => Just(5u8), 2 => 0u8..16], prop_oneof![6 => Just(0x02u8), 4 => any::<u8>()]),
-        (prop::collection::vec(any::<u8>(), 0..48), prop::option::weighted(0.3, 0usize..160)),
-    ))
+    )
         .prop_map(
             |(
                 (outer_vlan, extra_tag, v6_chain, v6_frag, to_local, short_by),
                 (
-                (vlan, family, ether_other),
-                (version_ok, ihl, ip_proto),
-                (frag, v6_next),
-                (client_v4, client_v6, dport_protected, dport_other, sport, seq),
-                (doff, flags),
-                (payload, cut),
+                    (vlan, family, ether_other),
+                    (version_ok, ihl, ip_proto),
+                    (frag, v6_next),
+                    (client_v4, client_v6, dport_protected, dport_other, sport, seq),
+                    (doff, flags),
+                    (payload, cut),
                 ),
             )| FrameSpec {
                 outer_vlan,
@@ -209,7 +215,11 @@ fn build(s: &FrameSpec) -> Vec<u8> {
         f.extend_from_slice(&(payload as u16).to_be_bytes());
         f.extend_from_slice(&[s.v6_chain.first().map_or(s.v6_next, |e| e.0), 64]);
         f.extend_from_slice(&s.client_v6);
-        f.extend_from_slice(&if s.to_local { LOCAL_V6 } else { [0x20, 0x01, 0x0d, 0xb8, 0, 0xee, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1] });
+        f.extend_from_slice(&if s.to_local {
+            LOCAL_V6
+        } else {
+            [0x20, 0x01, 0x0d, 0xb8, 0, 0xee, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+        });
         f.extend_from_slice(&chain);
     } else {
         let ihl = s.ihl & 0x0f;

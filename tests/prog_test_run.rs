@@ -577,7 +577,10 @@ fn syns_behind_extension_headers_fragments_and_qinq_are_judged() {
         ("ipv4 first fragment holding tcp", Spec { frag: 0x2000, ..Spec::default() }),
         ("ipv4 first fragment, options", Spec { frag: 0x2000, ip_options: 8, ..Spec::default() }),
         ("qinq ipv4", Spec { outer_vlan: Some(100), vlan: Some(42), ..Spec::default() }),
-        ("qinq ipv6 with options header", Spec { outer_vlan: Some(100), vlan: Some(42), v6_chain: vec![60], ..Spec::v6() }),
+        (
+            "qinq ipv6 with options header",
+            Spec { outer_vlan: Some(100), vlan: Some(42), v6_chain: vec![60], ..Spec::v6() },
+        ),
         ("syn+psh+urg", Spec { flags: SYN | 0x08 | 0x20, ..Spec::default() }),
         ("syn+ece+cwr (ecn setup)", Spec { flags: SYN | 0x40 | 0x80, ..Spec::default() }),
     ];
@@ -585,7 +588,11 @@ fn syns_behind_extension_headers_fragments_and_qinq_are_judged() {
         for (name, spec) in &cases {
             let mut h = Harness::new(1, action::RST, false);
             let filler = Spec { client_port: 1, ..spec.clone() };
-            assert_eq!(h.run(hook, &frame(&filler)).unwrap().0, pass(hook), "{hook:?} {name}: admitted under the limit");
+            assert_eq!(
+                h.run(hook, &frame(&filler)).unwrap().0,
+                pass(hook),
+                "{hook:?} {name}: admitted under the limit"
+            );
             assert_eq!(h.counters()[counter::ADMITTED], 1, "{hook:?} {name}: counted");
             let (verdict, out) = h.run(hook, &frame(spec)).unwrap();
             assert_eq!(verdict, rst(hook), "{hook:?} {name}: judged at the limit");
@@ -601,24 +608,42 @@ fn syns_behind_extension_headers_fragments_and_qinq_are_judged() {
 fn unjudgeable_headers_that_could_hide_a_syn_are_dropped() {
     let cases = [
         // RFC 1858 / 3128: the TCP header does not fit the first fragment.
-        ("ipv4 tiny first fragment", Spec { frag: 0x2000, ip_length: Some(20 + 8), ..Spec::default() }, gate_counter::TINY_FRAGMENT),
-        ("ipv4 overlapping fragment at offset 8", Spec { frag: 0x0001, ..Spec::default() }, gate_counter::OVERLAP_FRAGMENT),
+        (
+            "ipv4 tiny first fragment",
+            Spec { frag: 0x2000, ip_length: Some(20 + 8), ..Spec::default() },
+            gate_counter::TINY_FRAGMENT,
+        ),
+        (
+            "ipv4 overlapping fragment at offset 8",
+            Spec { frag: 0x0001, ..Spec::default() },
+            gate_counter::OVERLAP_FRAGMENT,
+        ),
         (
             "ipv6 first fragment without the tcp header",
             Spec { v6_chain: vec![44], v6_fragment: 0x0001, ip_length: Some(8 + 8), ..Spec::v6() },
             gate_counter::TINY_FRAGMENT,
         ),
-        ("ipv6 chain of nine", Spec { v6_chain: vec![0, 60, 60, 60, 60, 60, 60, 60, 60], ..Spec::v6() }, gate_counter::IPV6_CHAIN_UNPARSED),
+        (
+            "ipv6 chain of nine",
+            Spec { v6_chain: vec![0, 60, 60, 60, 60, 60, 60, 60, 60], ..Spec::v6() },
+            gate_counter::IPV6_CHAIN_UNPARSED,
+        ),
     ];
     for hook in HOOKS {
         let mut h = Harness::new(100, action::RST, false);
         for (i, (name, spec, why)) in cases.iter().enumerate() {
             let (verdict, _) = h.run(hook, &frame(spec)).unwrap();
             assert_eq!(verdict, dropped(hook), "{hook:?} {name}");
-            assert_eq!(h.gate_counters()[*why], 1 + u64::from(i == 2 && *why == gate_counter::TINY_FRAGMENT), "{hook:?} {name}");
+            assert_eq!(
+                h.gate_counters()[*why],
+                1 + u64::from(i == 2 && *why == gate_counter::TINY_FRAGMENT),
+                "{hook:?} {name}"
+            );
         }
         // Later fragments pass (the first one carries the flags), counted.
-        for spec in [Spec { frag: 0x0010, ..Spec::default() }, Spec { v6_chain: vec![44], v6_fragment: 0x0010, ..Spec::v6() }] {
+        for spec in
+            [Spec { frag: 0x0010, ..Spec::default() }, Spec { v6_chain: vec![44], v6_fragment: 0x0010, ..Spec::v6() }]
+        {
             let f = frame(&spec);
             assert_eq!(h.run(hook, &f).unwrap(), (pass(hook), f), "{hook:?} later fragment");
         }
@@ -656,7 +681,11 @@ fn only_syns_addressed_to_this_namespace_are_judged() {
         assert_eq!((c[counter::NOT_LOCAL], c[counter::SYN_SEEN], c[counter::REJECTED_LIMIT]), (2, 0, 0), "{hook:?}");
         // Loopback addresses are always local.
         let lo = Spec { server_v4: [127, 0, 0, 1], client_v4: [127, 0, 0, 1], ..Spec::default() };
-        assert_eq!(h.run_on(hook, &frame(&lo), ifindex).0, dropped(hook), "{hook:?}: judged; no RST to 127/8 from outside");
+        assert_eq!(
+            h.run_on(hook, &frame(&lo), ifindex).0,
+            dropped(hook),
+            "{hook:?}: judged; no RST to 127/8 from outside"
+        );
         assert_eq!(h.counters()[counter::RST_SUPPRESSED], 1, "{hook:?}");
         // On loopback itself, a local client is a real one: it gets its RST.
         assert_eq!(h.run(hook, &frame(&lo)).unwrap().0, rst(hook), "{hook:?}: RST to a loopback client on lo");
@@ -668,7 +697,8 @@ fn no_reset_to_addresses_that_cannot_be_clients() {
     let (_bed, ifindex) = outside("shedpt2");
     for hook in HOOKS {
         let mut h = Harness::new(0, action::RST, false);
-        let mut local = h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
+        let mut local =
+            h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
         local.insert(ipv4_mapped([192, 0, 2, 255]), local_addr::BROADCAST);
         h.loaded.maps.set_local_addrs(&local).unwrap();
         let sources: [(&str, Spec); 7] = [
@@ -681,7 +711,11 @@ fn no_reset_to_addresses_that_cannot_be_clients() {
             ("ipv6 own address", Spec { client_v6: SERVER_V6, ..Spec::v6() }),
         ];
         for (name, spec) in &sources {
-            assert_eq!(h.run_on(hook, &frame(spec), ifindex).0, dropped(hook), "{hook:?} {name}: dropped, not answered");
+            assert_eq!(
+                h.run_on(hook, &frame(spec), ifindex).0,
+                dropped(hook),
+                "{hook:?} {name}: dropped, not answered"
+            );
         }
         let c = h.counters();
         assert_eq!((c[counter::RST_SUPPRESSED], c[counter::RST_SENT]), (7, 0), "{hook:?}");
@@ -777,4 +811,3 @@ fn pin_to_cpu(cpu: usize) {
         assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
     }
 }
-

@@ -28,8 +28,9 @@ pub const STAMPS_PER_PORT: u32 = 1024;
 pub const MIN_SHIFT: u32 = 18;
 /// Longest: 2^29 ns = 537 ms (windows of about 2 s, for very distant clients).
 pub const MAX_SHIFT: u32 = 29;
-/// Until the daemon has measured handshakes: 2^23 ns = 8.4 ms (windows of about 30 ms).
-pub const DEFAULT_SHIFT: u32 = 23;
+/// Until the daemon has measured handshakes: 2^21 ns = 2.1 ms (windows of
+/// about 8 ms; a longer handshake is measured, and the window grows at once).
+pub const DEFAULT_SHIFT: u32 = 21;
 
 /// One epoch's handshakes. Both counters only grow while the epoch lives; the
 /// first admission of a later epoch that maps to the same cell resets it.

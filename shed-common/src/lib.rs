@@ -374,8 +374,8 @@ impl PortConfig {
         ClientKey {
             slot: self.slot,
             addr: [
-                hi[0], hi[1], hi[2], hi[3], hi[4], hi[5], hi[6], hi[7], lo[0], lo[1], lo[2], lo[3], lo[4], lo[5], lo[6],
-                lo[7],
+                hi[0], hi[1], hi[2], hi[3], hi[4], hi[5], hi[6], hi[7], lo[0], lo[1], lo[2], lo[3], lo[4], lo[5],
+                lo[6], lo[7],
             ],
         }
     }
@@ -692,7 +692,6 @@ pub const fn busy(state: &PortState, user: &UserPortState) -> u64 {
 pub const fn established(state: &PortState, user: &UserPortState) -> u64 {
     adjusted(state.opened, state.closed, user.established_adjust)
 }
-
 
 #[cfg(feature = "user")]
 mod user {

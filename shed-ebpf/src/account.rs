@@ -15,7 +15,9 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
-use shed_common::{ClientKey, FlowKey, SockEntry, counter, handshake::flow_hash, latency, sock_state_tp as tp, tcp_state};
+use shed_common::{
+    ClientKey, FlowKey, SockEntry, counter, handshake::flow_hash, latency, sock_state_tp as tp, tcp_state,
+};
 
 use crate::{
     atomic::add as atomic_add,

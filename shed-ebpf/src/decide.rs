@@ -30,7 +30,10 @@ pub enum Verdict {
     Pass,
     Drop,
     /// Reject with a reset; `slot` lets the adapter count how the reply went.
-    Rst { slot: u32, reset: Reset },
+    Rst {
+        slot: u32,
+        reset: Reset,
+    },
 }
 
 /// `sk_state` values (include/net/tcp_states.h).

@@ -44,7 +44,10 @@ enum Outcome {
     Pass,
     Drop,
     /// Send the reset now written into the frame, `len` bytes long.
-    Reply { slot: u32, len: usize },
+    Reply {
+        slot: u32,
+        len: usize,
+    },
 }
 
 /// The tail both entry points share: parse, decide, count, write any reset.

@@ -44,7 +44,6 @@ pub static SHED_GATE_COUNTERS: PerCpuArray<GateCounters> = PerCpuArray::with_max
 #[map]
 pub static SHED_SOCKS: HashMap<u64, SockEntry> = HashMap::with_max_entries(MAX_SOCKS, 0);
 
-
 #[map]
 pub static SHED_LIMITS: Array<u32> = Array::with_max_entries(MAX_PORTS, 0);
 
@@ -86,7 +85,6 @@ pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, 0);
-
 
 #[map]
 pub static SHED_RESERVE: Array<TierReserve> = Array::with_max_entries(MAX_PORTS, 0);

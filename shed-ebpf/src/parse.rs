@@ -97,9 +97,8 @@ impl LoadBytes for XdpBytes {
     fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
         let mut buf = [0u8; N];
         // SAFETY: the program's own context; the helper bounds-checks offset and length.
-        let r = unsafe {
-            aya_ebpf::helpers::bpf_xdp_load_bytes(self.0, offset as u32, buf.as_mut_ptr().cast(), N as u32)
-        };
+        let r =
+            unsafe { aya_ebpf::helpers::bpf_xdp_load_bytes(self.0, offset as u32, buf.as_mut_ptr().cast(), N as u32) };
         (r == 0).then_some(buf)
     }
 }

@@ -9,8 +9,8 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{
-        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_interface, parse_limit, parse_listen_addr,
-        parse_handshake_window, parse_millis, parse_percentile, parse_port, parse_prefix_v6,
+        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_handshake_window, parse_interface,
+        parse_limit, parse_listen_addr, parse_millis, parse_percentile, parse_port, parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };

@@ -437,6 +437,8 @@ struct HandshakeWindow {
     last_lapse: Option<Instant>,
     /// p50/p99 of the last full period, microseconds.
     times: (u64, u64),
+    /// Whether a period with enough handshakes has set the window yet.
+    measured: bool,
 }
 
 /// One measuring period of handshake times.
@@ -457,6 +459,7 @@ impl HandshakeWindow {
             last_late: 0,
             last_lapse: None,
             times: (0, 0),
+            measured: false,
         }
     }
 
@@ -487,6 +490,11 @@ impl HandshakeWindow {
         };
         let shift = if wanted >= current || self.fixed.is_some() {
             self.shorter = 0;
+            self.measured |= samples >= SHRINK_SAMPLES;
+            wanted
+        } else if samples >= SHRINK_SAMPLES && !self.measured {
+            // The first measurement replaces the default at once.
+            self.measured = true;
             wanted
         } else if samples >= SHRINK_SAMPLES {
             self.shorter += 1;

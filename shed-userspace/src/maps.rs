@@ -7,9 +7,9 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter, PortBits, PortConfig,
-    PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS, gate_counter,
-    handshake, map,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter, PortBits,
+    PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS,
+    gate_counter, handshake, map,
 };
 
 use crate::{Error, paths, tiers::Cidr};
@@ -271,7 +271,20 @@ impl GateMaps {
                 *sum = sum.wrapping_add(v);
             }
         }
-        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, ring, now_ns, ack_check, counters })
+        Ok(PortSnapshot {
+            port,
+            config,
+            limit,
+            control,
+            status,
+            reserve,
+            state,
+            user,
+            ring,
+            now_ns,
+            ack_check,
+            counters,
+        })
     }
 
     /// Snapshots of every protected port (or just `only`), by port.
@@ -321,12 +334,8 @@ impl GateMaps {
 
     /// Clients of `slot` with what they hold against the cap, most first.
     pub fn client_counts(&self, slot: u32) -> Result<Vec<(ClientKey, i64)>, Error> {
-        let mut out: Vec<(ClientKey, i64)> = self
-            .clients
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, _)| k.slot == slot)
-            .collect();
+        let mut out: Vec<(ClientKey, i64)> =
+            self.clients.iter().filter_map(Result::ok).filter(|(k, _)| k.slot == slot).collect();
         out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(out)
     }

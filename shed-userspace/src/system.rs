@@ -171,9 +171,33 @@ pub fn check_interface(name: &str) -> Result<(), Error> {
 const ARPHRD_ETHER: u32 = 1;
 const ARPHRD_LOOPBACK: u32 = 772;
 
-/// The interface's ARPHRD link type, from sysfs (`None` if it cannot be read).
+/// The interface's ARPHRD link type (`None` if it cannot be read). Asked of
+/// the kernel (SIOCGIFHWADDR) rather than sysfs: /sys shows the namespace it
+/// was mounted in, not the one `--netns` entered.
 pub fn link_type(name: &str) -> Option<u32> {
-    fs::read_to_string(format!("/sys/class/net/{name}/type")).ok()?.trim().parse().ok()
+    const SIOCGIFHWADDR: libc::c_ulong = 0x8927;
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        hwaddr: libc::sockaddr,
+        _pad: [u8; 8],
+    }
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: all-zero is a valid ifreq.
+    let mut req: IfReq = unsafe { std::mem::zeroed() };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: SIOCGIFHWADDR fills the ifreq we own; the fd is ours.
+    let r = unsafe { libc::ioctl(fd, SIOCGIFHWADDR, &mut req) };
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+    (r == 0).then_some(u32::from(req.hwaddr.sa_family))
 }
 
 /// The namespace's own addresses, as the gate keys them (IPv4-mapped for IPv4):

@@ -380,7 +380,8 @@ pub fn tcp_segment(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u3
     use shed_common::rst::{finish, sum_words};
     let (s, d) = (src.octets(), dst.octets());
     let mut pkt = [0u8; 40];
-    pkt[..20].copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]]);
+    pkt[..20]
+        .copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]]);
     let ip_sum = finish(sum_words(&<[u8; 20]>::try_from(&pkt[..20]).expect("20 bytes")));
     pkt[10..12].copy_from_slice(&ip_sum.to_be_bytes());
     let mut tcp = [0u8; 20];

@@ -67,7 +67,8 @@ pub fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
                 Gate::None => None,
             };
             // Warm-up without the flood (shed measures the handshake time meanwhile).
-            let warm = OpenLoop::start(&bed.client_ns, addr, Arc::new(AtomicU64::new(LEGIT_PER_SEC)), Duration::from_secs(1));
+            let warm =
+                OpenLoop::start(&bed.client_ns, addr, Arc::new(AtomicU64::new(LEGIT_PER_SEC)), Duration::from_secs(1));
             thread::sleep(Duration::from_secs(1));
             drop(warm.finish());
             let server = bed.server_v4;
@@ -76,7 +77,8 @@ pub fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
                 testbed::spawn_in(&bed.client_ns, move || testbed::syn_flood_at(server, PORT, rate, flood_for, forged))
             });
             let started = Instant::now();
-            let load = OpenLoop::start(&bed.client_ns, addr, Arc::new(AtomicU64::new(LEGIT_PER_SEC)), Duration::from_secs(1));
+            let load =
+                OpenLoop::start(&bed.client_ns, addr, Arc::new(AtomicU64::new(LEGIT_PER_SEC)), Duration::from_secs(1));
             thread::sleep(window);
             let outcomes = load.finish();
             let sent = match flood {
@@ -126,7 +128,10 @@ pub fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
         md,
         "Legitimate clients: {LEGIT_PER_SEC} req/s, one connection per request, 1 s deadline; backend 4 workers x 1 ms (healthy, far from its capacity). Forged SYNs from random sources that never complete their handshakes. Cap {LIMIT} for nftables and shed; no gate relies on the kernel's SYN cookies. Goodput is the share of legitimate requests answered within the deadline over {window:?} per point; \"sent\" is the rate the raw-socket generator achieved.\n\n![goodput vs forged rate](b7_spoofed_flood.png)\n"
     );
-    let _ = writeln!(md, "| configuration | forged SYN/s | sent/s | legit goodput | requests | refused |\n|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| configuration | forged SYN/s | sent/s | legit goodput | requests | refused |\n|---|---|---|---|---|---|"
+    );
     for r in rows {
         let _ = writeln!(md, "{r}");
     }

@@ -204,8 +204,9 @@ pub fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
     };
     let slot = loaded.maps.protect(PORT, &spec)?.slot;
     // The frames' destinations are this host's: their SYNs are judged.
-    let local = [shed_common::ipv4_mapped([192, 0, 2, 1]), std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1).octets()]
-        .map(|a| (a, shed_common::local_addr::UNICAST));
+    let local =
+        [shed_common::ipv4_mapped([192, 0, 2, 1]), std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1).octets()]
+            .map(|a| (a, shed_common::local_addr::UNICAST));
     loaded.maps.set_local_addrs(&local.into_iter().collect())?;
     let mut rows = Vec::new();
     let mut json = Vec::new();
