@@ -80,7 +80,7 @@ mod tests {
             let in_second = times[i..].iter().take_while(|&&u| u < t + 1_000_000_000).count();
             assert!(in_second <= 2 * rate as usize, "{in_second} in one second");
         }
-        let tail = times.iter().filter(|&&t| t >= 2_000_000_000 && t < 4_000_000_000).count();
+        let tail = times.iter().filter(|&&t| (2_000_000_000..4_000_000_000).contains(&t)).count();
         assert!((13..=15).contains(&tail), "steady state is the rate: {tail} in 2 s");
     }
 }

@@ -59,7 +59,11 @@ pub struct PortMetrics {
 
 /// Everything one scrape reports; a [`Collector`] built anew per scrape.
 #[derive(Debug)]
-pub struct Scrape(pub Vec<PortMetrics>);
+pub struct Scrape {
+    pub ports: Vec<PortMetrics>,
+    /// Gate-wide counters, by [`shed_common::gate_counter`] index.
+    pub gate: [u64; shed_common::gate_counter::COUNT],
+}
 
 impl Scrape {
     /// Reads every protected port from the maps.
@@ -72,7 +76,7 @@ impl Scrape {
                 decisions: decisions.of(snapshot.port),
             });
         }
-        Ok(Self(ports))
+        Ok(Self { ports, gate: maps.gate_counters()? })
     }
 
     /// The Prometheus text exposition.
@@ -145,7 +149,32 @@ pub fn histogram(buckets: &[u64; latency::BUCKETS]) -> (Vec<(f64, u64)>, f64, u6
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use MetricType::{Counter, Gauge};
-        let ports = &self.0;
+        let ports = &self.ports;
+        {
+            use shed_common::gate_counter as g;
+            let dropped: Vec<(Labels, u64)> = [
+                ("tiny_fragment", g::TINY_FRAGMENT),
+                ("overlapping_fragment", g::OVERLAP_FRAGMENT),
+                ("ipv6_chain_unparsed", g::IPV6_CHAIN_UNPARSED),
+            ]
+            .iter()
+            .map(|&(reason, i)| (vec![("reason", reason.to_owned())], self.gate[i]))
+            .collect();
+            family(
+                &mut e,
+                "shed_gate_dropped",
+                "Packets dropped before any port was known, because their headers could hide a SYN: tiny_fragment (first fragment without the TCP header), overlapping_fragment (TCP fragment at offset 8), ipv6_chain_unparsed (extension-header chain too long).",
+                Counter,
+                dropped,
+            )?;
+            family(
+                &mut e,
+                "shed_later_fragments",
+                "Later fragments passed (the first fragment carries the TCP header and is judged).",
+                Counter,
+                [(Labels::new(), self.gate[g::LATER_FRAGMENT])],
+            )?;
+        }
         let per_port = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, u64)> {
             ports.iter().map(|p| (port_label(p.stats.port), f(&p.stats))).collect()
         };
