@@ -811,3 +811,30 @@ fn pin_to_cpu(cpu: usize) {
         assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
     }
 }
+
+#[test]
+fn a_stray_ack_to_a_listener_holds_nothing_while_acks_are_checked() {
+    let (bed, ifindex) = outside("shedpt3");
+    // A listener on the protected port in this namespace: the kernel's socket lookup finds it
+    // for any 4-tuple without a connection, and would answer a stray ACK with a reset.
+    let server = std::net::SocketAddr::from((bed.server_v4, PORT));
+    let _listener = std::net::TcpListener::bind(server).expect("listen");
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::RST, false);
+        let mut local = h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
+        local.insert(ipv4_mapped(bed.server_v4.octets()), local_addr::UNICAST);
+        h.loaded.maps.set_local_addrs(&local).unwrap();
+        h.loaded.maps.set_ack_check(PORT, true).unwrap();
+        let server_v4 = bed.server_v4.octets();
+        for i in 0..20u16 {
+            // Random ACKs: no stamp, no request socket, no valid cookie.
+            let ack = Spec { flags: ACK, server_v4, client_port: 5000 + i, seq: 77 + u32::from(i), ..Spec::default() };
+            let f = frame(&ack);
+            assert_eq!(h.run_on(hook, &f, ifindex), (pass(hook), f), "{hook:?}: a stray ACK passes untouched");
+        }
+        let s = h.snapshot();
+        assert_eq!((s.pending(), s.counter(counter::LATE_ACK_ADMITTED), s.counter(counter::LATE_ACK_REJECTED)), (0, 0, 0), "{hook:?}");
+        // And a SYN still gets the one slot.
+        assert_eq!(h.run_on(hook, &frame(&Spec { server_v4, ..Spec::default() }), ifindex).0, pass(hook), "{hook:?}");
+    }
+}

@@ -238,7 +238,9 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
 /// kernel's socket lookup.
 #[inline(never)]
 pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
-    if !maybe_protected(seg.server_port) || !ack_check(seg.server_port) {
+    // One array lookup while the port's check is off (the common case); the
+    // port bit and config are read only when it is on.
+    if !ack_check(seg.server_port) {
         return Verdict::Pass;
     }
     let Some(port) = Port::of(seg) else { return Verdict::Pass };
@@ -297,8 +299,9 @@ fn cell_epoch(ring: *mut HandshakeRing, epoch: u64) -> u64 {
 }
 
 /// Whether the kernel would complete a handshake with this ACK: the socket it
-/// finds for the 4-tuple is a request socket (a handshake under way) or the
-/// listener itself (a SYN cookie's ACK).
+/// finds for the 4-tuple is a request socket (a handshake under way), or the
+/// listener itself and the ACK carries a valid SYN cookie (any other ACK to a
+/// listener is answered with a reset by the kernel, and holds nothing here).
 #[inline(always)]
 fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
     use aya_ebpf::{
@@ -338,7 +341,43 @@ fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
         }
         let state = (*sk).state;
         bpf_sk_release(sk.cast());
-        state == TCP_NEW_SYN_RECV || state == TCP_LISTEN
+        state == TCP_NEW_SYN_RECV || (state == TCP_LISTEN && valid_cookie(seg))
+    }
+}
+
+/// Whether the ACK carries a SYN cookie the kernel would accept. The helpers
+/// read only the addresses, ports and sequence numbers, so headers rebuilt on
+/// the stack from the segment serve.
+#[inline(always)]
+fn valid_cookie(seg: &Segment) -> bool {
+    use aya_ebpf::{
+        bindings::{iphdr, ipv6hdr, tcphdr},
+        helpers::{bpf_tcp_raw_check_syncookie_ipv4, bpf_tcp_raw_check_syncookie_ipv6},
+    };
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&seg.client_port.to_be_bytes());
+    tcp[2..4].copy_from_slice(&seg.server_port.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seg.seq.to_be_bytes());
+    tcp[8..12].copy_from_slice(&seg.ack_seq.to_be_bytes());
+    tcp[12] = 0x50;
+    tcp[13] = 0x10;
+    // SAFETY: the helpers read a fixed-size IP and TCP header from these initialised stack buffers.
+    unsafe {
+        if seg.is_ipv6 {
+            let mut ip = [0u8; 40];
+            ip[0] = 0x60;
+            ip[6] = 6;
+            ip[8..24].copy_from_slice(&seg.client_addr);
+            ip[24..40].copy_from_slice(&seg.server_addr);
+            bpf_tcp_raw_check_syncookie_ipv6(ip.as_mut_ptr().cast::<ipv6hdr>(), tcp.as_mut_ptr().cast::<tcphdr>()) == 0
+        } else {
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[9] = 6;
+            ip[12..16].copy_from_slice(&seg.client_addr[12..]);
+            ip[16..20].copy_from_slice(&seg.server_addr[12..]);
+            bpf_tcp_raw_check_syncookie_ipv4(ip.as_mut_ptr().cast::<iphdr>(), tcp.as_mut_ptr().cast::<tcphdr>()) == 0
+        }
     }
 }
 
