@@ -79,12 +79,15 @@ pub mod map {
 
     /// `Array<NetnsFilter>[1]`: which network namespace's sockets to count. Written by the daemon.
     pub const NETNS: &str = "SHED_NETNS";
-    /// `Array<PortBits>[1]`: one bit per protected port, so the gate passes other
-    /// ports' SYNs after an array lookup instead of a hash lookup. Written by `shedctl`.
-    pub const PORT_BITS: &str = "SHED_PORT_BITS";
+    /// `Array<u32>` indexed by port: 0 for an unprotected port, else its slot + 1.
+    /// The gate's first lookup for every SYN (an array, not a hash). Written by `shedctl`.
+    pub const PORT_SLOTS: &str = "SHED_PORT_SLOTS";
+    /// `Array<PortConfig>` indexed by slot: the gate's copy of [`PORTS`], read
+    /// with one array lookup. Written by `shedctl` with every config change.
+    pub const SLOT_CONFIG: &str = "SHED_SLOT_CONFIG";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -105,7 +108,8 @@ pub mod map {
         NETNS,
         RST_BUCKETS,
         RST_PREFIX_BUCKETS,
-        PORT_BITS,
+        PORT_SLOTS,
+        SLOT_CONFIG,
     ];
 }
 
@@ -502,32 +506,6 @@ pub struct NetnsFilter {
 }
 const _: () = assert!(size_of::<NetnsFilter>() == 16);
 
-/// One bit per port: set while the port is in [`map::PORTS`] (set before the
-/// config is written, cleared after it is removed, so a protected port's bit
-/// is always set).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PortBits {
-    pub bits: [u8; 8192],
-}
-const _: () = assert!(size_of::<PortBits>() == 8192);
-
-impl PortBits {
-    #[inline(always)]
-    pub fn contains(&self, port: u16) -> bool {
-        self.bits[(port >> 3) as usize] & (1 << (port & 7)) != 0
-    }
-
-    pub fn set(&mut self, port: u16, on: bool) {
-        let (byte, bit) = ((port >> 3) as usize, 1u8 << (port & 7));
-        if on {
-            self.bits[byte] |= bit;
-        } else {
-            self.bits[byte] &= !bit;
-        }
-    }
-}
-
 /// A client of a port, for the per-client cap.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -712,7 +690,6 @@ mod user {
     unsafe impl aya::Pod for TierReserve {}
     unsafe impl aya::Pod for ClientKey {}
     unsafe impl aya::Pod for NetnsFilter {}
-    unsafe impl aya::Pod for PortBits {}
 }
 
 #[cfg(test)]

@@ -23,8 +23,8 @@ use crate::{
     atomic::add as atomic_add,
     decide::{client_add, client_release, complete},
     maps::{
-        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_PORTS, SHED_SOCKS, SHED_USER_STATE, count, request_ack_check,
-        tier_of,
+        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config,
+        request_ack_check, tier_of,
     },
 };
 
@@ -72,7 +72,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
     let local_port: u16 = unsafe { ctx.read_at(tp::SPORT)? };
-    let Some(config) = (unsafe { SHED_PORTS.get(&local_port) }) else {
+    let Some(config) = port_config(local_port) else {
         return Ok(());
     };
     if !in_protected_netns(skaddr) {

@@ -19,9 +19,9 @@ use shed_common::{
 use crate::{
     atomic,
     maps::{
-        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_LOCAL_ADDRS, SHED_PORT_STATE, SHED_PORTS,
-        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, ack_check, count, is_local,
-        is_loopback, maybe_protected, request_ack_check, tier_of,
+        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_LOCAL_ADDRS, SHED_PORT_STATE,
+        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local,
+        is_loopback, port_config, request_ack_check, tier_of,
     },
     parse::Segment,
 };
@@ -49,6 +49,8 @@ struct Port {
     /// Connections held (busy or established, by the port's count mode).
     held: u64,
     ring: *mut HandshakeRing,
+    /// This CPU's counters of the port, looked up once.
+    counters: *mut shed_common::PortCounters,
     now_ns: u64,
     epoch: u64,
 }
@@ -60,11 +62,8 @@ impl Port {
     #[inline(always)]
     fn of(seg: &Segment) -> Option<Self> {
         let port = seg.server_port;
-        if !maybe_protected(port) {
-            return None;
-        }
-        // SAFETY: map values are plain data; a miss means "not protected" and passes.
-        let config = *unsafe { SHED_PORTS.get(&port) }?;
+        // A miss means "not protected": pass.
+        let config = port_config(port)?;
         let slot = config.slot;
         if !is_local(&seg.server_addr) {
             count(slot, counter::NOT_LOCAL);
@@ -74,6 +73,7 @@ impl Port {
         let limit = u64::from(*SHED_LIMITS.get(slot)?);
         let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
         let ring = SHED_HANDSHAKES.get_ptr_mut(slot)?;
+        let counters = SHED_COUNTERS.get_ptr_mut(slot)?;
         // SAFETY: reading the clock has no preconditions.
         let now_ns = unsafe { bpf_ktime_get_ns() };
         Some(Self {
@@ -83,6 +83,7 @@ impl Port {
             limit,
             held: shed_common::held(state, &user, config.count_mode),
             ring,
+            counters,
             now_ns,
             epoch: now_ns >> user.shift(),
         })
@@ -152,6 +153,15 @@ impl Port {
         }
     }
 
+    /// Adds one to a counter of the port on this CPU.
+    #[inline(always)]
+    fn count(&self, index: usize) {
+        // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+        if let Some(v) = unsafe { (*self.counters).values.get_mut(index) } {
+            *v += 1;
+        }
+    }
+
     /// Remembers where `flow` holds its reservation, so its completion releases it.
     #[inline(always)]
     fn stamp(&self, flow: u32, syn_ns: u64) {
@@ -164,36 +174,37 @@ impl Port {
     /// The verdict for a rejected segment; `reason` counted.
     #[inline(always)]
     fn reject(&self, reason: usize, tier: u8, seg: &Segment, from_loopback: bool, reset: Reset) -> Verdict {
-        count(self.slot, reason);
-        count(self.slot, counter::REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
+        self.count(reason);
+        self.count(counter::REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
         if self.config.action_for(tier) != action::RST {
             return Verdict::Drop;
         }
         if !answerable(&seg.client_addr, from_loopback) {
-            count(self.slot, counter::RST_SUPPRESSED);
+            self.count(counter::RST_SUPPRESSED);
             return Verdict::Drop;
         }
         if !rst_allowed(self.slot, &self.config, &seg.client_addr, self.now_ns) {
-            count(self.slot, counter::RST_RATE_LIMITED);
+            self.count(counter::RST_RATE_LIMITED);
             return Verdict::Drop;
         }
         Verdict::Rst { slot: self.slot, reset }
     }
 }
 
-/// Judges a SYN. `from_loopback`: it arrived on the loopback interface.
+/// Judges a SYN to a protected port (the caller checked the port's slot).
+/// `from_loopback`: it arrived on the loopback interface.
 /// Subprograms (not inlined), like [`ack`]: each needs much of the 512-byte stack.
 #[inline(never)]
 pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     let Some(port) = Port::of(seg) else { return Verdict::Pass };
     let slot = port.slot;
-    count(slot, counter::SYN_SEEN);
+    port.count(counter::SYN_SEEN);
     // The LPM lookup is the dearest step of a SYN; skip it while no tier is configured.
     let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
     if tier == tier::EXEMPT {
         // Health checks and control-plane callers: always in, never counted.
-        count(slot, counter::EXEMPT);
-        count(slot, counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
+        port.count(counter::EXEMPT);
+        port.count(counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
         return Verdict::Pass;
     }
     let (others, current) = port.handshakes();
@@ -204,7 +215,7 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
         Some(counter::REJECTED_LIMIT)
     } else if in_flight >= port.config.tier_threshold(tier, port.limit as u32).saturating_sub(held_back(slot, tier)) {
         if trickle(slot) {
-            count(slot, counter::TRICKLE);
+            port.count(counter::TRICKLE);
             None
         } else {
             Some(counter::REJECTED_SHARE)
@@ -222,27 +233,22 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
         if enforce {
             return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seg.seq));
         }
-        count(slot, counter::DRY_RUN_WOULD_REJECT);
+        port.count(counter::DRY_RUN_WOULD_REJECT);
         // Dry run admits it, and accounts it as any admission.
         port.reserve(others, false);
     }
     port.stamp(flow_of(seg), port.now_ns);
-    count(slot, counter::ADMITTED);
-    count(slot, counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
+    port.count(counter::ADMITTED);
+    port.count(counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
     Verdict::Pass
 }
 
-/// Judges an ACK that may complete a handshake whose reservation lapsed, on
-/// ports where an admission lapsed recently (see `map::ACK_CHECK`); elsewhere
-/// an ACK costs two array lookups. `ctx` is the program's context, for the
-/// kernel's socket lookup.
+/// Judges an ACK that may complete a handshake whose reservation lapsed. The
+/// caller calls it only for ports whose ACK check is on (an admission lapsed
+/// recently, see `map::ACK_CHECK`); elsewhere an ACK costs one array lookup.
+/// `ctx` is the program's context, for the kernel's socket lookup.
 #[inline(never)]
 pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
-    // One array lookup while the port's check is off (the common case); the
-    // port bit and config are read only when it is on.
-    if !ack_check(seg.server_port) {
-        return Verdict::Pass;
-    }
     let Some(port) = Port::of(seg) else { return Verdict::Pass };
     let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
     if tier == tier::EXEMPT {
@@ -278,12 +284,12 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
         if enforce {
             return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
         }
-        count(port.slot, counter::DRY_RUN_WOULD_REJECT);
+        port.count(counter::DRY_RUN_WOULD_REJECT);
         port.reserve(others, false);
     }
     let syn_ns = if stamp.flow == flow { stamp.syn_ns } else { port.now_ns };
     port.stamp(flow, syn_ns);
-    count(port.slot, counter::LATE_ACK_ADMITTED);
+    port.count(counter::LATE_ACK_ADMITTED);
     Verdict::Pass
 }
 

@@ -28,12 +28,10 @@ use shed_common::{counter, gate_counter};
 
 use crate::{
     decide::Verdict,
-    maps::{count, count_gate},
+    maps::{ack_check, count, count_gate, protected},
     parse::Parsed,
 };
 
-/// The loopback interface's index in every namespace.
-const LOOPBACK_IFINDEX: u32 = 1;
 /// How much of a TC packet must be linear for the parser's direct reads:
 /// Ethernet, two VLAN tags, IPv4 with options or IPv6, and the TCP header's
 /// header (extension headers are read through a helper).
@@ -57,10 +55,16 @@ fn judge<B: parse::LoadBytes>(
     data_end: usize,
     bytes: &B,
     ctx: *mut core::ffi::c_void,
-    from_loopback: bool,
 ) -> Outcome {
-    let mut seg = parse::Segment::default();
-    let verdict = match parse::parse(data, data_end, bytes, &mut seg) {
+    // Not zeroed: `parse` writes every field before it returns Syn or Ack, the
+    // only results after which it is read (the verifier checks just that).
+    let mut seg = core::mem::MaybeUninit::<parse::Segment>::uninit();
+    // The port checks first, by array lookup: most SYNs and nearly all ACKs end there.
+    let wanted = |port, syn| if syn { protected(port) } else { ack_check(port) };
+    let parsed = parse::parse(data, data_end, bytes, wanted, &mut seg);
+    // SAFETY: read only on the Syn and Ack arms, where `parse` has written it.
+    let seg = unsafe { seg.assume_init_ref() };
+    let verdict = match parsed {
         Parsed::Pass | Parsed::Truncated => return Outcome::Pass,
         Parsed::LaterFragment => {
             count_gate(gate_counter::LATER_FRAGMENT);
@@ -70,13 +74,13 @@ fn judge<B: parse::LoadBytes>(
             count_gate(why as usize);
             return Outcome::Drop;
         }
-        Parsed::Syn => decide::syn(&seg, from_loopback),
-        Parsed::Ack => decide::ack(&seg, ctx, from_loopback),
+        Parsed::Syn => decide::syn(seg, bytes.from_loopback()),
+        Parsed::Ack => decide::ack(seg, ctx, bytes.from_loopback()),
     };
     match verdict {
         Verdict::Pass => Outcome::Pass,
         Verdict::Drop => Outcome::Drop,
-        Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, &seg, reset) {
+        Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
             Ok(len) => Outcome::Reply { slot, len },
             Err(()) => {
                 count(slot, counter::RST_FAILED);
@@ -89,9 +93,7 @@ fn judge<B: parse::LoadBytes>(
 #[xdp]
 pub fn shed_xdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    // SAFETY: the context pointer the kernel passed us.
-    let from_loopback = unsafe { (*ctx.ctx).ingress_ifindex } == LOOPBACK_IFINDEX;
-    match judge(data, data_end, &parse::XdpBytes(ctx.ctx), ctx.ctx.cast(), from_loopback) {
+    match judge(data, data_end, &parse::XdpBytes(ctx.ctx), ctx.ctx.cast()) {
         Outcome::Pass => xdp_action::XDP_PASS,
         Outcome::Drop => xdp_action::XDP_DROP,
         Outcome::Reply { slot, len } => {
@@ -132,9 +134,7 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
         return TC_ACT_OK;
     }
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    // SAFETY: the context pointer the kernel passed us.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    match judge(data, data_end, &parse::SkbBytes(ctx.skb.skb), ctx.skb.skb.cast(), ifindex == LOOPBACK_IFINDEX) {
+    match judge(data, data_end, &parse::SkbBytes(ctx.skb.skb), ctx.skb.skb.cast()) {
         Outcome::Pass => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         Outcome::Reply { slot, len } => {
@@ -147,7 +147,7 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
                 }
                 count(slot, counter::RST_SENT);
                 // Out of the interface it came in on, back towards the client.
-                bpf_redirect(ifindex, 0) as i32
+                bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32
             }
         }
     }

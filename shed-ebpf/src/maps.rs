@@ -5,15 +5,39 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter, PortBits,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_LOCAL_ADDRS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
     handshake::STAMPS_PER_PORT,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
 };
 
+/// The authoritative configs, for userspace; the programs read [`SHED_SLOT_CONFIG`].
 #[map]
 pub static SHED_PORTS: HashMap<u16, PortConfig> = HashMap::with_max_entries(MAX_PORTS, 0);
+
+#[map]
+pub static SHED_PORT_SLOTS: Array<u32> = Array::with_max_entries(65_536, 0);
+
+#[map]
+pub static SHED_SLOT_CONFIG: Array<PortConfig> = Array::with_max_entries(MAX_PORTS, 0);
+
+/// The config of `port` if it is protected: two array lookups (the common
+/// "not protected" answer after the first).
+#[inline(always)]
+pub fn port_config(port: u16) -> Option<PortConfig> {
+    let slot = *SHED_PORT_SLOTS.get(u32::from(port))?;
+    if slot == 0 {
+        return None;
+    }
+    SHED_SLOT_CONFIG.get(slot - 1).copied()
+}
+
+/// Whether `port` is protected (one array lookup).
+#[inline(always)]
+pub fn protected(port: u16) -> bool {
+    SHED_PORT_SLOTS.get(u32::from(port)).is_some_and(|&slot| slot != 0)
+}
 
 #[map]
 pub static SHED_PORT_STATE: Array<PortState> = Array::with_max_entries(MAX_PORTS, 0);
@@ -66,19 +90,6 @@ pub static SHED_RST_BUCKETS: Array<u64> = Array::with_max_entries(MAX_PORTS, 0);
 /// path, and one port's flood cannot evict another port's buckets.
 #[map]
 pub static SHED_RST_PREFIX: Array<u64> = Array::with_max_entries(MAX_PORTS * PREFIX_BUCKETS_PER_PORT, 0);
-
-#[map]
-pub static SHED_PORT_BITS: Array<PortBits> = Array::with_max_entries(1, 0);
-
-/// Whether `port` may be protected (its bit is set); a miss means "not protected".
-#[inline(always)]
-pub fn maybe_protected(port: u16) -> bool {
-    let Some(bits) = SHED_PORT_BITS.get_ptr(0) else { return false };
-    // Verifier: the byte index is masked into the 8 KiB value explicitly.
-    let byte = usize::from(port >> 3) & 8191;
-    // SAFETY: map value of 8192 bytes; `byte` < 8192.
-    unsafe { (*bits).bits[byte] & (1 << (port & 7)) != 0 }
-}
 
 #[map]
 pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);

@@ -46,7 +46,6 @@ mod nexthdr {
 }
 
 /// A TCP segment the gate may judge, and where its headers sit in the frame.
-#[derive(Default)]
 pub struct Segment {
     pub l3_offset: usize,
     pub is_ipv6: bool,
@@ -87,7 +86,13 @@ pub enum Parsed {
 /// multiplying (with direct packet access each length is a state of its own).
 pub trait LoadBytes {
     fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]>;
+    /// Whether the packet arrived on the loopback interface (read only when a
+    /// reset might be sent: a reset to a local address is for a local client there).
+    fn from_loopback(&self) -> bool;
 }
+
+/// The loopback interface's index in every namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
 
 /// An XDP context.
 pub struct XdpBytes(pub *mut aya_ebpf::bindings::xdp_md);
@@ -100,6 +105,12 @@ impl LoadBytes for XdpBytes {
         let r =
             unsafe { aya_ebpf::helpers::bpf_xdp_load_bytes(self.0, offset as u32, buf.as_mut_ptr().cast(), N as u32) };
         (r == 0).then_some(buf)
+    }
+
+    #[inline(always)]
+    fn from_loopback(&self) -> bool {
+        // SAFETY: the program's own context.
+        unsafe { (*self.0).ingress_ifindex == LOOPBACK_IFINDEX }
     }
 }
 
@@ -115,6 +126,12 @@ impl LoadBytes for SkbBytes {
             aya_ebpf::helpers::bpf_skb_load_bytes(self.0.cast(), offset as u32, buf.as_mut_ptr().cast(), N as u32)
         };
         (r == 0).then_some(buf)
+    }
+
+    #[inline(always)]
+    fn from_loopback(&self) -> bool {
+        // SAFETY: the program's own context.
+        unsafe { (*self.0).ifindex == LOOPBACK_IFINDEX }
     }
 }
 
@@ -140,11 +157,20 @@ struct Network {
     server_addr: [u8; 16],
 }
 
-/// Classifies a frame that starts with an Ethernet header; a SYN's or ACK's
-/// fields go to `seg`. A subprogram of its own, returning a plain value: the
-/// header walk and the decision do not fit one 512-byte stack frame.
+/// Classifies a frame that starts with an Ethernet header; the fields of a SYN
+/// or ACK that `wanted(destination port, is SYN)` asks for go to `seg`. A subprogram: inlined, the header walk's stack and the
+/// decision's exceed the 512 bytes a call chain may use. It returns a plain
+/// value and writes the segment through an out-parameter: a large returned
+/// enum is written through memory LLVM may also use as scratch, and the
+/// verifier refuses a pointer to the callee's stack stored there.
 #[inline(never)]
-pub fn parse<B: LoadBytes>(data: usize, data_end: usize, bytes: &B, seg: &mut Segment) -> Parsed {
+pub fn parse<B: LoadBytes>(
+    data: usize,
+    data_end: usize,
+    bytes: &B,
+    wanted: impl Fn(u16, bool) -> bool,
+    seg: &mut core::mem::MaybeUninit<Segment>,
+) -> Parsed {
     let Some(eth) = ptr_at::<EthHdr>(data, data_end, 0) else { return Parsed::Pass };
     // SAFETY: bounds checked by ptr_at; headers are byte arrays (alignment 1).
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
@@ -187,7 +213,12 @@ pub fn parse<B: LoadBytes>(data: usize, data_end: usize, bytes: &B, seg: &mut Se
         (false, true) => Parsed::Ack,
         _ => return Parsed::Pass,
     };
-    *seg = Segment {
+    // Whether the gate judges this segment at all (by destination port): most
+    // traffic ends here, before the segment is copied out.
+    if !wanted(u16::from_be_bytes([head[2], head[3]]), kind == Parsed::Syn) {
+        return Parsed::Pass;
+    }
+    seg.write(Segment {
         l3_offset: network.l3_offset,
         is_ipv6: network.is_ipv6,
         client_addr: network.client_addr,
@@ -196,7 +227,7 @@ pub fn parse<B: LoadBytes>(data: usize, data_end: usize, bytes: &B, seg: &mut Se
         server_port: u16::from_be_bytes([head[2], head[3]]),
         seq: u32::from_be_bytes([head[4], head[5], head[6], head[7]]),
         ack_seq: u32::from_be_bytes([head[8], head[9], head[10], head[11]]),
-    };
+    });
     kind
 }
 

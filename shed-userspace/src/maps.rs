@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter, PortBits,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS,
     gate_counter, handshake, map,
 };
@@ -33,7 +33,8 @@ pub struct GateMaps {
     pub reserve: Array<MapData, TierReserve>,
     pub clients: HashMap<MapData, ClientKey, i64>,
     pub netns: Array<MapData, NetnsFilter>,
-    pub port_bits: Array<MapData, PortBits>,
+    pub port_slots: Array<MapData, u32>,
+    pub slot_config: Array<MapData, PortConfig>,
 }
 
 /// Everything known about one port at one instant.
@@ -146,7 +147,8 @@ impl GateMaps {
             reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
             clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
             netns: typed(map::NETNS, open(map::NETNS)?)?,
-            port_bits: typed(map::PORT_BITS, open(map::PORT_BITS)?)?,
+            port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
+            slot_config: typed(map::SLOT_CONFIG, open(map::SLOT_CONFIG)?)?,
         })
     }
 
@@ -196,9 +198,9 @@ impl GateMaps {
         config.client_prefix_v6 = spec.client_prefix_v6;
         config.rst_per_sec = spec.rst_per_sec;
         config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
-        // The bit first: a protected port must never lack it.
-        self.set_port_bit(port, true)?;
+        // The config first, then the port's slot: the gate never finds a slot without its config.
         self.write_config(port, config)?;
+        self.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
         Ok(config)
     }
 
@@ -237,20 +239,19 @@ impl GateMaps {
         Ok(sum)
     }
 
+    /// Writes a port's config: the authoritative hash and the gate's copy by slot.
     pub fn write_config(&mut self, port: u16, config: PortConfig) -> Result<(), Error> {
-        self.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))
+        self.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))?;
+        self.slot_config
+            .set(config.slot, config, 0)
+            .map_err(|e| Error::map(format!("write config of port {port}"), e))
     }
 
     /// Stops protecting `port`. Its sockets still release their counts as they close.
     pub fn unprotect(&mut self, port: u16) -> Result<(), Error> {
-        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))?;
-        self.set_port_bit(port, false)
-    }
-
-    fn set_port_bit(&mut self, port: u16, on: bool) -> Result<(), Error> {
-        let mut bits = self.port_bits.get(&0, 0).map_err(|e| Error::map("read port bits", e))?;
-        bits.set(port, on);
-        self.port_bits.set(0, bits, 0).map_err(|e| Error::map("write port bits", e))
+        // The slot first: the gate stops judging the port before its config goes.
+        self.port_slots.set(u32::from(port), 0, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
+        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
     }
 
     pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
