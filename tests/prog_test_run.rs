@@ -697,8 +697,7 @@ fn no_reset_to_addresses_that_cannot_be_clients() {
     let (_bed, ifindex) = outside("shedpt2");
     for hook in HOOKS {
         let mut h = Harness::new(0, action::RST, false);
-        let mut local =
-            h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
+        let mut local = h.loaded.maps.local_addrs().unwrap();
         local.insert(ipv4_mapped([192, 0, 2, 255]), local_addr::BROADCAST);
         h.loaded.maps.set_local_addrs(&local).unwrap();
         let sources: [(&str, Spec); 7] = [
@@ -821,7 +820,7 @@ fn a_stray_ack_to_a_listener_holds_nothing_while_acks_are_checked() {
     let _listener = std::net::TcpListener::bind(server).expect("listen");
     for hook in HOOKS {
         let mut h = Harness::new(1, action::RST, false);
-        let mut local = h.loaded.maps.local_addrs.iter().map(Result::unwrap).collect::<std::collections::BTreeMap<_, _>>();
+        let mut local = h.loaded.maps.local_addrs().unwrap();
         local.insert(ipv4_mapped(bed.server_v4.octets()), local_addr::UNICAST);
         h.loaded.maps.set_local_addrs(&local).unwrap();
         h.loaded.maps.set_ack_check(PORT, true).unwrap();
@@ -833,7 +832,11 @@ fn a_stray_ack_to_a_listener_holds_nothing_while_acks_are_checked() {
             assert_eq!(h.run_on(hook, &f, ifindex), (pass(hook), f), "{hook:?}: a stray ACK passes untouched");
         }
         let s = h.snapshot();
-        assert_eq!((s.pending(), s.counter(counter::LATE_ACK_ADMITTED), s.counter(counter::LATE_ACK_REJECTED)), (0, 0, 0), "{hook:?}");
+        assert_eq!(
+            (s.pending(), s.counter(counter::LATE_ACK_ADMITTED), s.counter(counter::LATE_ACK_REJECTED)),
+            (0, 0, 0),
+            "{hook:?}"
+        );
         // And a SYN still gets the one slot.
         assert_eq!(h.run_on(hook, &frame(&Spec { server_v4, ..Spec::default() }), ifindex).0, pass(hook), "{hook:?}");
     }

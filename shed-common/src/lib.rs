@@ -39,8 +39,9 @@ pub mod map {
     /// `Array<HandshakeStamp>`, [`crate::handshake::STAMPS_PER_PORT`] per slot:
     /// when each flow was admitted. Written by the kernel.
     pub const STAMPS: &str = "SHED_STAMPS";
-    /// `HashMap<[u8; 16], u8>`: the protected namespace's own addresses (one of
-    /// [`local_addr`]). Only SYNs addressed to one of them are judged. Written by the daemon.
+    /// `Array<LocalAddr>` of [`local_addr::SLOTS`]: the protected namespace's own
+    /// addresses, each in one of its two slots (see [`local_addr::slots`]). Only SYNs
+    /// addressed to one of them are judged. Written by the daemon.
     pub const LOCAL_ADDRS: &str = "SHED_LOCAL_ADDRS";
     /// `Array<u32>` indexed by port: non-zero while handshake-completing ACKs to the
     /// port are checked (some admissions lapsed, so a late completion could overshoot).
@@ -134,8 +135,6 @@ pub mod program {
 pub mod capacity {
     /// Ports one gate can protect at once (slots in the per-port arrays).
     pub const MAX_PORTS: u32 = 64;
-    /// Addresses of the protected namespace (interface addresses and broadcasts).
-    pub const MAX_LOCAL_ADDRS: u32 = 4096;
     /// Established sockets tracked across all ports.
     pub const MAX_SOCKS: u32 = 262_144;
     /// Client CIDRs with a tier.
@@ -144,13 +143,35 @@ pub mod capacity {
     pub const MAX_CLIENTS: u32 = 65_536;
 }
 
-/// Values of [`map::LOCAL_ADDRS`].
+/// The namespace's addresses in [`map::LOCAL_ADDRS`]: a two-choice hash
+/// table in an array, so the gate finds an address with two array lookups
+/// instead of a hash-map lookup on every SYN.
 pub mod local_addr {
     /// An address of an interface of the namespace: SYNs to it are judged.
-    pub const UNICAST: u8 = 1;
+    pub const UNICAST: u32 = 1;
     /// A broadcast address of the namespace: never judged, never answered.
-    pub const BROADCAST: u8 = 2;
+    pub const BROADCAST: u32 = 2;
+    /// Slots of the table (a power of two): two-choice placement holds up to
+    /// about half of them, 2,048 addresses.
+    pub const SLOTS: u32 = 4096;
+
+    /// The two slots an address may live in.
+    #[inline(always)]
+    pub fn slots(addr: &[u8; 16]) -> (u32, u32) {
+        let h = crate::handshake::flow_hash(addr, addr, 0x5eed, 0x10ca);
+        (h & (SLOTS - 1), (h >> 16) & (SLOTS - 1))
+    }
 }
+
+/// One slot of [`map::LOCAL_ADDRS`]: `kind` 0 is an empty slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalAddr {
+    pub addr: [u8; 16],
+    /// One of [`local_addr`]'s kinds, or 0.
+    pub kind: u32,
+}
+const _: () = assert!(size_of::<LocalAddr>() == 20);
 
 /// The highest concurrency limit an operator may set. Above this the socket
 /// map could not hold the admitted work, so the limit would be a lie.
@@ -683,6 +704,7 @@ mod user {
     unsafe impl aya::Pod for HandshakeRing {}
     unsafe impl aya::Pod for HandshakeStamp {}
     unsafe impl aya::Pod for GateCounters {}
+    unsafe impl aya::Pod for LocalAddr {}
     unsafe impl aya::Pod for SockEntry {}
     unsafe impl aya::Pod for PortLatency {}
     unsafe impl aya::Pod for ControlConfig {}

@@ -23,8 +23,8 @@ use crate::{
     atomic::add as atomic_add,
     decide::{client_add, client_release, complete},
     maps::{
-        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config,
-        request_ack_check, tier_of,
+        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config, request_ack_check,
+        tier_of,
     },
 };
 

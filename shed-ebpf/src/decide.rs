@@ -19,9 +19,9 @@ use shed_common::{
 use crate::{
     atomic,
     maps::{
-        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_LOCAL_ADDRS, SHED_PORT_STATE,
-        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local,
-        is_loopback, port_config, request_ack_check, tier_of,
+        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
+        SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
+        request_ack_check, tier_of,
     },
     parse::Segment,
 };
@@ -418,8 +418,7 @@ fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
     if from_loopback {
         return true;
     }
-    // SAFETY: plain data.
-    !is_loopback(client) && unsafe { SHED_LOCAL_ADDRS.get(client) }.is_none()
+    !is_loopback(client) && local_kind(client) == 0
 }
 
 /// Whether the port and the client's prefix still have RST budget. Each bucket

@@ -50,12 +50,7 @@ enum Outcome {
 
 /// The tail both entry points share: parse, decide, count, write any reset.
 #[inline(always)]
-fn judge<B: parse::LoadBytes>(
-    data: usize,
-    data_end: usize,
-    bytes: &B,
-    ctx: *mut core::ffi::c_void,
-) -> Outcome {
+fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut core::ffi::c_void) -> Outcome {
     // Not zeroed: `parse` writes every field before it returns Syn or Ack, the
     // only results after which it is read (the verifier checks just that).
     let mut seg = core::mem::MaybeUninit::<parse::Segment>::uninit();

@@ -5,10 +5,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
-    capacity::{MAX_CLIENTS, MAX_LOCAL_ADDRS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
+    capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
     handshake::STAMPS_PER_PORT,
+    local_addr,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
 };
 
@@ -55,7 +56,7 @@ pub static SHED_HANDSHAKES: Array<HandshakeRing> = Array::with_max_entries(MAX_P
 pub static SHED_STAMPS: Array<HandshakeStamp> = Array::with_max_entries(MAX_PORTS * STAMPS_PER_PORT, 0);
 
 #[map]
-pub static SHED_LOCAL_ADDRS: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_LOCAL_ADDRS, 0);
+pub static SHED_LOCAL_ADDRS: Array<LocalAddr> = Array::with_max_entries(local_addr::SLOTS, 0);
 
 /// Indexed by port: one array slot each, so the kernel and the daemon never
 /// rewrite each other's ports.
@@ -120,8 +121,21 @@ pub fn is_local(addr: &[u8; 16]) -> bool {
     if is_loopback(addr) {
         return true;
     }
-    // SAFETY: plain data.
-    matches!(unsafe { SHED_LOCAL_ADDRS.get(addr) }, Some(&shed_common::local_addr::UNICAST))
+    local_kind(addr) == local_addr::UNICAST
+}
+
+/// What `addr` is to this namespace: one of `local_addr`'s kinds, 0 if none.
+/// A subprogram: its stack stays out of the decision's frame.
+#[inline(never)]
+pub fn local_kind(addr: &[u8; 16]) -> u32 {
+    let (a, b) = local_addr::slots(addr);
+    let in_slot = |slot: u32| match SHED_LOCAL_ADDRS.get_ptr(slot) {
+        // SAFETY: map value; compared in place, without a copy on the stack.
+        Some(entry) if unsafe { (*entry).kind != 0 && (*entry).addr == *addr } => unsafe { (*entry).kind },
+        _ => 0,
+    };
+    let kind = in_slot(a);
+    if kind != 0 { kind } else { in_slot(b) }
 }
 
 /// 127.0.0.0/8 (IPv4-mapped) or ::1.

@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, NetnsFilter,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS,
     gate_counter, handshake, map,
 };
@@ -21,7 +21,7 @@ pub struct GateMaps {
     pub counters: PerCpuArray<MapData, PortCounters>,
     pub handshakes: Array<MapData, HandshakeRing>,
     pub stamps: Array<MapData, HandshakeStamp>,
-    pub local_addrs: HashMap<MapData, [u8; 16], u8>,
+    pub local_addrs: Array<MapData, LocalAddr>,
     pub ack_check: Array<MapData, u32>,
     pub gate_counters: PerCpuArray<MapData, GateCounters>,
     pub socks: HashMap<MapData, u64, SockEntry>,
@@ -242,9 +242,7 @@ impl GateMaps {
     /// Writes a port's config: the authoritative hash and the gate's copy by slot.
     pub fn write_config(&mut self, port: u16, config: PortConfig) -> Result<(), Error> {
         self.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))?;
-        self.slot_config
-            .set(config.slot, config, 0)
-            .map_err(|e| Error::map(format!("write config of port {port}"), e))
+        self.slot_config.set(config.slot, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))
     }
 
     /// Stops protecting `port`. Its sockets still release their counts as they close.
@@ -364,23 +362,36 @@ impl GateMaps {
         self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
     }
 
-    /// Writes the namespace's own addresses (see [`shed_common::local_addr`]),
-    /// removing those that went away. Returns whether anything changed.
-    pub fn set_local_addrs(&mut self, addrs: &BTreeMap<[u8; 16], u8>) -> Result<bool, Error> {
-        let now: BTreeMap<[u8; 16], u8> = self.local_addrs.iter().filter_map(Result::ok).collect();
-        if &now == addrs {
-            return Ok(false);
+    /// Writes the namespace's own addresses (see [`shed_common::local_addr`]):
+    /// lays out the two-choice table, then rewrites only the slots that
+    /// change. Returns whether anything changed; an address that finds no slot
+    /// (hundreds of addresses) is reported and left out, so SYNs to it pass unjudged.
+    pub fn set_local_addrs(&mut self, addrs: &BTreeMap<[u8; 16], u32>) -> Result<bool, Error> {
+        let (table, left_out) = local_addr_table(addrs);
+        for addr in &left_out {
+            tracing::warn!(address = %std::net::Ipv6Addr::from(*addr), "no room for this address: SYNs to it are not judged");
         }
-        // New ones first, so an address never goes missing while it is being renewed.
-        for (addr, kind) in addrs {
-            if now.get(addr) != Some(kind) {
-                self.local_addrs.insert(addr, kind, 0).map_err(|e| Error::map("write local addresses", e))?;
+        let mut changed = false;
+        for (slot, entry) in table.iter().enumerate() {
+            let slot = slot as u32;
+            if self.local_addrs.get(&slot, 0).ok().as_ref() != Some(entry) {
+                self.local_addrs.set(slot, *entry, 0).map_err(|e| Error::map("write local addresses", e))?;
+                changed = true;
             }
         }
-        for addr in now.keys().filter(|a| !addrs.contains_key(*a)) {
-            let _ = self.local_addrs.remove(addr);
+        Ok(changed)
+    }
+
+    /// The namespace's addresses as the gate holds them, by kind.
+    pub fn local_addrs(&self) -> Result<BTreeMap<[u8; 16], u32>, Error> {
+        let mut out = BTreeMap::new();
+        for slot in 0..shed_common::local_addr::SLOTS {
+            let entry = self.local_addrs.get(&slot, 0).map_err(|e| Error::map("read local addresses", e))?;
+            if entry.kind != 0 {
+                out.insert(entry.addr, entry.kind);
+            }
         }
-        Ok(true)
+        Ok(out)
     }
 
     /// Sets the epoch shift of a port's handshake ring (its reservation lifetime).
@@ -417,6 +428,36 @@ impl GateMaps {
             let _ = self.handshakes.set(slot, HandshakeRing::default(), 0);
         }
     }
+}
+
+/// Lays addresses out in the two-choice table: each in one of its two slots,
+/// moving earlier ones to their other slot when both are taken (a few rounds,
+/// as cuckoo hashing does). Returns the table and the addresses left out.
+pub fn local_addr_table(addrs: &BTreeMap<[u8; 16], u32>) -> (Vec<LocalAddr>, Vec<[u8; 16]>) {
+    use shed_common::local_addr::{SLOTS, slots};
+    let mut table = vec![LocalAddr::default(); SLOTS as usize];
+    let mut left_out = Vec::new();
+    for (&addr, &kind) in addrs {
+        let mut entry = LocalAddr { addr, kind };
+        let mut slot = slots(&addr).0;
+        let mut placed = false;
+        for _ in 0..32 {
+            let (a, b) = slots(&entry.addr);
+            if let Some(free) = [a, b].into_iter().find(|&s| table[s as usize].kind == 0) {
+                table[free as usize] = entry;
+                placed = true;
+                break;
+            }
+            // Both taken: evict the one in `slot` and move it to its other choice next round.
+            std::mem::swap(&mut table[slot as usize], &mut entry);
+            let (a, b) = slots(&entry.addr);
+            slot = if a == slot { b } else { a };
+        }
+        if !placed {
+            left_out.push(entry.addr);
+        }
+    }
+    (table, left_out)
 }
 
 /// Everything `protect` needs to know about a new port.
@@ -462,5 +503,27 @@ pub fn remove_pins(dir: &Path) -> Result<(), Error> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("remove pins", dir, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_address_finds_one_of_its_two_slots() {
+        use shed_common::local_addr::{SLOTS, slots};
+        // Far more addresses than a host has: 1,500 in 4,096 slots.
+        let addrs: BTreeMap<[u8; 16], u32> =
+            (0..1500u32).map(|i| (shed_common::ipv4_mapped((0x0a00_0000 + i * 7).to_be_bytes()), 1)).collect();
+        let (table, left_out) = local_addr_table(&addrs);
+        assert!(left_out.is_empty(), "{} left out", left_out.len());
+        assert_eq!(table.len(), SLOTS as usize);
+        for (addr, kind) in &addrs {
+            let (a, b) = slots(addr);
+            let found = [a, b].iter().any(|&s| table[s as usize].addr == *addr && table[s as usize].kind == *kind);
+            assert!(found, "{addr:?} is in one of its slots");
+        }
+        assert_eq!(table.iter().filter(|e| e.kind != 0).count(), 1500, "each address once");
     }
 }

@@ -202,7 +202,7 @@ pub fn link_type(name: &str) -> Option<u32> {
 
 /// The namespace's own addresses, as the gate keys them (IPv4-mapped for IPv4):
 /// every interface address, and the IPv4 broadcast addresses.
-pub fn local_addresses() -> Result<BTreeMap<[u8; 16], u8>, Error> {
+pub fn local_addresses() -> Result<BTreeMap<[u8; 16], u32>, Error> {
     use shed_common::local_addr::{BROADCAST, UNICAST};
     let mut out = BTreeMap::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
