@@ -22,6 +22,41 @@ fn ip(args: &[&str]) {
     assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
+/// A new namespace `ns` joined to `server_ns` by a veth pair, addressed
+/// `<net>.1/24` on the server side and `<net>.2/24` in `ns` (both ends up).
+fn veth_namespace(server_ns: &str, ns: &str, (server_if, ns_if): (&str, &str), net: &str) {
+    let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    ip(&["netns", "add", ns]);
+    ip(&["link", "add", server_if, "netns", server_ns, "type", "veth", "peer", "name", ns_if, "netns", ns]);
+    ip(&["-n", server_ns, "addr", "add", &format!("{net}.1/24"), "dev", server_if]);
+    ip(&["-n", ns, "addr", "add", &format!("{net}.2/24"), "dev", ns_if]);
+    for (n, dev) in [(server_ns, server_if), (ns, ns_if), (ns, "lo")] {
+        ip(&["-n", n, "link", "set", dev, "up"]);
+    }
+}
+
+/// `shedctl attach --netns <ns>` without `--iface` (the whole namespace, as the
+/// DaemonSet runs), logging to `log`; stopped (SIGTERM) when the guard drops.
+fn attach_whole_namespace(ns: &str, args: &[&str], log: &tempfile::NamedTempFile) -> impl Drop {
+    let mut child = Command::new(support::gate::SHEDCTL)
+        .args(["attach", "--netns", ns])
+        .args(args)
+        .env("SHED_LOG", "info")
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("spawn shedctl");
+    let start = Instant::now();
+    while !(shed::daemon::ready() && shedctl(&["stats", "--json"]).status.success()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up");
+        thread::sleep(Duration::from_millis(50));
+    }
+    scopeguard(move || {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+    })
+}
+
 /// A source address for the `i`th forged SYN: spread over 100.64.0.0/10, or all in one /24.
 fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
     let h = i.wrapping_mul(2_654_435_761);
@@ -151,29 +186,7 @@ impl Forwarding {
         // client ns = "shedtw-cli" (10.200.0.2), router = "shedtw-srv" (10.200.0.1, 10.201.0.1), remote (10.201.0.2).
         let bed = Testbed::create("shedtw").expect("testbed");
         let remote_ns = "shedtw-rem".to_owned();
-        let _ = Command::new("ip").args(["netns", "del", &remote_ns]).output();
-        ip(&["netns", "add", &remote_ns]);
-        ip(&[
-            "link",
-            "add",
-            "shedtw-r",
-            "netns",
-            &bed.server_ns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "shedtw-x",
-            "netns",
-            &remote_ns,
-        ]);
-        ip(&["-n", &bed.server_ns, "addr", "add", "10.201.0.1/24", "dev", "shedtw-r"]);
-        ip(&["-n", &remote_ns, "addr", "add", "10.201.0.2/24", "dev", "shedtw-x"]);
-        for (ns, dev) in
-            [(bed.server_ns.as_str(), "shedtw-r"), (remote_ns.as_str(), "shedtw-x"), (remote_ns.as_str(), "lo")]
-        {
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-        }
+        veth_namespace(&bed.server_ns, &remote_ns, ("shedtw-r", "shedtw-x"), "10.201.0");
         ip(&["-n", &bed.client_ns, "route", "add", "10.201.0.0/24", "via", "10.200.0.1"]);
         ip(&["-n", &remote_ns, "route", "add", "default", "via", "10.201.0.1"]);
         let out = Command::new("ip")
@@ -202,21 +215,7 @@ fn forwarded_connections_are_never_judged() {
     let _local_backend = Backend::start(&bed.server_ns, local, Service::Echo).expect("router's own service");
     // The router is gated on every interface (as the DaemonSet runs), port 8080, limit 1.
     let log = tempfile::NamedTempFile::new().unwrap();
-    let mut child = Command::new(support::gate::SHEDCTL)
-        .args(["attach", "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"])
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .expect("spawn shedctl");
-    let _stop = scopeguard(move || {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let _ = child.wait();
-    });
-    let start = Instant::now();
-    while !(shed::daemon::ready() && shedctl(&["stats", "--json"]).status.success()) {
-        assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up");
-        thread::sleep(Duration::from_millis(50));
-    }
+    let _gate = attach_whole_namespace(&bed.server_ns, &["--port", "8080", "--limit", "1", "--action", "rst"], &log);
     // Six connections forwarded through the router to the remote server on the protected port.
     let forwarded: Vec<_> = testbed::run_in(&bed.client_ns, move || {
         (0..6).map(|_| testbed::connect(remote, Duration::from_secs(2))).collect::<Vec<_>>()
@@ -275,53 +274,19 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
 
     // The whole namespace (no --iface): the tun device is left out with a warning, the rest gated.
     let log = tempfile::NamedTempFile::new().unwrap();
-    let mut child = Command::new(support::gate::SHEDCTL)
-        .args(["attach", "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"])
-        .env("SHED_LOG", "info")
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .expect("spawn shedctl");
-    let _stop = scopeguard(move || {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let _ = child.wait();
-    });
-    let start = Instant::now();
-    while !(shed::daemon::ready() && shedctl(&["stats", "--json"]).status.success()) {
-        assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up");
-        thread::sleep(Duration::from_millis(50));
-    }
+    let _gate = attach_whole_namespace(&bed.server_ns, &["--port", "8080", "--limit", "1", "--action", "rst"], &log);
     let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(2))).unwrap();
     assert!(held.is_ok(), "first connection fits the limit");
 
     // A new interface into the server namespace, with a client behind it.
     let late_ns = "shedtn-new".to_owned();
-    let _ = Command::new("ip").args(["netns", "del", &late_ns]).output();
-    ip(&["netns", "add", &late_ns]);
     let _cleanup = scopeguard({
         let late_ns = late_ns.clone();
         move || {
             let _ = Command::new("ip").args(["netns", "del", &late_ns]).output();
         }
     });
-    ip(&[
-        "link",
-        "add",
-        "shedtn-n",
-        "netns",
-        &bed.server_ns,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "shedtn-p",
-        "netns",
-        &late_ns,
-    ]);
-    ip(&["-n", &bed.server_ns, "addr", "add", "10.202.0.1/24", "dev", "shedtn-n"]);
-    ip(&["-n", &late_ns, "addr", "add", "10.202.0.2/24", "dev", "shedtn-p"]);
-    ip(&["-n", &bed.server_ns, "link", "set", "shedtn-n", "up"]);
-    ip(&["-n", &late_ns, "link", "set", "shedtn-p", "up"]);
+    veth_namespace(&bed.server_ns, &late_ns, ("shedtn-n", "shedtn-p"), "10.202.0");
     let new_addr = SocketAddr::from(([10, 202, 0, 1], PORT));
     let _new_backend = Backend::start(&bed.server_ns, new_addr, Service::Echo).expect("backend on the new address");
     // The daemon looks for new interfaces (and addresses) every second; until then
