@@ -113,7 +113,7 @@ pub fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
     plot::goodput_vs(
         &out.join("b7_spoofed_flood.png"),
         "B7: legitimate goodput under a spoofed SYN flood (cap 50, 50 req/s, 1 s deadline)",
-        "forged SYN/s (log10; 0 = no flood)",
+        ("forged SYN/s (log10; 0 = no flood)", "legitimate requests answered in time (%)"),
         &curves,
     )
     .context("plot B7")?;

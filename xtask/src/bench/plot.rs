@@ -63,11 +63,11 @@ pub struct Series {
 
 /// Goodput (fraction of capacity, in percent) against offered load, one line per configuration.
 pub fn goodput_vs_load(path: &Path, title: &str, series: &[Series]) -> Result<()> {
-    goodput_vs(path, title, "offered load (x capacity)", series)
+    goodput_vs(path, title, ("offered load (x capacity)", "goodput (% of capacity)"), series)
 }
 
-/// Goodput (percent) against whatever `x_desc` names, one line per configuration.
-pub fn goodput_vs(path: &Path, title: &str, x_desc: &str, series: &[Series]) -> Result<()> {
+/// Goodput (percent) against whatever the x axis names, one line per configuration.
+pub fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), series: &[Series]) -> Result<()> {
     font()?;
     let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -82,7 +82,7 @@ pub fn goodput_vs(path: &Path, title: &str, x_desc: &str, series: &[Series]) -> 
     chart
         .configure_mesh()
         .x_desc(x_desc)
-        .y_desc("goodput (% of capacity)")
+        .y_desc(y_desc)
         .label_style(("sans-serif", 15))
         .draw()
         .map_err(err)?;
