@@ -57,7 +57,7 @@ struct Port {
 
 impl Port {
     /// The protected port a segment is addressed to, or `None` (pass): the port
-    /// bit is clear, the port has no config, or the destination is not one of
+    /// has no slot or config, or the destination is not one of
     /// this namespace's addresses (forwarded, or leaving a local container).
     #[inline(always)]
     fn of(seg: &Segment) -> Option<Self> {
