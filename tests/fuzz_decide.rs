@@ -3,6 +3,7 @@
 //! (BPF_PROG_TEST_RUN) and through the reference model in `shed::model`;
 //! verdicts, counter changes and RST bytes must agree. `SHED_FUZZ_CASES`
 //! sets the number of cases (CI: 2,000 per hook; `cargo xtask fuzz`: more).
+mod support;
 use aya::{TestRun as _, TestRunOptions, maps::PerCpuValues};
 use proptest::{prelude::*, test_runner::TestRunner};
 use shed::{
@@ -290,14 +291,8 @@ fn kernel_and_model_agree_on_every_frame() {
     let cases: u32 = std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
     // Frames arrive on a real interface, not loopback (the test runner's default),
     // as an attacker's would: replies to this host's own addresses are then withheld.
-    let bed = shed::testbed::Testbed::create("shedfz").expect("testbed");
-    shed::testbed::enter(&bed.server_ns).expect("enter the namespace");
-    let ifname = std::ffi::CString::new(bed.server_if.as_str()).unwrap();
-    // SAFETY: valid C string.
-    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-    let xdp_ctx: Vec<u8> = [0u32, 0, 0, ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect();
-    let mut skb_ctx = vec![0u8; 192];
-    skb_ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+    let (_bed, ifindex) = support::outside::enter("shedfz");
+    let skb_ctx = support::outside::skb_ctx(ifindex);
     let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
     let judged = std::cell::RefCell::new([0u64; 3]); // pass, drop, rst
     let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
@@ -363,9 +358,7 @@ fn kernel_and_model_agree_on_every_frame() {
             let expected = model::decide(&frame, &state);
 
             let mut out = vec![0u8; frame.len() + 256];
-            // struct xdp_md wants data_end = the frame's length; __sk_buff only the ifindex.
-            let mut xdp_ctx = xdp_ctx.clone();
-            xdp_ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+            let xdp_ctx = support::outside::xdp_ctx(ifindex, frame.len());
             let ctx = if hook == "xdp" { &xdp_ctx } else { &skb_ctx };
             let opts = TestRunOptions {
                 data_in: Some(&frame),

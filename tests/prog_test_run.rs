@@ -44,15 +44,9 @@ impl Harness {
     /// arriving on loopback).
     fn run_on(&mut self, hook: Hook, frame: &[u8], ifindex: u32) -> (i64, Vec<u8>) {
         let mut out = vec![0u8; frame.len() + 256];
-        let ctx: Vec<u8> = match hook {
-            // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-            Hook::Xdp => [0, frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|v| v.to_ne_bytes()).collect(),
-            // struct __sk_buff (192 bytes) with only `ifindex` (offset 40) set.
-            Hook::Tc => {
-                let mut skb = vec![0u8; 192];
-                skb[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-                skb
-            }
+        let ctx = match hook {
+            Hook::Xdp => support::outside::xdp_ctx(ifindex, frame.len()),
+            Hook::Tc => support::outside::skb_ctx(ifindex),
         };
         let opts =
             TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ctx_in: Some(&ctx), ..Default::default() };
@@ -652,21 +646,9 @@ fn unjudgeable_headers_that_could_hide_a_syn_are_dropped() {
     }
 }
 
-/// A namespace with a real (veth) interface, entered by the calling thread,
-/// for frames that must arrive from outside; returns the interface's index.
-fn outside(name: &str) -> (shed::testbed::Testbed, u32) {
-    let bed = shed::testbed::Testbed::create(name).expect("testbed");
-    shed::testbed::enter(&bed.server_ns).expect("enter the namespace");
-    let name = std::ffi::CString::new(bed.server_if.as_str()).unwrap();
-    // SAFETY: valid C string.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert!(ifindex > 1);
-    (bed, ifindex)
-}
-
 #[test]
 fn only_syns_addressed_to_this_namespace_are_judged() {
-    let (_bed, ifindex) = outside("shedpt1");
+    let (_bed, ifindex) = support::outside::enter("shedpt1");
     for hook in HOOKS {
         let mut h = Harness::new(0, action::RST, false);
         // Limit 0: every judged SYN is rejected. Forwarded ones must pass untouched.
@@ -694,7 +676,7 @@ fn only_syns_addressed_to_this_namespace_are_judged() {
 
 #[test]
 fn no_reset_to_addresses_that_cannot_be_clients() {
-    let (_bed, ifindex) = outside("shedpt2");
+    let (_bed, ifindex) = support::outside::enter("shedpt2");
     for hook in HOOKS {
         let mut h = Harness::new(0, action::RST, false);
         let mut local = h.loaded.maps.local_addrs().unwrap();
@@ -813,7 +795,7 @@ fn pin_to_cpu(cpu: usize) {
 
 #[test]
 fn a_stray_ack_to_a_listener_holds_nothing_while_acks_are_checked() {
-    let (bed, ifindex) = outside("shedpt3");
+    let (bed, ifindex) = support::outside::enter("shedpt3");
     // A listener on the protected port in this namespace: the kernel's socket lookup finds it
     // for any 4-tuple without a connection, and would answer a stray ACK with a reset.
     let server = std::net::SocketAddr::from((bed.server_v4, PORT));

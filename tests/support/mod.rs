@@ -3,3 +3,4 @@
 
 pub mod frames;
 pub mod gate;
+pub mod outside;

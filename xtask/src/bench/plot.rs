@@ -79,13 +79,7 @@ pub fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), seri
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..max_x * 1.05, 0.0..110.0)
         .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .label_style(("sans-serif", 15))
-        .draw()
-        .map_err(err)?;
+    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style(("sans-serif", 15)).draw().map_err(err)?;
     for (i, s) in series.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
         chart
