@@ -161,6 +161,8 @@ pub struct LoopSettings {
     pub decisions: Decisions,
     /// With no `--iface`: interfaces that appear later are gated too.
     pub follow_interfaces: Option<FollowInterfaces>,
+    /// The addresses written at attach, kept up to date by the loop.
+    pub local_addrs: LocalAddrs,
 }
 
 /// Gates interfaces as they appear (no `--iface`: the whole namespace).
@@ -189,13 +191,26 @@ impl FollowInterfaces {
     }
 }
 
-/// Writes the namespace's addresses to the gate (only SYNs to them are judged).
-pub fn refresh_local_addrs(maps: &mut GateMaps) -> Result<(), Error> {
-    let addrs = system::local_addresses()?;
-    if maps.set_local_addrs(&addrs)? {
-        tracing::debug!(addresses = addrs.len(), "local addresses updated");
+/// The namespace's addresses as last written to the gate (only SYNs to them are judged).
+#[derive(Clone, Debug, Default)]
+pub struct LocalAddrs {
+    written: Option<std::collections::BTreeMap<[u8; 16], u32>>,
+}
+
+impl LocalAddrs {
+    /// Asks the kernel for the addresses and rewrites the gate's table only when
+    /// they changed (the table has thousands of slots to compare).
+    pub fn refresh(&mut self, maps: &mut GateMaps) -> Result<(), Error> {
+        let addrs = system::local_addresses()?;
+        if self.written.as_ref() == Some(&addrs) {
+            return Ok(());
+        }
+        if maps.set_local_addrs(&addrs)? {
+            tracing::debug!(addresses = addrs.len(), "local addresses updated");
+        }
+        self.written = Some(addrs);
+        Ok(())
     }
-    Ok(())
 }
 
 /// Runs until SIGINT/SIGTERM or until every port has been detached.
@@ -218,7 +233,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
             _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
             _ = ticker.tick() => {
                 if last_watch.elapsed() >= WATCH_EVERY {
-                    refresh_local_addrs(&mut loaded.maps)?;
+                    settings.local_addrs.refresh(&mut loaded.maps)?;
                     if let Some(follow) = &mut settings.follow_interfaces {
                         follow.attach_new(loaded);
                     }

@@ -93,7 +93,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         ),
     }
     // Before any gate: only SYNs addressed to these are judged.
-    daemon::refresh_local_addrs(&mut loaded.maps)?;
+    let mut local_addrs = daemon::LocalAddrs::default();
+    local_addrs.refresh(&mut loaded.maps)?;
     loaded.attach_accounting()?;
     for (iface, hook) in &targets {
         loaded.attach_gate(iface, *hook, args.xdp_mode)?;
@@ -125,7 +126,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         xdp_mode: args.xdp_mode,
         seen: system::interfaces(),
     });
-    let settings = LoopSettings { tick, handshake_window: args.handshake_window, decisions, follow_interfaces };
+    let settings =
+        LoopSettings { tick, handshake_window: args.handshake_window, decisions, follow_interfaces, local_addrs };
     runtime.block_on(daemon::run(&mut loaded, settings))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");
