@@ -60,36 +60,57 @@ pub const fn live(cell_epoch: u64, now_epoch: u64) -> bool {
     cell_epoch <= now_epoch && now_epoch - cell_epoch < LIVE_EPOCHS
 }
 
-impl HandshakeRing {
+/// A ring's handshakes at one epoch, by where they stand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Handshakes {
+    /// Open in the current epoch's cell.
+    pub current: u64,
+    /// Open in the other live cells.
+    pub others: u64,
+    /// Open in cells whose epoch has ended (not yet folded into `lapsed`):
+    /// handshakes that would now complete late.
+    pub lapsed: u64,
+}
+
+impl Handshakes {
     /// Admitted and not yet completed handshakes of the live epochs.
     #[inline(always)]
-    pub fn outstanding(&self, now_epoch: u64) -> u64 {
-        let mut sum = 0;
+    pub const fn outstanding(&self) -> u64 {
+        self.current + self.others
+    }
+}
+
+impl HandshakeRing {
+    /// The ring's handshakes at `now_epoch`, every field read through `load`
+    /// (the kernel reads them as other CPUs add to them).
+    #[inline(always)]
+    pub fn split(&self, now_epoch: u64, load: impl Fn(&u64) -> u64) -> Handshakes {
+        let mut out = Handshakes::default();
         let mut i = 0;
         while i < RING {
             let c = &self.cells[i];
-            if live(c.epoch, now_epoch) {
-                sum += c.admitted.saturating_sub(c.completed);
+            let epoch = load(&c.epoch);
+            let open = load(&c.admitted).saturating_sub(load(&c.completed));
+            if epoch == now_epoch {
+                out.current = open;
+            } else if live(epoch, now_epoch) {
+                out.others += open;
+            } else {
+                out.lapsed += open;
             }
             i += 1;
         }
-        sum
+        out
     }
 
-    /// Admissions in cells whose epoch has ended without them completing
-    /// (not yet folded into `lapsed`): the handshakes that would now complete late.
-    #[inline(always)]
+    /// Admitted and not yet completed handshakes of the live epochs.
+    pub fn outstanding(&self, now_epoch: u64) -> u64 {
+        self.split(now_epoch, |v| *v).outstanding()
+    }
+
+    /// Open handshakes of ended epochs, not yet folded into `lapsed`.
     pub fn lapsed_unfolded(&self, now_epoch: u64) -> u64 {
-        let mut sum = 0;
-        let mut i = 0;
-        while i < RING {
-            let c = &self.cells[i];
-            if !live(c.epoch, now_epoch) {
-                sum += c.admitted.saturating_sub(c.completed);
-            }
-            i += 1;
-        }
-        sum
+        self.split(now_epoch, |v| *v).lapsed
     }
 }
 

@@ -97,22 +97,11 @@ impl Port {
     fn handshakes(&self) -> (u64, u64) {
         // SAFETY: map value; cells are read field by field while other CPUs add to them.
         let ring = unsafe { &*self.ring };
-        let (mut others, mut current, mut lapsed) = (0, 0, 0);
-        for cell in &ring.cells {
-            let epoch = atomic::load(&cell.epoch);
-            let open = atomic::load(&cell.admitted).saturating_sub(atomic::load(&cell.completed));
-            if epoch == self.epoch {
-                current = open;
-            } else if live(epoch, self.epoch) {
-                others += open;
-            } else {
-                lapsed += open;
-            }
-        }
-        if lapsed != 0 {
+        let h = ring.split(self.epoch, |field| atomic::load(field));
+        if h.lapsed != 0 {
             request_ack_check(self.port);
         }
-        (others, current)
+        (h.others, h.current)
     }
 
     /// Takes a reservation in the current epoch's cell if in-flight stays within
