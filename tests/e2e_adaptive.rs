@@ -185,6 +185,16 @@ fn the_limit_falls_when_the_service_slows_and_recovers_after() {
         "median limit: {limit_fast} at 10 ms service, {limit_slow} at 100 ms, {limit_recovered} after; median p99 {p99_fast} us -> {p99_slow} us"
     );
     assert!(p99_slow > 3 * p99_fast, "stats show the latency rising: p99 {p99_fast} -> {p99_slow} us");
-    assert!(limit_slow < limit_fast, "the limit falls on its own when the service slows: {limit_fast} -> {limit_slow}");
-    assert!(limit_recovered > limit_slow, "and recovers when it speeds up again: {limit_slow} -> {limit_recovered}");
+    // The limit falls on its own, by a quarter at least (not a slot or two), to what
+    // Little's law asks of 8 workers at 100 ms (80 req/s x ~0.1-0.3 s in the system:
+    // 8 busy plus a short queue), and recovers at least halfway when the service speeds up.
+    assert!(
+        limit_slow * 4 <= limit_fast * 3,
+        "the limit falls on its own when the service slows: {limit_fast} -> {limit_slow}"
+    );
+    assert!((4..=24).contains(&limit_slow), "limit {limit_slow} at 100 ms x 8 workers, Little's law asks 8..24");
+    assert!(
+        limit_recovered * 2 >= limit_fast + limit_slow,
+        "and recovers at least halfway when it speeds up again: {limit_fast} -> {limit_slow} -> {limit_recovered}"
+    );
 }

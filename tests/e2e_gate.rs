@@ -410,9 +410,11 @@ fn another_namespace_serving_the_same_port_is_not_counted() {
         .into_iter()
         .map(|(r, _)| r.expect("ungated"))
         .collect();
-    thread::sleep(Duration::from_millis(300));
+    // Longer than the healer's two 1 s passes, which would adopt them if it counted them.
+    thread::sleep(Duration::from_millis(2_500));
     let s = stats(PORT);
     assert_eq!((field(&s, "established"), field(&s, "in_flight")), (0, 0), "other namespace counted: {s}");
+    assert_eq!(field(&s, "drift_corrected"), 0, "the healer adopted nothing from the other namespace: {s}");
 
     // The protected namespace still gets its full limit.
     let held: Vec<TcpStream> = connect_sequential(&protected, addr, 3, Duration::from_secs(1))

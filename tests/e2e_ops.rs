@@ -137,7 +137,8 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     assert_eq!(below(1.0), total, "{sojourn:?}");
     let sum = value(&m, "shed_sojourn_seconds_sum", &port);
     assert!((0.004 * total..=1.0 * total).contains(&sum), "sum {sum} of {total}");
-    assert!(value(&m, "shed_baseline_latency_seconds", &port) >= 0.0);
+    let baseline_us = field(&stats, "baseline_us") as f64;
+    assert_eq!(value(&m, "shed_baseline_latency_seconds", &port), baseline_us / 1e6, "baseline vs stats {stats}");
 
     assert_eq!(http_get(METRICS, "/").0, "HTTP/1.1 404 Not Found");
 

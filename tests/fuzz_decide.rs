@@ -4,17 +4,21 @@
 //! verdicts, counter changes and RST bytes must agree. `SHED_FUZZ_CASES`
 //! sets the number of cases (CI: 2,000 per hook; `cargo xtask fuzz`: more).
 mod support;
-use aya::{TestRun as _, TestRunOptions, maps::PerCpuValues};
+use aya::{
+    TestRun as _, TestRunOptions,
+    maps::{Array, PerCpuValues},
+};
 use proptest::{prelude::*, test_runner::TestRunner};
 use shed::{
     gate::Loaded,
     maps::PortSpec,
-    model::{self, Expected, ModelState},
+    model::{self, Expected, ModelState, RstBudget},
     tiers::parse_cidr,
 };
 use shed_common::{
-    ControlConfig, GateCounters, HandshakeRing, PortCounters, PortState, UserPortState, action, count_mode, counter,
-    gate_counter, ipv4_mapped, local_addr, tier,
+    ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortCounters, PortState, TierReserve, UserPortState,
+    action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map, ratelimit::prefix_bucket_index,
+    rst_prefix, tier,
 };
 
 const PORT: u16 = 8080;
@@ -247,18 +251,27 @@ fn build(s: &FrameSpec) -> Vec<u8> {
 #[derive(Clone, Debug)]
 struct StateSpec {
     limit: u32,
+    /// Established connections held.
     in_flight: u64,
+    /// Handshakes under way in the current epoch's cell.
+    handshakes: u64,
     act: u8,
     dry_run: bool,
     tiered: bool,
     shares: [u16; 4],
     tier_action: [u8; 4],
+    held_back: [u16; 4],
+    /// The port's client cap (0: off) and what the frame's client holds.
+    client_cap: u32,
+    client_held: i64,
+    /// RST rates (0: off) of the prefix and the port, and whether each bucket has a reply left.
+    rst_rates: (u32, u32),
+    rst_budget: (bool, bool),
 }
 
 fn state_spec() -> impl Strategy<Value = StateSpec> {
     (
-        0u32..6,
-        0u64..6,
+        (0u32..6, 0u64..6, prop_oneof![3 => Just(0u64), 1 => 1u64..3]),
         prop_oneof![Just(action::DROP), Just(action::RST)],
         prop::bool::weighted(0.15),
         any::<bool>(),
@@ -266,16 +279,50 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
         prop::array::uniform4(
             prop_oneof![3 => Just(tier::ACTION_DEFAULT), 1 => Just(action::DROP), 1 => Just(action::RST)],
         ),
+        prop::array::uniform4(prop_oneof![4 => Just(0u16), 1 => 1u16..3]),
+        (prop_oneof![2 => Just(0u32), 1 => 1u32..4], 0i64..5),
+        (
+            (prop_oneof![Just(0u32), Just(5)], prop_oneof![Just(0u32), Just(5)]),
+            (prop::bool::weighted(0.5), prop::bool::weighted(0.5)),
+        ),
     )
-        .prop_map(|(limit, in_flight, act, dry_run, tiered, shares, tier_action)| StateSpec {
-            limit,
-            in_flight,
-            act,
-            dry_run,
-            tiered,
-            shares,
-            tier_action,
-        })
+        .prop_map(
+            |(
+                (limit, in_flight, handshakes),
+                act,
+                dry_run,
+                tiered,
+                shares,
+                tier_action,
+                held_back,
+                (client_cap, client_held),
+                (rst_rates, rst_budget),
+            )| StateSpec {
+                limit,
+                in_flight,
+                handshakes,
+                act,
+                dry_run,
+                tiered,
+                shares,
+                tier_action,
+                held_back,
+                client_cap,
+                client_held,
+                rst_rates,
+                rst_budget,
+            },
+        )
+}
+
+/// The client address of a generated frame, as the gate keys it (IPv4-mapped for IPv4).
+fn client_of(fs: &FrameSpec) -> [u8; 16] {
+    if fs.family == 1 { fs.client_v6 } else { ipv4_mapped(fs.client_v4) }
+}
+
+/// A GCRA bucket value with no reply left for the next few seconds.
+fn exhausted_bucket() -> u64 {
+    shed::system::monotonic_ns() + 5_000_000_000
 }
 
 const TIERS: [(&str, u8); 5] = [
@@ -292,6 +339,8 @@ fn kernel_and_model_agree_on_every_frame() {
     // Frames arrive on a real interface, not loopback (the test runner's default),
     // as an attacker's would: replies to this host's own addresses are then withheld.
     let (_bed, ifindex) = support::outside::enter("shedfz");
+    // The trickle's clock is a per-CPU count carried from case to case: stay on one CPU.
+    support::pin_to_cpu(0);
     let skb_ctx = support::outside::skb_ctx(ifindex);
     let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
     let judged = std::cell::RefCell::new([0u64; 3]); // pass, drop, rst
@@ -313,6 +362,10 @@ fn kernel_and_model_agree_on_every_frame() {
         tiers.push((c.prefix_len, c.addr, t));
     }
     let cpus = aya::util::nr_cpus().unwrap();
+    loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
+    loaded.maps.gate_counters.set(0, PerCpuValues::try_from(vec![GateCounters::default(); cpus]).unwrap(), 0).unwrap();
+    // Share rejections and trickle admissions so far, as the model counts them.
+    let trickle_seen = std::cell::Cell::new(0u64);
     let mut disagreements = 0u32;
     let loaded = std::cell::RefCell::new(loaded);
     for hook in ["xdp", "tc"] {
@@ -320,6 +373,8 @@ fn kernel_and_model_agree_on_every_frame() {
             cases,
             failure_persistence: None,
             max_global_rejects: cases * 4,
+            // The state carries over between cases: a shrunk case would meet another state.
+            max_shrink_iters: 0,
             ..Default::default()
         });
         let result = runner.run(&(frame_spec(), state_spec()), |(fs, ss)| {
@@ -332,30 +387,47 @@ fn kernel_and_model_agree_on_every_frame() {
             config.tiered = u8::from(ss.tiered);
             config.share_permille = ss.shares;
             config.tier_action = ss.tier_action;
+            config.client_cap = ss.client_cap;
+            (config.rst_per_prefix_per_sec, config.rst_per_sec) = ss.rst_rates;
             loaded.maps.write_config(PORT, config).unwrap();
             loaded.maps.set_limit(slot, ss.limit).unwrap();
             loaded.maps.state.set(slot, PortState { opened: ss.in_flight, ..PortState::default() }, 0).unwrap();
             loaded.maps.user_state.set(slot, UserPortState::default(), 0).unwrap();
-            loaded
-                .maps
-                .counters
-                .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
-                .unwrap();
-            loaded
-                .maps
-                .gate_counters
-                .set(0, PerCpuValues::try_from(vec![GateCounters::default(); cpus]).unwrap(), 0)
-                .unwrap();
-            loaded.maps.handshakes.set(slot, HandshakeRing::default(), 0).unwrap();
+            loaded.maps.reserve.set(slot, TierReserve { held_back: ss.held_back }, 0).unwrap();
+            // Handshakes under way, in the cell of the epoch the gate is about to read.
+            let mut ring = HandshakeRing::default();
+            let epoch = shed::system::monotonic_ns() >> handshake::DEFAULT_SHIFT;
+            ring.cells[handshake::cell_of(epoch)] = HandshakeCell { epoch, admitted: ss.handshakes, completed: 0 };
+            loaded.maps.handshakes.set(slot, ring, 0).unwrap();
+            // What the frame's client holds, as the socket tracepoint would have counted it.
+            let client_key = config.client_key(&client_of(&fs));
+            loaded.maps.clients.insert(client_key, ss.client_held, 0).unwrap();
+            let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
+            let prefix_index = prefix_bucket_index(slot, &rst_prefix(&client_of(&fs)));
+            let mut port_buckets: Array<_, u64> =
+                Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
+            port_buckets.set(slot, bucket(ss.rst_budget.1), 0).unwrap();
+            let mut prefix_buckets: Array<_, u64> =
+                Array::try_from(loaded.ebpf.map_mut(map::RST_PREFIX_BUCKETS).unwrap()).unwrap();
+            prefix_buckets.set(prefix_index, bucket(ss.rst_budget.0), 0).unwrap();
             let state = ModelState {
                 port: PORT,
                 config,
                 limit: ss.limit,
-                in_flight: ss.in_flight,
+                in_flight: ss.in_flight + ss.handshakes,
+                client_held: ss.client_held,
+                held_back: ss.held_back,
+                rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
+                trickle_seen: trickle_seen.get(),
                 local: local.clone(),
                 tiers: tiers.clone(),
             };
             let expected = model::decide(&frame, &state);
+            trickle_seen.set(
+                trickle_seen.get() + expected.counters[counter::REJECTED_SHARE] + expected.counters[counter::TRICKLE],
+            );
+            let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let gate_before = loaded.maps.gate_counters().unwrap();
 
             let mut out = vec![0u8; frame.len() + 256];
             let xdp_ctx = support::outside::xdp_ctx(ifindex, frame.len());
@@ -387,8 +459,9 @@ fn kernel_and_model_agree_on_every_frame() {
                 ("xdp", 3) | ("tc", 7) => Expected::Rst(out.clone()),
                 (_, other) => panic!("{hook}: unexpected verdict {other}"),
             };
-            let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
-            let counters = snapshot.counters.values;
+            loaded.maps.clients.remove(&client_key).unwrap();
+            let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
             prop_assert_eq!(
                 &verdict,
                 &expected.verdict,
@@ -402,7 +475,8 @@ fn kernel_and_model_agree_on_every_frame() {
                 prop_assert_eq!(&out, &frame, "{}: a passed frame is untouched", hook);
             }
             prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, fs, ss);
-            let gate = loaded.maps.gate_counters().unwrap();
+            let gate_after = loaded.maps.gate_counters().unwrap();
+            let gate: [u64; gate_counter::COUNT] = std::array::from_fn(|i| gate_after[i] - gate_before[i]);
             prop_assert_eq!(gate, expected.gate, "{} gate counters for {:?} / {:?}", hook, fs, ss);
             for (i, &n) in counters.iter().enumerate() {
                 if n > 0 {
@@ -444,6 +518,8 @@ fn kernel_and_model_agree_on_every_frame() {
         ("exempt", counter::EXEMPT),
         ("not local", counter::NOT_LOCAL),
         ("RST suppressed", counter::RST_SUPPRESSED),
+        ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
+        ("RST rate-limited", counter::RST_RATE_LIMITED),
     ] {
         assert!(reached[index] >= floor, "the generator reached {name} only {} times (floor {floor})", reached[index]);
     }
@@ -460,6 +536,12 @@ fn kernel_and_model_agree_on_every_frame() {
         );
     }
     assert!(judged[1] > 0 && judged[2] > 0, "the generator must reach drops and RSTs: {judged:?}");
+    // One share rejection in 16 becomes the trickle.
+    assert!(
+        reached[counter::TRICKLE] >= (floor / 16).max(1),
+        "the trickle was reached {} times",
+        reached[counter::TRICKLE]
+    );
     // Refused TC runs are bounded: they are only frames cut inside their headers.
     assert!(refused.get() <= u64::from(cases) / 3, "{} TC runs refused", refused.get());
 }

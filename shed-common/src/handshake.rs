@@ -14,9 +14,12 @@
 //!
 //! [`HandshakeStamp`]s, one array slot per flow hash and port, remember when
 //! and in which epoch a flow was admitted, so its completion releases the
-//! right cell and yields the handshake time. A stamp can be overwritten by a
-//! colliding flow; its completion then releases nothing, and the admission
-//! lapses with its epoch (counting a little too much, never too little).
+//! right cell and yields the handshake time. A flow's stamp goes in the first
+//! of [`STAMP_PROBES`] slots from its hash that holds no other handshake
+//! still under way, so concurrent handshakes do not overwrite each other's.
+//! Only when all are taken is the first overwritten: that completion then
+//! releases nothing, and the admission lapses with its epoch (counting a
+//! little too much, never too little).
 
 /// Cells per ring.
 pub const RING: usize = 4;
@@ -24,6 +27,8 @@ pub const RING: usize = 4;
 pub const LIVE_EPOCHS: u64 = RING as u64;
 /// Stamps per port (a power of two).
 pub const STAMPS_PER_PORT: u32 = 1024;
+/// Slots a flow's stamp may take, from its hash on.
+pub const STAMP_PROBES: u32 = 4;
 /// Shortest epoch shift: 2^16 ns = 65.5 us (handshake windows of about
 /// 0.25 ms, for handshakes of under 50 us, as on a LAN or a veth).
 pub const MIN_SHIFT: u32 = 16;
@@ -171,11 +176,20 @@ pub fn flow_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server_
     if h == 0 { 1 } else { h }
 }
 
-/// Index of a flow's stamp: the port's own block, so one port's flood cannot
-/// overwrite another port's stamps.
+/// Index of a flow's `probe`th stamp slot (0..[`STAMP_PROBES`]): in the
+/// port's own block, so one port's flood cannot overwrite another port's stamps.
 #[inline(always)]
-pub const fn stamp_index(slot: u32, hash: u32) -> u32 {
-    slot * STAMPS_PER_PORT + (hash & (STAMPS_PER_PORT - 1))
+pub const fn stamp_index(slot: u32, hash: u32, probe: u32) -> u32 {
+    slot * STAMPS_PER_PORT + (hash.wrapping_add(probe) & (STAMPS_PER_PORT - 1))
+}
+
+impl HandshakeStamp {
+    /// Whether `flow`, admitted at `now_epoch`, may take this slot: it holds no
+    /// other flow's handshake still under way (unused, completed, lapsed, or its own).
+    #[inline(always)]
+    pub const fn free_for(&self, flow: u32, now_epoch: u64) -> bool {
+        self.flow == 0 || self.flow == flow || self.state != stamp_state::ADMITTED || !live(self.epoch, now_epoch)
+    }
 }
 
 #[cfg(test)]
@@ -226,6 +240,18 @@ mod tests {
         assert_eq!(seen.len(), 2000, "distinct flows, distinct hashes");
         assert!(slots.len() > 800, "2000 flows fill most of 1024 stamps: {}", slots.len());
         assert_ne!(flow_hash(&v4(1), &v4(2), 1, 2), flow_hash(&v4(2), &v4(1), 1, 2));
-        assert_eq!(stamp_index(3, 0xffff_ffff), 3 * STAMPS_PER_PORT + STAMPS_PER_PORT - 1);
+        assert_eq!(stamp_index(3, 0xffff_ffff, 0), 3 * STAMPS_PER_PORT + STAMPS_PER_PORT - 1);
+        assert_eq!(stamp_index(3, 0xffff_ffff, 1), 3 * STAMPS_PER_PORT, "probes wrap inside the port's block");
+    }
+
+    #[test]
+    fn a_stamp_is_free_unless_another_handshake_holds_it() {
+        let held = HandshakeStamp { flow: 7, state: stamp_state::ADMITTED, epoch: 100, syn_ns: 1 };
+        assert!(!held.free_for(8, 100), "another flow's live handshake");
+        assert!(!held.free_for(8, 103), "still live three epochs on");
+        assert!(held.free_for(8, 104), "lapsed");
+        assert!(held.free_for(7, 100), "its own flow (a retransmitted SYN)");
+        assert!(HandshakeStamp { state: stamp_state::COMPLETED, ..held }.free_for(8, 100), "completed");
+        assert!(HandshakeStamp::default().free_for(8, 100), "never used");
     }
 }

@@ -22,6 +22,7 @@ use shed_common::{
 use crate::{
     atomic::add as atomic_add,
     decide::{client_add, client_release, complete},
+    fault::fault,
     maps::{
         SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config, request_ack_check,
         tier_of,
@@ -59,8 +60,10 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             if entry.busy != 0 {
                 atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
             }
-            atomic_add(unsafe { &raw mut (*state).closed }, 1);
-            if entry.capped != 0 {
+            if !(fault!("close_not_counted") && entry.busy != 0) {
+                atomic_add(unsafe { &raw mut (*state).closed }, 1);
+            }
+            if entry.capped != 0 && !fault!("client_not_released") {
                 client_release(&ClientKey { slot: entry.slot, addr: entry.client });
             }
         }
@@ -214,7 +217,7 @@ pub fn on_send(sk: u64, ret: i32, flags: i32) {
     // Later sends of the same answer change nothing until the next request arrives.
     entry.arrival_ns = 0;
     entry.pickup_ns = 0;
-    if entry.busy != 0 {
+    if entry.busy != 0 && !fault!("send_not_counted") {
         entry.busy = 0;
         if let Some(state) = state_field(entry.slot) {
             atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
@@ -232,7 +235,7 @@ enum Histogram {
 #[inline(always)]
 fn record(slot: u32, which: Histogram, ns: u64) {
     let Some(hist) = SHED_LATENCY.get_ptr_mut(slot) else { return };
-    let b = latency::bucket(ns / 1000);
+    let b = latency::bucket(ns / 1000) + usize::from(fault!("latency_bucket_shifted"));
     // Verifier workaround: LLVM bounds-checks one copy of the index and adds
     // another to the pointer. Laundering it through the stack makes the mask
     // apply to the very register used for the access.

@@ -10,7 +10,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use shed_common::{
     ClientKey, HandshakeRing, HandshakeStamp, PortConfig, action, counter,
-    handshake::{cell_of, flow_hash, live, stamp_index, stamp_state},
+    handshake::{STAMP_PROBES, cell_of, flow_hash, live, stamp_index, stamp_state},
     ratelimit::{gcra_take, prefix_bucket_index},
     rst::Reset,
     rst_prefix, tier,
@@ -18,6 +18,7 @@ use shed_common::{
 
 use crate::{
     atomic,
+    fault::fault,
     maps::{
         SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
         SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
@@ -65,7 +66,7 @@ impl Port {
         // A miss means "not protected": pass.
         let config = port_config(port)?;
         let slot = config.slot;
-        if !is_local(&seg.server_addr) {
+        if !is_local(&seg.server_addr) && !fault!("not_local_judged") {
             count(slot, counter::NOT_LOCAL);
             return None;
         }
@@ -108,6 +109,9 @@ impl Port {
     /// the limit, judged with the value the fetch-add returned.
     #[inline(always)]
     fn reserve(&self, others: u64, enforce: bool) -> bool {
+        if fault!("reservation_not_taken") {
+            return true;
+        }
         // SAFETY: map value; `cell_of` is < RING.
         let ring = unsafe { &mut *self.ring };
         let Some(cell) = ring.cells.get_mut(cell_of(self.epoch)) else { return false };
@@ -116,7 +120,7 @@ impl Port {
         }
         let before = atomic::add(&raw mut cell.admitted, 1);
         let mine = (before + 1).saturating_sub(atomic::load(&cell.completed));
-        if enforce && self.held + others + mine > self.limit {
+        if enforce && self.held + others + mine > self.limit + u64::from(fault!("limit_off_by_one")) {
             atomic::add(&raw mut cell.admitted, u64::MAX);
             return false;
         }
@@ -154,7 +158,18 @@ impl Port {
     /// Remembers where `flow` holds its reservation, so its completion releases it.
     #[inline(always)]
     fn stamp(&self, flow: u32, syn_ns: u64) {
-        if let Some(stamp) = SHED_STAMPS.get_ptr_mut(stamp_index(self.slot, flow)) {
+        let slot = self.slot ^ u32::from(fault!("stamp_wrong_key"));
+        // The first slot holding no other handshake under way; else the first.
+        let mut chosen = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, 0));
+        for probe in 0..STAMP_PROBES {
+            let Some(stamp) = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, probe)) else { break };
+            // SAFETY: map value, read as plain data.
+            if unsafe { (*stamp).free_for(flow, self.epoch) } {
+                chosen = Some(stamp);
+                break;
+            }
+        }
+        if let Some(stamp) = chosen {
             // SAFETY: map value; a torn stamp at worst releases nothing (the reservation lapses).
             unsafe { *stamp = HandshakeStamp { flow, state: stamp_state::ADMITTED, epoch: self.epoch, syn_ns } };
         }
@@ -164,8 +179,10 @@ impl Port {
     #[inline(always)]
     fn reject(&self, reason: usize, tier: u8, seg: &Segment, from_loopback: bool, reset: Reset) -> Verdict {
         self.count(reason);
-        self.count(counter::REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
-        if self.config.action_for(tier) != action::RST {
+        let shifted = usize::from(fault!("tier_counter_shifted"));
+        self.count(counter::REJECTED_BY_TIER + ((usize::from(tier) + shifted) & (tier::COUNT - 1)));
+        let act = if fault!("tier_action_ignored") { self.config.action } else { self.config.action_for(tier) };
+        if act != action::RST {
             return Verdict::Drop;
         }
         if !answerable(&seg.client_addr, from_loopback) {
@@ -189,7 +206,11 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     let slot = port.slot;
     port.count(counter::SYN_SEEN);
     // The LPM lookup is the dearest step of a SYN; skip it while no tier is configured.
-    let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
+    let tier = if port.config.tiered != 0 && !fault!("tier_lookup_skipped") {
+        tier_of(&seg.client_addr)
+    } else {
+        tier::NORMAL
+    };
     if tier == tier::EXEMPT {
         // Health checks and control-plane callers: always in, never counted.
         port.count(counter::EXEMPT);
@@ -200,9 +221,11 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     let in_flight = port.held + others + current;
     // The whole limit is a hard stop; a tier's share of it sheds lower tiers
     // first, except for a trickle that keeps a full tier from starving.
-    let mut reason = if in_flight >= port.limit {
+    let mut reason = if in_flight >= port.limit + u64::from(fault!("limit_off_by_one")) {
         Some(counter::REJECTED_LIMIT)
-    } else if in_flight >= port.config.tier_threshold(tier, port.limit as u32).saturating_sub(held_back(slot, tier)) {
+    } else if !fault!("share_ignored")
+        && in_flight >= port.config.tier_threshold(tier, port.limit as u32).saturating_sub(held_back(slot, tier))
+    {
         if trickle(slot) {
             port.count(counter::TRICKLE);
             None
@@ -214,13 +237,14 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     } else {
         None
     };
-    let enforce = port.config.dry_run == 0;
+    let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
     if let Some(reason) = reason {
         if enforce {
-            return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seg.seq));
+            let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq));
         }
         port.count(counter::DRY_RUN_WOULD_REJECT);
         // Dry run admits it, and accounts it as any admission.
@@ -238,6 +262,9 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
 /// `ctx` is the program's context, for the kernel's socket lookup.
 #[inline(never)]
 pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
+    if fault!("late_ack_unjudged") {
+        return Verdict::Pass;
+    }
     let Some(port) = Port::of(seg) else { return Verdict::Pass };
     let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
     if tier == tier::EXEMPT {
@@ -245,7 +272,7 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     }
     let flow = flow_of(seg);
     // SAFETY: plain data copied out of the map.
-    let stamp = SHED_STAMPS.get(stamp_index(port.slot, flow)).copied().unwrap_or_default();
+    let stamp = find_stamp(port.slot, flow).map(|s| unsafe { *s }).unwrap_or_default();
     let late = if stamp.flow == flow {
         match stamp.state {
             stamp_state::COMPLETED => false,
@@ -280,6 +307,19 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     port.stamp(flow, syn_ns);
     port.count(counter::LATE_ACK_ADMITTED);
     Verdict::Pass
+}
+
+/// The stamp `flow` took at admission, if it is still there.
+#[inline(always)]
+fn find_stamp(slot: u32, flow: u32) -> Option<*mut HandshakeStamp> {
+    for probe in 0..STAMP_PROBES {
+        let stamp = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, probe))?;
+        // SAFETY: map value, read as plain data.
+        if unsafe { (*stamp).flow } == flow {
+            return Some(stamp);
+        }
+    }
+    None
 }
 
 #[inline(always)]
@@ -385,7 +425,8 @@ fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
     }
     let key: ClientKey = config.client_key(client);
     // SAFETY: plain data.
-    unsafe { SHED_CLIENTS.get(&key) }.is_some_and(|&held| held >= i64::from(config.client_cap))
+    unsafe { SHED_CLIENTS.get(&key) }
+        .is_some_and(|&held| held >= i64::from(config.client_cap) + i64::from(fault!("client_cap_off_by_one")))
 }
 
 /// Whether a reset may go to `client`: never to multicast, broadcast or an
@@ -404,7 +445,7 @@ fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
     } else if client[0] == 0xff || *client == [0; 16] {
         return false;
     }
-    if from_loopback {
+    if from_loopback || fault!("rst_to_own_address") {
         return true;
     }
     !is_loopback(client) && local_kind(client) == 0
@@ -415,6 +456,9 @@ fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
 /// cannot exceed a cap; a swap lost four times over refuses (never over the cap).
 #[inline(never)]
 fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now: u64) -> bool {
+    if fault!("rst_cap_ignored") {
+        return true;
+    }
     // The prefix first: a flood from one prefix must not spend the port's budget.
     if config.rst_per_prefix_per_sec != 0 {
         let index = prefix_bucket_index(slot, &rst_prefix(client));
@@ -434,6 +478,7 @@ fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now: u64) -> b
 fn take(bucket: *mut u64, now: u64, rate: u32) -> bool {
     for _ in 0..4 {
         let old = atomic::load(bucket);
+        let now = if fault!("rst_bucket_stuck") { 0 } else { now };
         let Some(new) = gcra_take(old, now, rate) else { return false };
         if atomic::compare_exchange(bucket, old, new) {
             return true;
@@ -445,12 +490,18 @@ fn take(bucket: *mut u64, now: u64, rate: u32) -> bool {
 /// Room the daemon holds back from `tier` for the tiers above it.
 #[inline(always)]
 fn held_back(slot: u32, tier: u8) -> u64 {
+    if fault!("held_back_ignored") {
+        return 0;
+    }
     SHED_RESERVE.get(slot).and_then(|r| r.held_back.get(tier as usize)).map_or(0, |&h| u64::from(h))
 }
 
 /// One share rejection in [`tier::TRICKLE_EVERY`] (per CPU) is admitted instead.
 #[inline(always)]
 fn trickle(slot: u32) -> bool {
+    if fault!("trickle_never") {
+        return false;
+    }
     let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot) else { return false };
     // SAFETY: per-CPU value. The share-rejection count doubles as the trickle's clock.
     let seen = unsafe { (*counters).values[counter::REJECTED_SHARE] + (*counters).values[counter::TRICKLE] };
@@ -482,10 +533,10 @@ pub fn client_add(client: &ClientKey) -> bool {
 /// reservation was still live (false: a late completion).
 #[inline(always)]
 pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, bool) {
-    let Some(stamp) = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow)) else { return (None, false) };
+    let Some(stamp) = find_stamp(slot, flow) else { return (None, false) };
     // SAFETY: map value; the socket lock serialises a flow's own events.
     let stamp = unsafe { &mut *stamp };
-    if stamp.flow != flow || stamp.state != stamp_state::ADMITTED {
+    if stamp.state != stamp_state::ADMITTED {
         return (None, false);
     }
     stamp.state = stamp_state::COMPLETED;
@@ -496,6 +547,8 @@ pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, 
     if !live(stamp.epoch, now_ns >> shift) || atomic::load(&cell.epoch) != stamp.epoch {
         return (Some(took), false);
     }
-    atomic::add(&raw mut cell.completed, 1);
+    if !fault!("handshake_not_released") {
+        atomic::add(&raw mut cell.completed, 1);
+    }
     (Some(took), true)
 }

@@ -14,6 +14,7 @@
 mod account;
 mod atomic;
 mod decide;
+mod fault;
 mod maps;
 mod parse;
 mod reject;

@@ -21,6 +21,8 @@ use network_types::{
 };
 use shed_common::{gate_counter, ipv4_mapped};
 
+use crate::fault::fault;
+
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
@@ -175,7 +177,7 @@ pub fn parse<B: LoadBytes>(
     // SAFETY: bounds checked by ptr_at; headers are byte arrays (alignment 1).
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
     let mut l3_offset = EthHdr::LEN;
-    for _ in 0..MAX_VLAN_TAGS {
+    for _ in 0..MAX_VLAN_TAGS - usize::from(fault!("second_vlan_tag_ignored")) {
         if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
             break;
         }
@@ -209,7 +211,7 @@ pub fn parse<B: LoadBytes>(
     }
     let kind = match (flags & TCP_SYN != 0, flags & TCP_ACK != 0) {
         // SYN+FIN: a Linux listener discards it, so it holds nothing.
-        (true, false) if flags & TCP_FIN == 0 => Parsed::Syn,
+        (true, false) if flags & TCP_FIN == 0 || fault!("syn_fin_judged") => Parsed::Syn,
         (false, true) => Parsed::Ack,
         _ => return Parsed::Pass,
     };
@@ -247,14 +249,14 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
         return Err(Parsed::Pass);
     }
     let offset = ip.frag_offset();
-    if offset == 1 {
+    if offset == 1 && !fault!("overlap_fragment_passes") {
         // RFC 1858: a TCP fragment at offset 8 can only serve to overwrite the flags.
         return Err(Parsed::Refuse(gate_counter::OVERLAP_FRAGMENT as u32));
     }
     if offset != 0 {
         return Err(Parsed::LaterFragment);
     }
-    if ip.frag_flags() & IPV4_MORE_FRAGMENTS != 0 {
+    if ip.frag_flags() & IPV4_MORE_FRAGMENTS != 0 && !fault!("tiny_fragment_judged") {
         // A first fragment is judged only if it holds the whole basic TCP header.
         let l4_len = usize::from(ip.tot_len()).saturating_sub(header_len);
         if l4_len < TcpHdr::LEN {
@@ -263,7 +265,7 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
     }
     Ok(Network {
         l3_offset,
-        l4_offset: Some(l3_offset + header_len),
+        l4_offset: Some(l3_offset + if fault!("ipv4_options_ignored") { Ipv4Hdr::LEN } else { header_len }),
         tcp_head: [0; TCP_HEADER],
         is_ipv6: false,
         client_addr: ipv4_mapped(ip.src_addr),
@@ -332,7 +334,11 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
             | nexthdr::HIP
             | nexthdr::SHIM6
             | nexthdr::AUTH
-            | nexthdr::FRAGMENT => Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED as u32),
+            | nexthdr::FRAGMENT
+                if !fault!("long_chain_passes") =>
+            {
+                Parsed::Refuse(gate_counter::IPV6_CHAIN_UNPARSED as u32)
+            }
             _ => Parsed::Pass,
         });
     }

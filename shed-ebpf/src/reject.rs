@@ -4,7 +4,10 @@ use shed_common::rst::{
     tcp_reset,
 };
 
-use crate::parse::{Segment, ptr_at};
+use crate::{
+    fault::fault,
+    parse::{Segment, ptr_at},
+};
 
 /// Rewrites the frame into the reply: MACs swapped, a fresh IP header without
 /// options or extension headers, a TCP header without options. Returns the
@@ -14,9 +17,12 @@ use crate::parse::{Segment, ptr_at};
 pub fn write_rst(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> Result<usize, ()> {
     let macs: *mut [u8; 12] = ptr_at(data, data_end, 0).ok_or(())?;
     // SAFETY: bounds checked by ptr_at; frames are byte arrays (alignment 1).
-    unsafe {
-        let m = *macs;
-        *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
+    if !fault!("rst_macs_kept") {
+        // SAFETY: as above.
+        unsafe {
+            let m = *macs;
+            *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
+        }
     }
 
     // The verifier does not carry the offset's bounds through the caller's stack: restate them.
@@ -43,6 +49,10 @@ pub fn write_rst(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> R
     let tcp: *mut [u8; TCP_HEADER_LEN] = ptr_at(data, data_end, l4).ok_or(())?;
     // SAFETY: bounds checked by ptr_at.
     unsafe { *tcp = tcp_reset(seg.server_port, seg.client_port, reset, pseudo) };
+    if fault!("rst_checksum_byte") {
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { (*tcp)[17] ^= 1 };
+    }
     Ok(l4 + TCP_HEADER_LEN)
 }
 

@@ -20,10 +20,22 @@
 //!   on (not modelled: the harness keeps it off).
 //! - Only a SYN addressed to one of the namespace's addresses (or loopback) is
 //!   judged; others count `NOT_LOCAL` and pass.
+//! - A judged SYN, in this order: an exempt client passes uncounted; at the
+//!   limit (held connections plus handshakes under way) it is rejected; at its
+//!   tier's share of the limit, less the room held back for higher tiers, it is
+//!   rejected unless it is the trickle (one in 16 such rejections on a CPU is
+//!   admitted instead); a client holding its cap of connections is rejected;
+//!   else it is admitted. Dry-run admits what it would reject, and counts it.
+//! - A rejection takes the tier's action, else the port's. A reset goes only to
+//!   an address that can be a client (not multicast, broadcast, unspecified, nor
+//!   this host's own unless it arrived on loopback), and only while the
+//!   client's prefix and the port have RST budget; otherwise it is a drop.
 //!
 //! The harness varies one protected port, its limit, action, dry-run, tier
-//! shares and actions, pre-existing in-flight, the local addresses and a fixed
-//! tier table. Client caps and RST caps are off in the harness.
+//! shares, actions and held-back room, held connections and handshakes under
+//! way, the client's connections against a cap, the RST buckets, the local
+//! addresses and a fixed tier table; the trickle's clock carries over from
+//! case to case.
 use shed_common::{PortConfig, action, counter, gate_counter, tier};
 
 /// What the model expects the program to do with a frame.
@@ -41,13 +53,31 @@ pub struct ModelState {
     pub port: u16,
     pub config: PortConfig,
     pub limit: u32,
-    /// In-flight before the frame (established connections, counted as connections).
+    /// In-flight before the frame: held connections plus handshakes under way.
     pub in_flight: u64,
+    /// Connections the frame's client holds (checked against `config.client_cap`).
+    pub client_held: i64,
+    /// Room held back from each tier for the tiers above it.
+    pub held_back: [u16; 4],
+    /// Whether the client's prefix bucket and the port's bucket have an RST left
+    /// (checked only where `config` sets a rate).
+    pub rst_budget: RstBudget,
+    /// Share rejections plus trickle admissions so far on the CPU (the trickle's clock).
+    pub trickle_seen: u64,
     /// The namespace's own addresses (IPv4-mapped for IPv4); loopback is always local.
     pub local: Vec<[u8; 16]>,
     /// Longest-prefix tiers: (prefix length over the mapped address, address, tier).
     pub tiers: Vec<(u32, [u8; 16], u8)>,
 }
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RstBudget {
+    pub prefix: bool,
+    pub port: bool,
+}
+
+/// The trickle admits one share rejection in this many.
+pub const TRICKLE_EVERY: u64 = 16;
 
 /// The outcome: the verdict and how each counter moved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -289,11 +319,18 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         return pass(counters);
     }
     let share = if c.tiered == 0 { 1000 } else { u64::from(c.share_permille[t as usize]) };
+    let threshold = (u64::from(state.limit) * share / 1000).saturating_sub(u64::from(state.held_back[t as usize]));
     let reason = if state.in_flight >= u64::from(state.limit) {
         Some(counter::REJECTED_LIMIT)
-    } else if state.in_flight >= u64::from(state.limit) * share / 1000 {
-        // Fresh counters: the trickle admits the 16th share rejection, never the first.
-        Some(counter::REJECTED_SHARE)
+    } else if state.in_flight >= threshold {
+        if state.trickle_seen % TRICKLE_EVERY == TRICKLE_EVERY - 1 {
+            counters[counter::TRICKLE] += 1;
+            None
+        } else {
+            Some(counter::REJECTED_SHARE)
+        }
+    } else if c.client_cap != 0 && state.client_held >= i64::from(c.client_cap) {
+        Some(counter::REJECTED_CLIENT_CAP)
     } else {
         None
     };
@@ -308,6 +345,12 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
             }
             if !answerable(state, &syn.client) {
                 counters[counter::RST_SUPPRESSED] += 1;
+                return Outcome { verdict: Expected::Drop, counters, gate };
+            }
+            let limited = (c.rst_per_prefix_per_sec != 0 && !state.rst_budget.prefix)
+                || (c.rst_per_sec != 0 && !state.rst_budget.port);
+            if limited {
+                counters[counter::RST_RATE_LIMITED] += 1;
                 return Outcome { verdict: Expected::Drop, counters, gate };
             }
             counters[counter::RST_SENT] += 1;

@@ -254,11 +254,15 @@ mod tests {
         simulate(&SimConfig::new(0.3, None)).admitted_p99
     }
 
+    /// Seeds every simulated claim must hold for (one seed can be lucky).
+    const SEEDS: [u64; 3] = [42, 7, 2026];
+
     #[test]
     fn critical_keeps_its_goodput_when_lower_tiers_overload_the_service() {
-        for algo in ADAPTIVE {
+        for (algo, seed) in ADAPTIVE.into_iter().flat_map(|a| SEEDS.map(|s| (a, s))) {
             let mut cfg = SimConfig::new(3.0, gate(algo));
             cfg.tier_mix = Some([0.2, 0.6, 0.2]);
+            cfg.seed = seed;
             let r = simulate(&cfg);
             let served = |t: u8| r.tier_good[t as usize] as f64 / r.tier_demand[t as usize] as f64;
             println!(
@@ -269,7 +273,15 @@ mod tests {
                 served(tier::LOW) * 100.0
             );
             assert!(served(tier::CRITICAL) >= 0.95, "{algo}: critical got {:.3} of its demand", served(tier::CRITICAL));
-            assert!(served(tier::LOW) <= served(tier::NORMAL), "{algo}: low is shed before normal");
+            // Capacity is a third of demand: critical (20%) is served, normal gets most
+            // of what is left, low is shed first and hardest.
+            assert!(
+                served(tier::LOW) + 0.05 <= served(tier::NORMAL),
+                "{algo} seed {seed}: low ({:.3}) is shed before normal ({:.3})",
+                served(tier::LOW),
+                served(tier::NORMAL)
+            );
+            assert!(r.goodput_fraction() >= 0.85, "{algo} seed {seed}: goodput {:.3}", r.goodput_fraction());
         }
     }
 
@@ -334,13 +346,28 @@ mod tests {
         (settled - from, mean)
     }
 
+    /// How each controller must settle after the step: within this many windows,
+    /// at a limit within this multiple of the workers (Little's law: in-flight =
+    /// throughput x time in system; every worker busy needs at least `workers`,
+    /// and each further slot is a queued request). AIMD is the slowest and
+    /// loosest: it learns the new latency through its baseline span and backs off
+    /// only past a tolerance of it (measured, seeds 42/7/2026: 124-250 windows,
+    /// 2.9-4.6x the workers; gradient and gradient2: 0-12 windows, 1.1-2x).
+    fn settle_bounds(algo: Algo) -> (usize, (f64, f64)) {
+        match algo {
+            Algo::Aimd => (300, (1.0, 5.0)),
+            _ => (100, (1.0, 2.5)),
+        }
+    }
+
     #[test]
     fn limit_settles_after_a_5x_service_time_step_and_stays_in_band() {
-        for algo in ADAPTIVE {
+        for (algo, seed) in ADAPTIVE.into_iter().flat_map(|a| SEEDS.map(|s| (a, s))) {
             let mut cfg = SimConfig::new(2.0, gate(algo));
             cfg.duration = 90.0;
             cfg.measure_from = 60.0;
             cfg.service_step = Some((30.0, 5.0));
+            cfg.seed = seed;
             let r = simulate(&cfg);
             let step_window = 300;
             let (settle, mean) = settling_windows(&r, step_window, 0.5);
@@ -354,9 +381,27 @@ mod tests {
                 r.goodput / new_capacity * 100.0,
                 r.admitted_p99 * 1e3
             );
-            // AIMD is the slowest: it re-learns through the baseline span and recovers by +1 a window.
-            assert!(settle <= 200, "{algo}: did not settle within 200 windows (20 s): {settle}");
-            assert!(f64::from(hi - lo) <= 1.5 * mean, "{algo}: steady-state swing {lo}..{hi} around {mean:.0}");
+            let (max_windows, band) = settle_bounds(algo);
+            assert!(settle <= max_windows, "{algo} seed {seed}: did not settle within {max_windows} windows: {settle}");
+            assert!(
+                f64::from(hi - lo) <= 1.5 * mean,
+                "{algo} seed {seed}: steady-state swing {lo}..{hi} around {mean:.0}"
+            );
+            // Little's law: at the new capacity the limit must keep every worker busy
+            // (in-flight >= workers) without a queue longer than a few service times
+            // (a limit stuck at min_limit starves the workers; one stuck high lets the queue grow).
+            let workers = cfg.workers as f64;
+            assert!(
+                (band.0 * workers..=band.1 * workers).contains(&mean),
+                "{algo} seed {seed}: settled limit {mean:.1} outside {band:?} x {workers} workers"
+            );
+            let goodput = r.goodput / new_capacity;
+            assert!(goodput >= 0.85, "{algo} seed {seed}: goodput after the step {goodput:.3} of the new capacity");
+            assert!(
+                r.admitted_p99 <= cfg.deadline,
+                "{algo} seed {seed}: p99 {:.3} s past the deadline",
+                r.admitted_p99
+            );
         }
     }
 }

@@ -4,3 +4,13 @@
 pub mod frames;
 pub mod gate;
 pub mod outside;
+
+/// Keeps the calling thread on one CPU (per-CPU counters, races between CPUs).
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+    }
+}

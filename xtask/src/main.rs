@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod docs;
+mod mutants;
 mod setup;
 
 use std::{
@@ -46,6 +47,16 @@ enum Task {
         #[arg(long, default_value_t = 100_000)]
         cases: u32,
     },
+    /// Mutation testing: cargo-mutants over the pure-logic modules, or (--kernel)
+    /// every deliberate kernel fault against the program and end-to-end tests (root).
+    /// Writes docs/mutants/. Slow: not part of `test`.
+    Mutants {
+        /// The kernel programs' faults (shed-ebpf/src/fault.rs) instead of the logic modules.
+        #[arg(long)]
+        kernel: bool,
+        /// Only these faults (--kernel) or source files; the report is then not rewritten.
+        only: Vec<String>,
+    },
     /// Long churn soak: connections opened and closed every way, counts back to zero.
     Soak {
         #[arg(long, default_value_t = 100_000)]
@@ -78,6 +89,16 @@ fn main() -> Result<()> {
             build_ebpf()?;
             cargo(&["build", "--release", "--package", "shed-userspace"])?;
             bench::run(quick, &names)
+        }
+        Task::Mutants { kernel, only } => {
+            setup::setup()?;
+            build_ebpf()?;
+            if kernel {
+                require_root("the kernel faults are caught by tests that load real programs")?;
+                mutants::kernel(&only)
+            } else {
+                mutants::logic(&only)
+            }
         }
         Task::Fuzz { cases } => long_run("fuzz_decide", "SHED_FUZZ_CASES", cases),
         Task::Soak { connections } => long_run("e2e_soak", "SHED_SOAK_CONNECTIONS", connections),
@@ -137,6 +158,11 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 /// RUSTC_BOOTSTRAP for -Z build-std; BTF and CPU v3 (atomic fetch-add) for
 /// this crate only.
 fn build_ebpf() -> Result<()> {
+    build_ebpf_with(None)
+}
+
+/// [`build_ebpf`], with one deliberate fault planted (see shed-ebpf/src/fault.rs).
+fn build_ebpf_with(fault: Option<&str>) -> Result<()> {
     let flags = ["-C", "debuginfo=2", "-C", "link-arg=--btf", "-C", "target-cpu=v3"].join("\x1f");
     // A target folder of its own: sharing one with the host builds made each
     // invalidate the other's host dependencies (two full rebuilds per bench run).
@@ -146,6 +172,7 @@ fn build_ebpf() -> Result<()> {
         .env("CARGO_ENCODED_RUSTFLAGS", flags)
         .env("CARGO_TARGET_DIR", &ebpf_target)
         .env_remove("RUSTFLAGS")
+        .env("SHED_KERNEL_FAULT", fault.unwrap_or_default())
         .args([
             "build",
             "--package",
@@ -170,13 +197,18 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
+fn require_root(why: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("{why}: run it as root (`sudo -E cargo xtask ...`)");
+    }
+    Ok(())
+}
+
 fn test(extra: &[String]) -> Result<()> {
     setup::setup()?;
     build_ebpf()?;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("the tests load real eBPF programs and create network namespaces: run `sudo -E cargo xtask test`");
-    }
+    require_root("the tests load real eBPF programs and create network namespaces")?;
     // Default members: every crate but shed-ebpf, which only builds for the BPF target.
     let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));

@@ -1,0 +1,92 @@
+//! Deliberate faults, for mutation testing of the kernel programs only
+//! (`cargo xtask mutants --kernel`): each is a bug the test suite must catch.
+//!
+//! A build picks at most one through the `SHED_KERNEL_FAULT` environment
+//! variable, read at compile time. Every [`fault!`] site is a constant, so a
+//! normal build (no variable) folds each to `false` and no faulty code is
+//! left in the object. Naming a fault that is not listed here fails the
+//! build, as does a `fault!` site whose name is not listed.
+
+/// Every fault: its name and the bug it plants. `cargo xtask mutants --kernel`
+/// reads this list from this file (one entry per line).
+pub const FAULTS: &[(&str, &str)] = &[
+    ("limit_off_by_one", "a SYN at the limit is admitted (> for >=, in the check and the reservation)"),
+    ("reservation_not_taken", "an admitted SYN takes no handshake reservation (bursts overshoot)"),
+    ("share_ignored", "a tier's share of the limit is not checked"),
+    ("trickle_never", "a full tier gets no trickle"),
+    ("held_back_ignored", "the room held back for higher tiers is not applied"),
+    ("tier_lookup_skipped", "every client is treated as tier normal"),
+    ("client_cap_off_by_one", "a client at its cap gets one more connection"),
+    ("dry_run_enforced", "dry-run rejects instead of only counting"),
+    ("tier_action_ignored", "a tier's own action is ignored for the port's"),
+    ("rst_to_own_address", "resets go to this host's own and loopback addresses"),
+    ("rst_cap_ignored", "the RST rate caps are not applied"),
+    ("rst_bucket_stuck", "an RST bucket never refills (time does not advance it)"),
+    ("late_ack_unjudged", "handshake-completing ACKs are never judged"),
+    ("not_local_judged", "SYNs to addresses that are not this namespace's are judged"),
+    ("tier_counter_shifted", "rejections are counted under the wrong tier"),
+    ("stamp_wrong_key", "the admission stamp is written under another port's slot"),
+    ("close_not_counted", "a busy connection's close is not counted as closed"),
+    ("send_not_counted", "an answer does not end the connection's busy time"),
+    ("client_not_released", "a capped client's closed connection is not released"),
+    ("handshake_not_released", "a completed handshake keeps its reservation"),
+    ("latency_bucket_shifted", "latency samples land one histogram bucket too high"),
+    ("tiny_fragment_judged", "tiny first IPv4 fragments are judged instead of dropped"),
+    ("long_chain_passes", "IPv6 chains longer than the parser follows pass unjudged"),
+    ("second_vlan_tag_ignored", "a second VLAN tag (QinQ) is not looked through"),
+    ("ipv4_options_ignored", "the TCP header is read at 20 bytes past IPv4, options or not"),
+    ("syn_fin_judged", "SYN+FIN is judged as a SYN"),
+    ("overlap_fragment_passes", "IPv4 TCP fragments at offset 8 pass"),
+    ("rst_checksum_byte", "the reset's TCP checksum has one wrong byte"),
+    ("rst_ack_number", "the reset acknowledges the SYN's sequence number, not one past it"),
+    ("rst_macs_kept", "the reset keeps the frame's MAC addresses instead of swapping them"),
+];
+
+const CHOSEN: &str = match option_env!("SHED_KERNEL_FAULT") {
+    Some(name) => name,
+    None => "",
+};
+const _: () = assert!(CHOSEN.is_empty() || known(CHOSEN), "SHED_KERNEL_FAULT names a fault not in fault::FAULTS");
+
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether `name` is one of [`FAULTS`].
+pub const fn known(name: &str) -> bool {
+    let mut i = 0;
+    while i < FAULTS.len() {
+        if same(FAULTS[i].0, name) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// Whether this build plants `name`.
+pub const fn planted(name: &str) -> bool {
+    same(CHOSEN, name)
+}
+
+/// `fault!("name")`: a compile-time `bool`, true only in the build that plants `name`.
+macro_rules! fault {
+    ($name:literal) => {
+        const {
+            assert!($crate::fault::known($name), "fault! names a fault not in fault::FAULTS");
+            $crate::fault::planted($name)
+        }
+    };
+}
+pub(crate) use fault;

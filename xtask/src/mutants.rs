@@ -1,0 +1,258 @@
+//! `cargo xtask mutants`: does the test suite catch a broken gate?
+//!
+//! - Without `--kernel`: cargo-mutants over the pure-logic modules (the list
+//!   and the mutants judged equivalent, each with its reason, are in
+//!   `.cargo/mutants.toml`), against their unit and property tests.
+//! - With `--kernel`: every deliberate fault of `shed-ebpf/src/fault.rs`,
+//!   compiled in one at a time, against the program tests first and the
+//!   end-to-end tests after (only while none has failed yet).
+//!
+//! Both write their result to `docs/mutants/` (committed: re-run whenever the
+//! code they cover changes).
+use std::{
+    fmt::Write as _,
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{build_ebpf_with, cargo_command, run, workspace_root};
+
+/// Test binaries that load the programs and feed them frames: fast, run first.
+const PROGRAM_TESTS: &[&str] = &["prog_test_run", "fuzz_decide"];
+/// The rest, with real connections through a gate (minutes): run only for a
+/// fault the program tests missed.
+const END_TO_END_TESTS: &[&str] =
+    &["e2e_gate", "e2e_untrusted", "e2e_tiers", "e2e_adaptive", "e2e_ops", "e2e_matrix", "e2e_soak"];
+/// A fault can turn a bounded wait into a long one; past this a stage counts as caught.
+const STAGE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+
+/// One fault's result.
+struct Verdict {
+    name: String,
+    planted: String,
+    caught_by: Vec<String>,
+    stage: &'static str,
+    took: Duration,
+}
+
+pub fn kernel(only: &[String]) -> Result<()> {
+    let faults = faults()?;
+    for name in only {
+        if !faults.iter().any(|(n, _)| n == name) {
+            bail!("no kernel fault named {name:?}; the faults are listed in shed-ebpf/src/fault.rs");
+        }
+    }
+    let chosen: Vec<_> = faults.iter().filter(|(n, _)| only.is_empty() || only.contains(n)).collect();
+    let logs = workspace_root().join("target/mutants/kernel");
+    fs::create_dir_all(&logs)?;
+    let mut verdicts = Vec::new();
+    let result = (|| -> Result<()> {
+        for (name, planted) in &chosen {
+            let start = Instant::now();
+            println!("fault {name}: {planted}");
+            build_ebpf_with(Some(name))?;
+            let log = logs.join(format!("{name}.log"));
+            let mut verdict = Verdict {
+                name: name.clone(),
+                planted: planted.clone(),
+                caught_by: Vec::new(),
+                stage: "missed",
+                took: Duration::ZERO,
+            };
+            for (stage, tests) in [("program tests", PROGRAM_TESTS), ("end-to-end tests", END_TO_END_TESTS)] {
+                let failed = run_tests(tests, &log)?;
+                if !failed.is_empty() {
+                    verdict.caught_by = failed;
+                    verdict.stage = stage;
+                    break;
+                }
+            }
+            verdict.took = start.elapsed();
+            println!(
+                "fault {name}: {} by {:?} ({:.0} s)",
+                verdict.stage,
+                verdict.caught_by,
+                verdict.took.as_secs_f64()
+            );
+            verdicts.push(verdict);
+        }
+        Ok(())
+    })();
+    // Whatever happened, leave the real object behind.
+    build_ebpf_with(None)?;
+    result?;
+    let missed: Vec<_> = verdicts.iter().filter(|v| v.caught_by.is_empty()).map(|v| v.name.as_str()).collect();
+    if only.is_empty() {
+        write_kernel_report(&verdicts)?;
+    }
+    println!("{} of {} kernel faults caught", verdicts.len() - missed.len(), verdicts.len());
+    if !missed.is_empty() {
+        bail!("faults no test caught: {missed:?} (logs in {})", logs.display());
+    }
+    Ok(())
+}
+
+/// The fault list, read from the kernel crate's `fault.rs` (one `("name", "what"),` per line).
+fn faults() -> Result<Vec<(String, String)>> {
+    let path = workspace_root().join("shed-ebpf/src/fault.rs");
+    let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let faults: Vec<_> = text
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("(\"")?.strip_suffix("\"),")?;
+            let (name, planted) = rest.split_once("\", \"")?;
+            Some((name.to_owned(), planted.to_owned()))
+        })
+        .collect();
+    if faults.len() < 20 {
+        bail!(
+            "read only {} faults from {} (expected one `(\"name\", \"what\"),` per line)",
+            faults.len(),
+            path.display()
+        );
+    }
+    Ok(faults)
+}
+
+/// Runs test binaries one test at a time; the names of the tests that failed
+/// (a binary that did not finish in time counts as one failed test).
+fn run_tests(tests: &[&str], log: &Path) -> Result<Vec<String>> {
+    let mut cmd = cargo_command();
+    cmd.arg("test").arg("--no-fail-fast");
+    for t in tests {
+        cmd.args(["--test", t]);
+    }
+    cmd.args(["--", "--test-threads=1"]);
+    let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let mut child = cmd.stdout(out.try_clone()?).stderr(out).stdin(Stdio::null()).spawn().context("run cargo test")?;
+    let deadline = Instant::now() + STAGE_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let mut failed: Vec<String> =
+        text.lines().filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... FAILED").map(str::to_owned)).collect();
+    failed.sort();
+    failed.dedup();
+    match status {
+        None => failed.push(format!("(timed out after {} min)", STAGE_TIMEOUT.as_secs() / 60)),
+        Some(s) if !s.success() && failed.is_empty() => failed.push(format!("(cargo test failed: {s})")),
+        _ => {}
+    }
+    Ok(failed)
+}
+
+fn write_kernel_report(verdicts: &[Verdict]) -> Result<()> {
+    let caught = verdicts.iter().filter(|v| !v.caught_by.is_empty()).count();
+    let mut md = String::new();
+    writeln!(md, "# Kernel faults (`cargo xtask mutants --kernel`)\n")?;
+    writeln!(
+        md,
+        "Each fault of `shed-ebpf/src/fault.rs` compiled in alone, then the program tests \
+         ({}) and, only if they all pass, the end-to-end tests. Generated; re-run whenever the kernel code changes.\n",
+        PROGRAM_TESTS.join(", ")
+    )?;
+    writeln!(md, "**{caught} of {} faults caught.**\n", verdicts.len())?;
+    writeln!(md, "| fault | what it plants | caught by | stage | time |")?;
+    writeln!(md, "|---|---|---|---|---|")?;
+    for v in verdicts {
+        let by = if v.caught_by.is_empty() { "**missed**".to_owned() } else { first_few(&v.caught_by) };
+        writeln!(md, "| `{}` | {} | {} | {} | {:.0} s |", v.name, v.planted, by, v.stage, v.took.as_secs_f64())?;
+    }
+    write_doc("kernel.md", &md)
+}
+
+fn first_few(tests: &[String]) -> String {
+    let mut s = tests.iter().take(3).map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ");
+    if tests.len() > 3 {
+        let _ = write!(s, " and {} more", tests.len() - 3);
+    }
+    s
+}
+
+fn write_doc(name: &str, text: &str) -> Result<()> {
+    let dir = workspace_root().join("docs/mutants");
+    fs::create_dir_all(&dir)?;
+    let path = dir.join(name);
+    fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// cargo-mutants over the pure-logic modules (`.cargo/mutants.toml` names them).
+pub fn logic(only: &[String]) -> Result<()> {
+    ensure_cargo_mutants()?;
+    let out = workspace_root().join("target/mutants/logic");
+    fs::create_dir_all(&out)?;
+    let mut cmd = cargo_command();
+    // In place: the workspace's own target folder (a copy would rebuild everything,
+    // the kernel object included); cargo-mutants restores each file after its mutant.
+    cmd.args(["mutants", "--in-place", "--no-shuffle", "--timeout-multiplier", "3", "--output"]).arg(&out);
+    for file in only {
+        cmd.args(["--file", file]);
+    }
+    // cargo-mutants exits non-zero when mutants were missed: read its outcome files instead.
+    let status = cmd.status().context("run cargo mutants")?;
+    let results = out.join("mutants.out");
+    let read = |name: &str| -> Vec<String> {
+        fs::read_to_string(results.join(name)).unwrap_or_default().lines().map(str::to_owned).collect()
+    };
+    let (caught, missed, timeout, unviable) =
+        (read("caught.txt"), read("missed.txt"), read("timeout.txt"), read("unviable.txt"));
+    if caught.is_empty() && missed.is_empty() {
+        bail!("cargo mutants found nothing to test ({status}); see {}", results.display());
+    }
+    let viable = caught.len() + missed.len() + timeout.len();
+    let score = 100.0 * (caught.len() + timeout.len()) as f64 / viable as f64;
+    if only.is_empty() {
+        let mut md = String::new();
+        writeln!(md, "# Logic mutants (`cargo xtask mutants`)\n")?;
+        writeln!(
+            md,
+            "cargo-mutants over the pure-logic modules listed in `.cargo/mutants.toml`, against their unit \
+             and property tests. Mutants judged equivalent are excluded there, each with its reason. \
+             Generated; re-run whenever those modules change.\n"
+        )?;
+        writeln!(
+            md,
+            "**{score:.1}% of {viable} viable mutants caught** ({} caught, {} timed out (caught), {} missed; {} unviable).\n",
+            caught.len(),
+            timeout.len(),
+            missed.len(),
+            unviable.len()
+        )?;
+        if !missed.is_empty() {
+            writeln!(md, "## Missed\n")?;
+            for m in &missed {
+                writeln!(md, "- `{m}`")?;
+            }
+        }
+        write_doc("logic.md", &md)?;
+    }
+    println!("{score:.1}% of {viable} viable mutants caught; missed: {missed:#?}");
+    if score < 90.0 {
+        bail!("under 90% of viable mutants caught");
+    }
+    Ok(())
+}
+
+fn ensure_cargo_mutants() -> Result<()> {
+    let have = Command::new("cargo").args(["mutants", "--version"]).output().is_ok_and(|o| o.status.success());
+    if !have {
+        run(Command::new("cargo").args(["install", "--locked", "cargo-mutants@27.1.0"]))
+            .context("install cargo-mutants")?;
+    }
+    Ok(())
+}
