@@ -1,8 +1,8 @@
 //! Churn soak: many connections opened and closed every way there is, against
 //! a protected port. Afterwards the raw kernel counts balance exactly (every
 //! connection opened was closed, every busy spell ended, every handshake
-//! reservation was released by its completion, none lapsed), each port admitted
-//! exactly the connections made to it, nothing needed healing, and the
+//! reservation was released by its completion or, one per retransmitted SYN,
+//! lapsed), each port opened exactly the connections made to it, nothing needed healing, and the
 //! per-socket and per-client maps are back to idle. The raw counts are read
 //! from the maps, not from `stats` (which clamps in-flight at zero and so would
 //! hide an over-release).
@@ -37,9 +37,26 @@ fn churn_returns_every_count_to_zero() {
     let service_us = Arc::new(AtomicU64::new(0));
     let _closer =
         Backend::start(&bed.server_ns, server_first, Service::Workers { workers: 4, service_us }).expect("backend");
+    // A handshake window far longer than any handshake here (the measured one is
+    // 4x the p99, a fraction of a millisecond on a veth, and a scheduling stall on a
+    // busy two-core machine can outlast it): a reservation that lapses is then a
+    // release the accounting lost, never a slow handshake.
     let _gate = Gate::start(
         &bed,
-        &["--port", "8080", "--port", "8081", "--limit", "10000", "--action", "rst", "--client-cap", "10000"],
+        &[
+            "--port",
+            "8080",
+            "--port",
+            "8081",
+            "--limit",
+            "10000",
+            "--action",
+            "rst",
+            "--client-cap",
+            "10000",
+            "--handshake-window",
+            "2000",
+        ],
     );
 
     let start = Instant::now();
@@ -109,15 +126,27 @@ fn churn_returns_every_count_to_zero() {
         assert_eq!(raw.opened, connected[i], "port {port}: one socket opened per connection: {raw:?}");
         assert_eq!(raw.closed, raw.opened, "port {port}: every socket opened was closed once: {raw:?}");
         assert_eq!(raw.busy_exit, raw.busy_enter, "port {port}: every busy spell ended once: {raw:?}");
+        // Reservations: every one was released by its handshake's completion, except
+        // one per retransmitted SYN (a SYN the server's kernel did not answer in time is
+        // sent again and admitted afresh; the first reservation then lapses). So what is
+        // still unreleased equals the SYNs beyond one per connection, exactly.
         let ring = maps.handshakes.get(&slot, 0).unwrap();
-        assert_eq!(ring.lapsed, 0, "port {port}: no reservation lapsed: {ring:?}");
-        for cell in ring.cells {
-            assert_eq!(cell.completed, cell.admitted, "port {port}: every reservation released once: {ring:?}");
-        }
-        // Exactly the connections made, each admitted once (no SYN was retransmitted).
-        assert_eq!((field(&s, "syn_seen"), field(&s, "admitted")), (connected[i], connected[i]), "{s}");
+        let unreleased = ring.lapsed + ring.cells.iter().map(|c| c.admitted.saturating_sub(c.completed)).sum::<u64>();
+        let (syns, admitted) = (field(&s, "syn_seen"), field(&s, "admitted"));
+        assert_eq!(admitted, syns, "nothing rejected: {s}");
         assert_eq!(field(&s, "rejected"), 0, "{s}");
-        assert_eq!((field(&s, "late_completed"), field(&s, "handshakes_lapsed")), (0, 0), "{s}");
+        assert_eq!(field(&s, "late_completed"), 0, "no handshake outlasted the 2 s window: {s}");
+        assert_eq!(
+            admitted,
+            raw.opened + unreleased,
+            "port {port}: every admission was released by a completion or lapsed: {ring:?} {s}"
+        );
+        assert_eq!(
+            syns - connected[i],
+            unreleased,
+            "port {port}: only retransmitted SYNs leave a reservation to lapse: {ring:?} {s}"
+        );
+        assert!(unreleased * 100 <= connected[i], "port {port}: over 1% of SYNs retransmitted: {s}");
         assert_eq!(field(&s, "drift_corrected"), 0, "a clean soak needs no healing: {s}");
     }
     let deadline = Instant::now() + Duration::from_secs(15);

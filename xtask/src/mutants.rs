@@ -21,12 +21,13 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{build_ebpf_with, cargo_command, run, workspace_root};
 
-/// Test binaries that load the programs and feed them frames: fast, run first.
-const PROGRAM_TESTS: &[&str] = &["prog_test_run", "fuzz_decide"];
+/// Test binaries that load the programs and feed them frames: fast, run first
+/// (the quickest first: each stage stops at the first binary that fails).
+const PROGRAM_TESTS: &[&str] = &["fuzz_decide", "prog_test_run"];
 /// The rest, with real connections through a gate (minutes): run only for a
 /// fault the program tests missed.
 const END_TO_END_TESTS: &[&str] =
-    &["e2e_gate", "e2e_untrusted", "e2e_tiers", "e2e_adaptive", "e2e_ops", "e2e_matrix", "e2e_soak"];
+    &["e2e_soak", "e2e_tiers", "e2e_gate", "e2e_untrusted", "e2e_adaptive", "e2e_ops", "e2e_matrix"];
 /// A fault can turn a bounded wait into a long one; past this a stage counts as caught.
 const STAGE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
@@ -118,11 +119,12 @@ fn faults() -> Result<Vec<(String, String)>> {
     Ok(faults)
 }
 
-/// Runs test binaries one test at a time; the names of the tests that failed
-/// (a binary that did not finish in time counts as one failed test).
+/// Runs test binaries in order, one test at a time, up to the first binary
+/// with a failure; the names of the tests that failed (a binary that did not
+/// finish in time counts as one failed test).
 fn run_tests(tests: &[&str], log: &Path) -> Result<Vec<String>> {
     let mut cmd = cargo_command();
-    cmd.arg("test").arg("--no-fail-fast");
+    cmd.arg("test");
     for t in tests {
         cmd.args(["--test", t]);
     }
