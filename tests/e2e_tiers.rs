@@ -159,3 +159,36 @@ fn one_client_cannot_hold_more_than_its_cap() {
     let s = wait_for_stats(PORT, Duration::from_secs(5), "all closed", |s| field(s, "in_flight") == 0);
     assert!(s["top_clients"].as_array().unwrap().is_empty(), "nothing held after every close: {s}");
 }
+
+#[test]
+fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
+    use shed_common::{ClientKey, capacity::MAX_CLIENTS, ipv4_mapped};
+    let _one = exclusive();
+    let bed = Testbed::create("shedtf").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let client = IpAddr::V4(bed.add_client_v4(3).unwrap());
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--client-cap", "2"]);
+    // Only confirmed handshakes add clients, so forged sources cannot do this; 65,536
+    // real clients holding connections can. Each holds one here.
+    let mut maps = shed::maps::GateMaps::open_pinned().unwrap();
+    let slot = maps.config(PORT).unwrap().slot;
+    for i in 0..MAX_CLIENTS {
+        let addr = ipv4_mapped([100, 64 + (i >> 16) as u8, (i >> 8) as u8, i as u8]);
+        maps.clients.insert(ClientKey { slot, addr }, 1, 0).unwrap();
+    }
+    // The client's connections cannot be counted against its cap: each is counted
+    // as client_map_full instead, and the port's limit still holds.
+    let held: Vec<TcpStream> =
+        (0..5).map(|i| connect_from(&bed, client, addr).unwrap_or_else(|e| panic!("#{i}: {e}"))).collect();
+    let e = connect_from(&bed, client, addr).expect_err("over the port's limit");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "5 open", |s| field(s, "established") == 5);
+    assert_eq!(field(&s, "client_map_full"), 5, "{s}");
+    assert_eq!(s["rejected_by_reason"]["limit"].as_u64(), Some(1), "{s}");
+    for i in 0..MAX_CLIENTS {
+        let addr = ipv4_mapped([100, 64 + (i >> 16) as u8, (i >> 8) as u8, i as u8]);
+        maps.clients.remove(&ClientKey { slot, addr }).unwrap();
+    }
+    drop(held);
+}

@@ -89,7 +89,8 @@ impl Healer {
         let ours = |e: &SockEntry| configs.get(&e.port).is_some_and(|c| c.slot == e.slot);
         let stale: HashSet<u64> =
             tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
-        for (key, entry) in tracked.iter().filter(|(k, _)| stale.contains(k) && self.stale_before.contains(k)) {
+        let gone: HashSet<u64> = confirmed(&stale, &self.stale_before).copied().collect();
+        for (key, entry) in tracked.iter().filter(|(k, _)| gone.contains(k)) {
             if maps.socks.remove(key).is_ok() && entry.capped != 0 {
                 // The close was missed, so its client still counts it. A read-modify-write:
                 // a kernel add racing it (microseconds, on a connection whose close we
@@ -104,7 +105,7 @@ impl Healer {
 
         let tracked_flows: HashSet<FlowKey> = tracked.iter().map(|(_, e)| e.flow).collect();
         let untracked: HashSet<FlowKey> = live.difference(&tracked_flows).copied().collect();
-        for flow in untracked.intersection(&self.untracked_before) {
+        for flow in confirmed(&untracked, &self.untracked_before) {
             let Some(config) = configs.get(&flow.server_port) else { continue };
             // Exempt clients are never counted, so never adopted either.
             let tier = maps.tiers.get(&aya::maps::lpm_trie::Key::new(128, flow.client_addr), 0).ok();
@@ -136,7 +137,7 @@ impl Healer {
             let busy = tracked.iter().filter(|e| e.slot == slot && e.port == port && e.busy != 0).count() as i64;
             let snapshot = maps.snapshot(port, *config)?;
             let drift = (snapshot.established() as i64 - open, snapshot.busy() as i64 - busy);
-            if drift != (0, 0) && self.drift_before.get(&slot) == Some(&drift) {
+            if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), drift) {
                 let n = (drift.0.unsigned_abs()).max(drift.1.unsigned_abs());
                 let mut user = snapshot.user;
                 user.established_adjust -= drift.0;
@@ -158,6 +159,19 @@ impl Healer {
     }
 }
 
+/// What two passes in a row found: a socket, flow or drift is acted on only
+/// when the pass before saw it too (one pass can race a connection opening
+/// or closing between the map read and the socket-table read).
+fn confirmed<'a, T: Eq + std::hash::Hash>(now: &'a HashSet<T>, before: &'a HashSet<T>) -> impl Iterator<Item = &'a T> {
+    now.intersection(before)
+}
+
+/// The drift of a port's counts to correct now: a non-zero one, the same in
+/// this pass and the last (a drift that changes is still moving: wait).
+fn drift_to_correct(before: Option<&(i64, i64)>, now: (i64, i64)) -> Option<(i64, i64)> {
+    (now != (0, 0) && before == Some(&now)).then_some(now)
+}
+
 fn fxhash(flow: &FlowKey) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for b in flow
@@ -175,6 +189,21 @@ fn fxhash(flow: &FlowKey) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acts_only_on_what_two_passes_in_a_row_found() {
+        let set = |v: &[u64]| v.iter().copied().collect::<HashSet<u64>>();
+        let mut both: Vec<u64> = confirmed(&set(&[1, 2, 3]), &set(&[2, 3, 4])).copied().collect();
+        both.sort_unstable();
+        assert_eq!(both, [2, 3], "seen once (1 now, 4 before) is not acted on");
+        assert_eq!(confirmed(&set(&[1]), &set(&[])).count(), 0, "the first pass acts on nothing");
+
+        assert_eq!(drift_to_correct(None, (2, 1)), None, "a drift seen once waits");
+        assert_eq!(drift_to_correct(Some(&(2, 1)), (2, 1)), Some((2, 1)), "seen twice: corrected");
+        assert_eq!(drift_to_correct(Some(&(2, 1)), (3, 1)), None, "still moving: waits");
+        assert_eq!(drift_to_correct(Some(&(-1, 0)), (-1, 0)), Some((-1, 0)), "an over-count is corrected too");
+        assert_eq!(drift_to_correct(Some(&(0, 0)), (0, 0)), None, "no drift, nothing to do");
+    }
 
     #[test]
     fn parses_the_kernel_socket_tables() {

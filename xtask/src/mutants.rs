@@ -119,16 +119,25 @@ fn faults() -> Result<Vec<(String, String)>> {
     Ok(faults)
 }
 
-/// Runs test binaries in order, one test at a time, up to the first binary
-/// with a failure; the names of the tests that failed (a binary that did not
-/// finish in time counts as one failed test).
+/// Runs test binaries in the order given, one test at a time, up to the first
+/// binary with a failure; the names of the tests that failed there.
 fn run_tests(tests: &[&str], log: &Path) -> Result<Vec<String>> {
-    let mut cmd = cargo_command();
-    cmd.arg("test");
-    for t in tests {
-        cmd.args(["--test", t]);
+    for test in tests {
+        let failed = run_test_binary(test, log)?;
+        if !failed.is_empty() {
+            return Ok(failed);
+        }
     }
-    cmd.args(["--", "--test-threads=1"]);
+    Ok(Vec::new())
+}
+
+/// One test binary; the names of its failed tests (one that did not finish in
+/// time counts as one failed test).
+fn run_test_binary(test: &str, log: &Path) -> Result<Vec<String>> {
+    let mut cmd = cargo_command();
+    cmd.args(["test", "--test", test, "--", "--test-threads=1"]);
+    // Only this run's lines count: the log holds every stage before it.
+    let from = fs::metadata(log).map_or(0, |m| m.len() as usize);
     let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
     let mut child = cmd.stdout(out.try_clone()?).stderr(out).stdin(Stdio::null()).spawn().context("run cargo test")?;
     let deadline = Instant::now() + STAGE_TIMEOUT;
