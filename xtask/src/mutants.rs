@@ -153,8 +153,12 @@ fn run_test_binary(test: &str, log: &Path) -> Result<Vec<String>> {
         std::thread::sleep(Duration::from_millis(500));
     };
     let text = fs::read_to_string(log).unwrap_or_default();
-    let mut failed: Vec<String> =
-        text.lines().filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... FAILED").map(str::to_owned)).collect();
+    let mut failed: Vec<String> = text
+        .get(from..)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... FAILED").map(str::to_owned))
+        .collect();
     failed.sort();
     failed.dedup();
     match status {
