@@ -245,6 +245,36 @@ mod tests {
     }
 
     #[test]
+    fn every_bit_of_the_four_tuple_changes_the_hash() {
+        let client: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+        let server: [u8; 16] = [0x20, 1, 0xd, 0xb8, 9, 9, 9, 9, 1, 2, 3, 4, 5, 6, 7, 8];
+        let base = flow_hash(&client, &server, 40_000, 8080);
+        for byte in 0..16 {
+            for bit in 0..8 {
+                let mut c = client;
+                c[byte] ^= 1 << bit;
+                assert_ne!(flow_hash(&c, &server, 40_000, 8080), base, "client byte {byte} bit {bit}");
+                let mut s = server;
+                s[byte] ^= 1 << bit;
+                assert_ne!(flow_hash(&client, &s, 40_000, 8080), base, "server byte {byte} bit {bit}");
+            }
+        }
+        for bit in 0..16 {
+            assert_ne!(flow_hash(&client, &server, 40_000 ^ (1 << bit), 8080), base, "client port bit {bit}");
+            assert_ne!(flow_hash(&client, &server, 40_000, 8080 ^ (1 << bit)), base, "server port bit {bit}");
+        }
+        // Stamp slots spread for flows that differ only in the client address's last byte.
+        let slots: std::collections::HashSet<u32> = (0..=255u8)
+            .map(|last| {
+                let mut c = client;
+                c[15] = last;
+                flow_hash(&c, &server, 40_000, 8080) & (STAMPS_PER_PORT - 1)
+            })
+            .collect();
+        assert!(slots.len() > 200, "256 clients over 1024 slots: {}", slots.len());
+    }
+
+    #[test]
     fn a_stamp_is_free_unless_another_handshake_holds_it() {
         let held = HandshakeStamp { flow: 7, state: stamp_state::ADMITTED, epoch: 100, syn_ns: 1 };
         assert!(!held.free_for(8, 100), "another flow's live handshake");

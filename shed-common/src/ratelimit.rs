@@ -55,6 +55,48 @@ mod tests {
     }
 
     #[test]
+    fn one_per_interval_at_the_exact_interval() {
+        // Rate 1: no burst beyond the one reply; the next is allowed exactly one second later.
+        let first = gcra_take(0, 5_000, 1).expect("a fresh bucket allows one");
+        assert_eq!(first, 5_000 + NS_PER_SEC);
+        assert_eq!(gcra_take(first, 5_000 + NS_PER_SEC - 1, 1), None, "a nanosecond early");
+        assert_eq!(gcra_take(first, 5_000 + NS_PER_SEC, 1), Some(5_000 + 2 * NS_PER_SEC), "on time");
+        // Rate 4: a burst of 4 at once, the 5th refused, one more after 250 ms.
+        let mut tat = 0;
+        for i in 0..4 {
+            tat = gcra_take(tat, 1_000, 4).unwrap_or_else(|| panic!("burst #{i}"));
+        }
+        assert_eq!(gcra_take(tat, 1_000, 4), None);
+        assert!(gcra_take(tat, 1_000 + NS_PER_SEC / 4, 4).is_some());
+    }
+
+    #[test]
+    fn prefix_buckets_stay_in_their_port_block_and_spread() {
+        let prefix = |a: u8, b: u8| crate::ipv4_mapped([a, b, 7, 0]);
+        for slot in [0u32, 1, 5, 63] {
+            let mut seen = std::collections::HashSet::new();
+            for a in 0..40u8 {
+                for b in 0..50u8 {
+                    let i = prefix_bucket_index(slot, &prefix(a, b));
+                    assert!(
+                        (slot * PREFIX_BUCKETS_PER_PORT..(slot + 1) * PREFIX_BUCKETS_PER_PORT).contains(&i),
+                        "slot {slot}: {i}"
+                    );
+                    seen.insert(i);
+                }
+            }
+            assert!(seen.len() > 800, "2000 prefixes over 1024 buckets of slot {slot}: {}", seen.len());
+        }
+        let p = prefix(10, 1);
+        assert_eq!(prefix_bucket_index(3, &p), prefix_bucket_index(3, &p), "one prefix, one bucket");
+        assert_ne!(
+            prefix_bucket_index(3, &p) % PREFIX_BUCKETS_PER_PORT,
+            prefix_bucket_index(4, &p) % PREFIX_BUCKETS_PER_PORT,
+            "ports hash a prefix differently (a collision on one port is not one on all)"
+        );
+    }
+
+    #[test]
     fn burst_then_rate() {
         assert_eq!(allowed(3, 1_000, 0, 10), 3, "a burst of the rate at once");
         // 10 attempts per ms for 2 s at 5/s: the burst of 5, then 5 per second.

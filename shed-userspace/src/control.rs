@@ -478,6 +478,9 @@ mod tests {
         let d = c.on_window(&window(10_000, 90));
         assert_eq!(d.reason, Reason::Grow);
         assert!(d.limit > 100);
+        // Half the limit in flight is enough to grow.
+        let mut c = gradient(100, 10_000);
+        assert_eq!(c.on_window(&window(10_000, 50)).reason, Reason::Grow);
     }
 
     #[test]
@@ -538,6 +541,99 @@ mod tests {
             r.on_window([0; 4], 20, shares);
         }
         assert_eq!(r.on_window([0; 4], 20, shares), [0; 4], "quiet windows release the hold");
+    }
+
+    #[test]
+    fn the_windowed_minimum_keeps_exactly_its_span() {
+        let mut m = WindowedMin { span: 3, values: VecDeque::new(), covered: 0 };
+        assert_eq!(m.push(5.0, 1), 5.0);
+        assert_eq!(m.push(9.0, 1), 5.0);
+        assert_eq!(m.push(7.0, 1), 5.0, "three windows in a span of three: the first still counts");
+        assert_eq!(m.push(8.0, 1), 7.0, "the fourth pushes the first out");
+        let mut m = WindowedMin { span: 2, values: VecDeque::new(), covered: 0 };
+        assert_eq!(m.push(4.0, 5), 4.0, "one value longer than the span is kept (never empty)");
+        assert_eq!(m.push(6.0, 1), 6.0);
+    }
+
+    #[test]
+    fn settings_and_operator_changes_are_kept() {
+        let settings = Settings { algo: Algo::Gradient, initial_limit: 50, min_limit: 5, max_limit: 80, ..Settings::default() };
+        let mut c = Controller::new(settings, 0);
+        assert_eq!(c.settings().max_limit, 80);
+        c.set_limit(70);
+        assert_eq!(c.limit(), 70);
+        c.set_limit(500);
+        assert_eq!(c.limit(), 80, "clamped to max_limit");
+        c.reconfigure(Settings { max_limit: 60, ..settings });
+        assert_eq!((c.settings().max_limit, c.limit()), (60, 60), "new bounds apply, the limit is clamped");
+    }
+
+    #[test]
+    fn a_new_algorithm_starts_without_the_old_ones_cooldown() {
+        for (to, cooled) in [(Algo::Gradient, true), (Algo::Aimd, false)] {
+            let mut c = gradient(100, 10_000);
+            assert_eq!(c.on_window(&window(20_000, 100)).reason, Reason::LatencyRising);
+            c.reconfigure(Settings { algo: to, ..*c.settings() });
+            let d = c.on_window(&window(10_000, 100));
+            assert_eq!(d.reason == Reason::Cooldown, cooled, "{to}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn exactly_min_samples_is_enough() {
+        let mut c = gradient(100, 10_000);
+        let at_min = WindowSample { samples: c.settings().min_samples, ..window(40_000, 100) };
+        assert_eq!(c.on_window(&at_min).reason, Reason::LatencyRising);
+    }
+
+    #[test]
+    fn no_probe_when_probes_are_off() {
+        let mut c = Controller::new(Settings { probe_windows: 0, ..Settings::default() }, 3);
+        for _ in 0..500 {
+            assert_ne!(c.on_window(&window(1_000, 100)).reason, Reason::Probe);
+        }
+    }
+
+    #[test]
+    fn aimd_backs_off_only_past_its_tolerance() {
+        let aimd = |observed: u64| {
+            let mut c = gradient(100, 10_000);
+            c.reconfigure(Settings { algo: Algo::Aimd, ..*c.settings() });
+            let tolerance = c.settings().aimd_tolerance;
+            assert_eq!(tolerance, 2.0, "the test's latencies assume the default tolerance");
+            c.on_window(&window(observed, 100))
+        };
+        assert_eq!(aimd(20_000), Decision { limit: 101, reason: Reason::Grow }, "at the tolerance: grow");
+        assert_eq!(aimd(20_001), Decision { limit: 90, reason: Reason::LatencyRising }, "past it: back off");
+    }
+
+    #[test]
+    fn at_the_maximum_the_limit_is_steady_even_when_little_is_in_flight() {
+        let mut c = gradient(500, 10_000);
+        assert_eq!(c.on_window(&window(10_000, 10)), Decision { limit: 500, reason: Reason::Steady });
+    }
+
+    #[test]
+    fn gradient2_follows_a_slow_average_and_resets_it_on_a_sudden_drop() {
+        let settings = Settings { algo: Algo::Gradient2, probe_windows: 0, ..Settings::default() };
+        let mut c = Controller::new(settings, 0);
+        // Warm-up: a plain average of the first ten windows.
+        for _ in 0..10 {
+            c.on_window(&window(10_000, 100));
+        }
+        assert_eq!(c.baseline_us(), 10_000);
+        // The latency doubles for good: the long average creeps up by 1/600 of the gap
+        // a window (held at the baseline while the baseline's span still sees 10 ms).
+        for _ in 0..300 {
+            c.on_window(&window(20_000, 100));
+        }
+        let long = c.baseline_us();
+        assert!((11_000..=15_000).contains(&long), "a slow average, far from both: {long}");
+        // A sudden drop below half the average: the average moves by 1/600, then is cut by 5%.
+        let before = long as f64;
+        c.on_window(&window(5_000, 100));
+        let expected = (before + (5_000.0 - before) / settings.gradient2_long_window) * 0.95;
+        assert!((c.baseline_us() as f64 - expected).abs() <= 2.0, "{} vs {expected:.0}", c.baseline_us());
     }
 
     #[test]

@@ -206,6 +206,22 @@ mod tests {
     }
 
     #[test]
+    fn adopted_flows_get_distinct_keys() {
+        let keys: HashSet<u64> = (0..2_000u16)
+            .map(|port| {
+                let flow = FlowKey {
+                    client_addr: shed_common::ipv4_mapped([10, 0, (port >> 8) as u8, port as u8]),
+                    server_addr: shed_common::ipv4_mapped([10, 0, 0, 1]),
+                    client_port: 40_000 + port,
+                    server_port: 8080,
+                };
+                fxhash(&flow) & 0xffff_ffff
+            })
+            .collect();
+        assert_eq!(keys.len(), 2_000, "one map key per adopted connection");
+    }
+
+    #[test]
     fn parses_the_kernel_socket_tables() {
         let ports = BTreeSet::from([8080]);
         let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

@@ -232,6 +232,9 @@ mod tests {
         assert!(parse_interface("a-very-long-interface").is_err());
         assert!(parse_interface("a/b").is_err());
         assert!(parse_interface("").is_err());
+        assert!(parse_interface("abcdefghijklmno").is_ok(), "15 characters fit");
+        assert!(parse_interface("abcdefghijklmnop").is_err(), "16 do not");
+        assert!(parse_interface(".").is_err() && parse_interface("..").is_err());
     }
 
     #[test]
@@ -239,6 +242,13 @@ mod tests {
         assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
         assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));
         assert!(parse_millis("5", 100, 60_000).is_err());
+        assert_eq!(parse_handshake_window("0"), Ok(Duration::ZERO), "0: follow the measurement");
+        assert_eq!(parse_handshake_window("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_handshake_window("250"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_handshake_window("2000ms"), Ok(Duration::from_secs(2)));
+        let e = parse_handshake_window("2001").unwrap_err();
+        assert!(e.contains("out of range") && e.contains("or 0"), "{e}");
+        assert!(parse_handshake_window("soon").is_err());
     }
 
     #[test]

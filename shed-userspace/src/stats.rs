@@ -349,6 +349,23 @@ mod tests {
         assert!((896..=1_151).contains(&p50), "p50 {p50}");
         assert!((49_152..=57_343).contains(&p99), "p99 {p99}");
         assert_eq!(histogram_percentile(&h, 90.0), p50, "rank 90 of 100 is still in the first bucket");
+        // Exactly the midpoint of the bucket that holds the rank.
+        let mid = |us: u64| {
+            let b = latency::bucket(us);
+            latency::lower_bound(b) + (latency::upper_bound(b) - latency::lower_bound(b)) / 2
+        };
+        assert_eq!(p50, mid(1_000));
+        assert_eq!(p99, mid(50_000));
+        assert_eq!(histogram_percentile(&h, 100.0), mid(50_000), "the last sample");
+        assert_eq!(histogram_percentile(&h, 0.0), mid(1_000), "rank 0 is the first sample");
+        assert_eq!(histogram_percentile(&h, 91.0), mid(50_000), "rank 91 of 100 is in the second bucket");
+    }
+
+    #[test]
+    fn json_names_are_the_serialized_words() {
+        assert_eq!(json_name(&crate::control::Reason::LatencyRising), "latency_rising");
+        assert_eq!(json_name(&crate::input::Count::Work), "work");
+        assert_eq!(json_name(&5u32), "", "not a word: empty");
     }
 
     #[test]

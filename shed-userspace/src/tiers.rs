@@ -176,11 +176,20 @@ mod tests {
         assert!(parse_cidr("10.0.0.0/33").unwrap_err().contains("longer than 32"));
         assert!(parse_cidr("2001:db8::/129").is_err());
         assert!(parse_cidr("banana/8").unwrap_err().contains("not a CIDR"));
+        // Masks that end inside a byte.
+        assert!(parse_cidr("10.17.0.0/12").unwrap_err().contains("did you mean 10.16.0.0/12"));
+        assert!(parse_cidr("10.16.0.0/12").is_ok());
+        assert!(parse_cidr("10.0.0.0/8").unwrap().is_v4());
+        assert!(!parse_cidr("2001:db8::/32").unwrap().is_v4());
+        let short = Cidr { prefix_len: 64, addr: ipv4_mapped([10, 0, 0, 0]) };
+        assert!(!short.is_v4(), "inside the mapped range but shorter than /96: not an IPv4 CIDR");
     }
 
     #[test]
     fn tiers_shares_actions() {
         assert_eq!(parse_tier("Critical"), Ok(tier::CRITICAL));
+        assert_eq!((tier_name(tier::LOW), tier_name(tier::EXEMPT)), ("low", "exempt"));
+        assert_eq!(tier_name(9), "normal", "an unknown tier reads as the default");
         assert!(parse_tier("gold").unwrap_err().contains("exempt, critical, normal, low"));
         assert_eq!(parse_assignment("10.0.0.0/8=low").unwrap().1, tier::LOW);
         assert!(parse_assignment("10.0.0.0/8").is_err());
@@ -211,5 +220,11 @@ mod tests {
         assert!(parse_tier_file("[tier]\n").unwrap_err().contains("tier"));
         let err = parse_tier_file("[tiers]\n\"10.0.0.0/8\" = critical\n").unwrap_err();
         assert!(err.contains("line 2"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiers.toml");
+        std::fs::write(&path, "[tiers]\n\"10.0.0.0/8\" = \"critical\"\n").unwrap();
+        assert_eq!(load_tier_file(&path).unwrap(), vec![(parse_cidr("10.0.0.0/8").unwrap(), tier::CRITICAL)]);
+        let missing = load_tier_file(&dir.path().join("nope.toml")).unwrap_err();
+        assert!(missing.contains("nope.toml"), "the error names the file: {missing}");
     }
 }
