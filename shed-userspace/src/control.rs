@@ -557,7 +557,8 @@ mod tests {
 
     #[test]
     fn settings_and_operator_changes_are_kept() {
-        let settings = Settings { algo: Algo::Gradient, initial_limit: 50, min_limit: 5, max_limit: 80, ..Settings::default() };
+        let settings =
+            Settings { algo: Algo::Gradient, initial_limit: 50, min_limit: 5, max_limit: 80, ..Settings::default() };
         let mut c = Controller::new(settings, 0);
         assert_eq!(c.settings().max_limit, 80);
         c.set_limit(70);

@@ -359,6 +359,8 @@ mod tests {
         assert_eq!(histogram_percentile(&h, 100.0), mid(50_000), "the last sample");
         assert_eq!(histogram_percentile(&h, 0.0), mid(1_000), "rank 0 is the first sample");
         assert_eq!(histogram_percentile(&h, 91.0), mid(50_000), "rank 91 of 100 is in the second bucket");
+        // Past 100%: the top of the histogram's range.
+        assert_eq!(histogram_percentile(&h, 150.0), latency::lower_bound(latency::BUCKETS - 1));
     }
 
     #[test]

@@ -56,6 +56,9 @@ enum Task {
         kernel: bool,
         /// Only these faults (--kernel) or source files; the report is then not rewritten.
         only: Vec<String>,
+        /// Logic mutants: re-test only what the last run did not catch.
+        #[arg(long, conflicts_with = "kernel")]
+        again: bool,
     },
     /// Long churn soak: connections opened and closed every way, counts back to zero.
     Soak {
@@ -90,14 +93,14 @@ fn main() -> Result<()> {
             cargo(&["build", "--release", "--package", "shed-userspace"])?;
             bench::run(quick, &names)
         }
-        Task::Mutants { kernel, only } => {
+        Task::Mutants { kernel, only, again } => {
             setup::setup()?;
             build_ebpf()?;
             if kernel {
                 require_root("the kernel faults are caught by tests that load real programs")?;
                 mutants::kernel(&only)
             } else {
-                mutants::logic(&only)
+                mutants::logic(&only, again)
             }
         }
         Task::Fuzz { cases } => long_run("fuzz_decide", "SHED_FUZZ_CASES", cases),

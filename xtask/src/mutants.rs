@@ -207,7 +207,8 @@ fn write_doc(name: &str, text: &str) -> Result<()> {
 }
 
 /// cargo-mutants over the pure-logic modules (`.cargo/mutants.toml` names them).
-pub fn logic(only: &[String]) -> Result<()> {
+/// `again`: test only what the last run did not catch (cargo-mutants `--iterate`).
+pub fn logic(only: &[String], again: bool) -> Result<()> {
     ensure_cargo_mutants()?;
     let out = workspace_root().join("target/mutants/logic");
     fs::create_dir_all(&out)?;
@@ -218,14 +219,20 @@ pub fn logic(only: &[String]) -> Result<()> {
     for file in only {
         cmd.args(["--file", file]);
     }
+    if again {
+        cmd.arg("--iterate");
+    }
     // cargo-mutants exits non-zero when mutants were missed: read its outcome files instead.
     let status = cmd.status().context("run cargo mutants")?;
     let results = out.join("mutants.out");
     let read = |name: &str| -> Vec<String> {
         fs::read_to_string(results.join(name)).unwrap_or_default().lines().map(str::to_owned).collect()
     };
-    let (caught, missed, timeout, unviable) =
+    let (mut caught, missed, timeout, unviable) =
         (read("caught.txt"), read("missed.txt"), read("timeout.txt"), read("unviable.txt"));
+    // With --iterate, what earlier runs caught is listed apart.
+    let earlier = read("previously_caught.txt").len();
+    caught.extend(read("previously_caught.txt"));
     if caught.is_empty() && missed.is_empty() {
         bail!("cargo mutants found nothing to test ({status}); see {}", results.display());
     }
@@ -242,12 +249,18 @@ pub fn logic(only: &[String]) -> Result<()> {
         )?;
         writeln!(
             md,
-            "**{score:.1}% of {viable} viable mutants caught** ({} caught, {} timed out (caught), {} missed; {} unviable).\n",
+            "**{score:.1}% of {viable} viable mutants caught** ({} caught{}, {} timed out (caught), {} missed; {} unviable).\n",
             caught.len(),
+            if earlier > 0 {
+                format!(", {earlier} of them in the run before, this one re-testing the rest")
+            } else {
+                String::new()
+            },
             timeout.len(),
             missed.len(),
             unviable.len()
         )?;
+        writeln!(md, "Equivalent mutants, excluded with their reasons: `.cargo/mutants.toml`.\n")?;
         if !missed.is_empty() {
             writeln!(md, "## Missed\n")?;
             for m in &missed {
