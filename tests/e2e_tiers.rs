@@ -173,9 +173,10 @@ fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
     // real clients holding connections can. Each holds one here.
     let mut maps = shed::maps::GateMaps::open_pinned().unwrap();
     let slot = maps.config(PORT).unwrap().slot;
+    // Other clients, one per address of 100.64.0.0/16.
+    let fake = |i: u32| ClientKey { slot, addr: ipv4_mapped([100, 64, (i >> 8) as u8, i as u8]) };
     for i in 0..MAX_CLIENTS {
-        let addr = ipv4_mapped([100, 64 + (i >> 16) as u8, (i >> 8) as u8, i as u8]);
-        maps.clients.insert(ClientKey { slot, addr }, 1, 0).unwrap();
+        maps.clients.insert(fake(i), 1, 0).unwrap();
     }
     // The client's connections cannot be counted against its cap: each is counted
     // as client_map_full instead, and the port's limit still holds.
@@ -187,8 +188,7 @@ fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
     assert_eq!(field(&s, "client_map_full"), 5, "{s}");
     assert_eq!(s["rejected_by_reason"]["limit"].as_u64(), Some(1), "{s}");
     for i in 0..MAX_CLIENTS {
-        let addr = ipv4_mapped([100, 64 + (i >> 16) as u8, (i >> 8) as u8, i as u8]);
-        maps.clients.remove(&ClientKey { slot, addr }).unwrap();
+        maps.clients.remove(&fake(i)).unwrap();
     }
     drop(held);
 }
