@@ -403,7 +403,8 @@ fn another_namespace_serving_the_same_port_is_not_counted() {
     let _backend = Backend::start(&protected.server_ns, addr, Service::Echo).expect("backend");
     let _other_backend =
         Backend::start(&other.server_ns, other_addr, Service::Echo).expect("backend in the other namespace");
-    let _gate = Gate::start(&protected, &["--port", "8080", "--limit", "3", "--action", "rst"]);
+    // Healing every second, so that the wait below spans two passes.
+    let _gate = Gate::start(&protected, &["--port", "8080", "--limit", "3", "--action", "rst", "--heal-interval", "1"]);
 
     // Load on the same port in another namespace: 10 connections, never counted.
     let elsewhere: Vec<TcpStream> = connect_sequential(&other, other_addr, 10, Duration::from_secs(1))
@@ -478,7 +479,13 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
         .into_iter()
         .map(|(r, _)| r.expect("ungated"))
         .collect();
-    let mut gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections"]);
+    // Healing every second: the drifts below are injected behind the counters' back,
+    // where only a routine pass can see them.
+    let heal = ["--heal-interval", "1"];
+    let mut gate = Gate::start(
+        &bed,
+        &[&["--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections"][..], &heal].concat(),
+    );
     let s = wait_for_stats(PORT, Duration::from_secs(5), "pre-existing connections adopted", |s| {
         field(s, "established") == 2
     });
@@ -511,7 +518,10 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     // A crash and a restart: the new daemon adopts the 4 open connections and enforces the limit with them.
     gate.kill();
     drop(gate);
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections"]);
+    let _gate = Gate::start(
+        &bed,
+        &[&["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections"][..], &heal].concat(),
+    );
     wait_for_stats(PORT, Duration::from_secs(5), "restart adopted the open connections", |s| {
         field(s, "established") == 4
     });

@@ -2,49 +2,19 @@
 //! file, end to end against the real kernel programs. Needs root.
 mod support;
 
-use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use shed::testbed::{self, Backend, Outcome, Service, Testbed};
-use support::gate::{Gate, exclusive, field, shedctl, wait_for_stats};
+use support::{
+    gate::{Gate, exclusive, field, shedctl, wait_for_stats},
+    metrics::{http_get, value},
+};
 
 const PORT: u16 = 8080;
 const METRICS: &str = "127.0.0.1:19464";
 
-/// One HTTP GET; returns the status line and the body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut conn = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)).expect("connect metrics");
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).expect("read response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("a header and a body");
-    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
-}
-
 fn scrape() -> prometheus_parse::Scrape {
-    let (status, body) = http_get(METRICS, "/metrics");
-    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
-    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text format")
-}
-
-/// The value of the one series named `metric` whose labels include `labels`.
-fn value(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    let matching: Vec<_> = scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .collect();
-    assert_eq!(matching.len(), 1, "one series {metric}{labels:?}, found {}", matching.len());
-    match &matching[0].value {
-        prometheus_parse::Value::Counter(v)
-        | prometheus_parse::Value::Gauge(v)
-        | prometheus_parse::Value::Untyped(v) => *v,
-        other => panic!("{metric} is not a number: {other:?}"),
-    }
+    support::metrics::scrape(METRICS)
 }
 
 fn histogram(scrape: &prometheus_parse::Scrape, metric: &str) -> Vec<(f64, f64)> {

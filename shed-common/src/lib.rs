@@ -135,11 +135,13 @@ pub mod program {
 pub mod capacity {
     /// Ports one gate can protect at once (slots in the per-port arrays).
     pub const MAX_PORTS: u32 = 64;
-    /// Established sockets tracked across all ports.
+    /// Established sockets tracked across all ports, by default (`--max-connections`).
+    /// The map is not preallocated: it costs memory for the sockets it holds, not for this.
     pub const MAX_SOCKS: u32 = 262_144;
     /// Client CIDRs with a tier.
     pub const MAX_TIER_ENTRIES: u32 = 16_384;
-    /// Clients counted against a per-client cap, across ports.
+    /// Clients counted against a per-client cap, across ports, by default
+    /// (`--max-clients`). Not preallocated either.
     pub const MAX_CLIENTS: u32 = 65_536;
 }
 
@@ -272,6 +274,10 @@ pub mod counter {
     /// Late handshake-completing ACKs admitted (the port had room): counted as
     /// a reservation until the connection is established.
     pub const LATE_ACK_ADMITTED: usize = 24;
+    /// Established connections not counted at all because the connection map was
+    /// full (fail-open: they hold no place under the limit; the healer adopts them
+    /// when room frees).
+    pub const CONNECTION_MAP_FULL: usize = 25;
     /// Number of counter slots; spare slots are reserved for later reasons.
     pub const COUNT: usize = 32;
 }

@@ -30,6 +30,7 @@ use crate::{
 };
 
 const IPPROTO_TCP: u16 = 6;
+const EEXIST: i32 = 17;
 
 #[inline(always)]
 pub fn on_sock_state(ctx: &TracePointContext) {
@@ -118,11 +119,22 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             count(slot, counter::CLIENT_MAP_FULL);
         }
     }
-    if SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)).is_ok() {
-        atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
-        atomic_add(unsafe { &raw mut (*state).opened }, 1);
-    } else if entry.capped != 0 {
-        client_release(&client);
+    match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+            atomic_add(unsafe { &raw mut (*state).opened }, 1);
+        }
+        Err(err) => {
+            if entry.capped != 0 {
+                client_release(&client);
+            }
+            // Already tracked: a repeated event, nothing lost. Anything else (the map
+            // is full, or out of memory): this connection is not counted (fail-open),
+            // and the healer is told to adopt it when room frees.
+            if err != -EEXIST {
+                count(slot, counter::CONNECTION_MAP_FULL);
+            }
+        }
     }
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };

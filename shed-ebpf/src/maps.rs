@@ -1,6 +1,7 @@
 //! The kernel maps. Names and layouts come from `shed_common`; the statics are
 //! named exactly like `shed_common::map::*` (the `#[map]` macro needs a literal).
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
@@ -67,7 +68,7 @@ pub static SHED_ACK_CHECK: Array<u32> = Array::with_max_entries(65_536, 0);
 pub static SHED_GATE_COUNTERS: PerCpuArray<GateCounters> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-pub static SHED_SOCKS: HashMap<u64, SockEntry> = HashMap::with_max_entries(MAX_SOCKS, 0);
+pub static SHED_SOCKS: HashMap<u64, SockEntry> = HashMap::with_max_entries(MAX_SOCKS, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static SHED_LIMITS: Array<u32> = Array::with_max_entries(MAX_PORTS, 0);
@@ -96,7 +97,7 @@ pub static SHED_RST_PREFIX: Array<u64> = Array::with_max_entries(MAX_PORTS * PRE
 pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);
 
 #[map]
-pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, 0);
+pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static SHED_RESERVE: Array<TierReserve> = Array::with_max_entries(MAX_PORTS, 0);

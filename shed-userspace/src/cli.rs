@@ -9,8 +9,9 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{
-        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_handshake_window, parse_interface,
-        parse_limit, parse_listen_addr, parse_millis, parse_percentile, parse_port, parse_prefix_v6,
+        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_handshake_window, parse_heal_interval,
+        parse_interface, parse_limit, parse_listen_addr, parse_map_size, parse_millis, parse_percentile, parse_port,
+        parse_prefix_v6,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -28,6 +29,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per run; boxing would only move the bytes")]
 pub enum Command {
     /// Load and attach the gate, then run in the foreground until SIGINT/SIGTERM.
     ///
@@ -190,6 +192,21 @@ pub struct AttachArgs {
     /// Serve Prometheus metrics on this address at /metrics (--metrics 127.0.0.1:9464).
     #[arg(long, value_parser = parse_listen_addr)]
     pub metrics: Option<SocketAddr>,
+
+    /// Seconds between routine healing passes, which read every held connection;
+    /// evidence of drift (ports changed, the connection map full) brings one forward (--heal-interval 30).
+    #[arg(long, value_parser = parse_heal_interval, default_value = "30")]
+    pub heal_interval: Duration,
+
+    /// Most established connections counted across ports; past it new connections are
+    /// admitted uncounted (connection_map_full). Memory grows with use, ~200 bytes each (--max-connections 262144).
+    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_SOCKS)]
+    pub max_connections: u32,
+
+    /// Most clients tracked for --client-cap; past it new clients are not capped
+    /// (client_map_full). Memory grows with use (--max-clients 65536).
+    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]
+    pub max_clients: u32,
 }
 
 impl AttachArgs {

@@ -58,6 +58,9 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("netns", "netns", Kind::Str),
     ("handshake-window", "handshake-window", Kind::Int),
     ("metrics", "metrics", Kind::Str),
+    ("heal-interval", "heal-interval", Kind::Int),
+    ("max-connections", "max-connections", Kind::Int),
+    ("max-clients", "max-clients", Kind::Int),
 ];
 
 /// A config file that cannot be used, with where and why.
@@ -251,6 +254,9 @@ pub fn render(args: &AttachArgs) -> String {
     if let Some(metrics) = args.metrics {
         t.insert("metrics".into(), s(&metrics));
     }
+    t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
+    t.insert("max-connections".into(), int(args.max_connections.into()));
+    t.insert("max-clients".into(), int(args.max_clients.into()));
     toml::to_string(&t).expect("a table always serializes")
 }
 
@@ -344,6 +350,12 @@ mod tests {
         "40",
         "--metrics",
         "127.0.0.1:9464",
+        "--heal-interval",
+        "12",
+        "--max-connections",
+        "500000",
+        "--max-clients",
+        "2048",
     ];
 
     #[test]

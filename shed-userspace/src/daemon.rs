@@ -136,8 +136,8 @@ impl Drop for PinGuard {
     }
 }
 
-/// How often the counts are reconciled with the kernel's socket table.
-const HEAL_EVERY: Duration = Duration::from_secs(1);
+/// How often the healer checks the counters (a full pass runs only when due, see [`crate::heal`]).
+const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
@@ -163,6 +163,10 @@ pub struct LoopSettings {
     pub follow_interfaces: Option<FollowInterfaces>,
     /// The addresses written at attach, kept up to date by the loop.
     pub local_addrs: LocalAddrs,
+    /// Most time between routine healing passes.
+    pub heal_interval: Duration,
+    /// What the healer did, for the metrics endpoint.
+    pub heal_report: crate::heal::HealReport,
 }
 
 /// Gates interfaces as they appear (no `--iface`: the whole namespace).
@@ -225,8 +229,8 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let mut controls: Vec<PortControl> = Vec::new();
     let mut idle_clients = Vec::new();
     let mut last_client_sweep = Instant::now();
-    let mut healer = crate::heal::Healer::default();
-    let mut last_heal = Instant::now();
+    let mut healer = crate::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
+    let mut last_heal_check: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
@@ -260,9 +264,12 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
                 }
-                if last_heal.elapsed() >= HEAL_EVERY {
-                    healer.run(&mut loaded.maps)?;
-                    last_heal = Instant::now();
+                if last_heal_check.is_none_or(|t| t.elapsed() >= HEAL_CHECK_EVERY) {
+                    // A failed pass leaves the counts as they are: the gate keeps running.
+                    if let Err(e) = healer.check(&mut loaded.maps, Instant::now()) {
+                        tracing::warn!("healing pass failed: {e}");
+                    }
+                    last_heal_check = Some(Instant::now());
                 }
                 if last_client_sweep.elapsed() >= CLIENT_SWEEP {
                     idle_clients = loaded.maps.forget_idle_clients(&idle_clients)?;

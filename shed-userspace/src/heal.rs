@@ -1,8 +1,9 @@
 //! Drift healing: the kernel's counts are kept by events, and an event that
-//! never arrives (a socket established before the gate, an eviction, a
-//! missed close) would skew them for good. Once a second the daemon compares
-//! the tracked sockets with the kernel's own socket table for the gated
-//! namespace (/proc/thread-self/net/tcp and tcp6) and with the counters:
+//! never arrives (a socket established before the gate, a connection the full
+//! map could not track, a missed close) would skew them for good. A healing
+//! pass compares the tracked sockets with the kernel's own socket table for
+//! the gated namespace (asked through sock_diag, see [`crate::sockdiag`]) and
+//! with the counters:
 //! - a tracked socket that is gone from the table is forgotten;
 //! - a live connection of a protected port that is not tracked is adopted
 //!   (counted as open; its request turns are not seen, so it is never busy);
@@ -11,62 +12,159 @@
 //!
 //! Every change waits for a second pass that sees the same thing, so a
 //! connection opening or closing during a pass is never "healed" by mistake.
+//!
+//! A pass reads every held connection, so it does not run every second: once
+//! at start (connections that predate the gate), at once on evidence that the
+//! counts may be off (the protected ports changed, or the connection map was
+//! full), a second later to confirm what a pass found, and otherwise every
+//! `--heal-interval` as a safety net. Between passes a check reads only the
+//! per-port counters, so the daemon's idle cost does not grow with the
+//! connections held. Passes brought forward by evidence keep a gap of ten
+//! times the last pass's duration, so healing never takes more than about a
+//! tenth of a core however often the evidence moves.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
-    fs,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
-use shed_common::{FlowKey, PortConfig, SockEntry, ipv4_mapped};
+use shed_common::{FlowKey, PortConfig, SockEntry, counter};
 
-use crate::{Error, maps::GateMaps};
-
-/// Socket states from ESTABLISHED to the final close, as /proc/net/tcp prints them
-/// (established, fin-wait-1/2, close, close-wait, last-ack, closing).
-const HELD_STATES: [u8; 7] = [0x01, 0x04, 0x05, 0x07, 0x08, 0x09, 0x0b];
+use crate::{Error, maps::GateMaps, sockdiag::SocketTable};
 
 /// Keys of adopted sockets: user-space addresses, never a kernel socket's.
 const ADOPTED_KEY_BASE: u64 = 0x0000_5eed_0000_0000;
 
-fn hex_addr(s: &str) -> Option<[u8; 16]> {
-    match s.len() {
-        8 => Some(ipv4_mapped(u32::from_str_radix(s, 16).ok()?.to_le_bytes())),
-        32 => {
-            let mut out = [0u8; 16];
-            for (i, word) in out.chunks_mut(4).enumerate() {
-                word.copy_from_slice(&u32::from_str_radix(&s[8 * i..8 * i + 8], 16).ok()?.to_le_bytes());
-            }
-            Some(out)
+/// How soon a pass that found something looks again to confirm it.
+pub const CONFIRM_AFTER: Duration = Duration::from_secs(1);
+
+/// The default time between routine passes (`--heal-interval`).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A pass brought forward waits at least this many times the last pass's duration.
+const GAP_PER_PASS_TIME: u32 = 10;
+
+/// Why a healing pass ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PassReason {
+    /// The daemon started: adopt connections that predate it.
+    Start,
+    /// The protected ports changed, or the connection map was full.
+    Evidence,
+    /// The last pass found something to confirm.
+    Confirm,
+    /// The safety net, every `--heal-interval`.
+    Routine,
+}
+
+impl PassReason {
+    pub const ALL: [Self; 4] = [Self::Start, Self::Evidence, Self::Confirm, Self::Routine];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Evidence => "evidence",
+            Self::Confirm => "confirm",
+            Self::Routine => "routine",
         }
-        _ => None,
     }
 }
 
-fn endpoint(s: &str) -> Option<([u8; 16], u16)> {
-    let (addr, port) = s.split_once(':')?;
-    Some((hex_addr(addr)?, u16::from_str_radix(port, 16).ok()?))
+/// When the next pass runs.
+#[derive(Debug)]
+pub struct Schedule {
+    /// Between routine passes.
+    interval: Duration,
+    /// When the last pass ended, how long it took, and whether it left something to confirm.
+    last: Option<(Instant, Duration, bool)>,
 }
 
-/// Connections held on `ports` in a /proc/net/tcp{,6} text.
-pub fn parse_socket_table(text: &str, ports: &BTreeSet<u16>) -> Vec<FlowKey> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace().skip(1);
-            let (local, local_port) = endpoint(fields.next()?)?;
-            let (remote, remote_port) = endpoint(fields.next()?)?;
-            let state = u8::from_str_radix(fields.next()?, 16).ok()?;
-            (ports.contains(&local_port) && HELD_STATES.contains(&state)).then_some(FlowKey {
-                client_addr: remote,
-                server_addr: local,
-                client_port: remote_port,
-                server_port: local_port,
-            })
-        })
-        .collect()
+impl Schedule {
+    pub fn new(interval: Duration) -> Self {
+        Self { interval, last: None }
+    }
+
+    /// Whether a pass is due at `now`, and why; `evidence`: the cheap check saw
+    /// a reason to look now.
+    pub fn due(&self, now: Instant, evidence: bool) -> Option<PassReason> {
+        let Some((ended, took, pending)) = self.last else { return Some(PassReason::Start) };
+        let since = now.saturating_duration_since(ended);
+        let gap = CONFIRM_AFTER.max(took * GAP_PER_PASS_TIME);
+        if since >= self.interval.max(gap) {
+            Some(if pending { PassReason::Confirm } else { PassReason::Routine })
+        } else if since < gap {
+            None
+        } else if pending {
+            Some(PassReason::Confirm)
+        } else if evidence {
+            Some(PassReason::Evidence)
+        } else {
+            None
+        }
+    }
+
+    /// Records a pass that ended at `now` after `took`, leaving something to
+    /// confirm (`pending`) or not.
+    pub fn passed(&mut self, now: Instant, took: Duration, pending: bool) {
+        self.last = Some((now, took, pending));
+    }
 }
 
-#[derive(Default)]
+/// What the healer did, for the metrics endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct HealCounts {
+    /// Cheap checks of the counters (about one a second).
+    pub checks: u64,
+    /// Full passes, by reason.
+    pub passes: BTreeMap<PassReason, u64>,
+    /// Per-connection records read by passes: socket-table records plus tracked sockets.
+    pub records_read: u64,
+    /// How long the last pass took.
+    pub last_pass: Duration,
+    /// Connections a pass could not adopt (the connection map was full).
+    pub adopt_failed: u64,
+}
+
+/// Shared between the control loop and the metrics thread.
+#[derive(Clone, Debug, Default)]
+pub struct HealReport(Arc<Mutex<HealCounts>>);
+
+impl HealReport {
+    pub fn read(&self) -> HealCounts {
+        self.0.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut HealCounts)) {
+        if let Ok(mut c) = self.0.lock() {
+            f(&mut c);
+        }
+    }
+}
+
+/// What the cheap check reads: the protected ports and the connection-map-full
+/// counts. A change in either is evidence that a pass may find something.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Evidence {
+    ports: BTreeMap<u16, u32>,
+    map_full: u64,
+}
+
+impl Evidence {
+    fn read(maps: &GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<Self, Error> {
+        let mut map_full = 0;
+        for (&port, config) in configs {
+            map_full += maps.snapshot(port, *config)?.counter(counter::CONNECTION_MAP_FULL);
+        }
+        Ok(Self { ports: configs.iter().map(|(&p, c)| (p, c.slot)).collect(), map_full })
+    }
+}
+
 pub struct Healer {
+    schedule: Schedule,
+    report: HealReport,
+    table: Option<SocketTable>,
+    /// What the last pass saw of the counters.
+    evidence: Option<Evidence>,
     /// What the last pass would have changed, to be confirmed by this one.
     stale_before: HashSet<u64>,
     untracked_before: HashSet<FlowKey>,
@@ -74,37 +172,97 @@ pub struct Healer {
 }
 
 impl Healer {
-    pub fn run(&mut self, maps: &mut GateMaps) -> Result<(), Error> {
-        let configs: BTreeMap<u16, PortConfig> = maps.port_configs()?;
+    /// A healer whose routine passes are `interval` apart.
+    pub fn new(interval: Duration, report: HealReport) -> Self {
+        Self {
+            schedule: Schedule::new(interval),
+            report,
+            table: None,
+            evidence: None,
+            stale_before: HashSet::new(),
+            untracked_before: HashSet::new(),
+            drift_before: BTreeMap::new(),
+        }
+    }
+
+    /// The cheap check (the counters only); runs a pass when one is due.
+    pub fn check(&mut self, maps: &mut GateMaps, now: Instant) -> Result<(), Error> {
+        let configs = maps.port_configs()?;
+        let evidence = Evidence::read(maps, &configs)?;
+        self.report.update(|c| c.checks += 1);
+        let Some(reason) = self.schedule.due(now, self.evidence.as_ref() != Some(&evidence)) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let outcome = self.pass(maps, &configs)?;
+        let took = started.elapsed();
+        // On a busy port every pass sees a few connections that opened or closed
+        // while it read; chasing those would make every pass a confirming one. So
+        // a confirming pass asks for another only when it changed something (an
+        // adoption shows as drift next): what it merely saw first waits for the
+        // next routine pass.
+        let pending = outcome.found && (reason != PassReason::Confirm || outcome.acted);
+        let (records, adopt_failed) = (outcome.records, outcome.adopt_failed);
+        tracing::debug!(reason = reason.name(), records, pending, took_us = took.as_micros() as u64, "healing pass");
+        self.schedule.passed(Instant::now(), took, pending);
+        // What this pass saw is the new normal: only a change after it is evidence.
+        self.evidence = Some(Evidence::read(maps, &configs)?);
+        self.report.update(|c| {
+            *c.passes.entry(reason).or_default() += 1;
+            c.records_read += records;
+            c.last_pass = took;
+            c.adopt_failed += adopt_failed;
+        });
+        Ok(())
+    }
+
+    /// One pass: reads the tracked sockets and the socket table, acts on what
+    /// the last pass saw too.
+    fn pass(&mut self, maps: &mut GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<PassOutcome, Error> {
         let ports: BTreeSet<u16> = configs.keys().copied().collect();
+        // Each port's event counts around the reads: a port whose counts moved
+        // meanwhile is not judged for drift in this pass.
+        let counts_before = event_counts(maps, configs)?;
         // The tracked sockets first, then the table: a socket that closes in
         // between is gone from both; one that opens in between is caught next pass.
-        let tracked: Vec<(u64, SockEntry)> = maps.socks.iter().filter_map(Result::ok).collect();
-        let mut live = HashSet::new();
-        for path in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
-            let text = fs::read_to_string(path).map_err(|e| Error::io("read socket table", path, e))?;
-            live.extend(parse_socket_table(&text, &ports));
-        }
+        let mut tracked: HashMap<u64, SockEntry> = maps.tracked_sockets()?;
+        let mut live = Vec::new();
+        let table = match &mut self.table {
+            Some(table) => table,
+            None => self.table.insert(SocketTable::open().map_err(|e| Error::io("open", "sock_diag socket", e))?),
+        };
+        let table_records =
+            table.held(&ports, &mut live).map_err(|e| Error::io("read socket table", "sock_diag", e))?;
+        let live: HashSet<FlowKey> = live.into_iter().collect();
+        let records = (tracked.len() + table_records) as u64;
 
         let ours = |e: &SockEntry| configs.get(&e.port).is_some_and(|c| c.slot == e.slot);
         let stale: HashSet<u64> =
             tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
-        let gone: HashSet<u64> = confirmed(&stale, &self.stale_before).copied().collect();
-        for (key, entry) in tracked.iter().filter(|(k, _)| gone.contains(k)) {
-            if maps.socks.remove(key).is_ok() && entry.capped != 0 {
-                // The close was missed, so its client still counts it. A read-modify-write:
-                // a kernel add racing it (microseconds, on a connection whose close we
-                // missed) would be lost, loosening that client's cap by one.
-                let client = shed_common::ClientKey { slot: entry.slot, addr: entry.client };
-                if let Ok(held) = maps.clients.get(&client, 0) {
-                    let _ = maps.clients.insert(client, (held - 1).max(0), 0);
+        let mut found = !stale.is_subset(&self.stale_before);
+        let mut acted = false;
+        for key in confirmed(&stale, &self.stale_before) {
+            let entry = tracked[key];
+            if maps.socks.remove(key).is_ok() {
+                acted = true;
+                tracked.remove(key);
+                if entry.capped != 0 {
+                    // The close was missed, so its client still counts it. A read-modify-write:
+                    // a kernel add racing it (microseconds, on a connection whose close we
+                    // missed) would be lost, loosening that client's cap by one.
+                    let client = shed_common::ClientKey { slot: entry.slot, addr: entry.client };
+                    if let Ok(held) = maps.clients.get(&client, 0) {
+                        let _ = maps.clients.insert(client, (held - 1).max(0), 0);
+                    }
                 }
             }
         }
         self.stale_before = stale;
 
-        let tracked_flows: HashSet<FlowKey> = tracked.iter().map(|(_, e)| e.flow).collect();
+        let tracked_flows: HashSet<FlowKey> = tracked.values().map(|e| e.flow).collect();
         let untracked: HashSet<FlowKey> = live.difference(&tracked_flows).copied().collect();
+        found |= !untracked.is_subset(&self.untracked_before);
+        let mut adopt_failed = 0;
         for flow in confirmed(&untracked, &self.untracked_before) {
             let Some(config) = configs.get(&flow.server_port) else { continue };
             // Exempt clients are never counted, so never adopted either.
@@ -125,16 +283,26 @@ impl Healer {
             };
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
             const BPF_NOEXIST: u64 = 1;
-            let _ = maps.socks.insert(key, entry, BPF_NOEXIST);
+            match maps.socks.insert(key, entry, BPF_NOEXIST) {
+                Ok(()) => {
+                    acted = true;
+                    tracked.insert(key, entry);
+                }
+                Err(_) => adopt_failed += 1,
+            }
         }
         self.untracked_before = untracked;
 
-        // Counts against the tracked sockets.
-        let tracked: Vec<SockEntry> = maps.socks.iter().filter_map(Result::ok).map(|(_, e)| e).collect();
-        for (&port, config) in &configs {
+        // Counts against the tracked sockets, for ports that stood still meanwhile.
+        let counts_after = event_counts(maps, configs)?;
+        for (&port, config) in configs {
             let slot = config.slot;
-            let open = tracked.iter().filter(|e| e.slot == slot && e.port == port).count() as i64;
-            let busy = tracked.iter().filter(|e| e.slot == slot && e.port == port && e.busy != 0).count() as i64;
+            if counts_before.get(&port) != counts_after.get(&port) {
+                self.drift_before.remove(&slot);
+                continue;
+            }
+            let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
+            let (open, busy) = (ours().count() as i64, ours().filter(|e| e.busy != 0).count() as i64);
             let snapshot = maps.snapshot(port, *config)?;
             let drift = (snapshot.established() as i64 - open, snapshot.busy() as i64 - busy);
             if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), drift) {
@@ -151,12 +319,36 @@ impl Healer {
                     "corrected in-flight drift against the socket table"
                 );
                 self.drift_before.remove(&slot);
+                acted = true;
             } else {
+                found |= drift != (0, 0) && self.drift_before.get(&slot) != Some(&drift);
                 self.drift_before.insert(slot, drift);
             }
         }
-        Ok(())
+        Ok(PassOutcome { records, found, acted, adopt_failed })
     }
+}
+
+/// What one pass did.
+struct PassOutcome {
+    /// Per-connection records read.
+    records: u64,
+    /// Something seen for the first time (to be confirmed by the next pass).
+    found: bool,
+    /// Something changed (a socket forgotten or adopted, a count corrected).
+    acted: bool,
+    /// Untracked connections that could not be adopted (the map was full).
+    adopt_failed: u64,
+}
+
+/// Each port's raw event counts (opened, closed, busy enter and exit).
+fn event_counts(maps: &GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<BTreeMap<u16, [u64; 4]>, Error> {
+    let mut out = BTreeMap::new();
+    for (&port, config) in configs {
+        let s = maps.snapshot(port, *config)?.state;
+        out.insert(port, [s.opened, s.closed, s.busy_enter, s.busy_exit]);
+    }
+    Ok(out)
 }
 
 /// What two passes in a row found: a socket, flow or drift is acted on only
@@ -206,6 +398,42 @@ mod tests {
     }
 
     #[test]
+    fn passes_run_at_start_on_evidence_to_confirm_and_as_a_routine() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let quick = Duration::from_millis(5);
+        let mut s = Schedule::new(Duration::from_secs(30));
+        assert_eq!(
+            s.due(t0, false),
+            Some(PassReason::Start),
+            "the first check passes: connections may predate the gate"
+        );
+        s.passed(t0, quick, false);
+        assert_eq!(s.due(at(500), true), None, "evidence waits for the gap after a pass (1 s)");
+        assert_eq!(s.due(at(1_000), false), None, "no evidence, nothing pending: no pass before the interval");
+        assert_eq!(s.due(at(29_999), false), None);
+        assert_eq!(s.due(at(1_000), true), Some(PassReason::Evidence), "evidence brings a pass forward");
+        assert_eq!(s.due(at(30_000), false), Some(PassReason::Routine), "the safety net");
+
+        s.passed(at(30_000), quick, true);
+        assert_eq!(s.due(at(30_500), false), None, "a finding is confirmed after a second, not at once");
+        assert_eq!(s.due(at(31_000), false), Some(PassReason::Confirm));
+        assert_eq!(s.due(at(31_000), true), Some(PassReason::Confirm), "confirming comes first");
+
+        // A slow pass (a huge table) keeps ten times its duration between passes
+        // brought forward, and the interval still bounds the wait.
+        s.passed(at(40_000), Duration::from_millis(400), false);
+        assert_eq!(s.due(at(43_999), true), None);
+        assert_eq!(s.due(at(44_000), true), Some(PassReason::Evidence));
+        s.passed(at(50_000), Duration::from_secs(5), false);
+        assert_eq!(s.due(at(79_999), true), None, "a 5 s pass: at most one in 50 s, even on evidence");
+        assert_eq!(s.due(at(100_000), false), Some(PassReason::Routine));
+        let mut short = Schedule::new(Duration::from_secs(1));
+        short.passed(t0, quick, false);
+        assert_eq!(short.due(at(1_000), false), Some(PassReason::Routine), "--heal-interval 1: every second");
+    }
+
+    #[test]
     fn adopted_flows_get_distinct_keys() {
         let keys: HashSet<u64> = (0..2_000u16)
             .map(|port| {
@@ -219,27 +447,5 @@ mod tests {
             })
             .collect();
         assert_eq!(keys.len(), 2_000, "one map key per adopted connection");
-    }
-
-    #[test]
-    fn parses_the_kernel_socket_tables() {
-        let ports = BTreeSet::from([8080]);
-        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100C80A:1F90 0200C80A:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1
-   1: 0100C80A:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
-   2: 0100C80A:1F91 0200C80A:D432 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 20 4 30 10 -1
-   3: 0100C80A:1F90 0200C80A:D433 06 00000000:00000000 00:00000000 00000000     0        0 0 3 0
-   4: 0100C80A:1F90 0200C80A:D434 08 00000000:00000000 00:00000000 00000000     0        0 4 1 0 20 4 30 10 -1
-";
-        let flows = parse_socket_table(v4, &ports);
-        assert_eq!(flows.len(), 2, "established and close-wait on 8080; not listen, other ports or time-wait");
-        assert_eq!(flows[0].server_addr, ipv4_mapped([10, 200, 0, 1]));
-        assert_eq!(flows[0].client_addr, ipv4_mapped([10, 200, 0, 2]));
-        assert_eq!((flows[0].server_port, flows[0].client_port), (8080, 0xd431));
-        let v6 = "  sl  local_address                         remote_address                        st
-   0: B80D0120000000000000000001000000:1F90 B80D0120000000000000000002000000:D431 01 0:0 0:0 0 0 0 1 1
-";
-        let flows = parse_socket_table(v6, &ports);
-        assert_eq!(flows[0].server_addr, "2001:db8::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
     }
 }

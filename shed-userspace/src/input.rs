@@ -55,6 +55,36 @@ pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
     Ok(n)
 }
 
+/// `--heal-interval`: seconds between routine healing passes, 1 to 3600.
+pub fn parse_heal_interval(s: &str) -> Result<Duration, String> {
+    let secs: u64 = s
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: give seconds, e.g. 30"))?;
+    if !(1..=3600).contains(&secs) {
+        return Err(format!("{secs} s is out of range: give 1 to 3600 seconds"));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// Smallest and largest `--max-connections` / `--max-clients`.
+pub const MAP_SIZE_RANGE: std::ops::RangeInclusive<u32> = 1024..=16_777_216;
+
+/// `--max-connections`, `--max-clients`: a map size within [`MAP_SIZE_RANGE`].
+pub fn parse_map_size(s: &str) -> Result<u32, String> {
+    let n: u32 =
+        s.trim().replace('_', "").parse().map_err(|_| format!("{s:?} is not a number of entries: give e.g. 262144"))?;
+    if !MAP_SIZE_RANGE.contains(&n) {
+        return Err(format!(
+            "{n} entries is out of range: give {} to {}",
+            MAP_SIZE_RANGE.start(),
+            MAP_SIZE_RANGE.end()
+        ));
+    }
+    Ok(n)
+}
+
 /// A duration in milliseconds within `[min_ms, max_ms]`.
 pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
     let ms: u64 = s
@@ -221,6 +251,20 @@ mod tests {
         assert!(parse_limit("0").unwrap_err().contains("limit 0"));
         assert!(parse_limit(&(u64::from(MAX_LIMIT) + 1).to_string()).unwrap_err().contains("maximum"));
         assert!(parse_limit("lots").is_err());
+    }
+
+    #[test]
+    fn heal_intervals_and_map_sizes() {
+        assert_eq!(parse_heal_interval("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_heal_interval("1s"), Ok(Duration::from_secs(1)));
+        assert!(parse_heal_interval("0").unwrap_err().contains("1 to 3600"));
+        assert!(parse_heal_interval("3601").unwrap_err().contains("out of range"));
+        assert!(parse_heal_interval("soon").unwrap_err().contains("seconds"));
+        assert_eq!(parse_map_size("262144"), Ok(262_144));
+        assert_eq!(parse_map_size("1_024"), Ok(1024));
+        assert!(parse_map_size("1023").unwrap_err().contains("1024 to 16777216"));
+        assert!(parse_map_size("16777217").unwrap_err().contains("out of range"));
+        assert!(parse_map_size("-5").unwrap_err().contains("not a number"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod model;
 pub mod object;
 pub mod paths;
 pub mod sim;
+pub mod sockdiag;
 pub mod stats;
 pub mod system;
 pub mod table;

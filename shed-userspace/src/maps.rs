@@ -358,6 +358,57 @@ impl GateMaps {
         Ok(idle)
     }
 
+    /// Every tracked socket, read in batches (one syscall per few thousand
+    /// entries; the per-entry iterator costs two syscalls an entry, which at
+    /// 100,000 connections is most of a healing pass).
+    pub fn tracked_sockets(&self) -> Result<std::collections::HashMap<u64, SockEntry>, Error> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+
+        use aya::maps::IterableMap as _;
+        let fd = self.socks.map().fd().as_fd().as_raw_fd();
+        match lookup_batch::<u64, SockEntry>(fd) {
+            Ok(entries) => Ok(entries.into_iter().collect()),
+            // Kernels without batch lookups for hash maps: one entry at a time.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.socks.iter().collect::<Result<_, _>>().map_err(|e| Error::map("read tracked sockets", e))
+            }
+            Err(e) => Err(Error::io("read", "tracked sockets (BPF_MAP_LOOKUP_BATCH)", e)),
+        }
+    }
+
+    /// Kernel memory the gate's maps hold now, in bytes (the `memlock` the
+    /// kernel reports for each; the connection and client maps are not
+    /// preallocated, so theirs grows with what they hold).
+    pub fn memory_bytes(&self) -> u64 {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+
+        use aya::maps::IterableMap as _;
+        let fds = [
+            self.ports.map(),
+            self.state.map(),
+            self.user_state.map(),
+            self.counters.map(),
+            self.handshakes.map(),
+            self.stamps.map(),
+            self.local_addrs.map(),
+            self.ack_check.map(),
+            self.gate_counters.map(),
+            self.socks.map(),
+            self.limits.map(),
+            self.latency.map(),
+            self.control.map(),
+            self.status.map(),
+            self.tiers.map(),
+            self.reserve.map(),
+            self.clients.map(),
+            self.netns.map(),
+            self.port_slots.map(),
+            self.slot_config.map(),
+        ]
+        .map(|m| m.fd().as_fd().as_raw_fd());
+        fds.iter().filter_map(|fd| memlock_of(*fd)).sum()
+    }
+
     pub fn set_netns_filter(&mut self, filter: NetnsFilter) -> Result<(), Error> {
         self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
     }
@@ -503,6 +554,70 @@ pub fn remove_pins(dir: &Path) -> Result<(), Error> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("remove pins", dir, e)),
+    }
+}
+
+/// The `memlock:` line of a BPF object's fdinfo.
+fn memlock_of(fd: i32) -> Option<u64> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// All entries of a hash map through BPF_MAP_LOOKUP_BATCH.
+fn lookup_batch<K: aya::Pod, V: aya::Pod>(map_fd: i32) -> std::io::Result<Vec<(K, V)>> {
+    /// `union bpf_attr`'s `batch` member.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    // Larger than any hash bucket can get, so a batch always fits one bucket.
+    const CHUNK: usize = 4096;
+    let mut keys: Vec<K> = Vec::with_capacity(CHUNK);
+    let mut values: Vec<V> = Vec::with_capacity(CHUNK);
+    let mut out = Vec::new();
+    // A hash map's batch token is a bucket index (u32).
+    let (mut token, mut next) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { (&raw const token) as u64 },
+            out_batch: (&raw mut next) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: map_fd as u32,
+            ..Default::default()
+        };
+        // SAFETY: the kernel writes at most `count` keys and values into buffers of
+        // that capacity, and the token into `next`.
+        let ret = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, (&raw mut attr).cast::<u8>(), size_of::<BatchAttr>())
+        };
+        let err = (ret < 0).then(std::io::Error::last_os_error);
+        let got = attr.count as usize;
+        // SAFETY: the kernel filled the first `got` (<= CHUNK) entries of each.
+        unsafe {
+            keys.set_len(got.min(CHUNK));
+            values.set_len(got.min(CHUNK));
+        }
+        out.extend(keys.drain(..).zip(values.drain(..)));
+        match err {
+            None => {}
+            // The end of the map (the last batch may carry entries).
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Some(e) => return Err(e),
+        }
+        token = next;
+        first = false;
     }
 }
 

@@ -22,6 +22,7 @@ use shed_common::{PortLatency, latency, tier};
 use crate::{
     Error,
     control::Reason,
+    heal::{HealCounts, HealReport, PassReason},
     maps::GateMaps,
     stats::{PortStats, json_name},
 };
@@ -63,11 +64,15 @@ pub struct Scrape {
     pub ports: Vec<PortMetrics>,
     /// Gate-wide counters, by [`shed_common::gate_counter`] index.
     pub gate: [u64; shed_common::gate_counter::COUNT],
+    /// What the healer did.
+    pub heal: HealCounts,
+    /// Kernel memory held by the gate's maps.
+    pub bpf_memory_bytes: u64,
 }
 
 impl Scrape {
     /// Reads every protected port from the maps.
-    pub fn read(maps: &GateMaps, decisions: &Decisions) -> Result<Self, Error> {
+    pub fn read(maps: &GateMaps, decisions: &Decisions, heal: &HealReport) -> Result<Self, Error> {
         let mut ports = Vec::new();
         for snapshot in maps.snapshots(None)? {
             ports.push(PortMetrics {
@@ -76,7 +81,7 @@ impl Scrape {
                 decisions: decisions.of(snapshot.port),
             });
         }
-        Ok(Self { ports, gate: maps.gate_counters()? })
+        Ok(Self { ports, gate: maps.gate_counters()?, heal: heal.read(), bpf_memory_bytes: maps.memory_bytes() })
     }
 
     /// The Prometheus text exposition.
@@ -166,6 +171,52 @@ impl Collector for Scrape {
                 "Packets dropped before any port was known, because their headers could hide a SYN: tiny_fragment (first fragment without the TCP header), overlapping_fragment (TCP fragment at offset 8), ipv6_chain_unparsed (extension-header chain too long).",
                 Counter,
                 dropped,
+            )?;
+            let passes: Vec<(Labels, u64)> = PassReason::ALL
+                .iter()
+                .map(|r| (vec![("reason", r.name().to_owned())], self.heal.passes.get(r).copied().unwrap_or(0)))
+                .collect();
+            family(
+                &mut e,
+                "shed_heal_passes",
+                "Healing passes (each reads every held connection), by reason: start, evidence (ports changed or the connection map was full), confirm, routine (--heal-interval).",
+                Counter,
+                passes,
+            )?;
+            family(
+                &mut e,
+                "shed_heal_checks",
+                "Cheap checks of the counters between healing passes (about one a second).",
+                Counter,
+                [(Labels::new(), self.heal.checks)],
+            )?;
+            family(
+                &mut e,
+                "shed_heal_records_read",
+                "Per-connection records healing passes read (socket-table records and tracked sockets).",
+                Counter,
+                [(Labels::new(), self.heal.records_read)],
+            )?;
+            family(
+                &mut e,
+                "shed_heal_adopt_failed",
+                "Untracked connections a healing pass could not adopt because the connection map was full.",
+                Counter,
+                [(Labels::new(), self.heal.adopt_failed)],
+            )?;
+            family(
+                &mut e,
+                "shed_heal_last_pass_seconds",
+                "How long the last healing pass took.",
+                Gauge,
+                [(Labels::new(), self.heal.last_pass.as_secs_f64())],
+            )?;
+            family(
+                &mut e,
+                "shed_bpf_memory_bytes",
+                "Kernel memory held by the gate's maps (memlock as the kernel reports it; the connection and client maps grow with use).",
+                Gauge,
+                [(Labels::new(), self.bpf_memory_bytes)],
             )?;
             family(
                 &mut e,
@@ -325,6 +376,13 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
+            "shed_connection_map_full",
+            "Connections not counted at all because the connection map was full (fail-open; --max-connections).",
+            Counter,
+            per_port(&|s| s.connection_map_full),
+        )?;
+        family(
+            &mut e,
             "shed_drift_corrected",
             "Connections corrected against the kernel's socket table.",
             Counter,
@@ -405,7 +463,7 @@ pub fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
 
 /// Serves `/metrics` on its own thread until the process exits; a scrape
 /// never waits for the control loop.
-pub fn serve(listener: TcpListener, decisions: Decisions) {
+pub fn serve(listener: TcpListener, decisions: Decisions, heal: HealReport) {
     std::thread::Builder::new()
         .name("shed-metrics".into())
         .spawn(move || {
@@ -414,7 +472,7 @@ pub fn serve(listener: TcpListener, decisions: Decisions) {
                 Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
             };
             for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, &maps, &decisions) {
+                if let Err(e) = answer(stream, &maps, &decisions, &heal) {
                     tracing::debug!("metrics request: {e}");
                 }
             }
@@ -422,7 +480,7 @@ pub fn serve(listener: TcpListener, decisions: Decisions) {
         .expect("spawn the metrics thread");
 }
 
-fn answer(stream: TcpStream, maps: &GateMaps, decisions: &Decisions) -> std::io::Result<()> {
+fn answer(stream: TcpStream, maps: &GateMaps, decisions: &Decisions, heal: &HealReport) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -439,7 +497,7 @@ fn answer(stream: TcpStream, maps: &GateMaps, decisions: &Decisions) -> std::io:
     let mut parts = request_line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
-        ("GET", "/metrics") => match Scrape::read(maps, decisions) {
+        ("GET", "/metrics") => match Scrape::read(maps, decisions, heal) {
             Ok(scrape) => ("200 OK", CONTENT_TYPE, scrape.encode()),
             Err(e) => ("503 Service Unavailable", "text/plain", format!("reading the gate's maps: {e}\n")),
         },

@@ -135,6 +135,9 @@ pub struct PortStats {
     pub rst_suppressed: u64,
     /// Connections not counted against their client's cap because the client map was full.
     pub client_map_full: u64,
+    /// Connections not counted at all because the connection map was full
+    /// (fail-open; `--max-connections` sets its size).
+    pub connection_map_full: u64,
     /// Handshake reservations that lapsed without the handshake completing
     /// (forged or lost SYNs), cumulative.
     pub handshakes_lapsed: u64,
@@ -232,6 +235,7 @@ impl PortStats {
             rst_prefix_rate: now.config.rst_per_prefix_per_sec,
             rst_suppressed: now.counter(counter::RST_SUPPRESSED),
             client_map_full: now.counter(counter::CLIENT_MAP_FULL),
+            connection_map_full: now.counter(counter::CONNECTION_MAP_FULL),
             handshakes_lapsed: now.handshakes_lapsed(),
             drift_corrected: now.user.drift_corrected,
             syn_per_sec: rate(counter::SYN_SEEN),

@@ -122,6 +122,10 @@ pub fn run_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'stati
 pub enum Service {
     /// Echo every byte back until the client closes; holds the connection open meanwhile.
     Echo,
+    /// Greet with one byte (a server-first protocol's banner: the connection has
+    /// answered, so it is idle) and hold the connection, without a thread of its
+    /// own, until the backend stops: many idle keep-alive connections.
+    Hold,
     /// Keep-alive: answer every request line with "OK\n" after the service
     /// time (microseconds, changeable at run time), on a thread per connection.
     KeepAlive { service_us: Arc<AtomicU64> },
@@ -167,6 +171,7 @@ impl Backend {
         let (stop2, accepted2) = (stop.clone(), accepted.clone());
         threads.push(thread::spawn(move || {
             let mut holders: Vec<JoinHandle<()>> = Vec::new();
+            let mut held: Vec<TcpStream> = Vec::new();
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((conn, _)) => {
@@ -179,6 +184,11 @@ impl Backend {
                             }
                             Service::Workers { .. } => {
                                 let _ = tx.send(conn);
+                            }
+                            Service::Hold => {
+                                let mut conn = conn;
+                                let _ = conn.write_all(b"+");
+                                held.push(conn);
                             }
                             Service::KeepAlive { service_us } => {
                                 let (stop, service_us) = (stop2.clone(), service_us.clone());

@@ -3,6 +3,7 @@
 
 pub mod frames;
 pub mod gate;
+pub mod metrics;
 pub mod outside;
 
 /// Keeps the calling thread on one CPU (per-CPU counters, races between CPUs).

@@ -38,7 +38,7 @@ enum Task {
         /// Fewer and shorter samples.
         #[arg(long)]
         quick: bool,
-        /// Benchmarks to run (default: all): b1, b4.
+        /// Benchmarks to run (default: all): b1, b4, b9.
         names: Vec<String>,
     },
     /// Long differential fuzz of the packet path (kernel vs reference model).
@@ -70,6 +70,19 @@ enum Task {
         /// Seconds to run.
         #[arg(long, default_value_t = 20)]
         seconds: u64,
+    },
+    /// (Internal, for B9) hold connections in a process of its own until stdin closes:
+    /// serve on ADDR, or with --from open COUNT connections to ADDR.
+    #[command(hide = true)]
+    Hold {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        addr: std::net::SocketAddr,
+        #[arg(long)]
+        from: Option<std::net::IpAddr>,
+        #[arg(long, default_value_t = 0)]
+        count: usize,
     },
     /// Build release binaries and install shedctl, its man pages and shell completions.
     Install {
@@ -111,6 +124,7 @@ fn main() -> Result<()> {
             cargo(&["build", "--release", "--package", "shed-userspace"])?;
             demo::run(&workspace_root().join("target/release/shedctl"), seconds)
         }
+        Task::Hold { netns, addr, from, count } => bench::hold(&netns, addr, from, count),
         Task::Install { prefix, share } => {
             setup::setup()?;
             build_ebpf()?;

@@ -72,7 +72,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     fs::set_permissions(paths::PIN_DIR, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
     let _pins = PinGuard;
-    let mut loaded = Loaded::new(Some(Path::new(paths::PIN_DIR))).context("loading the kernel programs")?;
+    let sizes = crate::object::MapSizes { connections: args.max_connections, clients: args.max_clients };
+    let mut loaded = Loaded::sized(Some(Path::new(paths::PIN_DIR)), sizes).context("loading the kernel programs")?;
     let spec = PortSpec {
         client_cap: args.client_cap,
         client_prefix_v6: args.client_prefix_v6,
@@ -101,9 +102,10 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         tracing::info!(iface = %iface, hook = %hook, xdp_mode = ?args.xdp_mode, "gate attached");
     }
     let decisions = metrics::Decisions::default();
+    let heal_report = crate::heal::HealReport::default();
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
-        metrics::serve(listener, decisions.clone());
+        metrics::serve(listener, decisions.clone(), heal_report.clone());
     }
     lock.write_pid()?;
     tracing::info!(
@@ -126,8 +128,15 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         xdp_mode: args.xdp_mode,
         seen: system::interfaces(),
     });
-    let settings =
-        LoopSettings { tick, handshake_window: args.handshake_window, decisions, follow_interfaces, local_addrs };
+    let settings = LoopSettings {
+        tick,
+        handshake_window: args.handshake_window,
+        decisions,
+        follow_interfaces,
+        local_addrs,
+        heal_interval: args.heal_interval,
+        heal_report,
+    };
     runtime.block_on(daemon::run(&mut loaded, settings))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");

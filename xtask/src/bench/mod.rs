@@ -16,7 +16,10 @@ mod b3;
 mod b5;
 mod b6;
 mod b7;
+mod b9;
 mod plot;
+
+pub use b9::hold;
 
 const PORT: u16 = 8080;
 
@@ -445,7 +448,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -488,6 +491,9 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b7") {
         save("b7", b7::b7(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b9") {
+        save("b9", b9::b9(&shedctl, scale, &results_dir())?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {
@@ -638,6 +644,23 @@ mod tests {
         assert!(shed >= 0.9 * none, "shed {shed} vs no gate {none} at 2,000 forged SYN/s");
         assert!(md.contains("| shed | 2000 |"), "{md}");
         assert_plot(&out.path().join("b7_spoofed_flood.png"));
+    }
+
+    #[test]
+    fn b9_still_runs() {
+        let out = tempfile::tempdir().unwrap();
+        let (json, md) = b9::b9(&shedctl(), Scale::Smoke, out.path()).expect("B9 runs");
+        let levels = json["levels"].as_array().expect("levels");
+        assert_eq!(levels.len(), 2, "{json}");
+        for l in levels {
+            // Counts exact at every level, and a pass read at least every held connection.
+            assert_eq!(l["counted"], l["connections"], "{l}");
+            assert!(l["heal_pass_records"].as_u64().unwrap() >= l["connections"].as_u64().unwrap(), "{l}");
+            assert!(l["bpf_map_bytes"].as_u64().unwrap() > 0 && l["daemon_rss_bytes"].as_u64().unwrap() > 0, "{l}");
+        }
+        assert!(levels[1]["connections"].as_u64().unwrap() >= 1_998, "{json}");
+        assert!(md.contains("| connections | daemon CPU |"), "{md}");
+        assert_plot(&out.path().join("b9_cost.png"));
     }
 
     #[test]
