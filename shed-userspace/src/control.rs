@@ -7,19 +7,29 @@
 //!   observed, 0.5, 1.0)`, `target = limit * gradient + sqrt(limit)`,
 //!   `new = (1 - smoothing) * limit + smoothing * target`, smoothing 0.2.
 //! - `gradient2`: Netflix concurrency-limits `Gradient2Limit`: a long-window
-//!   average of latency (window 600 samples, 10 warm-up samples) against the
-//!   current window, `gradient = clamp(tolerance * long / short, 0.5, 1.0)`
-//!   with tolerance 1.5, `new = limit * gradient + queue_size` (queue size 4),
-//!   smoothed by 0.2; the long average decays by 0.95 a window while it is
-//!   more than twice the short one (recovery after a slow spell).
-//! - `aimd`: +1 per healthy window; x0.9 when latency breaches
-//!   `tolerance * baseline` (tolerance 2.0) or the listen queue overflows.
+//!   average of latency (a plain average of 10 warm-up samples, then an
+//!   exponential one with factor 2 / (600 + 1)) against the current window,
+//!   `gradient = clamp(tolerance * long / short, 0.5, 1.0)` with tolerance
+//!   1.5, `new = limit * gradient + queue_size` (queue size 4), smoothed by
+//!   0.2; the long average decays by 0.95 for the next window while it is more
+//!   than twice the short one (recovery after a slow spell). With the guards
+//!   and the named departures off it matches the reference window for window
+//!   (the conformance test replays its own trajectories). The departures, each
+//!   a [`Settings`] field on by default: `listen_drops_cut` (the reference
+//!   ignores drops), `cut_while_app_limited` (the reference freezes while
+//!   in-flight is under half the limit), `gradient2_long_at_most_baseline`
+//!   (below); and the published limit rounds where the reference truncates.
+//! - `aimd`: +1 per healthy window; x0.9, to a whole limit, when latency
+//!   breaches `tolerance * baseline` (tolerance 2.0; `AIMDLimit` cuts only on
+//!   drops and a 5 s timeout: an infinite tolerance matches it) or the listen
+//!   queue overflows.
 //! - `fixed`: the operator's limit.
 //!
 //! Guards shared by the adaptive algorithms (all in [`Settings`]):
 //! - a window with fewer than `min_samples` completed requests holds the limit
 //!   (except that listen-queue overflows still cut it), and the caller carries
-//!   its samples into the next window, so a slow service is still judged;
+//!   its samples into the next window, so a slow service is still judged
+//!   (a baseline probe counts every window, thin or not, so it always ends);
 //! - no growth while in-flight < limit / 2 (app-limited: the limit is not what
 //!   holds the traffic back, so latency says nothing about a higher one);
 //! - no growth for `cooldown_windows` windows after a cut (against flapping);
@@ -153,6 +163,16 @@ pub struct Settings {
     pub aimd_tolerance: f64,
     /// aimd: multiplicative decrease.
     pub backoff: f64,
+    /// Cut by `backoff` when the listen queue overflows. A departure for
+    /// gradient2: Netflix's Gradient2Limit never reads drops (its AIMDLimit does).
+    pub listen_drops_cut: bool,
+    /// Still cut while app-limited (in-flight under half the limit). A departure:
+    /// the reference limiters freeze then, neither up nor down.
+    pub cut_while_app_limited: bool,
+    /// gradient2: hold the long average at or below the baseline (the windowed
+    /// minimum), so a standing queue is not learned as normal. A departure from
+    /// Gradient2Limit.
+    pub gradient2_long_at_most_baseline: bool,
 }
 
 impl Default for Settings {
@@ -172,6 +192,9 @@ impl Default for Settings {
             gradient2_queue_size: 4.0,
             aimd_tolerance: 2.0,
             backoff: 0.9,
+            listen_drops_cut: true,
+            cut_while_app_limited: true,
+            gradient2_long_at_most_baseline: true,
         }
     }
 }
@@ -235,9 +258,11 @@ pub struct Controller {
     /// The limit to return to after a probe.
     before_probe: f64,
     probe_interval: usize,
-    /// gradient2's long-window average and how many samples it has.
+    /// gradient2's long-window average, how many samples it has, and their
+    /// sum while it warms up (a plain average of the first ten).
     long_us: f64,
     long_count: u32,
+    long_sum: f64,
     windows_since_cut: u32,
 }
 
@@ -258,6 +283,7 @@ impl Controller {
             baseline_us: 0.0,
             long_us: 0.0,
             long_count: 0,
+            long_sum: 0.0,
             windows_since_cut: u32::MAX,
         }
     }
@@ -287,6 +313,7 @@ impl Controller {
         self.settings = settings;
         if algo_changed {
             self.long_count = 0;
+            self.long_sum = 0.0;
             self.windows_since_cut = u32::MAX;
         }
         self.set_limit(limit);
@@ -297,27 +324,36 @@ impl Controller {
         if st.algo == Algo::Fixed {
             return Decision { limit: self.limit(), reason: Reason::Operator };
         }
-        if s.listen_drops > 0 {
+        let windows = s.windows.max(1) as usize;
+        let overflow = s.listen_drops > 0 && st.listen_drops_cut;
+        // Baseline probe (as BBR's ProbeRTT): every ~0.9 baseline span, hold the
+        // limit at a quarter for a few windows so queues drain and the minimum is
+        // re-measured without them. This is what keeps the baseline from
+        // learning a standing queue as normal and ratcheting up with it. A probe
+        // lasts its windows whatever they carry (thin windows must not stretch
+        // it: it would never end on sparse traffic), and a cut that lands
+        // during it applies to the limit it returns to.
+        if self.probe_left > 0 {
+            self.probe_left = self.probe_left.saturating_sub(windows as u32);
+            if overflow {
+                self.before_probe *= st.backoff;
+            }
+            if s.samples >= st.min_samples {
+                let raw = (s.latency_us as f64).max(1.0);
+                self.smoothed_us += LATENCY_SMOOTHING * (raw - self.smoothed_us);
+                self.baseline_us = self.baseline.push(self.smoothed_us, windows);
+            }
+            if self.probe_left == 0 {
+                self.limit = self.before_probe.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
+                self.windows_since_cut = 0;
+            }
+            return Decision { limit: self.limit(), reason: Reason::Probe };
+        }
+        if overflow {
             return self.cut(self.limit * st.backoff, Reason::ListenOverflow);
         }
         if s.samples < st.min_samples {
             return Decision { limit: self.limit(), reason: Reason::TooFewSamples };
-        }
-        // Baseline probe (as BBR's ProbeRTT): every ~0.9 baseline span, hold the
-        // limit at a quarter for a few windows so queues drain and the minimum is
-        // re-measured without them. This is what keeps the baseline from
-        // learning a standing queue as normal and ratcheting up with it.
-        let windows = s.windows.max(1) as usize;
-        if self.probe_left > 0 {
-            self.probe_left -= 1;
-            let raw = (s.latency_us as f64).max(1.0);
-            self.smoothed_us += LATENCY_SMOOTHING * (raw - self.smoothed_us);
-            self.baseline_us = self.baseline.push(self.smoothed_us, windows);
-            if self.probe_left == 0 {
-                self.limit = self.before_probe;
-                self.windows_since_cut = 0;
-            }
-            return Decision { limit: self.limit(), reason: Reason::Probe };
         }
         self.until_probe = self.until_probe.saturating_sub(windows);
         if self.until_probe == 0 && st.probe_windows > 0 {
@@ -339,18 +375,25 @@ impl Controller {
                 (1.0 - st.smoothing) * self.limit + st.smoothing * target
             }
             Algo::Gradient2 => {
-                self.long_count = self.long_count.saturating_add(1);
-                if self.long_count <= 10 {
-                    // Warm-up: a plain average of the first samples.
-                    self.long_us += (observed - self.long_us) / f64::from(self.long_count);
+                // Gradient2Limit's long average: a plain average of the first ten
+                // samples, then an exponential one with factor 2 / (window + 1).
+                if self.long_count < 10 {
+                    self.long_count += 1;
+                    self.long_sum += observed;
+                    self.long_us = self.long_sum / f64::from(self.long_count);
                 } else {
-                    self.long_us += (observed - self.long_us) / st.gradient2_long_window;
+                    let factor = 2.0 / (st.gradient2_long_window + 1.0);
+                    self.long_us = self.long_us * (1.0 - factor) + observed * factor;
                 }
-                if self.long_us / observed > 2.0 {
+                if st.gradient2_long_at_most_baseline {
+                    self.long_us = self.long_us.min(self.baseline_us);
+                }
+                let long = self.long_us;
+                // Well above the short one (a slow spell is over): decay it for the next window.
+                if long / observed > 2.0 {
                     self.long_us *= 0.95;
                 }
-                self.long_us = self.long_us.min(self.baseline_us);
-                let gradient = (st.gradient2_tolerance * self.long_us / observed).clamp(0.5, 1.0);
+                let gradient = (st.gradient2_tolerance * long / observed).clamp(0.5, 1.0);
                 let target = self.limit * gradient + st.gradient2_queue_size;
                 (1.0 - st.smoothing) * self.limit + st.smoothing * target
             }
@@ -364,12 +407,17 @@ impl Controller {
             Algo::Fixed => unreachable!("handled above"),
         };
         let proposed = proposed.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
+        let app_limited = (s.in_flight as f64) < self.limit / 2.0;
+        if app_limited && !st.cut_while_app_limited {
+            self.windows_since_cut = self.windows_since_cut.saturating_add(1);
+            return Decision { limit: self.limit(), reason: Reason::AppLimited };
+        }
         if proposed < self.limit - 1e-9 {
             return self.cut(proposed, Reason::LatencyRising);
         }
         self.windows_since_cut = self.windows_since_cut.saturating_add(1);
         if proposed > self.limit + 1e-9 {
-            if (s.in_flight as f64) < self.limit / 2.0 {
+            if app_limited {
                 return Decision { limit: self.limit(), reason: Reason::AppLimited };
             }
             if self.windows_since_cut <= st.cooldown_windows {
@@ -386,6 +434,8 @@ impl Controller {
     }
 
     fn cut(&mut self, to: f64, reason: Reason) -> Decision {
+        // aimd keeps a whole limit, as AIMDLimit does (`(int) (limit * backoff)`).
+        let to = if self.settings.algo == Algo::Aimd { to.floor() } else { to };
         self.limit = to.clamp(f64::from(self.settings.min_limit), f64::from(self.settings.max_limit));
         self.windows_since_cut = 0;
         Decision { limit: self.limit(), reason }
@@ -623,17 +673,19 @@ mod tests {
             c.on_window(&window(10_000, 100));
         }
         assert_eq!(c.baseline_us(), 10_000);
-        // The latency doubles for good: the long average creeps up by 1/600 of the gap
-        // a window (held at the baseline while the baseline's span still sees 10 ms).
+        // The latency doubles for good: the long average creeps up by 2/601 of the gap
+        // a window (held at the baseline while the baseline's span still sees 10 ms):
+        // at most 20 - 10 * (1 - 2/601)^300 = 16.3 ms after 300 windows.
         for _ in 0..300 {
             c.on_window(&window(20_000, 100));
         }
         let long = c.baseline_us();
-        assert!((11_000..=15_000).contains(&long), "a slow average, far from both: {long}");
-        // A sudden drop below half the average: the average moves by 1/600, then is cut by 5%.
+        assert!((12_000..=17_500).contains(&long), "a slow average, far from both: {long}");
+        // A sudden drop below half the average: the average moves by 2/601, then is cut by 5%.
         let before = long as f64;
         c.on_window(&window(5_000, 100));
-        let expected = (before + (5_000.0 - before) / settings.gradient2_long_window) * 0.95;
+        let factor = 2.0 / (settings.gradient2_long_window + 1.0);
+        let expected = (before * (1.0 - factor) + 5_000.0 * factor) * 0.95;
         assert!((c.baseline_us() as f64 - expected).abs() <= 2.0, "{} vs {expected:.0}", c.baseline_us());
     }
 
@@ -661,6 +713,137 @@ mod tests {
                 prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
             }
         }
+    }
+
+    /// Netflix concurrency-limits' own trajectories (tests/data/netflix-limits,
+    /// produced by its Gradient2Limit and AIMDLimit classes), one row per window:
+    /// (rtt us, saturated or app-limited, drop, limit with min 20, limit with min 4).
+    fn reference(csv: &str) -> Vec<(u64, bool, bool, u32, u32)> {
+        csv.lines()
+            .skip(1)
+            .map(|line| {
+                let f: Vec<&str> = line.split(',').collect();
+                (f[1].parse().unwrap(), f[2] == "L", f[3] == "1", f[4].parse().unwrap(), f[5].parse().unwrap())
+            })
+            .collect()
+    }
+
+    const SCENARIOS: [(&str, Algo, &str); 9] = [
+        ("a_steady", Algo::Gradient2, include_str!("../../tests/data/netflix-limits/a_steady_gradient2.csv")),
+        ("b_step", Algo::Gradient2, include_str!("../../tests/data/netflix-limits/b_step_gradient2.csv")),
+        ("c_drops", Algo::Gradient2, include_str!("../../tests/data/netflix-limits/c_drops_gradient2.csv")),
+        ("d_applimited", Algo::Gradient2, include_str!("../../tests/data/netflix-limits/d_applimited_gradient2.csv")),
+        ("e_longstep", Algo::Gradient2, include_str!("../../tests/data/netflix-limits/e_longstep_gradient2.csv")),
+        ("a_steady", Algo::Aimd, include_str!("../../tests/data/netflix-limits/a_steady_aimd.csv")),
+        ("b_step", Algo::Aimd, include_str!("../../tests/data/netflix-limits/b_step_aimd.csv")),
+        ("c_drops", Algo::Aimd, include_str!("../../tests/data/netflix-limits/c_drops_aimd.csv")),
+        ("d_applimited", Algo::Aimd, include_str!("../../tests/data/netflix-limits/d_applimited_aimd.csv")),
+    ];
+
+    /// shed's limiter as the reference runs: its guards off (one sample is
+    /// enough, no cooldown, no probe) and every named departure off.
+    fn as_reference(algo: Algo, min_limit: u32) -> Settings {
+        Settings {
+            algo,
+            initial_limit: 20,
+            min_limit,
+            max_limit: 200,
+            min_samples: 1,
+            cooldown_windows: 0,
+            probe_windows: 0,
+            // AIMDLimit cuts on drops and on a 5 s timeout only, never on latency.
+            aimd_tolerance: f64::INFINITY,
+            listen_drops_cut: algo == Algo::Aimd,
+            cut_while_app_limited: false,
+            gradient2_long_at_most_baseline: false,
+            ..Settings::default()
+        }
+    }
+
+    /// Replays a reference input window by window; returns the limit after each
+    /// window as the reference publishes it (truncated) and the reference's own.
+    fn replay(settings: Settings, rows: &[(u64, bool, bool, u32, u32)]) -> Vec<(u32, u32)> {
+        let mut c = Controller::new(settings, 0);
+        let mut published = settings.initial_limit;
+        rows.iter()
+            .map(|&(rtt_us, saturated, drop, min20, min4)| {
+                // In-flight as the reference was fed it: its published limit, or just under half of it.
+                let in_flight = if saturated { published } else { published.div_ceil(2) - 1 };
+                c.on_window(&WindowSample {
+                    in_flight: u64::from(in_flight),
+                    samples: 100,
+                    latency_us: rtt_us,
+                    listen_drops: u64::from(drop),
+                    windows: 1,
+                });
+                published = if settings.min_limit == 20 { min20 } else { min4 };
+                (c.limit.trunc() as u32, published)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gradient2_and_aimd_match_netflix_concurrency_limits_with_the_departures_off() {
+        for (name, algo, csv) in SCENARIOS {
+            let rows = reference(csv);
+            for min_limit in [20, 4] {
+                for (window, (ours, theirs)) in replay(as_reference(algo, min_limit), &rows).into_iter().enumerate() {
+                    assert_eq!(ours, theirs, "{name} {algo} min {min_limit}: window {}", window + 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_named_departure_from_the_reference_shows_where_it_should() {
+        let departs = |algo: Algo, scenario: &str, change: fn(&mut Settings)| -> usize {
+            let (_, _, csv) = SCENARIOS.iter().find(|(n, a, _)| *n == scenario && *a == algo).unwrap();
+            let mut settings = as_reference(algo, 4);
+            change(&mut settings);
+            replay(settings, &reference(csv)).iter().filter(|(ours, theirs)| ours != theirs).count()
+        };
+        // gradient2 cutting on listen drops: only the scenario with drops departs.
+        let drops: fn(&mut Settings) = |s| s.listen_drops_cut = true;
+        assert!(departs(Algo::Gradient2, "c_drops", drops) > 0);
+        assert_eq!(departs(Algo::Gradient2, "b_step", drops), 0);
+        // Cutting while app-limited: the app-limited step departs, the saturated one does not.
+        let app: fn(&mut Settings) = |s| s.cut_while_app_limited = true;
+        assert!(departs(Algo::Gradient2, "d_applimited", app) > 0);
+        assert_eq!(departs(Algo::Gradient2, "b_step", app), 0);
+        // The long average held at the baseline: a long slow spell is never learned as normal.
+        let held: fn(&mut Settings) = |s| s.gradient2_long_at_most_baseline = true;
+        assert!(departs(Algo::Gradient2, "e_longstep", held) > 0);
+        assert_eq!(departs(Algo::Gradient2, "a_steady", held), 0);
+        // shed's aimd cuts on latency (2x the baseline), the reference only on drops and timeouts.
+        let latency: fn(&mut Settings) = |s| s.aimd_tolerance = 2.0;
+        assert!(departs(Algo::Aimd, "b_step", latency) > 0);
+        assert_eq!(departs(Algo::Aimd, "c_drops", latency), 0);
+    }
+
+    #[test]
+    fn a_probe_ends_on_thin_windows_and_keeps_a_cut_that_lands_in_it() {
+        let settings = Settings { algo: Algo::Gradient, initial_limit: 100, probe_windows: 3, ..Settings::default() };
+        let mut c = Controller::new(settings, 0);
+        // Run up to the first probe.
+        let mut d = c.on_window(&window(10_000, 100));
+        while d.reason != Reason::Probe {
+            d = c.on_window(&window(10_000, 100));
+        }
+        let before = c.before_probe;
+        assert_eq!(d.limit, (before * PROBE_DEPTH).round() as u32);
+        // Thin windows (sparse traffic) still count toward the probe, and a
+        // listen-queue overflow during it cuts the limit the probe returns to.
+        let thin = WindowSample { samples: 0, ..window(10_000, 10) };
+        assert_eq!(c.on_window(&WindowSample { listen_drops: 3, ..thin }).reason, Reason::Probe);
+        assert_eq!(c.on_window(&thin).reason, Reason::Probe);
+        let end = c.on_window(&thin);
+        assert_eq!(end.reason, Reason::Probe);
+        assert_eq!(
+            end.limit,
+            (before * settings.backoff).round() as u32,
+            "the probe ended after 3 windows, the cut kept"
+        );
+        assert_ne!(c.on_window(&thin).reason, Reason::Probe, "and is over");
     }
 }
 
