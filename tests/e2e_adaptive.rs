@@ -223,3 +223,66 @@ fn the_limit_falls_when_the_service_slows_and_recovers_after() {
         "and rises again when it speeds up: {limit_fast} -> {limit_slow} -> {limit_recovered}"
     );
 }
+
+/// `n` connection attempts to `addr` from the client namespace, left in flight (non-blocking).
+fn attempt(bed: &Testbed, addr: std::net::SocketAddr, n: usize) -> Vec<socket2::Socket> {
+    testbed::run_in(&bed.client_ns, move || {
+        (0..n)
+            .map(|_| {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                s.set_nonblocking(true).unwrap();
+                let _ = s.connect(&addr.into()); // EINPROGRESS
+                s
+            })
+            .collect()
+    })
+    .expect("client namespace")
+}
+
+/// A listener with a backlog of 2 that never accepts: its accept queue fills and overflows.
+fn stuck_listener(bed: &Testbed, addr: std::net::SocketAddr) -> socket2::Socket {
+    testbed::run_in(&bed.server_ns, move || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.bind(&addr.into()).unwrap();
+        s.listen(2).unwrap();
+        s
+    })
+    .expect("server namespace")
+}
+
+fn namespace_listen_drops(bed: &Testbed) -> u64 {
+    testbed::run_in(&bed.server_ns, || {
+        shed::stats::listen_drops(&std::fs::read_to_string("/proc/thread-self/net/netstat").unwrap()).unwrap()
+    })
+    .expect("server namespace")
+}
+
+#[test]
+fn only_the_ports_own_accept_queue_overflow_cuts_its_limit() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtq").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _protected = stuck_listener(&bed, addr);
+    let _other = stuck_listener(&bed, bed.server_addr(false, 9090));
+    let _gate = Gate::start(&bed, &["--port", "8080", "--algo", "gradient", "--initial-limit", "100"]);
+
+    // Another listener of the namespace overflows: the namespace's drop counter moves,
+    // the protected port's limit does not (its own queue is empty).
+    let drops_before = namespace_listen_drops(&bed);
+    let _elsewhere = attempt(&bed, bed.server_addr(false, 9090), 30);
+    thread::sleep(Duration::from_secs(3));
+    let drops = namespace_listen_drops(&bed) - drops_before;
+    assert!(drops >= 20, "the other listener overflowed: {drops} drops");
+    let s = stats(PORT);
+    assert_eq!(field(&s, "limit"), 100, "another listener's overflow cut this port: {s}");
+    assert_eq!(field(&s, "listen_drops_total"), 0, "{s}");
+    assert_eq!(field(&s, "accept_backlog"), 2, "{s}");
+
+    // Its own queue overflows: counted against it, and the limit comes down.
+    let _here = attempt(&bed, addr, 30);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "the port's own overflow cuts it", |s| {
+        field(s, "listen_drops_total") > 0 && field(s, "limit") < 100
+    });
+    assert!(field(&s, "accept_queue") >= 2, "its accept queue is full: {s}");
+}

@@ -645,7 +645,10 @@ pub struct ControlStatus {
     pub sojourn_p99_us: u64,
     /// Completed requests in the last window.
     pub samples: u64,
-    /// Listen-queue overflows and drops in the last window (whole namespace).
+    /// Listen-queue drops of the namespace in the last window, counted against
+    /// this port (fed to its controller) only while its own accept queue is at
+    /// least half full (this window or the last): another listener's overflow
+    /// is not this port's overload.
     pub listen_drops: u64,
     /// Windows run so far.
     pub windows: u64,
@@ -656,8 +659,14 @@ pub struct ControlStatus {
     /// Handshake time (admitted SYN to established) in the last windows.
     pub handshake_p50_us: u64,
     pub handshake_p99_us: u64,
+    /// The port's listeners at the window's end: connections waiting in their
+    /// accept queues, and the queues' capacity (backlog), summed over listeners.
+    pub accept_queue: u32,
+    pub accept_backlog: u32,
+    /// Listen-queue drops counted against this port so far.
+    pub listen_drops_total: u64,
 }
-const _: () = assert!(size_of::<ControlStatus>() == 112);
+const _: () = assert!(size_of::<ControlStatus>() == 128);
 
 /// Builds the IPv4-mapped IPv6 form of an IPv4 address, as the socket tracepoint reports it.
 #[inline(always)]

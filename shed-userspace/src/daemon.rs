@@ -3,6 +3,7 @@
 //! the namespace's addresses and interfaces covered; and a clean exit that
 //! leaves nothing attached or pinned.
 use std::{
+    collections::BTreeSet,
     fs::{self, File, OpenOptions},
     io::{Read, Seek, Write},
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt as _},
@@ -19,7 +20,9 @@ use crate::{
     input::{Hook, XdpAttachMode},
     maps::{self, GateMaps},
     metrics::Decisions,
-    paths, stats, system,
+    paths,
+    sockdiag::{AcceptQueue, SocketTable},
+    stats, system,
 };
 
 /// Whether a daemon holds the gate right now.
@@ -295,6 +298,11 @@ struct PortControl {
     next_run: Instant,
     last_hist: PortLatency,
     last_listen_drops: Option<u64>,
+    /// The port's listeners, through sock_diag (opened at the first window; `None` after it failed).
+    listeners: Option<Result<SocketTable, ()>>,
+    /// Whether the port's accept queue was at least half full at the last window's end.
+    pressed_before: bool,
+    listen_drops_total: u64,
     last_reason: Option<Reason>,
     windows: u64,
     /// Quiet windows whose samples were carried into the current one.
@@ -326,6 +334,9 @@ impl PortControl {
             next_run: Instant::now() + window,
             last_hist: hist,
             last_listen_drops: None,
+            listeners: None,
+            pressed_before: false,
+            listen_drops_total: 0,
             last_reason: None,
             windows: 0,
             carried: 0,
@@ -361,11 +372,20 @@ impl PortControl {
         let service = delta(&hist.service, &self.last_hist.service);
         let sojourn = delta(&hist.sojourn, &self.last_hist.sojourn);
         let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(stats::listen_drops);
-        let listen_drops = match (drops_now, self.last_listen_drops) {
+        let namespace_drops = match (drops_now, self.last_listen_drops) {
             (Some(now), Some(before)) => now.saturating_sub(before),
             _ => 0,
         };
         self.last_listen_drops = drops_now;
+        // The drop counter is the namespace's: count its drops against this port only
+        // while its own accept queue is (or just was) at least half full. Without
+        // sock_diag, every drop counts, as before.
+        let accept = self.accept_queue();
+        let pressed = accept.is_none_or(|q| q.pressed());
+        let listen_drops = if pressed || self.pressed_before { namespace_drops } else { 0 };
+        self.pressed_before = pressed;
+        self.listen_drops_total += listen_drops;
+        let accept = accept.unwrap_or_default();
 
         let sample = WindowSample {
             in_flight: snapshot.in_flight(),
@@ -432,8 +452,33 @@ impl PortControl {
                 previous_limit: previous,
                 handshake_p50_us: handshake_times.0,
                 handshake_p99_us: handshake_times.1,
+                accept_queue: accept.waiting,
+                accept_backlog: accept.backlog,
+                listen_drops_total: self.listen_drops_total,
             },
         )
+    }
+}
+
+impl PortControl {
+    /// The port's accept queue now, or `None` when sock_diag cannot be asked.
+    fn accept_queue(&mut self) -> Option<AcceptQueue> {
+        let table = self.listeners.get_or_insert_with(|| {
+            SocketTable::open().map_err(|e| {
+                tracing::warn!(
+                    port = self.port,
+                    "no accept-queue signal (sock_diag: {e}): every listen drop in the namespace counts"
+                )
+            })
+        });
+        let table = table.as_mut().ok()?;
+        match table.accept_queues(&BTreeSet::from([self.port])) {
+            Ok(queues) => Some(queues.get(&self.port).copied().unwrap_or_default()),
+            Err(e) => {
+                tracing::debug!(port = self.port, "accept queue: {e}");
+                None
+            }
+        }
     }
 }
 

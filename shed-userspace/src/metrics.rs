@@ -400,6 +400,27 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
+            "shed_accept_queue",
+            "Connections waiting in the port's accept queues (its listeners' Recv-Q) at the last window's end.",
+            Gauge,
+            ports.iter().map(|p| (port_label(p.stats.port), u64::from(p.stats.accept_queue))).collect::<Vec<_>>(),
+        )?;
+        family(
+            &mut e,
+            "shed_accept_backlog",
+            "Capacity of the port's accept queues (the listeners' backlog).",
+            Gauge,
+            ports.iter().map(|p| (port_label(p.stats.port), u64::from(p.stats.accept_backlog))).collect::<Vec<_>>(),
+        )?;
+        family(
+            &mut e,
+            "shed_listen_drops",
+            "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
+            Counter,
+            per_port(&|s| s.listen_drops_total),
+        )?;
+        family(
+            &mut e,
             "shed_observed_latency_seconds",
             "The latency percentile the controller follows, in its last window.",
             Gauge,

@@ -4,7 +4,7 @@
 //! (/proc/net/tcp), which cost the healer about 1% of a core per thousand
 //! connections held. Sockets of the calling thread's network namespace.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
 };
@@ -15,6 +15,7 @@ use shed_common::{FlowKey, ipv4_mapped};
 /// (established, fin-wait-1/2, close, close-wait, last-ack, closing); not
 /// TIME_WAIT (a mini socket, no longer counted) nor SYN_RECV (a request).
 const HELD_STATES: [u8; 7] = [1, 4, 5, 7, 8, 9, 11];
+const TCP_LISTEN: u8 = 10;
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -56,10 +57,35 @@ impl SocketTable {
     /// returns how many records the kernel sent (every held connection of
     /// the namespace, whatever its port: the cost of one call).
     pub fn held(&mut self, ports: &BTreeSet<u16>, out: &mut Vec<FlowKey>) -> io::Result<usize> {
+        let states = HELD_STATES.iter().map(|s| 1u32 << s).sum();
+        self.dump(states, |msg| {
+            if let Some(flow) = flow_of(msg, ports) {
+                out.push(flow);
+            }
+        })
+    }
+
+    /// The accept queues of the listeners on `ports`, summed per port over its
+    /// listeners (IPv4, IPv6, SO_REUSEPORT groups).
+    pub fn accept_queues(&mut self, ports: &BTreeSet<u16>) -> io::Result<BTreeMap<u16, AcceptQueue>> {
+        let mut out: BTreeMap<u16, AcceptQueue> = BTreeMap::new();
+        self.dump(1 << TCP_LISTEN, |msg| {
+            if let Some((port, queue)) = accept_queue_of(msg).filter(|(p, _)| ports.contains(p)) {
+                let sum = out.entry(port).or_default();
+                sum.waiting += queue.waiting;
+                sum.backlog += queue.backlog;
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Dumps the namespace's TCP sockets in `states` (a bit per state), IPv4
+    /// then IPv6, handing each `inet_diag_msg` to `visit`; returns the count.
+    fn dump(&mut self, states: u32, mut visit: impl FnMut(&[u8])) -> io::Result<usize> {
         let mut records = 0;
         for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
             self.seq = self.seq.wrapping_add(1);
-            let request = dump_request(family, self.seq);
+            let request = dump_request(family, states, self.seq);
             // SAFETY: sending a buffer we own to the kernel (address: the kernel, pid 0).
             let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
             kernel.nl_family = libc::AF_NETLINK as u16;
@@ -86,7 +112,7 @@ impl SocketTable {
                     }
                     return Err(err);
                 }
-                let (read, done) = parse_batch(&self.buf[..n as usize], self.seq, ports, out)?;
+                let (read, done) = parse_batch(&self.buf[..n as usize], self.seq, &mut visit)?;
                 records += read;
                 if done {
                     break;
@@ -97,8 +123,23 @@ impl SocketTable {
     }
 }
 
-/// A `SOCK_DIAG_BY_FAMILY` dump request for TCP sockets of `family` in the held states.
-fn dump_request(family: u8, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
+/// A listener's accept queue: connections established and waiting for
+/// `accept()`, and how many it may hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcceptQueue {
+    pub waiting: u32,
+    pub backlog: u32,
+}
+
+impl AcceptQueue {
+    /// At least half full: the state in which its listener can overflow.
+    pub fn pressed(&self) -> bool {
+        self.backlog > 0 && self.waiting * 2 >= self.backlog
+    }
+}
+
+/// A `SOCK_DIAG_BY_FAMILY` dump request for TCP sockets of `family` in `states`.
+fn dump_request(family: u8, states: u32, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
     let mut m = [0u8; NLMSG_HDRLEN + REQ_LEN];
     m[0..4].copy_from_slice(&((NLMSG_HDRLEN + REQ_LEN) as u32).to_ne_bytes());
     m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -107,14 +148,13 @@ fn dump_request(family: u8, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
     // pid 0 (bytes 12..16); the request proper:
     m[16] = family;
     m[17] = libc::IPPROTO_TCP as u8;
-    let states: u32 = HELD_STATES.iter().map(|s| 1u32 << s).sum();
     m[20..24].copy_from_slice(&states.to_ne_bytes());
     m
 }
 
-/// Reads one datagram of a dump: the connections on `ports` go to `out`.
+/// Reads one datagram of a dump, handing each record to `visit`.
 /// Returns the records read and whether the dump is over.
-fn parse_batch(mut buf: &[u8], seq: u32, ports: &BTreeSet<u16>, out: &mut Vec<FlowKey>) -> io::Result<(usize, bool)> {
+fn parse_batch(mut buf: &[u8], seq: u32, visit: &mut impl FnMut(&[u8])) -> io::Result<(usize, bool)> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("sock_diag answer: {what}"));
     let mut records = 0;
     while buf.len() >= NLMSG_HDRLEN {
@@ -141,14 +181,25 @@ fn parse_batch(mut buf: &[u8], seq: u32, ports: &BTreeSet<u16>, out: &mut Vec<Fl
                     return Err(bad(&format!("record of {} bytes, want {MSG_LEN}", body.len())));
                 }
                 records += 1;
-                if let Some(flow) = flow_of(body, ports) {
-                    out.push(flow);
-                }
+                visit(body);
             }
             _ => {}
         }
     }
     Ok((records, false))
+}
+
+/// The local port and accept queue of a listener's `inet_diag_msg`
+/// (for a listener the kernel reports the accept queue as rqueue and its
+/// backlog as wqueue).
+fn accept_queue_of(msg: &[u8]) -> Option<(u16, AcceptQueue)> {
+    if msg[1] != TCP_LISTEN {
+        return None;
+    }
+    let word = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().expect("4 bytes"));
+    let port = u16::from_be_bytes([msg[4], msg[5]]);
+    // After family, state, timer, retrans (4) and the socket id (48): expires, rqueue, wqueue.
+    Some((port, AcceptQueue { waiting: word(4 + SOCKID_LEN + 4), backlog: word(4 + SOCKID_LEN + 8) }))
 }
 
 /// The connection an `inet_diag_msg` describes, if it is held on one of `ports`.
@@ -220,21 +271,23 @@ mod tests {
         batch.extend(record(6, libc::AF_INET as u8, 1, (&server, 8080), (&client, 0xd434))); // an older dump
         batch.extend(record(7, libc::AF_INET6 as u8, 8, (&v6, 8080), (&v6_client, 0xd435))); // close-wait
         let mut out = Vec::new();
-        assert_eq!(parse_batch(&batch, 7, &ports, &mut out).unwrap(), (4, false), "records of this dump, not done");
+        let mut held = |msg: &[u8]| out.extend(flow_of(msg, &ports));
+        assert_eq!(parse_batch(&batch, 7, &mut held).unwrap(), (4, false), "records of this dump, not done");
         assert_eq!(out.len(), 2, "{out:?}");
         assert_eq!(out[0].server_addr, ipv4_mapped(server));
         assert_eq!(out[0].client_addr, ipv4_mapped(client));
         assert_eq!((out[0].server_port, out[0].client_port), (8080, 0xd431));
         assert_eq!((out[1].server_addr, out[1].client_addr, out[1].client_port), (v6, v6_client, 0xd435));
 
-        let (n, finished) = parse_batch(&done(7), 7, &ports, &mut out).unwrap();
-        assert_eq!((n, finished), (0, true));
-        assert!(parse_batch(&batch[..NLMSG_HDRLEN + 8], 7, &ports, &mut out).is_err(), "a truncated record");
+        let mut ignore = |_: &[u8]| {};
+        assert_eq!(parse_batch(&done(7), 7, &mut ignore).unwrap(), (0, true));
+        assert!(parse_batch(&batch[..NLMSG_HDRLEN + 8], 7, &mut ignore).is_err(), "a truncated record");
     }
 
     #[test]
     fn asks_for_the_held_states_of_tcp() {
-        let m = dump_request(libc::AF_INET6 as u8, 3);
+        let states = HELD_STATES.iter().map(|s| 1u32 << s).sum();
+        let m = dump_request(libc::AF_INET6 as u8, states, 3);
         assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()) as usize, m.len());
         assert_eq!((m[16], m[17]), (libc::AF_INET6 as u8, 6));
         let states = u32::from_ne_bytes(m[20..24].try_into().unwrap());
@@ -263,5 +316,23 @@ mod tests {
         out.clear();
         table.held(&BTreeSet::from([port]), &mut out).unwrap();
         assert!(out.len() <= 1);
+    }
+
+    #[test]
+    fn reads_a_listeners_accept_queue() {
+        // A listener with a backlog of 4 that accepts nothing: connections wait in its queue.
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.bind(&std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into()).unwrap();
+        socket.listen(4).unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        let _waiting: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let mut table = SocketTable::open().unwrap();
+        let queues = table.accept_queues(&BTreeSet::from([addr.port()])).unwrap();
+        let queue = queues[&addr.port()];
+        assert_eq!(queue, AcceptQueue { waiting: 3, backlog: 4 });
+        assert!(queue.pressed(), "3 of 4 is at least half full");
+        assert!(!AcceptQueue { waiting: 1, backlog: 4 }.pressed());
+        assert!(!AcceptQueue::default().pressed(), "no listener, no pressure");
+        assert!(table.accept_queues(&BTreeSet::from([1])).unwrap().is_empty(), "no listener on port 1");
     }
 }

@@ -93,8 +93,14 @@ pub struct PortStats {
     pub sojourn_p99_us: u64,
     /// Requests completed in the last window.
     pub samples_per_window: u64,
-    /// Listen-queue drops in the last window (whole namespace).
+    /// Listen-queue drops in the last window counted against this port (the
+    /// namespace's, while this port's accept queue was at least half full).
     pub listen_drops: u64,
+    /// Connections waiting in the port's accept queues at the last window's end, and their capacity.
+    pub accept_queue: u32,
+    pub accept_backlog: u32,
+    /// Listen-queue drops counted against this port since the gate started.
+    pub listen_drops_total: u64,
     /// Why the controller set the limit it set last window (null before the first window).
     pub last_decision: Option<Reason>,
     pub previous_limit: u32,
@@ -190,6 +196,9 @@ impl PortStats {
             sojourn_p99_us: now.status.sojourn_p99_us,
             samples_per_window: now.status.samples,
             listen_drops: now.status.listen_drops,
+            accept_queue: now.status.accept_queue,
+            accept_backlog: now.status.accept_backlog,
+            listen_drops_total: now.status.listen_drops_total,
             last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
             previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),

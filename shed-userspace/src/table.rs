@@ -30,13 +30,16 @@ pub fn stats_table(stats: &[PortStats]) -> String {
     );
     for s in stats {
         let queue = format!(
-            "       queue wait p50/p99 {:.1}/{:.1} ms, service p50/p99 {:.1}/{:.1} ms, {} samples/window, last decision {:?} (from {})",
+            "       queue wait p50/p99 {:.1}/{:.1} ms, service p50/p99 {:.1}/{:.1} ms, {} samples/window, accept queue {}/{}, {} listen drops, last decision {} (from {})",
             s.queue_wait_p50_us as f64 / 1e3,
             s.queue_wait_p99_us as f64 / 1e3,
             s.service_p50_us as f64 / 1e3,
             s.service_p99_us as f64 / 1e3,
             s.samples_per_window,
-            s.last_decision,
+            s.accept_queue,
+            s.accept_backlog,
+            s.listen_drops_total,
+            s.last_decision.map_or_else(|| "none yet".to_owned(), |r| crate::stats::json_name(&r)),
             s.previous_limit
         );
         let mode = if s.dry_run {

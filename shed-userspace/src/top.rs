@@ -224,6 +224,11 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
         Row::new(vec!["service".to_owned(), ms(s.service_p50_us), ms(s.service_p99_us)]),
         Row::new(vec!["sojourn".to_owned(), ms(s.sojourn_p50_us), ms(s.sojourn_p99_us)]),
         Row::new(vec![format!("p{} now", s.percentile), ms(s.observed_us), format!("baseline {}", ms(s.baseline_us))]),
+        Row::new(vec![
+            "accept q".to_owned(),
+            format!("{}/{}", s.accept_queue, s.accept_backlog),
+            format!("{} listen drops", s.listen_drops_total),
+        ]),
     ];
     frame.render_widget(
         Table::new(latency_rows, [Constraint::Length(11), Constraint::Length(10), Constraint::Min(10)])
@@ -287,6 +292,8 @@ mod tests {
         s.tiers.get_mut("normal").unwrap().admitted = admitted;
         s.sojourn_p99_us = 48_000;
         s.queue_wait_p99_us = 31_000;
+        s.accept_queue = 7;
+        s.accept_backlog = 128;
         s
     }
 
@@ -310,6 +317,8 @@ mod tests {
             "48.0 ms",
             "queue wait",
             "31.0 ms",
+            "accept q",
+            "7/128",
         ] {
             assert!(text.contains(expected), "{expected:?} not on screen:\n{text}");
         }
