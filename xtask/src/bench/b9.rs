@@ -7,6 +7,9 @@
 //! 28,000 ephemeral ports, so each port's server holds its connections in a
 //! process of its own and each batch of clients connects from its own
 //! address, in processes of their own (`cargo xtask hold`).
+//!
+//! `SHED_B9_BEFORE=/path/to/an/older/shedctl` runs the same ramp against that
+//! build too (CPU and RSS only), for a before/after in one run.
 use std::{
     fmt::Write as _,
     io::{BufRead as _, BufReader},
@@ -133,8 +136,15 @@ fn rss_bytes(pid: u32) -> Result<u64> {
     Ok(kib * 1024)
 }
 
-fn established(maps: &GateMaps) -> Result<u64> {
-    Ok(maps.snapshots(None)?.iter().map(|s| s.established()).sum())
+/// Established connections over every port, as `shedctl stats --json` of the
+/// binary under test reports them (any version can answer this).
+fn established(shedctl: &Path) -> Result<u64> {
+    let out = Command::new(shedctl).args(["stats", "--json", "--interval", "50"]).output()?;
+    if !out.status.success() {
+        bail!("shedctl stats: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let ports: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(ports.as_array().context("a list of ports")?.iter().filter_map(|p| p["established"].as_u64()).sum())
 }
 
 /// One healing pass as the daemon runs it (sock_diag in the gated namespace,
@@ -151,8 +161,20 @@ fn heal_pass(ns: &str) -> Result<(f64, u64)> {
     })?
 }
 
-pub fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
-    let levels: &[usize] = scale.pick(&[0, 10_000, 50_000, 100_000], &[0, 10_000, 50_000], &[0, 2_000]);
+/// One binary's row at one level.
+struct Level {
+    held: usize,
+    cpu: f64,
+    rss: u64,
+    /// Kernel memory of the maps, heal pass (median, min, max seconds) and its records:
+    /// for the binary under test only (another version's maps may have other layouts).
+    bpf: Option<u64>,
+    pass: Option<((f64, f64, f64), u64)>,
+    counted: u64,
+}
+
+/// Ramps the connections held through `levels` against a gate run by `shedctl`.
+fn measure(shedctl: &Path, scale: Scale, levels: &[usize], ours: bool) -> Result<Vec<Level>> {
     let idle = scale.pick(Duration::from_secs(30), Duration::from_secs(10), Duration::from_secs(3));
     let in_process = scale == Scale::Smoke;
     let bed = Testbed::create("shedb9")?;
@@ -165,67 +187,82 @@ pub fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
     args.extend(["--limit", "50000"]);
     let gate = start_gate(shedctl, &bed, &args)?;
     let pid = gate.id();
-    let maps = GateMaps::open_pinned()?;
     let mut clients: Vec<Holder> = Vec::new();
     let mut next_host = 10u8;
-    let (mut rows, mut json, mut cpu_points) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = Vec::new();
     let mut held = 0usize;
-    for &level in levels {
-        // Open the difference, one holder per port, each from an address of its own.
-        let per_port = (level - held) / ports.len();
-        if per_port > 0 {
-            for &p in &ports {
-                let from = IpAddr::V4(bed.add_client_v4(next_host)?);
-                next_host += 1;
-                clients.push(connect(&bed, bed.server_addr(false, p), from, per_port, in_process)?);
+    let result = (|| -> Result<()> {
+        for &level in levels {
+            // Open the difference, one holder per port, each from an address of its own.
+            let per_port = (level - held) / ports.len();
+            if per_port > 0 {
+                for &p in &ports {
+                    let from = IpAddr::V4(bed.add_client_v4(next_host)?);
+                    next_host += 1;
+                    clients.push(connect(&bed, bed.server_addr(false, p), from, per_port, in_process)?);
+                }
             }
-        }
-        held += per_port * ports.len();
-        let start = Instant::now();
-        while established(&maps)? != held as u64 {
-            if start.elapsed() > Duration::from_secs(120) {
-                bail!("B9: {} of {held} connections counted after 120 s", established(&maps)?);
+            held += per_port * ports.len();
+            let start = Instant::now();
+            while established(shedctl)? != held as u64 {
+                if start.elapsed() > Duration::from_secs(120) {
+                    bail!("B9: {} of {held} connections counted after 120 s", established(shedctl)?);
+                }
+                thread::sleep(Duration::from_millis(200));
             }
-            thread::sleep(Duration::from_millis(200));
+            // Settle (the accept loops, the first check after the ramp), then idle.
+            thread::sleep(Duration::from_secs(2));
+            let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+            thread::sleep(idle);
+            let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            let cpu = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
+            let rss = rss_bytes(pid)?;
+            let (bpf, pass) = if ours {
+                let passes: Vec<(f64, u64)> = (0..3).map(|_| heal_pass(&bed.server_ns)).collect::<Result<_>>()?;
+                let times = median_min_max(passes.iter().map(|p| p.0).collect());
+                (Some(GateMaps::open_pinned()?.memory_bytes()), Some((times, passes[0].1)))
+            } else {
+                (None, None)
+            };
+            let counted = established(shedctl)?;
+            println!(
+                "B9 {} {held:>7} connections: daemon CPU {cpu:5.2}% of a core, RSS {:.1} MiB, BPF maps {}, heal pass {}, counted {counted}",
+                shedctl.display(),
+                rss as f64 / 1048576.0,
+                bpf.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+                pass.map_or("-".into(), |((m, _, _), r)| format!("{:.1} ms ({r} records)", m * 1e3)),
+            );
+            out.push(Level { held, cpu, rss, bpf, pass, counted });
         }
-        // Settle (the accept loops, the first check after the ramp), then idle.
-        thread::sleep(Duration::from_secs(2));
-        let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
-        thread::sleep(idle);
-        let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        let cpu = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
-        let rss = rss_bytes(pid)?;
-        let bpf = maps.memory_bytes();
-        let passes: Vec<(f64, u64)> = (0..3).map(|_| heal_pass(&bed.server_ns)).collect::<Result<_>>()?;
-        let (pass_s, pass_min, pass_max) = median_min_max(passes.iter().map(|p| p.0).collect());
-        let records = passes[0].1;
-        let counted = established(&maps)?;
-        println!(
-            "B9 {held:>7} connections: daemon CPU {cpu:5.2}% of a core, RSS {:.1} MiB, BPF maps {:.1} MiB, heal pass {:.1} ms ({records} records), counted {counted}",
-            rss as f64 / 1048576.0,
-            bpf as f64 / 1048576.0,
-            pass_s * 1e3
-        );
-        rows.push(format!(
-            "| {held} | {cpu:.2}% | {:.1} | {:.1} | {:.1} ({:.1}-{:.1}) | {records} | {counted} |",
-            rss as f64 / 1048576.0,
-            bpf as f64 / 1048576.0,
-            pass_s * 1e3,
-            pass_min * 1e3,
-            pass_max * 1e3
-        ));
-        json.push(serde_json::json!({"connections": held, "daemon_cpu_percent": cpu, "daemon_rss_bytes": rss, "bpf_map_bytes": bpf, "heal_pass_seconds": pass_s, "heal_pass_min_seconds": pass_min, "heal_pass_max_seconds": pass_max, "heal_pass_records": records, "counted": counted, "idle_seconds": idle.as_secs_f64()}));
-        cpu_points.push((held as f64, cpu, cpu, cpu));
-    }
+        Ok(())
+    })();
     drop(clients);
     stop_gate(gate);
+    result.map(|()| out)
+}
+
+pub fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
+    let levels: &[usize] = scale.pick(&[0, 10_000, 50_000, 100_000], &[0, 10_000, 50_000], &[0, 2_000]);
+    let idle = scale.pick(Duration::from_secs(30), Duration::from_secs(10), Duration::from_secs(3));
+    let mut runs = vec![("shed".to_owned(), measure(shedctl, scale, levels, true)?)];
+    // The same ramp against an earlier build, for a before/after in one run.
+    if let Ok(before) = std::env::var("SHED_B9_BEFORE") {
+        runs.push((format!("before ({before})"), measure(Path::new(&before), scale, levels, false)?));
+    }
+    let series: Vec<plot::Series> = runs
+        .iter()
+        .map(|(name, levels)| plot::Series {
+            name: name.clone(),
+            points: levels.iter().map(|l| (l.held as f64, l.cpu, l.cpu, l.cpu)).collect(),
+        })
+        .collect();
     plot::goodput_vs(
         &out.join("b9_cost.png"),
         "B9: daemon CPU against idle connections held (default settings)",
         ("open connections", "daemon CPU, % of one core"),
-        &[plot::Series { name: "shed daemon".into(), points: cpu_points }],
+        &series,
     )?;
     let mut md = String::new();
     let _ = writeln!(md, "\n## B9: cost against connections held\n");
@@ -235,10 +272,29 @@ pub fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
     );
     let _ = writeln!(
         md,
-        "| connections | daemon CPU | RSS MiB | BPF maps MiB | heal pass ms | records read | counted |\n|---|---|---|---|---|---|---|"
+        "| daemon | connections | daemon CPU | RSS MiB | BPF maps MiB | heal pass ms | records read | counted |\n|---|---|---|---|---|---|---|---|"
     );
-    for r in rows {
-        let _ = writeln!(md, "{r}");
+    let mut json = Vec::new();
+    for (name, levels) in &runs {
+        for l in levels {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {:.2}% | {:.1} | {} | {} | {} | {} |",
+                l.held,
+                l.cpu,
+                l.rss as f64 / 1048576.0,
+                l.bpf.map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
+                l.pass.map_or("-".into(), |((m, lo, hi), _)| format!(
+                    "{:.1} ({:.1}-{:.1})",
+                    m * 1e3,
+                    lo * 1e3,
+                    hi * 1e3
+                )),
+                l.pass.map_or("-".into(), |(_, r)| r.to_string()),
+                l.counted
+            );
+            json.push(serde_json::json!({"daemon": name, "connections": l.held, "daemon_cpu_percent": l.cpu, "daemon_rss_bytes": l.rss, "bpf_map_bytes": l.bpf, "heal_pass_seconds": l.pass.map(|p| p.0.0), "heal_pass_min_seconds": l.pass.map(|p| p.0.1), "heal_pass_max_seconds": l.pass.map(|p| p.0.2), "heal_pass_records": l.pass.map(|p| p.1), "counted": l.counted, "idle_seconds": idle.as_secs_f64()}));
+        }
     }
     Ok((serde_json::json!({"benchmark": "B9 cost against connections held", "ports": PORTS, "levels": json}), md))
 }
