@@ -627,8 +627,10 @@ pub struct ControlConfig {
     pub baseline_windows: u32,
     /// Guard: windows of each baseline probe (0: never probe).
     pub probe_windows: u32,
+    /// `queue`: the queue wait to hold admitted requests near, microseconds (0: the default, 5 ms).
+    pub queue_target_us: u32,
 }
-const _: () = assert!(size_of::<ControlConfig>() == 40);
+const _: () = assert!(size_of::<ControlConfig>() == 44);
 
 /// The controller's last window for one port. Written by the daemon, read by `shedctl stats`.
 #[repr(C)]

@@ -121,7 +121,7 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_limit)]
     pub limit: Option<u32>,
 
-    /// Limiter (--algo gradient2). Default: gradient, or fixed when --limit is given.
+    /// Limiter (--algo queue). Default: gradient, or fixed when --limit is given.
     #[arg(long, value_enum)]
     pub algo: Option<Algo>,
 
@@ -253,6 +253,7 @@ pub fn control_config(
         cooldown_windows: guards.cooldown,
         baseline_windows: guards.baseline_span,
         probe_windows: guards.probe_windows,
+        queue_target_us: guards.queue_target.as_micros() as u32,
         generation: 1,
         algo: algo.to_raw(),
         percentile,
@@ -282,6 +283,11 @@ pub struct GuardArgs {
     /// Windows of each baseline probe at a quarter of the limit; 0 turns probing off (--probe-windows 5).
     #[arg(long, default_value_t = Settings::default().probe_windows, value_parser = clap::value_parser!(u32).range(0..=1_000))]
     pub probe_windows: u32,
+
+    /// --algo queue: milliseconds of queue wait (arrival to pick-up, at --percentile) to hold
+    /// admitted requests near (--queue-target 5).
+    #[arg(long, default_value = "5", value_parser = |s: &str| parse_millis(s, 1, 10_000))]
+    pub queue_target: Duration,
 }
 
 #[derive(Debug, Args)]

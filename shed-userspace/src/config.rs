@@ -48,6 +48,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("cooldown", "cooldown", Kind::Int),
     ("baseline-span", "baseline-span", Kind::Int),
     ("probe-windows", "probe-windows", Kind::Int),
+    ("queue-target", "queue-target", Kind::Int),
     ("tiers", "tier", Kind::TierTable),
     ("tier-file", "tier-file", Kind::Str),
     ("client-cap", "client-cap", Kind::Int),
@@ -231,6 +232,7 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("cooldown".into(), int(args.guards.cooldown.into()));
     t.insert("baseline-span".into(), int(args.guards.baseline_span.into()));
     t.insert("probe-windows".into(), int(args.guards.probe_windows.into()));
+    t.insert("queue-target".into(), int(args.guards.queue_target.as_millis() as u64));
     if !args.tiers.is_empty() {
         let tiers = args
             .tiers
@@ -329,6 +331,8 @@ mod tests {
         "300",
         "--probe-windows",
         "0",
+        "--queue-target",
+        "8",
         "--tier",
         "10.0.0.0/8=critical",
         "--tier",

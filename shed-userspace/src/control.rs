@@ -54,6 +54,14 @@ const PROBE_DEPTH: f64 = 0.25;
 /// Weight of each window's latency in the smoothed latency the controllers follow.
 const LATENCY_SMOOTHING: f64 = 0.3;
 
+/// queue: the default target queue wait, 5 ms: CoDel's and Meta's adaptive
+/// LIFO target, short against any request a user waits for, and long enough
+/// that a busy server's normal jitter (a few ms of scheduling) is not overload.
+pub const QUEUE_TARGET_US: f64 = 5_000.0;
+
+/// queue: the share of the excess queue (Little's law) removed per window.
+const QUEUE_GAIN: f64 = 0.5;
+
 /// Which limiter runs a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -62,6 +70,7 @@ pub enum Algo {
     Gradient2,
     Aimd,
     Fixed,
+    Queue,
 }
 
 impl Algo {
@@ -71,6 +80,7 @@ impl Algo {
             Self::Gradient2 => 1,
             Self::Aimd => 2,
             Self::Fixed => 3,
+            Self::Queue => 4,
         }
     }
 
@@ -79,6 +89,7 @@ impl Algo {
             1 => Self::Gradient2,
             2 => Self::Aimd,
             3 => Self::Fixed,
+            4 => Self::Queue,
             _ => Self::Gradient,
         }
     }
@@ -89,6 +100,7 @@ impl Algo {
             Self::Gradient2 => "gradient2",
             Self::Aimd => "aimd",
             Self::Fixed => "fixed",
+            Self::Queue => "queue",
         }
     }
 }
@@ -169,6 +181,10 @@ pub struct Settings {
     /// Still cut while app-limited (in-flight under half the limit). A departure:
     /// the reference limiters freeze then, neither up nor down.
     pub cut_while_app_limited: bool,
+    /// queue: the queue wait (at the followed percentile) to hold admitted requests near, us.
+    pub queue_target_us: f64,
+    /// The control window, seconds (queue: turns a window's completions into a rate).
+    pub window_s: f64,
     /// gradient2: hold the long average at or below the baseline (the windowed
     /// minimum), so a standing queue is not learned as normal. A departure from
     /// Gradient2Limit.
@@ -195,6 +211,8 @@ impl Default for Settings {
             listen_drops_cut: true,
             cut_while_app_limited: true,
             gradient2_long_at_most_baseline: true,
+            queue_target_us: QUEUE_TARGET_US,
+            window_s: 0.1,
         }
     }
 }
@@ -208,6 +226,9 @@ pub struct WindowSample {
     pub samples: u64,
     /// The followed latency (a percentile of sojourn time), microseconds.
     pub latency_us: u64,
+    /// The same percentile of queue wait (arrival in the socket to pick-up by
+    /// the application) of the requests picked up in the window, microseconds.
+    pub queue_wait_us: u64,
     /// Listen-queue overflows and drops in the window.
     pub listen_drops: u64,
     /// Control windows this sample spans (more than 1 when a quiet window's
@@ -356,7 +377,8 @@ impl Controller {
             return Decision { limit: self.limit(), reason: Reason::TooFewSamples };
         }
         self.until_probe = self.until_probe.saturating_sub(windows);
-        if self.until_probe == 0 && st.probe_windows > 0 {
+        // queue needs no baseline, so no probe.
+        if self.until_probe == 0 && st.probe_windows > 0 && st.algo != Algo::Queue {
             self.until_probe = self.probe_interval;
             self.probe_left = st.probe_windows;
             self.before_probe = self.limit;
@@ -402,6 +424,21 @@ impl Controller {
                     self.limit * st.backoff
                 } else {
                     self.limit + 1.0
+                }
+            }
+            Algo::Queue => {
+                let wait = s.queue_wait_us as f64;
+                if wait > st.queue_target_us {
+                    // Little's law: the requests queued beyond the target are the
+                    // excess wait times the rate requests are served; remove a share
+                    // of them (at most half the limit in one window).
+                    let rate = s.samples as f64 / (windows as f64 * st.window_s);
+                    let excess = (wait - st.queue_target_us) / 1e6 * rate;
+                    (self.limit - QUEUE_GAIN * excess).max(self.limit * 0.5)
+                } else {
+                    // No queue beyond the target: grow gently (the app-limited guard below
+                    // keeps it from growing when in-flight does not press the limit).
+                    self.limit + (self.limit.sqrt() / 2.0).max(1.0)
                 }
             }
             Algo::Fixed => unreachable!("handled above"),
@@ -466,7 +503,7 @@ mod tests {
     }
 
     fn window(latency_us: u64, in_flight: u64) -> WindowSample {
-        WindowSample { in_flight, samples: 100, latency_us, listen_drops: 0, windows: 1 }
+        WindowSample { in_flight, samples: 100, latency_us, queue_wait_us: latency_us / 2, listen_drops: 0, windows: 1 }
     }
 
     #[test]
@@ -480,7 +517,7 @@ mod tests {
 
     #[test]
     fn rising_latency_never_raises_the_limit_past_the_tolerance() {
-        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd] {
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue] {
             let mut c = Controller::new(Settings { algo, initial_limit: 200, ..Settings::default() }, 1);
             for _ in 0..20 {
                 c.on_window(&window(10_000, 200));
@@ -509,7 +546,7 @@ mod tests {
     #[test]
     fn limits_stay_within_bounds() {
         let settings = Settings { initial_limit: 50, min_limit: 20, max_limit: 60, ..Settings::default() };
-        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd] {
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue] {
             let mut c = Controller::new(Settings { algo, ..settings }, 2);
             for _ in 0..200 {
                 assert!(c.on_window(&window(1_000, 1_000)).limit <= 60);
@@ -536,7 +573,14 @@ mod tests {
     #[test]
     fn too_few_samples_hold_but_overflow_cuts() {
         let mut c = gradient(100, 10_000);
-        let quiet = WindowSample { in_flight: 100, samples: 3, latency_us: 90_000, listen_drops: 0, windows: 1 };
+        let quiet = WindowSample {
+            in_flight: 100,
+            samples: 3,
+            latency_us: 90_000,
+            queue_wait_us: 0,
+            listen_drops: 0,
+            windows: 1,
+        };
         assert_eq!(c.on_window(&quiet), Decision { limit: 100, reason: Reason::TooFewSamples });
         let overflow = WindowSample { listen_drops: 5, ..quiet };
         assert_eq!(c.on_window(&overflow), Decision { limit: 90, reason: Reason::ListenOverflow });
@@ -690,8 +734,46 @@ mod tests {
     }
 
     #[test]
+    fn queue_cuts_the_excess_queue_and_grows_gently_below_its_target() {
+        let settings = Settings { algo: Algo::Queue, initial_limit: 40, cooldown_windows: 0, ..Settings::default() };
+        let sample = |queue_wait_us: u64, in_flight: u64| WindowSample {
+            in_flight,
+            samples: 100, // over a 0.1 s window: 1,000 requests/s
+            latency_us: 50_000,
+            queue_wait_us,
+            listen_drops: 0,
+            windows: 1,
+        };
+        // 25 ms against a 5 ms target at 1,000/s: 20 requests queued too many, half of them removed.
+        let mut c = Controller::new(settings, 0);
+        assert_eq!(c.on_window(&sample(25_000, 40)), Decision { limit: 30, reason: Reason::LatencyRising });
+        // A huge excess cuts at most half the limit in one window.
+        assert_eq!(c.on_window(&sample(2_000_000, 30)).limit, 15);
+        // At the target or under, with in-flight pressing the limit: + sqrt(limit) / 2, at least 1.
+        let mut c = Controller::new(Settings { initial_limit: 16, ..settings }, 0);
+        assert_eq!(c.on_window(&sample(5_000, 16)), Decision { limit: 18, reason: Reason::Grow });
+        assert_eq!(c.on_window(&sample(0, 18)).limit, 20);
+        // App-limited: no growth, however short the queue.
+        assert_eq!(c.on_window(&sample(0, 5)).reason, Reason::AppLimited);
+        // A service that is merely slow (long service, no queue) is not overload: latency alone never cuts.
+        let d = c.on_window(&WindowSample { latency_us: 10_000_000, ..sample(1_000, 20) });
+        assert!(d.limit >= 20, "{d:?}");
+        // The operator's target is honoured.
+        let mut c = Controller::new(Settings { queue_target_us: 30_000.0, ..settings }, 0);
+        assert_eq!(c.on_window(&sample(25_000, 40)).reason, Reason::Grow);
+    }
+
+    #[test]
+    fn queue_never_probes() {
+        let mut c = Controller::new(Settings { algo: Algo::Queue, probe_windows: 5, ..Settings::default() }, 0);
+        for _ in 0..1_000 {
+            assert_ne!(c.on_window(&window(10_000, 100)).reason, Reason::Probe);
+        }
+    }
+
+    #[test]
     fn raw_codes_round_trip() {
-        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Fixed] {
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Fixed, Algo::Queue] {
             assert_eq!(Algo::from_raw(algo.to_raw()), algo);
         }
         for r in 0..9 {
@@ -702,13 +784,13 @@ mod tests {
     proptest! {
         #[test]
         fn no_nan_or_overflow_on_any_sample(
-            algo in prop::sample::select(vec![Algo::Gradient, Algo::Gradient2, Algo::Aimd]),
+            algo in prop::sample::select(vec![Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue]),
             samples in prop::collection::vec((0u64..=u64::MAX, 0u64..=u64::MAX, 0u64..=u64::MAX, 0u64..3), 1..200),
         ) {
             let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
             let mut c = Controller::new(settings, 9);
             for (latency_us, samples, in_flight, drops) in samples {
-                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, listen_drops: drops, windows: 1 });
+                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, listen_drops: drops, windows: 1 });
                 prop_assert!(d.limit >= 1);
                 prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
             }
@@ -773,6 +855,7 @@ mod tests {
                     in_flight: u64::from(in_flight),
                     samples: 100,
                     latency_us: rtt_us,
+                    queue_wait_us: 0,
                     listen_drops: u64::from(drop),
                     windows: 1,
                 });

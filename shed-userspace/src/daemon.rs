@@ -391,6 +391,7 @@ impl PortControl {
             in_flight: snapshot.in_flight(),
             samples: sojourn.iter().sum(),
             latency_us: stats::histogram_percentile(&sojourn, self.percentile),
+            queue_wait_us: stats::histogram_percentile(&queue, self.percentile),
             listen_drops,
             windows: self.carried + 1,
         };
@@ -635,6 +636,12 @@ fn settings(config: &ControlConfig, limit: u32) -> Settings {
         cooldown_windows: config.cooldown_windows,
         baseline_windows: or(config.baseline_windows, defaults.baseline_windows as u32) as usize,
         probe_windows: config.probe_windows,
+        window_s: f64::from(config.window_ms.max(1)) / 1000.0,
+        queue_target_us: if config.queue_target_us == 0 {
+            defaults.queue_target_us
+        } else {
+            f64::from(config.queue_target_us)
+        },
         ..defaults
     }
 }

@@ -130,6 +130,8 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
     let mut busy: BinaryHeap<Reverse<(u64, u64, u8)>> = BinaryHeap::new();
     let mut queue: VecDeque<(u64, u64, u8)> = VecDeque::new(); // (arrival, service ns, tier)
     let mut window_sojourns: Vec<u64> = Vec::new();
+    // Queue waits (arrival to the start of service) of the requests started in the window.
+    let mut window_waits: Vec<u64> = Vec::new();
     let mut measured_sojourns: Vec<u64> = Vec::new();
     let mut result = SimResult { capacity: cfg.capacity(), ..SimResult::default() };
     let mut good = 0u64;
@@ -150,10 +152,12 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             next_window += window;
             if let Some(c) = controller.as_mut() {
                 window_sojourns.sort_unstable();
+                window_waits.sort_unstable();
                 let sample = WindowSample {
                     in_flight: (queue.len() + busy.len()) as u64,
                     samples: window_sojourns.len() as u64,
                     latency_us: percentile(&window_sojourns, cfg.percentile) / 1000,
+                    queue_wait_us: percentile(&window_waits, cfg.percentile) / 1000,
                     listen_drops: 0,
                     windows: carried + 1,
                 };
@@ -170,10 +174,12 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
                     carried += 1;
                 } else {
                     window_sojourns.clear();
+                    window_waits.clear();
                     carried = 0;
                 }
             } else {
                 window_sojourns.clear();
+                window_waits.clear();
             }
         } else if now == next_done {
             let Reverse((_, arrived, t)) = busy.pop().expect("peeked");
@@ -189,6 +195,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
                 }
             }
             if let Some((arrival, service, t)) = queue.pop_front() {
+                window_waits.push(now - arrival);
                 busy.push(Reverse((now + service, arrival, t)));
             }
         } else {
@@ -226,6 +233,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             }
             let service = to_ns(rng.exponential(mean_service_at(now)));
             if busy.len() < cfg.workers {
+                window_waits.push(0);
                 busy.push(Reverse((now + service, now, t)));
             } else {
                 queue.push_back((now, service, t));
@@ -244,7 +252,7 @@ mod tests {
     use super::*;
     use crate::control::Algo;
 
-    const ADAPTIVE: [Algo; 3] = [Algo::Gradient, Algo::Gradient2, Algo::Aimd];
+    const ADAPTIVE: [Algo; 4] = [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue];
 
     fn gate(algo: Algo) -> Option<Settings> {
         Some(Settings { algo, initial_limit: 100, min_limit: 4, ..Settings::default() })

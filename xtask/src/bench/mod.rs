@@ -334,6 +334,12 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
             slowed: false,
         },
         GateConfig {
+            name: "shed queue",
+            shed: Some(&["--algo", "queue", "--initial-limit", "20"]),
+            nft_cap: None,
+            slowed: false,
+        },
+        GateConfig {
             name: "shed gradient, backend 5x slower",
             shed: Some(&["--algo", "gradient", "--initial-limit", "20"]),
             nft_cap: None,
