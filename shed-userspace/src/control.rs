@@ -23,6 +23,13 @@
 //!   breaches `tolerance * baseline` (tolerance 2.0; `AIMDLimit` cuts only on
 //!   drops and a 5 s timeout: an infinite tolerance matches it) or the listen
 //!   queue overflows.
+//! - `queue`: holds the queue wait of admitted requests (arrival in the socket
+//!   to pick-up by the application, at the followed percentile) near a target
+//!   (`--queue-target`, 5 ms: CoDel's target). Above it, Little's law gives the
+//!   requests queued too many, `(wait - target) x completions/s`, and half of
+//!   them come off the limit (at most half the limit per window); at or under
+//!   it the limit grows by `sqrt(limit) / 2` while in-flight presses it. No
+//!   baseline, so no probe, and a slower backend with no queue is not overload.
 //! - `fixed`: the operator's limit.
 //!
 //! Guards shared by the adaptive algorithms (all in [`Settings`]):
