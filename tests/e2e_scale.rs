@@ -8,12 +8,12 @@ use std::{
     io,
     net::{SocketAddr, TcpStream},
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use shed::testbed::{self, Backend, Service, Testbed};
 use support::{
-    gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats},
+    gate::{Gate, exclusive, field, poll, shedctl, stats, wait_for_stats},
     metrics::{scrape, value},
 };
 
@@ -39,15 +39,7 @@ fn wait_for_metrics(
     what: &str,
     done: impl Fn(&prometheus_parse::Scrape) -> bool,
 ) -> prometheus_parse::Scrape {
-    let start = Instant::now();
-    loop {
-        let m = scrape(METRICS);
-        if done(&m) {
-            return m;
-        }
-        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
-        thread::sleep(Duration::from_millis(100));
-    }
+    poll(timeout, what, || scrape(METRICS), done)
 }
 
 #[test]

@@ -130,13 +130,19 @@ pub fn wait_for_stats(
     what: &str,
     cond: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
+    poll(timeout, what, || stats(port), cond)
+}
+
+/// Reads with `read` every 50 ms until `done` holds of what it read, for at
+/// most `timeout` (then fails, showing the last reading); returns that reading.
+pub fn poll<T: std::fmt::Debug>(timeout: Duration, what: &str, read: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
     let start = Instant::now();
     loop {
-        let s = stats(port);
-        if cond(&s) {
-            return s;
+        let value = read();
+        if done(&value) {
+            return value;
         }
-        assert!(start.elapsed() < timeout, "waited {timeout:?} for {what}; last stats: {s}");
+        assert!(start.elapsed() < timeout, "waited {timeout:?} for {what}; last reading: {value:?}");
         thread::sleep(Duration::from_millis(50));
     }
 }
