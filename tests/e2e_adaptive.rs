@@ -155,8 +155,18 @@ fn latency_probes_land_in_the_right_buckets() {
     assert_eq!(count_between(&sojourn, 49_152, upto(second)), 1, "{took_us:?}: {sojourn:?}");
 }
 
-#[test]
-fn the_limit_falls_when_the_service_slows_and_recovers_after() {
+/// Medians over each phase (after its first second) of the limit and the
+/// sojourn p99 while 8 workers serve 10 ms, then 100 ms, then 10 ms again,
+/// under 1,000 req/s on new connections, with a gate run with `args`.
+struct Phases {
+    limit_fast: u64,
+    limit_slow: u64,
+    limit_recovered: u64,
+    p99_fast: u64,
+    p99_slow: u64,
+}
+
+fn slow_down_and_recover(args: &[&str]) -> Phases {
     let _one = exclusive();
     let bed = Testbed::create("shedta").expect("testbed");
     let addr = bed.server_addr(false, PORT);
@@ -165,7 +175,8 @@ fn the_limit_falls_when_the_service_slows_and_recovers_after() {
     let _backend =
         Backend::start(&bed.server_ns, addr, Service::Workers { workers: 8, service_us: service_us.clone() })
             .expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--action", "rst", "--initial-limit", "40"]);
+    let _gate =
+        Gate::start(&bed, &[&["--port", "8080", "--action", "rst", "--initial-limit", "40"][..], args].concat());
     let rate = Arc::new(AtomicU64::new(1000));
     let load = OpenLoop::start(&bed.client_ns, addr, rate, Duration::from_secs(1));
 
@@ -195,18 +206,27 @@ fn the_limit_falls_when_the_service_slows_and_recovers_after() {
         v.sort_unstable();
         v[v.len() / 2]
     };
-    let limit_fast = median(&fast, |p| p.0);
-    let limit_slow = median(&slow, |p| p.0);
-    let limit_recovered = median(&recovered, |p| p.0);
-    let p99_fast = median(&fast, |p| p.1);
-    let p99_slow = median(&slow, |p| p.1);
-    println!("limit trajectory (t s, limit, sojourn p99 us):");
+    let phases = Phases {
+        limit_fast: median(&fast, |p| p.0),
+        limit_slow: median(&slow, |p| p.0),
+        limit_recovered: median(&recovered, |p| p.0),
+        p99_fast: median(&fast, |p| p.1),
+        p99_slow: median(&slow, |p| p.1),
+    };
+    println!("limit trajectory {args:?} (t s, limit, sojourn p99 us):");
     for (t, l, p) in &trajectory {
         println!("  {t:5.1}  {l:4}  {p:7}");
     }
     println!(
-        "median limit: {limit_fast} at 10 ms service, {limit_slow} at 100 ms, {limit_recovered} after; median p99 {p99_fast} us -> {p99_slow} us"
+        "median limit: {} at 10 ms service, {} at 100 ms, {} after; median p99 {} us -> {} us",
+        phases.limit_fast, phases.limit_slow, phases.limit_recovered, phases.p99_fast, phases.p99_slow
     );
+    phases
+}
+
+#[test]
+fn the_limit_falls_when_the_service_slows_and_recovers_after() {
+    let Phases { limit_fast, limit_slow, limit_recovered, p99_fast, p99_slow } = slow_down_and_recover(&[]);
     assert!(p99_slow > 3 * p99_fast, "stats show the latency rising: p99 {p99_fast} -> {p99_slow} us");
     // The limit falls on its own, by a quarter at least (not a slot or two), to what
     // Little's law asks of 8 workers at 100 ms (80 req/s x ~0.1-0.3 s in the system:
