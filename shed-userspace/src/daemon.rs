@@ -352,7 +352,14 @@ impl PortControl {
             return Ok(());
         }
         self.next_run = now + self.window;
-        let snapshot = maps.snapshot(self.port, maps.config(self.port)?)?;
+        let config = match maps.config(self.port) {
+            Ok(config) => config,
+            // Detached since this tick read the ports (`shedctl detach --port` runs
+            // concurrently): the next tick drops this controller. Not an error.
+            Err(Error::PortNotProtected { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let snapshot = maps.snapshot(self.port, config)?;
         if snapshot.control.generation != self.generation {
             self.generation = snapshot.control.generation;
             self.controller.reconfigure(settings(&snapshot.control, snapshot.limit));
