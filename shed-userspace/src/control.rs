@@ -26,10 +26,13 @@
 //! - `queue`: holds the queue wait of admitted requests (arrival in the socket
 //!   to pick-up by the application, at the followed percentile) near a target
 //!   (`--queue-target`, 5 ms: CoDel's target). Above it, Little's law gives the
-//!   requests queued too many, `(wait - target) x completions/s`, and half of
-//!   them come off the limit (at most half the limit per window); at or under
-//!   it the limit grows by `sqrt(limit) / 2` while in-flight presses it. No
-//!   baseline, so no probe, and a slower backend with no queue is not overload.
+//!   requests queued too many, `(wait - target) x completions/s`, and a quarter
+//!   of them come off the limit (at most half the limit per window); at or under
+//!   it the limit grows by `sqrt(limit) / 2` while in-flight presses it. The
+//!   target is never below half the median service time: a slow service needs a
+//!   longer queue to keep every worker fed (a request waits about a service
+//!   time per round of the workers). No baseline, so no probe, and a slower
+//!   backend with no queue is not overload.
 //! - `fixed`: the operator's limit.
 //!
 //! Guards shared by the adaptive algorithms (all in [`Settings`]):
@@ -67,7 +70,10 @@ const LATENCY_SMOOTHING: f64 = 0.3;
 pub const QUEUE_TARGET_US: f64 = 5_000.0;
 
 /// queue: the share of the excess queue (Little's law) removed per window.
-const QUEUE_GAIN: f64 = 0.5;
+const QUEUE_GAIN: f64 = 0.25;
+
+/// queue: the target is at least this fraction of the median service time.
+const QUEUE_TARGET_PER_SERVICE: f64 = 0.5;
 
 /// Which limiter runs a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -236,6 +242,8 @@ pub struct WindowSample {
     /// The same percentile of queue wait (arrival in the socket to pick-up by
     /// the application) of the requests picked up in the window, microseconds.
     pub queue_wait_us: u64,
+    /// Median service time (pick-up to the first answer byte) in the window, microseconds.
+    pub service_us: u64,
     /// Listen-queue overflows and drops in the window.
     pub listen_drops: u64,
     /// Control windows this sample spans (more than 1 when a quiet window's
@@ -435,12 +443,16 @@ impl Controller {
             }
             Algo::Queue => {
                 let wait = s.queue_wait_us as f64;
-                if wait > st.queue_target_us {
+                // A slow service needs a longer queue to keep every worker fed: a
+                // request waits about a service time per worker-round, so never aim
+                // below a fraction of the median service time.
+                let target = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * s.service_us as f64);
+                if wait > target {
                     // Little's law: the requests queued beyond the target are the
                     // excess wait times the rate requests are served; remove a share
                     // of them (at most half the limit in one window).
                     let rate = s.samples as f64 / (windows as f64 * st.window_s);
-                    let excess = (wait - st.queue_target_us) / 1e6 * rate;
+                    let excess = (wait - target) / 1e6 * rate;
                     (self.limit - QUEUE_GAIN * excess).max(self.limit * 0.5)
                 } else {
                     // No queue beyond the target: grow gently (the app-limited guard below
@@ -510,7 +522,15 @@ mod tests {
     }
 
     fn window(latency_us: u64, in_flight: u64) -> WindowSample {
-        WindowSample { in_flight, samples: 100, latency_us, queue_wait_us: latency_us / 2, listen_drops: 0, windows: 1 }
+        WindowSample {
+            in_flight,
+            samples: 100,
+            latency_us,
+            queue_wait_us: latency_us / 2,
+            service_us: 0,
+            listen_drops: 0,
+            windows: 1,
+        }
     }
 
     #[test]
@@ -585,6 +605,7 @@ mod tests {
             samples: 3,
             latency_us: 90_000,
             queue_wait_us: 0,
+            service_us: 0,
             listen_drops: 0,
             windows: 1,
         };
@@ -748,14 +769,20 @@ mod tests {
             samples: 100, // over a 0.1 s window: 1,000 requests/s
             latency_us: 50_000,
             queue_wait_us,
+            service_us: 0,
             listen_drops: 0,
             windows: 1,
         };
-        // 25 ms against a 5 ms target at 1,000/s: 20 requests queued too many, half of them removed.
+        // 25 ms against a 5 ms target at 1,000/s: 20 requests queued too many, a quarter of them removed.
         let mut c = Controller::new(settings, 0);
-        assert_eq!(c.on_window(&sample(25_000, 40)), Decision { limit: 30, reason: Reason::LatencyRising });
+        assert_eq!(c.on_window(&sample(25_000, 40)), Decision { limit: 35, reason: Reason::LatencyRising });
         // A huge excess cuts at most half the limit in one window.
-        assert_eq!(c.on_window(&sample(2_000_000, 30)).limit, 15);
+        assert_eq!(c.on_window(&sample(2_000_000, 35)).limit, 18);
+        // A slow service raises the target to half its median service time: 25 ms
+        // of queue for a 60 ms service is no excess.
+        let mut c = Controller::new(settings, 0);
+        let slow = WindowSample { service_us: 60_000, ..sample(25_000, 40) };
+        assert_eq!(c.on_window(&slow).reason, Reason::Grow);
         // At the target or under, with in-flight pressing the limit: + sqrt(limit) / 2, at least 1.
         let mut c = Controller::new(Settings { initial_limit: 16, ..settings }, 0);
         assert_eq!(c.on_window(&sample(5_000, 16)), Decision { limit: 18, reason: Reason::Grow });
@@ -797,7 +824,7 @@ mod tests {
             let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
             let mut c = Controller::new(settings, 9);
             for (latency_us, samples, in_flight, drops) in samples {
-                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, listen_drops: drops, windows: 1 });
+                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, listen_drops: drops, windows: 1 });
                 prop_assert!(d.limit >= 1);
                 prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
             }
@@ -863,6 +890,7 @@ mod tests {
                     samples: 100,
                     latency_us: rtt_us,
                     queue_wait_us: 0,
+                    service_us: 0,
                     listen_drops: u64::from(drop),
                     windows: 1,
                 });

@@ -399,6 +399,7 @@ impl PortControl {
             samples: sojourn.iter().sum(),
             latency_us: stats::histogram_percentile(&sojourn, self.percentile),
             queue_wait_us: stats::histogram_percentile(&queue, self.percentile),
+            service_us: stats::histogram_percentile(&service, 50.0),
             listen_drops,
             windows: self.carried + 1,
         };

@@ -132,6 +132,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
     let mut window_sojourns: Vec<u64> = Vec::new();
     // Queue waits (arrival to the start of service) of the requests started in the window.
     let mut window_waits: Vec<u64> = Vec::new();
+    let mut window_services: Vec<u64> = Vec::new();
     let mut measured_sojourns: Vec<u64> = Vec::new();
     let mut result = SimResult { capacity: cfg.capacity(), ..SimResult::default() };
     let mut good = 0u64;
@@ -153,11 +154,13 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             if let Some(c) = controller.as_mut() {
                 window_sojourns.sort_unstable();
                 window_waits.sort_unstable();
+                window_services.sort_unstable();
                 let sample = WindowSample {
                     in_flight: (queue.len() + busy.len()) as u64,
                     samples: window_sojourns.len() as u64,
                     latency_us: percentile(&window_sojourns, cfg.percentile) / 1000,
                     queue_wait_us: percentile(&window_waits, cfg.percentile) / 1000,
+                    service_us: percentile(&window_services, 50.0) / 1000,
                     listen_drops: 0,
                     windows: carried + 1,
                 };
@@ -175,11 +178,13 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
                 } else {
                     window_sojourns.clear();
                     window_waits.clear();
+                    window_services.clear();
                     carried = 0;
                 }
             } else {
                 window_sojourns.clear();
                 window_waits.clear();
+                window_services.clear();
             }
         } else if now == next_done {
             let Reverse((_, arrived, t)) = busy.pop().expect("peeked");
@@ -196,6 +201,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             }
             if let Some((arrival, service, t)) = queue.pop_front() {
                 window_waits.push(now - arrival);
+                window_services.push(service);
                 busy.push(Reverse((now + service, arrival, t)));
             }
         } else {
@@ -234,6 +240,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
             let service = to_ns(rng.exponential(mean_service_at(now)));
             if busy.len() < cfg.workers {
                 window_waits.push(0);
+                window_services.push(service);
                 busy.push(Reverse((now + service, now, t)));
             } else {
                 queue.push_back((now, service, t));
