@@ -29,10 +29,12 @@
 //!   requests queued too many, `(wait - target) x completions/s`, and a quarter
 //!   of them come off the limit (at most half the limit per window); at or under
 //!   it the limit grows by `sqrt(limit) / 2` while in-flight presses it. The
-//!   target is never below half the median service time: a slow service needs a
-//!   longer queue to keep every worker fed (a request waits about a service
-//!   time per round of the workers). No baseline, so no probe, and a slower
-//!   backend with no queue is not overload.
+//!   target is never below 3/4 of the median service time: keeping every
+//!   worker fed takes about one request waiting per worker, and that request
+//!   waits up to a service time, so a slow service needs a longer wait (one
+//!   full service time let p99 grow to 1.5x unloaded in B4, half of one left
+//!   workers idle at 4x). No baseline, so no probe, and a slower backend with
+//!   no queue is not overload.
 //! - `fixed`: the operator's limit.
 //!
 //! Guards shared by the adaptive algorithms (all in [`Settings`]):
@@ -72,8 +74,8 @@ pub const QUEUE_TARGET_US: f64 = 5_000.0;
 /// queue: the share of the excess queue (Little's law) removed per window.
 const QUEUE_GAIN: f64 = 0.25;
 
-/// queue: the target is at least this fraction of the median service time.
-const QUEUE_TARGET_PER_SERVICE: f64 = 0.5;
+/// queue: the target is at least this many median service times.
+const QUEUE_TARGET_PER_SERVICE: f64 = 0.75;
 
 /// Which limiter runs a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -443,9 +445,9 @@ impl Controller {
             }
             Algo::Queue => {
                 let wait = s.queue_wait_us as f64;
-                // A slow service needs a longer queue to keep every worker fed: a
-                // request waits about a service time per worker-round, so never aim
-                // below a fraction of the median service time.
+                // Keeping every worker fed takes about one request waiting per
+                // worker, which waits up to a service time: never aim below 3/4
+                // of the median service time.
                 let target = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * s.service_us as f64);
                 if wait > target {
                     // Little's law: the requests queued beyond the target are the
@@ -778,7 +780,7 @@ mod tests {
         assert_eq!(c.on_window(&sample(25_000, 40)), Decision { limit: 35, reason: Reason::LatencyRising });
         // A huge excess cuts at most half the limit in one window.
         assert_eq!(c.on_window(&sample(2_000_000, 35)).limit, 18);
-        // A slow service raises the target to half its median service time: 25 ms
+        // A slow service raises the target to 3/4 of its median service time: 25 ms
         // of queue for a 60 ms service is no excess.
         let mut c = Controller::new(settings, 0);
         let slow = WindowSample { service_us: 60_000, ..sample(25_000, 40) };
