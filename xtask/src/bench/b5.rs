@@ -62,8 +62,11 @@ fn schedule(scale: Scale) -> (Vec<Event>, f64) {
     (events, 5.0 * phase)
 }
 
+/// The controllers B5 compares, side by side in one run.
+const ALGOS: [&str; 2] = ["gradient", "queue"];
+
 /// One run: bins of the whole timeline.
-fn run_once(shedctl: &Path, scale: Scale) -> Result<Vec<Bin>> {
+fn run_once(shedctl: &Path, scale: Scale, algo: &str) -> Result<Vec<Bin>> {
     let (events, end_s) = schedule(scale);
     let bed = Testbed::create("shedb5")?;
     let service_us = Arc::new(AtomicU64::new(SERVICE_US));
@@ -73,7 +76,7 @@ fn run_once(shedctl: &Path, scale: Scale) -> Result<Vec<Bin>> {
         addr,
         Service::Workers { workers: WORKERS as usize, service_us: service_us.clone() },
     )?;
-    let gate = start_gate(shedctl, &bed, &["--action", "rst", "--algo", "gradient", "--initial-limit", "20"])?;
+    let gate = start_gate(shedctl, &bed, &["--action", "rst", "--algo", algo, "--initial-limit", "20"])?;
     let maps = GateMaps::open_pinned()?;
     let base_capacity = WORKERS as f64 * 1e6 / SERVICE_US as f64;
     let rate = Arc::new(AtomicU64::new((events[0].load * base_capacity) as u64));
@@ -169,91 +172,103 @@ fn responses(bins: &[Bin], scale: Scale) -> Vec<Response> {
 
 pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::Value, String)> {
     let runs = scale.pick(3, 1, 1);
-    let mut all = Vec::new();
-    for r in 0..runs {
-        let bins = run_once(shedctl, scale)?;
-        let resp = responses(&bins, scale);
-        for x in &resp {
-            println!(
-                "B5 run {r}: {:<20} first shed {:>5} s{}, first cut {:>5} s, settled {:>5} s at limit {:.0}",
-                x.event,
-                fmt_s(x.first_shed_s),
-                if x.shedding_before { " (was shedding)" } else { "" },
-                fmt_s(x.first_cut_s),
-                fmt_s(x.settle_s),
-                x.settled_limit
-            );
-        }
-        all.push((bins, resp));
-    }
     let (events, _) = schedule(scale);
-    let (bins, _) = &all[0];
-    let points: Vec<plot::TimelinePoint> = bins
-        .iter()
-        .map(|b| plot::TimelinePoint {
-            t: b.t,
-            limit: b.limit.into(),
-            in_flight: b.in_flight as f64,
-            goodput: per_second(b.answered),
-            capacity: b.capacity,
-            offered: b.offered,
-            p99_ms: b.p99_ms,
-        })
-        .collect();
-    let markers: Vec<(f64, &str)> = events.iter().skip(1).map(|e| (e.at_s, e.name)).collect();
-    plot::timeline(
-        &plot_dir.join("b5_adaptation.png"),
-        "B5: shed gradient adapting (4 workers x 20 ms; 100 ms bins)",
-        &points,
-        &markers,
-    )?;
-
     let mut md = String::new();
     let _ = writeln!(md, "\n## B5: adaptation over time\n");
     let _ = writeln!(
         md,
-        "4 workers x 20 ms (200 req/s), `shed gradient` from limit 20, action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity). Median of {runs} runs (min-max).\n"
+        "4 workers x 20 ms (200 req/s), `shed gradient` and `shed queue` from limit 20 in turn, action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity). Median of {runs} runs (min-max).\n"
     );
-    let _ = writeln!(md, "![B5 timeline](b5_adaptation.png)\n");
+    let _ =
+        writeln!(md, "![B5 timeline, gradient](b5_adaptation.png) ![B5 timeline, queue](b5_adaptation_queue.png)\n");
     let _ = writeln!(
         md,
-        "| event | first shed s | first limit cut s | settled after s | settled limit | settled within 2 s |\n|---|---|---|---|---|---|"
+        "| controller | event | first shed s | first limit cut s | settled after s | settled limit | settled within 2 s |\n|---|---|---|---|---|---|---|"
     );
     let mut json_events = Vec::new();
-    for (i, e) in events.iter().skip(1).enumerate() {
-        let pick = |f: fn(&Response) -> Option<f64>| -> Vec<f64> { all.iter().filter_map(|(_, r)| f(&r[i])).collect() };
-        let stat = |v: Vec<f64>| -> (String, Option<f64>) {
-            if v.is_empty() {
-                return ("never".into(), None);
+    let mut timelines = serde_json::Map::new();
+    for algo in ALGOS {
+        let mut all = Vec::new();
+        for r in 0..runs {
+            let bins = run_once(shedctl, scale, algo)?;
+            let resp = responses(&bins, scale);
+            for x in &resp {
+                println!(
+                    "B5 {algo} run {r}: {:<20} first shed {:>5} s{}, first cut {:>5} s, settled {:>5} s at limit {:.0}",
+                    x.event,
+                    fmt_s(x.first_shed_s),
+                    if x.shedding_before { " (was shedding)" } else { "" },
+                    fmt_s(x.first_cut_s),
+                    fmt_s(x.settle_s),
+                    x.settled_limit
+                );
             }
-            let n = v.len();
-            let (m, lo, hi) = median_min_max(v);
-            let missing = if n < runs { format!(" ({} of {runs} runs)", n) } else { String::new() };
-            (format!("{m:.1} ({lo:.1}-{hi:.1}){missing}"), Some(m))
-        };
-        let (mut shed, shed_m) = stat(pick(|r| r.first_shed_s));
-        if all.iter().all(|(_, r)| r[i].shedding_before) {
-            shed = "already shedding".into();
+            all.push((bins, resp));
         }
-        let (cut, cut_m) = stat(pick(|r| r.first_cut_s));
-        let settles = pick(|r| r.settle_s);
-        let all_settled = settles.len() == runs;
-        let (settle, settle_m) = stat(settles);
-        let (level, level_m) = stat(all.iter().map(|(_, r)| r[i].settled_limit).collect());
-        let met = all_settled && settle_m.is_some_and(|s| s <= 2.0);
-        let _ =
-            writeln!(md, "| {} | {shed} | {cut} | {settle} | {level} | {} |", e.name, if met { "yes" } else { "no" });
-        json_events.push(serde_json::json!({"event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "settle_s": settle_m, "settled_limit": level_m, "settled_within_2s": met}));
+        let (bins, _) = &all[0];
+        let points: Vec<plot::TimelinePoint> = bins
+            .iter()
+            .map(|b| plot::TimelinePoint {
+                t: b.t,
+                limit: b.limit.into(),
+                in_flight: b.in_flight as f64,
+                goodput: per_second(b.answered),
+                capacity: b.capacity,
+                offered: b.offered,
+                p99_ms: b.p99_ms,
+            })
+            .collect();
+        let markers: Vec<(f64, &str)> = events.iter().skip(1).map(|e| (e.at_s, e.name)).collect();
+        let file =
+            if algo == "gradient" { "b5_adaptation.png".to_owned() } else { format!("b5_adaptation_{algo}.png") };
+        plot::timeline(
+            &plot_dir.join(file),
+            &format!("B5: shed {algo} adapting (4 workers x 20 ms; 100 ms bins)"),
+            &points,
+            &markers,
+        )?;
+        for (i, e) in events.iter().skip(1).enumerate() {
+            let pick =
+                |f: fn(&Response) -> Option<f64>| -> Vec<f64> { all.iter().filter_map(|(_, r)| f(&r[i])).collect() };
+            let stat = |v: Vec<f64>| -> (String, Option<f64>) {
+                if v.is_empty() {
+                    return ("never".into(), None);
+                }
+                let n = v.len();
+                let (m, lo, hi) = median_min_max(v);
+                let missing = if n < runs { format!(" ({} of {runs} runs)", n) } else { String::new() };
+                (format!("{m:.1} ({lo:.1}-{hi:.1}){missing}"), Some(m))
+            };
+            let (mut shed, shed_m) = stat(pick(|r| r.first_shed_s));
+            if all.iter().all(|(_, r)| r[i].shedding_before) {
+                shed = "already shedding".into();
+            }
+            let (cut, cut_m) = stat(pick(|r| r.first_cut_s));
+            let settles = pick(|r| r.settle_s);
+            let all_settled = settles.len() == runs;
+            let (settle, settle_m) = stat(settles);
+            let (level, level_m) = stat(all.iter().map(|(_, r)| r[i].settled_limit).collect());
+            let met = all_settled && settle_m.is_some_and(|s| s <= 2.0);
+            let _ = writeln!(
+                md,
+                "| {algo} | {} | {shed} | {cut} | {settle} | {level} | {} |",
+                e.name,
+                if met { "yes" } else { "no" }
+            );
+            json_events.push(serde_json::json!({"controller": algo, "event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "settle_s": settle_m, "settled_limit": level_m, "settled_within_2s": met}));
+        }
+        let timeline: Vec<_> = bins
+            .iter()
+            .map(|b| serde_json::json!({"t": b.t, "limit": b.limit, "in_flight": b.in_flight, "offered_rps": b.offered, "capacity_rps": b.capacity, "answered": b.answered, "refused": b.refused, "timeouts": b.timeouts, "p99_ms": b.p99_ms}))
+            .collect();
+        timelines.insert(algo.to_owned(), serde_json::Value::Array(timeline));
     }
-    let timeline: Vec<_> = bins
-        .iter()
-        .map(|b| serde_json::json!({"t": b.t, "limit": b.limit, "in_flight": b.in_flight, "offered_rps": b.offered, "capacity_rps": b.capacity, "answered": b.answered, "refused": b.refused, "timeouts": b.timeouts, "p99_ms": b.p99_ms}))
-        .collect();
     let json = serde_json::json!({
         "benchmark": "B5 adaptation",
         "runs": runs,
         "events": json_events,
-        "timeline_run_0": timeline,
+        "timeline_run_0": timelines.get("gradient").cloned().unwrap_or_default(),
+        "timelines_run_0": timelines,
     });
     Ok((json, md))
 }

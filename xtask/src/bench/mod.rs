@@ -627,9 +627,13 @@ mod tests {
         assert!(timeline.len() >= 60, "7.5 s of 100 ms bins: {}", timeline.len());
         assert!(timeline.iter().any(|b| b["refused"].as_u64().unwrap() > 0), "1.5x load is shed");
         assert!(timeline.iter().all(|b| b["limit"].as_u64().unwrap() > 0));
-        assert_eq!(json["events"].as_array().unwrap().len(), 4, "{json}");
-        assert!(md.contains("| backend 5x slower |"), "{md}");
+        assert_eq!(json["events"].as_array().unwrap().len(), 4 * 2, "4 events x gradient and queue: {json}");
+        assert!(
+            md.contains("| gradient | backend 5x slower |") && md.contains("| queue | backend 5x slower |"),
+            "{md}"
+        );
         assert_plot(&out.path().join("b5_adaptation.png"));
+        assert_plot(&out.path().join("b5_adaptation_queue.png"));
     }
 
     #[test]
