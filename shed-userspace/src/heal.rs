@@ -21,7 +21,8 @@
 //! per-port counters, so the daemon's idle cost does not grow with the
 //! connections held. Passes brought forward by evidence keep a gap of ten
 //! times the last pass's duration, so healing never takes more than about a
-//! tenth of a core however often the evidence moves.
+//! tenth of a core however often the evidence moves; routine passes keep a
+//! hundred times it (1% of a core) when that is longer than the interval.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::{Arc, Mutex},
@@ -43,6 +44,11 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// A pass brought forward waits at least this many times the last pass's duration.
 const GAP_PER_PASS_TIME: u32 = 10;
+
+/// A routine pass waits at least this many times the last pass's duration
+/// (`--heal-interval` is the shortest wait): the safety net never takes more
+/// than 1% of a core, however many connections a pass reads.
+const ROUTINE_PER_PASS_TIME: u32 = 100;
 
 /// Why a healing pass ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,7 +96,7 @@ impl Schedule {
         let Some((ended, took, pending)) = self.last else { return Some(PassReason::Start) };
         let since = now.saturating_duration_since(ended);
         let gap = CONFIRM_AFTER.max(took * GAP_PER_PASS_TIME);
-        if since >= self.interval.max(gap) {
+        if since >= self.interval.max(took * ROUTINE_PER_PASS_TIME) {
             Some(if pending { PassReason::Confirm } else { PassReason::Routine })
         } else if since < gap {
             None
@@ -427,7 +433,10 @@ mod tests {
         assert_eq!(s.due(at(44_000), true), Some(PassReason::Evidence));
         s.passed(at(50_000), Duration::from_secs(5), false);
         assert_eq!(s.due(at(79_999), true), None, "a 5 s pass: at most one in 50 s, even on evidence");
-        assert_eq!(s.due(at(100_000), false), Some(PassReason::Routine));
+        assert_eq!(s.due(at(100_000), true), Some(PassReason::Evidence));
+        assert_eq!(s.due(at(100_000), false), None, "routine passes keep 100x their duration (1% of a core)");
+        assert_eq!(s.due(at(549_999), false), None);
+        assert_eq!(s.due(at(550_000), false), Some(PassReason::Routine));
         let mut short = Schedule::new(Duration::from_secs(1));
         short.passed(t0, quick, false);
         assert_eq!(short.due(at(1_000), false), Some(PassReason::Routine), "--heal-interval 1: every second");
