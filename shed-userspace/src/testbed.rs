@@ -145,7 +145,14 @@ pub struct Backend {
 impl Backend {
     pub fn start(ns: &str, addr: SocketAddr, service: Service) -> io::Result<Self> {
         let listener = run_in(ns, move || {
-            let l = TcpListener::bind(addr)?;
+            // A deep accept queue (std's listen() asks for 128): under churn on a busy
+            // machine the accept loop lags, and an overflowing queue drops handshake-
+            // completing ACKs, which stretches handshakes past any window.
+            let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&addr.into())?;
+            socket.listen(4096)?;
+            let l: TcpListener = socket.into();
             l.set_nonblocking(true)?;
             Ok::<_, io::Error>(l)
         })??;
