@@ -3,7 +3,7 @@
 //! the namespace's addresses and interfaces covered; and a clean exit that
 //! leaves nothing attached or pinned.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs::{self, File, OpenOptions},
     io::{Read, Seek, Write},
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt as _},
@@ -233,6 +233,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let mut idle_clients = Vec::new();
     let mut last_client_sweep = Instant::now();
     let mut healer = crate::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
+    let mut accept_queues = AcceptQueues::default();
     let mut last_heal_check: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -279,8 +280,9 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                     last_client_sweep = Instant::now();
                 }
                 let instant = Instant::now();
+                let port_set: BTreeSet<u16> = ports.keys().copied().collect();
                 for control in &mut controls {
-                    control.run(&mut loaded.maps, instant, &settings.decisions)?;
+                    control.run(&mut loaded.maps, instant, &settings.decisions, &mut accept_queues, &port_set)?;
                 }
             }
         }
@@ -298,8 +300,6 @@ struct PortControl {
     next_run: Instant,
     last_hist: PortLatency,
     last_listen_drops: Option<u64>,
-    /// The port's listeners, through sock_diag (opened at the first window; `None` after it failed).
-    listeners: Option<Result<SocketTable, ()>>,
     /// Whether the port's accept queue was at least half full at the last window's end.
     pressed_before: bool,
     listen_drops_total: u64,
@@ -334,7 +334,6 @@ impl PortControl {
             next_run: Instant::now() + window,
             last_hist: hist,
             last_listen_drops: None,
-            listeners: None,
             pressed_before: false,
             listen_drops_total: 0,
             last_reason: None,
@@ -347,7 +346,14 @@ impl PortControl {
     }
 
     /// Runs one window if it is due.
-    fn run(&mut self, maps: &mut GateMaps, now: Instant, decisions: &Decisions) -> Result<(), Error> {
+    fn run(
+        &mut self,
+        maps: &mut GateMaps,
+        now: Instant,
+        decisions: &Decisions,
+        accept_queues: &mut AcceptQueues,
+        ports: &BTreeSet<u16>,
+    ) -> Result<(), Error> {
         if now < self.next_run {
             return Ok(());
         }
@@ -387,7 +393,7 @@ impl PortControl {
         // The drop counter is the namespace's: count its drops against this port only
         // while its own accept queue is (or just was) at least half full. Without
         // sock_diag, every drop counts, as before.
-        let accept = self.accept_queue();
+        let accept = accept_queues.of(self.port, ports, now);
         let pressed = accept.is_none_or(|q| q.pressed());
         let listen_drops = if pressed || self.pressed_before { namespace_drops } else { 0 };
         self.pressed_before = pressed;
@@ -469,25 +475,34 @@ impl PortControl {
     }
 }
 
-impl PortControl {
-    /// The port's accept queue now, or `None` when sock_diag cannot be asked.
-    fn accept_queue(&mut self) -> Option<AcceptQueue> {
-        let table = self.listeners.get_or_insert_with(|| {
-            SocketTable::open().map_err(|e| {
-                tracing::warn!(
-                    port = self.port,
-                    "no accept-queue signal (sock_diag: {e}): every listen drop in the namespace counts"
-                )
-            })
-        });
-        let table = table.as_mut().ok()?;
-        match table.accept_queues(&BTreeSet::from([self.port])) {
-            Ok(queues) => Some(queues.get(&self.port).copied().unwrap_or_default()),
-            Err(e) => {
-                tracing::debug!(port = self.port, "accept queue: {e}");
-                None
-            }
+/// The protected ports' accept queues, read through sock_diag at most once per
+/// tick for all ports together (one dump of the namespace's listeners serves
+/// every port whose window is due).
+#[derive(Default)]
+struct AcceptQueues {
+    /// Opened at the first read; `Err` after opening failed (then every listen drop counts).
+    table: Option<Result<SocketTable, ()>>,
+    /// The tick of the last read and what it found (`None`: the read failed).
+    read: Option<(Instant, Option<BTreeMap<u16, AcceptQueue>>)>,
+}
+
+impl AcceptQueues {
+    /// `port`'s accept queue at tick `now`, or `None` when sock_diag cannot be asked.
+    fn of(&mut self, port: u16, ports: &BTreeSet<u16>, now: Instant) -> Option<AcceptQueue> {
+        if self.read.as_ref().is_none_or(|(at, _)| *at != now) {
+            let table = self.table.get_or_insert_with(|| {
+                SocketTable::open().map_err(|e| {
+                    tracing::warn!("no accept-queue signal (sock_diag: {e}): every listen drop in the namespace counts")
+                })
+            });
+            let queues = table
+                .as_mut()
+                .ok()
+                .and_then(|t| t.accept_queues(ports).map_err(|e| tracing::debug!("accept queues: {e}")).ok());
+            self.read = Some((now, queues));
         }
+        let (_, queues) = self.read.as_ref()?;
+        Some(queues.as_ref()?.get(&port).copied().unwrap_or_default())
     }
 }
 
