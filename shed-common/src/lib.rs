@@ -313,6 +313,14 @@ pub mod count_mode {
     pub const WORK: u8 = 0;
     /// Open connections: handshakes under way plus established connections.
     pub const CONNECTIONS: u8 = 1;
+    /// Open connections of a multiplexed protocol (HTTP/2, gRPC, pipelined
+    /// HTTP/1.1), counted as [`CONNECTIONS`]: one connection carries many
+    /// requests at once, so request turns (arrival -> pick-up -> answer) cannot
+    /// be told apart. Such a connection is busy for its whole life and feeds
+    /// only queue-wait samples: each read's time in the receive queue (from the
+    /// first byte landing in an empty queue to the application's read), which
+    /// holds whatever the protocol. No service or sojourn samples.
+    pub const MULTIPLEXED: u8 = 2;
 }
 
 /// TCP states as the `sock:inet_sock_set_state` tracepoint reports them.
@@ -562,7 +570,10 @@ pub struct SockEntry {
     pub client: [u8; 16],
     /// The connection, so the daemon can match the entry with the kernel's socket table.
     pub flow: FlowKey,
-    pub _pad2: [u8; 4],
+    /// 1 if the port counted [`count_mode::MULTIPLEXED`] when the connection
+    /// was accepted: queue-wait samples per read, busy until closed.
+    pub multiplexed: u8,
+    pub _pad2: [u8; 3],
 }
 const _: () = assert!(size_of::<SockEntry>() == 80);
 
@@ -688,7 +699,7 @@ pub const fn in_flight(state: &PortState, handshakes: u64, user: &UserPortState,
 /// Connections the port holds: busy or established, by `mode`.
 #[inline(always)]
 pub const fn held(state: &PortState, user: &UserPortState, mode: u8) -> u64 {
-    if mode == count_mode::CONNECTIONS { established(state, user) } else { busy(state, user) }
+    if mode == count_mode::WORK { busy(state, user) } else { established(state, user) }
 }
 
 /// `a - b + adjust`, clamped at zero.

@@ -10,13 +10,17 @@
 //! byte (`sock_send_length`). A connection is busy from acceptance, or from a
 //! request's arrival, until it answers; an idle keep-alive connection is not.
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
+//!
+//! A connection of a multiplexed port ([`count_mode::MULTIPLEXED`]) carries
+//! many requests at once, so its turns are not requests: it stays busy until
+//! closed and records only each read's time in the receive queue.
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
 use shed_common::{
-    ClientKey, FlowKey, SockEntry, counter, handshake::flow_hash, latency, sock_state_tp as tp, tcp_state,
+    ClientKey, FlowKey, SockEntry, count_mode, counter, handshake::flow_hash, latency, sock_state_tp as tp, tcp_state,
 };
 
 use crate::{
@@ -110,7 +114,8 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         pickup_ns: 0,
         client: client.addr,
         flow: key,
-        _pad2: [0; 4],
+        multiplexed: u8::from(config.count_mode == count_mode::MULTIPLEXED),
+        _pad2: [0; 3],
     };
     if config.client_cap != 0 {
         if client_add(&client) {
@@ -207,6 +212,16 @@ pub fn on_recv(sk: u64, ret: i32, flags: i32) {
         return;
     }
     let entry = unsafe { &mut *entry };
+    if entry.multiplexed != 0 {
+        // Receive-queue residence of what this read took; the next bytes to land
+        // in the (now drained) queue start the next wait. A turn means nothing here.
+        if entry.arrival_ns != 0 {
+            let now = unsafe { bpf_ktime_get_ns() };
+            record(entry.slot, Histogram::QueueWait, now.saturating_sub(entry.arrival_ns));
+            entry.arrival_ns = 0;
+        }
+        return;
+    }
     if entry.arrival_ns != 0 && entry.pickup_ns == 0 {
         let now = unsafe { bpf_ktime_get_ns() };
         entry.pickup_ns = now;
@@ -221,6 +236,10 @@ pub fn on_send(sk: u64, ret: i32, flags: i32) {
         return;
     }
     let entry = unsafe { &mut *entry };
+    if entry.multiplexed != 0 {
+        // An answer to one of many requests under way: no turn ends, the connection stays busy.
+        return;
+    }
     if entry.pickup_ns != 0 {
         let now = unsafe { bpf_ktime_get_ns() };
         record(entry.slot, Histogram::Service, now.saturating_sub(entry.pickup_ns));

@@ -214,6 +214,8 @@ impl AttachArgs {
     pub fn control(&self) -> Result<(ControlConfig, u32), String> {
         let algo = match (self.algo, self.limit) {
             (None, Some(_)) | (Some(Algo::Fixed), _) => Algo::Fixed,
+            // A multiplexed port shows queue wait only: the one adaptive signal it has.
+            (None, None) if self.count == Count::Multiplexed => Algo::Queue,
             (None, None) => Algo::Gradient,
             (Some(algo), Some(_)) => {
                 return Err(format!(
@@ -222,6 +224,7 @@ impl AttachArgs {
             }
             (Some(algo), None) => algo,
         };
+        check_count_algo(self.count, algo)?;
         control_config(algo, self.min_limit, self.max_limit, self.window, self.percentile, &self.guards)
             .map(|c| (c, self.limit.or(self.initial_limit).unwrap_or(Settings::default().initial_limit)))
             .and_then(|(c, limit)| {
@@ -234,6 +237,16 @@ impl AttachArgs {
                 Ok((c, limit))
             })
     }
+}
+
+/// Whether a limiter can run on what a port's count mode measures.
+pub fn check_count_algo(count: Count, algo: Algo) -> Result<(), String> {
+    if count == Count::Multiplexed && algo.follows_turns() {
+        return Err(format!(
+            "--algo {algo} follows request latency (arrival to answer), which a multiplexed connection (--count multiplexed) does not show: use --algo queue, a fixed --limit, or --count connections"
+        ));
+    }
+    Ok(())
 }
 
 /// Controller settings as the daemon reads them from the map.
@@ -481,6 +494,15 @@ mod tests {
                 .unwrap();
         assert_eq!((c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows), (50, 0, 300, 0));
         assert_eq!(control(&["--algo", "fixed", "--limit", "7"]).unwrap().1, 7);
+        // A multiplexed port shows queue waits only: queue by default, the request-latency limiters refused.
+        let (c, _) = control(&["--count", "multiplexed"]).unwrap();
+        assert_eq!(Algo::from_raw(c.algo), Algo::Queue);
+        assert_eq!(Algo::from_raw(control(&["--count", "multiplexed", "--limit", "9"]).unwrap().0.algo), Algo::Fixed);
+        for algo in ["gradient", "gradient2", "aimd"] {
+            let err = control(&["--count", "multiplexed", "--algo", algo]).unwrap_err();
+            assert!(err.contains(&format!("--algo {algo}")) && err.contains("--algo queue"), "{err}");
+        }
+        assert!(control(&["--count", "connections", "--algo", "gradient"]).is_ok());
     }
 
     #[test]

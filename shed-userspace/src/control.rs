@@ -109,6 +109,12 @@ impl Algo {
         }
     }
 
+    /// Whether the limiter follows request latency (arrival to answer), which
+    /// only request-response connections show.
+    pub const fn follows_turns(self) -> bool {
+        matches!(self, Self::Gradient | Self::Gradient2 | Self::Aimd)
+    }
+
     pub const fn name(self) -> &'static str {
         match self {
             Self::Gradient => "gradient",

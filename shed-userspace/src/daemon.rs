@@ -400,9 +400,12 @@ impl PortControl {
         self.listen_drops_total += listen_drops;
         let accept = accept.unwrap_or_default();
 
+        // The queue limiter judges queue waits (a multiplexed port records nothing else);
+        // the others judge whole requests.
+        let judged = if self.controller.settings().algo == Algo::Queue { &queue } else { &sojourn };
         let sample = WindowSample {
             in_flight: snapshot.in_flight(),
-            samples: sojourn.iter().sum(),
+            samples: judged.iter().sum(),
             latency_us: stats::histogram_percentile(&sojourn, self.percentile),
             queue_wait_us: stats::histogram_percentile(&queue, self.percentile),
             service_us: stats::histogram_percentile(&service, 50.0),

@@ -285,7 +285,8 @@ impl Healer {
                 pickup_ns: 0,
                 client: config.client_key(&flow.client_addr).addr,
                 flow: *flow,
-                _pad2: [0; 4],
+                multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
+                _pad2: [0; 3],
             };
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
             const BPF_NOEXIST: u64 = 1;

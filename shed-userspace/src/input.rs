@@ -166,6 +166,8 @@ pub enum Count {
     Work,
     /// Open connections, for protocols whose request turns cannot be seen.
     Connections,
+    /// Open connections of a multiplexed protocol (HTTP/2, gRPC): busy while open, queue-wait samples only (needs --algo queue or fixed).
+    Multiplexed,
 }
 
 impl Count {
@@ -173,11 +175,24 @@ impl Count {
         match self {
             Self::Work => shed_common::count_mode::WORK,
             Self::Connections => shed_common::count_mode::CONNECTIONS,
+            Self::Multiplexed => shed_common::count_mode::MULTIPLEXED,
         }
     }
 
     pub const fn from_raw(raw: u8) -> Self {
-        if raw == shed_common::count_mode::CONNECTIONS { Self::Connections } else { Self::Work }
+        match raw {
+            shed_common::count_mode::CONNECTIONS => Self::Connections,
+            shed_common::count_mode::MULTIPLEXED => Self::Multiplexed,
+            _ => Self::Work,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Work => "work",
+            Self::Connections => "connections",
+            Self::Multiplexed => "multiplexed",
+        }
     }
 }
 
@@ -312,7 +327,7 @@ mod tests {
         assert_eq!(parse_percentile("p99"), Ok(99));
         assert!(parse_percentile("0").is_err());
         assert!(parse_percentile("100").is_err());
-        for c in [Count::Work, Count::Connections] {
+        for c in [Count::Work, Count::Connections, Count::Multiplexed] {
             assert_eq!(Count::from_raw(c.to_raw()), c);
         }
     }

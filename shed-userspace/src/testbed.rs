@@ -132,6 +132,9 @@ pub enum Service {
     /// Read one request line, queue for one of `workers`, sleep the service
     /// time (changeable at run time, microseconds), answer "OK\n" and close.
     Workers { workers: usize, service_us: Arc<AtomicU64> },
+    /// The same as HTTP/1.1 (for real load generators and proxies): read one
+    /// request's head, queue for a worker, sleep, answer `200 OK` and close.
+    HttpWorkers { workers: usize, service_us: Arc<AtomicU64> },
 }
 
 /// A TCP server inside a namespace. Stops (and closes every connection) on drop.
@@ -161,14 +164,16 @@ impl Backend {
         let mut threads = Vec::new();
         let (tx, rx) = mpsc::channel::<TcpStream>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
-        if let Service::Workers { workers, service_us } = &service {
+        if let Service::Workers { workers, service_us } | Service::HttpWorkers { workers, service_us } = &service {
+            let http = matches!(service, Service::HttpWorkers { .. });
             for _ in 0..*workers {
                 let (rx, stop, service_us) = (rx.clone(), stop.clone(), service_us.clone());
                 threads.push(thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         let conn = rx.lock().expect("queue lock").recv_timeout(Duration::from_millis(50));
                         if let Ok(conn) = conn {
-                            let _ = serve_request(conn, Duration::from_micros(service_us.load(Ordering::Relaxed)));
+                            let service = Duration::from_micros(service_us.load(Ordering::Relaxed));
+                            let _ = serve_request(conn, service, http);
                         }
                     }
                     Ok(())
@@ -189,7 +194,7 @@ impl Backend {
                                 let stop = stop2.clone();
                                 holders.push(thread::spawn(move || echo(conn, &stop)));
                             }
-                            Service::Workers { .. } => {
+                            Service::Workers { .. } | Service::HttpWorkers { .. } => {
                                 let _ = tx.send(conn);
                             }
                             Service::Hold => {
@@ -265,9 +270,11 @@ fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64) {
     }
 }
 
-fn serve_request(mut conn: TcpStream, service: Duration) -> io::Result<()> {
+/// One request (a line, or an HTTP/1.1 head), the service time, one answer, close.
+fn serve_request(mut conn: TcpStream, service: Duration, http: bool) -> io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut buf = [0u8; 512];
+    let end: &[u8] = if http { b"\r\n\r\n" } else { b"\n" };
+    let mut buf = [0u8; 4096];
     let mut got = 0;
     while got < buf.len() {
         let n = conn.read(&mut buf[got..])?;
@@ -275,12 +282,14 @@ fn serve_request(mut conn: TcpStream, service: Duration) -> io::Result<()> {
             return Ok(());
         }
         got += n;
-        if buf[..got].contains(&b'\n') {
+        if buf[..got].windows(end.len()).any(|w| w == end) {
             break;
         }
     }
     thread::sleep(service);
-    conn.write_all(b"OK\n")?;
+    let answer: &[u8] =
+        if http { b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nOK\n" } else { b"OK\n" };
+    conn.write_all(answer)?;
     conn.shutdown(Shutdown::Write)
 }
 

@@ -88,12 +88,16 @@ fn bpf_linker() -> Result<()> {
 fn debian_packages() -> Result<()> {
     // iproute2: namespaces and veth for the tests and the demo; util-linux: setpriv and unshare in the tests.
     // nftables: the static-cap comparison in `cargo xtask bench`; fonts-dejavu-core: the text of its plots.
+    // nghttp2-proxy (nghttpx) and nghttp2-client (h2load): a real HTTP/2 server and
+    // load generator for the multiplexed-connection test and the bursty benchmark (B8).
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
         ("setpriv", "util-linux"),
         ("unshare", "util-linux"),
         ("nft", "nftables"),
+        ("nghttpx", "nghttp2-proxy"),
+        ("h2load", "nghttp2-client"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
     let present = |what: &str| {
@@ -105,7 +109,7 @@ fn debian_packages() -> Result<()> {
     };
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux, nftables and fonts-dejavu-core present");
+        println!("setup: iproute2, util-linux, nftables, nghttp2 and fonts-dejavu-core present");
         return Ok(());
     }
     let mut missing = missing;

@@ -20,6 +20,9 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     if min > max {
         anyhow::bail!("--min-limit {min} would be above --max-limit {max}: nothing changed");
     }
+    let count = args.count.unwrap_or(Count::from_raw(config.count_mode));
+    let algo = args.algo.unwrap_or(Algo::from_raw(control.algo));
+    crate::cli::check_count_algo(count, algo).map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
 
     // Every check is done: from here on only writes.
     if let Some(action) = args.action {
@@ -65,10 +68,7 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
         args.port,
         Algo::from_raw(control.algo),
         Action::from_raw(config.action),
-        match Count::from_raw(config.count_mode) {
-            Count::Work => "work",
-            Count::Connections => "connections",
-        },
+        Count::from_raw(config.count_mode).name(),
         if config.dry_run != 0 { "on" } else { "off" },
         shares.join(" "),
         if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() }
