@@ -640,8 +640,11 @@ pub struct ControlConfig {
     pub probe_windows: u32,
     /// `queue`: the queue wait to hold admitted requests near, microseconds (0: the default, 5 ms).
     pub queue_target_us: u32,
+    /// The operator's latency objective, milliseconds (0: none): a request the
+    /// service can still answer within it may be admitted however long it queues.
+    pub target_latency_ms: u32,
 }
-const _: () = assert!(size_of::<ControlConfig>() == 44);
+const _: () = assert!(size_of::<ControlConfig>() == 48);
 
 /// The controller's last window for one port. Written by the daemon, read by `shedctl stats`.
 #[repr(C)]

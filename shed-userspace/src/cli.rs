@@ -267,6 +267,7 @@ pub fn control_config(
         baseline_windows: guards.baseline_span,
         probe_windows: guards.probe_windows,
         queue_target_us: guards.queue_target.as_micros() as u32,
+        target_latency_ms: guards.target_latency.map_or(0, |d| d.as_millis() as u32),
         generation: 1,
         algo: algo.to_raw(),
         percentile,
@@ -301,6 +302,12 @@ pub struct GuardArgs {
     /// admitted requests near (--queue-target 5).
     #[arg(long, default_value = "5", value_parser = |s: &str| parse_millis(s, 1, 10_000))]
     pub queue_target: Duration,
+
+    /// Latency objective in milliseconds: what a request may take, waiting included (a client
+    /// deadline). Requests the service can still answer within it are admitted, so bursts it
+    /// can finish in time get in; the limiters cut only past it (--target-latency 1000). Default: none.
+    #[arg(long, value_parser = |s: &str| parse_millis(s, 1, 600_000))]
+    pub target_latency: Option<Duration>,
 }
 
 #[derive(Debug, Args)]

@@ -49,6 +49,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("baseline-span", "baseline-span", Kind::Int),
     ("probe-windows", "probe-windows", Kind::Int),
     ("queue-target", "queue-target", Kind::Int),
+    ("target-latency", "target-latency", Kind::Int),
     ("tiers", "tier", Kind::TierTable),
     ("tier-file", "tier-file", Kind::Str),
     ("client-cap", "client-cap", Kind::Int),
@@ -233,6 +234,9 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("baseline-span".into(), int(args.guards.baseline_span.into()));
     t.insert("probe-windows".into(), int(args.guards.probe_windows.into()));
     t.insert("queue-target".into(), int(args.guards.queue_target.as_millis() as u64));
+    if let Some(objective) = args.guards.target_latency {
+        t.insert("target-latency".into(), int(objective.as_millis() as u64));
+    }
     if !args.tiers.is_empty() {
         let tiers = args
             .tiers
@@ -333,6 +337,8 @@ mod tests {
         "0",
         "--queue-target",
         "8",
+        "--target-latency",
+        "750",
         "--tier",
         "10.0.0.0/8=critical",
         "--tier",

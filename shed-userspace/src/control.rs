@@ -77,6 +77,10 @@ const QUEUE_GAIN: f64 = 0.25;
 /// queue: the target is at least this many median service times.
 const QUEUE_TARGET_PER_SERVICE: f64 = 0.75;
 
+/// The share of the operator's objective the controllers plan to use: the rest
+/// covers the handshake, scheduling and the estimate's error.
+const OBJECTIVE_MARGIN: f64 = 0.97;
+
 /// Which limiter runs a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -204,6 +208,8 @@ pub struct Settings {
     pub cut_while_app_limited: bool,
     /// queue: the queue wait (at the followed percentile) to hold admitted requests near, us.
     pub queue_target_us: f64,
+    /// The operator's latency objective, us (0: none). See [`Controller::objective`].
+    pub objective_us: f64,
     /// The control window, seconds (queue: turns a window's completions into a rate).
     pub window_s: f64,
     /// gradient2: hold the long average at or below the baseline (the windowed
@@ -233,6 +239,7 @@ impl Default for Settings {
             cut_while_app_limited: true,
             gradient2_long_at_most_baseline: true,
             queue_target_us: QUEUE_TARGET_US,
+            objective_us: 0.0,
             window_s: 0.1,
         }
     }
@@ -254,9 +261,16 @@ pub struct WindowSample {
     pub service_us: u64,
     /// Listen-queue overflows and drops in the window.
     pub listen_drops: u64,
+    /// SYNs the limit turned away in the window (or would have, in dry-run):
+    /// the limit pressed even if in-flight is low again when the window ends,
+    /// as it is between the bursts of synchronized clients.
+    pub rejected: u64,
     /// Control windows this sample spans (more than 1 when a quiet window's
     /// samples were carried over); 0 counts as 1.
     pub windows: u32,
+    /// The time the sample spans, microseconds, as the caller measured it (a
+    /// late tick makes a window longer than configured); 0: `windows` control windows.
+    pub elapsed_us: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -286,6 +300,44 @@ impl WindowedMin {
     }
 }
 
+/// The rate the service answers at while every worker is busy: the median of
+/// the answer rates of the recent windows in which requests queued throughout
+/// (a median, because a window in which a burst began or drained understates
+/// the rate and one short window's noise overstates it).
+#[derive(Clone, Debug)]
+struct ServedRate {
+    /// Windows kept.
+    span: usize,
+    rates: VecDeque<f64>,
+}
+
+impl ServedRate {
+    fn push(&mut self, rate: f64) {
+        self.rates.push_back(rate);
+        if self.rates.len() > self.span {
+            self.rates.pop_front();
+        }
+    }
+
+    /// 0 until a queued window is seen.
+    fn rate(&self) -> f64 {
+        let mut sorted: Vec<f64> = self.rates.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// What the operator's objective allows in one window.
+#[derive(Clone, Copy, Debug)]
+struct Objective {
+    /// The queue wait a request may have and still be answered in time, us.
+    wait_us: f64,
+    /// The limit the service drains within that wait.
+    limit: f64,
+    /// Whether the window's requests met the objective.
+    met: bool,
+}
+
 /// One port's limiter.
 #[derive(Clone, Debug)]
 pub struct Controller {
@@ -293,6 +345,10 @@ pub struct Controller {
     limit: f64,
     baseline: WindowedMin,
     baseline_us: f64,
+    /// The rate the service answers at while it has a queue.
+    served: ServedRate,
+    /// In-flight at the end of the last window.
+    last_in_flight: u64,
     /// Exponential average of the followed latency: one window's percentile of a
     /// few dozen requests is noisy, and a minimum over noisy values sits too low.
     smoothed_us: f64,
@@ -319,6 +375,8 @@ impl Controller {
             settings,
             limit: f64::from(settings.initial_limit.clamp(settings.min_limit, settings.max_limit)),
             baseline: WindowedMin { span, values: VecDeque::with_capacity(span), covered: 0 },
+            served: ServedRate { span, rates: VecDeque::with_capacity(span) },
+            last_in_flight: 0,
             until_probe: span / 2,
             probe_left: 0,
             before_probe: 0.0,
@@ -400,14 +458,18 @@ impl Controller {
             return Decision { limit: self.limit(), reason: Reason::TooFewSamples };
         }
         self.until_probe = self.until_probe.saturating_sub(windows);
-        // queue needs no baseline, so no probe.
-        if self.until_probe == 0 && st.probe_windows > 0 && st.algo != Algo::Queue {
+        // queue needs no baseline, so no probe; with an objective, the objective
+        // bounds latency, not a learned baseline (and a probe would shed a whole
+        // burst of synchronized clients that the service could have served in time).
+        let probes = st.probe_windows > 0 && st.algo != Algo::Queue && st.objective_us <= 0.0;
+        if self.until_probe == 0 && probes {
             self.until_probe = self.probe_interval;
             self.probe_left = st.probe_windows;
             self.before_probe = self.limit;
             self.limit = (self.limit * PROBE_DEPTH).max(f64::from(st.min_limit));
             return Decision { limit: self.limit(), reason: Reason::Probe };
         }
+        let objective = self.objective(s, windows);
         let raw = (s.latency_us as f64).max(1.0);
         self.smoothed_us =
             if self.smoothed_us == 0.0 { raw } else { self.smoothed_us + LATENCY_SMOOTHING * (raw - self.smoothed_us) };
@@ -454,12 +516,15 @@ impl Controller {
                 // Keeping every worker fed takes about one request waiting per
                 // worker, which waits up to a service time: never aim below 3/4
                 // of the median service time.
-                let target = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * s.service_us as f64);
+                let target = st
+                    .queue_target_us
+                    .max(QUEUE_TARGET_PER_SERVICE * s.service_us as f64)
+                    .max(objective.map_or(0.0, |o| o.wait_us));
                 if wait > target {
                     // Little's law: the requests queued beyond the target are the
                     // excess wait times the rate requests are served; remove a share
                     // of them (at most half the limit in one window).
-                    let rate = s.samples as f64 / (windows as f64 * st.window_s);
+                    let rate = s.samples as f64 / self.seconds(s, windows);
                     let excess = (wait - target) / 1e6 * rate;
                     (self.limit - QUEUE_GAIN * excess).max(self.limit * 0.5)
                 } else {
@@ -470,8 +535,27 @@ impl Controller {
             }
             Algo::Fixed => unreachable!("handled above"),
         };
+        let pressed = s.rejected > 0 || (s.in_flight as f64) >= self.limit / 2.0;
+        let proposed = match objective {
+            // Within the objective, latency is no reason to cut. Where the limit
+            // pressed, it becomes what the service answers in time: more would
+            // miss the objective, less would turn away what it could serve.
+            Some(o) if o.met && o.limit > 0.0 => {
+                if pressed {
+                    o.limit
+                } else {
+                    self.limit.min(o.limit)
+                }
+            }
+            // The rate is not known yet (no window had a queue throughout: small
+            // bursts drain within one): double while the objective is met, as
+            // slow start does, until bursts last long enough to be measured.
+            Some(o) if o.met && pressed => proposed.max(self.limit * 2.0),
+            Some(o) if o.met => proposed.max(self.limit),
+            _ => proposed,
+        };
         let proposed = proposed.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
-        let app_limited = (s.in_flight as f64) < self.limit / 2.0;
+        let app_limited = !pressed;
         if app_limited && !st.cut_while_app_limited {
             self.windows_since_cut = self.windows_since_cut.saturating_add(1);
             return Decision { limit: self.limit(), reason: Reason::AppLimited };
@@ -495,6 +579,42 @@ impl Controller {
             };
         }
         Decision { limit: self.limit(), reason: Reason::Steady }
+    }
+
+    /// What the operator's objective allows this window (None: no objective).
+    ///
+    /// A request may wait what the objective (less a margin) leaves after its
+    /// own service. The service answers at most the rate it kept up while it had
+    /// a queue (a windowed maximum), so by Little's law it drains `rate x wait`
+    /// requests within that wait: a limit that high is admitted in time, even
+    /// when they all arrive at once.
+    fn objective(&mut self, s: &WindowSample, windows: usize) -> Option<Objective> {
+        let st = self.settings;
+        if st.objective_us <= 0.0 {
+            return None;
+        }
+        let service = s.service_us as f64;
+        let wait_us = (OBJECTIVE_MARGIN * st.objective_us - service).max(0.0);
+        // Requests waited for a worker, and work was under way when the window
+        // began and when it ended: every worker was likely busy throughout, so
+        // this is the rate the service keeps up. Not a carried sample: it spans
+        // quiet windows.
+        let queued = s.queue_wait_us as f64 >= (service / 2.0).max(1000.0);
+        if queued && windows == 1 && self.last_in_flight > 0 && s.in_flight > 0 {
+            self.served.push(s.samples as f64 / self.seconds(s, windows));
+        }
+        self.last_in_flight = s.in_flight;
+        let rate = self.served.rate();
+        let met = match st.algo {
+            Algo::Queue => s.queue_wait_us as f64 <= wait_us,
+            _ => s.latency_us as f64 <= OBJECTIVE_MARGIN * st.objective_us,
+        };
+        Some(Objective { wait_us, limit: (rate * wait_us / 1e6).round(), met })
+    }
+
+    /// The time a sample spans, seconds.
+    fn seconds(&self, s: &WindowSample, windows: usize) -> f64 {
+        if s.elapsed_us > 0 { s.elapsed_us as f64 / 1e6 } else { windows as f64 * self.settings.window_s }
     }
 
     fn cut(&mut self, to: f64, reason: Reason) -> Decision {
@@ -537,7 +657,9 @@ mod tests {
             queue_wait_us: latency_us / 2,
             service_us: 0,
             listen_drops: 0,
+            rejected: 0,
             windows: 1,
+            elapsed_us: 0,
         }
     }
 
@@ -615,7 +737,9 @@ mod tests {
             queue_wait_us: 0,
             service_us: 0,
             listen_drops: 0,
+            rejected: 0,
             windows: 1,
+            elapsed_us: 0,
         };
         assert_eq!(c.on_window(&quiet), Decision { limit: 100, reason: Reason::TooFewSamples });
         let overflow = WindowSample { listen_drops: 5, ..quiet };
@@ -779,7 +903,9 @@ mod tests {
             queue_wait_us,
             service_us: 0,
             listen_drops: 0,
+            rejected: 0,
             windows: 1,
+            elapsed_us: 0,
         };
         // 25 ms against a 5 ms target at 1,000/s: 20 requests queued too many, a quarter of them removed.
         let mut c = Controller::new(settings, 0);
@@ -813,6 +939,89 @@ mod tests {
         }
     }
 
+    /// A burst's window: the limit turned clients away, yet in-flight has
+    /// drained below half the limit by the window's end.
+    fn burst_window(latency_us: u64, rejected: u64) -> WindowSample {
+        WindowSample { rejected, ..window(latency_us, 10) }
+    }
+
+    #[test]
+    fn rejections_show_the_limit_pressed_when_in_flight_has_drained() {
+        let settings = Settings { probe_windows: 0, cooldown_windows: 0, ..Settings::default() };
+        let mut c = Controller::new(settings, 0);
+        for _ in 0..5 {
+            c.on_window(&window(10_000, 100));
+        }
+        let before = c.limit();
+        assert_eq!(
+            c.on_window(&burst_window(10_000, 0)).reason,
+            Reason::AppLimited,
+            "nothing turned away: app-limited"
+        );
+        let d = c.on_window(&burst_window(10_000, 30));
+        assert_eq!(d.reason, Reason::Grow, "turned clients away with latency at the baseline: grow");
+        assert!(d.limit > before);
+    }
+
+    /// Windows of a service answering 200 requests/s with a queue (every worker
+    /// busy), 20 ms each, from a burst of `in_flight` that the limit cut at `rejected`.
+    fn draining(queue_wait_us: u64, in_flight: u64, rejected: u64) -> WindowSample {
+        WindowSample {
+            in_flight,
+            samples: 20,
+            latency_us: queue_wait_us + 20_000,
+            queue_wait_us,
+            service_us: 20_000,
+            listen_drops: 0,
+            rejected,
+            windows: 1,
+            elapsed_us: 100_000,
+        }
+    }
+
+    #[test]
+    fn an_objective_sets_the_limit_the_service_drains_within_it() {
+        for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue] {
+            let settings = Settings { algo, initial_limit: 40, objective_us: 1e6, ..Settings::default() };
+            let mut c = Controller::new(settings, 0);
+            // A burst: 40 admitted, 360 turned away; then it drains at 200/s.
+            c.on_window(&draining(50_000, 40, 360));
+            for (wait, left) in [(100_000, 20), (150_000, 1)] {
+                c.on_window(&draining(wait, left, 0));
+            }
+            // The next burst presses the limit: it becomes 200/s x (97% of 1 s - 20 ms) = 190.
+            let d = c.on_window(&draining(50_000, 40, 360));
+            assert_eq!(d.limit, 190, "{algo}: {d:?}");
+            // Requests waiting past what the objective leaves: the limit comes down.
+            let d = c.on_window(&draining(990_000, 190, 0));
+            assert!(d.limit < 190, "{algo}: missed the objective, cut: {d:?}");
+            // An objective bounds latency instead of a learned baseline: no probe.
+            for _ in 0..300 {
+                assert_ne!(c.on_window(&draining(100_000, 150, 10)).reason, Reason::Probe, "{algo}");
+            }
+        }
+    }
+
+    #[test]
+    fn until_the_rate_is_known_the_limit_doubles_while_the_objective_is_met() {
+        let settings = Settings {
+            algo: Algo::Gradient,
+            initial_limit: 40,
+            objective_us: 1e6,
+            cooldown_windows: 0,
+            ..Settings::default()
+        };
+        let mut c = Controller::new(settings, 0);
+        c.on_window(&window(10_000, 10));
+        // Latency 25x the baseline but within the objective, no queue to measure a rate in:
+        // not pressed, held; pressed, doubled (as slow start).
+        assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..window(250_000, 10) }).limit, 40);
+        assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..window(250_000, 40) }).limit, 80);
+        assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..burst_window(250_000, 5) }).limit, 160);
+        // Past the objective: the gradient cuts as it would without one.
+        assert!(c.on_window(&window(2_000_000, 160)).limit < 160);
+    }
+
     #[test]
     fn raw_codes_round_trip() {
         for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Fixed, Algo::Queue] {
@@ -832,7 +1041,7 @@ mod tests {
             let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
             let mut c = Controller::new(settings, 9);
             for (latency_us, samples, in_flight, drops) in samples {
-                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, listen_drops: drops, windows: 1 });
+                let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, listen_drops: drops, rejected: 0, windows: 1, elapsed_us: 0 });
                 prop_assert!(d.limit >= 1);
                 prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
             }
@@ -900,7 +1109,9 @@ mod tests {
                     queue_wait_us: 0,
                     service_us: 0,
                     listen_drops: u64::from(drop),
+                    rejected: 0,
                     windows: 1,
+                    elapsed_us: 0,
                 });
                 published = if settings.min_limit == 20 { min20 } else { min4 };
                 (c.limit.trunc() as u32, published)

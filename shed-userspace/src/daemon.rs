@@ -299,6 +299,8 @@ struct PortControl {
     percentile: f64,
     next_run: Instant,
     last_hist: PortLatency,
+    /// When the histograms were last taken as a judged window's start.
+    last_judged: Instant,
     last_listen_drops: Option<u64>,
     /// Whether the port's accept queue was at least half full at the last window's end.
     pressed_before: bool,
@@ -309,6 +311,8 @@ struct PortControl {
     carried: u32,
     reserve: TierReserve,
     last_rejected_by_tier: [u64; tier::COUNT],
+    /// SYNs the limit turned away (or would have, in dry-run) up to the last judged window.
+    last_limit_rejected: u64,
     handshakes: HandshakeWindow,
 }
 
@@ -333,6 +337,7 @@ impl PortControl {
             percentile: f64::from(config.percentile),
             next_run: Instant::now() + window,
             last_hist: hist,
+            last_judged: Instant::now(),
             last_listen_drops: None,
             pressed_before: false,
             listen_drops_total: 0,
@@ -341,6 +346,7 @@ impl PortControl {
             carried: 0,
             reserve: TierReserve::default(),
             last_rejected_by_tier: [0; tier::COUNT],
+            last_limit_rejected: 0,
             handshakes,
         }
     }
@@ -357,7 +363,14 @@ impl PortControl {
         if now < self.next_run {
             return Ok(());
         }
-        self.next_run = now + self.window;
+        // From the due time, not from now: the ticker fires every window too, and
+        // `now + window` would fall a hair after the next tick and skip it (the
+        // window would be twice as long as configured). Far behind (a stall): no
+        // burst of catch-up windows.
+        self.next_run += self.window;
+        if self.next_run <= now {
+            self.next_run = now + self.window;
+        }
         let config = match maps.config(self.port) {
             Ok(config) => config,
             // Detached since this tick read the ports (`shedctl detach --port` runs
@@ -403,6 +416,9 @@ impl PortControl {
         // The queue limiter judges queue waits (a multiplexed port records nothing else);
         // the others judge whole requests.
         let judged = if self.controller.settings().algo == Algo::Queue { &queue } else { &sojourn };
+        // Counted since the last judged window, as the histograms are (a thin window carries both).
+        let limit_rejected =
+            snapshot.counter(counter::REJECTED_LIMIT) + snapshot.counter(counter::DRY_RUN_WOULD_REJECT);
         let sample = WindowSample {
             in_flight: snapshot.in_flight(),
             samples: judged.iter().sum(),
@@ -410,6 +426,8 @@ impl PortControl {
             queue_wait_us: stats::histogram_percentile(&queue, self.percentile),
             service_us: stats::histogram_percentile(&service, 50.0),
             listen_drops,
+            rejected: limit_rejected.saturating_sub(self.last_limit_rejected),
+            elapsed_us: now.saturating_duration_since(self.last_judged).as_micros() as u64,
             windows: self.carried + 1,
         };
         let rejected_by_tier: [u64; tier::COUNT] =
@@ -429,6 +447,8 @@ impl PortControl {
             self.carried += 1;
         } else {
             self.last_hist = hist;
+            self.last_judged = now;
+            self.last_limit_rejected = limit_rejected;
             self.carried = 0;
         }
         if decision.limit != previous {
@@ -663,6 +683,7 @@ fn settings(config: &ControlConfig, limit: u32) -> Settings {
         baseline_windows: or(config.baseline_windows, defaults.baseline_windows as u32) as usize,
         probe_windows: config.probe_windows,
         window_s: f64::from(config.window_ms.max(1)) / 1000.0,
+        objective_us: f64::from(config.target_latency_ms) * 1000.0,
         queue_target_us: if config.queue_target_us == 0 {
             defaults.queue_target_us
         } else {

@@ -81,6 +81,8 @@ pub struct PortStats {
     pub cooldown_windows: u32,
     pub baseline_windows: u32,
     pub probe_windows: u32,
+    /// The operator's latency objective (`--target-latency`), milliseconds; null: none.
+    pub target_latency_ms: Option<u32>,
     /// Latency the controller treats as "no queue".
     pub baseline_us: u64,
     /// The followed percentile in the last window.
@@ -186,6 +188,7 @@ impl PortStats {
             cooldown_windows: now.control.cooldown_windows,
             baseline_windows: now.control.baseline_windows,
             probe_windows: now.control.probe_windows,
+            target_latency_ms: (now.control.target_latency_ms != 0).then_some(now.control.target_latency_ms),
             baseline_us: now.status.baseline_us,
             observed_us: now.status.observed_us,
             queue_wait_p50_us: now.status.queue_wait_p50_us,

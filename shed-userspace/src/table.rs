@@ -66,6 +66,12 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             mode
         );
         let _ = writeln!(out, "{queue}");
+        if let Some(objective) = s.target_latency_ms {
+            let _ = writeln!(out, "       objective: answered within {objective} ms (--target-latency)");
+        }
+        if s.count == crate::input::Count::Multiplexed {
+            let _ = writeln!(out, "       multiplexed: each connection busy while open, queue waits per read only");
+        }
         let tiers: Vec<String> = s
             .tiers
             .iter()

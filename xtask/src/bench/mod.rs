@@ -16,6 +16,7 @@ mod b3;
 mod b5;
 mod b6;
 mod b7;
+mod b8;
 mod b9;
 mod plot;
 
@@ -454,7 +455,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
 
 pub fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b9"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -497,6 +498,9 @@ pub fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b7") {
         save("b7", b7::b7(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b8") {
+        save("b8", b8::b8(&shedctl, scale)?)?;
     }
     if wanted("b9") {
         save("b9", b9::b9(&shedctl, scale, &results_dir())?)?;
