@@ -357,6 +357,10 @@ pub struct Controller {
     probe_left: u32,
     /// The limit to return to after a probe.
     before_probe: f64,
+    /// The smoothed latency when the probe began, and the lowest latency of a
+    /// probe window with enough samples (infinite: none yet).
+    latency_before_probe: f64,
+    probe_min_us: f64,
     probe_interval: usize,
     /// gradient2's long-window average, how many samples it has, and their
     /// sum while it warms up (a plain average of the first ten).
@@ -380,6 +384,8 @@ impl Controller {
             until_probe: span / 2,
             probe_left: 0,
             before_probe: 0.0,
+            latency_before_probe: 0.0,
+            probe_min_us: f64::INFINITY,
             probe_interval: (span * 9 / 10).max(1),
             smoothed_us: 0.0,
             baseline_us: 0.0,
@@ -444,9 +450,11 @@ impl Controller {
                 let raw = (s.latency_us as f64).max(1.0);
                 self.smoothed_us += LATENCY_SMOOTHING * (raw - self.smoothed_us);
                 self.baseline_us = self.baseline.push(self.smoothed_us, windows);
+                self.probe_min_us = self.probe_min_us.min(raw);
             }
             if self.probe_left == 0 {
-                self.limit = self.before_probe.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
+                let restore = self.restore_after_probe();
+                self.limit = restore.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
                 self.windows_since_cut = 0;
             }
             return Decision { limit: self.limit(), reason: Reason::Probe };
@@ -466,6 +474,8 @@ impl Controller {
             self.until_probe = self.probe_interval;
             self.probe_left = st.probe_windows;
             self.before_probe = self.limit;
+            self.latency_before_probe = self.smoothed_us;
+            self.probe_min_us = f64::INFINITY;
             self.limit = (self.limit * PROBE_DEPTH).max(f64::from(st.min_limit));
             return Decision { limit: self.limit(), reason: Reason::Probe };
         }
@@ -610,6 +620,24 @@ impl Controller {
             _ => s.latency_us as f64 <= OBJECTIVE_MARGIN * st.objective_us,
         };
         Some(Objective { wait_us, limit: (rate * wait_us / 1e6).round(), met })
+    }
+
+    /// The limit a probe returns to, from what it saw (the lowest latency of its
+    /// windows against the smoothed latency before it), instead of the limit
+    /// before it whatever happened. Higher, although a quarter of the limit
+    /// was in flight: the service itself slowed during the probe (it fell on a
+    /// change), and against its baseline the limiter is about to cut; returning
+    /// to the old limit would overshoot first and settle later, so the limit
+    /// returns scaled by the ratio, as a gradient would (at most by half).
+    /// Lower (a standing queue drained): the old limit, and the new baseline
+    /// does the rest (scaling it too cuts twice, and the limit ratchets down
+    /// probe after probe). The baseline itself is left alone: a probe too short
+    /// to drain a slow service's queue must not teach that queue as normal.
+    fn restore_after_probe(&self) -> f64 {
+        if !self.probe_min_us.is_finite() || self.probe_min_us <= self.latency_before_probe {
+            return self.before_probe;
+        }
+        self.before_probe * (self.latency_before_probe / self.probe_min_us).clamp(0.5, 1.0)
     }
 
     /// The time a sample spans, seconds.
@@ -1020,6 +1048,32 @@ mod tests {
         assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..burst_window(250_000, 5) }).limit, 160);
         // Past the objective: the gradient cuts as it would without one.
         assert!(c.on_window(&window(2_000_000, 160)).limit < 160);
+    }
+
+    #[test]
+    fn a_probe_that_falls_on_a_slowdown_returns_scaled_by_what_it_saw() {
+        let settings = Settings { initial_limit: 100, probe_windows: 3, ..Settings::default() };
+        let to_probe = |latency_us: u64| {
+            let mut c = Controller::new(settings, 0);
+            while c.on_window(&window(latency_us, 100)).reason != Reason::Probe {}
+            c
+        };
+        // The service slows 2x during the probe (a quarter of the limit in flight):
+        // the limit returns at half, as the gradient would cut it next.
+        let mut c = to_probe(10_000);
+        let before = c.before_probe;
+        for _ in 0..3 {
+            c.on_window(&window(20_000, 25));
+        }
+        assert_eq!(c.limit(), (before * 0.5).round() as u32, "returned scaled by 10 ms / 20 ms");
+        // The probe drained a standing queue (it saw half the latency): the old
+        // limit; the baseline it lowered does the rest.
+        let mut c = to_probe(20_000);
+        let before = c.before_probe;
+        for _ in 0..3 {
+            c.on_window(&window(10_000, 25));
+        }
+        assert_eq!(c.limit(), before.round() as u32);
     }
 
     #[test]
