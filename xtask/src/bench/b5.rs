@@ -63,7 +63,14 @@ fn schedule(scale: Scale) -> (Vec<Event>, f64) {
 }
 
 /// The controllers B5 compares, side by side in one run.
-const ALGOS: [&str; 2] = ["gradient", "queue"];
+const ALGOS: [&str; 4] = ["gradient", "gradient2", "aimd", "queue"];
+/// Bins of goodput averaged for "goodput back": 0.5 s.
+const GOODPUT_BINS: usize = 5;
+
+/// The timeline plot of one controller.
+fn timeline_file(algo: &str) -> String {
+    if algo == "gradient" { "b5_adaptation.png".to_owned() } else { format!("b5_adaptation_{algo}.png") }
+}
 
 /// One run: bins of the whole timeline.
 fn run_once(shedctl: &Path, scale: Scale, algo: &str) -> Result<Vec<Bin>> {
@@ -134,8 +141,23 @@ struct Response {
     /// The gate was shedding in the 0.5 s before the event (no "first" shed then).
     shedding_before: bool,
     first_cut_s: Option<f64>,
+    /// From when goodput over 0.5 s is at least 90% of min(offered, capacity).
+    goodput_s: Option<f64>,
     settle_s: Option<f64>,
     settled_limit: f64,
+}
+
+/// The limit in steady state (the first phase, 1.5x load, from 2 s on): its
+/// median and the largest deviation from it, as a fraction.
+fn steady_swing(bins: &[Bin], scale: Scale) -> (f64, f64) {
+    let (events, _) = schedule(scale);
+    let until = events.get(1).map_or(0.0, |e| e.at_s);
+    let limits: Vec<f64> = bins.iter().filter(|b| b.t > 2.0 && b.t <= until).map(|b| f64::from(b.limit)).collect();
+    if limits.is_empty() {
+        return (0.0, 0.0);
+    }
+    let (median, lo, hi) = median_min_max(limits);
+    (median, ((hi - median).max(median - lo)) / median.max(1.0))
 }
 
 fn per_second(n: u64) -> f64 {
@@ -165,7 +187,19 @@ fn responses(bins: &[Bin], scale: Scale) -> Vec<Response> {
                 && goodput >= target
         };
         let settle_s = phase.windows(HOLD_BINS).find(|w| settled(w)).map(|w| w[0].t - BIN.as_secs_f64() - e.at_s);
-        out.push(Response { event: e.name, first_shed_s, shedding_before, first_cut_s, settle_s, settled_limit });
+        let goodput_s = phase
+            .windows(GOODPUT_BINS)
+            .find(|w| w.iter().map(|b| per_second(b.answered)).sum::<f64>() / w.len() as f64 >= target)
+            .map(|w| w[0].t - BIN.as_secs_f64() - e.at_s);
+        out.push(Response {
+            event: e.name,
+            first_shed_s,
+            shedding_before,
+            first_cut_s,
+            goodput_s,
+            settle_s,
+            settled_limit,
+        });
     }
     out
 }
@@ -177,17 +211,25 @@ pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::
     let _ = writeln!(md, "\n## B5: adaptation over time\n");
     let _ = writeln!(
         md,
-        "4 workers x 20 ms (200 req/s), `shed gradient` and `shed queue` from limit 20 in turn, action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity). Median of {runs} runs (min-max).\n"
+        "4 workers x 20 ms (200 req/s), `shed gradient`, `gradient2`, `aimd` and `queue` from limit 20 in turn, action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Goodput back = the first moment from which goodput over 0.5 s is at least 90% of min(offered, capacity) (target: 0.5 s). Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity) (target: 1 s). Steady = the limit over the first phase (1.5x load) after 2 s: its median and largest deviation (target: +/-10%). Median of {runs} runs (min-max).\n"
     );
-    let _ =
-        writeln!(md, "![B5 timeline, gradient](b5_adaptation.png) ![B5 timeline, queue](b5_adaptation_queue.png)\n");
+    let images: Vec<String> = scale
+        .pick(&ALGOS[..], &ALGOS[..], &["gradient", "queue"])
+        .iter()
+        .map(|a| format!("![B5 timeline, {a}]({})", timeline_file(a)))
+        .collect();
+    let _ = writeln!(md, "{}\n", images.join(" "));
     let _ = writeln!(
         md,
-        "| controller | event | first shed s | first limit cut s | settled after s | settled limit | settled within 2 s |\n|---|---|---|---|---|---|---|"
+        "| controller | event | first shed s | first limit cut s | goodput back s | settled after s | settled limit | goodput in 0.5 s and settled in 1 s |\n|---|---|---|---|---|---|---|---|"
     );
+    let mut steady_rows = Vec::new();
     let mut json_events = Vec::new();
+    let mut json_steady = Vec::new();
     let mut timelines = serde_json::Map::new();
-    for algo in ALGOS {
+    // The smoke run keeps two (the default and the first one).
+    let algos: &[&str] = scale.pick(&ALGOS, &ALGOS, &["gradient", "queue"]);
+    for &algo in algos {
         let mut all = Vec::new();
         for r in 0..runs {
             let bins = run_once(shedctl, scale, algo)?;
@@ -219,10 +261,19 @@ pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::
             })
             .collect();
         let markers: Vec<(f64, &str)> = events.iter().skip(1).map(|e| (e.at_s, e.name)).collect();
-        let file =
-            if algo == "gradient" { "b5_adaptation.png".to_owned() } else { format!("b5_adaptation_{algo}.png") };
+        let swings: Vec<(f64, f64)> = all.iter().map(|(b, _)| steady_swing(b, scale)).collect();
+        let (median_limit, _, _) = median_min_max(swings.iter().map(|s| s.0).collect());
+        let (swing, swing_lo, swing_hi) = median_min_max(swings.iter().map(|s| s.1).collect());
+        steady_rows.push(format!(
+            "| {algo} | {median_limit:.0} | +/-{:.0}% ({:.0}-{:.0}) | {} |",
+            swing * 100.0,
+            swing_lo * 100.0,
+            swing_hi * 100.0,
+            if swing <= 0.1 { "yes" } else { "no" }
+        ));
+        json_steady.push(serde_json::json!({"controller": algo, "median_limit": median_limit, "swing": swing, "swing_min": swing_lo, "swing_max": swing_hi}));
         plot::timeline(
-            &plot_dir.join(file),
+            &plot_dir.join(timeline_file(algo)),
             &format!("B5: shed {algo} adapting (4 workers x 20 ms; 100 ms bins)"),
             &points,
             &markers,
@@ -244,18 +295,21 @@ pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::
                 shed = "already shedding".into();
             }
             let (cut, cut_m) = stat(pick(|r| r.first_cut_s));
+            let goodputs = pick(|r| r.goodput_s);
+            let all_back = goodputs.len() == runs;
+            let (back, back_m) = stat(goodputs);
             let settles = pick(|r| r.settle_s);
             let all_settled = settles.len() == runs;
             let (settle, settle_m) = stat(settles);
             let (level, level_m) = stat(all.iter().map(|(_, r)| r[i].settled_limit).collect());
-            let met = all_settled && settle_m.is_some_and(|s| s <= 2.0);
+            let met = all_back && back_m.is_some_and(|s| s <= 0.5) && all_settled && settle_m.is_some_and(|s| s <= 1.0);
             let _ = writeln!(
                 md,
-                "| {algo} | {} | {shed} | {cut} | {settle} | {level} | {} |",
+                "| {algo} | {} | {shed} | {cut} | {back} | {settle} | {level} | {} |",
                 e.name,
                 if met { "yes" } else { "no" }
             );
-            json_events.push(serde_json::json!({"controller": algo, "event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "settle_s": settle_m, "settled_limit": level_m, "settled_within_2s": met}));
+            json_events.push(serde_json::json!({"controller": algo, "event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "goodput_back_s": back_m, "settle_s": settle_m, "settled_limit": level_m, "met_targets": met}));
         }
         let timeline: Vec<_> = bins
             .iter()
@@ -263,10 +317,16 @@ pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::
             .collect();
         timelines.insert(algo.to_owned(), serde_json::Value::Array(timeline));
     }
+    let _ = writeln!(
+        md,
+        "\n| controller | steady limit | swing | within +/-10% |\n|---|---|---|---|\n{}",
+        steady_rows.join("\n")
+    );
     let json = serde_json::json!({
         "benchmark": "B5 adaptation",
         "runs": runs,
         "events": json_events,
+        "steady": json_steady,
         "timeline_run_0": timelines.get("gradient").cloned().unwrap_or_default(),
         "timelines_run_0": timelines,
     });
