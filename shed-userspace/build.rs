@@ -6,6 +6,21 @@
 use std::{env, fs, path::PathBuf};
 
 fn main() {
+    // The commit for `shed_build_info` (SHED_GIT_COMMIT wins, as in a build from a tarball).
+    println!("cargo:rerun-if-env-changed=SHED_GIT_COMMIT");
+    let commit = env::var("SHED_GIT_COMMIT").ok().filter(|c| !c.is_empty()).or_else(|| {
+        let out = std::process::Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    });
+    println!("cargo:rustc-env=SHED_GIT_COMMIT={}", commit.as_deref().unwrap_or("unknown"));
+    // A new commit changes HEAD or the branch it names.
+    let git = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo")).join("../.git");
+    println!("cargo:rerun-if-changed={}", git.join("HEAD").display());
+    if let Some(branch) =
+        fs::read_to_string(git.join("HEAD")).ok().and_then(|h| h.strip_prefix("ref: ").map(|r| r.trim().to_owned()))
+    {
+        println!("cargo:rerun-if-changed={}", git.join(branch).display());
+    }
     println!("cargo:rerun-if-env-changed=SHED_EBPF_OBJECT");
     let object = env::var_os("SHED_EBPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
         let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));

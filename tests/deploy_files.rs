@@ -87,3 +87,54 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());
     assert_eq!(metrics, Some("0.0.0.0:9464"), "{flags:?}");
 }
+
+/// The override OPERATIONS.md documents, on the shipped config: a fixed limit
+/// over the file's adaptive limiter is taken, not refused (refused, systemd's
+/// `Restart=on-failure` would loop).
+#[test]
+fn the_shipped_config_takes_the_documented_override() {
+    let config = format!("{DEPLOY}/shed.toml");
+    let cli = shed::config::parse_cli(["shedctl", "attach", "--config", &config, "--limit", "50"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let shed::cli::Command::Attach(args) = cli.command else { panic!("attach") };
+    let (control, limit) = args.control().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((shed::control::Algo::from_raw(control.algo), limit), (shed::control::Algo::Fixed, 50));
+}
+
+/// `--print-config` writes only what `attach` accepts.
+#[test]
+fn print_config_refuses_what_attach_would_refuse() {
+    let out = Command::new(env!("CARGO_BIN_EXE_shedctl"))
+        .args(["attach", "--port", "8080", "--print-config", "--algo", "gradient", "--limit", "5"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "refused, nothing printed: {stderr}");
+    assert!(stderr.contains("--initial-limit"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_shedctl"))
+        .args(["attach", "--port", "8080", "--print-config", "--algo", "queue", "--target-latency", "800"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("target-latency = 800") && text.contains("algo = \"queue\""), "{text}");
+}
+
+/// Completions and man pages from the binary alone (a package or an image has no cargo).
+#[test]
+fn completions_and_man_pages_come_from_the_binary() {
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_shedctl")).args(args).output().unwrap();
+    for (shell, word) in [("bash", "--client-cap"), ("zsh", "--handshake-window"), ("fish", "rst-prefix-rate")] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(word), "{shell}");
+    }
+    let out = run(&["man"]);
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && page.contains(".TH shedctl") && page.contains("attach"), "{page}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&["man", "--dir", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for page in ["shedctl.1", "shedctl-attach.1", "shedctl-tier-add.1"] {
+        assert!(dir.path().join(page).exists(), "{page}");
+    }
+}

@@ -226,7 +226,8 @@ fn slow_down_and_recover(args: &[&str]) -> Phases {
 
 #[test]
 fn the_limit_falls_when_the_service_slows_and_recovers_after() {
-    let Phases { limit_fast, limit_slow, limit_recovered, p99_fast, p99_slow } = slow_down_and_recover(&[]);
+    let Phases { limit_fast, limit_slow, limit_recovered, p99_fast, p99_slow } =
+        slow_down_and_recover(&["--algo", "gradient"]);
     assert!(p99_slow > 3 * p99_fast, "stats show the latency rising: p99 {p99_fast} -> {p99_slow} us");
     // The limit falls on its own, by a quarter at least (not a slot or two), to what
     // Little's law asks of 8 workers at 100 ms (80 req/s x ~0.1-0.3 s in the system:

@@ -371,6 +371,27 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
         .expect("setpriv (util-linux)");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("missing privileges") && stderr.contains("CAP_BPF"), "{stderr}");
+    // `ip netns exec NS shedctl ...`: its own /sys hides the pins; pointed to --netns, before anything else.
+    for args in [&["attach", "--port", "8080"][..], &["stats"]] {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, support::gate::SHEDCTL])
+            .args(args)
+            .output()
+            .expect("ip netns exec");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(&format!("`shedctl attach --netns {ns} --port ...`")),
+            "{args:?}: {stderr}"
+        );
+    }
+    // --netns needs CAP_SYS_ADMIN (setns): caught with the other privileges, not by a failing setns.
+    let out = std::process::Command::new("setpriv")
+        .args(["--inh-caps=-sys_admin", "--bounding-set=-sys_admin", support::gate::SHEDCTL, "attach"])
+        .args(["--port", "8080", "--netns", ns])
+        .output()
+        .expect("setpriv (util-linux)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("CAP_SYS_ADMIN (for --netns)"), "{stderr}");
     // bpffs missing: in a private mount namespace with /sys/fs/bpf unmounted.
     let out = std::process::Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c"])
@@ -388,9 +409,23 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "3"]);
     assert_refused(&["attach", "--port", "8080", "--netns", ns, "--iface", iface], "port 8080 is already protected");
     assert_refused(&["attach", "--port", "9999", "--netns", ns, "--iface", iface], "a shed gate is already running");
-    assert_refused(&["set", "--port", "9999", "--limit", "3"], "port 9999 is not protected");
-    assert_refused(&["stats", "--port", "9999"], "port 9999 is not protected");
-    assert_eq!(field(&stats(PORT), "limit"), 3, "the running gate is unchanged");
+    // Not "attach it" (attach is refused while a gate runs): how to add a port.
+    for args in [&["set", "--port", "9999", "--limit", "3"][..], &["stats", "--port", "9999"]] {
+        assert_refused(args, "port 9999 is not protected by the running gate (protected: 8080)");
+        assert_refused(args, "a running gate takes no new port: to add it, stop the gate (`shedctl detach`)");
+    }
+    // `set` refuses what `attach` refuses: an adaptive limit outside its bounds.
+    assert_refused(
+        &["set", "--port", "8080", "--algo", "gradient", "--min-limit", "10", "--limit", "5"],
+        "--limit 5 is outside --min-limit 10 .. --max-limit",
+    );
+    let s = stats(PORT);
+    assert_eq!((field(&s, "limit"), s["algo"].as_str()), (3, Some("fixed")), "the running gate is unchanged: {s}");
+    // The first tier switches tier shares on for every port: said, not silent.
+    let out = shedctl(&["tier", "add", "10.9.9.0/24", "low"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("the first client tier: tier shares now apply"), "{stdout}");
+    assert!(shedctl(&["tier", "rm", "10.9.9.0/24"]).status.success());
 }
 
 #[test]

@@ -43,11 +43,14 @@ fn veth_case(name: &str, hook: &str, xdp_mode: &str) {
         .unwrap();
         let addr = bed.server_addr(v6, PORT);
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-        let _gate = Gate::start(
+        let gate = Gate::start(
             &bed,
             &["--port", "8080", "--limit", "1", "--action", "rst", "--hook", hook, "--xdp-mode", xdp_mode],
         );
         refuses_over_limit(&bed, &bed.client_ns, addr, &format!("veth {hook} {xdp_mode} v6={v6}"));
+        // Native XDP RSTs on a veth need the peer's XDP (as here): the operator is warned.
+        let warned = gate.log().contains("reach the other end only if it runs an XDP program");
+        assert_eq!(warned, hook == "xdp" && xdp_mode == "native", "{hook} {xdp_mode}:\n{}", gate.log());
     }
 }
 

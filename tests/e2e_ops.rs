@@ -111,6 +111,17 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     assert_eq!(value(&m, "shed_baseline_latency_seconds", &port), baseline_us / 1e6, "baseline vs stats {stats}");
 
     assert_eq!(http_get(METRICS, "/").0, "HTTP/1.1 404 Not Found");
+    assert_eq!(value(&m, "shed_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    assert!(value(&m, "process_resident_memory_bytes", &[]) > 1e6 && value(&m, "process_open_fds", &[]) > 3.0);
+    assert_eq!(http_get(METRICS, "/healthz"), ("HTTP/1.1 200 OK".to_owned(), "ok\n".to_owned()));
+
+    // A client that never finishes its request stalls nobody.
+    let mut slow = std::net::TcpStream::connect(METRICS).unwrap();
+    std::io::Write::write_all(&mut slow, b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let start = std::time::Instant::now();
+    assert_eq!(http_get(METRICS, "/metrics").0, "HTTP/1.1 200 OK");
+    assert!(start.elapsed() < Duration::from_secs(1), "scrape beside a stuck client took {:?}", start.elapsed());
+    drop(slow);
 
     // `shedctl top` reads the same maps: one frame as text.
     let out = shedctl(&["top", "--once", "--interval", "200", "--size", "110x24"]);
@@ -132,4 +143,43 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("port 9 is not protected"));
     drop(held);
     drop(gate);
+}
+
+/// `/readyz` turns not ready while the gate sheds past `--ready-max-shed`
+/// over `--ready-window`, and ready again when the shedding stops.
+#[test]
+fn readyz_follows_the_shed_share() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedrz").expect("testbed");
+    let addr: SocketAddr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let endpoint = "127.0.0.1:19465";
+    let _gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--limit", "1", "--action", "rst", "--metrics", endpoint, "--ready-window", "2"],
+    );
+    assert_eq!(http_get(endpoint, "/readyz"), ("HTTP/1.1 200 OK".to_owned(), "ready\n".to_owned()));
+    // One connection holds the only slot; 40 more are shed at once.
+    let held = testbed::run_in(&bed.client_ns, move || {
+        let held = testbed::connect(addr, Duration::from_secs(1)).expect("admitted");
+        let refused = (0..40).filter(|_| testbed::connect(addr, Duration::from_secs(1)).is_err()).count();
+        (held, refused)
+    })
+    .unwrap();
+    assert_eq!(held.1, 40);
+    let (status, why) = support::gate::poll(
+        Duration::from_secs(5),
+        "/readyz not ready",
+        || http_get(endpoint, "/readyz"),
+        |(status, _)| status == "HTTP/1.1 503 Service Unavailable",
+    );
+    assert!(why.contains("shedding") && why.contains("not ready above 50%"), "{status}: {why}");
+    // No more attempts: once the window has passed, ready again.
+    support::gate::poll(
+        Duration::from_secs(6),
+        "/readyz ready again",
+        || http_get(endpoint, "/readyz").0,
+        |s| s == "HTTP/1.1 200 OK",
+    );
+    drop(held);
 }

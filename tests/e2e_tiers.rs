@@ -111,6 +111,11 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
     held.push(connect_from(&bed, retiered, addr).expect("unlisted source is normal: 7 < 9"));
     let out = shedctl(&["tier", "add", "10.200.0.6/32", "low"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "10.200.0.6/32 is now low\n", "not the first tier: one line");
+    // Replacing a tier says what it was.
+    let out = shedctl(&["tier", "add", "10.200.0.6/32", "normal"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("10.200.0.6/32 is now normal (was low)"));
+    assert!(shedctl(&["tier", "add", "10.200.0.6/32", "low"]).status.success());
     let e = connect_from(&bed, retiered, addr).expect_err("now low: 8 >= 7");
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
     let out = shedctl(&["tier", "ls", "--json"]);

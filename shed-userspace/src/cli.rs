@@ -9,9 +9,9 @@ use shed_common::ControlConfig;
 use crate::{
     control::{Algo, Settings},
     input::{
-        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_handshake_window, parse_heal_interval,
-        parse_interface, parse_limit, parse_listen_addr, parse_map_size, parse_millis, parse_percentile, parse_port,
-        parse_prefix_v6,
+        Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_handshake_window, parse_interface,
+        parse_limit, parse_listen_addr, parse_map_size, parse_millis, parse_percentile, parse_port, parse_prefix_v6,
+        parse_seconds,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -56,6 +56,21 @@ pub enum Command {
     /// Example: shedctl tier add 10.0.0.0/8 critical
     #[command(subcommand)]
     Tier(TierCommand),
+    /// Print shell completions for bash, zsh, fish, elvish or powershell.
+    ///
+    /// Example: shedctl completions bash > /usr/share/bash-completion/completions/shedctl
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page shedctl(1), or write it and one page per verb into a folder.
+    ///
+    /// Example: shedctl man --dir /usr/share/man/man1
+    Man {
+        /// Folder for shedctl.1, shedctl-attach.1, ... (created if missing).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -97,7 +112,7 @@ pub struct AttachArgs {
     pub print_config: bool,
 
     /// Port to protect; repeat for several (--port 8080 --port 8443).
-    #[arg(long = "port", required_unless_present = "config", value_parser = parse_port)]
+    #[arg(long = "port", required_unless_present = "config", allow_negative_numbers = true, value_parser = parse_port)]
     pub ports: Vec<u16>,
 
     /// Interface to gate; repeat for several (--iface eth0 --iface lo).
@@ -121,7 +136,7 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_limit)]
     pub limit: Option<u32>,
 
-    /// Limiter (--algo queue). Default: gradient, or fixed when --limit is given.
+    /// Limiter (--algo gradient). Default: queue, or fixed when --limit is given.
     #[arg(long, value_enum)]
     pub algo: Option<Algo>,
 
@@ -177,8 +192,12 @@ pub struct AttachArgs {
     pub rst_prefix_rate: u32,
 
     /// Count what would be rejected, but admit everything (--dry-run).
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_dry_run")]
     pub dry_run: bool,
+
+    /// Dry-run off, over a config file's `dry-run = true` (--no-dry-run).
+    #[arg(long, overrides_with = "dry_run")]
+    pub no_dry_run: bool,
 
     /// Network namespace to gate: a name from `ip netns` or a path (--netns srv).
     #[arg(long)]
@@ -195,7 +214,7 @@ pub struct AttachArgs {
 
     /// Seconds between routine healing passes, which read every held connection;
     /// evidence of drift (ports changed, the connection map full) brings one forward (--heal-interval 30).
-    #[arg(long, value_parser = parse_heal_interval, default_value = "30")]
+    #[arg(long, value_parser = parse_seconds, default_value = "30")]
     pub heal_interval: Duration,
 
     /// Most established connections counted across ports; past it new connections are
@@ -207,6 +226,15 @@ pub struct AttachArgs {
     /// (client_map_full). Memory grows with use (--max-clients 65536).
     #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]
     pub max_clients: u32,
+
+    /// With --metrics: /readyz says not ready while more than this percent of new
+    /// connections are shed over --ready-window; 100: always ready (--ready-max-shed 50).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub ready_max_shed: u8,
+
+    /// Seconds the shed share is measured over for /readyz (--ready-window 10).
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    pub ready_window: Duration,
 }
 
 impl AttachArgs {
@@ -214,9 +242,7 @@ impl AttachArgs {
     pub fn control(&self) -> Result<(ControlConfig, u32), String> {
         let algo = match (self.algo, self.limit) {
             (None, Some(_)) | (Some(Algo::Fixed), _) => Algo::Fixed,
-            // A multiplexed port shows queue wait only: the one adaptive signal it has.
-            (None, None) if self.count == Count::Multiplexed => Algo::Queue,
-            (None, None) => Algo::Gradient,
+            (None, None) => Settings::default().algo,
             (Some(algo), Some(_)) => {
                 return Err(format!(
                     "--limit sets a fixed limit, but --algo {algo} adapts it: use --initial-limit to start {algo} from a value"
@@ -313,7 +339,7 @@ pub struct GuardArgs {
 #[derive(Debug, Args)]
 pub struct StatsArgs {
     /// Only this port (--port 8080).
-    #[arg(long, value_parser = parse_port)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: Option<u16>,
 
     /// Print a JSON list, one object per port (--json).
@@ -332,7 +358,7 @@ pub struct StatsArgs {
 #[derive(Debug, Args)]
 pub struct TopArgs {
     /// Only this port (--port 8080).
-    #[arg(long, value_parser = parse_port)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: Option<u16>,
 
     /// Milliseconds between refreshes (--interval 250). Default: the ports' control window.
@@ -367,7 +393,7 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
-    #[arg(long, value_parser = parse_port)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: u16,
 
     /// The limit, now (--limit 50); adaptive controllers continue from it.
@@ -414,7 +440,7 @@ pub struct SetArgs {
 #[derive(Debug, Args)]
 pub struct DetachArgs {
     /// Stop gating only this port (--port 8080); without it the whole gate stops.
-    #[arg(long, value_parser = parse_port)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: Option<u16>,
 
     /// Milliseconds to wait for the daemon to exit (--timeout 5000).
@@ -473,7 +499,7 @@ mod tests {
         let (control, limit) = a.control().unwrap();
         assert_eq!(
             (Algo::from_raw(control.algo), limit, control.window_ms, control.percentile),
-            (Algo::Gradient, 100, 100, 90)
+            (Algo::Queue, 100, 100, 90)
         );
     }
 
@@ -510,6 +536,16 @@ mod tests {
             assert!(err.contains(&format!("--algo {algo}")) && err.contains("--algo queue"), "{err}");
         }
         assert!(control(&["--count", "connections", "--algo", "gradient"]).is_ok());
+    }
+
+    #[test]
+    fn a_negative_port_is_out_of_range_not_an_unknown_flag() {
+        for args in
+            [&["attach", "--port", "-1"][..], &["set", "--port", "-1", "--limit", "3"], &["stats", "--port", "-1"]]
+        {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains("port -1 is out of range: give a port from 1 to 65535"), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -15,7 +15,10 @@ use std::{
 use clap::{CommandFactory as _, FromArgMatches as _, parser::ValueSource};
 use toml::{Spanned, Value};
 
-use crate::cli::{AttachArgs, Cli, Command};
+use crate::{
+    cli::{AttachArgs, Cli, Command},
+    control::Algo,
+};
 
 /// The shape a key's value must have.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,11 +66,13 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("heal-interval", "heal-interval", Kind::Int),
     ("max-connections", "max-connections", Kind::Int),
     ("max-clients", "max-clients", Kind::Int),
+    ("ready-max-shed", "ready-max-shed", Kind::Int),
+    ("ready-window", "ready-window", Kind::Int),
 ];
 
 /// A config file that cannot be used, with where and why.
 #[derive(Debug, thiserror::Error, PartialEq)]
-#[error("{file}:{line}: {reason}")]
+#[error("{}", if *line == 0 { format!("{file}: {reason}") } else { format!("{file}:{line}: {reason}") })]
 pub struct ConfigError {
     pub file: String,
     /// 1-based; 0 when the problem is not on one line (the file cannot be read).
@@ -89,11 +94,18 @@ where
         return Ok(cli);
     };
     let attach = matches.subcommand_matches("attach").expect("attach was parsed");
-    let given = |id: &str| attach.value_source(id) == Some(ValueSource::CommandLine);
+    let given = |id: &str| {
+        let on_line = |id: &str| attach.value_source(id) == Some(ValueSource::CommandLine);
+        match id {
+            // Not a flag: an adaptive limiter named on the command line (see `overridden`).
+            ADAPTIVE_ALGO => on_line("algo") && attach.get_one::<Algo>("algo").is_some_and(|a| *a != Algo::Fixed),
+            _ => on_line(id),
+        }
+    };
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         file: path.display().to_string(),
         line: 0,
-        reason: format!("cannot read: {e}"),
+        reason: format!("cannot read the config file: {e}"),
     })?;
     let file_args = file_args(path, &text, &given)?;
     let merged = <Cli as clap::Parser>::try_parse_from(argv.into_iter().chain(file_args))?;
@@ -147,7 +159,7 @@ pub fn file_args(path: &Path, text: &str, given: &dyn Fn(&str) -> bool) -> Resul
         for r in &raw {
             check(r).map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
         }
-        if given(arg.get_id().as_str()) {
+        if given(arg.get_id().as_str()) || overridden(key.get_ref(), given) {
             continue; // the command line wins
         }
         for r in raw {
@@ -162,6 +174,24 @@ pub fn file_args(path: &Path, text: &str, given: &dyn Fn(&str) -> bool) -> Resul
         }
     }
     Ok(args)
+}
+
+/// Stands for "an adaptive `--algo` was given on the command line" in `given`.
+const ADAPTIVE_ALGO: &str = "<adaptive algo>";
+
+/// Whether a flag on the command line replaces a config key of another name:
+/// the two would contradict each other, and the command line is the newer word
+/// (the documented override `--config shed.toml --limit 50` over a file that
+/// names an adaptive limiter must not be a restart loop under systemd).
+fn overridden(key: &str, given: &dyn Fn(&str) -> bool) -> bool {
+    match key {
+        // A fixed limit replaces the file's limiter and its starting point.
+        "algo" | "initial-limit" => given("limit"),
+        // An adaptive limiter, or where it starts, replaces the file's fixed limit.
+        "limit" => given("initial_limit") || given(ADAPTIVE_ALGO),
+        "dry-run" => given("no_dry_run"),
+        _ => false,
+    }
 }
 
 /// The value(s) of a key as the flag would be given them.
@@ -263,10 +293,12 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
     t.insert("max-connections".into(), int(args.max_connections.into()));
     t.insert("max-clients".into(), int(args.max_clients.into()));
+    t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
+    t.insert("ready-window".into(), int(args.ready_window.as_secs()));
     toml::to_string(&t).expect("a table always serializes")
 }
 
-fn value_name(v: impl clap::ValueEnum) -> String {
+pub(crate) fn value_name(v: impl clap::ValueEnum) -> String {
     v.to_possible_value().map(|p| p.get_name().to_owned()).unwrap_or_default()
 }
 
@@ -366,6 +398,10 @@ mod tests {
         "500000",
         "--max-clients",
         "2048",
+        "--ready-max-shed",
+        "80",
+        "--ready-window",
+        "30",
     ];
 
     #[test]
@@ -392,6 +428,29 @@ mod tests {
         assert_eq!((a.ports, a.limit, a.action, a.dry_run), (vec![3000], Some(7), crate::input::Action::Rst, true));
         let a = with_file(text, &[]).unwrap();
         assert_eq!((a.ports, a.limit), (vec![1000, 2000], Some(5)));
+        // Flags of another name that contradict a key replace it (a refusal would be a
+        // systemd restart loop): a fixed limit over the file's limiter, a limiter over
+        // its fixed limit, --no-dry-run over its dry-run.
+        let adaptive = "ports = [80]\nalgo = \"gradient\"\ninitial-limit = 40\ndry-run = true\n";
+        let a = with_file(adaptive, &["--limit", "50", "--no-dry-run"]).unwrap();
+        assert_eq!((a.algo, a.initial_limit, a.limit, a.dry_run), (None, None, Some(50), false));
+        assert_eq!(a.control().unwrap().1, 50);
+        let a = with_file(text, &["--algo", "queue"]).unwrap();
+        assert_eq!((a.algo, a.limit), (Some(Algo::Queue), None));
+        assert!(a.control().is_ok());
+        let a = with_file(text, &["--initial-limit", "30"]).unwrap();
+        assert_eq!((a.limit, a.control().unwrap().1), (None, 30));
+        // --algo fixed agrees with the file's limit: kept.
+        let a = with_file(text, &["--algo", "fixed"]).unwrap();
+        assert_eq!(a.control().unwrap().1, 5);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_names_it_without_a_line() {
+        let err = parse_cli(["shedctl", "attach", "--config", "/nonexistent/shed.toml"]).unwrap_err().to_string();
+        assert!(err.starts_with("/nonexistent/shed.toml: cannot read the config file"), "{err}");
+        let err = crate::tiers::load_tier_file(Path::new("/nonexistent/tiers.toml")).unwrap_err();
+        assert!(err.starts_with("cannot read the tier file /nonexistent/tiers.toml"), "{err}");
     }
 
     #[test]
@@ -428,9 +487,7 @@ mod tests {
             assert!(err.reason.contains(reason), "{text:?}: expected {reason:?} in {err}");
         }
         match parse_cli(["shedctl", "attach", "--config", "/nonexistent/shed.toml"]) {
-            Err(CliError::Config(e)) => {
-                assert!(e.to_string().starts_with("/nonexistent/shed.toml:0: cannot read"), "{e}")
-            }
+            Err(CliError::Config(e)) => assert_eq!(e.line, 0, "not on a line: {e}"),
             other => panic!("a missing file must be refused, got {other:?}"),
         }
     }

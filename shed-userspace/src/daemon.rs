@@ -170,6 +170,8 @@ pub struct LoopSettings {
     pub heal_interval: Duration,
     /// What the healer did, for the metrics endpoint.
     pub heal_report: crate::heal::HealReport,
+    /// Beaten every tick, for `/healthz`.
+    pub heartbeat: crate::endpoint::Heartbeat,
 }
 
 /// Gates interfaces as they appear (no `--iface`: the whole namespace).
@@ -240,6 +242,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
             _ = ticker.tick() => {
+                settings.heartbeat.beat();
                 if last_watch.elapsed() >= WATCH_EVERY {
                     settings.local_addrs.refresh(&mut loaded.maps)?;
                     if let Some(follow) = &mut settings.follow_interfaces {

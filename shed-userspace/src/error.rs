@@ -34,9 +34,14 @@ pub enum Error {
     StaleGate { pin_dir: PathBuf, pid: String },
 
     #[error(
-        "port {port} is not protected by the running gate (protected: {protected}); attach it with `shedctl attach --port {port}`"
+        "port {port} is not protected by the running gate (protected: {protected}); a running gate takes no new port: to add it, stop the gate (`shedctl detach`) and attach again with every port (`shedctl attach --port {port} --port ...`)"
     )]
     PortNotProtected { port: u16, protected: String },
+
+    #[error(
+        "shedctl is running inside network namespace `{name}` (as `ip netns exec {name}` runs it), with a /sys of its own: the host's bpffs and the gate's pins are hidden there, and a gate attached from inside would be invisible to shedctl on the host. Run shedctl on the host and name the namespace instead: `shedctl attach --netns {name} --port ...`"
+    )]
+    InsideIpNetnsExec { name: String },
 
     #[error(
         "port {port} is already protected by the running gate (pid {pid}): change it with `shedctl set --port {port} ...`, or stop it with `shedctl detach --port {port}` first"

@@ -6,7 +6,7 @@ use shed_common::{MAX_LIMIT, action};
 
 /// A TCP port an operator asked to protect (1-65535).
 pub fn parse_port(s: &str) -> Result<u16, String> {
-    let n: u32 = s.trim().parse().map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
+    let n: i64 = s.trim().parse().map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
     match u16::try_from(n) {
         Ok(0) => Err("port 0 cannot be protected: give a port from 1 to 65535".into()),
         Ok(port) => Ok(port),
@@ -55,8 +55,8 @@ pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
     Ok(n)
 }
 
-/// `--heal-interval`: seconds between routine healing passes, 1 to 3600.
-pub fn parse_heal_interval(s: &str) -> Result<Duration, String> {
+/// Whole seconds, 1 to 3600 (`--heal-interval`, `--ready-window`).
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: u64 = s
         .trim()
         .trim_end_matches('s')
@@ -270,11 +270,11 @@ mod tests {
 
     #[test]
     fn heal_intervals_and_map_sizes() {
-        assert_eq!(parse_heal_interval("30"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_heal_interval("1s"), Ok(Duration::from_secs(1)));
-        assert!(parse_heal_interval("0").unwrap_err().contains("1 to 3600"));
-        assert!(parse_heal_interval("3601").unwrap_err().contains("out of range"));
-        assert!(parse_heal_interval("soon").unwrap_err().contains("seconds"));
+        assert_eq!(parse_seconds("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_seconds("1s"), Ok(Duration::from_secs(1)));
+        assert!(parse_seconds("0").unwrap_err().contains("1 to 3600"));
+        assert!(parse_seconds("3601").unwrap_err().contains("out of range"));
+        assert!(parse_seconds("soon").unwrap_err().contains("seconds"));
         assert_eq!(parse_map_size("262144"), Ok(262_144));
         assert_eq!(parse_map_size("1_024"), Ok(1024));
         assert!(parse_map_size("1023").unwrap_err().contains("1024 to 16777216"));

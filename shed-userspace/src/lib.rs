@@ -10,6 +10,7 @@ pub mod commands;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod endpoint;
 pub mod error;
 pub mod gate;
 pub mod heal;

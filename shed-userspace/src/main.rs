@@ -26,6 +26,12 @@ fn main() {
         Command::Set(args) => commands::set::execute(args),
         Command::Detach(args) => commands::detach::execute(args),
         Command::Tier(command) => commands::tier::execute(command),
+        Command::Completions { shell } => {
+            commands::docs::completions(shell, &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir: Some(dir) } => commands::docs::man_pages(&dir),
+        Command::Man { dir: None } => commands::docs::man_page(&mut std::io::stdout()),
     };
     if let Err(err) = result {
         eprintln!("shedctl: error: {}", chain_message(&err));

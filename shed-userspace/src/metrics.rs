@@ -5,10 +5,8 @@
 //! controller's decisions, which only the daemon sees.
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener},
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use prometheus_client::{
@@ -68,6 +66,40 @@ pub struct Scrape {
     pub heal: HealCounts,
     /// Kernel memory held by the gate's maps.
     pub bpf_memory_bytes: u64,
+    pub process: ProcessStats,
+}
+
+/// The daemon process as Prometheus' process metrics name it, from /proc/self.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub open_fds: u64,
+    pub start_time_seconds: f64,
+}
+
+impl ProcessStats {
+    pub fn read() -> Self {
+        // SAFETY: sysconf has no preconditions.
+        let (ticks, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+        let (ticks, page) = (ticks.max(1) as f64, page.max(1) as u64);
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may hold spaces): state is field 3.
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok()))
+            .unwrap_or(0);
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let resident_pages = statm.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Self {
+            cpu_seconds: (field(14) + field(15)) as f64 / ticks,
+            resident_bytes: resident_pages * page,
+            open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+            start_time_seconds: boot as f64 + field(22) as f64 / ticks,
+        }
+    }
 }
 
 impl Scrape {
@@ -81,7 +113,13 @@ impl Scrape {
                 decisions: decisions.of(snapshot.port),
             });
         }
-        Ok(Self { ports, gate: maps.gate_counters()?, heal: heal.read(), bpf_memory_bytes: maps.memory_bytes() })
+        Ok(Self {
+            ports,
+            gate: maps.gate_counters()?,
+            heal: heal.read(),
+            bpf_memory_bytes: maps.memory_bytes(),
+            process: ProcessStats::read(),
+        })
     }
 
     /// The Prometheus text exposition.
@@ -210,6 +248,44 @@ impl Collector for Scrape {
                 "How long the last healing pass took.",
                 Gauge,
                 [(Labels::new(), self.heal.last_pass.as_secs_f64())],
+            )?;
+            let build =
+                vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("commit", env!("SHED_GIT_COMMIT").to_owned())];
+            family(
+                &mut e,
+                "shed_build_info",
+                "1, with the build's version and commit as labels.",
+                Gauge,
+                [(build, 1u64)],
+            )?;
+            let p = self.process;
+            family(
+                &mut e,
+                "process_cpu_seconds",
+                "CPU time of the daemon, user and system.",
+                Counter,
+                [(Labels::new(), p.cpu_seconds)],
+            )?;
+            family(
+                &mut e,
+                "process_resident_memory_bytes",
+                "Resident memory of the daemon.",
+                Gauge,
+                [(Labels::new(), p.resident_bytes)],
+            )?;
+            family(
+                &mut e,
+                "process_open_fds",
+                "File descriptors the daemon holds open.",
+                Gauge,
+                [(Labels::new(), p.open_fds)],
+            )?;
+            family(
+                &mut e,
+                "process_start_time_seconds",
+                "When the daemon started, seconds since the epoch.",
+                Gauge,
+                [(Labels::new(), p.start_time_seconds)],
             )?;
             family(
                 &mut e,
@@ -480,58 +556,6 @@ impl Collector for Scrape {
 /// address refuses the attach.
 pub fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
     TcpListener::bind(addr).map_err(|e| Error::io("listen for metrics on", addr.to_string(), e))
-}
-
-/// Serves `/metrics` on its own thread until the process exits; a scrape
-/// never waits for the control loop.
-pub fn serve(listener: TcpListener, decisions: Decisions, heal: HealReport) {
-    std::thread::Builder::new()
-        .name("shed-metrics".into())
-        .spawn(move || {
-            let maps = match GateMaps::open_pinned() {
-                Ok(maps) => maps,
-                Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
-            };
-            for stream in listener.incoming().flatten() {
-                if let Err(e) = answer(stream, &maps, &decisions, &heal) {
-                    tracing::debug!("metrics request: {e}");
-                }
-            }
-        })
-        .expect("spawn the metrics thread");
-}
-
-fn answer(stream: TcpStream, maps: &GateMaps, decisions: &Decisions, heal: &HealReport) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request_line = String::new();
-    reader.by_ref().take(8192).read_line(&mut request_line)?;
-    // Headers are read and ignored, bounded.
-    let mut line = String::new();
-    for _ in 0..100 {
-        line.clear();
-        if reader.by_ref().take(8192).read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
-            break;
-        }
-    }
-    let mut parts = request_line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
-        ("GET", "/metrics") => match Scrape::read(maps, decisions, heal) {
-            Ok(scrape) => ("200 OK", CONTENT_TYPE, scrape.encode()),
-            Err(e) => ("503 Service Unavailable", "text/plain", format!("reading the gate's maps: {e}\n")),
-        },
-        ("GET", _) => ("404 Not Found", "text/plain", "shed serves /metrics only\n".into()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET /metrics\n".into()),
-    };
-    let mut stream = stream;
-    write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    stream.flush()
 }
 
 #[cfg(test)]

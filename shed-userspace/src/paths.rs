@@ -16,3 +16,5 @@ pub const NETSTAT: &str = "/proc/thread-self/net/netstat";
 pub fn map_pin(name: &str) -> PathBuf {
     Path::new(PIN_DIR).join(name)
 }
+/// Where `ip netns` keeps its named network namespaces.
+pub const NETNS_DIR: &str = "/run/netns";

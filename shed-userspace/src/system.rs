@@ -27,10 +27,15 @@ pub enum Need {
     Maps,
     /// Loading and attaching programs (maps, XDP/TC, tracepoints).
     Attach,
+    /// The same, in another network namespace (`--netns`: setns needs CAP_SYS_ADMIN).
+    AttachNetns,
 }
 
-/// Checks the effective capabilities of this process.
+/// Checks that this process can do `need` from where it runs: not inside
+/// `ip netns exec` (see [`check_not_in_ip_netns_exec`]), with the effective
+/// capabilities it takes.
 pub fn check_privileges(need: Need) -> Result<(), Error> {
+    check_not_in_ip_netns_exec()?;
     let status = fs::read_to_string("/proc/self/status").map_err(|e| Error::io("read", "/proc/self/status", e))?;
     let effective = status
         .lines()
@@ -49,7 +54,10 @@ pub fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
     if !(has(CAP_BPF) || admin) {
         missing.push("CAP_BPF");
     }
-    if need == Need::Attach {
+    if need == Need::AttachNetns && !admin {
+        missing.push("CAP_SYS_ADMIN (for --netns)");
+    }
+    if matches!(need, Need::Attach | Need::AttachNetns) {
         if !has(CAP_NET_ADMIN) {
             missing.push("CAP_NET_ADMIN");
         }
@@ -58,6 +66,38 @@ pub fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
         }
     }
     missing
+}
+
+/// `ip netns exec NS shedctl ...` runs shedctl in the namespace with a /sys of
+/// its own (a new mount namespace), where the host's bpffs and the gate's pins
+/// are hidden: a gate attached there is invisible to shedctl on the host, and
+/// mounting bpffs and tracefs there only hides the problem. Refused, pointing
+/// to `--netns`, when the network namespace has a name in /run/netns and both
+/// it and the mount namespace differ from those of a process outside: the
+/// parent (`ip netns exec NS shedctl`) or init (a shell started by `ip netns
+/// exec`). Where neither can be read, nothing is refused.
+pub fn check_not_in_ip_netns_exec() -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt as _;
+    let id = |path: &Path| fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let ns = |pid: &str, kind: &str| id(&Path::new("/proc").join(pid).join("ns").join(kind));
+    let (Some(net), Some(mnt)) = (ns("self", "net"), ns("self", "mnt")) else { return Ok(()) };
+    let parent = std::os::unix::process::parent_id().to_string();
+    let outside = [parent.as_str(), "1"]
+        .iter()
+        .any(|pid| matches!((ns(pid, "net"), ns(pid, "mnt")), (Some(n), Some(m)) if n != net && m != mnt));
+    if !outside {
+        return Ok(());
+    }
+    let named = fs::read_dir(paths::NETNS_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| id(&e.path()) == Some(net))
+        .map(|e| e.file_name().to_string_lossy().into_owned());
+    match named {
+        Some(name) => Err(Error::InsideIpNetnsExec { name }),
+        None => Ok(()),
+    }
 }
 
 fn fs_magic(path: &str) -> Option<i64> {
@@ -298,7 +338,7 @@ pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
     let path = if name_or_path.contains('/') {
         Path::new(name_or_path).to_path_buf()
     } else {
-        Path::new("/run/netns").join(name_or_path)
+        Path::new(paths::NETNS_DIR).join(name_or_path)
     };
     let file = fs::File::open(&path).map_err(|e| Error::io("open network namespace", &path, e))?;
     // SAFETY: a valid namespace fd.

@@ -149,8 +149,9 @@ struct TierFile {
 /// "2001:db8::/32" = "low"
 /// ```
 pub fn load_tier_file(path: &Path) -> Result<Vec<(Cidr, u8)>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_tier_file(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read the tier file {}: {e}", path.display()))?;
+    parse_tier_file(&text).map_err(|e| format!("tier file {}: {e}", path.display()))
 }
 
 pub fn parse_tier_file(text: &str) -> Result<Vec<(Cidr, u8)>, String> {

@@ -3,9 +3,7 @@
 use std::{fs, path::Path};
 
 use anyhow::{Context as _, Result};
-use clap::CommandFactory as _;
 use clap_complete::Shell;
-use shed::cli::Cli;
 
 /// Writes completions under `share` (bash, zsh, fish in their usual folders)
 /// and man pages under `share/man/man1`. Returns the files written.
@@ -20,14 +18,14 @@ pub fn generate(share: &Path) -> Result<Vec<std::path::PathBuf>> {
         fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let path = dir.join(file);
         let mut out = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "shedctl", &mut out);
+        shed::commands::docs::completions(shell, &mut out);
         fs::write(&path, out).with_context(|| format!("write {}", path.display()))?;
         written.push(path);
     }
     let man = share.join("man/man1");
     fs::create_dir_all(&man).with_context(|| format!("create {}", man.display()))?;
     // shedctl.1 plus one page per verb (shedctl-attach.1, ...).
-    clap_mangen::generate_to(Cli::command(), &man).context("write man pages")?;
+    shed::commands::docs::man_pages(&man)?;
     for entry in fs::read_dir(&man)? {
         written.push(entry?.path());
     }

@@ -10,7 +10,7 @@ use crate::{
     control::Algo,
     daemon::{self, DaemonLock, FollowInterfaces, LoopSettings, PinGuard},
     gate::{Loaded, default_hook},
-    input::Hook,
+    input::{Action, Hook, XdpAttachMode},
     maps::{self, PortSpec},
     metrics, paths,
     system::{self, Need},
@@ -22,6 +22,8 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     if args.print_config {
+        // Only a file that `attach` accepts: the same checks first.
+        args.control().map_err(anyhow::Error::msg)?;
         print!("{}", config::render(&args));
         return Ok(());
     }
@@ -39,7 +41,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
     }
     // Every check runs before anything changes, so a refusal leaves the host untouched.
-    system::check_privileges(Need::Attach)?;
+    system::check_privileges(if args.netns.is_some() { Need::AttachNetns } else { Need::Attach })?;
     // Bound in the namespace shedctl starts in (the host's), even with --netns.
     let metrics_listener = args.metrics.map(metrics::bind).transpose()?;
     if let Some(netns) = &args.netns {
@@ -98,21 +100,55 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     local_addrs.refresh(&mut loaded.maps)?;
     loaded.attach_accounting()?;
     for (iface, hook) in &targets {
+        // Native XDP_TX on a veth is delivered only to a peer running XDP itself (generic mode
+        // transmits an skb, which arrives anyway).
+        let native = args.xdp_mode != XdpAttachMode::Generic;
+        if *hook == Hook::Xdp
+            && native
+            && args.action == Action::Rst
+            && system::driver(iface).as_deref() == Some("veth")
+        {
+            tracing::warn!(
+                iface = %iface,
+                "XDP on a veth with --action rst: the RSTs (XDP_TX) reach the other end only if it runs an XDP program of its own; otherwise refused clients time out instead, while rst_sent still counts them. Use --hook tc (the default on veth) or --action drop"
+            );
+        }
         loaded.attach_gate(iface, *hook, args.xdp_mode)?;
-        tracing::info!(iface = %iface, hook = %hook, xdp_mode = ?args.xdp_mode, "gate attached");
+        match hook {
+            Hook::Xdp => {
+                tracing::info!(iface = %iface, hook = %hook, xdp_mode = %config::value_name(args.xdp_mode), "gate attached")
+            }
+            Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
+        }
     }
     let decisions = metrics::Decisions::default();
     let heal_report = crate::heal::HealReport::default();
+    let heartbeat = crate::endpoint::Heartbeat::default();
+    heartbeat.beat();
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
-        metrics::serve(listener, decisions.clone(), heal_report.clone());
+        crate::endpoint::serve(
+            listener,
+            crate::endpoint::Endpoint {
+                decisions: decisions.clone(),
+                heal: heal_report.clone(),
+                heartbeat: heartbeat.clone(),
+                readiness: crate::endpoint::ReadinessRule {
+                    max_shed_percent: args.ready_max_shed,
+                    window: args.ready_window,
+                },
+            },
+        );
     }
     lock.write_pid()?;
+    for &port in &ports {
+        tracing::info!(port, "protecting port");
+    }
     tracing::info!(
-        ports = ?ports,
+        ports = ports.len(),
         algo = %Algo::from_raw(control.algo),
         limit,
-        count = ?args.count,
+        count = args.count.name(),
         tiers = tiers.len(),
         action = %args.action,
         dry_run = args.dry_run,
@@ -136,6 +172,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         local_addrs,
         heal_interval: args.heal_interval,
         heal_report,
+        heartbeat,
     };
     runtime.block_on(daemon::run(&mut loaded, settings))?;
     drop(loaded); // detaches every link

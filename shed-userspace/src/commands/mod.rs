@@ -1,6 +1,7 @@
 //! One module per `shedctl` verb, each with an `execute` function.
 pub mod attach;
 pub mod detach;
+pub mod docs;
 pub mod set;
 pub mod stats;
 pub mod tier;

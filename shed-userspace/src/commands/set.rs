@@ -23,6 +23,15 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     let count = args.count.unwrap_or(Count::from_raw(config.count_mode));
     let algo = args.algo.unwrap_or(Algo::from_raw(control.algo));
     crate::cli::check_count_algo(count, algo).map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
+    // What `attach` refuses, `set` refuses: an adaptive limiter starts within its bounds.
+    if let Some(limit) = args.limit
+        && algo != Algo::Fixed
+        && !(min..=max).contains(&limit)
+    {
+        anyhow::bail!(
+            "--limit {limit} is outside --min-limit {min} .. --max-limit {max} of {algo}: give a limit within them, or move the bounds in the same command: nothing changed"
+        );
+    }
 
     // Every check is done: from here on only writes.
     if let Some(action) = args.action {

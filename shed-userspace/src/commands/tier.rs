@@ -20,8 +20,19 @@ pub fn execute(command: TierCommand) -> anyhow::Result<()> {
     let mut maps = GateMaps::open_pinned()?;
     match command {
         TierCommand::Add { cidr, tier } => {
+            let before = maps.tier_entries()?;
             maps.set_tier(cidr, tier)?;
-            println!("{cidr} is now {}", tier_name(tier));
+            match before.get(&cidr) {
+                Some(&old) if old == tier => println!("{cidr} was already {}", tier_name(tier)),
+                Some(&old) => println!("{cidr} is now {} (was {})", tier_name(tier), tier_name(old)),
+                None => println!("{cidr} is now {}", tier_name(tier)),
+            }
+            if before.is_empty() {
+                // Shares apply only while some client has a tier: say so when that starts.
+                println!(
+                    "the first client tier: tier shares now apply on every protected port (every other source is normal; see `shedctl stats`, change them with `shedctl set --share`)"
+                );
+            }
         }
         TierCommand::Rm { cidr } => {
             if !maps.tier_entries()?.contains_key(&cidr) {
