@@ -138,3 +138,32 @@ fn completions_and_man_pages_come_from_the_binary() {
         assert!(dir.path().join(page).exists(), "{page}");
     }
 }
+
+fn promtool(args: &[&str]) -> std::process::Output {
+    Command::new("promtool")
+        .args(args)
+        .current_dir(format!("{DEPLOY}/prometheus"))
+        .output()
+        .expect("run promtool (apt-get install prometheus, or cargo xtask setup)")
+}
+
+/// The alert and recording rules load, and fire (and stay silent) where their unit tests say.
+#[test]
+fn prometheus_rules_pass_promtool_check_and_unit_tests() {
+    let out = promtool(&["check", "rules", "shed-rules.yml"]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = promtool(&["test", "rules", "shed-rules.test.yml"]);
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let rules = std::fs::read_to_string(format!("{DEPLOY}/prometheus/shed-rules.yml")).unwrap();
+    for alert in [
+        "ShedDown",
+        "ShedSheddingSustained",
+        "ShedLimitPinnedAtMin",
+        "ShedLimitPinnedAtMax",
+        "ShedFailOpen",
+        "ShedRstCapHit",
+        "ShedDriftCorrectedOften",
+    ] {
+        assert!(rules.contains(&format!("alert: {alert}")), "{alert}");
+    }
+}

@@ -227,7 +227,7 @@ fn dry_run_admits_everyone_and_counts_would_reject() {
     let bed = Testbed::create("shedtr").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run"]);
+    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run"]);
     let held: Vec<TcpStream> = connect_sequential(&bed, addr, 6, Duration::from_secs(1))
         .into_iter()
         .map(|(r, _)| r.expect("dry-run admits"))
@@ -240,6 +240,24 @@ fn dry_run_admits_everyone_and_counts_would_reject() {
     let (r, _) = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap();
     assert_eq!(r.expect_err("enforcing again").kind(), io::ErrorKind::ConnectionRefused);
     drop(held);
+    // The daemon logs each live change once, with the old and new value and who asked
+    // (it looks every second: one change at a time here, so each line names its own request).
+    let logged = |what: &str| support::gate::poll(Duration::from_secs(3), what, || gate.log(), |l| l.contains(what));
+    logged("dry-run on -> off");
+    assert!(shedctl(&["set", "--port", "8080", "--action", "drop", "--limit", "3"]).status.success());
+    logged("action rst -> drop");
+    assert!(shedctl(&["tier", "add", "10.7.0.0/16", "low"]).status.success());
+    let log = logged("tier 10.7.0.0/16");
+    let audit: Vec<&str> = log.lines().filter(|l| l.contains("operator change")).collect();
+    assert_eq!(audit.len(), 3, "one line per change:\n{log}");
+    assert!(
+        audit[0].contains("dry-run on -> off") && audit[0].contains("set --port 8080 --dry-run off"),
+        "{}",
+        audit[0]
+    );
+    assert!(audit[0].contains("uid=0"), "{}", audit[0]);
+    assert!(audit[1].contains("action rst -> drop, limit set to 3"), "{}", audit[1]);
+    assert!(audit[2].contains("none -> low") && audit[2].contains("tier add 10.7.0.0/16 low"), "{}", audit[2]);
 }
 
 #[test]

@@ -111,6 +111,7 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     assert_eq!(value(&m, "shed_baseline_latency_seconds", &port), baseline_us / 1e6, "baseline vs stats {stats}");
 
     assert_eq!(http_get(METRICS, "/").0, "HTTP/1.1 404 Not Found");
+    every_metric_the_dashboard_and_rules_query_is_served(&m);
     assert_eq!(value(&m, "shed_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
     assert!(value(&m, "process_resident_memory_bytes", &[]) > 1e6 && value(&m, "process_open_fds", &[]) > 3.0);
     assert_eq!(http_get(METRICS, "/healthz"), ("HTTP/1.1 200 OK".to_owned(), "ok\n".to_owned()));
@@ -182,4 +183,46 @@ fn readyz_follows_the_shed_share() {
         |s| s == "HTTP/1.1 200 OK",
     );
     drop(held);
+}
+
+/// The metric names in a PromQL text: `shed_*` and `process_*` words.
+fn metric_names(promql: &str) -> Vec<String> {
+    promql
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with("shed_") || w.starts_with("process_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every query of deploy/grafana's dashboard and every metric deploy/prometheus's
+/// rules read names a series this live gate serves (a renamed metric breaks here,
+/// not on an operator's screen).
+fn every_metric_the_dashboard_and_rules_query_is_served(m: &prometheus_parse::Scrape) {
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    let mut served = std::collections::BTreeSet::new();
+    for s in &m.samples {
+        served.insert(s.metric.clone());
+        if matches!(s.value, prometheus_parse::Value::Histogram(_)) {
+            for suffix in ["_bucket", "_count", "_sum"] {
+                served.insert(format!("{}{suffix}", s.metric));
+            }
+        }
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{deploy}/grafana/shed-dashboard.json")).unwrap())
+            .unwrap();
+    let mut queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_owned()))
+        .collect();
+    assert!(queries.len() >= 10, "{queries:?}");
+    let rules = std::fs::read_to_string(format!("{deploy}/prometheus/shed-rules.yml")).unwrap();
+    queries.extend(rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(str::to_owned));
+    for query in &queries {
+        for name in metric_names(query) {
+            assert!(served.contains(&name), "{name} (in `{query}`) is not served; served: {served:?}");
+        }
+    }
 }

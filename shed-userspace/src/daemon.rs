@@ -139,6 +139,9 @@ impl Drop for PinGuard {
     }
 }
 
+/// How often live changes are looked for, to log each (see [`crate::audit`]).
+const AUDIT_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the healer checks the counters (a full pass runs only when due, see [`crate::heal`]).
 const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 
@@ -237,6 +240,10 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let mut healer = crate::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
     let mut accept_queues = AcceptQueues::default();
     let mut last_heal_check: Option<Instant> = None;
+    // What the operator last set, to log each live change once (see `crate::audit`).
+    let mut audited = crate::audit::read(&loaded.maps).unwrap_or_default();
+    let mut last_audit = Instant::now();
+    let _ = std::fs::remove_file(paths::REQUEST_NOTE);
     loop {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
@@ -249,6 +256,14 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                         follow.attach_new(loaded);
                     }
                     last_watch = Instant::now();
+                }
+                // Once a second: reading the tier table every tick would cost with many tiers.
+                if last_audit.elapsed() >= AUDIT_EVERY {
+                    if let Ok(now) = crate::audit::read(&loaded.maps) {
+                        crate::audit::log_changes(&audited, &now);
+                        audited = now;
+                    }
+                    last_audit = Instant::now();
                 }
                 let ports = loaded.maps.port_configs()?;
                 if ports.is_empty() {

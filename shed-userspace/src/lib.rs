@@ -4,6 +4,7 @@
 //! The `shedctl` binary is a thin layer over this crate; the integration
 //! tests drive the same functions.
 
+pub mod audit;
 pub mod btf;
 pub mod cli;
 pub mod commands;

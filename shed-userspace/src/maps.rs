@@ -252,10 +252,15 @@ impl GateMaps {
         self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
     }
 
+    /// A port's controller settings.
+    pub fn control(&self, slot: u32) -> Result<ControlConfig, Error> {
+        self.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))
+    }
+
     pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
         let slot = config.slot;
         let limit = self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))?;
-        let control = self.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))?;
+        let control = self.control(slot)?;
         let status = self.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
         let reserve = self.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
         let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;

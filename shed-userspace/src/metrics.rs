@@ -316,6 +316,20 @@ impl Collector for Scrape {
         family(&mut e, "shed_limit", "Current concurrency limit of the port.", Gauge, per_port(&|s| s.limit.into()))?;
         family(
             &mut e,
+            "shed_limit_min",
+            "Lowest limit the adaptive controller may set (--min-limit).",
+            Gauge,
+            per_port(&|s| s.min_limit.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_limit_max",
+            "Highest limit the adaptive controller may set (--max-limit).",
+            Gauge,
+            per_port(&|s| s.max_limit.into()),
+        )?;
+        family(
+            &mut e,
             "shed_in_flight",
             "What the limit is compared with: pending handshakes plus busy (count=work) or established (count=connections) connections.",
             Gauge,

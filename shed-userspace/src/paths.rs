@@ -18,3 +18,5 @@ pub fn map_pin(name: &str) -> PathBuf {
 }
 /// Where `ip netns` keeps its named network namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
+/// The last live change's requester (uid, pid, command), for the daemon's audit line.
+pub const REQUEST_NOTE: &str = "/run/shed/last-request";

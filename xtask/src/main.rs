@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod docs;
 mod mutants;
+mod package;
 mod setup;
 
 use std::{
@@ -84,6 +85,9 @@ enum Task {
         #[arg(long, default_value_t = 0)]
         count: usize,
     },
+    /// Build the Debian package (target/package/shed_VERSION_ARCH.deb): shedctl, the
+    /// systemd unit, /etc/shed/shed.toml, man pages and completions; installs without Rust.
+    Package,
     /// Build release binaries and install shedctl, its man pages and shell completions.
     Install {
         /// Folder for the binary.
@@ -125,6 +129,16 @@ fn main() -> Result<()> {
             demo::run(&workspace_root().join("target/release/shedctl"), seconds)
         }
         Task::Hold { netns, addr, from, count } => bench::hold(&netns, addr, from, count),
+        Task::Package => {
+            setup::setup()?;
+            build_ebpf()?;
+            cargo(&["build", "--release", "--package", "shed-userspace"])?;
+            let out = workspace_root().join("target/package");
+            std::fs::create_dir_all(&out)?;
+            let deb = package::build(&workspace_root().join("target/release/shedctl"), &out)?;
+            println!("built {}", deb.display());
+            Ok(())
+        }
         Task::Install { prefix, share } => {
             setup::setup()?;
             build_ebpf()?;

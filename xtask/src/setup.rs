@@ -90,6 +90,7 @@ fn debian_packages() -> Result<()> {
     // nftables: the static-cap comparison in `cargo xtask bench`; fonts-dejavu-core: the text of its plots.
     // nghttp2-proxy (nghttpx) and nghttp2-client (h2load): a real HTTP/2 server and
     // load generator for the multiplexed-connection test and the bursty benchmark (B8).
+    // prometheus: promtool, which checks and unit-tests deploy/prometheus's rules.
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -98,6 +99,7 @@ fn debian_packages() -> Result<()> {
         ("nft", "nftables"),
         ("nghttpx", "nghttp2-proxy"),
         ("h2load", "nghttp2-client"),
+        ("promtool", "prometheus"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
     let present = |what: &str| {
@@ -109,7 +111,7 @@ fn debian_packages() -> Result<()> {
     };
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux, nftables, nghttp2 and fonts-dejavu-core present");
+        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool and fonts-dejavu-core present");
         return Ok(());
     }
     let mut missing = missing;

@@ -31,6 +31,7 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
     if let Some(port) = args.port {
         let mut maps = GateMaps::open_pinned()?;
         maps.config(port)?;
+        crate::audit::note_request();
         maps.unprotect(port)?;
         if !maps.port_configs()?.is_empty() {
             println!("port {port} is no longer gated; the gate keeps running for ports {}", maps.port_list()?);

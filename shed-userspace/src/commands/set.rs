@@ -33,7 +33,8 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
         );
     }
 
-    // Every check is done: from here on only writes.
+    // Every check is done: from here on only writes (the daemon logs each with who asked).
+    crate::audit::note_request();
     if let Some(action) = args.action {
         config.action = action.to_raw();
     }

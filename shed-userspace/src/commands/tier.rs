@@ -18,6 +18,9 @@ pub fn execute(command: TierCommand) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
     let mut maps = GateMaps::open_pinned()?;
+    if !matches!(command, TierCommand::Ls { .. }) {
+        crate::audit::note_request();
+    }
     match command {
         TierCommand::Add { cidr, tier } => {
             let before = maps.tier_entries()?;
