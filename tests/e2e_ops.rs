@@ -226,3 +226,43 @@ fn every_metric_the_dashboard_and_rules_query_is_served(m: &prometheus_parse::Sc
         }
     }
 }
+
+/// SIGHUP re-reads the config file: what can change live is applied (and
+/// audited), what takes a restart is named, and a bad file changes nothing.
+#[test]
+fn sighup_reloads_the_config_and_refuses_a_bad_one() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhu").expect("testbed");
+    let addr: SocketAddr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shed.toml");
+    std::fs::write(&config, "ports = [8080]\nlimit = 3\naction = \"rst\"\n").unwrap();
+    let gate = Gate::start(&bed, &["--config", config.to_str().unwrap()]);
+    let hup = || {
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(gate.pid(), libc::SIGHUP) }, 0);
+    };
+    std::fs::write(
+        &config,
+        "ports = [8080]\nlimit = 5\naction = \"drop\"\ndry-run = true\nmetrics = \"127.0.0.1:19466\"\n[tiers]\n\"10.1.0.0/16\" = \"low\"\n",
+    )
+    .unwrap();
+    hup();
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "the reloaded settings", |s| {
+        field(s, "limit") == 5 && s["action"] == "drop" && s["dry_run"] == true
+    });
+    assert_eq!(s["algo"], "fixed", "{s}");
+    let tiers = shedctl(&["tier", "ls", "--json"]);
+    assert!(String::from_utf8_lossy(&tiers.stdout).contains("\"cidr\":\"10.1.0.0/16\",\"tier\":\"low\""));
+    let log = support::gate::poll(Duration::from_secs(3), "the audit line", || gate.log(), |l| l.contains("operator change"));
+    assert!(log.contains("settings that take a restart") && log.contains("changed=metrics"), "{log}");
+    assert!(log.contains("action rst -> drop, dry-run off -> on") && log.contains("SIGHUP: reload of"), "{log}");
+    // A file that fails a check: refused whole, the running settings kept.
+    std::fs::write(&config, "ports = [8080]\nlimit = 9\naction = \"rst\"\nwindow = 1\n").unwrap();
+    hup();
+    let log = support::gate::poll(Duration::from_secs(3), "the refusal", || gate.log(), |l| l.contains("reload refused"));
+    assert!(log.contains("nothing changed") && log.contains("out of range"), "{log}");
+    let s = support::gate::stats(PORT);
+    assert_eq!((field(&s, "limit"), s["action"].as_str()), (5, Some("drop")), "{s}");
+}

@@ -101,7 +101,7 @@ pub enum TierCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct AttachArgs {
     /// TOML file of attach settings, one key per flag; flags given here override it (--config /etc/shed/shed.toml).
     #[arg(long)]
@@ -306,7 +306,7 @@ pub fn control_config(
 }
 
 /// The adaptive controllers' guards (see `shed::control`); the defaults suit most services.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct GuardArgs {
     /// Completed requests a window needs before the limit may move; fewer carry over (--min-samples 10).
     #[arg(long, default_value_t = Settings::default().min_samples as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]

@@ -157,7 +157,6 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const ACK_CHECK_HOLD: Duration = Duration::from_secs(180);
 
 /// Settings of the control loop.
-#[derive(Clone, Debug)]
 pub struct LoopSettings {
     /// How often the loop runs (the shortest control window).
     pub tick: Duration,
@@ -175,7 +174,12 @@ pub struct LoopSettings {
     pub heal_report: crate::heal::HealReport,
     /// Beaten every tick, for `/healthz`.
     pub heartbeat: crate::endpoint::Heartbeat,
+    /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
+    pub reload: Option<Reloader>,
 }
+
+/// Applies a reloaded config; returns the changed settings that take a restart.
+pub type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, String>>;
 
 /// Gates interfaces as they appear (no `--iface`: the whole namespace).
 #[derive(Clone, Debug)]
@@ -230,6 +234,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     use tokio::signal::unix::{SignalKind, signal};
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| Error::io("install handler", "SIGINT", e))?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| Error::io("install handler", "SIGTERM", e))?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| Error::io("install handler", "SIGHUP", e))?;
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut settings = settings;
@@ -248,6 +253,17 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
+            _ = sighup.recv() => match settings.reload.as_mut() {
+                None => tracing::warn!("SIGHUP: attach was started without --config: nothing to reload"),
+                Some(reload) => match reload(&mut loaded.maps) {
+                    Ok(restart) if restart.is_empty() => tracing::info!("SIGHUP: config reloaded and applied"),
+                    Ok(restart) => tracing::warn!(
+                        changed = %restart.join(", "),
+                        "SIGHUP: config reloaded and applied, except settings that take a restart (systemctl restart shed)"
+                    ),
+                    Err(e) => tracing::error!("SIGHUP: reload refused, nothing changed: {e}"),
+                },
+            },
             _ = ticker.tick() => {
                 settings.heartbeat.beat();
                 if last_watch.elapsed() >= WATCH_EVERY {

@@ -31,12 +31,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file");
     }
     let ports = dedup(&args.ports);
-    let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
-    let mut assignments = args.tiers.clone();
-    if let Some(file) = &args.tier_file {
-        assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
-    }
-    let tiers = tiers::merge(assignments).map_err(anyhow::Error::msg)?;
+    let (spec, tiers) = plan(&args)?;
+    let (control, limit) = (spec.control, spec.limit);
     if ports.len() > shed_common::capacity::MAX_PORTS as usize {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
     }
@@ -76,13 +72,6 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let _pins = PinGuard;
     let sizes = crate::object::MapSizes { connections: args.max_connections, clients: args.max_clients };
     let mut loaded = Loaded::sized(Some(Path::new(paths::PIN_DIR)), sizes).context("loading the kernel programs")?;
-    let spec = PortSpec {
-        client_cap: args.client_cap,
-        client_prefix_v6: args.client_prefix_v6,
-        rst_per_sec: args.rst_rate,
-        rst_per_prefix_per_sec: args.rst_prefix_rate,
-        ..PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control)
-    };
     for (&cidr, &tier) in &tiers {
         loaded.maps.set_tier(cidr, tier)?;
     }
@@ -173,11 +162,37 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         heal_interval: args.heal_interval,
         heal_report,
         heartbeat,
+        reload: args.config.is_some().then(|| {
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            let running = args.clone();
+            Box::new(move |maps: &mut maps::GateMaps| {
+                super::reload::reload(maps, &argv, &running).map_err(|e| format!("{e:#}"))
+            }) as daemon::Reloader
+        }),
     };
     runtime.block_on(daemon::run(&mut loaded, settings))?;
     drop(loaded); // detaches every link
     tracing::info!("detached; pins removed");
     Ok(())
+}
+
+/// What the arguments ask of every port, and the client tiers, checked (the
+/// same for `attach` and a SIGHUP reload).
+pub fn plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, std::collections::BTreeMap<tiers::Cidr, u8>)> {
+    let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
+    let mut assignments = args.tiers.clone();
+    if let Some(file) = &args.tier_file {
+        assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
+    }
+    let tiers = tiers::merge(assignments).map_err(anyhow::Error::msg)?;
+    let spec = PortSpec {
+        client_cap: args.client_cap,
+        client_prefix_v6: args.client_prefix_v6,
+        rst_per_sec: args.rst_rate,
+        rst_per_prefix_per_sec: args.rst_prefix_rate,
+        ..PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control)
+    };
+    Ok((spec, tiers))
 }
 
 fn dedup(ports: &[u16]) -> Vec<u16> {

@@ -2,6 +2,7 @@
 pub mod attach;
 pub mod detach;
 pub mod docs;
+pub mod reload;
 pub mod set;
 pub mod stats;
 pub mod tier;
