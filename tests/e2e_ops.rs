@@ -255,14 +255,54 @@ fn sighup_reloads_the_config_and_refuses_a_bad_one() {
     assert_eq!(s["algo"], "fixed", "{s}");
     let tiers = shedctl(&["tier", "ls", "--json"]);
     assert!(String::from_utf8_lossy(&tiers.stdout).contains("\"cidr\":\"10.1.0.0/16\",\"tier\":\"low\""));
-    let log = support::gate::poll(Duration::from_secs(3), "the audit line", || gate.log(), |l| l.contains("operator change"));
+    let log =
+        support::gate::poll(Duration::from_secs(3), "the audit line", || gate.log(), |l| l.contains("operator change"));
     assert!(log.contains("settings that take a restart") && log.contains("changed=metrics"), "{log}");
     assert!(log.contains("action rst -> drop, dry-run off -> on") && log.contains("SIGHUP: reload of"), "{log}");
     // A file that fails a check: refused whole, the running settings kept.
     std::fs::write(&config, "ports = [8080]\nlimit = 9\naction = \"rst\"\nwindow = 1\n").unwrap();
     hup();
-    let log = support::gate::poll(Duration::from_secs(3), "the refusal", || gate.log(), |l| l.contains("reload refused"));
+    let log =
+        support::gate::poll(Duration::from_secs(3), "the refusal", || gate.log(), |l| l.contains("reload refused"));
     assert!(log.contains("nothing changed") && log.contains("out of range"), "{log}");
     let s = support::gate::stats(PORT);
     assert_eq!((field(&s, "limit"), s["action"].as_str()), (5, Some("drop")), "{s}");
+}
+
+/// `shedctl config save` writes the live settings back, keeping the file's
+/// other keys, as a file `attach` accepts.
+#[test]
+fn config_save_writes_the_live_settings_back() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedcs").expect("testbed");
+    let addr: SocketAddr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shed.toml");
+    std::fs::write(&config, "ports = [8080]\nlimit = 3\naction = \"rst\"\nmetrics = \"127.0.0.1:19467\"\n").unwrap();
+    let _gate = Gate::start(&bed, &["--config", config.to_str().unwrap()]);
+    for args in [
+        &["set", "--port", "8080", "--action", "drop", "--algo", "queue", "--max-limit", "300"][..],
+        &["tier", "add", "10.1.0.0/16", "low"],
+    ] {
+        let out = shedctl(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = shedctl(&["config", "save", "--file", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&config).unwrap();
+    for expected in [
+        "action = \"drop\"",
+        "algo = \"queue\"",
+        "max-limit = 300",
+        "metrics = \"127.0.0.1:19467\"",
+        "\"10.1.0.0/16\" = \"low\"",
+    ] {
+        assert!(text.contains(expected), "{expected} in:\n{text}");
+    }
+    assert!(!text.lines().any(|l| l.starts_with("limit ")), "an adaptive limiter has no fixed limit:\n{text}");
+    let cli = shed::config::parse_cli(["shedctl", "attach", "--config", config.to_str().unwrap()]).unwrap();
+    let shed::cli::Command::Attach(args) = cli.command else { panic!() };
+    let (control, _) = args.control().unwrap();
+    assert_eq!((shed::control::Algo::from_raw(control.algo), control.max_limit), (shed::control::Algo::Queue, 300));
 }

@@ -56,6 +56,11 @@ pub enum Command {
     /// Example: shedctl tier add 10.0.0.0/8 critical
     #[command(subcommand)]
     Tier(TierCommand),
+    /// The config file of the running gate.
+    ///
+    /// Example: shedctl config save --file /etc/shed/shed.toml
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Print shell completions for bash, zsh, fish, elvish or powershell.
     ///
     /// Example: shedctl completions bash > /usr/share/bash-completion/completions/shedctl
@@ -70,6 +75,19 @@ pub enum Command {
         /// Folder for shedctl.1, shedctl-attach.1, ... (created if missing).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Write the live settings (after `set` and `tier` changes) back to a config file;
+    /// keys the gate does not hold (interfaces, metrics, ...) are kept from the file.
+    ///
+    /// Example: shedctl config save --file /etc/shed/shed.toml
+    Save {
+        /// The file to write (--file /etc/shed/shed.toml).
+        #[arg(long, default_value = "/etc/shed/shed.toml")]
+        file: PathBuf,
     },
 }
 

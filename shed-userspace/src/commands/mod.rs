@@ -1,5 +1,6 @@
 //! One module per `shedctl` verb, each with an `execute` function.
 pub mod attach;
+pub mod config_save;
 pub mod detach;
 pub mod docs;
 pub mod reload;

@@ -43,12 +43,16 @@ pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> a
     let Command::Attach(args) = cli.command else { anyhow::bail!("not an attach command line") };
     let (spec, tiers) = super::attach::plan(&args)?;
     let (before, after) = (restart_only(running), restart_only(&args));
-    let restart: Vec<&'static str> = after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| *k).collect();
+    let restart: Vec<&'static str> =
+        after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| *k).collect();
 
     // Every check passed: from here on only writes, attributed in the daemon's audit line.
     let _ = std::fs::write(
         paths::REQUEST_NOTE,
-        format!("SIGHUP: reload of {}", args.config.as_ref().map_or("the command line".into(), |c| c.display().to_string())),
+        format!(
+            "SIGHUP: reload of {}",
+            args.config.as_ref().map_or("the command line".into(), |c| c.display().to_string())
+        ),
     );
     for (port, mut port_config) in maps.port_configs()? {
         port_config.action = spec.action;
