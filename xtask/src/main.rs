@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod docs;
+mod image;
 mod mutants;
 mod package;
 mod setup;
@@ -88,6 +89,9 @@ enum Task {
     /// Build the Debian package (target/package/shed_VERSION_ARCH.deb): shedctl, the
     /// systemd unit, /etc/shed/shed.toml, man pages and completions; installs without Rust.
     Package,
+    /// Build the OCI image localhost/shed:VERSION with podman (no Docker daemon): a
+    /// static shedctl on scratch; deploy/kubernetes/daemonset.yaml runs that tag.
+    Image,
     /// Build release binaries and install shedctl, its man pages and shell completions.
     Install {
         /// Folder for the binary.
@@ -137,6 +141,12 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&out)?;
             let deb = package::build(&workspace_root().join("target/release/shedctl"), &out)?;
             println!("built {}", deb.display());
+            Ok(())
+        }
+        Task::Image => {
+            setup::setup()?;
+            build_ebpf()?;
+            println!("built {}", image::build()?);
             Ok(())
         }
         Task::Install { prefix, share } => {

@@ -91,6 +91,7 @@ fn debian_packages() -> Result<()> {
     // nghttp2-proxy (nghttpx) and nghttp2-client (h2load): a real HTTP/2 server and
     // load generator for the multiplexed-connection test and the bursty benchmark (B8).
     // prometheus: promtool, which checks and unit-tests deploy/prometheus's rules.
+    // podman and runc: build and run the OCI image (`cargo xtask image`) without a Docker daemon.
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -100,6 +101,8 @@ fn debian_packages() -> Result<()> {
         ("nghttpx", "nghttp2-proxy"),
         ("h2load", "nghttp2-client"),
         ("promtool", "prometheus"),
+        ("podman", "podman"),
+        ("runc", "runc"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
     let present = |what: &str| {
@@ -111,7 +114,7 @@ fn debian_packages() -> Result<()> {
     };
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool and fonts-dejavu-core present");
+        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool, podman and fonts-dejavu-core present");
         return Ok(());
     }
     let mut missing = missing;
