@@ -359,10 +359,10 @@ pub struct Controller {
     probe_left: u32,
     /// The limit to return to after a probe.
     before_probe: f64,
-    /// The smoothed latency when the probe began, and the lowest latency of a
-    /// probe window with enough samples (infinite: none yet).
+    /// The smoothed latency when the probe began, and the latency of the probe's
+    /// last window with enough samples (infinite: none yet).
     latency_before_probe: f64,
-    probe_min_us: f64,
+    probe_last_us: f64,
     probe_interval: usize,
     /// gradient2's long-window average, how many samples it has, and their
     /// sum while it warms up (a plain average of the first ten).
@@ -387,7 +387,7 @@ impl Controller {
             probe_left: 0,
             before_probe: 0.0,
             latency_before_probe: 0.0,
-            probe_min_us: f64::INFINITY,
+            probe_last_us: f64::INFINITY,
             probe_interval: (span * 9 / 10).max(1),
             smoothed_us: 0.0,
             baseline_us: 0.0,
@@ -452,7 +452,7 @@ impl Controller {
                 let raw = (s.latency_us as f64).max(1.0);
                 self.smoothed_us += LATENCY_SMOOTHING * (raw - self.smoothed_us);
                 self.baseline_us = self.baseline.push(self.smoothed_us, windows);
-                self.probe_min_us = self.probe_min_us.min(raw);
+                self.probe_last_us = raw;
             }
             if self.probe_left == 0 {
                 let restore = self.restore_after_probe();
@@ -477,7 +477,7 @@ impl Controller {
             self.probe_left = st.probe_windows;
             self.before_probe = self.limit;
             self.latency_before_probe = self.smoothed_us;
-            self.probe_min_us = f64::INFINITY;
+            self.probe_last_us = f64::INFINITY;
             self.limit = (self.limit * PROBE_DEPTH).max(f64::from(st.min_limit));
             return Decision { limit: self.limit(), reason: Reason::Probe };
         }
@@ -624,8 +624,10 @@ impl Controller {
         Some(Objective { wait_us, limit: (rate * wait_us / 1e6).round(), met })
     }
 
-    /// The limit a probe returns to, from what it saw (the lowest latency of its
-    /// windows against the smoothed latency before it), instead of the limit
+    /// The limit a probe returns to, from what it saw (the latency of its last
+    /// window, when the quarter limit has drained the queue most, against the
+    /// smoothed latency before it; its first windows still answer requests
+    /// admitted before it, which says nothing of a change), instead of the limit
     /// before it whatever happened. Higher, although a quarter of the limit
     /// was in flight: the service itself slowed during the probe (it fell on a
     /// change), and against its baseline the limiter is about to cut; returning
@@ -636,10 +638,10 @@ impl Controller {
     /// probe after probe). The baseline itself is left alone: a probe too short
     /// to drain a slow service's queue must not teach that queue as normal.
     fn restore_after_probe(&self) -> f64 {
-        if !self.probe_min_us.is_finite() || self.probe_min_us <= self.latency_before_probe {
+        if !self.probe_last_us.is_finite() || self.probe_last_us <= self.latency_before_probe {
             return self.before_probe;
         }
-        self.before_probe * (self.latency_before_probe / self.probe_min_us).clamp(0.5, 1.0)
+        self.before_probe * (self.latency_before_probe / self.probe_last_us).clamp(0.5, 1.0)
     }
 
     /// The time a sample spans, seconds.
@@ -1073,8 +1075,9 @@ mod tests {
         // the limit returns at half, as the gradient would cut it next.
         let mut c = to_probe(10_000);
         let before = c.before_probe;
-        for _ in 0..3 {
-            c.on_window(&window(20_000, 25));
+        // Its first window still answers requests admitted before the change.
+        for latency_us in [10_000, 20_000, 20_000] {
+            c.on_window(&window(latency_us, 25));
         }
         assert_eq!(c.limit(), (before * 0.5).round() as u32, "returned scaled by 10 ms / 20 ms");
         // The probe drained a standing queue (it saw half the latency): the old
