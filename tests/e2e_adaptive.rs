@@ -355,12 +355,7 @@ fn bursts(args: &[&str], seconds: u64) -> (Vec<u32>, u64) {
         thread::sleep(Duration::from_millis(100));
     }
     let report = String::from_utf8_lossy(&load.wait_with_output().unwrap().stdout).into_owned();
-    let line = report.lines().find(|l| l.starts_with("requests:")).unwrap_or_else(|| panic!("h2load: {report}"));
-    let succeeded = line
-        .split(", ")
-        .find_map(|part| part.strip_suffix(" succeeded"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no succeeded count in {line:?}"));
+    let (succeeded, _) = testbed::h2load_counts(&report).unwrap_or_else(|e| panic!("{e}: {report}"));
     (limits, succeeded)
 }
 

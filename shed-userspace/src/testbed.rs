@@ -582,3 +582,14 @@ impl SynAckCapture {
         seen
     }
 }
+
+/// h2load's request counts from its report: (succeeded, total), or why not.
+pub fn h2load_counts(report: &str) -> Result<(u64, u64), String> {
+    let line = report.lines().find(|l| l.starts_with("requests:")).ok_or("h2load printed no requests line")?;
+    let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+    let number = |word: &str| -> Result<u64, String> {
+        let i = words.iter().position(|w| *w == word).ok_or_else(|| format!("no {word:?} in {line:?}"))?;
+        words[i - 1].parse().map_err(|e| format!("{word} in {line:?}: {e}"))
+    };
+    Ok((number("succeeded")?, number("total")?))
+}

@@ -44,17 +44,6 @@ const CONFIGS: [Config; 6] = [
     Config { name: "shed queue, objective 1 s", shed: Some(&["--algo", "queue", "--target-latency", "1000"]) },
 ];
 
-/// h2load's counts: (succeeded, total).
-fn h2load_counts(report: &str) -> Result<(u64, u64)> {
-    let line = report.lines().find(|l| l.starts_with("requests:")).context("h2load printed no requests line")?;
-    let number = |word: &str| -> Result<u64> {
-        let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
-        let i = words.iter().position(|w| *w == word).with_context(|| format!("no {word:?} in {line:?}"))?;
-        Ok(words[i - 1].parse()?)
-    };
-    Ok((number("succeeded")?, number("total")?))
-}
-
 /// One run: the goodput fraction and the limits sampled during it.
 fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<(f64, Vec<u32>)> {
     let bed = Testbed::create("shedb8")?;
@@ -93,7 +82,7 @@ fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<
         stop_gate(child);
     }
     let report = String::from_utf8_lossy(&out.stdout);
-    let (succeeded, requests) = h2load_counts(&report)?;
+    let (succeeded, requests) = shed::testbed::h2load_counts(&report).map_err(anyhow::Error::msg)?;
     if requests != total {
         bail!("h2load ran {requests} requests, not {total}: {report}");
     }
@@ -171,7 +160,7 @@ mod tests {
     #[test]
     fn reads_h2load_counts() {
         let report = "finished in 12.00s, 80.00 req/s, 10KB/s\nrequests: 4800 total, 4800 started, 4800 done, 960 succeeded, 3840 failed, 3840 errored, 0 timeout\n";
-        assert_eq!(super::h2load_counts(report).unwrap(), (960, 4800));
-        assert!(super::h2load_counts("no such line").is_err());
+        assert_eq!(shed::testbed::h2load_counts(report).unwrap(), (960, 4800));
+        assert!(shed::testbed::h2load_counts("no such line").is_err());
     }
 }
