@@ -10,8 +10,8 @@ use crate::{
     control::{Algo, Settings},
     input::{
         Action, Count, Hook, Switch, XdpAttachMode, parse_client_cap, parse_handshake_window, parse_interface,
-        parse_limit, parse_listen_addr, parse_map_size, parse_millis, parse_percentile, parse_port, parse_prefix_v6,
-        parse_seconds,
+        parse_limit, parse_listen_addr, parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port,
+        parse_prefix_v6, parse_seconds,
     },
     tiers::{Cidr, parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
 };
@@ -88,6 +88,10 @@ pub enum ConfigCommand {
         /// The file to write (--file /etc/shed/shed.toml).
         #[arg(long, default_value = "/etc/shed/shed.toml")]
         file: PathBuf,
+
+        /// With several namespaces gated: whose live settings to write (--netns web).
+        #[arg(long)]
+        netns: Option<String>,
     },
 }
 
@@ -217,9 +221,10 @@ pub struct AttachArgs {
     #[arg(long, overrides_with = "dry_run")]
     pub no_dry_run: bool,
 
-    /// Network namespace to gate: a name from `ip netns` or a path (--netns srv).
-    #[arg(long)]
-    pub netns: Option<String>,
+    /// Network namespace to gate: a name from `ip netns` or a path; repeat to gate several,
+    /// each with its own limits and counts (--netns web --netns api).
+    #[arg(long, value_parser = parse_netns)]
+    pub netns: Vec<String>,
 
     /// Milliseconds an admitted SYN holds its slot while its handshake is under way;
     /// 0: about three times the measured handshake time (--handshake-window 0).
@@ -360,6 +365,10 @@ pub struct StatsArgs {
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: Option<u16>,
 
+    /// With several namespaces gated: only this one, by its label in `shedctl stats` (--netns web).
+    #[arg(long)]
+    pub netns: Option<String>,
+
     /// Print a JSON list, one object per port (--json).
     #[arg(long)]
     pub json: bool,
@@ -378,6 +387,10 @@ pub struct TopArgs {
     /// Only this port (--port 8080).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: Option<u16>,
+
+    /// With several namespaces gated: only this one, by its label in `shedctl stats` (--netns web).
+    #[arg(long)]
+    pub netns: Option<String>,
 
     /// Milliseconds between refreshes (--interval 250). Default: the ports' control window.
     #[arg(long, value_parser = |s: &str| parse_millis(s, 50, 60_000))]
@@ -413,6 +426,10 @@ pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: u16,
+
+    /// With several namespaces gated: change the port only in this one (--netns web); without it, in every one.
+    #[arg(long)]
+    pub netns: Option<String>,
 
     /// The limit, now (--limit 50); adaptive controllers continue from it.
     #[arg(long, value_parser = parse_limit)]
@@ -461,6 +478,10 @@ pub struct DetachArgs {
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub port: Option<u16>,
 
+    /// With --port and several namespaces gated: only in this one (--netns web); without it, in every one.
+    #[arg(long, requires = "port")]
+    pub netns: Option<String>,
+
     /// Milliseconds to wait for the daemon to exit (--timeout 5000).
     #[arg(long, default_value = "5000", value_parser = |s: &str| parse_millis(s, 100, 600_000))]
     pub timeout: Duration,
@@ -506,7 +527,7 @@ mod tests {
         assert_eq!(a.ifaces, ["veth0"]);
         assert_eq!((a.hook, a.action, a.limit, a.dry_run), (Some(Hook::Tc), Action::Rst, Some(5), true));
         assert_eq!(a.control().unwrap().0.algo, Algo::Fixed.to_raw(), "--limit alone means fixed");
-        assert_eq!(a.netns.as_deref(), Some("srv"));
+        assert_eq!(a.netns, ["srv"]);
     }
 
     #[test]

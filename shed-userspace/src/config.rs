@@ -28,6 +28,8 @@ enum Kind {
     Bool,
     IntList,
     StrList,
+    /// A string, or a list of them (`netns = "web"` or `netns = ["web", "api"]`).
+    StrOrList,
     /// `[tiers]`: CIDR = tier.
     TierTable,
 }
@@ -60,7 +62,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("rst-rate", "rst-rate", Kind::Int),
     ("rst-prefix-rate", "rst-prefix-rate", Kind::Int),
     ("dry-run", "dry-run", Kind::Bool),
-    ("netns", "netns", Kind::Str),
+    ("netns", "netns", Kind::StrOrList),
     ("handshake-window", "handshake-window", Kind::Int),
     ("metrics", "metrics", Kind::Str),
     ("heal-interval", "heal-interval", Kind::Int),
@@ -213,6 +215,8 @@ fn raw_values(kind: Kind, value: &Value) -> Result<Vec<String>, String> {
             items.iter().map(|v| scalar(v, item)).collect()
         }
         (Kind::IntList | Kind::StrList, other) => Err(format!("expected a list, found {}", other.type_str())),
+        (Kind::StrOrList, Value::Array(items)) => items.iter().map(|v| scalar(v, Kind::Str)).collect(),
+        (Kind::StrOrList, v) => Ok(vec![scalar(v, Kind::Str)?]),
         (Kind::TierTable, Value::Table(entries)) => entries
             .iter()
             .map(|(cidr, tier)| match tier {
@@ -283,8 +287,10 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("rst-rate".into(), int(args.rst_rate.into()));
     t.insert("rst-prefix-rate".into(), int(args.rst_prefix_rate.into()));
     t.insert("dry-run".into(), Value::Boolean(args.dry_run));
-    if let Some(netns) = &args.netns {
-        t.insert("netns".into(), s(netns));
+    match args.netns.as_slice() {
+        [] => {}
+        [one] => _ = t.insert("netns".into(), s(one)),
+        several => _ = t.insert("netns".into(), Value::Array(several.iter().map(|n| s(n)).collect())),
     }
     t.insert("handshake-window".into(), int(args.handshake_window.as_millis() as u64));
     if let Some(metrics) = args.metrics {
@@ -419,6 +425,23 @@ mod tests {
         // --limit (fixed) is the one flag the adaptive set above leaves out.
         let fixed = with_file("ports = [9000]\nlimit = 12\n", &[]).unwrap();
         assert_eq!((fixed.ports.as_slice(), fixed.limit), (&[9000][..], Some(12)));
+    }
+
+    #[test]
+    fn netns_is_one_name_or_a_list() {
+        assert_eq!(with_file("ports = [80]\nnetns = \"web\"\n", &[]).unwrap().netns, ["web"]);
+        let two = with_file("ports = [80]\nnetns = [\"web\", \"api\"]\n", &[]).unwrap();
+        assert_eq!(two.netns, ["web", "api"]);
+        // Rendered as it was given, and read back the same.
+        let text = render(&two);
+        assert!(text.contains("netns = [\"web\", \"api\"]"), "{text}");
+        assert_eq!(with_file(&text, &[]).unwrap().netns, ["web", "api"]);
+        // The command line replaces the file's list.
+        assert_eq!(with_file("ports = [80]\nnetns = [\"web\", \"api\"]\n", &["--netns", "db"]).unwrap().netns, ["db"]);
+        let err = with_file("ports = [80]\nnetns = 3\n", &[]).unwrap_err().to_string();
+        assert!(err.contains(":2:") && err.contains("`netns`: expected a string"), "{err}");
+        let err = with_file("ports = [80]\nnetns = [\"\"]\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("empty namespace"), "{err}");
     }
 
     #[test]

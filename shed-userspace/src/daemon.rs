@@ -176,10 +176,12 @@ pub struct LoopSettings {
     pub heartbeat: crate::endpoint::Heartbeat,
     /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
     pub reload: Option<Reloader>,
+    /// Becomes true when the loop must stop (another namespace's loop failed).
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Applies a reloaded config; returns the changed settings that take a restart.
-pub type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, String>>;
+pub type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, String> + Send>;
 
 /// Gates interfaces as they appear (no `--iface`: the whole namespace).
 #[derive(Clone, Debug)]
@@ -253,6 +255,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
+            _ = settings.stop.changed() => { tracing::info!("the gate is stopping: detaching"); return Ok(()); }
             _ = sighup.recv() => match settings.reload.as_mut() {
                 None => tracing::warn!("SIGHUP: attach was started without --config: nothing to reload"),
                 Some(reload) => match reload(&mut loaded.maps) {

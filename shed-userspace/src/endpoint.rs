@@ -20,7 +20,7 @@ use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, rou
 use crate::{
     heal::HealReport,
     maps::GateMaps,
-    metrics::{CONTENT_TYPE, Decisions, Scrape},
+    metrics::{CONTENT_TYPE, Decisions, GateSource, Scrape},
     stats::PortStats,
 };
 
@@ -91,20 +91,37 @@ impl ShedHistory {
     }
 }
 
-/// What the endpoint serves from besides the maps.
+/// What the endpoint serves: every namespace's gate, and the readiness rule.
 #[derive(Clone, Debug)]
 pub struct Endpoint {
+    pub gates: Vec<EndpointGate>,
+    pub readiness: ReadinessRule,
+}
+
+/// One namespace's gate as the endpoint reads it.
+#[derive(Clone, Debug)]
+pub struct EndpointGate {
+    /// The namespace's label (see [`crate::paths::netns_label`]).
+    pub netns: String,
+    /// Where its maps are pinned.
+    pub pin_dir: std::path::PathBuf,
     pub decisions: Decisions,
     pub heal: HealReport,
     pub heartbeat: Heartbeat,
-    pub readiness: ReadinessRule,
+}
+
+/// One gate's maps and shedding history, opened once by the endpoint thread.
+/// Each behind a lock of its own: `/healthz` and `/readyz` never wait for a scrape.
+struct OpenGate {
+    gate: EndpointGate,
+    maps: Mutex<GateMaps>,
+    history: Mutex<ShedHistory>,
 }
 
 #[derive(Clone)]
 struct Shared {
-    maps: Arc<Mutex<GateMaps>>,
-    endpoint: Endpoint,
-    history: Arc<Mutex<ShedHistory>>,
+    gates: Arc<Vec<OpenGate>>,
+    readiness: ReadinessRule,
 }
 
 /// Serves the endpoint on its own thread until the process exits.
@@ -112,19 +129,18 @@ pub fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
     std::thread::Builder::new()
         .name("shed-http".into())
         .spawn(move || {
-            let maps = match GateMaps::open_pinned() {
-                Ok(maps) => maps,
-                Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
-            };
+            let mut gates = Vec::new();
+            for gate in endpoint.gates {
+                match GateMaps::open_pinned_at(&gate.pin_dir) {
+                    Ok(maps) => gates.push(OpenGate { gate, maps: Mutex::new(maps), history: Mutex::default() }),
+                    Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
+                }
+            }
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(e) => return tracing::error!("metrics endpoint disabled: no runtime: {e}"),
             };
-            let shared = Shared {
-                maps: Arc::new(Mutex::new(maps)),
-                endpoint,
-                history: Arc::new(Mutex::new(ShedHistory::default())),
-            };
+            let shared = Shared { gates: Arc::new(gates), readiness: endpoint.readiness };
             if let Err(e) = runtime.block_on(run(listener, shared)) {
                 tracing::error!("metrics endpoint stopped: {e}");
             }
@@ -145,34 +161,42 @@ async fn run(listener: std::net::TcpListener, shared: Shared) -> std::io::Result
     axum::serve(listener, app).await
 }
 
-/// Every second: the admitted and rejected totals of every port, for `/readyz`.
+/// Every second: the admitted and rejected totals of every namespace's ports, for `/readyz`.
 async fn sample_shedding(shared: Shared) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let maps = shared.maps.clone();
-        let totals = tokio::task::spawn_blocking(move || {
-            let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
-            let snapshots = maps.snapshots(None).ok()?;
-            Some(
-                snapshots
+        let gates = shared.gates.clone();
+        let keep = shared.readiness.window;
+        let _ = tokio::task::spawn_blocking(move || {
+            for open in gates.iter() {
+                let Ok(snapshots) = lock(&open.maps).snapshots(None) else { continue };
+                let (admitted, rejected) = snapshots
                     .iter()
                     .map(|s| PortStats::new(s, None))
-                    .fold((0, 0), |(a, r), p| (a + p.admitted, r + p.rejected)),
-            )
+                    .fold((0, 0), |(a, r), p| (a + p.admitted, r + p.rejected));
+                lock(&open.history).push(Instant::now(), admitted, rejected, keep);
+            }
         })
         .await;
-        if let Ok(Some((admitted, rejected))) = totals {
-            let keep = shared.endpoint.readiness.window;
-            shared.history.lock().unwrap_or_else(|p| p.into_inner()).push(Instant::now(), admitted, rejected, keep);
-        }
     }
 }
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
     let scrape = tokio::task::spawn_blocking(move || {
-        let maps = shared.maps.lock().unwrap_or_else(|p| p.into_inner());
-        Scrape::read(&maps, &shared.endpoint.decisions, &shared.endpoint.heal).map(Scrape::encode)
+        let maps: Vec<_> = shared.gates.iter().map(|g| lock(&g.maps)).collect();
+        let sources: Vec<GateSource> = shared
+            .gates
+            .iter()
+            .zip(&maps)
+            .map(|(g, maps)| GateSource {
+                netns: &g.gate.netns,
+                maps,
+                decisions: &g.gate.decisions,
+                heal: &g.gate.heal,
+            })
+            .collect();
+        Scrape::read(&sources).map(Scrape::encode)
     })
     .await;
     match scrape {
@@ -187,22 +211,37 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
-    match shared.endpoint.heartbeat.age() {
-        Some(age) if age <= HEALTHY_WITHIN => (StatusCode::OK, "ok\n".to_owned()),
-        Some(age) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the control loop has not ticked for {:.1} s\n", age.as_secs_f64()),
-        ),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "the control loop has not started\n".to_owned()),
+    let several = shared.gates.len() > 1;
+    for open in shared.gates.iter() {
+        let of = if several { format!(" of namespace {}", open.gate.netns) } else { String::new() };
+        match open.gate.heartbeat.age() {
+            Some(age) if age <= HEALTHY_WITHIN => {}
+            Some(age) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the control loop{of} has not ticked for {:.1} s\n", age.as_secs_f64()),
+                );
+            }
+            None => return (StatusCode::SERVICE_UNAVAILABLE, format!("the control loop{of} has not started\n")),
+        }
     }
+    (StatusCode::OK, "ok\n".to_owned())
 }
 
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
-    let rule = shared.endpoint.readiness;
-    match shared.history.lock().unwrap_or_else(|p| p.into_inner()).not_ready(rule) {
-        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-        None => (StatusCode::OK, "ready\n".to_owned()),
+    let several = shared.gates.len() > 1;
+    for open in shared.gates.iter() {
+        if let Some(why) = lock(&open.history).not_ready(shared.readiness) {
+            let why = if several { format!("namespace {}: {why}", open.gate.netns) } else { why };
+            return (StatusCode::SERVICE_UNAVAILABLE, why);
+        }
     }
+    (StatusCode::OK, "ready\n".to_owned())
+}
+
+/// A lock whose holder panicked still guards usable data (counters, a history).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

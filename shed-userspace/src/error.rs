@@ -30,6 +30,14 @@ pub enum Error {
     #[error("no shed gate is running (nothing pinned at {}): start one with `sudo shedctl attach --port PORT`", pin_dir.display())]
     NoGate { pin_dir: PathBuf },
 
+    #[error("the gate protects several network namespaces ({labels}): name one with --netns")]
+    SeveralNamespaces { labels: String },
+
+    #[error(
+        "the gate does not protect network namespace `{netns}`: it protects {labels} (labels as `shedctl stats` shows them)"
+    )]
+    NamespaceNotGated { netns: String, labels: String },
+
     #[error("no shed gate is running: the pins at {} were left by a daemon that is gone (pid {pid}); `sudo shedctl detach` removes them", pin_dir.display())]
     StaleGate { pin_dir: PathBuf, pid: String },
 

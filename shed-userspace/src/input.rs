@@ -85,6 +85,19 @@ pub fn parse_map_size(s: &str) -> Result<u32, String> {
     Ok(n)
 }
 
+/// A network namespace for `--netns`: an `ip netns` name or a path to a
+/// namespace file (/proc/PID/ns/net).
+pub fn parse_netns(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if name.is_empty() || name.trim_matches('/').is_empty() {
+        return Err("empty namespace: give a name from `ip netns list` or a path such as /proc/PID/ns/net".into());
+    }
+    if !name.contains('/') && (name == "." || name == ".." || name.chars().any(char::is_control)) {
+        return Err(format!("{name:?} is not a namespace name: give a name from `ip netns list`"));
+    }
+    Ok(name.to_owned())
+}
+
 /// A duration in milliseconds within `[min_ms, max_ms]`.
 pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
     let ms: u64 = s

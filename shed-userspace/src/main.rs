@@ -26,7 +26,9 @@ fn main() {
         Command::Set(args) => commands::set::execute(args),
         Command::Detach(args) => commands::detach::execute(args),
         Command::Tier(command) => commands::tier::execute(command),
-        Command::Config(shed::cli::ConfigCommand::Save { file }) => commands::config_save::execute(&file),
+        Command::Config(shed::cli::ConfigCommand::Save { file, netns }) => {
+            commands::config_save::execute(&file, netns.as_deref())
+        }
         Command::Completions { shell } => {
             commands::docs::completions(shell, &mut std::io::stdout());
             Ok(())

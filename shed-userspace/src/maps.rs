@@ -114,13 +114,45 @@ impl GateMaps {
         })
     }
 
-    /// Opens the maps of the running gate from its pins.
+    /// Opens the maps of the running gate from its pins: the one namespace it
+    /// gates (with several, [`Error::SeveralNamespaces`]: pick one with [`Self::open_gates`]).
     pub fn open_pinned() -> Result<Self, Error> {
-        if !Path::new(paths::PIN_DIR).join(map::PORTS).exists() {
-            return Err(Error::NoGate { pin_dir: paths::PIN_DIR.into() });
+        let mut gates = Self::open_gates(None)?;
+        if gates.len() > 1 {
+            let labels = gates.iter().map(|g| g.netns.clone()).collect::<Vec<_>>().join(", ");
+            return Err(Error::SeveralNamespaces { labels });
+        }
+        Ok(gates.remove(0).maps)
+    }
+
+    /// Opens the pinned maps of every namespace the running gate protects, by
+    /// label (`only`: just that namespace's), in label order.
+    pub fn open_gates(only: Option<&str>) -> Result<Vec<PinnedGate>, Error> {
+        let mut gates = Vec::new();
+        for (netns, dir) in pinned_gate_dirs() {
+            if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
+                gates.push(PinnedGate { maps: Self::open_pinned_at(&dir)?, netns });
+            }
+        }
+        if gates.is_empty() {
+            return Err(match only {
+                Some(ns) if !pinned_gate_dirs().is_empty() => Error::NamespaceNotGated {
+                    netns: ns.to_owned(),
+                    labels: pinned_gate_dirs().into_iter().map(|(l, _)| l).collect::<Vec<_>>().join(", "),
+                },
+                _ => Error::NoGate { pin_dir: paths::PIN_DIR.into() },
+            });
+        }
+        Ok(gates)
+    }
+
+    /// Opens the maps pinned in `dir` (one gate's folder).
+    pub fn open_pinned_at(dir: &Path) -> Result<Self, Error> {
+        if !dir.join(map::PORTS).exists() {
+            return Err(Error::NoGate { pin_dir: dir.into() });
         }
         Self::build(|name| {
-            let path = paths::map_pin(name);
+            let path = dir.join(name);
             let data =
                 MapData::from_pin(&path).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))?;
             Map::from_map_data(data).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))
@@ -554,6 +586,32 @@ impl PortSpec {
 }
 
 /// Removes the pin folder and everything in it.
+/// One namespace's gate, opened from its pins.
+pub struct PinnedGate {
+    /// The namespace's label (see [`paths::netns_label`]).
+    pub netns: String,
+    pub maps: GateMaps,
+}
+
+/// The pin folders of the running gate, by namespace label, in label order:
+/// the daemon's own namespace in [`paths::PIN_DIR`], each `--netns` in
+/// [`paths::NETNS_PIN_DIR`].
+pub fn pinned_gate_dirs() -> Vec<(String, std::path::PathBuf)> {
+    let mut dirs = Vec::new();
+    if Path::new(paths::PIN_DIR).join(map::PORTS).exists() {
+        dirs.push((paths::OWN_NETNS_LABEL.to_owned(), Path::new(paths::PIN_DIR).to_path_buf()));
+    }
+    if let Ok(entries) = fs::read_dir(paths::NETNS_PIN_DIR) {
+        for entry in entries.flatten() {
+            if entry.path().join(map::PORTS).exists() {
+                dirs.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
+            }
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
 pub fn remove_pins(dir: &Path) -> Result<(), Error> {
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),

@@ -59,14 +59,32 @@ pub struct PortMetrics {
 /// Everything one scrape reports; a [`Collector`] built anew per scrape.
 #[derive(Debug)]
 pub struct Scrape {
+    /// Every protected port of every namespace.
     pub ports: Vec<PortMetrics>,
+    /// What is counted once per namespace's gate.
+    pub gates: Vec<GateMetrics>,
+    pub process: ProcessStats,
+}
+
+/// One namespace's gate, beyond its ports.
+#[derive(Debug)]
+pub struct GateMetrics {
+    /// The namespace's label (see [`crate::paths::netns_label`]).
+    pub netns: String,
     /// Gate-wide counters, by [`shed_common::gate_counter`] index.
     pub gate: [u64; shed_common::gate_counter::COUNT],
     /// What the healer did.
     pub heal: HealCounts,
     /// Kernel memory held by the gate's maps.
     pub bpf_memory_bytes: u64,
-    pub process: ProcessStats,
+}
+
+/// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
+pub struct GateSource<'a> {
+    pub netns: &'a str,
+    pub maps: &'a GateMaps,
+    pub decisions: &'a Decisions,
+    pub heal: &'a HealReport,
 }
 
 /// The daemon process as Prometheus' process metrics name it, from /proc/self.
@@ -103,23 +121,28 @@ impl ProcessStats {
 }
 
 impl Scrape {
-    /// Reads every protected port from the maps.
-    pub fn read(maps: &GateMaps, decisions: &Decisions, heal: &HealReport) -> Result<Self, Error> {
-        let mut ports = Vec::new();
-        for snapshot in maps.snapshots(None)? {
-            ports.push(PortMetrics {
-                stats: PortStats::new(&snapshot, None),
-                latency: maps.latency(snapshot.config.slot)?,
-                decisions: decisions.of(snapshot.port),
+    /// Reads every protected port of every namespace's gate.
+    pub fn read(sources: &[GateSource]) -> Result<Self, Error> {
+        let (mut ports, mut gates) = (Vec::new(), Vec::new());
+        for source in sources {
+            let maps = source.maps;
+            for snapshot in maps.snapshots(None)? {
+                let mut stats = PortStats::new(&snapshot, None);
+                stats.netns = source.netns.to_owned();
+                ports.push(PortMetrics {
+                    stats,
+                    latency: maps.latency(snapshot.config.slot)?,
+                    decisions: source.decisions.of(snapshot.port),
+                });
+            }
+            gates.push(GateMetrics {
+                netns: source.netns.to_owned(),
+                gate: maps.gate_counters()?,
+                heal: source.heal.read(),
+                bpf_memory_bytes: maps.memory_bytes(),
             });
         }
-        Ok(Self {
-            ports,
-            gate: maps.gate_counters()?,
-            heal: heal.read(),
-            bpf_memory_bytes: maps.memory_bytes(),
-            process: ProcessStats::read(),
-        })
+        Ok(Self { ports, gates, process: ProcessStats::read() })
     }
 
     /// The Prometheus text exposition.
@@ -138,8 +161,12 @@ type Labels = Vec<(&'static str, String)>;
 /// Picks one of a port's three latency histograms.
 type Buckets = fn(&PortLatency) -> &[u64; latency::BUCKETS];
 
-fn port_label(port: u16) -> Labels {
-    vec![("port", port.to_string())]
+fn port_label(stats: &PortStats) -> Labels {
+    vec![("netns", stats.netns.clone()), ("port", stats.port.to_string())]
+}
+
+fn netns_label(gate: &GateMetrics) -> Labels {
+    vec![("netns", gate.netns.clone())]
 }
 
 fn with(mut labels: Labels, key: &'static str, value: impl ToString) -> Labels {
@@ -201,7 +228,9 @@ impl Collector for Scrape {
                 ("ipv6_chain_unparsed", g::IPV6_CHAIN_UNPARSED),
             ]
             .iter()
-            .map(|&(reason, i)| (vec![("reason", reason.to_owned())], self.gate[i]))
+            .flat_map(|&(reason, i)| {
+                self.gates.iter().map(move |g| (with(netns_label(g), "reason", reason), g.gate[i]))
+            })
             .collect();
             family(
                 &mut e,
@@ -212,7 +241,11 @@ impl Collector for Scrape {
             )?;
             let passes: Vec<(Labels, u64)> = PassReason::ALL
                 .iter()
-                .map(|r| (vec![("reason", r.name().to_owned())], self.heal.passes.get(r).copied().unwrap_or(0)))
+                .flat_map(|r| {
+                    self.gates.iter().map(move |g| {
+                        (with(netns_label(g), "reason", r.name()), g.heal.passes.get(r).copied().unwrap_or(0))
+                    })
+                })
                 .collect();
             family(
                 &mut e,
@@ -226,28 +259,28 @@ impl Collector for Scrape {
                 "shed_heal_checks",
                 "Cheap checks of the counters between healing passes (about one a second).",
                 Counter,
-                [(Labels::new(), self.heal.checks)],
+                self.gates.iter().map(|g| (netns_label(g), g.heal.checks)).collect::<Vec<_>>(),
             )?;
             family(
                 &mut e,
                 "shed_heal_records_read",
                 "Per-connection records healing passes read (socket-table records and tracked sockets).",
                 Counter,
-                [(Labels::new(), self.heal.records_read)],
+                self.gates.iter().map(|g| (netns_label(g), g.heal.records_read)).collect::<Vec<_>>(),
             )?;
             family(
                 &mut e,
                 "shed_heal_adopt_failed",
                 "Untracked connections a healing pass could not adopt because the connection map was full.",
                 Counter,
-                [(Labels::new(), self.heal.adopt_failed)],
+                self.gates.iter().map(|g| (netns_label(g), g.heal.adopt_failed)).collect::<Vec<_>>(),
             )?;
             family(
                 &mut e,
                 "shed_heal_last_pass_seconds",
                 "How long the last healing pass took.",
                 Gauge,
-                [(Labels::new(), self.heal.last_pass.as_secs_f64())],
+                self.gates.iter().map(|g| (netns_label(g), g.heal.last_pass.as_secs_f64())).collect::<Vec<_>>(),
             )?;
             let build =
                 vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("commit", env!("SHED_GIT_COMMIT").to_owned())];
@@ -292,24 +325,24 @@ impl Collector for Scrape {
                 "shed_bpf_memory_bytes",
                 "Kernel memory held by the gate's maps (memlock as the kernel reports it; the connection and client maps grow with use).",
                 Gauge,
-                [(Labels::new(), self.bpf_memory_bytes)],
+                self.gates.iter().map(|g| (netns_label(g), g.bpf_memory_bytes)).collect::<Vec<_>>(),
             )?;
             family(
                 &mut e,
                 "shed_later_fragments",
                 "Later fragments passed (the first fragment carries the TCP header and is judged).",
                 Counter,
-                [(Labels::new(), self.gate[g::LATER_FRAGMENT])],
+                self.gates.iter().map(|g| (netns_label(g), g.gate[g::LATER_FRAGMENT])).collect::<Vec<_>>(),
             )?;
         }
         let per_port = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, u64)> {
-            ports.iter().map(|p| (port_label(p.stats.port), f(&p.stats))).collect()
+            ports.iter().map(|p| (port_label(&p.stats), f(&p.stats))).collect()
         };
         let per_tier = |f: &dyn Fn(&crate::stats::TierStats) -> u64| -> Vec<(Labels, u64)> {
             ports
                 .iter()
                 .flat_map(|p| {
-                    tier::NAMES.iter().map(move |t| (with(port_label(p.stats.port), "tier", t), f(&p.stats.tiers[t])))
+                    tier::NAMES.iter().map(move |t| (with(port_label(&p.stats), "tier", t), f(&p.stats.tiers[t])))
                 })
                 .collect()
         };
@@ -340,7 +373,7 @@ impl Collector for Scrape {
             .flat_map(|p| {
                 let s = &p.stats;
                 [("established", s.established), ("busy", s.busy), ("pending", s.pending)]
-                    .map(|(state, n)| (with(port_label(s.port), "state", state), n))
+                    .map(|(state, n)| (with(port_label(s), "state", state), n))
             })
             .collect();
         family(
@@ -357,7 +390,7 @@ impl Collector for Scrape {
             .flat_map(|p| {
                 let r = &p.stats.rejected_by_reason;
                 [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("late_ack", r.late_ack)]
-                    .map(|(reason, n)| (with(port_label(p.stats.port), "reason", reason), n))
+                    .map(|(reason, n)| (with(port_label(&p.stats), "reason", reason), n))
             })
             .collect();
         family(
@@ -447,7 +480,7 @@ impl Collector for Scrape {
             Gauge,
             ports
                 .iter()
-                .map(|p| (port_label(p.stats.port), micros(p.stats.handshake_window_us)))
+                .map(|p| (port_label(&p.stats), micros(p.stats.handshake_window_us)))
                 .collect::<Vec<(Labels, f64)>>(),
         )?;
         family(
@@ -479,7 +512,7 @@ impl Collector for Scrape {
             per_port(&|s| s.drift_corrected),
         )?;
         let seconds = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, f64)> {
-            ports.iter().map(|p| (port_label(p.stats.port), micros(f(&p.stats)))).collect()
+            ports.iter().map(|p| (port_label(&p.stats), micros(f(&p.stats)))).collect()
         };
         family(
             &mut e,
@@ -493,14 +526,14 @@ impl Collector for Scrape {
             "shed_accept_queue",
             "Connections waiting in the port's accept queues (its listeners' Recv-Q) at the last window's end.",
             Gauge,
-            ports.iter().map(|p| (port_label(p.stats.port), u64::from(p.stats.accept_queue))).collect::<Vec<_>>(),
+            ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_queue))).collect::<Vec<_>>(),
         )?;
         family(
             &mut e,
             "shed_accept_backlog",
             "Capacity of the port's accept queues (the listeners' backlog).",
             Gauge,
-            ports.iter().map(|p| (port_label(p.stats.port), u64::from(p.stats.accept_backlog))).collect::<Vec<_>>(),
+            ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_backlog))).collect::<Vec<_>>(),
         )?;
         family(
             &mut e,
@@ -535,13 +568,13 @@ impl Collector for Scrape {
             let mut metric = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
             for p in ports {
                 let (buckets, sum, count) = histogram(of(&p.latency));
-                let labels = port_label(p.stats.port);
+                let labels = port_label(&p.stats);
                 metric.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
         }
         let decisions: Vec<(Labels, u64)> = ports
             .iter()
-            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(p.stats.port), "reason", json_name(r)), *n)))
+            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(&p.stats), "reason", json_name(r)), *n)))
             .collect();
         family(
             &mut e,
@@ -554,11 +587,8 @@ impl Collector for Scrape {
             .iter()
             .map(|p| {
                 let s = &p.stats;
-                let labels = with(
-                    with(with(port_label(s.port), "algo", s.algo), "action", s.action),
-                    "count",
-                    json_name(&s.count),
-                );
+                let labels =
+                    with(with(with(port_label(s), "algo", s.algo), "action", s.action), "count", json_name(&s.count));
                 (labels, 1)
             })
             .collect();

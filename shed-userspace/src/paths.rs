@@ -3,8 +3,14 @@ use std::path::{Path, PathBuf};
 
 /// bpffs mount point.
 pub const BPFFS: &str = "/sys/fs/bpf";
-/// The gate's pin folder: one pinned map per name in `shed_common::map::ALL`.
+/// The gate's pin folder. A gate of the daemon's own network namespace pins
+/// one map per name in `shed_common::map::ALL` here; a gate of a namespace
+/// named with `--netns` pins them in [`NETNS_PIN_DIR`]`/<label>` instead.
 pub const PIN_DIR: &str = "/sys/fs/bpf/shed";
+/// Pin folders of the gates of namespaces named with `--netns`, one per namespace.
+pub const NETNS_PIN_DIR: &str = "/sys/fs/bpf/shed/netns";
+/// The `netns` label of the daemon's own network namespace (no `--netns`).
+pub const OWN_NETNS_LABEL: &str = "host";
 /// tracefs mount point (tracepoint ids and formats).
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 /// The running daemon's lock and pid file (flock held for the daemon's life).
@@ -12,11 +18,39 @@ pub const PID_FILE: &str = "/run/shed/shedctl.pid";
 /// The gated namespace's TCP counters (listen-queue overflows), as the daemon's thread sees them.
 pub const NETSTAT: &str = "/proc/thread-self/net/netstat";
 
-/// Pin path of one map.
-pub fn map_pin(name: &str) -> PathBuf {
-    Path::new(PIN_DIR).join(name)
+/// Where the gate of `netns` (None: the daemon's own namespace) pins its maps.
+pub fn gate_pin_dir(netns: Option<&str>) -> PathBuf {
+    match netns {
+        None => PathBuf::from(PIN_DIR),
+        Some(ns) => Path::new(NETNS_PIN_DIR).join(netns_label(Some(ns))),
+    }
+}
+
+/// The name a namespace goes by in stats, metrics, top and logs: its `ip netns`
+/// name, a path with its slashes made underscores (`/proc/42/ns/net` is
+/// `proc_42_ns_net`), or [`OWN_NETNS_LABEL`] for the daemon's own.
+pub fn netns_label(netns: Option<&str>) -> String {
+    match netns {
+        None => OWN_NETNS_LABEL.to_owned(),
+        Some(ns) => ns.trim_matches('/').replace('/', "_"),
+    }
 }
 /// Where `ip netns` keeps its named network namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
 /// The last live change's requester (uid, pid, command), for the daemon's audit line.
 pub const REQUEST_NOTE: &str = "/run/shed/last-request";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_namespace_has_a_label_and_a_pin_folder_of_its_own() {
+        assert_eq!(netns_label(None), "host");
+        assert_eq!(netns_label(Some("web")), "web");
+        assert_eq!(netns_label(Some("/proc/42/ns/net")), "proc_42_ns_net");
+        assert_eq!(gate_pin_dir(None), Path::new(PIN_DIR));
+        assert_eq!(gate_pin_dir(Some("web")), Path::new("/sys/fs/bpf/shed/netns/web"));
+        assert_eq!(gate_pin_dir(Some("/run/netns/api")), Path::new("/sys/fs/bpf/shed/netns/run_netns_api"));
+    }
+}

@@ -50,6 +50,8 @@ pub struct TierStats {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PortStats {
     pub port: u16,
+    /// The network namespace the port is gated in (see [`crate::paths::netns_label`]).
+    pub netns: String,
     pub limit: u32,
     /// What the limit applies to: handshakes under way (`pending`) plus busy
     /// connections (`work`) or plus established ones (`connections`).
@@ -169,6 +171,7 @@ impl PortStats {
         };
         Self {
             port: now.port,
+            netns: crate::paths::OWN_NETNS_LABEL.to_owned(),
             limit: now.limit,
             in_flight: now.in_flight(),
             count: Count::from_raw(now.config.count_mode),

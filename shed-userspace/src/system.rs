@@ -332,14 +332,19 @@ pub fn driver(iface: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
 }
 
-/// Moves this thread into a network namespace, by `ip netns` name or by path.
-/// Call before any other thread starts: threads created later inherit it.
-pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
-    let path = if name_or_path.contains('/') {
+/// The namespace file of an `ip netns` name, or the path itself.
+pub fn netns_path(name_or_path: &str) -> std::path::PathBuf {
+    if name_or_path.contains('/') {
         Path::new(name_or_path).to_path_buf()
     } else {
         Path::new(paths::NETNS_DIR).join(name_or_path)
-    };
+    }
+}
+
+/// Moves this thread into a network namespace, by `ip netns` name or by path
+/// (threads it starts later inherit it).
+pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
+    let path = netns_path(name_or_path);
     let file = fs::File::open(&path).map_err(|e| Error::io("open network namespace", &path, e))?;
     // SAFETY: a valid namespace fd.
     if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {

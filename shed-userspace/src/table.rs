@@ -28,7 +28,13 @@ pub fn stats_table(stats: &[PortStats]) -> String {
         "P99(ms)",
         "ACTION"
     );
+    let mut netns = crate::paths::OWN_NETNS_LABEL;
     for s in stats {
+        // Ports of a namespace named with --netns under its name.
+        if s.netns != netns {
+            netns = &s.netns;
+            let _ = writeln!(out, "netns {netns}:");
+        }
         let queue = format!(
             "       queue wait p50/p99 {:.1}/{:.1} ms, service p50/p99 {:.1}/{:.1} ms, {} samples/window, accept queue {}/{}, {} listen drops, last decision {} (from {})",
             s.queue_wait_p50_us as f64 / 1e3,

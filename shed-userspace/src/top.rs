@@ -23,6 +23,7 @@ const HISTORY: usize = 512;
 #[derive(Debug)]
 struct PortView {
     port: u16,
+    netns: String,
     limits: VecDeque<u64>,
     in_flight: VecDeque<u64>,
     now: PortStats,
@@ -79,9 +80,9 @@ impl Top {
 
     /// Adds a sample of every port, taken `elapsed` after the previous one.
     pub fn update(&mut self, sample: Vec<PortStats>, elapsed: Duration) {
-        self.ports.retain(|v| sample.iter().any(|s| s.port == v.port));
+        self.ports.retain(|v| sample.iter().any(|s| s.port == v.port && s.netns == v.netns));
         for stats in sample {
-            let view = match self.ports.iter_mut().find(|v| v.port == stats.port) {
+            let view = match self.ports.iter_mut().find(|v| v.port == stats.port && v.netns == stats.netns) {
                 Some(view) => {
                     view.rates = Rates::between(&view.now, &stats, elapsed);
                     view.now = stats;
@@ -90,6 +91,7 @@ impl Top {
                 None => {
                     self.ports.push(PortView {
                         port: stats.port,
+                        netns: stats.netns.clone(),
                         limits: VecDeque::new(),
                         in_flight: VecDeque::new(),
                         now: stats,
@@ -101,7 +103,7 @@ impl Top {
             push_bounded(&mut view.limits, view.now.limit.into());
             push_bounded(&mut view.in_flight, view.now.in_flight);
         }
-        self.ports.sort_by_key(|v| v.port);
+        self.ports.sort_by(|a, b| (&a.netns, a.port).cmp(&(&b.netns, b.port)));
     }
 
     /// Draws every port, stacked.
@@ -137,8 +139,9 @@ const PORT_HEIGHT: u16 = 17;
 fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
     let s = &view.now;
     let decision = s.last_decision.map_or("-".to_owned(), |r| json_name(&r));
+    let netns = if s.netns == crate::paths::OWN_NETNS_LABEL { String::new() } else { format!("netns {} · ", s.netns) };
     let title = format!(
-        " port {} · {} ({decision}) · action {}{} ",
+        " {netns}port {} · {} ({decision}) · action {}{} ",
         s.port,
         s.algo,
         s.action,

@@ -40,9 +40,16 @@ impl Gate {
 
     /// The same, gating `iface` of the server namespace.
     pub fn start_on(bed: &Testbed, iface: &str, args: &[&str]) -> Self {
+        let mut all = vec!["--netns", &bed.server_ns, "--iface", iface];
+        all.extend_from_slice(args);
+        Self::attach(&all)
+    }
+
+    /// `shedctl attach <args>` (namespaces and interfaces included); waits until it serves stats.
+    pub fn attach(args: &[&str]) -> Self {
         let log = tempfile::NamedTempFile::new().expect("temp file");
         let child = Command::new(SHEDCTL)
-            .args(["attach", "--netns", &bed.server_ns, "--iface", iface])
+            .arg("attach")
             .args(args)
             .env("SHED_LOG", "info")
             .stdout(Stdio::null())

@@ -29,10 +29,13 @@ fn shared(config: &PortConfig, control: &ControlConfig) -> (PortConfig, ControlC
     (config, control)
 }
 
-pub fn execute(file: &Path) -> anyhow::Result<()> {
+pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let maps = GateMaps::open_pinned()?;
+    let maps = match netns {
+        None => GateMaps::open_pinned()?,
+        Some(_) => GateMaps::open_gates(netns)?.remove(0).maps,
+    };
     let snapshots = maps.snapshots(None)?;
     let Some(first) = snapshots.first() else { anyhow::bail!("the running gate protects no port: nothing to save") };
     let settings = shared(&first.config, &first.control);

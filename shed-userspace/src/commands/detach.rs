@@ -29,17 +29,34 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
     };
 
     if let Some(port) = args.port {
-        let mut maps = GateMaps::open_pinned()?;
-        maps.config(port)?;
+        let mut gates = GateMaps::open_gates(args.netns.as_deref())?;
+        let protecting: Vec<usize> = (0..gates.len()).filter(|&i| gates[i].maps.config(port).is_ok()).collect();
+        if protecting.is_empty() {
+            // The error that names the port and what is protected.
+            gates[0].maps.config(port)?;
+        }
         crate::audit::note_request();
-        maps.unprotect(port)?;
-        if !maps.port_configs()?.is_empty() {
-            println!("port {port} is no longer gated; the gate keeps running for ports {}", maps.port_list()?);
+        for &i in &protecting {
+            gates[i].maps.unprotect(port)?;
+        }
+        let several = gates.len() > 1;
+        let left: Vec<String> = GateMaps::open_gates(None)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| {
+                let ports = g.maps.port_list().ok().filter(|p| p != "none")?;
+                Some(if g.netns == paths::OWN_NETNS_LABEL { ports } else { format!("{ports} (netns {})", g.netns) })
+            })
+            .collect();
+        let netns: Vec<&str> = protecting.iter().map(|&i| gates[i].netns.as_str()).collect();
+        let what = if several { format!("port {port} (netns {})", netns.join(", ")) } else { format!("port {port}") };
+        if !left.is_empty() {
+            println!("{what} is no longer gated; the gate keeps running for ports {}", left.join("; "));
             return Ok(());
         }
         // The daemon stops by itself once no port is left.
         wait_for_exit(&pid, args.timeout)?;
-        println!("port {port} was the last gated port: the gate (pid {pid}) stopped");
+        println!("{what} was the last gated port: the gate (pid {pid}) stopped");
         return Ok(());
     }
 

@@ -1,4 +1,6 @@
 //! `shedctl set`: change a protected port's settings live.
+use shed_common::{ControlConfig, PortConfig};
+
 use crate::{
     cli::SetArgs,
     control::Algo,
@@ -11,10 +13,45 @@ use crate::{
 pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let mut maps = GateMaps::open_pinned()?;
-    let mut config = maps.config(args.port)?;
+    let mut gates = GateMaps::open_gates(args.netns.as_deref())?;
+    // The port in every chosen namespace that protects it; checked in each
+    // before any is written, so a refusal changes nothing anywhere.
+    let mut plans = Vec::new();
+    let mut missing = None;
+    for (i, gate) in gates.iter().enumerate() {
+        match gate.maps.config(args.port) {
+            Ok(config) => plans.push((i, plan(&gate.maps, &args, config)?)),
+            Err(e) => _ = missing.get_or_insert(e),
+        }
+    }
+    if plans.is_empty() {
+        return Err(missing.map_or_else(|| anyhow::anyhow!("port {} is not protected", args.port), Into::into));
+    }
+    // Every check is done: from here on only writes (the daemon logs each with who asked).
+    crate::audit::note_request();
+    let several = gates.len() > 1;
+    for (i, plan) in plans {
+        let gate = &mut gates[i];
+        write(&mut gate.maps, &args, &plan)?;
+        let netns = if several { format!("netns {}: ", gate.netns) } else { String::new() };
+        println!("{netns}{}", plan.summary(&args));
+    }
+    Ok(())
+}
+
+/// What `set` writes for one namespace's port.
+struct Plan {
+    config: PortConfig,
+    control: ControlConfig,
+    min: u32,
+    max: u32,
+    limit: u32,
+}
+
+/// Checks the change against one port's current settings, and what it comes to.
+fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Result<Plan> {
     let snapshot = maps.snapshot(args.port, config)?;
-    let mut control = snapshot.control;
+    let control = snapshot.control;
     let min = args.min_limit.unwrap_or(control.min_limit);
     let max = args.max_limit.unwrap_or(control.max_limit);
     if min > max {
@@ -32,9 +69,6 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
             "--limit {limit} is outside --min-limit {min} .. --max-limit {max} of {algo}: give a limit within them, or move the bounds in the same command: nothing changed"
         );
     }
-
-    // Every check is done: from here on only writes (the daemon logs each with who asked).
-    crate::audit::note_request();
     if let Some(action) = args.action {
         config.action = action.to_raw();
     }
@@ -53,6 +87,11 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     for &(tier, action) in &args.tier_actions {
         config.tier_action[tier as usize] = action.to_raw();
     }
+    Ok(Plan { config, control, min, max, limit: args.limit.unwrap_or(snapshot.limit) })
+}
+
+fn write(maps: &mut GateMaps, args: &SetArgs, plan: &Plan) -> anyhow::Result<()> {
+    let config = plan.config;
     // One map write: the kernel sees the old or the new config, never a mix.
     maps.write_config(args.port, config)?;
     if let Some(limit) = args.limit {
@@ -60,28 +99,37 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
         maps.set_limit(config.slot, limit)?;
     }
     if args.limit.is_some() || args.algo.is_some() || args.min_limit.is_some() || args.max_limit.is_some() {
+        let mut control = plan.control;
         if let Some(algo) = args.algo {
             control.algo = algo.to_raw();
         }
-        control.min_limit = min;
-        control.max_limit = max;
+        control.min_limit = plan.min;
+        control.max_limit = plan.max;
         control.requested_limit = args.limit.unwrap_or(0);
         control.generation = control.generation.wrapping_add(1);
         maps.write_control(config.slot, control)?;
     }
-    let limit = args.limit.unwrap_or(snapshot.limit);
-    let shares: Vec<String> = (1..shed_common::tier::COUNT)
-        .map(|t| format!("{}={}", crate::tiers::tier_name(t as u8), f64::from(config.share_permille[t]) / 1000.0))
-        .collect();
-    println!(
-        "port {}: limit {limit} ({} {min}..{max}), action {}, count {}, dry-run {}, shares {}, client cap {}",
-        args.port,
-        Algo::from_raw(control.algo),
-        Action::from_raw(config.action),
-        Count::from_raw(config.count_mode).name(),
-        if config.dry_run != 0 { "on" } else { "off" },
-        shares.join(" "),
-        if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() }
-    );
     Ok(())
+}
+
+impl Plan {
+    fn summary(&self, args: &SetArgs) -> String {
+        let config = &self.config;
+        let algo = args.algo.unwrap_or(Algo::from_raw(self.control.algo));
+        let shares: Vec<String> = (1..shed_common::tier::COUNT)
+            .map(|t| format!("{}={}", crate::tiers::tier_name(t as u8), f64::from(config.share_permille[t]) / 1000.0))
+            .collect();
+        format!(
+            "port {}: limit {} ({algo} {}..{}), action {}, count {}, dry-run {}, shares {}, client cap {}",
+            args.port,
+            self.limit,
+            self.min,
+            self.max,
+            Action::from_raw(config.action),
+            Count::from_raw(config.count_mode).name(),
+            if config.dry_run != 0 { "on" } else { "off" },
+            shares.join(" "),
+            if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() }
+        )
+    }
 }

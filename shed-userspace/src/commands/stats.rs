@@ -4,7 +4,7 @@ use std::{io::Write as _, thread, time::Instant};
 use crate::{
     cli::StatsArgs,
     daemon,
-    maps::GateMaps,
+    maps::{GateMaps, PortSnapshot},
     stats::ClientStats,
     stats::PortStats,
     system::{self, Need},
@@ -14,27 +14,33 @@ use crate::{
 pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let maps = GateMaps::open_pinned()?;
-    let mut before = maps.snapshots(args.port)?;
+    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let read = || -> anyhow::Result<Vec<Vec<PortSnapshot>>> {
+        gates.iter().map(|g| Ok(g.maps.snapshots(args.port)?)).collect()
+    };
+    let mut before = read()?;
     let mut taken = Instant::now();
     loop {
         thread::sleep(args.interval);
-        let now = maps.snapshots(args.port)?;
+        let now = read()?;
         let elapsed = taken.elapsed();
         taken = Instant::now();
-        let mut stats: Vec<PortStats> = now
-            .iter()
-            .map(|n| PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed))))
-            .collect();
-        for (s, n) in stats.iter_mut().zip(&now) {
-            if n.config.client_cap != 0 {
-                s.top_clients = maps
-                    .client_counts(n.config.slot)?
-                    .into_iter()
-                    .filter(|(_, held)| *held > 0)
-                    .take(10)
-                    .map(|(k, held)| ClientStats { client: client_name(&k.addr), in_flight: held })
-                    .collect();
+        let mut stats: Vec<PortStats> = Vec::new();
+        for ((gate, now), before) in gates.iter().zip(&now).zip(&before) {
+            for n in now {
+                let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
+                s.netns = gate.netns.clone();
+                if n.config.client_cap != 0 {
+                    s.top_clients = gate
+                        .maps
+                        .client_counts(n.config.slot)?
+                        .into_iter()
+                        .filter(|(_, held)| *held > 0)
+                        .take(10)
+                        .map(|(k, held)| ClientStats { client: client_name(&k.addr), in_flight: held })
+                        .collect();
+                }
+                stats.push(s);
             }
         }
         let mut out = std::io::stdout().lock();

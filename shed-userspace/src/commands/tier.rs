@@ -17,14 +17,19 @@ struct TierRow {
 pub fn execute(command: TierCommand) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let mut maps = GateMaps::open_pinned()?;
+    // Client tiers are the daemon's, the same in every namespace it gates:
+    // a change goes to each namespace's gate, and the first one answers.
+    let mut gates = GateMaps::open_gates(None)?;
+    let maps = &gates[0].maps;
     if !matches!(command, TierCommand::Ls { .. }) {
         crate::audit::note_request();
     }
     match command {
         TierCommand::Add { cidr, tier } => {
             let before = maps.tier_entries()?;
-            maps.set_tier(cidr, tier)?;
+            for gate in &mut gates {
+                gate.maps.set_tier(cidr, tier)?;
+            }
             match before.get(&cidr) {
                 Some(&old) if old == tier => println!("{cidr} was already {}", tier_name(tier)),
                 Some(&old) => println!("{cidr} is now {} (was {})", tier_name(tier), tier_name(old)),
@@ -41,7 +46,9 @@ pub fn execute(command: TierCommand) -> anyhow::Result<()> {
             if !maps.tier_entries()?.contains_key(&cidr) {
                 return Err(Error::TierNotFound { cidr: cidr.to_string() }.into());
             }
-            maps.remove_tier(cidr)?;
+            for gate in &mut gates {
+                gate.maps.remove_tier(cidr)?;
+            }
             println!("{cidr} no longer has a tier of its own");
         }
         TierCommand::Ls { json } => {

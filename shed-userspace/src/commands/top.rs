@@ -16,9 +16,17 @@ use crate::{
 pub fn execute(args: TopArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let maps = GateMaps::open_pinned()?;
+    let gates = GateMaps::open_gates(args.netns.as_deref())?;
     let sample = || -> anyhow::Result<Vec<PortStats>> {
-        Ok(maps.snapshots(args.port)?.iter().map(|s| PortStats::new(s, None)).collect())
+        let mut stats = Vec::new();
+        for gate in &gates {
+            for snapshot in gate.maps.snapshots(args.port)? {
+                let mut s = PortStats::new(&snapshot, None);
+                s.netns = gate.netns.clone();
+                stats.push(s);
+            }
+        }
+        Ok(stats)
     };
     let first = sample()?;
     if let Some(port) = args.port

@@ -1,0 +1,156 @@
+//! One daemon gating the same port in two network namespaces (two containers
+//! on one host, say): each namespace has its own limit and its own counts,
+//! `set --netns` changes one, and stats, metrics and top name the namespace.
+//! Needs root.
+mod support;
+
+use std::{
+    io,
+    net::{SocketAddr, TcpStream},
+    path::Path,
+    time::Duration,
+};
+
+use shed::{
+    paths,
+    testbed::{self, Backend, Service, Testbed},
+};
+use support::{
+    gate::{Gate, exclusive, poll, shed_programs_left, shedctl},
+    metrics::{scrape, value},
+};
+
+const PORT: u16 = 8080;
+const METRICS: &str = "127.0.0.1:19477";
+
+/// Opens a connection from the client namespace; the stream stays open while held.
+fn open(bed: &Testbed) -> io::Result<TcpStream> {
+    let addr = bed.server_addr(false, PORT);
+    testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))?
+}
+
+/// `stats --json` (every namespace, or `--netns`), as (netns, port object) pairs.
+fn stats(netns: Option<&str>) -> Vec<(String, serde_json::Value)> {
+    let mut args = vec!["stats", "--json", "--interval", "50"];
+    if let Some(ns) = netns {
+        args.extend(["--netns", ns]);
+    }
+    let out = shedctl(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON list");
+    list.into_iter().map(|p| (p["netns"].as_str().expect("netns field").to_owned(), p)).collect()
+}
+
+fn of<'a>(all: &'a [(String, serde_json::Value)], netns: &str) -> &'a serde_json::Value {
+    &all.iter().find(|(n, _)| n == netns).unwrap_or_else(|| panic!("no port of netns {netns} in {all:?}")).1
+}
+
+fn int(v: &serde_json::Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap_or_else(|| panic!("{field} in {v}"))
+}
+
+#[test]
+fn one_daemon_gates_two_namespaces_each_with_its_own_limit_and_counts() {
+    let _one = exclusive();
+    let (a, b) = (Testbed::create("nsa").unwrap(), Testbed::create("nsb").unwrap());
+    let addr: SocketAddr = a.server_addr(false, PORT);
+    let _backends = [&a, &b].map(|bed| Backend::start(&bed.server_ns, addr, Service::Echo).unwrap());
+
+    // The same namespace twice is refused before anything is attached.
+    let out = shedctl(&[
+        "attach",
+        "--netns",
+        &a.server_ns,
+        "--netns",
+        &format!("/run/netns/{}", a.server_ns),
+        "--port",
+        "8080",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("name the same network namespace"), "{stderr}");
+    assert!(!Path::new(paths::PIN_DIR).exists(), "nothing pinned after a refusal");
+
+    let mut gate = Gate::attach(&[
+        "--netns",
+        &a.server_ns,
+        "--netns",
+        &b.server_ns,
+        "--port",
+        "8080",
+        "--limit",
+        "2",
+        "--count",
+        "connections",
+        "--action",
+        "rst",
+        "--metrics",
+        METRICS,
+    ]);
+    let (la, lb) = (a.server_ns.as_str(), b.server_ns.as_str());
+    assert!(Path::new(paths::NETNS_PIN_DIR).join(la).is_dir() && Path::new(paths::NETNS_PIN_DIR).join(lb).is_dir());
+
+    // Namespace a: two held, the third refused.
+    let held_a: Vec<TcpStream> = (0..2).map(|_| open(&a).expect("within a's limit")).collect();
+    let all =
+        poll(Duration::from_secs(5), "a's connections counted", || stats(None), |s| int(of(s, la), "established") == 2);
+    let refused = open(&a).expect_err("a's third connection is over its limit");
+    assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "refused with an RST: {refused}");
+    // Namespace b counts only its own: a's connections are not b's.
+    assert_eq!(int(of(&all, lb), "established"), 0, "{all:?}");
+    let held_b: Vec<TcpStream> = (0..2).map(|_| open(&b).expect("b has its own limit")).collect();
+    let all = poll(
+        Duration::from_secs(5),
+        "b's connections counted",
+        || stats(None),
+        |s| int(of(s, lb), "established") == 2 && int(of(s, la), "rejected") >= 1,
+    );
+    assert_eq!(int(of(&all, la), "established"), 2, "{all:?}");
+    assert_eq!(int(of(&all, lb), "rejected"), 0, "a's refusal is not counted in b: {all:?}");
+
+    // `set --netns` changes one namespace; the other keeps its limit.
+    let out = shedctl(&["set", "--netns", lb, "--port", "8080", "--limit", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all = stats(None);
+    assert_eq!((int(of(&all, la), "limit"), int(of(&all, lb), "limit")), (2, 3), "{all:?}");
+    let third_b = open(&b).expect("b's new limit admits a third");
+    assert_eq!(open(&a).expect_err("a is still at 2").kind(), io::ErrorKind::ConnectionRefused);
+    // Only the chosen namespace's ports; an unknown one is named with the ones gated.
+    let only_b = stats(Some(lb));
+    assert!(only_b.len() == 1 && only_b[0].0 == lb, "{only_b:?}");
+    let out = shedctl(&["stats", "--netns", "nope"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(&format!("it protects {la}, {lb}")), "{stderr}");
+
+    // Metrics and top are labelled by namespace.
+    let s = scrape(METRICS);
+    assert_eq!(value(&s, "shed_limit", &[("netns", la), ("port", "8080")]), 2.0);
+    assert_eq!(value(&s, "shed_limit", &[("netns", lb), ("port", "8080")]), 3.0);
+    assert!(value(&s, "shed_rejected_total", &[("netns", la), ("port", "8080"), ("reason", "limit")]) >= 2.0);
+    assert_eq!(value(&s, "shed_rejected_total", &[("netns", lb), ("port", "8080"), ("reason", "limit")]), 0.0);
+    assert!(value(&s, "shed_bpf_memory_bytes", &[("netns", lb)]) > 0.0);
+    let out = shedctl(&["top", "--once", "--interval", "100", "--size", "110x40"]);
+    let top = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        top.contains(&format!("netns {la} · port 8080")) && top.contains(&format!("netns {lb} · port 8080")),
+        "{top}"
+    );
+    let out = shedctl(&["stats", "--interval", "50"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("netns {la}:")) && text.contains(&format!("netns {lb}:")), "{text}");
+
+    // Detaching the port in one namespace leaves the other gated.
+    let out = shedctl(&["detach", "--port", "8080", "--netns", la]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    poll(Duration::from_secs(5), "a's pins removed", || Path::new(paths::NETNS_PIN_DIR).join(la).exists(), |e| !e);
+    let all = stats(None);
+    assert!(all.len() == 1 && all[0].0 == lb, "{all:?}");
+    drop(held_a);
+    let more_a: Vec<TcpStream> = (0..3).map(|_| open(&a).expect("a is no longer gated")).collect();
+    assert_eq!(open(&b).expect_err("b is still gated at 3").kind(), io::ErrorKind::ConnectionRefused);
+
+    assert!(gate.stop().success(), "{}", gate.log());
+    assert!(!Path::new(paths::PIN_DIR).exists(), "pins removed");
+    let left = shed_programs_left(&[]);
+    assert!(left.is_empty(), "every namespace's programs unloaded: {left:?}");
+    drop((held_b, third_b, more_a));
+}
