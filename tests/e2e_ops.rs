@@ -75,7 +75,7 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
             stats["rejected_by_reason"]["limit"].as_u64().unwrap(),
         ),
         ("shed_rst_sent_total", &port, field(&stats, "rst_sent")),
-        ("shed_syn_total", &port, field(&stats, "syn_seen")),
+        ("shed_syn_seen_total", &port, field(&stats, "syn_seen")),
         (
             "shed_tier_rejected_total",
             &[("port", "8080"), ("tier", "normal")],
@@ -108,10 +108,11 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     let sum = value(&m, "shed_sojourn_seconds_sum", &port);
     assert!((0.004 * total..=1.0 * total).contains(&sum), "sum {sum} of {total}");
     let baseline_us = field(&stats, "baseline_us") as f64;
-    assert_eq!(value(&m, "shed_baseline_latency_seconds", &port), baseline_us / 1e6, "baseline vs stats {stats}");
+    assert_eq!(value(&m, "shed_baseline_seconds", &port), baseline_us / 1e6, "baseline vs stats {stats}");
 
     assert_eq!(http_get(METRICS, "/").0, "HTTP/1.1 404 Not Found");
     every_metric_the_dashboard_and_rules_query_is_served(&m);
+    one_vocabulary_in_stats_json_the_scrape_and_the_docs(&stats, &m);
     assert_eq!(value(&m, "shed_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
     assert!(value(&m, "process_resident_memory_bytes", &[]) > 1e6 && value(&m, "process_open_fds", &[]) > 3.0);
     assert_eq!(http_get(METRICS, "/healthz"), ("HTTP/1.1 200 OK".to_owned(), "ok\n".to_owned()));
@@ -224,6 +225,42 @@ fn every_metric_the_dashboard_and_rules_query_is_served(m: &prometheus_parse::Sc
         for name in metric_names(query) {
             assert!(served.contains(&name), "{name} (in `{query}`) is not served; served: {served:?}");
         }
+    }
+}
+
+/// `stats --json` has exactly the fields the vocabulary names, in its order;
+/// the scrape serves every metric it names; every served family is in the
+/// operations guide; `--print-config` writes only keys that are flags.
+fn one_vocabulary_in_stats_json_the_scrape_and_the_docs(stats: &serde_json::Value, m: &prometheus_parse::Scrape) {
+    use shed::vocabulary::{TERMS, flag};
+    let fields: Vec<&str> = stats.as_object().unwrap().keys().map(String::as_str).collect();
+    let named: Vec<&str> = TERMS.iter().map(|t| t.json).collect();
+    let mut sorted = (fields.clone(), named.clone());
+    sorted.0.sort_unstable();
+    sorted.1.sort_unstable();
+    assert_eq!(sorted.0, sorted.1, "stats --json fields vs shed::vocabulary::TERMS");
+    let served: std::collections::BTreeSet<&str> = m.samples.iter().map(|s| s.metric.as_str()).collect();
+    for term in TERMS {
+        if let Some(metric) = term.metric {
+            assert!(served.contains(metric), "{} names {metric}, which is not served: {served:?}", term.json);
+        }
+    }
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/OPERATIONS.md")).unwrap();
+    for metric in served.iter().filter(|n| n.starts_with("shed_")) {
+        // A histogram's _count and _sum go with its family's name.
+        let family = metric.strip_suffix("_count").or(metric.strip_suffix("_sum")).unwrap_or(metric);
+        assert!(guide.contains(family), "{metric} is served but not in docs/OPERATIONS.md");
+    }
+    for term in TERMS {
+        assert!(guide.contains(&format!("`{}`", term.json)), "stats field `{}` is not in docs/OPERATIONS.md", term.json);
+        if matches!(term.kind, shed::vocabulary::Kind::Setting { .. }) {
+            assert!(guide.contains(&format!("`--{}`", flag(term.json))), "--{} is not in docs/OPERATIONS.md", flag(term.json));
+        }
+    }
+    let out = shedctl(&["attach", "--print-config", "--port", "8080", "--limit", "5"]);
+    let table: toml::Table = String::from_utf8_lossy(&out.stdout).parse().expect("--print-config writes TOML");
+    for key in table.keys() {
+        assert!(shed::config::has_key(key), "--print-config wrote `{key}`, which is not a key");
     }
 }
 

@@ -72,6 +72,11 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("ready-window", "ready-window", Kind::Int),
 ];
 
+/// Whether the config file has a key of this name.
+pub fn has_key(key: &str) -> bool {
+    KEYS.iter().any(|(k, _, _)| *k == key)
+}
+
 /// A config file that cannot be used, with where and why.
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("{}", if *line == 0 { format!("{file}: {reason}") } else { format!("{file}:{line}: {reason}") })]

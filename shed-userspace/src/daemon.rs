@@ -496,7 +496,7 @@ impl PortControl {
                 port = self.port,
                 limit = decision.limit,
                 previous,
-                reason = ?decision.reason,
+                reason = %crate::stats::json_name(&decision.reason),
                 observed_us = sample.latency_us,
                 baseline_us = self.controller.baseline_us(),
                 in_flight = sample.in_flight,

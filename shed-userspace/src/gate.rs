@@ -114,7 +114,8 @@ impl Loaded {
                     .map_err(|e| {
                         Error::program(
                             format!(
-                                "attach XDP ({xdp_mode:?}) to {iface} (if its driver has no native XDP, use --xdp-mode generic or --hook tc)"
+                                "attach XDP (--xdp-mode {}) to {iface} (if its driver has no native XDP, use --xdp-mode generic or --hook tc)",
+                                crate::config::value_name(xdp_mode)
                             ),
                             e,
                         )

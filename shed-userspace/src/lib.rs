@@ -29,5 +29,6 @@ pub mod table;
 pub mod testbed;
 pub mod tiers;
 pub mod top;
+pub mod vocabulary;
 
 pub use error::Error;

@@ -349,14 +349,14 @@ impl Collector for Scrape {
         family(&mut e, "shed_limit", "Current concurrency limit of the port.", Gauge, per_port(&|s| s.limit.into()))?;
         family(
             &mut e,
-            "shed_limit_min",
+            "shed_min_limit",
             "Lowest limit the adaptive controller may set (--min-limit).",
             Gauge,
             per_port(&|s| s.min_limit.into()),
         )?;
         family(
             &mut e,
-            "shed_limit_max",
+            "shed_max_limit",
             "Highest limit the adaptive controller may set (--max-limit).",
             Gauge,
             per_port(&|s| s.max_limit.into()),
@@ -383,7 +383,7 @@ impl Collector for Scrape {
             Gauge,
             states,
         )?;
-        family(&mut e, "shed_syn", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
+        family(&mut e, "shed_syn_seen", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
         family(&mut e, "shed_admitted", "SYNs admitted.", Counter, per_port(&|s| s.admitted))?;
         let reasons: Vec<(Labels, u64)> = ports
             .iter()
@@ -425,6 +425,13 @@ impl Collector for Scrape {
         family(&mut e, "shed_rst_sent", "RST+ACK replies sent to shed SYNs.", Counter, per_port(&|s| s.rst_sent))?;
         family(
             &mut e,
+            "shed_rst_failed",
+            "RST replies the gate could not build (the SYN was dropped instead).",
+            Counter,
+            per_port(&|s| s.rst_failed),
+        )?;
+        family(
+            &mut e,
             "shed_rst_rate_limited",
             "Shed SYNs dropped instead of answered because an RST cap was reached.",
             Counter,
@@ -432,7 +439,7 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
-            "shed_dry_run_would_reject",
+            "shed_would_reject",
             "Dry-run: SYNs enforce mode would have shed (they were admitted).",
             Counter,
             per_port(&|s| s.would_reject),
@@ -516,7 +523,7 @@ impl Collector for Scrape {
         };
         family(
             &mut e,
-            "shed_baseline_latency_seconds",
+            "shed_baseline_seconds",
             "Request latency the controller treats as 'no queue'.",
             Gauge,
             seconds(&|s| s.baseline_us),
@@ -540,11 +547,11 @@ impl Collector for Scrape {
             "shed_listen_drops",
             "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
             Counter,
-            per_port(&|s| s.listen_drops_total),
+            per_port(&|s| s.listen_drops),
         )?;
         family(
             &mut e,
-            "shed_observed_latency_seconds",
+            "shed_observed_seconds",
             "The latency percentile the controller follows, in its last window.",
             Gauge,
             seconds(&|s| s.observed_us),

@@ -75,16 +75,19 @@ pub struct PortStats {
     pub algo: Algo,
     pub min_limit: u32,
     pub max_limit: u32,
-    pub window_ms: u32,
+    /// `--window`, milliseconds.
+    pub window: u32,
     /// The sojourn percentile the controller follows.
     pub percentile: u8,
     /// Guards: see `shedctl attach --help`.
     pub min_samples: u32,
-    pub cooldown_windows: u32,
-    pub baseline_windows: u32,
+    pub cooldown: u32,
+    pub baseline_span: u32,
     pub probe_windows: u32,
+    /// `--queue-target`, milliseconds.
+    pub queue_target: f64,
     /// The operator's latency objective (`--target-latency`), milliseconds; null: none.
-    pub target_latency_ms: Option<u32>,
+    pub target_latency: Option<u32>,
     /// Latency the controller treats as "no queue".
     pub baseline_us: u64,
     /// The followed percentile in the last window.
@@ -99,12 +102,12 @@ pub struct PortStats {
     pub samples_per_window: u64,
     /// Listen-queue drops in the last window counted against this port (the
     /// namespace's, while this port's accept queue was at least half full).
-    pub listen_drops: u64,
+    pub listen_drops_per_window: u64,
     /// Connections waiting in the port's accept queues at the last window's end, and their capacity.
     pub accept_queue: u32,
     pub accept_backlog: u32,
     /// Listen-queue drops counted against this port since the gate started.
-    pub listen_drops_total: u64,
+    pub listen_drops: u64,
     /// Why the controller set the limit it set last window (null before the first window).
     pub last_decision: Option<Reason>,
     pub previous_limit: u32,
@@ -119,6 +122,8 @@ pub struct PortStats {
     pub trickle_admitted: u64,
     /// Most connections one client may hold (0: no cap).
     pub client_cap: u32,
+    /// IPv6 clients are capped per prefix of this length.
+    pub client_prefix_v6: u8,
     /// With a cap: the clients holding the most, at most 10.
     pub top_clients: Vec<ClientStats>,
     pub action: Action,
@@ -185,13 +190,14 @@ impl PortStats {
             algo: Algo::from_raw(now.control.algo),
             min_limit: now.control.min_limit,
             max_limit: now.control.max_limit,
-            window_ms: now.control.window_ms,
+            window: now.control.window_ms,
             percentile: now.control.percentile,
             min_samples: now.control.min_samples,
-            cooldown_windows: now.control.cooldown_windows,
-            baseline_windows: now.control.baseline_windows,
+            cooldown: now.control.cooldown_windows,
+            baseline_span: now.control.baseline_windows,
             probe_windows: now.control.probe_windows,
-            target_latency_ms: (now.control.target_latency_ms != 0).then_some(now.control.target_latency_ms),
+            queue_target: f64::from(now.control.queue_target_us) / 1000.0,
+            target_latency: (now.control.target_latency_ms != 0).then_some(now.control.target_latency_ms),
             baseline_us: now.status.baseline_us,
             observed_us: now.status.observed_us,
             queue_wait_p50_us: now.status.queue_wait_p50_us,
@@ -201,10 +207,10 @@ impl PortStats {
             sojourn_p50_us: now.status.sojourn_p50_us,
             sojourn_p99_us: now.status.sojourn_p99_us,
             samples_per_window: now.status.samples,
-            listen_drops: now.status.listen_drops,
+            listen_drops_per_window: now.status.listen_drops,
             accept_queue: now.status.accept_queue,
             accept_backlog: now.status.accept_backlog,
-            listen_drops_total: now.status.listen_drops_total,
+            listen_drops: now.status.listen_drops_total,
             last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
             previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),
@@ -216,6 +222,7 @@ impl PortStats {
                 late_ack: now.counter(counter::LATE_ACK_REJECTED),
             },
             client_cap: now.config.client_cap,
+            client_prefix_v6: now.config.client_prefix_v6,
             top_clients: Vec::new(),
             tiers: (0..tier::COUNT)
                 .map(|t| {

@@ -12,12 +12,12 @@ pub fn stats_table(stats: &[PortStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>5}  {:<9}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>9}  {:<6}",
+        "{:>5}  {:<9}  {:>6}  {:>9}  {:>11}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>9}  {:<6}",
         "PORT",
         "ALGO",
         "LIMIT",
         "IN-FLIGHT",
-        "OPEN",
+        "ESTABLISHED",
         "PENDING",
         "ADMITTED",
         "REJECTED",
@@ -44,7 +44,7 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             s.samples_per_window,
             s.accept_queue,
             s.accept_backlog,
-            s.listen_drops_total,
+            s.listen_drops,
             s.last_decision.map_or_else(|| "none yet".to_owned(), |r| crate::stats::json_name(&r)),
             s.previous_limit
         );
@@ -55,7 +55,7 @@ pub fn stats_table(stats: &[PortStats]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>5}  {:<9}  {:>6}  {:>9}  {:>6}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9.1}  {:>9.1}  {:>9.1}  {:<6}",
+            "{:>5}  {:<9}  {:>6}  {:>9}  {:>11}  {:>7}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9.1}  {:>9.1}  {:>9.1}  {:<6}",
             s.port,
             s.algo.name(),
             s.limit,
@@ -72,7 +72,7 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             mode
         );
         let _ = writeln!(out, "{queue}");
-        if let Some(objective) = s.target_latency_ms {
+        if let Some(objective) = s.target_latency {
             let _ = writeln!(out, "       objective: answered within {objective} ms (--target-latency)");
         }
         if s.count == crate::input::Count::Multiplexed {

@@ -230,7 +230,7 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
         Row::new(vec![
             "accept q".to_owned(),
             format!("{}/{}", s.accept_queue, s.accept_backlog),
-            format!("{} listen drops", s.listen_drops_total),
+            format!("{} listen drops", s.listen_drops),
         ]),
     ];
     frame.render_widget(

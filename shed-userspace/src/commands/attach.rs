@@ -368,7 +368,7 @@ fn dedup(ports: &[u16]) -> Vec<u16> {
 fn targets(ifaces: &[String], hook: Option<Hook>) -> Result<Vec<(String, Hook)>, Error> {
     let chosen = if ifaces.is_empty() {
         let all = system::interfaces();
-        tracing::info!(interfaces = ?all, "no --iface given: gating every interface of the namespace");
+        tracing::info!(interfaces = %all.join(","), "no --iface given: gating every interface of the namespace");
         all
     } else {
         ifaces.to_vec()

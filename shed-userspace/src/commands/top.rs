@@ -35,7 +35,7 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
         anyhow::bail!("port {port} is not protected: `shedctl stats` lists the protected ports");
     }
     // Refresh once per control window: the limit cannot change faster.
-    let window = first.iter().map(|s| s.window_ms).min().unwrap_or(500);
+    let window = first.iter().map(|s| s.window).min().unwrap_or(500);
     let interval = args.interval.unwrap_or(Duration::from_millis(u64::from(window).max(100)));
     let mut top = Top::new(interval);
     top.update(first, Duration::ZERO);
