@@ -350,3 +350,55 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
     }
     Guard(Some(f))
 }
+
+/// A first IPv4 fragment too short to hold the TCP header (RFC 1858): the
+/// ports, the sequence number, and nothing else.
+fn tiny_fragment(from: Ipv4Addr, to: Ipv4Addr) -> Vec<u8> {
+    let mut pkt = tcp_segment(from, to, 40_000, PORT, 1, 0, 0x02)[..28].to_vec();
+    pkt[6] = 0x20; // more fragments, offset 0
+    pkt
+}
+
+/// The kernel programs' rare paths reach the daemon's log through aya-log
+/// with `--kernel-log`, at most once a second per kind, and say nothing
+/// without it; the packets are dropped either way.
+#[test]
+fn kernel_log_reports_a_rare_path_once_a_second_and_only_when_asked() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedkl").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let said = "dropped a packet whose headers could hide a SYN";
+    let (client, server) = (Ipv4Addr::new(10, 200, 0, 2), bed.server_v4);
+    let send_tiny = |count: usize| {
+        testbed::run_in(&bed.client_ns, move || {
+            let raw = RawSender::new().expect("raw socket");
+            (0..count).filter(|_| raw.send(&tiny_fragment(client, server))).count()
+        })
+        .unwrap()
+    };
+    for kernel_log in [true, false] {
+        let mut args = vec!["--port", "8080", "--limit", "5"];
+        if kernel_log {
+            args.push("--kernel-log");
+        }
+        let mut gate = Gate::start(&bed, &args);
+        assert_eq!(send_tiny(20), 20);
+        thread::sleep(Duration::from_millis(500));
+        let lines = |log: &str| log.lines().filter(|l| l.contains(said)).count();
+        if kernel_log {
+            let log = support::gate::poll(Duration::from_secs(5), "the kernel's log line", || gate.log(), |l| lines(l) >= 1);
+            assert_eq!(lines(&log), 1, "20 drops within a second log once:\n{log}");
+            assert!(log.lines().any(|l| l.contains(said) && l.contains("WARN")), "a warning:\n{log}");
+            // A second later the kind may speak again.
+            thread::sleep(Duration::from_millis(1_100));
+            send_tiny(5);
+            support::gate::poll(Duration::from_secs(5), "a second line after a second", || gate.log(), |l| lines(l) == 2);
+        } else {
+            assert_eq!(lines(&gate.log()), 0, "off by default:\n{}", gate.log());
+        }
+        // Dropped either way: no SYN behind the fragment reached the server.
+        assert_eq!(field(&stats(PORT), "syn_seen"), 0);
+        assert!(gate.stop().success(), "{}", gate.log());
+    }
+}

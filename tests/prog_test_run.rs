@@ -356,7 +356,7 @@ fn truncated_frames_pass_at_every_length() {
 
 #[test]
 fn object_has_every_map_the_userspace_expects() {
-    let mut ebpf = shed::object::load(shed::object::MapSizes::default()).expect("load object");
+    let mut ebpf = shed::object::load(shed::object::LoadOptions::default()).expect("load object");
     for name in shed_common::map::ALL {
         assert!(ebpf.take_map(name).is_some(), "map {name} missing from the kernel object");
     }

@@ -86,9 +86,12 @@ pub mod map {
     /// `Array<PortConfig>` indexed by slot: the gate's copy of [`PORTS`], read
     /// with one array lookup. Written by `shedctl` with every config change.
     pub const SLOT_CONFIG: &str = "SHED_SLOT_CONFIG";
+    /// `Array<u64>` of [`crate::rare::COUNT`]: when each rare path last logged
+    /// (kernel only; see `attach --kernel-log`).
+    pub const RARE_STAMPS: &str = "SHED_RARE_STAMPS";
 
     /// Every map the daemon pins, in one place so pin/unpin/open agree.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 23] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -111,6 +114,7 @@ pub mod map {
         RST_PREFIX_BUCKETS,
         PORT_SLOTS,
         SLOT_CONFIG,
+        RARE_STAMPS,
     ];
 }
 
@@ -296,6 +300,23 @@ pub mod gate_counter {
     /// Later fragments (IPv4 or IPv6): passed, the first fragment carries the TCP header.
     pub const LATER_FRAGMENT: usize = 3;
     pub const COUNT: usize = 8;
+}
+
+/// Rare paths the kernel programs report through aya-log when the daemon
+/// asks (`shedctl attach --kernel-log`), each at most once a second.
+pub mod rare {
+    /// A connection could not be tracked: the connection map is full.
+    pub const CONNECTION_MAP_FULL: u32 = 0;
+    /// A capped client could not be counted: the client map is full.
+    pub const CLIENT_MAP_FULL: u32 = 1;
+    /// A reset could not be written or sent (a helper failed).
+    pub const RST_FAILED: u32 = 2;
+    /// A packet whose headers could hide a SYN was dropped (tiny or
+    /// overlapping fragment, IPv6 chain not parsed).
+    pub const UNPARSED_HEADER: u32 = 3;
+    pub const COUNT: u32 = 4;
+    /// Least time between two log lines of one kind.
+    pub const EVERY_NS: u64 = 1_000_000_000;
 }
 
 /// Gate-wide counters on one CPU.

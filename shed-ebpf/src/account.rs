@@ -122,6 +122,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             entry.capped = 1;
         } else {
             count(slot, counter::CLIENT_MAP_FULL);
+            crate::rare::client_map_full(slot);
         }
     }
     match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
@@ -138,6 +139,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             // and the healer is told to adopt it when room frees.
             if err != -EEXIST {
                 count(slot, counter::CONNECTION_MAP_FULL);
+                crate::rare::connection_map_full(slot);
             }
         }
     }

@@ -17,6 +17,7 @@ mod decide;
 mod fault;
 mod maps;
 mod parse;
+mod rare;
 mod reject;
 
 use aya_ebpf::{
@@ -68,6 +69,7 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
         }
         Parsed::Refuse(why) => {
             count_gate(why as usize);
+            rare::unparsed_header(why);
             return Outcome::Drop;
         }
         Parsed::Syn => decide::syn(seg, bytes.from_loopback()),
@@ -80,6 +82,7 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
             Ok(len) => Outcome::Reply { slot, len },
             Err(()) => {
                 count(slot, counter::RST_FAILED);
+                rare::rst_failed(slot, "writing");
                 Outcome::Drop
             }
         },
@@ -97,6 +100,7 @@ pub fn shed_xdp(ctx: XdpContext) -> u32 {
             // SAFETY: shrinking the frame; the helper checks the bounds itself.
             if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
                 count(slot, counter::RST_FAILED);
+                rare::rst_failed(slot, "bpf_xdp_adjust_tail");
                 return xdp_action::XDP_DROP;
             }
             count(slot, counter::RST_SENT);
@@ -139,6 +143,7 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
             unsafe {
                 if bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) != 0 {
                     count(slot, counter::RST_FAILED);
+                    rare::rst_failed(slot, "bpf_skb_change_tail");
                     return TC_ACT_SHOT;
                 }
                 count(slot, counter::RST_SENT);

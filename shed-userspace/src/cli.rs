@@ -250,6 +250,12 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]
     pub max_clients: u32,
 
+    /// Let the kernel programs log their rare paths (a map full, a reset that
+    /// could not be sent, a header that could hide a SYN), each at most once a
+    /// second, into this log; off by default (--kernel-log).
+    #[arg(long)]
+    pub kernel_log: bool,
+
     /// With --metrics: /readyz says not ready while more than this percent of new
     /// connections are shed over --ready-window; 100: always ready (--ready-max-shed 50).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]

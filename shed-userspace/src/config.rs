@@ -68,6 +68,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("heal-interval", "heal-interval", Kind::Int),
     ("max-connections", "max-connections", Kind::Int),
     ("max-clients", "max-clients", Kind::Int),
+    ("kernel-log", "kernel-log", Kind::Bool),
     ("ready-max-shed", "ready-max-shed", Kind::Int),
     ("ready-window", "ready-window", Kind::Int),
 ];
@@ -304,6 +305,7 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
     t.insert("max-connections".into(), int(args.max_connections.into()));
     t.insert("max-clients".into(), int(args.max_clients.into()));
+    t.insert("kernel-log".into(), Value::Boolean(args.kernel_log));
     t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
     t.insert("ready-window".into(), int(args.ready_window.as_secs()));
     toml::to_string(&t).expect("a table always serializes")
@@ -409,6 +411,7 @@ mod tests {
         "500000",
         "--max-clients",
         "2048",
+        "--kernel-log",
         "--ready-max-shed",
         "80",
         "--ready-window",

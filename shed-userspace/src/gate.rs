@@ -24,12 +24,12 @@ pub struct Loaded {
 impl Loaded {
     /// Loads every program; pins the maps under `pin_dir` when given.
     pub fn new(pin_dir: Option<&Path>) -> Result<Self, Error> {
-        Self::sized(pin_dir, object::MapSizes::default())
+        Self::sized(pin_dir, object::LoadOptions::default())
     }
 
-    /// [`Self::new`] with the growing maps sized as asked.
-    pub fn sized(pin_dir: Option<&Path>, sizes: object::MapSizes) -> Result<Self, Error> {
-        Self::with(object::load(sizes)?, pin_dir)
+    /// [`Self::new`] with the growing maps sized as asked, kernel logging on or off.
+    pub fn sized(pin_dir: Option<&Path>, options: object::LoadOptions) -> Result<Self, Error> {
+        Self::with(object::load(options)?, pin_dir)
     }
 
     /// The same from an object file on disk (see [`object::load_file`]).

@@ -12,40 +12,54 @@ pub fn bytes() -> &'static [u8] {
     OBJECT
 }
 
-/// Sizes of the maps that grow with the host: how many entries they may hold
-/// (neither is preallocated, so a larger size costs nothing until used).
+/// How the object is loaded: the sizes of the maps that grow with the host
+/// (neither is preallocated, so a larger size costs nothing until used), and
+/// whether the kernel programs may log their rare paths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapSizes {
+pub struct LoadOptions {
     /// `SHED_SOCKS`: established connections counted (`--max-connections`).
     pub connections: u32,
     /// `SHED_CLIENTS`: clients under a per-client cap (`--max-clients`).
     pub clients: u32,
+    /// `--kernel-log`: aya-log's level global at warn instead of off (see
+    /// shed-ebpf's `rare` module); off, the verifier prunes every log call.
+    pub kernel_log: bool,
 }
 
-impl Default for MapSizes {
+impl Default for LoadOptions {
     fn default() -> Self {
-        Self { connections: shed_common::capacity::MAX_SOCKS, clients: shed_common::capacity::MAX_CLIENTS }
+        Self {
+            connections: shed_common::capacity::MAX_SOCKS,
+            clients: shed_common::capacity::MAX_CLIENTS,
+            kernel_log: false,
+        }
     }
 }
 
-fn loader(sizes: MapSizes) -> EbpfLoader<'static> {
+/// aya-log's levels: 0 logs nothing, 2 logs warnings and errors.
+const LOG_OFF: u8 = 0;
+const LOG_WARN: u8 = 2;
+
+fn loader(options: LoadOptions) -> EbpfLoader<'static> {
     let mut loader = EbpfLoader::new();
+    let level: &'static u8 = if options.kernel_log { &LOG_WARN } else { &LOG_OFF };
     loader
-        .map_max_entries(shed_common::map::SOCKS, sizes.connections)
-        .map_max_entries(shed_common::map::CLIENTS, sizes.clients);
+        .map_max_entries(shed_common::map::SOCKS, options.connections)
+        .map_max_entries(shed_common::map::CLIENTS, options.clients)
+        .override_global(aya_log::LEVEL, level, true);
     loader
 }
 
 /// Loads the embedded object into the kernel (maps created, programs not yet loaded).
-pub fn load(sizes: MapSizes) -> Result<Ebpf, Error> {
+pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
     if OBJECT.is_empty() {
         return Err(Error::EbpfObjectMissing);
     }
-    loader(sizes).load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
+    loader(options).load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
 }
 
 /// Loads an object file from disk instead (tools that build the object
 /// themselves, such as `cargo xtask bench`, so they never run a stale copy).
 pub fn load_file(path: &Path) -> Result<Ebpf, Error> {
-    loader(MapSizes::default()).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
+    loader(LoadOptions::default()).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
 }

@@ -441,8 +441,8 @@ impl RawSender {
         Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) } })
     }
 
-    /// Sends one packet built by [`tcp_segment`]; whether it went out whole.
-    pub fn send(&self, pkt: &[u8; 40]) -> bool {
+    /// Sends one IPv4 packet (header included), such as one built by [`tcp_segment`]; whether it went out whole.
+    pub fn send(&self, pkt: &[u8]) -> bool {
         let to = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
             sin_port: 0,

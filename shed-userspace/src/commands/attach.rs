@@ -253,8 +253,12 @@ fn set_up(
     }
     let targets = targets(&args.ifaces, args.hook)?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
-    let sizes = crate::object::MapSizes { connections: args.max_connections, clients: args.max_clients };
-    let mut loaded = Loaded::sized(Some(&gate.pin_dir), sizes).context("loading the kernel programs")?;
+    let options = crate::object::LoadOptions {
+        connections: args.max_connections,
+        clients: args.max_clients,
+        kernel_log: args.kernel_log,
+    };
+    let mut loaded = Loaded::sized(Some(&gate.pin_dir), options).context("loading the kernel programs")?;
     for (&cidr, &tier) in tiers {
         loaded.maps.set_tier(cidr, tier)?;
     }
@@ -331,8 +335,42 @@ fn run_gate(
         }),
         stop,
     };
-    runtime.block_on(daemon::run(loaded, settings))?;
+    // aya-log's records wait in a ring buffer until read: poll it beside the loop.
+    let kernel_log = if args.kernel_log {
+        match aya_log::EbpfLogger::init(&mut loaded.ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                tracing::warn!("kernel log unavailable ({e}): the rare paths are still counted in stats");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    runtime.block_on(async {
+        if let Some(logger) = kernel_log {
+            tokio::spawn(forward_kernel_log(logger));
+        }
+        daemon::run(loaded, settings).await
+    })?;
     Ok(())
+}
+
+/// Hands every record the kernel programs log to this process's log (and so
+/// to tracing), each time the ring buffer has some.
+async fn forward_kernel_log(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
+    // SAFETY: the logger owns its ring buffer's fd, open until the logger drops,
+    // and the AsyncFd owns the logger.
+    let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut ring = match registered {
+        Ok(ring) => ring,
+        Err(e) => return tracing::warn!("kernel log unavailable: {e}"),
+    };
+    loop {
+        let Ok(mut ready) = ring.readable_mut().await else { return };
+        ready.get_inner_mut().flush();
+        ready.clear_ready();
+    }
 }
 
 /// What the arguments ask of every port, and the client tiers, checked (the
