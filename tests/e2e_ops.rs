@@ -252,9 +252,17 @@ fn one_vocabulary_in_stats_json_the_scrape_and_the_docs(stats: &serde_json::Valu
         assert!(guide.contains(family), "{metric} is served but not in docs/OPERATIONS.md");
     }
     for term in TERMS {
-        assert!(guide.contains(&format!("`{}`", term.json)), "stats field `{}` is not in docs/OPERATIONS.md", term.json);
+        assert!(
+            guide.contains(&format!("`{}`", term.json)),
+            "stats field `{}` is not in docs/OPERATIONS.md",
+            term.json
+        );
         if matches!(term.kind, shed::vocabulary::Kind::Setting { .. }) {
-            assert!(guide.contains(&format!("`--{}`", flag(term.json))), "--{} is not in docs/OPERATIONS.md", flag(term.json));
+            assert!(
+                guide.contains(&format!("`--{}`", flag(term.json))),
+                "--{} is not in docs/OPERATIONS.md",
+                flag(term.json)
+            );
         }
     }
     let out = shedctl(&["attach", "--print-config", "--port", "8080", "--limit", "5"]);

@@ -387,13 +387,19 @@ fn kernel_log_reports_a_rare_path_once_a_second_and_only_when_asked() {
         thread::sleep(Duration::from_millis(500));
         let lines = |log: &str| log.lines().filter(|l| l.contains(said)).count();
         if kernel_log {
-            let log = support::gate::poll(Duration::from_secs(5), "the kernel's log line", || gate.log(), |l| lines(l) >= 1);
+            let log =
+                support::gate::poll(Duration::from_secs(5), "the kernel's log line", || gate.log(), |l| lines(l) >= 1);
             assert_eq!(lines(&log), 1, "20 drops within a second log once:\n{log}");
             assert!(log.lines().any(|l| l.contains(said) && l.contains("WARN")), "a warning:\n{log}");
             // A second later the kind may speak again.
             thread::sleep(Duration::from_millis(1_100));
             send_tiny(5);
-            support::gate::poll(Duration::from_secs(5), "a second line after a second", || gate.log(), |l| lines(l) == 2);
+            support::gate::poll(
+                Duration::from_secs(5),
+                "a second line after a second",
+                || gate.log(),
+                |l| lines(l) == 2,
+            );
         } else {
             assert_eq!(lines(&gate.log()), 0, "off by default:\n{}", gate.log());
         }

@@ -40,13 +40,15 @@ impl Default for LoadOptions {
 const LOG_OFF: u8 = 0;
 const LOG_WARN: u8 = 2;
 
-fn loader(options: LoadOptions) -> EbpfLoader<'static> {
+/// `strict`: the object must have aya-log's level global (the embedded one
+/// does; an older build loaded from disk for comparison may not).
+fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let mut loader = EbpfLoader::new();
     let level: &'static u8 = if options.kernel_log { &LOG_WARN } else { &LOG_OFF };
     loader
         .map_max_entries(shed_common::map::SOCKS, options.connections)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
-        .override_global(aya_log::LEVEL, level, true);
+        .override_global(aya_log::LEVEL, level, strict);
     loader
 }
 
@@ -55,11 +57,11 @@ pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
     if OBJECT.is_empty() {
         return Err(Error::EbpfObjectMissing);
     }
-    loader(options).load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
+    loader(options, true).load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
 }
 
 /// Loads an object file from disk instead (tools that build the object
 /// themselves, such as `cargo xtask bench`, so they never run a stale copy).
 pub fn load_file(path: &Path) -> Result<Ebpf, Error> {
-    loader(LoadOptions::default()).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
+    loader(LoadOptions::default(), false).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
 }

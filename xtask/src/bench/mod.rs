@@ -77,7 +77,9 @@ fn stop_gate(mut child: std::process::Child) {
 /// the copy embedded in this xtask binary may predate it (or be the placeholder
 /// of a fresh clone, where xtask is compiled before the object exists).
 fn load_object() -> Result<Loaded> {
-    let object = workspace_root().join("target/bpfel-unknown-none/release/shed");
+    // SHED_BENCH_OBJECT: another build's object, for an A/B in one sitting.
+    let object = std::env::var_os("SHED_BENCH_OBJECT")
+        .map_or_else(|| workspace_root().join("target/bpfel-unknown-none/release/shed"), PathBuf::from);
     Loaded::from_file(&object, None)
         .with_context(|| format!("load {} (root, after `cargo xtask build-ebpf`)", object.display()))
 }
