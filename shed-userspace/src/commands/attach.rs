@@ -163,7 +163,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         netns = %labels.join(","),
         algo = %Algo::from_raw(control.algo),
         limit,
-        count = args.count.name(),
+        count = %args.count.name(),
         tiers = tiers.len(),
         action = %args.action,
         dry_run = args.dry_run,
