@@ -316,7 +316,8 @@ fn detach_stops_the_gate_and_removes_everything() {
     use std::os::unix::fs::PermissionsExt as _;
     let mode = |p: &str| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(paths::PIN_DIR), 0o700);
-    assert_eq!(mode(&format!("{}/SHED_PORTS", paths::PIN_DIR)) & 0o077, 0, "pins are not readable by others");
+    let pins = paths::gate_pin_dir(Some(&bed.server_ns)).join("SHED_PORTS");
+    assert_eq!(mode(pins.to_str().unwrap()) & 0o077, 0, "pins are not readable by others");
     assert_eq!(mode(paths::PID_FILE), 0o600);
     let out = shedctl(&["detach", "--port", "9090"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

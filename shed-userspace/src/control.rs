@@ -222,7 +222,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             // B4 and B5 side by side: queue keeps goodput with the lowest tail latency
-            // and settles fastest (README, "How the limit adapts").
+            // and settles fastest (docs/CONTROLLERS.md, "How the limit adapts").
             algo: Algo::Queue,
             initial_limit: 100,
             min_limit: 4,

@@ -223,7 +223,7 @@ fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
         let inode = fs::metadata(&path)
             .map_err(|e| {
                 anyhow::anyhow!(
-                    "network namespace `{ns}`: {} ({e}): give a name from `ip netns list` or a path such as /proc/PID/ns/net",
+                    "cannot open network namespace `{ns}` ({}: {e}): give a name from `ip netns list` or a path such as /proc/PID/ns/net",
                     path.display()
                 )
             })?
