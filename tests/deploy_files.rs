@@ -5,7 +5,7 @@ const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
 
 /// The flags a config file stands for, through shedctl's own config parser.
 fn config_flags(name: &str, text: &str) -> Vec<String> {
-    shed::config::file_args(Path::new(name), text, &|_| false)
+    shed::cli::config::file_args(Path::new(name), text, &|_| false)
         .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
         .map(|a| a.into_string().unwrap())
@@ -94,7 +94,7 @@ fn kubernetes_manifests_validate_against_the_schemas() {
 #[test]
 fn the_shipped_config_takes_the_documented_override() {
     let config = format!("{DEPLOY}/shed.toml");
-    let cli = shed::config::parse_cli(["shedctl", "attach", "--config", &config, "--limit", "50"])
+    let cli = shed::cli::config::parse_cli(["shedctl", "attach", "--config", &config, "--limit", "50"])
         .unwrap_or_else(|e| panic!("{e}"));
     let shed::cli::Command::Attach(args) = cli.command else { panic!("attach") };
     let (control, limit) = args.control().unwrap_or_else(|e| panic!("{e}"));

@@ -15,7 +15,7 @@ use std::{
 };
 
 use shed::{
-    maps::GateMaps,
+    kernel::maps::GateMaps,
     testbed::{self, Backend, OpenLoop, Service, Testbed},
 };
 use shed_common::latency;
@@ -277,7 +277,7 @@ fn stuck_listener(bed: &Testbed, addr: std::net::SocketAddr) -> socket2::Socket 
 
 fn namespace_listen_drops(bed: &Testbed) -> u64 {
     testbed::run_in(&bed.server_ns, || {
-        shed::stats::listen_drops(&std::fs::read_to_string("/proc/thread-self/net/netstat").unwrap()).unwrap()
+        shed::host::netstat::listen_drops(&std::fs::read_to_string("/proc/thread-self/net/netstat").unwrap()).unwrap()
     })
     .expect("server namespace")
 }

@@ -13,8 +13,8 @@ use std::{
 
 use aya::programs::XdpMode;
 use shed::{
-    gate::Loaded,
-    paths,
+    host::paths,
+    kernel::programs::Loaded,
     testbed::{self, Backend, Service, Testbed},
 };
 use support::gate::{Gate, exclusive, field, shed_programs_left, shedctl, stats, wait_for_stats};
@@ -523,7 +523,7 @@ fn forged_syn_flood_cannot_turn_the_gate_into_a_reflector() {
 
 #[test]
 fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connections() {
-    use shed::maps::GateMaps;
+    use shed::kernel::maps::GateMaps;
     let _one = exclusive();
     let bed = Testbed::create("shedth").expect("testbed");
     let addr = bed.server_addr(false, PORT);

@@ -11,7 +11,7 @@ use std::{
 
 use aya::programs::XdpMode;
 use shed::{
-    gate::Loaded,
+    kernel::programs::Loaded,
     testbed::{self, Backend, Service, Testbed},
 };
 use support::gate::{Gate, exclusive, field, wait_for_stats};

@@ -14,7 +14,7 @@ use std::{
 };
 
 use shed::{
-    maps::GateMaps,
+    kernel::maps::GateMaps,
     testbed::{self, Backend, Service, Testbed},
 };
 use shed_common::{PortLatency, latency};

@@ -12,7 +12,7 @@ use std::{
 };
 
 use shed::{
-    paths,
+    host::paths,
     testbed::{self, Backend, Service, Testbed},
 };
 use support::{

@@ -232,13 +232,13 @@ fn every_metric_the_dashboard_and_rules_query_is_served(m: &prometheus_parse::Sc
 /// the scrape serves every metric it names; every served family is in the
 /// operations guide; `--print-config` writes only keys that are flags.
 fn one_vocabulary_in_stats_json_the_scrape_and_the_docs(stats: &serde_json::Value, m: &prometheus_parse::Scrape) {
-    use shed::vocabulary::{TERMS, flag};
+    use shed::observe::vocabulary::{TERMS, flag};
     let fields: Vec<&str> = stats.as_object().unwrap().keys().map(String::as_str).collect();
     let named: Vec<&str> = TERMS.iter().map(|t| t.json).collect();
     let mut sorted = (fields.clone(), named.clone());
     sorted.0.sort_unstable();
     sorted.1.sort_unstable();
-    assert_eq!(sorted.0, sorted.1, "stats --json fields vs shed::vocabulary::TERMS");
+    assert_eq!(sorted.0, sorted.1, "stats --json fields vs shed::observe::vocabulary::TERMS");
     let served: std::collections::BTreeSet<&str> = m.samples.iter().map(|s| s.metric.as_str()).collect();
     for term in TERMS {
         if let Some(metric) = term.metric {
@@ -257,7 +257,7 @@ fn one_vocabulary_in_stats_json_the_scrape_and_the_docs(stats: &serde_json::Valu
             "stats field `{}` is not in docs/OPERATIONS.md",
             term.json
         );
-        if matches!(term.kind, shed::vocabulary::Kind::Setting { .. }) {
+        if matches!(term.kind, shed::observe::vocabulary::Kind::Setting { .. }) {
             assert!(
                 guide.contains(&format!("`--{}`", flag(term.json))),
                 "--{} is not in docs/OPERATIONS.md",
@@ -268,7 +268,7 @@ fn one_vocabulary_in_stats_json_the_scrape_and_the_docs(stats: &serde_json::Valu
     let out = shedctl(&["attach", "--print-config", "--port", "8080", "--limit", "5"]);
     let table: toml::Table = String::from_utf8_lossy(&out.stdout).parse().expect("--print-config writes TOML");
     for key in table.keys() {
-        assert!(shed::config::has_key(key), "--print-config wrote `{key}`, which is not a key");
+        assert!(shed::cli::config::has_key(key), "--print-config wrote `{key}`, which is not a key");
     }
 }
 
@@ -346,7 +346,7 @@ fn config_save_writes_the_live_settings_back() {
         assert!(text.contains(expected), "{expected} in:\n{text}");
     }
     assert!(!text.lines().any(|l| l.starts_with("limit ")), "an adaptive limiter has no fixed limit:\n{text}");
-    let cli = shed::config::parse_cli(["shedctl", "attach", "--config", config.to_str().unwrap()]).unwrap();
+    let cli = shed::cli::config::parse_cli(["shedctl", "attach", "--config", config.to_str().unwrap()]).unwrap();
     let shed::cli::Command::Attach(args) = cli.command else { panic!() };
     let (control, _) = args.control().unwrap();
     assert_eq!((shed::control::Algo::from_raw(control.algo), control.max_limit), (shed::control::Algo::Queue, 300));

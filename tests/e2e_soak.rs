@@ -18,7 +18,7 @@ use std::{
 };
 
 use shed::{
-    maps::GateMaps,
+    kernel::maps::GateMaps,
     testbed::{self, Backend, Service, Testbed},
 };
 use support::gate::{Gate, exclusive, field, stats, wait_for_stats};

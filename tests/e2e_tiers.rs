@@ -176,7 +176,7 @@ fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--client-cap", "2"]);
     // Only confirmed handshakes add clients, so forged sources cannot do this; 65,536
     // real clients holding connections can. Each holds one here.
-    let mut maps = shed::maps::GateMaps::open_pinned().unwrap();
+    let mut maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
     let slot = maps.config(PORT).unwrap().slot;
     // Other clients, one per address of 100.64.0.0/16.
     let fake = |i: u32| ClientKey { slot, addr: ipv4_mapped([100, 64, (i >> 8) as u8, i as u8]) };

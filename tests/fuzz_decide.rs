@@ -10,10 +10,10 @@ use aya::{
 };
 use proptest::{prelude::*, test_runner::TestRunner};
 use shed::{
-    gate::Loaded,
-    maps::PortSpec,
+    cli::tiers::parse_cidr,
+    kernel::maps::PortSpec,
+    kernel::programs::Loaded,
     model::{self, Expected, ModelState, RstBudget},
-    tiers::parse_cidr,
 };
 use shed_common::{
     ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortCounters, PortState, TierReserve, UserPortState,
@@ -322,7 +322,7 @@ fn client_of(fs: &FrameSpec) -> [u8; 16] {
 
 /// A GCRA bucket value with no reply left for the next few seconds.
 fn exhausted_bucket() -> u64 {
-    shed::system::monotonic_ns() + 5_000_000_000
+    shed::host::system::monotonic_ns() + 5_000_000_000
 }
 
 const TIERS: [(&str, u8); 5] = [
@@ -396,7 +396,7 @@ fn kernel_and_model_agree_on_every_frame() {
             loaded.maps.reserve.set(slot, TierReserve { held_back: ss.held_back }, 0).unwrap();
             // Handshakes under way, in the cell of the epoch the gate is about to read.
             let mut ring = HandshakeRing::default();
-            let epoch = shed::system::monotonic_ns() >> handshake::DEFAULT_SHIFT;
+            let epoch = shed::host::system::monotonic_ns() >> handshake::DEFAULT_SHIFT;
             ring.cells[handshake::cell_of(epoch)] = HandshakeCell { epoch, admitted: ss.handshakes, completed: 0 };
             loaded.maps.handshakes.set(slot, ring, 0).unwrap();
             // What the frame's client holds, as the socket tracepoint would have counted it.

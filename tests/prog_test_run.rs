@@ -5,7 +5,7 @@
 mod support;
 
 use aya::{TestRun as _, TestRunOptions};
-use shed::{gate::Loaded, maps::PortSpec};
+use shed::{kernel::maps::PortSpec, kernel::programs::Loaded};
 use shed_common::{ControlConfig, action, count_mode, counter, gate_counter, ipv4_mapped, local_addr};
 use support::frames::*;
 
@@ -82,7 +82,7 @@ impl Harness {
         Ok((verdict, out))
     }
 
-    fn snapshot(&self) -> shed::maps::PortSnapshot {
+    fn snapshot(&self) -> shed::kernel::maps::PortSnapshot {
         let config = self.loaded.maps.config(PORT).unwrap();
         self.loaded.maps.snapshot(PORT, config).unwrap()
     }
@@ -356,7 +356,7 @@ fn truncated_frames_pass_at_every_length() {
 
 #[test]
 fn object_has_every_map_the_userspace_expects() {
-    let mut ebpf = shed::object::load(shed::object::LoadOptions::default()).expect("load object");
+    let mut ebpf = shed::kernel::object::load(shed::kernel::object::LoadOptions::default()).expect("load object");
     for name in shed_common::map::ALL {
         assert!(ebpf.take_map(name).is_some(), "map {name} missing from the kernel object");
     }
@@ -380,7 +380,7 @@ fn v6(addr: [u8; 16], port: u16) -> Vec<u8> {
 
 #[test]
 fn tiers_by_longest_prefix_with_shares_and_exempt_bypass() {
-    use shed::tiers::parse_cidr;
+    use shed::cli::tiers::parse_cidr;
     use shed_common::tier;
     for hook in HOOKS {
         let mut h = Harness::new(10, action::RST, false);
@@ -458,7 +458,7 @@ fn tiers_by_longest_prefix_with_shares_and_exempt_bypass() {
 
 #[test]
 fn per_tier_action_and_the_anti_starvation_trickle() {
-    use shed::tiers::parse_cidr;
+    use shed::cli::tiers::parse_cidr;
     use shed_common::tier;
     // The trickle's clock is this CPU's count of share rejections: stay on one CPU.
     support::pin_to_cpu(0);

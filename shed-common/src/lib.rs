@@ -133,12 +133,17 @@ pub mod program {
     pub const XDP_PASS: &str = "shed_xdp_pass";
     /// XDP_DROP only: the cheapest possible verdict, a benchmark baseline.
     pub const XDP_DROP: &str = "shed_xdp_drop";
+    /// The raw tracepoint programs and the `sock:` events they attach to.
+    pub const RAW_TRACEPOINTS: [(&str, &str); 3] =
+        [(DATA_READY, "sk_data_ready"), (RECV, "sock_recv_length"), (SEND, "sock_send_length")];
 }
 
 /// Capacities of the kernel maps.
 pub mod capacity {
     /// Ports one gate can protect at once (slots in the per-port arrays).
     pub const MAX_PORTS: u32 = 64;
+    /// TCP port numbers: the maps indexed by port have one entry each.
+    pub const PORT_NUMBERS: u32 = 1 << 16;
     /// Established sockets tracked across all ports, by default (`--max-connections`).
     /// The map is not preallocated: it costs memory for the sockets it holds, not for this.
     pub const MAX_SOCKS: u32 = 262_144;

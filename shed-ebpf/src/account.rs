@@ -51,6 +51,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     if protocol != IPPROTO_TCP {
         return Ok(());
     }
+    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
     let newstate: i32 = unsafe { ctx.read_at(tp::NEWSTATE)? };
     let skaddr: u64 = unsafe { ctx.read_at(tp::SKADDR)? };
 
@@ -63,9 +64,11 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             && let Some(state) = state_field(entry.slot)
         {
             if entry.busy != 0 {
+                // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
                 atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
             }
             if !(fault!("close_not_counted") && entry.busy != 0) {
+                // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
                 atomic_add(unsafe { &raw mut (*state).closed }, 1);
             }
             if entry.capped != 0 && !fault!("client_not_released") {
@@ -75,10 +78,12 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
 
+    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
     let oldstate: i32 = unsafe { ctx.read_at(tp::OLDSTATE)? };
     if newstate != tcp_state::ESTABLISHED || oldstate != tcp_state::SYN_RECV {
         return Ok(());
     }
+    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
     let local_port: u16 = unsafe { ctx.read_at(tp::SPORT)? };
     let Some(config) = port_config(local_port) else {
         return Ok(());
@@ -90,6 +95,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     let Some(state) = state_field(slot) else {
         return Ok(());
     };
+    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
     let client_addr: [u8; 16] = unsafe { ctx.read_at(tp::DADDR_V6)? };
     if config.tiered != 0 && tier_of(&client_addr) == shed_common::tier::EXEMPT {
         // Exempt clients are never counted (nor reserved for at the gate).
@@ -97,6 +103,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let key = FlowKey {
         client_addr,
+        // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
         server_addr: unsafe { ctx.read_at(tp::SADDR_V6)? },
         client_port: unsafe { ctx.read_at(tp::DPORT)? },
         server_port: local_port,
@@ -127,6 +134,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
+            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
             atomic_add(unsafe { &raw mut (*state).opened }, 1);
         }
@@ -172,6 +180,7 @@ fn in_protected_netns(skaddr: u64) -> bool {
         unsafe { bpf_probe_read_kernel((skaddr + u64::from(filter.skc_net_offset)) as *const u64) };
     let Ok(net) = net else { return true };
     let inum: Result<u32, _> =
+        // SAFETY: the helper reads kernel memory and fails cleanly on a bad address.
         unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) };
     inum.map_or(true, |inum| inum == filter.inum)
 }
@@ -202,6 +211,7 @@ pub fn on_data_ready(sk: u64) {
     if entry.busy == 0 {
         entry.busy = 1;
         if let Some(state) = state_field(entry.slot) {
+            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
         }
     }
@@ -213,11 +223,13 @@ pub fn on_recv(sk: u64, ret: i32, flags: i32) {
     if moved(ret, flags) <= 0 {
         return;
     }
+    // SAFETY: a value pointer from this run's map lookup, valid until the program returns; the only reference to it here.
     let entry = unsafe { &mut *entry };
     if entry.multiplexed != 0 {
         // Receive-queue residence of what this read took; the next bytes to land
         // in the (now drained) queue start the next wait. A turn means nothing here.
         if entry.arrival_ns != 0 {
+            // SAFETY: reading the clock has no preconditions.
             let now = unsafe { bpf_ktime_get_ns() };
             record(entry.slot, Histogram::QueueWait, now.saturating_sub(entry.arrival_ns));
             entry.arrival_ns = 0;
@@ -225,6 +237,7 @@ pub fn on_recv(sk: u64, ret: i32, flags: i32) {
         return;
     }
     if entry.arrival_ns != 0 && entry.pickup_ns == 0 {
+        // SAFETY: reading the clock has no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
         entry.pickup_ns = now;
         record(entry.slot, Histogram::QueueWait, now.saturating_sub(entry.arrival_ns));
@@ -237,12 +250,14 @@ pub fn on_send(sk: u64, ret: i32, flags: i32) {
     if moved(ret, flags) <= 0 {
         return;
     }
+    // SAFETY: a value pointer from this run's map lookup, valid until the program returns; the only reference to it here.
     let entry = unsafe { &mut *entry };
     if entry.multiplexed != 0 {
         // An answer to one of many requests under way: no turn ends, the connection stays busy.
         return;
     }
     if entry.pickup_ns != 0 {
+        // SAFETY: reading the clock has no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
         record(entry.slot, Histogram::Service, now.saturating_sub(entry.pickup_ns));
         record(entry.slot, Histogram::Sojourn, now.saturating_sub(entry.arrival_ns));
@@ -253,6 +268,7 @@ pub fn on_send(sk: u64, ret: i32, flags: i32) {
     if entry.busy != 0 && !fault!("send_not_counted") {
         entry.busy = 0;
         if let Some(state) = state_field(entry.slot) {
+            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
         }
     }

@@ -8,7 +8,7 @@ use aya_ebpf::{
 use shed_common::{
     ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
-    capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES},
+    capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
     handshake::STAMPS_PER_PORT,
     local_addr,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
@@ -19,7 +19,7 @@ use shed_common::{
 pub static SHED_PORTS: HashMap<u16, PortConfig> = HashMap::with_max_entries(MAX_PORTS, 0);
 
 #[map]
-pub static SHED_PORT_SLOTS: Array<u32> = Array::with_max_entries(65_536, 0);
+pub static SHED_PORT_SLOTS: Array<u32> = Array::with_max_entries(PORT_NUMBERS, 0);
 
 #[map]
 pub static SHED_SLOT_CONFIG: Array<PortConfig> = Array::with_max_entries(MAX_PORTS, 0);
@@ -62,7 +62,7 @@ pub static SHED_LOCAL_ADDRS: Array<LocalAddr> = Array::with_max_entries(local_ad
 /// Indexed by port: one array slot each, so the kernel and the daemon never
 /// rewrite each other's ports.
 #[map]
-pub static SHED_ACK_CHECK: Array<u32> = Array::with_max_entries(65_536, 0);
+pub static SHED_ACK_CHECK: Array<u32> = Array::with_max_entries(PORT_NUMBERS, 0);
 
 #[map]
 pub static SHED_GATE_COUNTERS: PerCpuArray<GateCounters> = PerCpuArray::with_max_entries(1, 0);
@@ -150,6 +150,7 @@ pub fn is_loopback(addr: &[u8; 16]) -> bool {
 #[inline(always)]
 pub fn count_gate(index: usize) {
     if let Some(counters) = SHED_GATE_COUNTERS.get_ptr_mut(0)
+        // SAFETY: this CPU's slot of a per-CPU array map, valid for this run; `get_mut` checks the index.
         && let Some(v) = unsafe { (*counters).values.get_mut(index) }
     {
         // SAFETY: per-CPU value; programs do not migrate CPU mid-run.
@@ -161,6 +162,7 @@ pub fn count_gate(index: usize) {
 #[inline(always)]
 pub fn count(slot: u32, index: usize) {
     if let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot)
+        // SAFETY: this CPU's slot of a per-CPU array map, valid for this run; `get_mut` checks the index.
         && let Some(v) = unsafe { (*counters).values.get_mut(index) }
     {
         // SAFETY: per-CPU value; programs do not migrate CPU mid-run.

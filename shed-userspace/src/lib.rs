@@ -1,34 +1,27 @@
-//! shed's userspace library: loading and attaching the kernel programs,
-//! reading and tuning the pinned maps, and the daemon that owns them.
+//! shed's userspace library, in layers; each imports only the layers above
+//! it in this list, never one below:
 //!
-//! The `shedctl` binary is a thin layer over this crate; the integration
-//! tests drive the same functions.
+//! - [`host`]: facts about the machine: privileges, namespaces, interfaces,
+//!   BTF, sock_diag, where the gate keeps its files;
+//! - [`kernel`]: the kernel object, its programs and typed maps, and the
+//!   options they hold (action, hook, count, client networks);
+//! - [`control`]: the controllers, pure: one window's figures in, a limit out;
+//! - [`daemon`]: the loop that owns a gate: windows, healing, audit, the lock;
+//! - [`observe`]: what operators read: stats, Prometheus, `top`, tables;
+//! - [`cli`]: `shedctl`'s command line, config file and verbs (the only layer
+//!   that knows clap).
+//!
+//! [`error`] and [`named`] are leaves every layer may use.
 
-pub mod audit;
-pub mod btf;
 pub mod cli;
-pub mod commands;
-pub mod config;
 pub mod control;
 pub mod daemon;
-pub mod endpoint;
 pub mod error;
-pub mod gate;
-pub mod heal;
-pub mod input;
-pub mod maps;
-pub mod metrics;
+pub mod host;
+pub mod kernel;
 pub mod model;
-pub mod object;
-pub mod paths;
-pub mod sim;
-pub mod sockdiag;
-pub mod stats;
-pub mod system;
-pub mod table;
+pub mod named;
+pub mod observe;
 pub mod testbed;
-pub mod tiers;
-pub mod top;
-pub mod vocabulary;
 
 pub use error::Error;

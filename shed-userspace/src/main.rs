@@ -1,5 +1,8 @@
 //! `shedctl`: the daemon and the operator's CLI.
-use shed::{cli::Command, commands, config};
+use shed::{
+    cli::Command,
+    cli::{commands, config},
+};
 
 fn main() {
     let logs = tracing_subscriber::fmt()

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::{daemon, maps, paths, testbed::Testbed};
+use shed::{daemon, host::paths, kernel::maps, testbed::Testbed};
 
 pub const SHEDCTL: &str = env!("CARGO_BIN_EXE_shedctl");
 

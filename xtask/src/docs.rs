@@ -18,14 +18,14 @@ pub fn generate(share: &Path) -> Result<Vec<std::path::PathBuf>> {
         fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let path = dir.join(file);
         let mut out = Vec::new();
-        shed::commands::docs::completions(shell, &mut out);
+        shed::cli::commands::docs::completions(shell, &mut out);
         fs::write(&path, out).with_context(|| format!("write {}", path.display()))?;
         written.push(path);
     }
     let man = share.join("man/man1");
     fs::create_dir_all(&man).with_context(|| format!("create {}", man.display()))?;
     // shedctl.1 plus one page per verb (shedctl-attach.1, ...).
-    shed::commands::docs::man_pages(&man)?;
+    shed::cli::commands::docs::man_pages(&man)?;
     for entry in fs::read_dir(&man)? {
         written.push(entry?.path());
     }

@@ -145,7 +145,7 @@ mod tests {
         let stop = podman().args(["stop", "--time", "10", name]).output().unwrap();
         assert!(stop.status.success(), "podman stop: {}", String::from_utf8_lossy(&stop.stderr));
         assert!(
-            !std::path::Path::new(shed::paths::PIN_DIR).exists(),
+            !std::path::Path::new(shed::host::paths::PIN_DIR).exists(),
             "the container's gate removed its pins on SIGTERM"
         );
         drop(container);

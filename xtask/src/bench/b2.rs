@@ -12,8 +12,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use shed::{
-    gate::Loaded,
-    maps::GateMaps,
+    kernel::maps::GateMaps,
+    kernel::programs::Loaded,
     testbed::{self, Backend, Service, Testbed},
 };
 

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Result;
 use shed::{
-    maps::GateMaps,
+    kernel::maps::GateMaps,
     testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
 };
 

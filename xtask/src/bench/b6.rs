@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use shed::{
-    gate::Loaded,
+    kernel::programs::Loaded,
     testbed::{self, Backend, Service, Testbed},
 };
 

@@ -22,8 +22,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use shed::{
-    heal::{HealReport, Healer},
-    maps::GateMaps,
+    daemon::heal::{HealReport, Healer},
+    kernel::maps::GateMaps,
     testbed::{self, Backend, Service, Testbed},
 };
 

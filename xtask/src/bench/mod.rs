@@ -6,7 +6,7 @@ use std::{fmt::Write as _, fs, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use aya::{TestRun as _, TestRunOptions};
-use shed::{gate::Loaded, maps::PortSpec};
+use shed::{kernel::maps::PortSpec, kernel::programs::Loaded};
 use shed_common::{ControlConfig, action, count_mode};
 
 use crate::workspace_root;

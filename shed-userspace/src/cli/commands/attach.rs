@@ -1,0 +1,434 @@
+//! `shedctl attach`: check everything, then load, attach, pin and run.
+use std::{fs, path::Path, time::Duration};
+
+use anyhow::Context as _;
+
+use crate::named::Named as _;
+use crate::{
+    Error,
+    cli::AttachArgs,
+    cli::config,
+    cli::tiers,
+    control::Algo,
+    daemon::{self, DaemonLock, FollowInterfaces, LoopSettings, PinGuard},
+    host::paths,
+    host::system::{self, Need},
+    kernel::maps::{self, PortSpec},
+    kernel::options::{Action, Hook, XdpAttachMode},
+    kernel::programs::{Loaded, default_hook},
+    observe::metrics,
+};
+
+/// Longest control-loop period.
+const TICK: Duration = Duration::from_millis(100);
+
+pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
+    if args.print_config {
+        // Only a file that `attach` accepts: the same checks first.
+        args.control().map_err(anyhow::Error::msg)?;
+        print!("{}", config::render(&args));
+        return Ok(());
+    }
+    if args.ports.is_empty() {
+        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file");
+    }
+    let ports = dedup(&args.ports);
+    let (spec, tiers) = plan(&args)?;
+    let (control, limit) = (spec.control, spec.limit);
+    if ports.len() > shed_common::capacity::MAX_PORTS as usize {
+        return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
+    }
+    // Every check runs before anything changes, so a refusal leaves the host untouched.
+    system::check_privileges(if args.netns.is_empty() { Need::Attach } else { Need::AttachNetns })?;
+    let namespaces = namespaces(&args.netns)?;
+    // Bound in the namespace shedctl starts in (the host's), even with --netns.
+    let metrics_listener = args.metrics.map(metrics::bind).transpose()?;
+    system::check_bpffs()?;
+    system::check_tracefs()?;
+    system::check_tracepoint_layouts()?;
+
+    let mut lock = match DaemonLock::acquire() {
+        Ok(lock) => lock,
+        Err(Error::AlreadyRunning { pid, ports: running }) => {
+            let protected: Vec<u16> = maps::GateMaps::open_gates(None)
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|g| g.maps.port_configs().unwrap_or_default().into_keys())
+                .collect();
+            if let Some(port) = ports.iter().find(|p| protected.contains(p)) {
+                return Err(Error::PortAlreadyProtected { port: *port, pid }.into());
+            }
+            return Err(Error::AlreadyRunning { pid, ports: running }.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if Path::new(paths::PIN_DIR).exists() {
+        tracing::warn!(pins = paths::PIN_DIR, "removing pins left by a daemon that exited uncleanly");
+        maps::remove_pins(Path::new(paths::PIN_DIR))?;
+    }
+    fs::create_dir_all(paths::PIN_DIR).map_err(|e| Error::io("create pin folder", paths::PIN_DIR, e))?;
+    // Root only: whoever can open the pins can retune or blind the gate.
+    fs::set_permissions(paths::PIN_DIR, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
+    let _pins = PinGuard;
+
+    // One gate per namespace, each on a thread of its own that enters the
+    // namespace first: interfaces, addresses, sockets and the listen-queue
+    // counters are all read as that thread sees them.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let mut gates = Vec::new();
+    for netns in &namespaces {
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<Option<Instance>>();
+        let gate = Gate {
+            netns: netns.clone(),
+            label: paths::netns_label(netns.as_deref()),
+            pin_dir: paths::gate_pin_dir(netns.as_deref()),
+            decisions: crate::daemon::report::Decisions::default(),
+            heal: crate::daemon::heal::HealReport::default(),
+            heartbeat: crate::daemon::report::Heartbeat::default(),
+        };
+        let (setup, ready, spec, tiers) = (gate.clone(), ready_tx.clone(), spec, tiers.clone());
+        let (args, stopped) = (args.clone(), stopped.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("shed-{}", gate.label))
+            .spawn(move || {
+                let _span = tracing::info_span!("gate", netns = %setup.label).entered();
+                let loaded = set_up(&setup, &args, &ports_of(&args), &spec, &tiers);
+                let (result, loaded) = match loaded {
+                    Ok((loaded, local_addrs)) => (Ok(()), Some((loaded, local_addrs))),
+                    Err(e) => (Err(e), None),
+                };
+                let _ = ready.send(result);
+                // Every namespace answered: run, or (one of them failed) detach.
+                let (Some((mut loaded, local_addrs)), Ok(Some(instance))) = (loaded, go_rx.recv()) else {
+                    return Ok(());
+                };
+                let result = run_gate(&setup, &mut loaded, local_addrs, instance, &args, stopped);
+                drop(loaded); // detaches its links, inside the namespace
+                if setup.netns.is_some() {
+                    // The namespace's ports are gone (or the daemon stops): so are its pins.
+                    let _ = maps::remove_pins(&setup.pin_dir);
+                }
+                result
+            })
+            .context("starting a gate thread")?;
+        gates.push((gate, go_tx, thread));
+    }
+    drop(ready_tx);
+    let mut failure = None;
+    for _ in &gates {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => _ = failure.get_or_insert(e),
+            Err(_) => _ = failure.get_or_insert(anyhow::anyhow!("a gate thread ended during set-up")),
+        }
+    }
+    if let Some(e) = failure {
+        // Nothing half-applied: every namespace set up so far detaches.
+        for (_, go, thread) in gates {
+            drop(go);
+            let _ = thread.join();
+        }
+        return Err(e);
+    }
+
+    if let Some(listener) = metrics_listener {
+        tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
+        crate::observe::endpoint::serve(
+            listener,
+            crate::observe::endpoint::Endpoint {
+                gates: gates
+                    .iter()
+                    .map(|(g, _, _)| crate::observe::endpoint::EndpointGate {
+                        netns: g.label.clone(),
+                        pin_dir: g.pin_dir.clone(),
+                        decisions: g.decisions.clone(),
+                        heal: g.heal.clone(),
+                        heartbeat: g.heartbeat.clone(),
+                    })
+                    .collect(),
+                readiness: crate::observe::endpoint::ReadinessRule {
+                    max_shed_percent: args.ready_max_shed,
+                    window: args.ready_window,
+                },
+            },
+        );
+    }
+    lock.write_pid()?;
+    for &port in &ports {
+        tracing::info!(port, "protecting port");
+    }
+    let labels: Vec<&str> = gates.iter().map(|(g, _, _)| g.label.as_str()).collect();
+    tracing::info!(
+        ports = ports.len(),
+        netns = %labels.join(","),
+        algo = %Algo::from_raw(control.algo),
+        limit,
+        count = %args.count.name(),
+        tiers = tiers.len(),
+        action = %args.action,
+        dry_run = args.dry_run,
+        pins = paths::PIN_DIR,
+        pid = std::process::id(),
+        "shed gate running; SIGINT or SIGTERM detaches"
+    );
+    let mut threads = Vec::new();
+    for (_, go, thread) in gates {
+        let _ = go.send(Some(Instance));
+        threads.push(thread);
+    }
+    // A failed namespace stops them all (the daemon exits with its error);
+    // one whose ports were all detached just ends.
+    let mut failure: Option<anyhow::Error> = None;
+    for thread in threads {
+        let result = thread.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a gate thread panicked")));
+        if let Err(e) = result {
+            let _ = stop.send(true);
+            failure.get_or_insert(e);
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    tracing::info!("detached; pins removed");
+    Ok(())
+}
+
+/// Go-ahead for a namespace's thread to run its control loop.
+struct Instance;
+
+/// One namespace's gate, as the daemon's threads and endpoint share it.
+#[derive(Clone)]
+struct Gate {
+    netns: Option<String>,
+    label: String,
+    pin_dir: std::path::PathBuf,
+    decisions: crate::daemon::report::Decisions,
+    heal: crate::daemon::heal::HealReport,
+    heartbeat: crate::daemon::report::Heartbeat,
+}
+
+fn ports_of(args: &AttachArgs) -> Vec<u16> {
+    dedup(&args.ports)
+}
+
+/// The namespaces to gate (None: the daemon's own), each once.
+fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
+    use std::os::unix::fs::MetadataExt as _;
+    if netns.is_empty() {
+        return Ok(vec![None]);
+    }
+    let mut seen: Vec<(String, u64, &str)> = Vec::new();
+    for ns in netns {
+        let path = system::netns_path(ns);
+        let inode = fs::metadata(&path)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open network namespace `{ns}` ({}: {e}): give a name from `ip netns list` or a path such as /proc/PID/ns/net",
+                    path.display()
+                )
+            })?
+            .ino();
+        let label = paths::netns_label(Some(ns));
+        if let Some((_, _, other)) = seen.iter().find(|(l, i, _)| *l == label || *i == inode) {
+            anyhow::bail!(
+                "--netns {ns} and --netns {other} name the same network namespace (or the same label `{label}`): give each namespace once"
+            );
+        }
+        seen.push((label, inode, ns));
+    }
+    Ok(netns.iter().cloned().map(Some).collect())
+}
+
+/// Enters the gate's namespace (this thread), then loads, pins, configures
+/// and attaches its programs; returns them with the addresses written.
+fn set_up(
+    gate: &Gate,
+    args: &AttachArgs,
+    ports: &[u16],
+    spec: &PortSpec,
+    tiers: &std::collections::BTreeMap<crate::kernel::options::Cidr, u8>,
+) -> anyhow::Result<(Loaded, daemon::LocalAddrs)> {
+    if let Some(netns) = &gate.netns {
+        system::enter_netns(netns)?;
+    }
+    let targets = targets(&args.ifaces, args.hook)?;
+    fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
+    let options = crate::kernel::object::LoadOptions {
+        connections: args.max_connections,
+        clients: args.max_clients,
+        kernel_log: args.kernel_log,
+    };
+    let mut loaded = Loaded::sized(Some(&gate.pin_dir), options).context("loading the kernel programs")?;
+    for (&cidr, &tier) in tiers {
+        loaded.maps.set_tier(cidr, tier)?;
+    }
+    for &port in ports {
+        loaded.maps.protect(port, spec)?;
+    }
+    match system::netns_filter() {
+        Ok(filter) => loaded.maps.set_netns_filter(filter)?,
+        Err(why) => tracing::warn!(
+            "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
+        ),
+    }
+    // Before any gate: only SYNs addressed to these are judged.
+    let mut local_addrs = daemon::LocalAddrs::default();
+    local_addrs.refresh(&mut loaded.maps)?;
+    loaded.attach_accounting()?;
+    for (iface, hook) in &targets {
+        // Native XDP_TX on a veth is delivered only to a peer running XDP itself (generic mode
+        // transmits an skb, which arrives anyway).
+        let native = args.xdp_mode != XdpAttachMode::Generic;
+        if *hook == Hook::Xdp
+            && native
+            && args.action == Action::Rst
+            && system::driver(iface).as_deref() == Some("veth")
+        {
+            tracing::warn!(
+                iface = %iface,
+                "XDP on a veth with --action rst: the RSTs (XDP_TX) reach the other end only if it runs an XDP program of its own; otherwise refused clients time out instead, while rst_sent still counts them. Use --hook tc (the default on veth) or --action drop"
+            );
+        }
+        loaded.attach_gate(iface, *hook, args.xdp_mode)?;
+        match hook {
+            Hook::Xdp => {
+                tracing::info!(iface = %iface, hook = %hook, xdp_mode = %args.xdp_mode, "gate attached")
+            }
+            Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
+        }
+    }
+    gate.heartbeat.beat();
+    Ok((loaded, local_addrs))
+}
+
+/// Runs one namespace's control loop until the daemon stops; detaches its
+/// programs on the way out, still inside the namespace.
+fn run_gate(
+    gate: &Gate,
+    loaded: &mut Loaded,
+    local_addrs: daemon::LocalAddrs,
+    _go: Instance,
+    args: &AttachArgs,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let follow_interfaces = args.ifaces.is_empty().then(|| FollowInterfaces {
+        hook: args.hook,
+        xdp_mode: args.xdp_mode,
+        seen: system::interfaces(),
+    });
+    let settings = LoopSettings {
+        tick: TICK.min(args.window),
+        handshake_window: args.handshake_window,
+        decisions: gate.decisions.clone(),
+        follow_interfaces,
+        local_addrs,
+        heal_interval: args.heal_interval,
+        heal_report: gate.heal.clone(),
+        heartbeat: gate.heartbeat.clone(),
+        reload: args.config.is_some().then(|| {
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            let running = args.clone();
+            Box::new(move |maps: &mut maps::GateMaps| {
+                super::reload::reload(maps, &argv, &running).map_err(|e| format!("{e:#}"))
+            }) as daemon::Reloader
+        }),
+        stop,
+    };
+    // aya-log's records wait in a ring buffer until read: poll it beside the loop.
+    let kernel_log = if args.kernel_log {
+        match aya_log::EbpfLogger::init(&mut loaded.ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                tracing::warn!("kernel log unavailable ({e}): the rare paths are still counted in stats");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    runtime.block_on(async {
+        if let Some(logger) = kernel_log {
+            tokio::spawn(forward_kernel_log(logger));
+        }
+        daemon::run(loaded, settings).await
+    })?;
+    Ok(())
+}
+
+/// Hands every record the kernel programs log to this process's log (and so
+/// to tracing), each time the ring buffer has some.
+async fn forward_kernel_log(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
+    // SAFETY: the logger owns its ring buffer's fd, open until the logger drops,
+    // and the AsyncFd owns the logger.
+    let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut ring = match registered {
+        Ok(ring) => ring,
+        Err(e) => return tracing::warn!("kernel log unavailable: {e}"),
+    };
+    loop {
+        let Ok(mut ready) = ring.readable_mut().await else { return };
+        ready.get_inner_mut().flush();
+        ready.clear_ready();
+    }
+}
+
+/// What the arguments ask of every port, and the client tiers, checked (the
+/// same for `attach` and a SIGHUP reload).
+pub fn plan(
+    args: &AttachArgs,
+) -> anyhow::Result<(PortSpec, std::collections::BTreeMap<crate::kernel::options::Cidr, u8>)> {
+    let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
+    let mut assignments = args.tiers.clone();
+    if let Some(file) = &args.tier_file {
+        assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
+    }
+    let tiers = tiers::merge(assignments).map_err(anyhow::Error::msg)?;
+    let spec = PortSpec {
+        client_cap: args.client_cap,
+        client_prefix_v6: args.client_prefix_v6,
+        rst_per_sec: args.rst_rate,
+        rst_per_prefix_per_sec: args.rst_prefix_rate,
+        ..PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control)
+    };
+    Ok((spec, tiers))
+}
+
+fn dedup(ports: &[u16]) -> Vec<u16> {
+    let mut out: Vec<u16> = Vec::with_capacity(ports.len());
+    for p in ports {
+        if !out.contains(p) {
+            out.push(*p);
+        }
+    }
+    out
+}
+
+/// The interfaces to gate and the hook on each, all checked to exist.
+fn targets(ifaces: &[String], hook: Option<Hook>) -> Result<Vec<(String, Hook)>, Error> {
+    let chosen = if ifaces.is_empty() {
+        let all = system::interfaces();
+        tracing::info!(interfaces = %all.join(","), "no --iface given: gating every interface of the namespace");
+        all
+    } else {
+        ifaces.to_vec()
+    };
+    let mut targets = Vec::new();
+    for iface in chosen {
+        match system::check_interface(&iface) {
+            // The whole namespace: an interface without Ethernet framing is left out, loudly.
+            Err(e @ Error::NotEthernet { .. }) if ifaces.is_empty() => {
+                tracing::warn!("not gated: {e}");
+                continue;
+            }
+            other => other?,
+        }
+        if !targets.iter().any(|(i, _)| *i == iface) {
+            let hook = hook.unwrap_or_else(|| default_hook(&iface));
+            targets.push((iface, hook));
+        }
+    }
+    Ok(targets)
+}

@@ -1,0 +1,84 @@
+//! `shedctl detach`: stop gating one port, or stop the gate.
+use std::{
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+
+use crate::{
+    Error,
+    cli::DetachArgs,
+    daemon::{self, Liveness},
+    host::paths,
+    host::system::{self, Need},
+    kernel::maps::{self, GateMaps},
+};
+
+pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
+    system::check_privileges(Need::Maps)?;
+    let pid = match daemon::liveness() {
+        Liveness::Running { pid } => pid,
+        Liveness::Stale { pid } => {
+            maps::remove_pins(Path::new(paths::PIN_DIR))?;
+            println!("no daemon was running (pid {pid} is gone); removed its stale pins from {}", paths::PIN_DIR);
+            return Ok(());
+        }
+        Liveness::Absent => return Err(Error::NoGate { pin_dir: paths::PIN_DIR.into() }.into()),
+    };
+
+    if let Some(port) = args.port {
+        let mut gates = GateMaps::open_gates(args.netns.as_deref())?;
+        let protecting: Vec<usize> = (0..gates.len()).filter(|&i| gates[i].maps.config(port).is_ok()).collect();
+        if protecting.is_empty() {
+            // The error that names the port and what is protected.
+            gates[0].maps.config(port)?;
+        }
+        crate::daemon::audit::note_request();
+        for &i in &protecting {
+            gates[i].maps.unprotect(port)?;
+        }
+        let several = gates.len() > 1;
+        let left: Vec<String> = GateMaps::open_gates(None)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| {
+                let ports = g.maps.port_list().ok().filter(|p| p != "none")?;
+                Some(if g.netns == paths::OWN_NETNS_LABEL { ports } else { format!("{ports} (netns {})", g.netns) })
+            })
+            .collect();
+        let netns: Vec<&str> = protecting.iter().map(|&i| gates[i].netns.as_str()).collect();
+        let what = if several { format!("port {port} (netns {})", netns.join(", ")) } else { format!("port {port}") };
+        if !left.is_empty() {
+            println!("{what} is no longer gated; the gate keeps running for ports {}", left.join("; "));
+            return Ok(());
+        }
+        // The daemon stops by itself once no port is left.
+        wait_for_exit(&pid, args.timeout)?;
+        println!("{what} was the last gated port: the gate (pid {pid}) stopped");
+        return Ok(());
+    }
+
+    let Ok(pid_num) = pid.parse::<libc::pid_t>() else {
+        bail!("the gate's pid file ({}) holds {pid:?}, not a pid: stop the daemon by hand", paths::PID_FILE);
+    };
+    // SAFETY: plain signal send.
+    if unsafe { libc::kill(pid_num, libc::SIGTERM) } != 0 {
+        bail!("could not signal the gate (pid {pid}): {}", std::io::Error::last_os_error());
+    }
+    wait_for_exit(&pid, args.timeout)?;
+    println!("gate stopped (pid {pid}); nothing is attached or pinned");
+    Ok(())
+}
+
+fn wait_for_exit(pid: &str, timeout: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if !matches!(daemon::liveness(), Liveness::Running { .. }) {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    bail!("the gate (pid {pid}) did not stop within {} ms; check its log", timeout.as_millis())
+}

@@ -1,0 +1,92 @@
+//! SIGHUP: `attach` re-reads its config file (merged under the same command
+//! line, as at start) and applies what can change live: every port's action,
+//! dry-run, count, client cap, RST caps and limiter settings, and the client
+//! tiers. Settings that only a restart can change (ports, interfaces, hook,
+//! namespace, endpoint, map sizes, ...) are named in a warning. A file that
+//! does not pass every check changes nothing.
+use std::{collections::BTreeMap, ffi::OsString};
+
+use crate::{
+    cli::config,
+    cli::{AttachArgs, Command},
+    control::Algo,
+    host::paths,
+    kernel::maps::GateMaps,
+};
+
+/// What a reload can only warn about: the settings that take a restart.
+fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
+    let mut ports = args.ports.clone();
+    ports.sort_unstable();
+    ports.dedup();
+    BTreeMap::from([
+        ("ports", format!("{ports:?}")),
+        ("ifaces", format!("{:?}", args.ifaces)),
+        ("hook", format!("{:?}", args.hook)),
+        ("xdp-mode", format!("{:?}", args.xdp_mode)),
+        ("netns", format!("{:?}", args.netns)),
+        ("metrics", format!("{:?}", args.metrics)),
+        ("handshake-window", format!("{:?}", args.handshake_window)),
+        ("heal-interval", format!("{:?}", args.heal_interval)),
+        ("max-connections", args.max_connections.to_string()),
+        ("max-clients", args.max_clients.to_string()),
+        ("kernel-log", args.kernel_log.to_string()),
+        ("ready-max-shed", args.ready_max_shed.to_string()),
+        ("ready-window", format!("{:?}", args.ready_window)),
+    ])
+}
+
+/// Re-reads the config under `argv` (attach's own command line) and applies
+/// it; `running` is what the gate started with. Returns the settings that
+/// changed but take a restart.
+pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> anyhow::Result<Vec<&'static str>> {
+    let cli = config::parse_cli(argv.iter().cloned())?;
+    let Command::Attach(args) = cli.command else { anyhow::bail!("not an attach command line") };
+    let (spec, tiers) = super::attach::plan(&args)?;
+    let (before, after) = (restart_only(running), restart_only(&args));
+    let restart: Vec<&'static str> =
+        after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| *k).collect();
+
+    // Every check passed: from here on only writes, attributed in the daemon's audit line.
+    let _ = std::fs::write(
+        paths::REQUEST_NOTE,
+        format!(
+            "SIGHUP: reload of {}",
+            args.config.as_ref().map_or("the command line".into(), |c| c.display().to_string())
+        ),
+    );
+    for (port, mut port_config) in maps.port_configs()? {
+        port_config.action = spec.action;
+        port_config.dry_run = u8::from(spec.dry_run);
+        port_config.count_mode = spec.count_mode;
+        port_config.client_cap = spec.client_cap;
+        port_config.client_prefix_v6 = spec.client_prefix_v6;
+        port_config.rst_per_sec = spec.rst_per_sec;
+        port_config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
+        maps.write_config(port, port_config)?;
+        let current = maps.control(port_config.slot)?;
+        let mut control = spec.control;
+        control.generation = current.generation;
+        control.requested_limit = current.requested_limit;
+        let fixed = Algo::from_raw(control.algo) == Algo::Fixed;
+        let limit_now = maps.snapshot(port, port_config)?.limit;
+        if control != current || (fixed && limit_now != spec.limit) {
+            // A fixed limit, or a new limiter, starts from the file's limit.
+            let restart_limit = fixed || control.algo != current.algo;
+            control.requested_limit = if restart_limit { spec.limit } else { 0 };
+            control.generation = current.generation.wrapping_add(1);
+            maps.write_control(port_config.slot, control)?;
+            if restart_limit {
+                maps.set_limit(port_config.slot, spec.limit)?;
+            }
+        }
+    }
+    let live = maps.tier_entries()?;
+    for cidr in live.keys().filter(|c| !tiers.contains_key(c)) {
+        maps.remove_tier(*cidr)?;
+    }
+    for (&cidr, &tier) in tiers.iter().filter(|(c, t)| live.get(c) != Some(t)) {
+        maps.set_tier(cidr, tier)?;
+    }
+    Ok(restart)
+}

@@ -1,0 +1,142 @@
+//! `shedctl set`: change a protected port's settings live.
+use shed_common::{ControlConfig, PortConfig};
+
+use crate::named::Named as _;
+use crate::{
+    cli::SetArgs,
+    control::Algo,
+    daemon,
+    host::system::{self, Need},
+    kernel::maps::GateMaps,
+    kernel::options::{Action, Count},
+};
+
+pub fn execute(args: SetArgs) -> anyhow::Result<()> {
+    system::check_privileges(Need::Maps)?;
+    daemon::require_running()?;
+    let mut gates = GateMaps::open_gates(args.netns.as_deref())?;
+    // The port in every chosen namespace that protects it; checked in each
+    // before any is written, so a refusal changes nothing anywhere.
+    let mut plans = Vec::new();
+    let mut missing = None;
+    for (i, gate) in gates.iter().enumerate() {
+        match gate.maps.config(args.port) {
+            Ok(config) => plans.push((i, plan(&gate.maps, &args, config)?)),
+            Err(e) => _ = missing.get_or_insert(e),
+        }
+    }
+    if plans.is_empty() {
+        return Err(missing.map_or_else(|| anyhow::anyhow!("port {} is not protected", args.port), Into::into));
+    }
+    // Every check is done: from here on only writes (the daemon logs each with who asked).
+    crate::daemon::audit::note_request();
+    let several = gates.len() > 1;
+    for (i, plan) in plans {
+        let gate = &mut gates[i];
+        write(&mut gate.maps, &args, &plan)?;
+        let netns = if several { format!("netns {}: ", gate.netns) } else { String::new() };
+        println!("{netns}{}", plan.summary(&args));
+    }
+    Ok(())
+}
+
+/// What `set` writes for one namespace's port.
+struct Plan {
+    config: PortConfig,
+    control: ControlConfig,
+    min: u32,
+    max: u32,
+    limit: u32,
+}
+
+/// Checks the change against one port's current settings, and what it comes to.
+fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Result<Plan> {
+    let snapshot = maps.snapshot(args.port, config)?;
+    let control = snapshot.control;
+    let min = args.min_limit.unwrap_or(control.min_limit);
+    let max = args.max_limit.unwrap_or(control.max_limit);
+    if min > max {
+        anyhow::bail!("--min-limit {min} would be above --max-limit {max}: nothing changed");
+    }
+    let count = args.count.unwrap_or(Count::from_raw(config.count_mode));
+    let algo = args.algo.unwrap_or(Algo::from_raw(control.algo));
+    crate::cli::check_count_algo(count, algo).map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
+    // What `attach` refuses, `set` refuses: an adaptive limiter starts within its bounds.
+    if let Some(limit) = args.limit
+        && algo != Algo::Fixed
+        && !(min..=max).contains(&limit)
+    {
+        anyhow::bail!(
+            "--limit {limit} is outside --min-limit {min} .. --max-limit {max} of {algo}: give a limit within them, or move the bounds in the same command: nothing changed"
+        );
+    }
+    if let Some(action) = args.action {
+        config.action = action.to_raw();
+    }
+    if let Some(dry_run) = args.dry_run {
+        config.dry_run = u8::from(dry_run.0);
+    }
+    if let Some(count) = args.count {
+        config.count_mode = count.to_raw();
+    }
+    if let Some(cap) = args.client_cap {
+        config.client_cap = cap;
+    }
+    for &(tier, permille) in &args.shares {
+        config.share_permille[tier as usize] = permille;
+    }
+    for &(tier, action) in &args.tier_actions {
+        config.tier_action[tier as usize] = action.to_raw();
+    }
+    Ok(Plan { config, control, min, max, limit: args.limit.unwrap_or(snapshot.limit) })
+}
+
+fn write(maps: &mut GateMaps, args: &SetArgs, plan: &Plan) -> anyhow::Result<()> {
+    let config = plan.config;
+    // One map write: the kernel sees the old or the new config, never a mix.
+    maps.write_config(args.port, config)?;
+    if let Some(limit) = args.limit {
+        // Straight into the gate's map, so the next SYN sees it; the controller continues from it.
+        maps.set_limit(config.slot, limit)?;
+    }
+    if args.limit.is_some() || args.algo.is_some() || args.min_limit.is_some() || args.max_limit.is_some() {
+        let mut control = plan.control;
+        if let Some(algo) = args.algo {
+            control.algo = algo.to_raw();
+        }
+        control.min_limit = plan.min;
+        control.max_limit = plan.max;
+        control.requested_limit = args.limit.unwrap_or(0);
+        control.generation = control.generation.wrapping_add(1);
+        maps.write_control(config.slot, control)?;
+    }
+    Ok(())
+}
+
+impl Plan {
+    fn summary(&self, args: &SetArgs) -> String {
+        let config = &self.config;
+        let algo = args.algo.unwrap_or(Algo::from_raw(self.control.algo));
+        let shares: Vec<String> = (1..shed_common::tier::COUNT)
+            .map(|t| {
+                format!(
+                    "{}={}",
+                    crate::kernel::options::tier_name(t as u8),
+                    f64::from(config.share_permille[t]) / 1000.0
+                )
+            })
+            .collect();
+        format!(
+            "port {}: limit {} ({algo} {}..{}), action {}, count {}, dry-run {}, shares {}, client cap {}",
+            args.port,
+            self.limit,
+            self.min,
+            self.max,
+            Action::from_raw(config.action),
+            Count::from_raw(config.count_mode).name(),
+            if config.dry_run != 0 { "on" } else { "off" },
+            shares.join(" "),
+            if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() }
+        )
+    }
+}

@@ -1,0 +1,70 @@
+//! `shedctl stats`: read the pinned maps of the running gate.
+use std::{io::Write as _, thread, time::Instant};
+
+use crate::{
+    cli::StatsArgs,
+    daemon,
+    host::system::{self, Need},
+    kernel::maps::{GateMaps, PortSnapshot},
+    observe::stats::ClientStats,
+    observe::stats::PortStats,
+    observe::table,
+};
+
+pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
+    system::check_privileges(Need::Maps)?;
+    daemon::require_running()?;
+    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let read = || -> anyhow::Result<Vec<Vec<PortSnapshot>>> {
+        gates.iter().map(|g| Ok(g.maps.snapshots(args.port)?)).collect()
+    };
+    let mut before = read()?;
+    let mut taken = Instant::now();
+    loop {
+        thread::sleep(args.interval);
+        let now = read()?;
+        let elapsed = taken.elapsed();
+        taken = Instant::now();
+        let mut stats: Vec<PortStats> = Vec::new();
+        for ((gate, now), before) in gates.iter().zip(&now).zip(&before) {
+            for n in now {
+                let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
+                s.netns = gate.netns.clone();
+                if n.config.client_cap != 0 {
+                    s.top_clients = gate
+                        .maps
+                        .client_counts(n.config.slot)?
+                        .into_iter()
+                        .filter(|(_, held)| *held > 0)
+                        .take(10)
+                        .map(|(k, held)| ClientStats { client: client_name(&k.addr), in_flight: held })
+                        .collect();
+                }
+                stats.push(s);
+            }
+        }
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&stats)?)?;
+        } else {
+            if args.watch {
+                write!(out, "\x1b[2J\x1b[H")?;
+            }
+            write!(out, "{}", table::stats_table(&stats))?;
+        }
+        out.flush()?;
+        if !args.watch {
+            return Ok(());
+        }
+        if daemon::require_running().is_err() {
+            anyhow::bail!("the gate stopped");
+        }
+        before = now;
+    }
+}
+
+/// An address (IPv4-mapped shown as IPv4) for output.
+fn client_name(addr: &[u8; 16]) -> String {
+    let v6 = std::net::Ipv6Addr::from(*addr);
+    v6.to_ipv4_mapped().map_or_else(|| v6.to_string(), |v4| v4.to_string())
+}

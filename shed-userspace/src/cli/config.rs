@@ -1,0 +1,525 @@
+//! `shedctl attach --config FILE`: a TOML file that says what the attach flags
+//! say, one key per flag (`min-limit = 4` is `--min-limit 4`; the repeatable
+//! ones are lists: `ports`, `ifaces`, and the `[tiers]` table).
+//!
+//! Every value goes through the flag's own clap value parser, so the file and
+//! the command line accept exactly the same values and give the same reasons;
+//! the file's errors name the file and line. A flag given on the command line
+//! replaces the file's key. The merged result is parsed once more by clap.
+use std::{
+    collections::BTreeMap,
+    ffi::{OsStr, OsString},
+    path::{Path, PathBuf},
+};
+
+use clap::{CommandFactory as _, FromArgMatches as _, parser::ValueSource};
+use toml::{Spanned, Value};
+
+use crate::named::Named as _;
+use crate::{
+    cli::{AttachArgs, Cli, Command},
+    control::Algo,
+};
+
+/// The shape a key's value must have.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Int,
+    Str,
+    Bool,
+    IntList,
+    StrList,
+    /// A string, or a list of them (`netns = "web"` or `netns = ["web", "api"]`).
+    StrOrList,
+    /// `[tiers]`: CIDR = tier.
+    TierTable,
+}
+
+/// Every key: (key, the flag it stands for, its shape).
+const KEYS: &[(&str, &str, Kind)] = &[
+    ("ports", "port", Kind::IntList),
+    ("ifaces", "iface", Kind::StrList),
+    ("hook", "hook", Kind::Str),
+    ("xdp-mode", "xdp-mode", Kind::Str),
+    ("action", "action", Kind::Str),
+    ("limit", "limit", Kind::Int),
+    ("algo", "algo", Kind::Str),
+    ("initial-limit", "initial-limit", Kind::Int),
+    ("min-limit", "min-limit", Kind::Int),
+    ("max-limit", "max-limit", Kind::Int),
+    ("window", "window", Kind::Int),
+    ("percentile", "percentile", Kind::Int),
+    ("count", "count", Kind::Str),
+    ("min-samples", "min-samples", Kind::Int),
+    ("cooldown", "cooldown", Kind::Int),
+    ("baseline-span", "baseline-span", Kind::Int),
+    ("probe-windows", "probe-windows", Kind::Int),
+    ("queue-target", "queue-target", Kind::Int),
+    ("target-latency", "target-latency", Kind::Int),
+    ("tiers", "tier", Kind::TierTable),
+    ("tier-file", "tier-file", Kind::Str),
+    ("client-cap", "client-cap", Kind::Int),
+    ("client-prefix-v6", "client-prefix-v6", Kind::Int),
+    ("rst-rate", "rst-rate", Kind::Int),
+    ("rst-prefix-rate", "rst-prefix-rate", Kind::Int),
+    ("dry-run", "dry-run", Kind::Bool),
+    ("netns", "netns", Kind::StrOrList),
+    ("handshake-window", "handshake-window", Kind::Int),
+    ("metrics", "metrics", Kind::Str),
+    ("heal-interval", "heal-interval", Kind::Int),
+    ("max-connections", "max-connections", Kind::Int),
+    ("max-clients", "max-clients", Kind::Int),
+    ("kernel-log", "kernel-log", Kind::Bool),
+    ("ready-max-shed", "ready-max-shed", Kind::Int),
+    ("ready-window", "ready-window", Kind::Int),
+];
+
+/// Whether the config file has a key of this name.
+pub fn has_key(key: &str) -> bool {
+    KEYS.iter().any(|(k, _, _)| *k == key)
+}
+
+/// A config file that cannot be used, with where and why.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{}", if *line == 0 { format!("{file}: {reason}") } else { format!("{file}:{line}: {reason}") })]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based; 0 when the problem is not on one line (the file cannot be read).
+    pub line: usize,
+    pub reason: String,
+}
+
+/// Parses the command line (`argv` includes the program name); with
+/// `attach --config FILE`, merges the file under the flags.
+pub fn parse_cli<I, T>(argv: I) -> Result<Cli, CliError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let cli = Cli::from_arg_matches(&matches)?;
+    let Command::Attach(AttachArgs { config: Some(path), .. }) = &cli.command else {
+        return Ok(cli);
+    };
+    let attach = matches.subcommand_matches("attach").expect("attach was parsed");
+    let given = |id: &str| {
+        let on_line = |id: &str| attach.value_source(id) == Some(ValueSource::CommandLine);
+        match id {
+            // Not a flag: an adaptive limiter named on the command line (see `overridden`).
+            ADAPTIVE_ALGO => on_line("algo") && attach.get_one::<Algo>("algo").is_some_and(|a| *a != Algo::Fixed),
+            _ => on_line(id),
+        }
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.display().to_string(),
+        line: 0,
+        reason: format!("cannot read the config file: {e}"),
+    })?;
+    let file_args = file_args(path, &text, &given)?;
+    let merged = <Cli as clap::Parser>::try_parse_from(argv.into_iter().chain(file_args))?;
+    Ok(merged)
+}
+
+/// Why the command line (with its config file) was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+}
+
+/// The flags a config file stands for, leaving out those `given` on the
+/// command line; every value already checked by its flag's parser.
+pub fn file_args(path: &Path, text: &str, given: &dyn Fn(&str) -> bool) -> Result<Vec<OsString>, ConfigError> {
+    let at = |span: std::ops::Range<usize>, reason: String| ConfigError {
+        file: path.display().to_string(),
+        line: text[..span.start.min(text.len())].matches('\n').count() + 1,
+        reason,
+    };
+    let table: BTreeMap<Spanned<String>, Spanned<Value>> = toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(0, |s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        ConfigError { file: path.display().to_string(), line, reason: e.message().trim().to_owned() }
+    })?;
+    let command = Cli::command();
+    let attach = command.find_subcommand("attach").expect("attach exists");
+    let mut args = Vec::new();
+    for (key, value) in &table {
+        let Some(&(_, flag, kind)) = KEYS.iter().find(|(k, _, _)| *k == key.get_ref()) else {
+            let known: Vec<&str> = KEYS.iter().map(|k| k.0).collect();
+            return Err(at(key.span(), format!("unknown key `{}`: the keys are {}", key.get_ref(), known.join(", "))));
+        };
+        let arg = attach.get_arguments().find(|a| a.get_long() == Some(flag)).expect("every key names a flag");
+        // The flag's own parser: `shedctl attach --config - --<flag> <value>`.
+        let check = |raw: &str| -> Result<(), String> {
+            if kind == Kind::Bool {
+                return Ok(());
+            }
+            let long = format!("--{flag}");
+            let probe = ["shedctl", "attach", "--config", "-", &long, raw].map(OsStr::new);
+            Cli::command().try_get_matches_from(probe).map(drop).map_err(|e| clap_reason(&e))
+        };
+        let mut raw = raw_values(kind, value.get_ref())
+            .map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
+        if flag == "tier-file" {
+            raw = raw.into_iter().map(|f| resolve_relative(path, f.into()).display().to_string()).collect();
+        }
+        for r in &raw {
+            check(r).map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
+        }
+        if given(arg.get_id().as_str()) || overridden(key.get_ref(), given) {
+            continue; // the command line wins
+        }
+        for r in raw {
+            if kind == Kind::Bool {
+                if r == "true" {
+                    args.push(format!("--{flag}").into());
+                }
+            } else {
+                args.push(format!("--{flag}").into());
+                args.push(r.into());
+            }
+        }
+    }
+    Ok(args)
+}
+
+/// Stands for "an adaptive `--algo` was given on the command line" in `given`.
+const ADAPTIVE_ALGO: &str = "<adaptive algo>";
+
+/// Whether a flag on the command line replaces a config key of another name:
+/// the two would contradict each other, and the command line is the newer word
+/// (the documented override `--config shed.toml --limit 50` over a file that
+/// names an adaptive limiter must not be a restart loop under systemd).
+fn overridden(key: &str, given: &dyn Fn(&str) -> bool) -> bool {
+    match key {
+        // A fixed limit replaces the file's limiter and its starting point.
+        "algo" | "initial-limit" => given("limit"),
+        // An adaptive limiter, or where it starts, replaces the file's fixed limit.
+        "limit" => given("initial_limit") || given(ADAPTIVE_ALGO),
+        "dry-run" => given("no_dry_run"),
+        _ => false,
+    }
+}
+
+/// The value(s) of a key as the flag would be given them.
+fn raw_values(kind: Kind, value: &Value) -> Result<Vec<String>, String> {
+    let scalar = |v: &Value, want: Kind| -> Result<String, String> {
+        match (want, v) {
+            (Kind::Int, Value::Integer(n)) => Ok(n.to_string()),
+            (Kind::Str, Value::String(s)) => Ok(s.clone()),
+            (Kind::Int, other) => Err(format!("expected a whole number, found {}", other.type_str())),
+            (_, other) => Err(format!("expected a string, found {}", other.type_str())),
+        }
+    };
+    match (kind, value) {
+        (Kind::Int | Kind::Str, v) => Ok(vec![scalar(v, kind)?]),
+        (Kind::Bool, Value::Boolean(b)) => Ok(vec![b.to_string()]),
+        (Kind::Bool, other) => Err(format!("expected true or false, found {}", other.type_str())),
+        (Kind::IntList | Kind::StrList, Value::Array(items)) => {
+            let item = if kind == Kind::IntList { Kind::Int } else { Kind::Str };
+            items.iter().map(|v| scalar(v, item)).collect()
+        }
+        (Kind::IntList | Kind::StrList, other) => Err(format!("expected a list, found {}", other.type_str())),
+        (Kind::StrOrList, Value::Array(items)) => items.iter().map(|v| scalar(v, Kind::Str)).collect(),
+        (Kind::StrOrList, v) => Ok(vec![scalar(v, Kind::Str)?]),
+        (Kind::TierTable, Value::Table(entries)) => entries
+            .iter()
+            .map(|(cidr, tier)| match tier {
+                Value::String(t) => Ok(format!("{cidr}={t}")),
+                other => Err(format!("{cidr}: expected a tier name, found {}", other.type_str())),
+            })
+            .collect(),
+        (Kind::TierTable, other) => Err(format!("expected a table of CIDR = tier, found {}", other.type_str())),
+    }
+}
+
+/// The reason of a clap error, without its usage lines.
+fn clap_reason(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.trim_start_matches("error: ").to_owned()
+}
+
+/// The config file that says what `args` say (for `--print-config`).
+pub fn render(args: &AttachArgs) -> String {
+    let mut t = toml::Table::new();
+    let int = |n: u64| Value::Integer(n as i64);
+    let s = |v: &dyn std::fmt::Display| Value::String(v.to_string());
+    t.insert("ports".into(), Value::Array(args.ports.iter().map(|&p| int(p.into())).collect()));
+    if !args.ifaces.is_empty() {
+        t.insert("ifaces".into(), Value::Array(args.ifaces.iter().map(|i| s(i)).collect()));
+    }
+    if let Some(hook) = args.hook {
+        t.insert("hook".into(), s(&hook));
+    }
+    t.insert("xdp-mode".into(), s(&args.xdp_mode.name()));
+    t.insert("action".into(), s(&args.action));
+    if let Some(limit) = args.limit {
+        t.insert("limit".into(), int(limit.into()));
+    }
+    if let Some(algo) = args.algo {
+        t.insert("algo".into(), s(&algo));
+    }
+    if let Some(initial) = args.initial_limit {
+        t.insert("initial-limit".into(), int(initial.into()));
+    }
+    t.insert("min-limit".into(), int(args.min_limit.into()));
+    t.insert("max-limit".into(), int(args.max_limit.into()));
+    t.insert("window".into(), int(args.window.as_millis() as u64));
+    t.insert("percentile".into(), int(args.percentile.into()));
+    t.insert("count".into(), s(&args.count.name()));
+    t.insert("min-samples".into(), int(args.guards.min_samples.into()));
+    t.insert("cooldown".into(), int(args.guards.cooldown.into()));
+    t.insert("baseline-span".into(), int(args.guards.baseline_span.into()));
+    t.insert("probe-windows".into(), int(args.guards.probe_windows.into()));
+    t.insert("queue-target".into(), int(args.guards.queue_target.as_millis() as u64));
+    if let Some(objective) = args.guards.target_latency {
+        t.insert("target-latency".into(), int(objective.as_millis() as u64));
+    }
+    if !args.tiers.is_empty() {
+        let tiers = args
+            .tiers
+            .iter()
+            .map(|(cidr, tier)| (cidr.to_string(), s(&shed_common::tier::NAMES[usize::from(*tier)])))
+            .collect();
+        t.insert("tiers".into(), Value::Table(tiers));
+    }
+    if let Some(file) = &args.tier_file {
+        t.insert("tier-file".into(), s(&file.display()));
+    }
+    t.insert("client-cap".into(), int(args.client_cap.into()));
+    t.insert("client-prefix-v6".into(), int(args.client_prefix_v6.into()));
+    t.insert("rst-rate".into(), int(args.rst_rate.into()));
+    t.insert("rst-prefix-rate".into(), int(args.rst_prefix_rate.into()));
+    t.insert("dry-run".into(), Value::Boolean(args.dry_run));
+    match args.netns.as_slice() {
+        [] => {}
+        [one] => _ = t.insert("netns".into(), s(one)),
+        several => _ = t.insert("netns".into(), Value::Array(several.iter().map(|n| s(n)).collect())),
+    }
+    t.insert("handshake-window".into(), int(args.handshake_window.as_millis() as u64));
+    if let Some(metrics) = args.metrics {
+        t.insert("metrics".into(), s(&metrics));
+    }
+    t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
+    t.insert("max-connections".into(), int(args.max_connections.into()));
+    t.insert("max-clients".into(), int(args.max_clients.into()));
+    t.insert("kernel-log".into(), Value::Boolean(args.kernel_log));
+    t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
+    t.insert("ready-window".into(), int(args.ready_window.as_secs()));
+    toml::to_string(&t).expect("a table always serializes")
+}
+
+/// Where a relative `tier-file` in a config file points: next to the config file.
+fn resolve_relative(config: &Path, file: PathBuf) -> PathBuf {
+    if file.is_relative() { config.parent().unwrap_or(Path::new(".")).join(file) } else { file }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attach(cli: Cli) -> AttachArgs {
+        match cli.command {
+            Command::Attach(a) => AttachArgs { config: None, ..a },
+            other => panic!("expected attach, got {other:?}"),
+        }
+    }
+
+    fn with_file(text: &str, flags: &[&str]) -> Result<AttachArgs, CliError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shed.toml");
+        std::fs::write(&path, text).unwrap();
+        let head = ["shedctl", "attach", "--config", path.to_str().unwrap()];
+        let argv = head.iter().copied().chain(flags.iter().copied());
+        parse_cli(argv.map(str::to_owned)).map(attach)
+    }
+
+    /// Every flag set to a value other than its default.
+    const EVERY_FLAG: &[&str] = &[
+        "shedctl",
+        "attach",
+        "--port",
+        "8080",
+        "--port",
+        "8443",
+        "--iface",
+        "lo",
+        "--iface",
+        "eth0",
+        "--hook",
+        "tc",
+        "--xdp-mode",
+        "generic",
+        "--action",
+        "rst",
+        "--algo",
+        "aimd",
+        "--initial-limit",
+        "40",
+        "--min-limit",
+        "8",
+        "--max-limit",
+        "900",
+        "--window",
+        "250",
+        "--percentile",
+        "99",
+        "--count",
+        "connections",
+        "--min-samples",
+        "20",
+        "--cooldown",
+        "5",
+        "--baseline-span",
+        "300",
+        "--probe-windows",
+        "0",
+        "--queue-target",
+        "8",
+        "--target-latency",
+        "750",
+        "--tier",
+        "10.0.0.0/8=critical",
+        "--tier",
+        "2001:db8::/32=low",
+        "--tier-file",
+        "/etc/shed/tiers.toml",
+        "--client-cap",
+        "20",
+        "--client-prefix-v6",
+        "56",
+        "--rst-rate",
+        "5000",
+        "--rst-prefix-rate",
+        "300",
+        "--dry-run",
+        "--netns",
+        "srv",
+        "--handshake-window",
+        "40",
+        "--metrics",
+        "127.0.0.1:9464",
+        "--heal-interval",
+        "12",
+        "--max-connections",
+        "500000",
+        "--max-clients",
+        "2048",
+        "--kernel-log",
+        "--ready-max-shed",
+        "80",
+        "--ready-window",
+        "30",
+    ];
+
+    #[test]
+    fn every_field_round_trips_through_a_file() {
+        let from_flags = attach(parse_cli(EVERY_FLAG.iter().copied()).unwrap());
+        let text = render(&from_flags);
+        for (key, _, _) in KEYS.iter().filter(|k| k.0 != "limit") {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("{key} ")) || l == format!("[{key}]")),
+                "{key} missing:\n{text}"
+            );
+        }
+        let from_file = with_file(&text, &[]).unwrap();
+        assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"), "file:\n{text}");
+        // --limit (fixed) is the one flag the adaptive set above leaves out.
+        let fixed = with_file("ports = [9000]\nlimit = 12\n", &[]).unwrap();
+        assert_eq!((fixed.ports.as_slice(), fixed.limit), (&[9000][..], Some(12)));
+    }
+
+    #[test]
+    fn netns_is_one_name_or_a_list() {
+        assert_eq!(with_file("ports = [80]\nnetns = \"web\"\n", &[]).unwrap().netns, ["web"]);
+        let two = with_file("ports = [80]\nnetns = [\"web\", \"api\"]\n", &[]).unwrap();
+        assert_eq!(two.netns, ["web", "api"]);
+        // Rendered as it was given, and read back the same.
+        let text = render(&two);
+        assert!(text.contains("netns = [\"web\", \"api\"]"), "{text}");
+        assert_eq!(with_file(&text, &[]).unwrap().netns, ["web", "api"]);
+        // The command line replaces the file's list.
+        assert_eq!(with_file("ports = [80]\nnetns = [\"web\", \"api\"]\n", &["--netns", "db"]).unwrap().netns, ["db"]);
+        let err = with_file("ports = [80]\nnetns = 3\n", &[]).unwrap_err().to_string();
+        assert!(err.contains(":2:") && err.contains("`netns`: expected a string"), "{err}");
+        let err = with_file("ports = [80]\nnetns = [\"\"]\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("empty namespace"), "{err}");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let text = "ports = [1000, 2000]\nlimit = 5\naction = \"rst\"\ndry-run = true\n";
+        let a = with_file(text, &["--port", "3000", "--limit", "7"]).unwrap();
+        assert_eq!(
+            (a.ports, a.limit, a.action, a.dry_run),
+            (vec![3000], Some(7), crate::kernel::options::Action::Rst, true)
+        );
+        let a = with_file(text, &[]).unwrap();
+        assert_eq!((a.ports, a.limit), (vec![1000, 2000], Some(5)));
+        // Flags of another name that contradict a key replace it (a refusal would be a
+        // systemd restart loop): a fixed limit over the file's limiter, a limiter over
+        // its fixed limit, --no-dry-run over its dry-run.
+        let adaptive = "ports = [80]\nalgo = \"gradient\"\ninitial-limit = 40\ndry-run = true\n";
+        let a = with_file(adaptive, &["--limit", "50", "--no-dry-run"]).unwrap();
+        assert_eq!((a.algo, a.initial_limit, a.limit, a.dry_run), (None, None, Some(50), false));
+        assert_eq!(a.control().unwrap().1, 50);
+        let a = with_file(text, &["--algo", "queue"]).unwrap();
+        assert_eq!((a.algo, a.limit), (Some(Algo::Queue), None));
+        assert!(a.control().is_ok());
+        let a = with_file(text, &["--initial-limit", "30"]).unwrap();
+        assert_eq!((a.limit, a.control().unwrap().1), (None, 30));
+        // --algo fixed agrees with the file's limit: kept.
+        let a = with_file(text, &["--algo", "fixed"]).unwrap();
+        assert_eq!(a.control().unwrap().1, 5);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_names_it_without_a_line() {
+        let err = parse_cli(["shedctl", "attach", "--config", "/nonexistent/shed.toml"]).unwrap_err().to_string();
+        assert!(err.starts_with("/nonexistent/shed.toml: cannot read the config file"), "{err}");
+        let err = crate::cli::tiers::load_tier_file(Path::new("/nonexistent/tiers.toml")).unwrap_err();
+        assert!(err.starts_with("cannot read the tier file /nonexistent/tiers.toml"), "{err}");
+    }
+
+    #[test]
+    fn relative_tier_file_is_next_to_the_config() {
+        let a = with_file("ports = [80]\ntier-file = \"tiers.toml\"\n", &[]).unwrap();
+        let tier_file = a.tier_file.unwrap();
+        assert!(tier_file.is_absolute() && tier_file.ends_with("tiers.toml"), "{tier_file:?}");
+    }
+
+    #[test]
+    fn each_kind_of_bad_input_names_file_line_and_reason() {
+        let cases: &[(&str, usize, &str)] = &[
+            ("ports = [80]\nlimt = 5\n", 2, "unknown key `limt`"),
+            ("ports = [80]\n\nlimit = 0\n", 3, "limit 0 would reject every connection"),
+            ("ports = [80]\nlimit = \"many\"\n", 2, "expected a whole number, found string"),
+            ("ports = [0]\n", 1, "port 0 cannot be protected"),
+            ("ports = 80\n", 1, "expected a list, found integer"),
+            ("ports = [80]\naction = \"reset\"\n", 2, "invalid value 'reset'"),
+            ("ports = [80]\ndry-run = \"yes\"\n", 2, "expected true or false"),
+            ("ports = [80]\n[tiers]\n\"10.0.0.1/8\" = \"critical\"\n", 2, "did you mean 10.0.0.0/8"),
+            ("ports = [80]\n[tiers]\n\"10.0.0.0/8\" = \"gold\"\n", 2, "unknown tier"),
+            ("ports = [80]\nwindow = 5\n", 2, "out of range"),
+            ("ports = [80]\nmetrics = \"localhost\"\n", 2, "not a listen address"),
+            ("ports = [80\n", 1, ""),
+            ("ports = [80]\nlimit = 5\nlimit = 6\n", 3, "duplicate key"),
+        ];
+        for (text, line, reason) in cases {
+            let err = match with_file(text, &[]) {
+                Err(CliError::Config(e)) => e,
+                other => panic!("{text:?} must be refused by the config check, got {other:?}"),
+            };
+            assert!(err.file.ends_with("shed.toml"), "{err}");
+            assert_eq!(err.line, *line, "{text:?}: {err}");
+            assert!(err.reason.contains(reason), "{text:?}: expected {reason:?} in {err}");
+        }
+        match parse_cli(["shedctl", "attach", "--config", "/nonexistent/shed.toml"]) {
+            Err(CliError::Config(e)) => assert_eq!(e.line, 0, "not on a line: {e}"),
+            other => panic!("a missing file must be refused, got {other:?}"),
+        }
+    }
+}

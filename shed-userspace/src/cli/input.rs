@@ -1,0 +1,275 @@
+//! Parsing and validation of operator input. Pure functions, used by clap's
+//! value parsers so a bad value is refused before anything is touched.
+use std::{str::FromStr, time::Duration};
+
+use shed_common::MAX_LIMIT;
+
+use crate::named::Named;
+
+/// A TCP port an operator asked to protect (1-65535).
+pub fn parse_port(s: &str) -> Result<u16, String> {
+    let n: i64 = s.trim().parse().map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
+    match u16::try_from(n) {
+        Ok(0) => Err("port 0 cannot be protected: give a port from 1 to 65535".into()),
+        Ok(port) => Ok(port),
+        Err(_) => Err(format!("port {n} is out of range: give a port from 1 to 65535")),
+    }
+}
+
+/// An address to listen on, IP and port (`127.0.0.1:9464`, `[::1]:9464`).
+pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a listen address: give IP:PORT, e.g. 127.0.0.1:9464 or [::]:9464"))
+}
+
+/// A concurrency limit (1..=MAX_LIMIT).
+pub fn parse_limit(s: &str) -> Result<u32, String> {
+    let n: u64 =
+        s.trim().parse().map_err(|_| format!("{s:?} is not a limit: give a whole number from 1 to {MAX_LIMIT}"))?;
+    if n == 0 {
+        return Err("limit 0 would reject every connection: give a limit from 1 (use `detach` to stop gating)".into());
+    }
+    if n > u64::from(MAX_LIMIT) {
+        return Err(format!("limit {n} is above the maximum of {MAX_LIMIT} in-flight connections"));
+    }
+    Ok(n as u32)
+}
+
+/// A per-client cap: 0 (none) up to the highest limit.
+pub fn parse_client_cap(s: &str) -> Result<u32, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_limit(s).map_err(|e| e.replace("limit", "client cap"))
+}
+
+/// An IPv6 prefix length for counting clients (1-128).
+pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
+    let n: u8 = s
+        .trim()
+        .trim_start_matches('/')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a prefix length: give 1 to 128, e.g. 64"))?;
+    if !(1..=128).contains(&n) {
+        return Err(format!("prefix length {n} is out of range: give 1 to 128"));
+    }
+    Ok(n)
+}
+
+/// Whole seconds, 1 to 3600 (`--heal-interval`, `--ready-window`).
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: u64 = s
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: give seconds, e.g. 30"))?;
+    if !(1..=3600).contains(&secs) {
+        return Err(format!("{secs} s is out of range: give 1 to 3600 seconds"));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// Smallest and largest `--max-connections` / `--max-clients`.
+pub const MAP_SIZE_RANGE: std::ops::RangeInclusive<u32> = 1024..=16_777_216;
+
+/// `--max-connections`, `--max-clients`: a map size within [`MAP_SIZE_RANGE`].
+pub fn parse_map_size(s: &str) -> Result<u32, String> {
+    let n: u32 =
+        s.trim().replace('_', "").parse().map_err(|_| format!("{s:?} is not a number of entries: give e.g. 262144"))?;
+    if !MAP_SIZE_RANGE.contains(&n) {
+        return Err(format!(
+            "{n} entries is out of range: give {} to {}",
+            MAP_SIZE_RANGE.start(),
+            MAP_SIZE_RANGE.end()
+        ));
+    }
+    Ok(n)
+}
+
+/// A network namespace for `--netns`: an `ip netns` name or a path to a
+/// namespace file (/proc/PID/ns/net).
+pub fn parse_netns(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if name.is_empty() || name.trim_matches('/').is_empty() {
+        return Err("empty namespace: give a name from `ip netns list` or a path such as /proc/PID/ns/net".into());
+    }
+    if !name.contains('/') && (name == "." || name == ".." || name.chars().any(char::is_control)) {
+        return Err(format!("{name:?} is not a namespace name: give a name from `ip netns list`"));
+    }
+    Ok(name.to_owned())
+}
+
+/// A duration in milliseconds within `[min_ms, max_ms]`.
+pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
+    let ms: u64 = s
+        .trim()
+        .trim_end_matches("ms")
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: give milliseconds, e.g. 2000"))?;
+    if !(min_ms..=max_ms).contains(&ms) {
+        return Err(format!("{ms} ms is out of range: give {min_ms} to {max_ms} ms"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// `--handshake-window`: 0 (measured) or 1 to 2000 ms.
+pub fn parse_handshake_window(s: &str) -> Result<Duration, String> {
+    if s.trim().trim_end_matches("ms") == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_millis(s, 1, 2000).map_err(|e| format!("{e} (or 0 to follow the measured handshake time)"))
+}
+
+/// A latency percentile (1-99).
+pub fn parse_percentile(s: &str) -> Result<u8, String> {
+    let p: u8 = s
+        .trim()
+        .trim_start_matches('p')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentile: give 1 to 99, e.g. 90"))?;
+    if !(1..=99).contains(&p) {
+        return Err(format!("percentile {p} is out of range: give 1 to 99"));
+    }
+    Ok(p)
+}
+
+/// `on`/`off` switch (for `set --dry-run on|off`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Switch(pub bool);
+
+impl FromStr for Switch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "true" | "yes" | "1" => Ok(Self(true)),
+            "off" | "false" | "no" | "0" => Ok(Self(false)),
+            _ => Err(format!("{s:?} is not a switch: give on or off")),
+        }
+    }
+}
+
+/// Interface names as the kernel accepts them (IFNAMSIZ - 1 bytes, no '/' or whitespace).
+pub fn parse_interface(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 15 || s.contains(['/', ' ', '\t', '\n', '\0']) || s == "." || s == ".." {
+        return Err(format!("{s:?} is not a valid interface name (1-15 characters, no '/' or spaces)"));
+    }
+    Ok(s.to_owned())
+}
+
+/// A clap parser for a [`Named`] option: its names as the possible values
+/// (with help, for `--help`, completions and man pages).
+pub fn named<T: Named>() -> impl clap::builder::TypedValueParser<Value = T> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new(T::ALL.iter().map(|v| PossibleValue::new(v.name()).help(v.help())))
+        .map(|name| T::from_name(&name).expect("clap accepted one of the names"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::options::{Action, Count};
+    use proptest::prelude::*;
+
+    #[test]
+    fn ports() {
+        assert_eq!(parse_port("8080"), Ok(8080));
+        assert_eq!(parse_port("65535"), Ok(65535));
+        assert!(parse_port("0").unwrap_err().contains("port 0"));
+        assert!(parse_port("65536").unwrap_err().contains("out of range"));
+        assert!(parse_port("http").unwrap_err().contains("not a port"));
+        assert!(parse_port("-1").is_err());
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit("1"), Ok(1));
+        assert_eq!(parse_limit(&MAX_LIMIT.to_string()), Ok(MAX_LIMIT));
+        assert!(parse_limit("0").unwrap_err().contains("limit 0"));
+        assert!(parse_limit(&(u64::from(MAX_LIMIT) + 1).to_string()).unwrap_err().contains("maximum"));
+        assert!(parse_limit("lots").is_err());
+    }
+
+    #[test]
+    fn heal_intervals_and_map_sizes() {
+        assert_eq!(parse_seconds("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_seconds("1s"), Ok(Duration::from_secs(1)));
+        assert!(parse_seconds("0").unwrap_err().contains("1 to 3600"));
+        assert!(parse_seconds("3601").unwrap_err().contains("out of range"));
+        assert!(parse_seconds("soon").unwrap_err().contains("seconds"));
+        assert_eq!(parse_map_size("262144"), Ok(262_144));
+        assert_eq!(parse_map_size("1_024"), Ok(1024));
+        assert!(parse_map_size("1023").unwrap_err().contains("1024 to 16777216"));
+        assert!(parse_map_size("16777217").unwrap_err().contains("out of range"));
+        assert!(parse_map_size("-5").unwrap_err().contains("not a number"));
+    }
+
+    #[test]
+    fn switches_and_interfaces() {
+        assert_eq!("on".parse::<Switch>(), Ok(Switch(true)));
+        assert_eq!("OFF".parse::<Switch>(), Ok(Switch(false)));
+        assert!("maybe".parse::<Switch>().is_err());
+        assert!(parse_interface("veth0").is_ok());
+        assert!(parse_interface("a-very-long-interface").is_err());
+        assert!(parse_interface("a/b").is_err());
+        assert!(parse_interface("").is_err());
+        assert!(parse_interface("abcdefghijklmno").is_ok(), "15 characters fit");
+        assert!(parse_interface("abcdefghijklmnop").is_err(), "16 do not");
+        assert!(parse_interface(".").is_err() && parse_interface("..").is_err());
+    }
+
+    #[test]
+    fn millis() {
+        assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));
+        assert!(parse_millis("5", 100, 60_000).is_err());
+        assert_eq!(parse_handshake_window("0"), Ok(Duration::ZERO), "0: follow the measurement");
+        assert_eq!(parse_handshake_window("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_handshake_window("250"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_handshake_window("2000ms"), Ok(Duration::from_secs(2)));
+        let e = parse_handshake_window("2001").unwrap_err();
+        assert!(e.contains("out of range") && e.contains("or 0"), "{e}");
+        assert!(parse_handshake_window("soon").is_err());
+    }
+
+    #[test]
+    fn client_caps_and_prefixes() {
+        assert_eq!(parse_client_cap("0"), Ok(0));
+        assert_eq!(parse_client_cap("20"), Ok(20));
+        assert!(parse_client_cap("-1").is_err());
+        assert!(parse_client_cap("99999999").unwrap_err().contains("client cap"));
+        assert_eq!(parse_prefix_v6("/64"), Ok(64));
+        assert!(parse_prefix_v6("0").is_err());
+        assert!(parse_prefix_v6("129").is_err());
+    }
+
+    #[test]
+    fn percentiles() {
+        assert_eq!(parse_percentile("90"), Ok(90));
+        assert_eq!(parse_percentile("p99"), Ok(99));
+        assert!(parse_percentile("0").is_err());
+        assert!(parse_percentile("100").is_err());
+        for c in [Count::Work, Count::Connections, Count::Multiplexed] {
+            assert_eq!(Count::from_raw(c.to_raw()), c);
+        }
+    }
+
+    #[test]
+    fn action_round_trips() {
+        for a in [Action::Drop, Action::Rst] {
+            assert_eq!(Action::from_raw(a.to_raw()), a);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn port_parse_accepts_exactly_1_to_65535(n in 0u32..200_000) {
+            prop_assert_eq!(parse_port(&n.to_string()).is_ok(), (1..=65535).contains(&n));
+        }
+
+        #[test]
+        fn limit_parse_accepts_exactly_1_to_max(n in 0u64..(2 * u64::from(MAX_LIMIT))) {
+            prop_assert_eq!(parse_limit(&n.to_string()).is_ok(), (1..=u64::from(MAX_LIMIT)).contains(&n));
+        }
+    }
+}

@@ -1,0 +1,649 @@
+//! The `shedctl` command line (clap derive). Every flag documents itself and
+//! validates its value before anything is changed.
+
+pub mod commands;
+pub mod config;
+pub mod input;
+pub mod tiers;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+
+use shed_common::ControlConfig;
+
+use crate::{
+    cli::input::{
+        Switch, named, parse_client_cap, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
+        parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port, parse_prefix_v6, parse_seconds,
+    },
+    cli::tiers::{parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
+    control::{Algo, Settings},
+    kernel::options::{Action, Cidr, Count, Hook, XdpAttachMode},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shedctl",
+    version,
+    about = "shed: an eBPF admission gate that sheds new TCP connections before a service overloads",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per run; boxing would only move the bytes")]
+pub enum Command {
+    /// Load and attach the gate, then run in the foreground until SIGINT/SIGTERM.
+    ///
+    /// Example: sudo shedctl attach --port 8080 --limit 200 --action rst
+    Attach(AttachArgs),
+    /// Show limit, in-flight, admitted and rejected per protected port.
+    ///
+    /// Example: shedctl stats --port 8080 --json
+    Stats(StatsArgs),
+    /// Live view: limit vs in-flight, shed rate by tier and reason, latency; q quits.
+    ///
+    /// Example: shedctl top --port 8080
+    Top(TopArgs),
+    /// Change a protected port's settings live; the next SYN sees them.
+    ///
+    /// Example: shedctl set --port 8080 --limit 50
+    Set(SetArgs),
+    /// Stop gating one port, or stop the gate entirely.
+    ///
+    /// Example: shedctl detach --port 8080
+    Detach(DetachArgs),
+    /// Client tiers by source network: add, remove, list (live; the next SYN sees a change).
+    ///
+    /// Example: shedctl tier add 10.0.0.0/8 critical
+    #[command(subcommand)]
+    Tier(TierCommand),
+    /// The config file of the running gate.
+    ///
+    /// Example: shedctl config save --file /etc/shed/shed.toml
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print shell completions for bash, zsh, fish, elvish or powershell.
+    ///
+    /// Example: shedctl completions bash > /usr/share/bash-completion/completions/shedctl
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page shedctl(1), or write it and one page per verb into a folder.
+    ///
+    /// Example: shedctl man --dir /usr/share/man/man1
+    Man {
+        /// Folder for shedctl.1, shedctl-attach.1, ... (created if missing).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Write the live settings (after `set` and `tier` changes) back to a config file;
+    /// keys the gate does not hold (interfaces, metrics, ...) are kept from the file.
+    ///
+    /// Example: shedctl config save --file /etc/shed/shed.toml
+    Save {
+        /// The file to write (--file /etc/shed/shed.toml).
+        #[arg(long, default_value = "/etc/shed/shed.toml")]
+        file: PathBuf,
+
+        /// With several namespaces gated: whose live settings to write (--netns web).
+        #[arg(long)]
+        netns: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TierCommand {
+    /// Give a client network a tier (exempt, critical, normal, low).
+    ///
+    /// Example: shedctl tier add 2001:db8::/32 low
+    Add {
+        #[arg(value_parser = parse_cidr)]
+        cidr: Cidr,
+        #[arg(value_parser = parse_tier)]
+        tier: u8,
+    },
+    /// Remove a client network's tier (it falls back to a shorter prefix, or normal).
+    ///
+    /// Example: shedctl tier rm 10.0.0.0/8
+    Rm {
+        #[arg(value_parser = parse_cidr)]
+        cidr: Cidr,
+    },
+    /// List client networks and their tiers.
+    ///
+    /// Example: shedctl tier ls --json
+    Ls {
+        /// Print a JSON list of {cidr, tier}.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct AttachArgs {
+    /// TOML file of attach settings, one key per flag; flags given here override it (--config /etc/shed/shed.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// Print the settings as a config file and exit, without attaching (--print-config > shed.toml).
+    #[arg(long)]
+    pub print_config: bool,
+
+    /// Port to protect; repeat for several (--port 8080 --port 8443).
+    #[arg(long = "port", required_unless_present = "config", allow_negative_numbers = true, value_parser = parse_port)]
+    pub ports: Vec<u16>,
+
+    /// Interface to gate; repeat for several (--iface eth0 --iface lo).
+    /// Default: every interface of the namespace, loopback included.
+    #[arg(long = "iface", value_parser = parse_interface)]
+    pub ifaces: Vec<String>,
+
+    /// Hook on every interface (--hook tc). Default: xdp, and tc on loopback.
+    #[arg(long, value_parser = named::<Hook>())]
+    pub hook: Option<Hook>,
+
+    /// How XDP runs (--xdp-mode generic): auto lets the kernel pick native where the driver has it.
+    #[arg(long, value_parser = named::<XdpAttachMode>(), default_value_t = XdpAttachMode::Auto)]
+    pub xdp_mode: XdpAttachMode,
+
+    /// What a rejected SYN gets (--action rst).
+    #[arg(long, value_parser = named::<Action>(), default_value_t = Action::Drop)]
+    pub action: Action,
+
+    /// A fixed concurrency limit: admit while in-flight < limit (--limit 200). Implies --algo fixed.
+    #[arg(long, value_parser = parse_limit)]
+    pub limit: Option<u32>,
+
+    /// Limiter (--algo gradient). Default: queue, or fixed when --limit is given.
+    #[arg(long, value_parser = named::<Algo>())]
+    pub algo: Option<Algo>,
+
+    /// Limit an adaptive controller starts from (--initial-limit 100).
+    #[arg(long, value_parser = parse_limit)]
+    pub initial_limit: Option<u32>,
+
+    /// Lowest limit an adaptive controller may set (--min-limit 4).
+    #[arg(long, value_parser = parse_limit, default_value_t = 4)]
+    pub min_limit: u32,
+
+    /// Highest limit an adaptive controller may set (--max-limit 10000).
+    #[arg(long, value_parser = parse_limit, default_value_t = 10_000)]
+    pub max_limit: u32,
+
+    /// Control window in milliseconds (--window 100).
+    #[arg(long, default_value = "100", value_parser = |s: &str| parse_millis(s, 20, 10_000))]
+    pub window: Duration,
+
+    /// Percentile of request latency (arrival to first response byte) the controller follows (--percentile 90).
+    #[arg(long, default_value_t = 90, value_parser = parse_percentile)]
+    pub percentile: u8,
+
+    /// What in-flight counts (--count connections). Default: work (connections owing an answer).
+    #[arg(long, value_parser = named::<Count>(), default_value_t = Count::Work)]
+    pub count: Count,
+
+    #[command(flatten)]
+    pub guards: GuardArgs,
+
+    /// Client tier by source network; repeat (--tier 10.0.0.0/8=critical --tier 2001:db8::/32=low).
+    #[arg(long = "tier", value_parser = parse_assignment)]
+    pub tiers: Vec<(Cidr, u8)>,
+
+    /// TOML file of client tiers: [tiers] "10.0.0.0/8" = "critical" (--tier-file /etc/shed/tiers.toml).
+    #[arg(long)]
+    pub tier_file: Option<PathBuf>,
+
+    /// Most established connections one client may hold; 0: no cap (--client-cap 20).
+    #[arg(long, value_parser = parse_client_cap, default_value_t = 0)]
+    pub client_cap: u32,
+
+    /// IPv6 clients are capped per prefix of this length (--client-prefix-v6 64); IPv4 per address.
+    #[arg(long, value_parser = parse_prefix_v6, default_value_t = 64)]
+    pub client_prefix_v6: u8,
+
+    /// Most RSTs per second the port sends; above it rejected SYNs are dropped; 0: no cap (--rst-rate 20000).
+    #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_SEC)]
+    pub rst_rate: u32,
+
+    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48); 0: no cap (--rst-prefix-rate 1000).
+    #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
+    pub rst_prefix_rate: u32,
+
+    /// Count what would be rejected, but admit everything (--dry-run).
+    #[arg(long, overrides_with = "no_dry_run")]
+    pub dry_run: bool,
+
+    /// Dry-run off, over a config file's `dry-run = true` (--no-dry-run).
+    #[arg(long, overrides_with = "dry_run")]
+    pub no_dry_run: bool,
+
+    /// Network namespace to gate: a name from `ip netns` or a path; repeat to gate several,
+    /// each with its own limits and counts (--netns web --netns api).
+    #[arg(long, value_parser = parse_netns)]
+    pub netns: Vec<String>,
+
+    /// Milliseconds an admitted SYN holds its slot while its handshake is under way;
+    /// 0: about three times the measured handshake time (--handshake-window 0).
+    #[arg(long, default_value = "0", value_parser = parse_handshake_window)]
+    pub handshake_window: Duration,
+
+    /// Serve Prometheus metrics on this address at /metrics (--metrics 127.0.0.1:9464).
+    #[arg(long, value_parser = parse_listen_addr)]
+    pub metrics: Option<SocketAddr>,
+
+    /// Seconds between routine healing passes, which read every held connection;
+    /// evidence of drift (ports changed, the connection map full) brings one forward (--heal-interval 30).
+    #[arg(long, value_parser = parse_seconds, default_value = "30")]
+    pub heal_interval: Duration,
+
+    /// Most established connections counted across ports; past it new connections are
+    /// admitted uncounted (connection_map_full). Memory grows with use, ~200 bytes each (--max-connections 262144).
+    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_SOCKS)]
+    pub max_connections: u32,
+
+    /// Most clients tracked for --client-cap; past it new clients are not capped
+    /// (client_map_full). Memory grows with use (--max-clients 65536).
+    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]
+    pub max_clients: u32,
+
+    /// Let the kernel programs log their rare paths (a map full, a reset that
+    /// could not be sent, a header that could hide a SYN), each at most once a
+    /// second, into this log; off by default (--kernel-log).
+    #[arg(long)]
+    pub kernel_log: bool,
+
+    /// With --metrics: /readyz says not ready while more than this percent of new
+    /// connections are shed over --ready-window; 100: always ready (--ready-max-shed 50).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub ready_max_shed: u8,
+
+    /// Seconds the shed share is measured over for /readyz (--ready-window 10).
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    pub ready_window: Duration,
+}
+
+impl AttachArgs {
+    /// The controller settings and the starting limit, checked for consistency.
+    pub fn control(&self) -> Result<(ControlConfig, u32), String> {
+        let algo = match (self.algo, self.limit) {
+            (None, Some(_)) | (Some(Algo::Fixed), _) => Algo::Fixed,
+            (None, None) => Settings::default().algo,
+            (Some(algo), Some(_)) => {
+                return Err(format!(
+                    "--limit sets a fixed limit, but --algo {algo} adapts it: use --initial-limit to start {algo} from a value"
+                ));
+            }
+            (Some(algo), None) => algo,
+        };
+        check_count_algo(self.count, algo)?;
+        control_config(algo, self.min_limit, self.max_limit, self.window, self.percentile, &self.guards)
+            .map(|c| (c, self.limit.or(self.initial_limit).unwrap_or(Settings::default().initial_limit)))
+            .and_then(|(c, limit)| {
+                if algo != Algo::Fixed && !(c.min_limit..=c.max_limit).contains(&limit) {
+                    return Err(format!(
+                        "--initial-limit {limit} is outside --min-limit {} .. --max-limit {}",
+                        c.min_limit, c.max_limit
+                    ));
+                }
+                Ok((c, limit))
+            })
+    }
+}
+
+/// Whether a limiter can run on what a port's count mode measures.
+pub fn check_count_algo(count: Count, algo: Algo) -> Result<(), String> {
+    if count == Count::Multiplexed && algo.follows_turns() {
+        return Err(format!(
+            "--algo {algo} follows request latency (arrival to answer), which a multiplexed connection (--count multiplexed) does not show: use --algo queue, a fixed --limit, or --count connections"
+        ));
+    }
+    Ok(())
+}
+
+/// Controller settings as the daemon reads them from the map.
+pub fn control_config(
+    algo: Algo,
+    min_limit: u32,
+    max_limit: u32,
+    window: Duration,
+    percentile: u8,
+    guards: &GuardArgs,
+) -> Result<ControlConfig, String> {
+    if min_limit > max_limit {
+        return Err(format!("--min-limit {min_limit} is above --max-limit {max_limit}"));
+    }
+    Ok(ControlConfig {
+        min_samples: guards.min_samples,
+        cooldown_windows: guards.cooldown,
+        baseline_windows: guards.baseline_span,
+        probe_windows: guards.probe_windows,
+        queue_target_us: guards.queue_target.as_micros() as u32,
+        target_latency_ms: guards.target_latency.map_or(0, |d| d.as_millis() as u32),
+        generation: 1,
+        algo: algo.to_raw(),
+        percentile,
+        _pad: [0; 2],
+        min_limit,
+        max_limit,
+        window_ms: window.as_millis() as u32,
+        requested_limit: 0,
+    })
+}
+
+/// The adaptive controllers' guards (see `shed::control`); the defaults suit most services.
+#[derive(Clone, Debug, Args)]
+pub struct GuardArgs {
+    /// Completed requests a window needs before the limit may move; fewer carry over (--min-samples 10).
+    #[arg(long, default_value_t = Settings::default().min_samples as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub min_samples: u32,
+
+    /// Windows after a cut in which the limit may not grow (--cooldown 3).
+    #[arg(long, default_value_t = Settings::default().cooldown_windows, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub cooldown: u32,
+
+    /// Windows the baseline minimum spans, +/-10% jitter per port (--baseline-span 100).
+    #[arg(long, default_value_t = Settings::default().baseline_windows as u32, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    pub baseline_span: u32,
+
+    /// Windows of each baseline probe at a quarter of the limit; 0 turns probing off (--probe-windows 5).
+    #[arg(long, default_value_t = Settings::default().probe_windows, value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    pub probe_windows: u32,
+
+    /// --algo queue: milliseconds of queue wait (arrival to pick-up, at --percentile) to hold
+    /// admitted requests near (--queue-target 5).
+    #[arg(long, default_value = "5", value_parser = |s: &str| parse_millis(s, 1, 10_000))]
+    pub queue_target: Duration,
+
+    /// Latency objective in milliseconds: what a request may take, waiting included (a client
+    /// deadline). Requests the service can still answer within it are admitted, so bursts it
+    /// can finish in time get in; the limiters cut only past it (--target-latency 1000). Default: none.
+    #[arg(long, value_parser = |s: &str| parse_millis(s, 1, 600_000))]
+    pub target_latency: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Only this port (--port 8080).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
+    pub port: Option<u16>,
+
+    /// With several namespaces gated: only this one, by its label in `shedctl stats` (--netns web).
+    #[arg(long)]
+    pub netns: Option<String>,
+
+    /// Print a JSON list, one object per port (--json).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Refresh until interrupted (--watch).
+    #[arg(long)]
+    pub watch: bool,
+
+    /// Milliseconds between the two samples that give the rates, and between refreshes (--interval 1000).
+    #[arg(long, default_value = "500", value_parser = |s: &str| parse_millis(s, 50, 60_000))]
+    pub interval: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Only this port (--port 8080).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
+    pub port: Option<u16>,
+
+    /// With several namespaces gated: only this one, by its label in `shedctl stats` (--netns web).
+    #[arg(long)]
+    pub netns: Option<String>,
+
+    /// Milliseconds between refreshes (--interval 250). Default: the ports' control window.
+    #[arg(long, value_parser = |s: &str| parse_millis(s, 50, 60_000))]
+    pub interval: Option<Duration>,
+
+    /// Print one frame as text and exit (two samples, one interval apart), for scripts and reports (--once).
+    #[arg(long)]
+    pub once: bool,
+
+    /// Samples --once takes (one interval apart) before it prints, so the sparklines have history (--samples 60).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=10_000), requires = "once")]
+    pub samples: u32,
+
+    /// Size of the --once frame (--size 110x24).
+    #[arg(long, default_value = "110x24", value_parser = parse_size, requires = "once")]
+    pub size: (u16, u16),
+}
+
+/// `COLSxROWS`, e.g. 110x24.
+fn parse_size(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("{s:?} is not a size: give COLUMNSxROWS, e.g. 110x24 (at least 40x10)");
+    let (w, h) = s.split_once('x').ok_or_else(bad)?;
+    let (w, h): (u16, u16) = (w.trim().parse().map_err(|_| bad())?, h.trim().parse().map_err(|_| bad())?);
+    if w < 40 || h < 10 {
+        return Err(bad());
+    }
+    Ok((w, h))
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap"])))]
+pub struct SetArgs {
+    /// The protected port to change (--port 8080).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
+    pub port: u16,
+
+    /// With several namespaces gated: change the port only in this one (--netns web); without it, in every one.
+    #[arg(long)]
+    pub netns: Option<String>,
+
+    /// The limit, now (--limit 50); adaptive controllers continue from it.
+    #[arg(long, value_parser = parse_limit)]
+    pub limit: Option<u32>,
+
+    /// Switch limiter (--algo aimd); the current limit is kept.
+    #[arg(long, value_parser = named::<Algo>())]
+    pub algo: Option<Algo>,
+
+    /// New lowest adaptive limit (--min-limit 8).
+    #[arg(long, value_parser = parse_limit)]
+    pub min_limit: Option<u32>,
+
+    /// New highest adaptive limit (--max-limit 500).
+    #[arg(long, value_parser = parse_limit)]
+    pub max_limit: Option<u32>,
+
+    /// What in-flight counts (--count connections).
+    #[arg(long, value_parser = named::<Count>())]
+    pub count: Option<Count>,
+
+    /// Share of the limit a tier may fill, in (0, 1]; repeat (--share low=0.6 --share normal=0.85).
+    #[arg(long = "share", value_parser = parse_share)]
+    pub shares: Vec<(u8, u16)>,
+
+    /// Reject action for one tier; repeat (--tier-action low=drop).
+    #[arg(long = "tier-action", value_parser = parse_tier_action)]
+    pub tier_actions: Vec<(u8, Action)>,
+
+    /// Most connections one client may hold; 0 removes the cap (--client-cap 20).
+    #[arg(long, value_parser = parse_client_cap)]
+    pub client_cap: Option<u32>,
+
+    /// New reject action (--action rst).
+    #[arg(long, value_parser = named::<Action>())]
+    pub action: Option<Action>,
+
+    /// Dry-run on or off (--dry-run on).
+    #[arg(long)]
+    pub dry_run: Option<Switch>,
+}
+
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// Stop gating only this port (--port 8080); without it the whole gate stops.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
+    pub port: Option<u16>,
+
+    /// With --port and several namespaces gated: only in this one (--netns web); without it, in every one.
+    #[arg(long, requires = "port")]
+    pub netns: Option<String>,
+
+    /// Milliseconds to wait for the daemon to exit (--timeout 5000).
+    #[arg(long, default_value = "5000", value_parser = |s: &str| parse_millis(s, 100, 600_000))]
+    pub timeout: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("shedctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn attach_parses_everything() {
+        let cli = parse(&[
+            "attach",
+            "--port",
+            "8080",
+            "--port",
+            "9090",
+            "--iface",
+            "veth0",
+            "--hook",
+            "tc",
+            "--action",
+            "rst",
+            "--limit",
+            "5",
+            "--dry-run",
+            "--netns",
+            "srv",
+        ])
+        .unwrap();
+        let Command::Attach(a) = cli.command else { panic!("expected attach") };
+        assert_eq!(a.ports, [8080, 9090]);
+        assert_eq!(a.ifaces, ["veth0"]);
+        assert_eq!((a.hook, a.action, a.limit, a.dry_run), (Some(Hook::Tc), Action::Rst, Some(5), true));
+        assert_eq!(a.control().unwrap().0.algo, Algo::Fixed.to_raw(), "--limit alone means fixed");
+        assert_eq!(a.netns, ["srv"]);
+    }
+
+    #[test]
+    fn attach_defaults() {
+        let Command::Attach(a) = parse(&["attach", "--port", "8080"]).unwrap().command else { panic!() };
+        assert_eq!((a.hook, a.action, a.limit, a.dry_run, a.count), (None, Action::Drop, None, false, Count::Work));
+        assert_eq!(a.handshake_window, Duration::ZERO);
+        let (control, limit) = a.control().unwrap();
+        assert_eq!(
+            (Algo::from_raw(control.algo), limit, control.window_ms, control.percentile),
+            (Algo::Queue, 100, 100, 90)
+        );
+    }
+
+    #[test]
+    fn adaptive_flags_are_checked_together() {
+        let control = |args: &[&str]| {
+            let Command::Attach(a) = parse(&[&["attach", "--port", "8080"], args].concat()).unwrap().command else {
+                panic!()
+            };
+            a.control()
+        };
+        assert!(control(&["--algo", "gradient", "--limit", "5"]).unwrap_err().contains("--initial-limit"));
+        assert!(control(&["--min-limit", "50", "--max-limit", "10"]).unwrap_err().contains("above --max-limit"));
+        assert!(control(&["--initial-limit", "3"]).unwrap_err().contains("outside"));
+        let (c, limit) =
+            control(&["--algo", "aimd", "--initial-limit", "20", "--window", "250", "--percentile", "p99"]).unwrap();
+        assert_eq!((Algo::from_raw(c.algo), limit, c.window_ms, c.percentile), (Algo::Aimd, 20, 250, 99));
+        assert_eq!(
+            (c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows),
+            (10, 3, 100, 5),
+            "guard defaults"
+        );
+        let (c, _) =
+            control(&["--min-samples", "50", "--cooldown", "0", "--baseline-span", "300", "--probe-windows", "0"])
+                .unwrap();
+        assert_eq!((c.min_samples, c.cooldown_windows, c.baseline_windows, c.probe_windows), (50, 0, 300, 0));
+        assert_eq!(control(&["--algo", "fixed", "--limit", "7"]).unwrap().1, 7);
+        // A multiplexed port shows queue waits only: queue by default, the request-latency limiters refused.
+        let (c, _) = control(&["--count", "multiplexed"]).unwrap();
+        assert_eq!(Algo::from_raw(c.algo), Algo::Queue);
+        assert_eq!(Algo::from_raw(control(&["--count", "multiplexed", "--limit", "9"]).unwrap().0.algo), Algo::Fixed);
+        for algo in ["gradient", "gradient2", "aimd"] {
+            let err = control(&["--count", "multiplexed", "--algo", algo]).unwrap_err();
+            assert!(err.contains(&format!("--algo {algo}")) && err.contains("--algo queue"), "{err}");
+        }
+        assert!(control(&["--count", "connections", "--algo", "gradient"]).is_ok());
+    }
+
+    #[test]
+    fn a_negative_port_is_out_of_range_not_an_unknown_flag() {
+        for args in
+            [&["attach", "--port", "-1"][..], &["set", "--port", "-1", "--limit", "3"], &["stats", "--port", "-1"]]
+        {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains("port -1 is out of range: give a port from 1 to 65535"), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_reasons() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["attach"], "--port"),
+            (&["attach", "--port", "0"], "port 0"),
+            (&["attach", "--port", "70000"], "out of range"),
+            (&["attach", "--port", "8080", "--limit", "0"], "limit 0"),
+            (&["attach", "--port", "8080", "--limit", "99999999"], "maximum"),
+            (&["attach", "--port", "8080", "--action", "reset"], "reset"),
+            (&["attach", "--port", "8080", "--hook", "kprobe"], "kprobe"),
+            (&["set", "--port", "8080"], "required"),
+            (&["set", "--port", "8080", "--dry-run", "maybe"], "on or off"),
+            (&["stats", "--interval", "1"], "out of range"),
+            (&["attach", "--port", "8080", "--algo", "vegas"], "vegas"),
+            (&["attach", "--port", "8080", "--percentile", "100"], "out of range"),
+            (&["attach", "--port", "8080", "--window", "5"], "out of range"),
+            (&["attach", "--port", "8080", "--count", "requests"], "requests"),
+            (&["attach", "--port", "8080", "--tier", "10.0.0.1/8=low"], "host bits"),
+            (&["attach", "--port", "8080", "--tier", "10.0.0.0/8=gold"], "unknown tier"),
+            (&["set", "--port", "8080", "--share", "low=1.5"], "outside (0, 1]"),
+            (&["tier", "add", "banana", "low"], "not a CIDR"),
+            (&["attach", "--port", "8080", "--client-cap", "x"], "client cap"),
+            (&["attach", "--port", "8080", "--min-samples", "0"], "not in 1..=1000000"),
+            (&["attach", "--port", "8080", "--baseline-span", "1"], "not in 2..=100000"),
+            (&["attach", "--port", "8080", "--client-prefix-v6", "200"], "out of range"),
+            (&["tier", "add", "10.0.0.0/8", "platinum"], "unknown tier"),
+            (&["top", "--once", "--size", "10x2"], "not a size"),
+            (&["top", "--size", "110x24"], "--once"),
+            (&["top", "--once", "--samples", "1"], "not in 2..=10000"),
+            (&["attach", "--port", "8080", "--metrics", "9464"], "not a listen address"),
+        ];
+        for (args, expected) in cases {
+            let err = parse(args).expect_err(&format!("{args:?} must be refused")).to_string();
+            assert!(err.contains(expected), "{args:?}: expected {expected:?} in {err}");
+        }
+    }
+
+    #[test]
+    fn set_and_detach() {
+        let Command::Set(s) = parse(&["set", "--port", "8080", "--dry-run", "off", "--limit", "7"]).unwrap().command
+        else {
+            panic!()
+        };
+        assert_eq!((s.port, s.limit, s.action, s.dry_run), (8080, Some(7), None, Some(Switch(false))));
+        let Command::Detach(d) = parse(&["detach"]).unwrap().command else { panic!() };
+        assert_eq!(d.port, None);
+    }
+}

@@ -1,0 +1,461 @@
+//! Drift healing: the kernel's counts are kept by events, and an event that
+//! never arrives (a socket established before the gate, a connection the full
+//! map could not track, a missed close) would skew them for good. A healing
+//! pass compares the tracked sockets with the kernel's own socket table for
+//! the gated namespace (asked through sock_diag, see [`crate::host::sockdiag`]) and
+//! with the counters:
+//! - a tracked socket that is gone from the table is forgotten;
+//! - a live connection of a protected port that is not tracked is adopted
+//!   (counted as open; its request turns are not seen, so it is never busy);
+//! - a count that differs from the tracked sockets by the same amount on two
+//!   passes in a row is corrected, and the correction reported.
+//!
+//! Every change waits for a second pass that sees the same thing, so a
+//! connection opening or closing during a pass is never "healed" by mistake.
+//!
+//! A pass reads every held connection, so it does not run every second: once
+//! at start (connections that predate the gate), at once on evidence that the
+//! counts may be off (the protected ports changed, or the connection map was
+//! full), a second later to confirm what a pass found, and otherwise every
+//! `--heal-interval` as a safety net. Between passes a check reads only the
+//! per-port counters, so the daemon's idle cost does not grow with the
+//! connections held. Passes brought forward by evidence keep a gap of ten
+//! times the last pass's duration, so healing never takes more than about a
+//! tenth of a core however often the evidence moves; routine passes keep a
+//! hundred times it (1% of a core) when that is longer than the interval.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use shed_common::{FlowKey, PortConfig, SockEntry, counter};
+
+use crate::{Error, host::sockdiag::SocketTable, kernel::maps::GateMaps};
+
+/// Keys of adopted sockets: user-space addresses, never a kernel socket's.
+const ADOPTED_KEY_BASE: u64 = 0x0000_5eed_0000_0000;
+
+/// How soon a pass that found something looks again to confirm it.
+pub const CONFIRM_AFTER: Duration = Duration::from_secs(1);
+
+/// The default time between routine passes (`--heal-interval`).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A pass brought forward waits at least this many times the last pass's duration.
+const GAP_PER_PASS_TIME: u32 = 10;
+
+/// A routine pass waits at least this many times the last pass's duration
+/// (`--heal-interval` is the shortest wait): the safety net never takes more
+/// than 1% of a core, however many connections a pass reads.
+const ROUTINE_PER_PASS_TIME: u32 = 100;
+
+/// Why a healing pass ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PassReason {
+    /// The daemon started: adopt connections that predate it.
+    Start,
+    /// The protected ports changed, or the connection map was full.
+    Evidence,
+    /// The last pass found something to confirm.
+    Confirm,
+    /// The safety net, every `--heal-interval`.
+    Routine,
+}
+
+impl PassReason {
+    pub const ALL: [Self; 4] = [Self::Start, Self::Evidence, Self::Confirm, Self::Routine];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Evidence => "evidence",
+            Self::Confirm => "confirm",
+            Self::Routine => "routine",
+        }
+    }
+}
+
+/// When the next pass runs.
+#[derive(Debug)]
+pub struct Schedule {
+    /// Between routine passes.
+    interval: Duration,
+    /// When the last pass ended, how long it took, and whether it left something to confirm.
+    last: Option<(Instant, Duration, bool)>,
+}
+
+impl Schedule {
+    pub fn new(interval: Duration) -> Self {
+        Self { interval, last: None }
+    }
+
+    /// Whether a pass is due at `now`, and why; `evidence`: the cheap check saw
+    /// a reason to look now.
+    pub fn due(&self, now: Instant, evidence: bool) -> Option<PassReason> {
+        let Some((ended, took, pending)) = self.last else { return Some(PassReason::Start) };
+        let since = now.saturating_duration_since(ended);
+        let gap = CONFIRM_AFTER.max(took * GAP_PER_PASS_TIME);
+        if since >= self.interval.max(took * ROUTINE_PER_PASS_TIME) {
+            Some(if pending { PassReason::Confirm } else { PassReason::Routine })
+        } else if since < gap {
+            None
+        } else if pending {
+            Some(PassReason::Confirm)
+        } else if evidence {
+            Some(PassReason::Evidence)
+        } else {
+            None
+        }
+    }
+
+    /// Records a pass that ended at `now` after `took`, leaving something to
+    /// confirm (`pending`) or not.
+    pub fn passed(&mut self, now: Instant, took: Duration, pending: bool) {
+        self.last = Some((now, took, pending));
+    }
+}
+
+/// What the healer did, for the metrics endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct HealCounts {
+    /// Cheap checks of the counters (about one a second).
+    pub checks: u64,
+    /// Full passes, by reason.
+    pub passes: BTreeMap<PassReason, u64>,
+    /// Per-connection records read by passes: socket-table records plus tracked sockets.
+    pub records_read: u64,
+    /// How long the last pass took.
+    pub last_pass: Duration,
+    /// Connections a pass could not adopt (the connection map was full).
+    pub adopt_failed: u64,
+}
+
+/// Shared between the control loop and the metrics thread.
+#[derive(Clone, Debug, Default)]
+pub struct HealReport(Arc<Mutex<HealCounts>>);
+
+impl HealReport {
+    pub fn read(&self) -> HealCounts {
+        self.0.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut HealCounts)) {
+        if let Ok(mut c) = self.0.lock() {
+            f(&mut c);
+        }
+    }
+}
+
+/// What the cheap check reads: the protected ports and the connection-map-full
+/// counts. A change in either is evidence that a pass may find something.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Evidence {
+    ports: BTreeMap<u16, u32>,
+    map_full: u64,
+}
+
+impl Evidence {
+    fn read(maps: &GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<Self, Error> {
+        let mut map_full = 0;
+        for (&port, config) in configs {
+            map_full += maps.snapshot(port, *config)?.counter(counter::CONNECTION_MAP_FULL);
+        }
+        Ok(Self { ports: configs.iter().map(|(&p, c)| (p, c.slot)).collect(), map_full })
+    }
+}
+
+pub struct Healer {
+    schedule: Schedule,
+    report: HealReport,
+    table: Option<SocketTable>,
+    /// What the last pass saw of the counters.
+    evidence: Option<Evidence>,
+    /// What the last pass would have changed, to be confirmed by this one.
+    stale_before: HashSet<u64>,
+    untracked_before: HashSet<FlowKey>,
+    drift_before: BTreeMap<u32, (i64, i64)>,
+}
+
+impl Healer {
+    /// A healer whose routine passes are `interval` apart.
+    pub fn new(interval: Duration, report: HealReport) -> Self {
+        Self {
+            schedule: Schedule::new(interval),
+            report,
+            table: None,
+            evidence: None,
+            stale_before: HashSet::new(),
+            untracked_before: HashSet::new(),
+            drift_before: BTreeMap::new(),
+        }
+    }
+
+    /// The cheap check (the counters only); runs a pass when one is due.
+    pub fn check(&mut self, maps: &mut GateMaps, now: Instant) -> Result<(), Error> {
+        let configs = maps.port_configs()?;
+        let evidence = Evidence::read(maps, &configs)?;
+        self.report.update(|c| c.checks += 1);
+        let Some(reason) = self.schedule.due(now, self.evidence.as_ref() != Some(&evidence)) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let outcome = self.pass(maps, &configs)?;
+        let took = started.elapsed();
+        // On a busy port every pass sees a few connections that opened or closed
+        // while it read; chasing those would make every pass a confirming one. So
+        // a confirming pass asks for another only when it changed something (an
+        // adoption shows as drift next): what it merely saw first waits for the
+        // next routine pass.
+        let pending = outcome.found && (reason != PassReason::Confirm || outcome.acted);
+        let (records, adopt_failed) = (outcome.records, outcome.adopt_failed);
+        tracing::debug!(reason = reason.name(), records, pending, took_us = took.as_micros() as u64, "healing pass");
+        self.schedule.passed(Instant::now(), took, pending);
+        // What this pass saw is the new normal: only a change after it is evidence.
+        self.evidence = Some(Evidence::read(maps, &configs)?);
+        self.report.update(|c| {
+            *c.passes.entry(reason).or_default() += 1;
+            c.records_read += records;
+            c.last_pass = took;
+            c.adopt_failed += adopt_failed;
+        });
+        Ok(())
+    }
+
+    /// One pass: reads the tracked sockets and the socket table, acts on what
+    /// the last pass saw too.
+    fn pass(&mut self, maps: &mut GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<PassOutcome, Error> {
+        let ports: BTreeSet<u16> = configs.keys().copied().collect();
+        // Each port's event counts around the reads: a port whose counts moved
+        // meanwhile is not judged for drift in this pass.
+        let counts_before = event_counts(maps, configs)?;
+        // The tracked sockets first, then the table: a socket that closes in
+        // between is gone from both; one that opens in between is caught next pass.
+        let mut tracked: HashMap<u64, SockEntry> = maps.tracked_sockets()?;
+        let mut live = Vec::new();
+        let table = match &mut self.table {
+            Some(table) => table,
+            None => self.table.insert(SocketTable::open().map_err(|e| Error::io("open", "sock_diag socket", e))?),
+        };
+        let table_records =
+            table.held(&ports, &mut live).map_err(|e| Error::io("read socket table", "sock_diag", e))?;
+        let live: HashSet<FlowKey> = live.into_iter().collect();
+        let records = (tracked.len() + table_records) as u64;
+
+        let ours = |e: &SockEntry| configs.get(&e.port).is_some_and(|c| c.slot == e.slot);
+        let stale: HashSet<u64> =
+            tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
+        let mut found = !stale.is_subset(&self.stale_before);
+        let mut acted = false;
+        for key in confirmed(&stale, &self.stale_before) {
+            let entry = tracked[key];
+            if maps.socks.remove(key).is_ok() {
+                acted = true;
+                tracked.remove(key);
+                if entry.capped != 0 {
+                    // The close was missed, so its client still counts it. A read-modify-write:
+                    // a kernel add racing it (microseconds, on a connection whose close we
+                    // missed) would be lost, loosening that client's cap by one.
+                    let client = shed_common::ClientKey { slot: entry.slot, addr: entry.client };
+                    if let Ok(held) = maps.clients.get(&client, 0) {
+                        let _ = maps.clients.insert(client, (held - 1).max(0), 0);
+                    }
+                }
+            }
+        }
+        self.stale_before = stale;
+
+        let tracked_flows: HashSet<FlowKey> = tracked.values().map(|e| e.flow).collect();
+        let untracked: HashSet<FlowKey> = live.difference(&tracked_flows).copied().collect();
+        found |= !untracked.is_subset(&self.untracked_before);
+        let mut adopt_failed = 0;
+        for flow in confirmed(&untracked, &self.untracked_before) {
+            let Some(config) = configs.get(&flow.server_port) else { continue };
+            // Exempt clients are never counted, so never adopted either.
+            let tier = maps.tiers.get(&aya::maps::lpm_trie::Key::new(128, flow.client_addr), 0).ok();
+            if tier == Some(u32::from(shed_common::tier::EXEMPT)) {
+                continue;
+            }
+            let entry = SockEntry {
+                slot: config.slot,
+                port: flow.server_port,
+                busy: 0,
+                capped: 0,
+                arrival_ns: 0,
+                pickup_ns: 0,
+                client: config.client_key(&flow.client_addr).addr,
+                flow: *flow,
+                multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
+                _pad2: [0; 3],
+            };
+            let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
+            const BPF_NOEXIST: u64 = 1;
+            match maps.socks.insert(key, entry, BPF_NOEXIST) {
+                Ok(()) => {
+                    acted = true;
+                    tracked.insert(key, entry);
+                }
+                Err(_) => adopt_failed += 1,
+            }
+        }
+        self.untracked_before = untracked;
+
+        // Counts against the tracked sockets, for ports that stood still meanwhile.
+        let counts_after = event_counts(maps, configs)?;
+        for (&port, config) in configs {
+            let slot = config.slot;
+            if counts_before.get(&port) != counts_after.get(&port) {
+                self.drift_before.remove(&slot);
+                continue;
+            }
+            let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
+            let (open, busy) = (ours().count() as i64, ours().filter(|e| e.busy != 0).count() as i64);
+            let snapshot = maps.snapshot(port, *config)?;
+            let drift = (snapshot.established() as i64 - open, snapshot.busy() as i64 - busy);
+            if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), drift) {
+                let n = (drift.0.unsigned_abs()).max(drift.1.unsigned_abs());
+                let mut user = snapshot.user;
+                user.established_adjust -= drift.0;
+                user.busy_adjust -= drift.1;
+                user.drift_corrected += n;
+                maps.user_state.set(slot, user, 0).map_err(|e| Error::map("write drift correction", e))?;
+                tracing::warn!(
+                    port,
+                    established_drift = drift.0,
+                    busy_drift = drift.1,
+                    "corrected in-flight drift against the socket table"
+                );
+                self.drift_before.remove(&slot);
+                acted = true;
+            } else {
+                found |= drift != (0, 0) && self.drift_before.get(&slot) != Some(&drift);
+                self.drift_before.insert(slot, drift);
+            }
+        }
+        Ok(PassOutcome { records, found, acted, adopt_failed })
+    }
+}
+
+/// What one pass did.
+struct PassOutcome {
+    /// Per-connection records read.
+    records: u64,
+    /// Something seen for the first time (to be confirmed by the next pass).
+    found: bool,
+    /// Something changed (a socket forgotten or adopted, a count corrected).
+    acted: bool,
+    /// Untracked connections that could not be adopted (the map was full).
+    adopt_failed: u64,
+}
+
+/// Each port's raw event counts (opened, closed, busy enter and exit).
+fn event_counts(maps: &GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<BTreeMap<u16, [u64; 4]>, Error> {
+    let mut out = BTreeMap::new();
+    for (&port, config) in configs {
+        let s = maps.snapshot(port, *config)?.state;
+        out.insert(port, [s.opened, s.closed, s.busy_enter, s.busy_exit]);
+    }
+    Ok(out)
+}
+
+/// What two passes in a row found: a socket, flow or drift is acted on only
+/// when the pass before saw it too (one pass can race a connection opening
+/// or closing between the map read and the socket-table read).
+fn confirmed<'a, T: Eq + std::hash::Hash>(now: &'a HashSet<T>, before: &'a HashSet<T>) -> impl Iterator<Item = &'a T> {
+    now.intersection(before)
+}
+
+/// The drift of a port's counts to correct now: a non-zero one, the same in
+/// this pass and the last (a drift that changes is still moving: wait).
+fn drift_to_correct(before: Option<&(i64, i64)>, now: (i64, i64)) -> Option<(i64, i64)> {
+    (now != (0, 0) && before == Some(&now)).then_some(now)
+}
+
+fn fxhash(flow: &FlowKey) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in flow
+        .client_addr
+        .iter()
+        .chain(&flow.server_addr)
+        .chain(&flow.client_port.to_le_bytes())
+        .chain(&flow.server_port.to_le_bytes())
+    {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acts_only_on_what_two_passes_in_a_row_found() {
+        let set = |v: &[u64]| v.iter().copied().collect::<HashSet<u64>>();
+        let mut both: Vec<u64> = confirmed(&set(&[1, 2, 3]), &set(&[2, 3, 4])).copied().collect();
+        both.sort_unstable();
+        assert_eq!(both, [2, 3], "seen once (1 now, 4 before) is not acted on");
+        assert_eq!(confirmed(&set(&[1]), &set(&[])).count(), 0, "the first pass acts on nothing");
+
+        assert_eq!(drift_to_correct(None, (2, 1)), None, "a drift seen once waits");
+        assert_eq!(drift_to_correct(Some(&(2, 1)), (2, 1)), Some((2, 1)), "seen twice: corrected");
+        assert_eq!(drift_to_correct(Some(&(2, 1)), (3, 1)), None, "still moving: waits");
+        assert_eq!(drift_to_correct(Some(&(-1, 0)), (-1, 0)), Some((-1, 0)), "an over-count is corrected too");
+        assert_eq!(drift_to_correct(Some(&(0, 0)), (0, 0)), None, "no drift, nothing to do");
+    }
+
+    #[test]
+    fn passes_run_at_start_on_evidence_to_confirm_and_as_a_routine() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let quick = Duration::from_millis(5);
+        let mut s = Schedule::new(Duration::from_secs(30));
+        assert_eq!(
+            s.due(t0, false),
+            Some(PassReason::Start),
+            "the first check passes: connections may predate the gate"
+        );
+        s.passed(t0, quick, false);
+        assert_eq!(s.due(at(500), true), None, "evidence waits for the gap after a pass (1 s)");
+        assert_eq!(s.due(at(1_000), false), None, "no evidence, nothing pending: no pass before the interval");
+        assert_eq!(s.due(at(29_999), false), None);
+        assert_eq!(s.due(at(1_000), true), Some(PassReason::Evidence), "evidence brings a pass forward");
+        assert_eq!(s.due(at(30_000), false), Some(PassReason::Routine), "the safety net");
+
+        s.passed(at(30_000), quick, true);
+        assert_eq!(s.due(at(30_500), false), None, "a finding is confirmed after a second, not at once");
+        assert_eq!(s.due(at(31_000), false), Some(PassReason::Confirm));
+        assert_eq!(s.due(at(31_000), true), Some(PassReason::Confirm), "confirming comes first");
+
+        // A slow pass (a huge table) keeps ten times its duration between passes
+        // brought forward, and the interval still bounds the wait.
+        s.passed(at(40_000), Duration::from_millis(400), false);
+        assert_eq!(s.due(at(43_999), true), None);
+        assert_eq!(s.due(at(44_000), true), Some(PassReason::Evidence));
+        s.passed(at(50_000), Duration::from_secs(5), false);
+        assert_eq!(s.due(at(79_999), true), None, "a 5 s pass: at most one in 50 s, even on evidence");
+        assert_eq!(s.due(at(100_000), true), Some(PassReason::Evidence));
+        assert_eq!(s.due(at(100_000), false), None, "routine passes keep 100x their duration (1% of a core)");
+        assert_eq!(s.due(at(549_999), false), None);
+        assert_eq!(s.due(at(550_000), false), Some(PassReason::Routine));
+        let mut short = Schedule::new(Duration::from_secs(1));
+        short.passed(t0, quick, false);
+        assert_eq!(short.due(at(1_000), false), Some(PassReason::Routine), "--heal-interval 1: every second");
+    }
+
+    #[test]
+    fn adopted_flows_get_distinct_keys() {
+        let keys: HashSet<u64> = (0..2_000u16)
+            .map(|port| {
+                let flow = FlowKey {
+                    client_addr: shed_common::ipv4_mapped([10, 0, (port >> 8) as u8, port as u8]),
+                    server_addr: shed_common::ipv4_mapped([10, 0, 0, 1]),
+                    client_port: 40_000 + port,
+                    server_port: 8080,
+                };
+                fxhash(&flow) & 0xffff_ffff
+            })
+            .collect();
+        assert_eq!(keys.len(), 2_000, "one map key per adopted connection");
+    }
+}

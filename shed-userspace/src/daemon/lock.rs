@@ -1,0 +1,128 @@
+//! The daemon's one-per-host lock and its pins: who holds the gate, and
+//! removing what a daemon leaves.
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{Read, Seek, Write},
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt as _},
+    path::Path,
+};
+
+use crate::{
+    Error,
+    host::paths,
+    kernel::maps::{self},
+};
+
+/// Whether a daemon holds the gate right now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// A daemon holds the lock.
+    Running { pid: String },
+    /// Nobody holds the lock, but pins exist: a daemon died without cleaning up.
+    Stale { pid: String },
+    /// No daemon, no pins.
+    Absent,
+}
+
+fn read_pid(file: &mut File) -> String {
+    let mut pid = String::new();
+    let _ = file.rewind();
+    let _ = file.read_to_string(&mut pid);
+    let pid = pid.trim();
+    if pid.is_empty() { "unknown".into() } else { pid.into() }
+}
+
+fn try_flock(file: &File, mode: libc::c_int) -> bool {
+    // SAFETY: valid fd.
+    unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) == 0 }
+}
+
+/// Finds out whether a gate is running, without disturbing it.
+pub fn liveness() -> Liveness {
+    let pins = Path::new(paths::PIN_DIR).exists();
+    let Ok(mut file) = File::open(paths::PID_FILE) else {
+        return if pins { Liveness::Stale { pid: "unknown".into() } } else { Liveness::Absent };
+    };
+    let pid = read_pid(&mut file);
+    if !try_flock(&file, libc::LOCK_SH) {
+        return Liveness::Running { pid };
+    }
+    if pins { Liveness::Stale { pid } } else { Liveness::Absent }
+}
+
+/// A daemon holds the lock and has finished attaching (its pid is written).
+pub fn ready() -> bool {
+    matches!(liveness(), Liveness::Running { pid } if pid != "unknown")
+}
+
+/// Fails unless a daemon is running; used by every verb that reads or tunes the gate.
+pub fn require_running() -> Result<String, Error> {
+    match liveness() {
+        Liveness::Running { pid } => Ok(pid),
+        Liveness::Stale { pid } => Err(Error::StaleGate { pin_dir: paths::PIN_DIR.into(), pid }),
+        Liveness::Absent => Err(Error::NoGate { pin_dir: paths::PIN_DIR.into() }),
+    }
+}
+
+/// The exclusive lock a running daemon holds for its whole life.
+pub struct DaemonLock {
+    file: File,
+}
+
+impl DaemonLock {
+    /// Takes the lock, or says who holds it.
+    pub fn acquire() -> Result<Self, Error> {
+        let dir = Path::new(paths::PID_FILE).parent().expect("pid file has a parent");
+        fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| Error::io("restrict", dir, e))?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(paths::PID_FILE)
+            .map_err(|e| Error::io("open", paths::PID_FILE, e))?;
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| Error::io("restrict", paths::PID_FILE, e))?;
+        if !try_flock(&file, libc::LOCK_EX) {
+            let pid = read_pid(&mut file);
+            let ports = maps::GateMaps::open_pinned().and_then(|m| m.port_list()).unwrap_or_else(|_| "unknown".into());
+            return Err(Error::AlreadyRunning { pid, ports });
+        }
+        // Empty until `write_pid`: a pid in the file means the gate is fully attached.
+        file.set_len(0).map_err(|e| Error::io("truncate", paths::PID_FILE, e))?;
+        Ok(Self { file })
+    }
+
+    /// Records our pid for `shedctl detach` and for messages; call once every
+    /// program is attached (readers take a pid as "ready").
+    pub fn write_pid(&mut self) -> Result<(), Error> {
+        let write = |f: &mut File| -> std::io::Result<()> {
+            f.set_len(0)?;
+            f.rewind()?;
+            writeln!(f, "{}", std::process::id())?;
+            f.flush()
+        };
+        write(&mut self.file).map_err(|e| Error::io("write", paths::PID_FILE, e))
+    }
+}
+
+impl Drop for DaemonLock {
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+        // The flock is released when the file closes.
+    }
+}
+
+/// Removes the pin folder when dropped: pins exist only while a daemon owns them.
+pub struct PinGuard;
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        if let Err(e) = maps::remove_pins(Path::new(paths::PIN_DIR)) {
+            tracing::error!("{e}");
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The daemon's life: one gate per host, guarded by a lock file; a control
+//! loop that runs the controllers, sizes each port's handshake window, keeps
+//! the namespace's addresses and interfaces covered; and a clean exit that
+//! leaves nothing attached or pinned.
+
+pub mod audit;
+pub mod heal;
+mod lock;
+mod port;
+pub mod report;
+
+pub use lock::{DaemonLock, Liveness, PinGuard, liveness, ready, require_running};
+use port::{AcceptQueues, HandshakeWindow, PortControl};
+
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    Error,
+    daemon::report::Decisions,
+    host::{paths, system},
+    kernel::{
+        maps::GateMaps,
+        options::{Hook, XdpAttachMode},
+        programs::{Loaded, default_hook},
+    },
+};
+
+/// How often live changes are looked for, to log each (see [`crate::daemon::audit`]).
+const AUDIT_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the healer checks the counters (a full pass runs only when due, see [`crate::daemon::heal`]).
+const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How often clients that hold nothing are looked for (and forgotten on the second look).
+const CLIENT_SWEEP: Duration = Duration::from_secs(5);
+
+/// How often the namespace's addresses and interfaces are looked at again.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Settings of the control loop.
+pub struct LoopSettings {
+    /// How often the loop runs (the shortest control window).
+    pub tick: Duration,
+    /// A fixed handshake window, or zero to follow the measured handshake time.
+    pub handshake_window: Duration,
+    /// Where each window's decision is counted for the metrics endpoint.
+    pub decisions: Decisions,
+    /// With no `--iface`: interfaces that appear later are gated too.
+    pub follow_interfaces: Option<FollowInterfaces>,
+    /// The addresses written at attach, kept up to date by the loop.
+    pub local_addrs: LocalAddrs,
+    /// Most time between routine healing passes.
+    pub heal_interval: Duration,
+    /// What the healer did, for the metrics endpoint.
+    pub heal_report: crate::daemon::heal::HealReport,
+    /// Beaten every tick, for `/healthz`.
+    pub heartbeat: crate::daemon::report::Heartbeat,
+    /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
+    pub reload: Option<Reloader>,
+    /// Becomes true when the loop must stop (another namespace's loop failed).
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Applies a reloaded config; returns the changed settings that take a restart.
+pub type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, String> + Send>;
+
+/// Gates interfaces as they appear (no `--iface`: the whole namespace).
+#[derive(Clone, Debug)]
+pub struct FollowInterfaces {
+    pub hook: Option<Hook>,
+    pub xdp_mode: XdpAttachMode,
+    /// Interfaces already gated or already reported as impossible to gate.
+    pub seen: Vec<String>,
+}
+
+impl FollowInterfaces {
+    /// Attaches to every interface not seen before; a failure is logged, not fatal.
+    pub fn attach_new(&mut self, loaded: &mut Loaded) {
+        for iface in system::interfaces() {
+            if self.seen.contains(&iface) {
+                continue;
+            }
+            self.seen.push(iface.clone());
+            let hook = self.hook.unwrap_or_else(|| default_hook(&iface));
+            match loaded.attach_gate(&iface, hook, self.xdp_mode) {
+                Ok(()) => tracing::info!(iface = %iface, hook = %hook, "new interface gated"),
+                Err(e) => tracing::warn!(iface = %iface, "new interface not gated: {e}"),
+            }
+        }
+    }
+}
+
+/// The namespace's addresses as last written to the gate (only SYNs to them are judged).
+#[derive(Clone, Debug, Default)]
+pub struct LocalAddrs {
+    written: Option<std::collections::BTreeMap<[u8; 16], u32>>,
+}
+
+impl LocalAddrs {
+    /// Asks the kernel for the addresses and rewrites the gate's table only when
+    /// they changed (the table has thousands of slots to compare).
+    pub fn refresh(&mut self, maps: &mut GateMaps) -> Result<(), Error> {
+        let addrs = system::local_addresses()?;
+        if self.written.as_ref() == Some(&addrs) {
+            return Ok(());
+        }
+        if maps.set_local_addrs(&addrs)? {
+            tracing::debug!(addresses = addrs.len(), "local addresses updated");
+        }
+        self.written = Some(addrs);
+        Ok(())
+    }
+}
+
+/// Runs until SIGINT/SIGTERM or until every port has been detached.
+pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| Error::io("install handler", "SIGINT", e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| Error::io("install handler", "SIGTERM", e))?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| Error::io("install handler", "SIGHUP", e))?;
+    let mut ticker = tokio::time::interval(settings.tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut settings = settings;
+    let mut last_watch = Instant::now();
+    let mut controls: Vec<PortControl> = Vec::new();
+    let mut idle_clients = Vec::new();
+    let mut last_client_sweep = Instant::now();
+    let mut healer = crate::daemon::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
+    let mut accept_queues = AcceptQueues::default();
+    let mut last_heal_check: Option<Instant> = None;
+    // What the operator last set, to log each live change once (see `crate::daemon::audit`).
+    let mut audited = crate::daemon::audit::read(&loaded.maps).unwrap_or_default();
+    let mut last_audit = Instant::now();
+    let _ = std::fs::remove_file(paths::REQUEST_NOTE);
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
+            _ = settings.stop.changed() => { tracing::info!("the gate is stopping: detaching"); return Ok(()); }
+            _ = sighup.recv() => match settings.reload.as_mut() {
+                None => tracing::warn!("SIGHUP: attach was started without --config: nothing to reload"),
+                Some(reload) => match reload(&mut loaded.maps) {
+                    Ok(restart) if restart.is_empty() => tracing::info!("SIGHUP: config reloaded and applied"),
+                    Ok(restart) => tracing::warn!(
+                        changed = %restart.join(", "),
+                        "SIGHUP: config reloaded and applied, except settings that take a restart (systemctl restart shed)"
+                    ),
+                    Err(e) => tracing::error!("SIGHUP: reload refused, nothing changed: {e}"),
+                },
+            },
+            _ = ticker.tick() => {
+                settings.heartbeat.beat();
+                if last_watch.elapsed() >= WATCH_EVERY {
+                    settings.local_addrs.refresh(&mut loaded.maps)?;
+                    if let Some(follow) = &mut settings.follow_interfaces {
+                        follow.attach_new(loaded);
+                    }
+                    last_watch = Instant::now();
+                }
+                // Once a second: reading the tier table every tick would cost with many tiers.
+                if last_audit.elapsed() >= AUDIT_EVERY {
+                    if let Ok(now) = crate::daemon::audit::read(&loaded.maps) {
+                        crate::daemon::audit::log_changes(&audited, &now);
+                        audited = now;
+                    }
+                    last_audit = Instant::now();
+                }
+                let ports = loaded.maps.port_configs()?;
+                if ports.is_empty() {
+                    tracing::info!("every port was detached: stopping");
+                    return Ok(());
+                }
+                // Follow ports detached (or re-attached in another slot) since the last tick.
+                controls.retain(|c| {
+                    let kept = ports.get(&c.port).is_some_and(|p| p.slot == c.slot);
+                    if !kept {
+                        tracing::info!(port = c.port, "port detached");
+                    }
+                    kept
+                });
+                for (&port, config) in &ports {
+                    if !controls.iter().any(|c| c.port == port) {
+                        let snapshot = loaded.maps.snapshot(port, *config)?;
+                        let hist = loaded.maps.latency(config.slot)?;
+                        let handshakes = HandshakeWindow::new(settings.handshake_window);
+                        controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
+                    }
+                }
+                if last_heal_check.is_none_or(|t| t.elapsed() >= HEAL_CHECK_EVERY) {
+                    // A failed pass leaves the counts as they are: the gate keeps running.
+                    if let Err(e) = healer.check(&mut loaded.maps, Instant::now()) {
+                        tracing::warn!("healing pass failed: {e}");
+                    }
+                    last_heal_check = Some(Instant::now());
+                }
+                if last_client_sweep.elapsed() >= CLIENT_SWEEP {
+                    idle_clients = loaded.maps.forget_idle_clients(&idle_clients)?;
+                    last_client_sweep = Instant::now();
+                }
+                let instant = Instant::now();
+                let port_set: BTreeSet<u16> = ports.keys().copied().collect();
+                for control in &mut controls {
+                    control.run(&mut loaded.maps, instant, &settings.decisions, &mut accept_queues, &port_set)?;
+                }
+            }
+        }
+    }
+}

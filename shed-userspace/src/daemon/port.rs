@@ -1,0 +1,430 @@
+//! One port's control: each window it reads the maps, builds the window's
+//! figures, asks the controller, and writes the limit and status back; and
+//! the handshake window each port's reservations last.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::{self},
+    time::{Duration, Instant},
+};
+
+use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, handshake, latency, tier};
+
+use crate::{
+    Error,
+    control::{Algo, Controller, Reason, Settings, TierReserve, WindowSample, window::histogram_percentile},
+    daemon::report::Decisions,
+    host::{
+        netstat, paths,
+        sockdiag::{AcceptQueue, SocketTable},
+    },
+    kernel::maps::{self, GateMaps},
+};
+
+/// How long handshake-completing ACKs stay checked after the last lapsed
+/// admission: longer than the kernel keeps a half-open handshake (SYN-ACK
+/// retries, about 63 s) and than a SYN cookie stays valid (about 2 minutes).
+const ACK_CHECK_HOLD: Duration = Duration::from_secs(180);
+
+/// One port's controller and what it remembers between windows.
+pub(super) struct PortControl {
+    pub(super) slot: u32,
+    pub(super) port: u16,
+    controller: Controller,
+    generation: u32,
+    window: Duration,
+    percentile: f64,
+    next_run: Instant,
+    last_hist: PortLatency,
+    /// When the histograms were last taken as a judged window's start.
+    last_judged: Instant,
+    last_listen_drops: Option<u64>,
+    /// Whether the port's accept queue was at least half full at the last window's end.
+    pressed_before: bool,
+    listen_drops_total: u64,
+    last_reason: Option<Reason>,
+    windows: u64,
+    /// Quiet windows whose samples were carried into the current one.
+    carried: u32,
+    reserve: TierReserve,
+    last_rejected_by_tier: [u64; tier::COUNT],
+    /// SYNs the limit turned away (or would have, in dry-run) up to the last judged window.
+    last_limit_rejected: u64,
+    handshakes: HandshakeWindow,
+}
+
+impl PortControl {
+    pub(super) fn new(
+        port: u16,
+        slot: u32,
+        limit: u32,
+        config: &ControlConfig,
+        hist: PortLatency,
+        handshakes: HandshakeWindow,
+    ) -> Self {
+        let mut controller = Controller::new(settings(config, limit), u64::from(port));
+        controller.set_limit(limit);
+        let window = Duration::from_millis(u64::from(config.window_ms.max(1)));
+        Self {
+            slot,
+            port,
+            controller,
+            generation: config.generation,
+            window,
+            percentile: f64::from(config.percentile),
+            next_run: Instant::now() + window,
+            last_hist: hist,
+            last_judged: Instant::now(),
+            last_listen_drops: None,
+            pressed_before: false,
+            listen_drops_total: 0,
+            last_reason: None,
+            windows: 0,
+            carried: 0,
+            reserve: TierReserve::default(),
+            last_rejected_by_tier: [0; tier::COUNT],
+            last_limit_rejected: 0,
+            handshakes,
+        }
+    }
+
+    /// Runs one window if it is due.
+    pub(super) fn run(
+        &mut self,
+        maps: &mut GateMaps,
+        now: Instant,
+        decisions: &Decisions,
+        accept_queues: &mut AcceptQueues,
+        ports: &BTreeSet<u16>,
+    ) -> Result<(), Error> {
+        if now < self.next_run {
+            return Ok(());
+        }
+        // From the due time, not from now: the ticker fires every window too, and
+        // `now + window` would fall a hair after the next tick and skip it (the
+        // window would be twice as long as configured). Far behind (a stall): no
+        // burst of catch-up windows.
+        self.next_run += self.window;
+        if self.next_run <= now {
+            self.next_run = now + self.window;
+        }
+        let config = match maps.config(self.port) {
+            Ok(config) => config,
+            // Detached since this tick read the ports (`shedctl detach --port` runs
+            // concurrently): the next tick drops this controller. Not an error.
+            Err(Error::PortNotProtected { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let snapshot = maps.snapshot(self.port, config)?;
+        if snapshot.control.generation != self.generation {
+            self.generation = snapshot.control.generation;
+            self.controller.reconfigure(settings(&snapshot.control, snapshot.limit));
+            self.window = Duration::from_millis(u64::from(snapshot.control.window_ms.max(1)));
+            self.percentile = f64::from(snapshot.control.percentile);
+            if snapshot.control.requested_limit != 0 {
+                self.controller.set_limit(snapshot.control.requested_limit);
+            }
+            tracing::info!(port = self.port, algo = %self.controller.settings().algo, limit = self.controller.limit(), "controller settings changed");
+        }
+
+        let hist = maps.latency(self.slot)?;
+        let delta = |now: &[u64; latency::BUCKETS], before: &[u64; latency::BUCKETS]| -> [u64; latency::BUCKETS] {
+            std::array::from_fn(|i| now[i].wrapping_sub(before[i]))
+        };
+        let queue = delta(&hist.queue_wait, &self.last_hist.queue_wait);
+        let service = delta(&hist.service, &self.last_hist.service);
+        let sojourn = delta(&hist.sojourn, &self.last_hist.sojourn);
+        let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(netstat::listen_drops);
+        let namespace_drops = match (drops_now, self.last_listen_drops) {
+            (Some(now), Some(before)) => now.saturating_sub(before),
+            _ => 0,
+        };
+        self.last_listen_drops = drops_now;
+        // The drop counter is the namespace's: count its drops against this port only
+        // while its own accept queue is (or just was) at least half full. Without
+        // sock_diag, every drop counts, as before.
+        let accept = accept_queues.of(self.port, ports, now);
+        let pressed = accept.is_none_or(|q| q.pressed());
+        let listen_drops = if pressed || self.pressed_before { namespace_drops } else { 0 };
+        self.pressed_before = pressed;
+        self.listen_drops_total += listen_drops;
+        let accept = accept.unwrap_or_default();
+
+        // The queue limiter judges queue waits (a multiplexed port records nothing else);
+        // the others judge whole requests.
+        let judged = if self.controller.settings().algo == Algo::Queue { &queue } else { &sojourn };
+        // Counted since the last judged window, as the histograms are (a thin window carries both).
+        let limit_rejected =
+            snapshot.counter(counter::REJECTED_LIMIT) + snapshot.counter(counter::DRY_RUN_WOULD_REJECT);
+        let sample = WindowSample {
+            in_flight: snapshot.in_flight(),
+            samples: judged.iter().sum(),
+            latency_us: histogram_percentile(&sojourn, self.percentile),
+            queue_wait_us: histogram_percentile(&queue, self.percentile),
+            service_us: histogram_percentile(&service, 50.0),
+            listen_drops,
+            rejected: limit_rejected.saturating_sub(self.last_limit_rejected),
+            elapsed_us: now.saturating_duration_since(self.last_judged).as_micros() as u64,
+            windows: self.carried + 1,
+        };
+        let rejected_by_tier: [u64; tier::COUNT] =
+            std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
+        let rejected_now: [u64; tier::COUNT] =
+            std::array::from_fn(|t| rejected_by_tier[t].saturating_sub(self.last_rejected_by_tier[t]));
+        self.last_rejected_by_tier = rejected_by_tier;
+        let held_back = self.reserve.on_window(rejected_now, snapshot.limit, snapshot.config.share_permille);
+        if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
+            maps.write_reserve(self.slot, shed_common::TierReserve { held_back })?;
+        }
+        let handshake_times = self.handshakes.on_window(maps, &snapshot, &hist.handshake, now)?;
+        let previous = snapshot.limit;
+        let decision = self.controller.on_window(&sample);
+        // Too few samples: keep this window's requests for the next one.
+        if decision.reason == Reason::TooFewSamples {
+            self.carried += 1;
+        } else {
+            self.last_hist = hist;
+            self.last_judged = now;
+            self.last_limit_rejected = limit_rejected;
+            self.carried = 0;
+        }
+        if decision.limit != previous {
+            maps.set_limit(self.slot, decision.limit)?;
+        }
+        if self.last_reason != Some(decision.reason) && decision.reason != Reason::TooFewSamples {
+            tracing::info!(
+                port = self.port,
+                limit = decision.limit,
+                previous,
+                reason = %decision.reason.name(),
+                observed_us = sample.latency_us,
+                baseline_us = self.controller.baseline_us(),
+                in_flight = sample.in_flight,
+                "limit decision"
+            );
+        }
+        // A window too thin to judge does not count as a change of reason: one line per change, not per window.
+        if decision.reason != Reason::TooFewSamples {
+            self.last_reason = Some(decision.reason);
+        }
+        decisions.record(self.port, decision.reason);
+        self.windows += 1;
+        maps.write_status(
+            self.slot,
+            ControlStatus {
+                baseline_us: self.controller.baseline_us(),
+                observed_us: sample.latency_us,
+                queue_wait_p50_us: histogram_percentile(&queue, 50.0),
+                queue_wait_p99_us: histogram_percentile(&queue, 99.0),
+                service_p50_us: histogram_percentile(&service, 50.0),
+                service_p99_us: histogram_percentile(&service, 99.0),
+                sojourn_p50_us: histogram_percentile(&sojourn, 50.0),
+                sojourn_p99_us: histogram_percentile(&sojourn, 99.0),
+                samples: sample.samples,
+                listen_drops,
+                windows: self.windows,
+                reason: decision.reason.to_raw(),
+                previous_limit: previous,
+                handshake_p50_us: handshake_times.0,
+                handshake_p99_us: handshake_times.1,
+                accept_queue: accept.waiting,
+                accept_backlog: accept.backlog,
+                listen_drops_total: self.listen_drops_total,
+            },
+        )
+    }
+}
+
+/// The protected ports' accept queues, read through sock_diag at most once per
+/// tick for all ports together (one dump of the namespace's listeners serves
+/// every port whose window is due).
+#[derive(Default)]
+pub(super) struct AcceptQueues {
+    /// Opened at the first read; `Err` after opening failed (then every listen drop counts).
+    table: Option<Result<SocketTable, ()>>,
+    /// The tick of the last read and what it found (`None`: the read failed).
+    read: Option<(Instant, Option<BTreeMap<u16, AcceptQueue>>)>,
+}
+
+impl AcceptQueues {
+    /// `port`'s accept queue at tick `now`, or `None` when sock_diag cannot be asked.
+    pub(super) fn of(&mut self, port: u16, ports: &BTreeSet<u16>, now: Instant) -> Option<AcceptQueue> {
+        if self.read.as_ref().is_none_or(|(at, _)| *at != now) {
+            let table = self.table.get_or_insert_with(|| {
+                SocketTable::open().map_err(|e| {
+                    tracing::warn!("no accept-queue signal (sock_diag: {e}): every listen drop in the namespace counts")
+                })
+            });
+            let queues = table
+                .as_mut()
+                .ok()
+                .and_then(|t| t.accept_queues(ports).map_err(|e| tracing::debug!("accept queues: {e}")).ok());
+            self.read = Some((now, queues));
+        }
+        let (_, queues) = self.read.as_ref()?;
+        Some(queues.as_ref()?.get(&port).copied().unwrap_or_default())
+    }
+}
+
+/// Sizes a port's handshake window (how long an admitted SYN holds its slot)
+/// from the measured handshake time, and keeps the ACK check on while
+/// admissions lapse.
+///
+/// The window is four times the p99 handshake time over the last period
+/// (at least ~1 ms): long enough that real handshakes complete inside it, short
+/// enough that a forged SYN, which never completes, holds its slot only that
+/// long. It grows at once and shrinks only after a run of periods that all
+/// want it shorter, so a burst of slow handshakes is not forgotten at once.
+pub(super) struct HandshakeWindow {
+    /// A fixed window (`--handshake-window`), or `None` to measure.
+    fixed: Option<Duration>,
+    /// Handshake histogram at the start of the current measuring period.
+    period_start: Option<(Instant, [u64; latency::BUCKETS])>,
+    /// Consecutive periods that wanted a shorter window.
+    shorter: u32,
+    shift: Option<u32>,
+    last_lapsed: u64,
+    last_late: u64,
+    last_lapse: Option<Instant>,
+    /// p50/p99 of the last full period, microseconds.
+    times: (u64, u64),
+    /// Whether a period with enough handshakes has set the window yet.
+    measured: bool,
+}
+
+/// One measuring period of handshake times.
+const HANDSHAKE_PERIOD: Duration = Duration::from_secs(1);
+/// Periods in a row that must want a shorter window before it shrinks.
+const SHRINK_AFTER: u32 = 5;
+/// Handshakes a period needs before it may shrink the window.
+const SHRINK_SAMPLES: u64 = 20;
+
+impl HandshakeWindow {
+    pub(super) fn new(fixed: Duration) -> Self {
+        Self {
+            fixed: (!fixed.is_zero()).then_some(fixed),
+            period_start: None,
+            shorter: 0,
+            shift: None,
+            last_lapsed: 0,
+            last_late: 0,
+            last_lapse: None,
+            times: (0, 0),
+            measured: false,
+        }
+    }
+
+    /// Returns the handshake p50/p99 (us) of the last full period.
+    pub(super) fn on_window(
+        &mut self,
+        maps: &mut GateMaps,
+        snapshot: &maps::PortSnapshot,
+        hist: &[u64; latency::BUCKETS],
+        now: Instant,
+    ) -> Result<(u64, u64), Error> {
+        self.watch_lapses(maps, snapshot, now)?;
+        let (start, before) = *self.period_start.get_or_insert((now, *hist));
+        if now.duration_since(start) < HANDSHAKE_PERIOD {
+            return Ok(self.times);
+        }
+        let period: [u64; latency::BUCKETS] = std::array::from_fn(|i| hist[i].wrapping_sub(before[i]));
+        self.period_start = Some((now, *hist));
+        let samples: u64 = period.iter().sum();
+        if samples > 0 {
+            self.times = (histogram_percentile(&period, 50.0), histogram_percentile(&period, 99.0));
+        }
+        let current = snapshot.user.shift();
+        let wanted = match self.fixed {
+            Some(window) => handshake::shift_for_window(window.as_nanos() as u64),
+            None if samples == 0 => current,
+            None => handshake::shift_for_window(4 * 1000 * self.times.1),
+        };
+        let shift = if wanted >= current || self.fixed.is_some() {
+            self.shorter = 0;
+            self.measured |= samples >= SHRINK_SAMPLES;
+            wanted
+        } else if samples >= SHRINK_SAMPLES && !self.measured {
+            // The first measurement replaces the default at once.
+            self.measured = true;
+            wanted
+        } else if samples >= SHRINK_SAMPLES {
+            self.shorter += 1;
+            if self.shorter >= SHRINK_AFTER {
+                self.shorter = 0;
+                wanted
+            } else {
+                current
+            }
+        } else {
+            current
+        };
+        if self.shift != Some(shift) || shift != current {
+            maps.set_handshake_shift(snapshot.config.slot, shift)?;
+            if self.shift.is_some() && shift != current {
+                tracing::info!(
+                    port = snapshot.port,
+                    window_us = (handshake::LIVE_EPOCHS << shift) / 1000,
+                    handshake_p99_us = self.times.1,
+                    "handshake window changed"
+                );
+            }
+            self.shift = Some(shift);
+        }
+        Ok(self.times)
+    }
+
+    /// Turns the ACK check on when admissions lapse (the kernel does too, on the
+    /// next SYN; this covers a port that gets none) and off once none has for
+    /// [`ACK_CHECK_HOLD`].
+    fn watch_lapses(&mut self, maps: &mut GateMaps, snapshot: &maps::PortSnapshot, now: Instant) -> Result<(), Error> {
+        let lapsed = snapshot.handshakes_lapsed();
+        let late = snapshot.counter(counter::LATE_COMPLETED);
+        if lapsed != self.last_lapsed || late != self.last_late {
+            self.last_lapsed = lapsed;
+            self.last_late = late;
+            self.last_lapse = Some(now);
+            if !snapshot.ack_check {
+                maps.set_ack_check(snapshot.port, true)?;
+            }
+        } else if snapshot.ack_check && self.last_lapse.is_none_or(|t| now.duration_since(t) >= ACK_CHECK_HOLD) {
+            if self.last_lapse.is_none() {
+                // Set before we started watching: hold it from now.
+                self.last_lapse = Some(now);
+            } else {
+                maps.set_ack_check(snapshot.port, false)?;
+                tracing::info!(port = snapshot.port, "no handshake lapsed for {ACK_CHECK_HOLD:?}: ACK check off");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn settings(config: &ControlConfig, limit: u32) -> Settings {
+    let algo = Algo::from_raw(config.algo);
+    // The adaptive bounds do not apply to an operator's fixed limit.
+    let (min_limit, max_limit) = if algo == Algo::Fixed {
+        (1, shed_common::MAX_LIMIT)
+    } else {
+        (config.min_limit.max(1), config.max_limit.max(config.min_limit.max(1)))
+    };
+    let defaults = Settings::default();
+    // Zero means "not set" (a map written before these fields existed): keep the default.
+    let or = |v: u32, d: u32| if v == 0 { d } else { v };
+    Settings {
+        algo,
+        initial_limit: limit,
+        min_limit,
+        max_limit,
+        min_samples: u64::from(or(config.min_samples, defaults.min_samples as u32)),
+        cooldown_windows: config.cooldown_windows,
+        baseline_windows: or(config.baseline_windows, defaults.baseline_windows as u32) as usize,
+        probe_windows: config.probe_windows,
+        window_s: f64::from(config.window_ms.max(1)) / 1000.0,
+        objective_us: f64::from(config.target_latency_ms) * 1000.0,
+        queue_target_us: if config.queue_target_us == 0 {
+            defaults.queue_target_us
+        } else {
+            f64::from(config.queue_target_us)
+        },
+        ..defaults
+    }
+}

@@ -1,0 +1,10 @@
+//! The host as the gate finds it: capabilities, mounts, network namespaces,
+//! interfaces and their drivers, the kernel's BTF, the socket table through
+//! sock_diag, TCP counters, and the paths where the gate keeps its state.
+//! Nothing here knows the gate's maps or programs.
+
+pub mod btf;
+pub mod netstat;
+pub mod paths;
+pub mod sockdiag;
+pub mod system;

@@ -1,0 +1,437 @@
+//! Facts about the host the gate needs before it changes anything:
+//! privileges, mounted filesystems, interfaces, the tracepoint's layout, and
+//! the network namespace to work in.
+use std::{
+    collections::BTreeMap,
+    ffi::{CStr, CString},
+    fs,
+    os::fd::AsRawFd,
+    path::Path,
+};
+
+use shed_common::sock_state_tp;
+
+use crate::{Error, host::paths};
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const TRACEFS_MAGIC: i64 = 0x7472_6163;
+
+/// What an operation needs from the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Reading and writing pinned maps.
+    Maps,
+    /// Loading and attaching programs (maps, XDP/TC, tracepoints).
+    Attach,
+    /// The same, in another network namespace (`--netns`: setns needs CAP_SYS_ADMIN).
+    AttachNetns,
+}
+
+/// Checks that this process can do `need` from where it runs: not inside
+/// `ip netns exec` (see [`check_not_in_ip_netns_exec`]), with the effective
+/// capabilities it takes.
+pub fn check_privileges(need: Need) -> Result<(), Error> {
+    check_not_in_ip_netns_exec()?;
+    let status = fs::read_to_string("/proc/self/status").map_err(|e| Error::io("read", "/proc/self/status", e))?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let missing = missing_capabilities(effective, need);
+    if missing.is_empty() { Ok(()) } else { Err(Error::NotPrivileged { missing: missing.join(", ") }) }
+}
+
+/// The capabilities `need` requires that `effective` lacks (CAP_SYS_ADMIN stands in for BPF and PERFMON).
+pub fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
+    let has = |cap: u32| effective & (1 << cap) != 0;
+    let admin = has(CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !(has(CAP_BPF) || admin) {
+        missing.push("CAP_BPF");
+    }
+    if need == Need::AttachNetns && !admin {
+        missing.push("CAP_SYS_ADMIN (for --netns)");
+    }
+    if matches!(need, Need::Attach | Need::AttachNetns) {
+        if !has(CAP_NET_ADMIN) {
+            missing.push("CAP_NET_ADMIN");
+        }
+        if !(has(CAP_PERFMON) || admin) {
+            missing.push("CAP_PERFMON");
+        }
+    }
+    missing
+}
+
+/// `ip netns exec NS shedctl ...` runs shedctl in the namespace with a /sys of
+/// its own (a new mount namespace), where the host's bpffs and the gate's pins
+/// are hidden: a gate attached there is invisible to shedctl on the host, and
+/// mounting bpffs and tracefs there only hides the problem. Refused, pointing
+/// to `--netns`, when the network namespace has a name in /run/netns and both
+/// it and the mount namespace differ from those of a process outside: the
+/// parent (`ip netns exec NS shedctl`) or init (a shell started by `ip netns
+/// exec`). Where neither can be read, nothing is refused.
+pub fn check_not_in_ip_netns_exec() -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt as _;
+    let id = |path: &Path| fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let ns = |pid: &str, kind: &str| id(&Path::new("/proc").join(pid).join("ns").join(kind));
+    let (Some(net), Some(mnt)) = (ns("self", "net"), ns("self", "mnt")) else { return Ok(()) };
+    let parent = std::os::unix::process::parent_id().to_string();
+    let outside = [parent.as_str(), "1"]
+        .iter()
+        .any(|pid| matches!((ns(pid, "net"), ns(pid, "mnt")), (Some(n), Some(m)) if n != net && m != mnt));
+    if !outside {
+        return Ok(());
+    }
+    let named = fs::read_dir(paths::NETNS_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| id(&e.path()) == Some(net))
+        .map(|e| e.file_name().to_string_lossy().into_owned());
+    match named {
+        Some(name) => Err(Error::InsideIpNetnsExec { name }),
+        None => Ok(()),
+    }
+}
+
+fn fs_magic(path: &str) -> Option<i64> {
+    let c = CString::new(path).ok()?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
+
+pub fn check_bpffs() -> Result<(), Error> {
+    if fs_magic(paths::BPFFS) == Some(BPF_FS_MAGIC) { Ok(()) } else { Err(Error::BpffsMissing { path: paths::BPFFS }) }
+}
+
+pub fn check_tracefs() -> Result<(), Error> {
+    if fs_magic(paths::TRACEFS) == Some(TRACEFS_MAGIC) {
+        Ok(())
+    } else {
+        Err(Error::TracefsMissing { path: paths::TRACEFS })
+    }
+}
+
+/// Checks that the socket tracepoints have the field offsets compiled into the kernel programs.
+pub fn check_tracepoint_layouts() -> Result<(), Error> {
+    let read = |event: &str| {
+        let path = Path::new(paths::TRACEFS).join("events/sock").join(event).join("format");
+        fs::read_to_string(&path).map_err(|e| Error::io("read tracepoint format", path, e))
+    };
+    check_layout(&read("inet_sock_set_state")?, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS)?;
+    // The per-request events are raw tracepoints (TP_PROTO arguments, no record
+    // layout); they only need to exist.
+    for (_, event) in shed_common::program::RAW_TRACEPOINTS {
+        read(event)?;
+    }
+    Ok(())
+}
+const SOCK_STATE_FIELDS: [(&str, usize); 8] = [
+    ("skaddr", sock_state_tp::SKADDR),
+    ("oldstate", sock_state_tp::OLDSTATE),
+    ("newstate", sock_state_tp::NEWSTATE),
+    ("sport", sock_state_tp::SPORT),
+    ("dport", sock_state_tp::DPORT),
+    ("protocol", sock_state_tp::PROTOCOL),
+    ("saddr_v6", sock_state_tp::SADDR_V6),
+    ("daddr_v6", sock_state_tp::DADDR_V6),
+];
+
+/// Compares a tracepoint `format` text with the compiled offsets.
+pub fn check_layout(format: &str, tracepoint: &'static str, expected: &[(&'static str, usize)]) -> Result<(), Error> {
+    for &(field, offset) in expected {
+        let found = field_offset(format, field);
+        if found != Some(offset) {
+            return Err(Error::TracepointLayout {
+                tracepoint,
+                field,
+                expected: offset,
+                found: found.map_or_else(|| "no such field".to_owned(), |o| o.to_string()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Offset of `field` in a tracepoint format ("field:__u16 sport;\toffset:24;...").
+fn field_offset(format: &str, field: &str) -> Option<usize> {
+    format.lines().find_map(|line| {
+        let decl = line.trim().strip_prefix("field:")?;
+        let (decl, rest) = decl.split_once(';')?;
+        let name = decl.rsplit([' ', '*']).next()?;
+        let name = name.split('[').next()?;
+        if name != field {
+            return None;
+        }
+        rest.trim().strip_prefix("offset:")?.split(';').next()?.parse().ok()
+    })
+}
+
+/// Interfaces of the current network namespace.
+pub fn interfaces() -> Vec<String> {
+    let mut names = Vec::new();
+    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return names;
+        }
+        let mut entry = list;
+        while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
+            names.push(CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned());
+            entry = entry.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    names
+}
+
+/// Fails with a clear error for an interface that does not exist here, or
+/// whose frames do not start with an Ethernet header (the parser would not
+/// find the SYNs in them: they would pass unjudged).
+pub fn check_interface(name: &str) -> Result<(), Error> {
+    let c = CString::new(name).map_err(|_| Error::UnknownInterface { name: name.to_owned() })?;
+    // SAFETY: valid C string.
+    if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
+        return Err(Error::UnknownInterface { name: name.to_owned() });
+    }
+    match link_type(name) {
+        Some(ARPHRD_ETHER | ARPHRD_LOOPBACK) | None => Ok(()),
+        Some(link_type) => Err(Error::NotEthernet { name: name.to_owned(), link_type }),
+    }
+}
+
+const ARPHRD_ETHER: u32 = 1;
+const ARPHRD_LOOPBACK: u32 = 772;
+
+/// The interface's ARPHRD link type (`None` if it cannot be read). Asked of
+/// the kernel (SIOCGIFHWADDR) rather than sysfs: /sys shows the namespace it
+/// was mounted in, not the one `--netns` entered.
+pub fn link_type(name: &str) -> Option<u32> {
+    const SIOCGIFHWADDR: libc::c_ulong = 0x8927;
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        hwaddr: libc::sockaddr,
+        _pad: [u8; 8],
+    }
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: all-zero is a valid ifreq.
+    let mut req: IfReq = unsafe { std::mem::zeroed() };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: SIOCGIFHWADDR fills the ifreq we own; the fd is ours.
+    let r = unsafe { libc::ioctl(fd, SIOCGIFHWADDR, &mut req) };
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+    (r == 0).then_some(u32::from(req.hwaddr.sa_family))
+}
+
+/// The namespace's own addresses, as the gate keys them (IPv4-mapped for IPv4):
+/// every interface address, and the IPv4 broadcast addresses.
+pub fn local_addresses() -> Result<BTreeMap<[u8; 16], u32>, Error> {
+    use shed_common::local_addr::{BROADCAST, UNICAST};
+    let mut out = BTreeMap::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the list is freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(Error::io("list addresses", "getifaddrs", std::io::Error::last_os_error()));
+    }
+    let mut entry = list;
+    // SAFETY: walking the list getifaddrs returned; sockaddrs are read by their family.
+    unsafe {
+        while !entry.is_null() {
+            let ifa = &*entry;
+            entry = ifa.ifa_next;
+            let Some(addr) = sockaddr_bytes(ifa.ifa_addr) else { continue };
+            out.insert(addr, UNICAST);
+            if ifa.ifa_flags & libc::IFF_BROADCAST as u32 != 0
+                && let Some(broadcast) = sockaddr_bytes(ifa.ifa_ifu)
+                && broadcast != addr
+            {
+                out.entry(broadcast).or_insert(BROADCAST);
+            }
+        }
+        libc::freeifaddrs(list);
+    }
+    // The limited broadcast is nobody's client either.
+    out.entry(shed_common::ipv4_mapped([255; 4])).or_insert(BROADCAST);
+    Ok(out)
+}
+
+/// An IPv4 (mapped) or IPv6 address out of a sockaddr, if it is one.
+///
+/// # Safety
+/// `sa` is null or points to a sockaddr of the size its family implies.
+unsafe fn sockaddr_bytes(sa: *const libc::sockaddr) -> Option<[u8; 16]> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; the family says which struct it is.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let v4 = &*sa.cast::<libc::sockaddr_in>();
+                Some(shed_common::ipv4_mapped(v4.sin_addr.s_addr.to_ne_bytes()))
+            }
+            libc::AF_INET6 => Some((*sa.cast::<libc::sockaddr_in6>()).sin6_addr.s6_addr),
+            _ => None,
+        }
+    }
+}
+
+/// The kernel driver behind an interface ("veth", "virtio_net", ...), from ETHTOOL_GDRVINFO.
+pub fn driver(iface: &str) -> Option<String> {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GDRVINFO: u32 = 3;
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        rest: [u8; 160],
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        data: *mut DrvInfo,
+        _pad: [u8; 16],
+    }
+    let mut info = DrvInfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 160] };
+    let mut req = IfReq { name: [0; 16], data: &mut info, _pad: [0; 16] };
+    let bytes = iface.as_bytes();
+    if bytes.len() >= req.name.len() {
+        return None;
+    }
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: a datagram socket for the ioctl, closed below; req/info outlive the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let rc = libc::ioctl(fd, SIOCETHTOOL, &mut req);
+        libc::close(fd);
+        if rc != 0 {
+            return None;
+        }
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// The namespace file of an `ip netns` name, or the path itself.
+pub fn netns_path(name_or_path: &str) -> std::path::PathBuf {
+    if name_or_path.contains('/') {
+        Path::new(name_or_path).to_path_buf()
+    } else {
+        Path::new(paths::NETNS_DIR).join(name_or_path)
+    }
+}
+
+/// Moves this thread into a network namespace, by `ip netns` name or by path
+/// (threads it starts later inherit it).
+pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
+    let path = netns_path(name_or_path);
+    let file = fs::File::open(&path).map_err(|e| Error::io("open network namespace", &path, e))?;
+    // SAFETY: a valid namespace fd.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(Error::io("enter network namespace", &path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The namespace filter for the current thread's network namespace, or a
+/// disabled one (with the reason) when the kernel's BTF lacks the fields.
+pub fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let inum =
+        fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
+    let btf = crate::host::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
+    let skc_net = btf.offset_of("sock_common", &["skc_net"]).ok_or("BTF has no sock_common.skc_net")?;
+    let net_inum = btf.offset_of("net", &["ns", "inum"]).ok_or("BTF has no net.ns.inum")?;
+    Ok(shed_common::NetnsFilter {
+        enabled: 1,
+        inum: u32::try_from(inum).map_err(|_| format!("namespace inode {inum} does not fit 32 bits"))?,
+        skc_net_offset: skc_net,
+        net_inum_offset: net_inum,
+    })
+}
+
+/// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.
+/// The kernel's monotonic clock in ns (what `bpf_ktime_get_ns` reads).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORMAT: &str = "name: inet_sock_set_state
+ID: 2287
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:const void * skaddr;\toffset:8;\tsize:8;\tsigned:0;
+\tfield:int oldstate;\toffset:16;\tsize:4;\tsigned:1;
+\tfield:int newstate;\toffset:20;\tsize:4;\tsigned:1;
+\tfield:__u16 sport;\toffset:24;\tsize:2;\tsigned:0;
+\tfield:__u16 dport;\toffset:26;\tsize:2;\tsigned:0;
+\tfield:__u16 family;\toffset:28;\tsize:2;\tsigned:0;
+\tfield:__u16 protocol;\toffset:30;\tsize:2;\tsigned:0;
+\tfield:__u8 saddr[4];\toffset:32;\tsize:4;\tsigned:0;
+\tfield:__u8 daddr[4];\toffset:36;\tsize:4;\tsigned:0;
+\tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:__u8 daddr_v6[16];\toffset:56;\tsize:16;\tsigned:0;
+";
+
+    #[test]
+    fn layout_matches_known_format() {
+        check_layout(FORMAT, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).expect("6.x layout accepted");
+    }
+
+    #[test]
+    fn layout_mismatch_is_named() {
+        let moved = FORMAT.replace("sport;\toffset:24", "sport;\toffset:28");
+        let err = check_layout(&moved, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS).unwrap_err().to_string();
+        assert!(err.contains("sport") && err.contains("24") && err.contains("28"), "{err}");
+        let missing = FORMAT.replace("daddr_v6[16]", "other[16]");
+        assert!(
+            check_layout(&missing, "sock:inet_sock_set_state", &SOCK_STATE_FIELDS)
+                .unwrap_err()
+                .to_string()
+                .contains("no such field")
+        );
+    }
+
+    #[test]
+    fn capabilities() {
+        let all = (1u64 << CAP_BPF) | (1 << CAP_NET_ADMIN) | (1 << CAP_PERFMON);
+        assert!(missing_capabilities(all, Need::Attach).is_empty());
+        assert!(missing_capabilities((1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN), Need::Attach).is_empty());
+        assert_eq!(missing_capabilities(0, Need::Maps), ["CAP_BPF"]);
+        assert_eq!(missing_capabilities(0, Need::Attach), ["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]);
+    }
+}

@@ -1,0 +1,707 @@
+//! Typed handles on the gate's maps, opened from a loaded object or from the
+//! pins of a running gate. Every reader and writer of maps goes through here.
+use std::{collections::BTreeMap, fs, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
+};
+use shed_common::{
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
+    PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS,
+    gate_counter, handshake, map,
+};
+
+use crate::{Error, host::paths, kernel::options::Cidr};
+
+pub struct GateMaps {
+    pub ports: HashMap<MapData, u16, PortConfig>,
+    pub state: Array<MapData, PortState>,
+    pub user_state: Array<MapData, UserPortState>,
+    pub counters: PerCpuArray<MapData, PortCounters>,
+    pub handshakes: Array<MapData, HandshakeRing>,
+    pub stamps: Array<MapData, HandshakeStamp>,
+    pub local_addrs: Array<MapData, LocalAddr>,
+    pub ack_check: Array<MapData, u32>,
+    pub gate_counters: PerCpuArray<MapData, GateCounters>,
+    pub socks: HashMap<MapData, u64, SockEntry>,
+    pub limits: Array<MapData, u32>,
+    pub latency: PerCpuArray<MapData, PortLatency>,
+    pub control: Array<MapData, ControlConfig>,
+    pub status: Array<MapData, ControlStatus>,
+    pub tiers: LpmTrie<MapData, [u8; 16], u32>,
+    pub reserve: Array<MapData, TierReserve>,
+    pub clients: HashMap<MapData, ClientKey, i64>,
+    pub netns: Array<MapData, NetnsFilter>,
+    pub port_slots: Array<MapData, u32>,
+    pub slot_config: Array<MapData, PortConfig>,
+}
+
+/// Everything known about one port at one instant.
+#[derive(Clone, Copy, Debug)]
+pub struct PortSnapshot {
+    pub port: u16,
+    pub config: PortConfig,
+    pub limit: u32,
+    pub control: ControlConfig,
+    pub status: ControlStatus,
+    pub reserve: TierReserve,
+    pub state: PortState,
+    pub user: UserPortState,
+    /// Handshakes under way, by epoch.
+    pub ring: HandshakeRing,
+    /// When the snapshot was taken (kernel monotonic clock, ns): which ring epochs are live.
+    pub now_ns: u64,
+    /// Whether handshake-completing ACKs to the port are checked.
+    pub ack_check: bool,
+    /// Counters summed over CPUs.
+    pub counters: PortCounters,
+}
+
+impl PortSnapshot {
+    pub fn established(&self) -> u64 {
+        shed_common::established(&self.state, &self.user)
+    }
+    /// Handshakes admitted and not yet established, in the live epochs.
+    pub fn pending(&self) -> u64 {
+        self.ring.outstanding(self.epoch())
+    }
+    fn epoch(&self) -> u64 {
+        self.now_ns >> self.user.shift()
+    }
+    /// The longest a reservation lives: [`handshake::LIVE_EPOCHS`] epochs.
+    pub fn handshake_window_us(&self) -> u64 {
+        (handshake::LIVE_EPOCHS << self.user.shift()) / 1000
+    }
+    /// Admissions that lapsed without completing, folded or not yet.
+    pub fn handshakes_lapsed(&self) -> u64 {
+        self.ring.lapsed + self.ring.lapsed_unfolded(self.epoch())
+    }
+    pub fn busy(&self) -> u64 {
+        shed_common::busy(&self.state, &self.user)
+    }
+    pub fn in_flight(&self) -> u64 {
+        shed_common::in_flight(&self.state, self.pending(), &self.user, self.config.count_mode)
+    }
+    pub fn counter(&self, index: usize) -> u64 {
+        self.counters.values[index]
+    }
+}
+
+fn typed<T>(name: &str, map: Map) -> Result<T, Error>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    T::try_from(map).map_err(|e| Error::map(format!("open map {name}"), e))
+}
+
+impl GateMaps {
+    /// Takes the maps out of a freshly loaded object, pinning each under `pin_dir` if given.
+    pub fn from_ebpf(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::build(|name| {
+            let map = ebpf.take_map(name).ok_or_else(|| {
+                Error::map(format!("find map {name}"), aya::maps::MapError::InvalidName { name: name.into() })
+            })?;
+            if let Some(dir) = pin_dir {
+                map.pin(dir.join(name)).map_err(|error| {
+                    Error::map(
+                        format!("pin map {name}"),
+                        aya::maps::MapError::PinError { name: Some(name.into()), error },
+                    )
+                })?;
+            }
+            Ok(map)
+        })
+    }
+
+    /// Opens the maps of the running gate from its pins: the one namespace it
+    /// gates (with several, [`Error::SeveralNamespaces`]: pick one with [`Self::open_gates`]).
+    pub fn open_pinned() -> Result<Self, Error> {
+        let mut gates = Self::open_gates(None)?;
+        if gates.len() > 1 {
+            let labels = gates.iter().map(|g| g.netns.clone()).collect::<Vec<_>>().join(", ");
+            return Err(Error::SeveralNamespaces { labels });
+        }
+        Ok(gates.remove(0).maps)
+    }
+
+    /// Opens the pinned maps of every namespace the running gate protects, by
+    /// label (`only`: just that namespace's), in label order.
+    pub fn open_gates(only: Option<&str>) -> Result<Vec<PinnedGate>, Error> {
+        let mut gates = Vec::new();
+        for (netns, dir) in pinned_gate_dirs() {
+            if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
+                gates.push(PinnedGate { maps: Self::open_pinned_at(&dir)?, netns });
+            }
+        }
+        if gates.is_empty() {
+            return Err(match only {
+                Some(ns) if !pinned_gate_dirs().is_empty() => Error::NamespaceNotGated {
+                    netns: ns.to_owned(),
+                    labels: pinned_gate_dirs().into_iter().map(|(l, _)| l).collect::<Vec<_>>().join(", "),
+                },
+                _ => Error::NoGate { pin_dir: paths::PIN_DIR.into() },
+            });
+        }
+        Ok(gates)
+    }
+
+    /// Opens the maps pinned in `dir` (one gate's folder).
+    pub fn open_pinned_at(dir: &Path) -> Result<Self, Error> {
+        if !dir.join(map::PORTS).exists() {
+            return Err(Error::NoGate { pin_dir: dir.into() });
+        }
+        Self::build(|name| {
+            let path = dir.join(name);
+            let data =
+                MapData::from_pin(&path).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))?;
+            Map::from_map_data(data).map_err(|e| Error::map(format!("open pinned map {}", path.display()), e))
+        })
+    }
+
+    fn build(mut open: impl FnMut(&str) -> Result<Map, Error>) -> Result<Self, Error> {
+        Ok(Self {
+            ports: typed(map::PORTS, open(map::PORTS)?)?,
+            state: typed(map::PORT_STATE, open(map::PORT_STATE)?)?,
+            user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
+            counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
+            handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
+            stamps: typed(map::STAMPS, open(map::STAMPS)?)?,
+            local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
+            ack_check: typed(map::ACK_CHECK, open(map::ACK_CHECK)?)?,
+            gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,
+            socks: typed(map::SOCKS, open(map::SOCKS)?)?,
+            limits: typed(map::LIMITS, open(map::LIMITS)?)?,
+            latency: typed(map::LATENCY, open(map::LATENCY)?)?,
+            control: typed(map::CONTROL, open(map::CONTROL)?)?,
+            status: typed(map::STATUS, open(map::STATUS)?)?,
+            tiers: typed(map::TIERS, open(map::TIERS)?)?,
+            reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
+            clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
+            netns: typed(map::NETNS, open(map::NETNS)?)?,
+            port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
+            slot_config: typed(map::SLOT_CONFIG, open(map::SLOT_CONFIG)?)?,
+        })
+    }
+
+    /// Protected ports and their configuration, by port.
+    pub fn port_configs(&self) -> Result<BTreeMap<u16, PortConfig>, Error> {
+        self.ports.iter().collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| Error::map("read protected ports", e))
+    }
+
+    pub fn config(&self, port: u16) -> Result<PortConfig, Error> {
+        self.ports
+            .get(&port, 0)
+            .map_err(|_| Error::PortNotProtected { port, protected: self.port_list().unwrap_or_default() })
+    }
+
+    /// "8080, 9090" for messages.
+    pub fn port_list(&self) -> Result<String, Error> {
+        let ports: Vec<String> = self.port_configs()?.keys().map(u16::to_string).collect();
+        Ok(if ports.is_empty() { "none".into() } else { ports.join(", ") })
+    }
+
+    /// Starts protecting `port` in a free slot with zeroed accounting.
+    pub fn protect(&mut self, port: u16, spec: &PortSpec) -> Result<PortConfig, Error> {
+        let used: Vec<u32> = self.port_configs()?.values().map(|c| c.slot).collect();
+        let slot = (0..MAX_PORTS).find(|s| !used.contains(s)).ok_or(Error::TooManyPorts { max: MAX_PORTS })?;
+        let cpus =
+            aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
+        let reset = |e| Error::map("reset port state", e);
+        self.state.set(slot, PortState::default(), 0).map_err(reset)?;
+        self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
+        self.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
+        self.ack_check.set(u32::from(port), 0, 0).map_err(reset)?;
+        let zero =
+            aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
+        self.counters.set(slot, zero, 0).map_err(reset)?;
+        let zero =
+            aya::maps::PerCpuValues::try_from(vec![PortLatency::default(); cpus]).map_err(|e| reset(e.into()))?;
+        self.latency.set(slot, zero, 0).map_err(reset)?;
+        self.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
+        self.reserve.set(slot, TierReserve::default(), 0).map_err(reset)?;
+        self.control.set(slot, spec.control, 0).map_err(reset)?;
+        self.set_limit(slot, spec.limit)?;
+        let mut config = PortConfig::new(slot, spec.action, spec.dry_run, spec.count_mode);
+        config.share_permille = spec.share_permille;
+        config.tier_action = spec.tier_action;
+        config.tiered = u8::from(!self.tier_entries()?.is_empty());
+        config.client_cap = spec.client_cap;
+        config.client_prefix_v6 = spec.client_prefix_v6;
+        config.rst_per_sec = spec.rst_per_sec;
+        config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
+        // The config first, then the port's slot: the gate never finds a slot without its config.
+        self.write_config(port, config)?;
+        self.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
+        Ok(config)
+    }
+
+    pub fn set_limit(&mut self, slot: u32, limit: u32) -> Result<(), Error> {
+        self.limits.set(slot, limit, 0).map_err(|e| Error::map("write limit", e))
+    }
+
+    pub fn write_control(&mut self, slot: u32, control: ControlConfig) -> Result<(), Error> {
+        self.control.set(slot, control, 0).map_err(|e| Error::map("write controller settings", e))
+    }
+
+    pub fn write_reserve(&mut self, slot: u32, reserve: TierReserve) -> Result<(), Error> {
+        self.reserve.set(slot, reserve, 0).map_err(|e| Error::map("write tier reserve", e))
+    }
+
+    pub fn write_status(&mut self, slot: u32, status: ControlStatus) -> Result<(), Error> {
+        self.status.set(slot, status, 0).map_err(|e| Error::map("write controller status", e))
+    }
+
+    /// The port's latency histograms, summed over CPUs (cumulative since attach).
+    pub fn latency(&self, slot: u32) -> Result<PortLatency, Error> {
+        let per_cpu = self.latency.get(&slot, 0).map_err(|e| Error::map("read latency histograms", e))?;
+        let mut sum = PortLatency::default();
+        for cpu in per_cpu.iter() {
+            for (total, part) in [
+                (&mut sum.queue_wait, &cpu.queue_wait),
+                (&mut sum.service, &cpu.service),
+                (&mut sum.sojourn, &cpu.sojourn),
+                (&mut sum.handshake, &cpu.handshake),
+            ] {
+                for (t, v) in total.iter_mut().zip(part) {
+                    *t = t.wrapping_add(*v);
+                }
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Writes a port's config: the authoritative hash and the gate's copy by slot.
+    pub fn write_config(&mut self, port: u16, config: PortConfig) -> Result<(), Error> {
+        self.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))?;
+        self.slot_config.set(config.slot, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))
+    }
+
+    /// Stops protecting `port`. Its sockets still release their counts as they close.
+    pub fn unprotect(&mut self, port: u16) -> Result<(), Error> {
+        // The slot first: the gate stops judging the port before its config goes.
+        self.port_slots.set(u32::from(port), 0, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
+        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
+    }
+
+    /// A port's controller settings.
+    pub fn control(&self, slot: u32) -> Result<ControlConfig, Error> {
+        self.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))
+    }
+
+    pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
+        let slot = config.slot;
+        let limit = self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))?;
+        let control = self.control(slot)?;
+        let status = self.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
+        let reserve = self.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
+        let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let ring = self.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
+        let ack_check = self.ack_check.get(&u32::from(port), 0).map_err(|e| Error::map("read ACK check", e))? != 0;
+        let now_ns = crate::host::system::monotonic_ns();
+        let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
+        let mut counters = PortCounters::default();
+        for cpu in per_cpu.iter() {
+            for (sum, v) in counters.values.iter_mut().zip(cpu.values) {
+                *sum = sum.wrapping_add(v);
+            }
+        }
+        Ok(PortSnapshot {
+            port,
+            config,
+            limit,
+            control,
+            status,
+            reserve,
+            state,
+            user,
+            ring,
+            now_ns,
+            ack_check,
+            counters,
+        })
+    }
+
+    /// Snapshots of every protected port (or just `only`), by port.
+    pub fn snapshots(&self, only: Option<u16>) -> Result<Vec<PortSnapshot>, Error> {
+        let configs = self.port_configs()?;
+        if let Some(port) = only {
+            let config = self.config(port)?;
+            return Ok(vec![self.snapshot(port, config)?]);
+        }
+        configs.into_iter().map(|(port, config)| self.snapshot(port, config)).collect()
+    }
+
+    /// Every client network with a tier.
+    pub fn tier_entries(&self) -> Result<BTreeMap<Cidr, u8>, Error> {
+        self.tiers
+            .iter()
+            .map(|r| r.map(|(k, t)| (Cidr { prefix_len: k.prefix_len(), addr: k.data() }, t as u8)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::map("read tiers", e))
+    }
+
+    pub fn set_tier(&mut self, cidr: Cidr, tier: u8) -> Result<(), Error> {
+        self.tiers
+            .insert(&Key::new(cidr.prefix_len, cidr.addr), u32::from(tier), 0)
+            .map_err(|e| Error::map(format!("write tier of {cidr}"), e))?;
+        self.sync_tiered()
+    }
+
+    pub fn remove_tier(&mut self, cidr: Cidr) -> Result<(), Error> {
+        self.tiers
+            .remove(&Key::new(cidr.prefix_len, cidr.addr))
+            .map_err(|e| Error::map(format!("remove tier of {cidr}"), e))?;
+        self.sync_tiered()
+    }
+
+    /// Tier shares apply on every port exactly while some client has a tier.
+    pub fn sync_tiered(&mut self) -> Result<(), Error> {
+        let tiered = u8::from(!self.tier_entries()?.is_empty());
+        for (port, mut config) in self.port_configs()? {
+            if config.tiered != tiered {
+                config.tiered = tiered;
+                self.write_config(port, config)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Clients of `slot` with what they hold against the cap, most first.
+    pub fn client_counts(&self, slot: u32) -> Result<Vec<(ClientKey, i64)>, Error> {
+        let mut out: Vec<(ClientKey, i64)> =
+            self.clients.iter().filter_map(Result::ok).filter(|(k, _)| k.slot == slot).collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// Forgets clients that held nothing at the last sweep and still hold nothing,
+    /// so the maps shrink back when clients go away. Returns the idle clients now.
+    /// (A client seen idle twice in a row cannot be mid-admission except in a
+    /// microsecond race; losing that one count only loosens its cap by one.)
+    pub fn forget_idle_clients(&mut self, idle_before: &[ClientKey]) -> Result<Vec<ClientKey>, Error> {
+        let mut idle = Vec::new();
+        for (key, held) in self.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
+            if held > 0 {
+                continue;
+            }
+            if idle_before.contains(&key) {
+                let _ = self.clients.remove(&key);
+            } else {
+                idle.push(key);
+            }
+        }
+        Ok(idle)
+    }
+
+    /// Every tracked socket, read in batches (one syscall per few thousand
+    /// entries; the per-entry iterator costs two syscalls an entry, which at
+    /// 100,000 connections is most of a healing pass).
+    pub fn tracked_sockets(&self) -> Result<std::collections::HashMap<u64, SockEntry>, Error> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+
+        use aya::maps::IterableMap as _;
+        let fd = self.socks.map().fd().as_fd().as_raw_fd();
+        match lookup_batch::<u64, SockEntry>(fd) {
+            Ok(entries) => Ok(entries.into_iter().collect()),
+            // Kernels without batch lookups for hash maps: one entry at a time.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.socks.iter().collect::<Result<_, _>>().map_err(|e| Error::map("read tracked sockets", e))
+            }
+            Err(e) => Err(Error::io("read", "tracked sockets (BPF_MAP_LOOKUP_BATCH)", e)),
+        }
+    }
+
+    /// Kernel memory the gate's maps hold now, in bytes (the `memlock` the
+    /// kernel reports for each; the connection and client maps are not
+    /// preallocated, so theirs grows with what they hold).
+    pub fn memory_bytes(&self) -> u64 {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+
+        use aya::maps::IterableMap as _;
+        let fds = [
+            self.ports.map(),
+            self.state.map(),
+            self.user_state.map(),
+            self.counters.map(),
+            self.handshakes.map(),
+            self.stamps.map(),
+            self.local_addrs.map(),
+            self.ack_check.map(),
+            self.gate_counters.map(),
+            self.socks.map(),
+            self.limits.map(),
+            self.latency.map(),
+            self.control.map(),
+            self.status.map(),
+            self.tiers.map(),
+            self.reserve.map(),
+            self.clients.map(),
+            self.netns.map(),
+            self.port_slots.map(),
+            self.slot_config.map(),
+        ]
+        .map(|m| m.fd().as_fd().as_raw_fd());
+        fds.iter().filter_map(|fd| memlock_of(*fd)).sum()
+    }
+
+    pub fn set_netns_filter(&mut self, filter: NetnsFilter) -> Result<(), Error> {
+        self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
+    }
+
+    /// Writes the namespace's own addresses (see [`shed_common::local_addr`]):
+    /// lays out the two-choice table, then rewrites only the slots that
+    /// change. Returns whether anything changed; an address that finds no slot
+    /// (hundreds of addresses) is reported and left out, so SYNs to it pass unjudged.
+    pub fn set_local_addrs(&mut self, addrs: &BTreeMap<[u8; 16], u32>) -> Result<bool, Error> {
+        let (table, left_out) = local_addr_table(addrs);
+        for addr in &left_out {
+            tracing::warn!(address = %std::net::Ipv6Addr::from(*addr), "no room for this address: SYNs to it are not judged");
+        }
+        let mut changed = false;
+        for (slot, entry) in table.iter().enumerate() {
+            let slot = slot as u32;
+            if self.local_addrs.get(&slot, 0).ok().as_ref() != Some(entry) {
+                self.local_addrs.set(slot, *entry, 0).map_err(|e| Error::map("write local addresses", e))?;
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// The namespace's addresses as the gate holds them, by kind.
+    pub fn local_addrs(&self) -> Result<BTreeMap<[u8; 16], u32>, Error> {
+        let mut out = BTreeMap::new();
+        for slot in 0..shed_common::local_addr::SLOTS {
+            let entry = self.local_addrs.get(&slot, 0).map_err(|e| Error::map("read local addresses", e))?;
+            if entry.kind != 0 {
+                out.insert(entry.addr, entry.kind);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets the epoch shift of a port's handshake ring (its reservation lifetime).
+    pub fn set_handshake_shift(&mut self, slot: u32, shift: u32) -> Result<(), Error> {
+        let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        if user.handshake_shift != shift {
+            user.handshake_shift = shift;
+            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write handshake window", e))?;
+        }
+        Ok(())
+    }
+
+    /// Turns the check of handshake-completing ACKs to `port` on or off.
+    pub fn set_ack_check(&mut self, port: u16, on: bool) -> Result<(), Error> {
+        self.ack_check.set(u32::from(port), u32::from(on), 0).map_err(|e| Error::map("write ACK check", e))
+    }
+
+    /// Gate-wide counters summed over CPUs, by [`gate_counter`] index.
+    pub fn gate_counters(&self) -> Result<[u64; gate_counter::COUNT], Error> {
+        let per_cpu = self.gate_counters.get(&0, 0).map_err(|e| Error::map("read gate counters", e))?;
+        let mut sum = [0u64; gate_counter::COUNT];
+        for cpu in per_cpu.iter() {
+            for (s, v) in sum.iter_mut().zip(cpu.values) {
+                *s = s.wrapping_add(v);
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Empties the port's handshake ring (tests and benchmarks resetting a gate
+    /// that carries no traffic, so one case's admissions do not hold the next one's slots).
+    pub fn clear_handshakes(&mut self) {
+        for slot in self.port_configs().unwrap_or_default().values().map(|c| c.slot) {
+            let _ = self.handshakes.set(slot, HandshakeRing::default(), 0);
+        }
+    }
+}
+
+/// Lays addresses out in the two-choice table: each in one of its two slots,
+/// moving earlier ones to their other slot when both are taken (a few rounds,
+/// as cuckoo hashing does). Returns the table and the addresses left out.
+pub fn local_addr_table(addrs: &BTreeMap<[u8; 16], u32>) -> (Vec<LocalAddr>, Vec<[u8; 16]>) {
+    use shed_common::local_addr::{SLOTS, slots};
+    let mut table = vec![LocalAddr::default(); SLOTS as usize];
+    let mut left_out = Vec::new();
+    for (&addr, &kind) in addrs {
+        let mut entry = LocalAddr { addr, kind };
+        let mut slot = slots(&addr).0;
+        let mut placed = false;
+        for _ in 0..32 {
+            let (a, b) = slots(&entry.addr);
+            if let Some(free) = [a, b].into_iter().find(|&s| table[s as usize].kind == 0) {
+                table[free as usize] = entry;
+                placed = true;
+                break;
+            }
+            // Both taken: evict the one in `slot` and move it to its other choice next round.
+            std::mem::swap(&mut table[slot as usize], &mut entry);
+            let (a, b) = slots(&entry.addr);
+            slot = if a == slot { b } else { a };
+        }
+        if !placed {
+            left_out.push(entry.addr);
+        }
+    }
+    (table, left_out)
+}
+
+/// Everything `protect` needs to know about a new port.
+#[derive(Clone, Copy, Debug)]
+pub struct PortSpec {
+    pub limit: u32,
+    /// Most connections per client (0: no cap), IPv6 counted per prefix of `client_prefix_v6`.
+    pub client_cap: u32,
+    pub client_prefix_v6: u8,
+    /// RST caps (per second; 0: none): the port's, and per source prefix.
+    pub rst_per_sec: u32,
+    pub rst_per_prefix_per_sec: u32,
+    pub share_permille: [u16; shed_common::tier::COUNT],
+    pub tier_action: [u8; shed_common::tier::COUNT],
+    pub action: u8,
+    pub dry_run: bool,
+    pub count_mode: u8,
+    pub control: ControlConfig,
+}
+
+impl PortSpec {
+    /// A port with the default tier shares and the port's action for every tier.
+    pub fn new(limit: u32, action: u8, dry_run: bool, count_mode: u8, control: ControlConfig) -> Self {
+        Self {
+            limit,
+            client_cap: 0,
+            client_prefix_v6: 64,
+            rst_per_sec: shed_common::DEFAULT_RST_PER_SEC,
+            rst_per_prefix_per_sec: shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC,
+            share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,
+            tier_action: [shed_common::tier::ACTION_DEFAULT; shed_common::tier::COUNT],
+            action,
+            dry_run,
+            count_mode,
+            control,
+        }
+    }
+}
+
+/// Removes the pin folder and everything in it.
+/// One namespace's gate, opened from its pins.
+pub struct PinnedGate {
+    /// The namespace's label (see [`paths::netns_label`]).
+    pub netns: String,
+    pub maps: GateMaps,
+}
+
+/// The pin folders of the running gate, by namespace label, in label order:
+/// the daemon's own namespace in [`paths::PIN_DIR`], each `--netns` in
+/// [`paths::NETNS_PIN_DIR`].
+pub fn pinned_gate_dirs() -> Vec<(String, std::path::PathBuf)> {
+    let mut dirs = Vec::new();
+    if Path::new(paths::PIN_DIR).join(map::PORTS).exists() {
+        dirs.push((paths::OWN_NETNS_LABEL.to_owned(), Path::new(paths::PIN_DIR).to_path_buf()));
+    }
+    if let Ok(entries) = fs::read_dir(paths::NETNS_PIN_DIR) {
+        for entry in entries.flatten() {
+            if entry.path().join(map::PORTS).exists() {
+                dirs.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
+            }
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
+pub fn remove_pins(dir: &Path) -> Result<(), Error> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove pins", dir, e)),
+    }
+}
+
+/// The `memlock:` line of a BPF object's fdinfo.
+fn memlock_of(fd: i32) -> Option<u64> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// All entries of a hash map through BPF_MAP_LOOKUP_BATCH.
+fn lookup_batch<K: aya::Pod, V: aya::Pod>(map_fd: i32) -> std::io::Result<Vec<(K, V)>> {
+    /// `union bpf_attr`'s `batch` member.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    // Larger than any hash bucket can get, so a batch always fits one bucket.
+    const CHUNK: usize = 4096;
+    let mut keys: Vec<K> = Vec::with_capacity(CHUNK);
+    let mut values: Vec<V> = Vec::with_capacity(CHUNK);
+    let mut out = Vec::new();
+    // A hash map's batch token is a bucket index (u32).
+    let (mut token, mut next) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { (&raw const token) as u64 },
+            out_batch: (&raw mut next) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: map_fd as u32,
+            ..Default::default()
+        };
+        // SAFETY: the kernel writes at most `count` keys and values into buffers of
+        // that capacity, and the token into `next`.
+        let ret = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, (&raw mut attr).cast::<u8>(), size_of::<BatchAttr>())
+        };
+        let err = (ret < 0).then(std::io::Error::last_os_error);
+        let got = attr.count as usize;
+        // SAFETY: the kernel filled the first `got` (<= CHUNK) entries of each.
+        unsafe {
+            keys.set_len(got.min(CHUNK));
+            values.set_len(got.min(CHUNK));
+        }
+        out.extend(keys.drain(..).zip(values.drain(..)));
+        match err {
+            None => {}
+            // The end of the map (the last batch may carry entries).
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Some(e) => return Err(e),
+        }
+        token = next;
+        first = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_address_finds_one_of_its_two_slots() {
+        use shed_common::local_addr::{SLOTS, slots};
+        // Far more addresses than a host has: 1,500 in 4,096 slots.
+        let addrs: BTreeMap<[u8; 16], u32> =
+            (0..1500u32).map(|i| (shed_common::ipv4_mapped((0x0a00_0000 + i * 7).to_be_bytes()), 1)).collect();
+        let (table, left_out) = local_addr_table(&addrs);
+        assert!(left_out.is_empty(), "{} left out", left_out.len());
+        assert_eq!(table.len(), SLOTS as usize);
+        for (addr, kind) in &addrs {
+            let (a, b) = slots(addr);
+            let found = [a, b].iter().any(|&s| table[s as usize].addr == *addr && table[s as usize].kind == *kind);
+            assert!(found, "{addr:?} is in one of its slots");
+        }
+        assert_eq!(table.iter().filter(|e| e.kind != 0).count(), 1500, "each address once");
+    }
+}

@@ -1,0 +1,9 @@
+//! The kernel side as userspace holds it: the embedded object and how it is
+//! loaded ([`object`]), its programs and where they attach ([`programs`]),
+//! the typed maps, pinned or fresh ([`maps`]), and the options the maps hold
+//! ([`options`]).
+
+pub mod maps;
+pub mod object;
+pub mod options;
+pub mod programs;

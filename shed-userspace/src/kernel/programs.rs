@@ -1,0 +1,142 @@
+//! Loading the kernel programs and attaching them. Used by the daemon, and by
+//! the tests that run the programs with BPF_PROG_TEST_RUN.
+use std::path::Path;
+
+use aya::{
+    Ebpf,
+    programs::{RawTracePoint, SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
+};
+use shed_common::program;
+
+use crate::{
+    Error,
+    host::system,
+    kernel::maps::GateMaps,
+    kernel::object,
+    kernel::options::{Hook, XdpAttachMode},
+};
+
+/// The kernel object with its programs loaded (verified) but not attached.
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    pub maps: GateMaps,
+}
+
+impl Loaded {
+    /// Loads every program; pins the maps under `pin_dir` when given.
+    pub fn new(pin_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::sized(pin_dir, object::LoadOptions::default())
+    }
+
+    /// [`Self::new`] with the growing maps sized as asked, kernel logging on or off.
+    pub fn sized(pin_dir: Option<&Path>, options: object::LoadOptions) -> Result<Self, Error> {
+        Self::with(object::load(options)?, pin_dir)
+    }
+
+    /// The same from an object file on disk (see [`object::load_file`]).
+    pub fn from_file(object: &Path, pin_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::with(object::load_file(object)?, pin_dir)
+    }
+
+    fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
+        let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
+        let mut loaded = Self { ebpf, maps };
+        loaded.xdp()?.load().map_err(|e| Error::program("load XDP program", e))?;
+        loaded.xdp_pass()?.load().map_err(|e| Error::program("load XDP pass program", e))?;
+        loaded.xdp_drop()?.load().map_err(|e| Error::program("load XDP drop program", e))?;
+        loaded.tc()?.load().map_err(|e| Error::program("load TC program", e))?;
+        Self::program::<TracePoint>(&mut loaded.ebpf, program::SOCK_STATE)?
+            .load()
+            .map_err(|e| Error::program(format!("load tracepoint program {}", program::SOCK_STATE), e))?;
+        for (name, _) in program::RAW_TRACEPOINTS {
+            Self::program::<RawTracePoint>(&mut loaded.ebpf, name)?
+                .load()
+                .map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
+        }
+        Ok(loaded)
+    }
+
+    fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, Error>
+    where
+        &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+    {
+        let prog = ebpf
+            .program_mut(name)
+            .ok_or_else(|| Error::program(format!("find program {name}"), aya::programs::ProgramError::NotLoaded))?;
+        prog.try_into().map_err(|e| Error::program(format!("open program {name}"), e))
+    }
+
+    pub fn xdp(&mut self) -> Result<&mut Xdp, Error> {
+        Self::program(&mut self.ebpf, program::XDP)
+    }
+
+    pub fn tc(&mut self) -> Result<&mut SchedClassifier, Error> {
+        Self::program(&mut self.ebpf, program::TC)
+    }
+
+    /// The pass-everything XDP program (for the peer of an XDP-gated veth, and as a benchmark baseline).
+    pub fn xdp_pass(&mut self) -> Result<&mut Xdp, Error> {
+        Self::program(&mut self.ebpf, program::XDP_PASS)
+    }
+
+    /// The drop-everything XDP program (a benchmark baseline; never attached by `shedctl`).
+    pub fn xdp_drop(&mut self) -> Result<&mut Xdp, Error> {
+        Self::program(&mut self.ebpf, program::XDP_DROP)
+    }
+
+    /// Starts in-flight accounting and latency measurement. Attach before any
+    /// gate so no admitted connection is established unseen.
+    pub fn attach_accounting(&mut self) -> Result<(), Error> {
+        Self::program::<TracePoint>(&mut self.ebpf, program::SOCK_STATE)?
+            .attach("sock", "inet_sock_set_state")
+            .map_err(|e| Error::program("attach tracepoint sock:inet_sock_set_state", e))?;
+        for (name, event) in program::RAW_TRACEPOINTS {
+            Self::program::<RawTracePoint>(&mut self.ebpf, name)?
+                .attach(event)
+                .map_err(|e| Error::program(format!("attach raw tracepoint sock:{event}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the gate to `iface`. Links are owned by this process: when it
+    /// exits, however it exits, the kernel detaches them and traffic flows
+    /// ungated (fail-open).
+    pub fn attach_gate(&mut self, iface: &str, hook: Hook, xdp_mode: XdpAttachMode) -> Result<(), Error> {
+        system::check_interface(iface)?;
+        let mode = match xdp_mode {
+            XdpAttachMode::Auto => XdpMode::Default,
+            XdpAttachMode::Native => XdpMode::Driver,
+            XdpAttachMode::Generic => XdpMode::Skb,
+        };
+        match hook {
+            Hook::Xdp => {
+                self.xdp()?
+                    .attach(iface, mode)
+                    .map_err(|e| {
+                        Error::program(
+                            format!(
+                                "attach XDP (--xdp-mode {}) to {iface} (if its driver has no native XDP, use --xdp-mode generic or --hook tc)",
+                                crate::named::Named::name(xdp_mode)
+                            ),
+                            e,
+                        )
+                    })?;
+            }
+            Hook::Tc => {
+                self.tc()?
+                    .attach(iface, TcAttachType::Ingress)
+                    .map_err(|e| Error::program(format!("attach TC ingress to {iface}"), e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The hook for an interface when the operator did not pick one: XDP where
+/// it runs before the stack; TC on loopback (generic XDP there sees the skb
+/// anyway) and on veth (XDP_TX replies reach the peer only if the peer runs
+/// an XDP program, which shed cannot promise).
+pub fn default_hook(iface: &str) -> Hook {
+    let driver = system::driver(iface);
+    if iface == "lo" || driver.as_deref() == Some("veth") { Hook::Tc } else { Hook::Xdp }
+}

@@ -1,0 +1,248 @@
+//! The daemon's HTTP endpoint (`shedctl attach --metrics ADDR`), on axum and
+//! tokio in a thread of its own: `/metrics` (Prometheus), `/healthz` (the
+//! control loop and the gate's maps are alive) and `/readyz` (not ready while
+//! the gate sheds more than `--ready-max-shed` percent of new connections over
+//! `--ready-window`: load balancers and Kubernetes can move traffic away
+//! before clients see refusals). Every connection is a task of its own, so a
+//! slow or stuck client stalls nobody, and a scrape never waits for the
+//! control loop.
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+
+use crate::{
+    daemon::heal::HealReport,
+    daemon::report::{Decisions, HEALTHY_WITHIN, Heartbeat},
+    kernel::maps::GateMaps,
+    observe::metrics::{CONTENT_TYPE, GateSource, Scrape},
+    observe::stats::PortStats,
+};
+
+/// When `/readyz` says not ready.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReadinessRule {
+    /// Shed share of new connections (percent) above which the gate is not ready; 100: never.
+    pub max_shed_percent: u8,
+    /// Over this long.
+    pub window: Duration,
+}
+
+/// Fewer new connections than this in the window say nothing about shedding.
+const READY_MIN_ATTEMPTS: u64 = 20;
+
+/// Admitted and rejected totals over time, sampled every second.
+#[derive(Debug, Default)]
+pub struct ShedHistory {
+    samples: VecDeque<(Instant, u64, u64)>,
+}
+
+impl ShedHistory {
+    pub fn push(&mut self, at: Instant, admitted: u64, rejected: u64, keep: Duration) {
+        self.samples.push_back((at, admitted, rejected));
+        while self.samples.len() > 2 && self.samples.front().is_some_and(|s| at.duration_since(s.0) > keep) {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Why the gate is not ready under `rule`, if it is not.
+    pub fn not_ready(&self, rule: ReadinessRule) -> Option<String> {
+        let (first, last) = (self.samples.front()?, self.samples.back()?);
+        let (admitted, rejected) = (last.1.saturating_sub(first.1), last.2.saturating_sub(first.2));
+        let attempts = admitted + rejected;
+        let shed = rejected as f64 * 100.0 / attempts.max(1) as f64;
+        (attempts >= READY_MIN_ATTEMPTS && shed > f64::from(rule.max_shed_percent)).then(|| {
+            format!(
+                "shedding {shed:.0}% of new connections over the last {:.0} s ({rejected} of {attempts}); not ready above {}%\n",
+                last.0.duration_since(first.0).as_secs_f64(),
+                rule.max_shed_percent
+            )
+        })
+    }
+}
+
+/// What the endpoint serves: every namespace's gate, and the readiness rule.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub gates: Vec<EndpointGate>,
+    pub readiness: ReadinessRule,
+}
+
+/// One namespace's gate as the endpoint reads it.
+#[derive(Clone, Debug)]
+pub struct EndpointGate {
+    /// The namespace's label (see [`crate::host::paths::netns_label`]).
+    pub netns: String,
+    /// Where its maps are pinned.
+    pub pin_dir: std::path::PathBuf,
+    pub decisions: Decisions,
+    pub heal: HealReport,
+    pub heartbeat: Heartbeat,
+}
+
+/// One gate's maps and shedding history, opened once by the endpoint thread.
+/// Each behind a lock of its own: `/healthz` and `/readyz` never wait for a scrape.
+struct OpenGate {
+    gate: EndpointGate,
+    maps: Mutex<GateMaps>,
+    history: Mutex<ShedHistory>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    gates: Arc<Vec<OpenGate>>,
+    readiness: ReadinessRule,
+}
+
+/// Serves the endpoint on its own thread until the process exits.
+pub fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
+    std::thread::Builder::new()
+        .name("shed-http".into())
+        .spawn(move || {
+            let mut gates = Vec::new();
+            for gate in endpoint.gates {
+                match GateMaps::open_pinned_at(&gate.pin_dir) {
+                    Ok(maps) => gates.push(OpenGate { gate, maps: Mutex::new(maps), history: Mutex::default() }),
+                    Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
+                }
+            }
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => return tracing::error!("metrics endpoint disabled: no runtime: {e}"),
+            };
+            let shared = Shared { gates: Arc::new(gates), readiness: endpoint.readiness };
+            if let Err(e) = runtime.block_on(run(listener, shared)) {
+                tracing::error!("metrics endpoint stopped: {e}");
+            }
+        })
+        .expect("spawn the endpoint thread");
+}
+
+async fn run(listener: std::net::TcpListener, shared: Shared) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    tokio::spawn(sample_shedding(shared.clone()));
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "shed serves /metrics, /healthz and /readyz\n") })
+        .with_state(shared);
+    axum::serve(listener, app).await
+}
+
+/// Every second: the admitted and rejected totals of every namespace's ports, for `/readyz`.
+async fn sample_shedding(shared: Shared) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let gates = shared.gates.clone();
+        let keep = shared.readiness.window;
+        let _ = tokio::task::spawn_blocking(move || {
+            for open in gates.iter() {
+                let Ok(snapshots) = lock(&open.maps).snapshots(None) else { continue };
+                let (admitted, rejected) = snapshots
+                    .iter()
+                    .map(|s| PortStats::new(s, None))
+                    .fold((0, 0), |(a, r), p| (a + p.admitted, r + p.rejected));
+                lock(&open.history).push(Instant::now(), admitted, rejected, keep);
+            }
+        })
+        .await;
+    }
+}
+
+async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
+    let scrape = tokio::task::spawn_blocking(move || {
+        let maps: Vec<_> = shared.gates.iter().map(|g| lock(&g.maps)).collect();
+        let sources: Vec<GateSource> = shared
+            .gates
+            .iter()
+            .zip(&maps)
+            .map(|(g, maps)| GateSource {
+                netns: &g.gate.netns,
+                maps,
+                decisions: &g.gate.decisions,
+                heal: &g.gate.heal,
+            })
+            .collect();
+        Scrape::read(&sources).map(Scrape::encode)
+    })
+    .await;
+    match scrape {
+        Ok(Ok(body)) => (StatusCode::OK, [("content-type", CONTENT_TYPE)], body),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("content-type", "text/plain")],
+            format!("reading the gate's maps: {e}\n"),
+        ),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], format!("{e}\n")),
+    }
+}
+
+async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
+    let several = shared.gates.len() > 1;
+    for open in shared.gates.iter() {
+        let of = if several { format!(" of namespace {}", open.gate.netns) } else { String::new() };
+        match open.gate.heartbeat.age() {
+            Some(age) if age <= HEALTHY_WITHIN => {}
+            Some(age) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the control loop{of} has not ticked for {:.1} s\n", age.as_secs_f64()),
+                );
+            }
+            None => return (StatusCode::SERVICE_UNAVAILABLE, format!("the control loop{of} has not started\n")),
+        }
+    }
+    (StatusCode::OK, "ok\n".to_owned())
+}
+
+async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
+    let several = shared.gates.len() > 1;
+    for open in shared.gates.iter() {
+        if let Some(why) = lock(&open.history).not_ready(shared.readiness) {
+            let why = if several { format!("namespace {}: {why}", open.gate.netns) } else { why };
+            return (StatusCode::SERVICE_UNAVAILABLE, why);
+        }
+    }
+    (StatusCode::OK, "ready\n".to_owned())
+}
+
+/// A lock whose holder panicked still guards usable data (counters, a history).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_ready_only_while_shedding_past_the_threshold_over_the_window() {
+        let rule = ReadinessRule { max_shed_percent: 50, window: Duration::from_secs(10) };
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut h = ShedHistory::default();
+        assert_eq!(h.not_ready(rule), None, "no samples: ready");
+        h.push(at(0), 0, 0, rule.window);
+        h.push(at(1), 10, 9, rule.window);
+        assert_eq!(h.not_ready(rule), None, "19 attempts are too few to judge");
+        h.push(at(2), 20, 60, rule.window);
+        let why = h.not_ready(rule).expect("75% shed");
+        assert!(why.contains("shedding 75%") && why.contains("above 50%"), "{why}");
+        // Shedding stops; once the window has passed, ready again.
+        for s in 3..=13 {
+            h.push(at(s), 20 + s * 100, 60, rule.window);
+        }
+        assert_eq!(h.not_ready(rule), None);
+        let never = ReadinessRule { max_shed_percent: 100, ..rule };
+        let mut h = ShedHistory::default();
+        h.push(at(0), 0, 0, rule.window);
+        h.push(at(1), 0, 1_000, rule.window);
+        assert_eq!(h.not_ready(never), None, "100%: never unready");
+    }
+}

@@ -1,0 +1,625 @@
+//! The Prometheus endpoint (`shedctl attach --metrics ADDR`): every scrape
+//! reads the pinned maps and encodes them with `prometheus-client` in the
+//! Prometheus text format. The values are those of `shedctl stats --json`
+//! (both are built from [`PortStats`]), plus the latency histograms and the
+//! controller's decisions, which only the daemon sees.
+use std::net::{SocketAddr, TcpListener};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, NoLabelSet},
+    metrics::MetricType,
+    registry::Registry,
+};
+use shed_common::{PortLatency, latency, tier};
+
+use crate::{
+    Error,
+    control::Reason,
+    daemon::{
+        heal::{HealCounts, HealReport, PassReason},
+        report::Decisions,
+    },
+    kernel::maps::GateMaps,
+    observe::stats::{PortStats, json_name},
+};
+
+/// The Content-Type of the Prometheus text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Histogram bucket edges in microseconds: powers of two from 16 us to 33.5 s.
+/// Each is an edge of the kernel's log-linear buckets, so the counts are exact.
+const EDGES_US: std::ops::RangeInclusive<u32> = 4..=25;
+
+/// One port as a scrape sees it.
+#[derive(Debug)]
+pub struct PortMetrics {
+    pub stats: PortStats,
+    pub latency: PortLatency,
+    pub decisions: Vec<(Reason, u64)>,
+}
+
+/// Everything one scrape reports; a [`Collector`] built anew per scrape.
+#[derive(Debug)]
+pub struct Scrape {
+    /// Every protected port of every namespace.
+    pub ports: Vec<PortMetrics>,
+    /// What is counted once per namespace's gate.
+    pub gates: Vec<GateMetrics>,
+    pub process: ProcessStats,
+}
+
+/// One namespace's gate, beyond its ports.
+#[derive(Debug)]
+pub struct GateMetrics {
+    /// The namespace's label (see [`crate::host::paths::netns_label`]).
+    pub netns: String,
+    /// Gate-wide counters, by [`shed_common::gate_counter`] index.
+    pub gate: [u64; shed_common::gate_counter::COUNT],
+    /// What the healer did.
+    pub heal: HealCounts,
+    /// Kernel memory held by the gate's maps.
+    pub bpf_memory_bytes: u64,
+}
+
+/// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
+pub struct GateSource<'a> {
+    pub netns: &'a str,
+    pub maps: &'a GateMaps,
+    pub decisions: &'a Decisions,
+    pub heal: &'a HealReport,
+}
+
+/// The daemon process as Prometheus' process metrics name it, from /proc/self.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub open_fds: u64,
+    pub start_time_seconds: f64,
+}
+
+impl ProcessStats {
+    pub fn read() -> Self {
+        // SAFETY: sysconf has no preconditions.
+        let (ticks, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
+        let (ticks, page) = (ticks.max(1) as f64, page.max(1) as u64);
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may hold spaces): state is field 3.
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok()))
+            .unwrap_or(0);
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let resident_pages = statm.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Self {
+            cpu_seconds: (field(14) + field(15)) as f64 / ticks,
+            resident_bytes: resident_pages * page,
+            open_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+            start_time_seconds: boot as f64 + field(22) as f64 / ticks,
+        }
+    }
+}
+
+impl Scrape {
+    /// Reads every protected port of every namespace's gate.
+    pub fn read(sources: &[GateSource]) -> Result<Self, Error> {
+        let (mut ports, mut gates) = (Vec::new(), Vec::new());
+        for source in sources {
+            let maps = source.maps;
+            for snapshot in maps.snapshots(None)? {
+                let mut stats = PortStats::new(&snapshot, None);
+                stats.netns = source.netns.to_owned();
+                ports.push(PortMetrics {
+                    stats,
+                    latency: maps.latency(snapshot.config.slot)?,
+                    decisions: source.decisions.of(snapshot.port),
+                });
+            }
+            gates.push(GateMetrics {
+                netns: source.netns.to_owned(),
+                gate: maps.gate_counters()?,
+                heal: source.heal.read(),
+                bpf_memory_bytes: maps.memory_bytes(),
+            });
+        }
+        Ok(Self { ports, gates, process: ProcessStats::read() })
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Picks one of a port's three latency histograms.
+type Buckets = fn(&PortLatency) -> &[u64; latency::BUCKETS];
+
+fn port_label(stats: &PortStats) -> Labels {
+    vec![("netns", stats.netns.clone()), ("port", stats.port.to_string())]
+}
+
+fn netns_label(gate: &GateMetrics) -> Labels {
+    vec![("netns", gate.netns.clone())]
+}
+
+fn with(mut labels: Labels, key: &'static str, value: impl ToString) -> Labels {
+    labels.push((key, value.to_string()));
+    labels
+}
+
+fn micros(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+/// Writes one metric family: `rows` gives each series' labels and value.
+fn family<V>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (Labels, V)>,
+) -> Result<(), std::fmt::Error>
+where
+    V: Copy + prometheus_client::encoding::EncodeGaugeValue + prometheus_client::encoding::EncodeCounterValue,
+{
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in rows {
+        let mut series = metric.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => series.encode_counter::<NoLabelSet, V, u64>(&value, None)?,
+            _ => series.encode_gauge(&value)?,
+        }
+    }
+    Ok(())
+}
+
+/// Cumulative-ready buckets `(upper edge in seconds, count)` and the
+/// estimated sum (bucket midpoints: the kernel keeps counts only).
+pub fn histogram(buckets: &[u64; latency::BUCKETS]) -> (Vec<(f64, u64)>, f64, u64) {
+    let mut out: Vec<(f64, u64)> = EDGES_US.map(|e| (micros(1 << e), 0)).collect();
+    out.push((f64::INFINITY, 0));
+    let mut sum = 0.0;
+    for (b, &n) in buckets.iter().enumerate().filter(|(_, n)| **n > 0) {
+        let (lo, hi) = (latency::lower_bound(b), latency::upper_bound(b).min(u64::from(u32::MAX)));
+        sum += n as f64 * micros(lo + (hi - lo) / 2);
+        // Every value of bucket b is below upper_bound(b) + 1 us.
+        let slot = out.iter().position(|(edge, _)| micros(hi + 1) <= *edge).unwrap_or(out.len() - 1);
+        out[slot].1 += n;
+    }
+    (out, sum, buckets.iter().sum())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        let ports = &self.ports;
+        {
+            use shed_common::gate_counter as g;
+            let dropped: Vec<(Labels, u64)> = [
+                ("tiny_fragment", g::TINY_FRAGMENT),
+                ("overlapping_fragment", g::OVERLAP_FRAGMENT),
+                ("ipv6_chain_unparsed", g::IPV6_CHAIN_UNPARSED),
+            ]
+            .iter()
+            .flat_map(|&(reason, i)| {
+                self.gates.iter().map(move |g| (with(netns_label(g), "reason", reason), g.gate[i]))
+            })
+            .collect();
+            family(
+                &mut e,
+                "shed_gate_dropped",
+                "Packets dropped before any port was known, because their headers could hide a SYN: tiny_fragment (first fragment without the TCP header), overlapping_fragment (TCP fragment at offset 8), ipv6_chain_unparsed (extension-header chain too long).",
+                Counter,
+                dropped,
+            )?;
+            let passes: Vec<(Labels, u64)> = PassReason::ALL
+                .iter()
+                .flat_map(|r| {
+                    self.gates.iter().map(move |g| {
+                        (with(netns_label(g), "reason", r.name()), g.heal.passes.get(r).copied().unwrap_or(0))
+                    })
+                })
+                .collect();
+            family(
+                &mut e,
+                "shed_heal_passes",
+                "Healing passes (each reads every held connection), by reason: start, evidence (ports changed or the connection map was full), confirm, routine (--heal-interval).",
+                Counter,
+                passes,
+            )?;
+            family(
+                &mut e,
+                "shed_heal_checks",
+                "Cheap checks of the counters between healing passes (about one a second).",
+                Counter,
+                self.gates.iter().map(|g| (netns_label(g), g.heal.checks)).collect::<Vec<_>>(),
+            )?;
+            family(
+                &mut e,
+                "shed_heal_records_read",
+                "Per-connection records healing passes read (socket-table records and tracked sockets).",
+                Counter,
+                self.gates.iter().map(|g| (netns_label(g), g.heal.records_read)).collect::<Vec<_>>(),
+            )?;
+            family(
+                &mut e,
+                "shed_heal_adopt_failed",
+                "Untracked connections a healing pass could not adopt because the connection map was full.",
+                Counter,
+                self.gates.iter().map(|g| (netns_label(g), g.heal.adopt_failed)).collect::<Vec<_>>(),
+            )?;
+            family(
+                &mut e,
+                "shed_heal_last_pass_seconds",
+                "How long the last healing pass took.",
+                Gauge,
+                self.gates.iter().map(|g| (netns_label(g), g.heal.last_pass.as_secs_f64())).collect::<Vec<_>>(),
+            )?;
+            let build =
+                vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("commit", env!("SHED_GIT_COMMIT").to_owned())];
+            family(
+                &mut e,
+                "shed_build_info",
+                "1, with the build's version and commit as labels.",
+                Gauge,
+                [(build, 1u64)],
+            )?;
+            let p = self.process;
+            family(
+                &mut e,
+                "process_cpu_seconds",
+                "CPU time of the daemon, user and system.",
+                Counter,
+                [(Labels::new(), p.cpu_seconds)],
+            )?;
+            family(
+                &mut e,
+                "process_resident_memory_bytes",
+                "Resident memory of the daemon.",
+                Gauge,
+                [(Labels::new(), p.resident_bytes)],
+            )?;
+            family(
+                &mut e,
+                "process_open_fds",
+                "File descriptors the daemon holds open.",
+                Gauge,
+                [(Labels::new(), p.open_fds)],
+            )?;
+            family(
+                &mut e,
+                "process_start_time_seconds",
+                "When the daemon started, seconds since the epoch.",
+                Gauge,
+                [(Labels::new(), p.start_time_seconds)],
+            )?;
+            family(
+                &mut e,
+                "shed_bpf_memory_bytes",
+                "Kernel memory held by the gate's maps (memlock as the kernel reports it; the connection and client maps grow with use).",
+                Gauge,
+                self.gates.iter().map(|g| (netns_label(g), g.bpf_memory_bytes)).collect::<Vec<_>>(),
+            )?;
+            family(
+                &mut e,
+                "shed_later_fragments",
+                "Later fragments passed (the first fragment carries the TCP header and is judged).",
+                Counter,
+                self.gates.iter().map(|g| (netns_label(g), g.gate[g::LATER_FRAGMENT])).collect::<Vec<_>>(),
+            )?;
+        }
+        let per_port = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, u64)> {
+            ports.iter().map(|p| (port_label(&p.stats), f(&p.stats))).collect()
+        };
+        let per_tier = |f: &dyn Fn(&crate::observe::stats::TierStats) -> u64| -> Vec<(Labels, u64)> {
+            ports
+                .iter()
+                .flat_map(|p| {
+                    tier::NAMES.iter().map(move |t| (with(port_label(&p.stats), "tier", t), f(&p.stats.tiers[t])))
+                })
+                .collect()
+        };
+        family(&mut e, "shed_limit", "Current concurrency limit of the port.", Gauge, per_port(&|s| s.limit.into()))?;
+        family(
+            &mut e,
+            "shed_min_limit",
+            "Lowest limit the adaptive controller may set (--min-limit).",
+            Gauge,
+            per_port(&|s| s.min_limit.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_max_limit",
+            "Highest limit the adaptive controller may set (--max-limit).",
+            Gauge,
+            per_port(&|s| s.max_limit.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_in_flight",
+            "What the limit is compared with: pending handshakes plus busy (count=work) or established (count=connections) connections.",
+            Gauge,
+            per_port(&|s| s.in_flight),
+        )?;
+        let states: Vec<(Labels, u64)> = ports
+            .iter()
+            .flat_map(|p| {
+                let s = &p.stats;
+                [("established", s.established), ("busy", s.busy), ("pending", s.pending)]
+                    .map(|(state, n)| (with(port_label(s), "state", state), n))
+            })
+            .collect();
+        family(
+            &mut e,
+            "shed_connections",
+            "Connections by state: established (open), busy (owing an answer), pending (handshakes under way).",
+            Gauge,
+            states,
+        )?;
+        family(&mut e, "shed_syn_seen", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
+        family(&mut e, "shed_admitted", "SYNs admitted.", Counter, per_port(&|s| s.admitted))?;
+        let reasons: Vec<(Labels, u64)> = ports
+            .iter()
+            .flat_map(|p| {
+                let r = &p.stats.rejected_by_reason;
+                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("late_ack", r.late_ack)]
+                    .map(|(reason, n)| (with(port_label(&p.stats), "reason", reason), n))
+            })
+            .collect();
+        family(
+            &mut e,
+            "shed_rejected",
+            "SYNs shed by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), late_ack (a handshake completing after its reservation lapsed, while full). Sheds, not errors.",
+            Counter,
+            reasons,
+        )?;
+        family(&mut e, "shed_tier_admitted", "SYNs admitted, by client tier.", Counter, per_tier(&|t| t.admitted))?;
+        family(
+            &mut e,
+            "shed_tier_rejected",
+            "SYNs shed (every reason), by client tier.",
+            Counter,
+            per_tier(&|t| t.rejected),
+        )?;
+        family(
+            &mut e,
+            "shed_tier_held_back",
+            "Slots held back from the tier while a tier above it is shed.",
+            Gauge,
+            per_tier(&|t| t.held_back.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_trickle_admitted",
+            "SYNs admitted past a full tier share by the anti-starvation trickle.",
+            Counter,
+            per_port(&|s| s.trickle_admitted),
+        )?;
+        family(&mut e, "shed_rst_sent", "RST+ACK replies sent to shed SYNs.", Counter, per_port(&|s| s.rst_sent))?;
+        family(
+            &mut e,
+            "shed_rst_failed",
+            "RST replies the gate could not build (the SYN was dropped instead).",
+            Counter,
+            per_port(&|s| s.rst_failed),
+        )?;
+        family(
+            &mut e,
+            "shed_rst_rate_limited",
+            "Shed SYNs dropped instead of answered because an RST cap was reached.",
+            Counter,
+            per_port(&|s| s.rst_rate_limited),
+        )?;
+        family(
+            &mut e,
+            "shed_would_reject",
+            "Dry-run: SYNs enforce mode would have shed (they were admitted).",
+            Counter,
+            per_port(&|s| s.would_reject),
+        )?;
+        family(&mut e, "shed_dry_run", "1 while the port is in dry-run.", Gauge, per_port(&|s| s.dry_run.into()))?;
+        family(
+            &mut e,
+            "shed_not_local",
+            "SYNs to the port not addressed to this namespace (forwarded, or leaving local containers): passed untouched.",
+            Counter,
+            per_port(&|s| s.not_local),
+        )?;
+        family(
+            &mut e,
+            "shed_handshakes_lapsed",
+            "Handshake reservations that lapsed without the handshake completing (forged or lost SYNs).",
+            Counter,
+            per_port(&|s| s.handshakes_lapsed),
+        )?;
+        family(
+            &mut e,
+            "shed_late_completed",
+            "Handshakes that completed after their reservation lapsed (counted from then on).",
+            Counter,
+            per_port(&|s| s.late_completed),
+        )?;
+        family(
+            &mut e,
+            "shed_late_ack_admitted",
+            "Late handshake-completing ACKs admitted because the port had room.",
+            Counter,
+            per_port(&|s| s.late_ack_admitted),
+        )?;
+        family(
+            &mut e,
+            "shed_ack_check",
+            "1 while handshake-completing ACKs to the port are checked (an admission lapsed recently).",
+            Gauge,
+            per_port(&|s| s.ack_check.into()),
+        )?;
+        family(
+            &mut e,
+            "shed_handshake_window_seconds",
+            "How long an admitted SYN holds its slot at most while its handshake is under way.",
+            Gauge,
+            ports
+                .iter()
+                .map(|p| (port_label(&p.stats), micros(p.stats.handshake_window_us)))
+                .collect::<Vec<(Labels, f64)>>(),
+        )?;
+        family(
+            &mut e,
+            "shed_rst_suppressed",
+            "Resets withheld because the source cannot be a real client (multicast, broadcast, own address from outside).",
+            Counter,
+            per_port(&|s| s.rst_suppressed),
+        )?;
+        family(
+            &mut e,
+            "shed_client_map_full",
+            "Connections not counted against their client's cap because the client map was full (fail-open).",
+            Counter,
+            per_port(&|s| s.client_map_full),
+        )?;
+        family(
+            &mut e,
+            "shed_connection_map_full",
+            "Connections not counted at all because the connection map was full (fail-open; --max-connections).",
+            Counter,
+            per_port(&|s| s.connection_map_full),
+        )?;
+        family(
+            &mut e,
+            "shed_drift_corrected",
+            "Connections corrected against the kernel's socket table.",
+            Counter,
+            per_port(&|s| s.drift_corrected),
+        )?;
+        let seconds = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, f64)> {
+            ports.iter().map(|p| (port_label(&p.stats), micros(f(&p.stats)))).collect()
+        };
+        family(
+            &mut e,
+            "shed_baseline_seconds",
+            "Request latency the controller treats as 'no queue'.",
+            Gauge,
+            seconds(&|s| s.baseline_us),
+        )?;
+        family(
+            &mut e,
+            "shed_accept_queue",
+            "Connections waiting in the port's accept queues (its listeners' Recv-Q) at the last window's end.",
+            Gauge,
+            ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_queue))).collect::<Vec<_>>(),
+        )?;
+        family(
+            &mut e,
+            "shed_accept_backlog",
+            "Capacity of the port's accept queues (the listeners' backlog).",
+            Gauge,
+            ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_backlog))).collect::<Vec<_>>(),
+        )?;
+        family(
+            &mut e,
+            "shed_listen_drops",
+            "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
+            Counter,
+            per_port(&|s| s.listen_drops),
+        )?;
+        family(
+            &mut e,
+            "shed_observed_seconds",
+            "The latency percentile the controller follows, in its last window.",
+            Gauge,
+            seconds(&|s| s.observed_us),
+        )?;
+        let histograms: [(&str, &str, Buckets); 3] = [
+            (
+                "shed_queue_wait_seconds",
+                "Request arrival to pick-up by the service (sum estimated from bucket midpoints).",
+                |l| &l.queue_wait,
+            ),
+            ("shed_service_seconds", "Pick-up to first response byte (sum estimated from bucket midpoints).", |l| {
+                &l.service
+            }),
+            (
+                "shed_sojourn_seconds",
+                "Request arrival to first response byte (sum estimated from bucket midpoints).",
+                |l| &l.sojourn,
+            ),
+        ];
+        for (name, help, of) in histograms {
+            let mut metric = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for p in ports {
+                let (buckets, sum, count) = histogram(of(&p.latency));
+                let labels = port_label(&p.stats);
+                metric.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
+        }
+        let decisions: Vec<(Labels, u64)> = ports
+            .iter()
+            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(&p.stats), "reason", json_name(r)), *n)))
+            .collect();
+        family(
+            &mut e,
+            "shed_limit_decisions",
+            "Controller windows by the reason for the limit they set.",
+            Counter,
+            decisions,
+        )?;
+        let info: Vec<(Labels, u64)> = ports
+            .iter()
+            .map(|p| {
+                let s = &p.stats;
+                let labels =
+                    with(with(with(port_label(s), "algo", s.algo), "action", s.action), "count", json_name(&s.count));
+                (labels, 1)
+            })
+            .collect();
+        family(&mut e, "shed_port_info", "The port's limiter, reject action and what in-flight counts.", Gauge, info)
+    }
+}
+
+/// Binds the endpoint; done before anything is attached, so a bad or busy
+/// address refuses the attach.
+pub fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).map_err(|e| Error::io("listen for metrics on", addr.to_string(), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_address_is_refused_with_its_name() {
+        let first = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = first.local_addr().unwrap();
+        let err = bind(addr).unwrap_err().to_string();
+        assert!(err.contains(&addr.to_string()), "{err}");
+    }
+
+    #[test]
+    fn histogram_buckets_are_exact_at_power_of_two_edges() {
+        let mut h = [0u64; latency::BUCKETS];
+        h[latency::bucket(15)] += 1; // below 16 us
+        h[latency::bucket(16)] += 2; // exactly 16 us: the next edge
+        h[latency::bucket(1_000)] += 3; // below 1024 us
+        h[latency::bucket(40_000_000)] += 4; // beyond the last edge
+        let (buckets, sum, count) = histogram(&h);
+        assert_eq!(count, 10);
+        assert_eq!(buckets[0], (16e-6, 1));
+        assert_eq!(buckets[1], (32e-6, 2));
+        let ms = buckets.iter().position(|(e, _)| *e == 1024e-6).unwrap();
+        assert_eq!(buckets[ms].1, 3);
+        assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, 4));
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), count);
+        let exact = 15e-6 + 2.0 * 16e-6 + 3.0 * 1e-3 + 4.0 * 40.0;
+        assert!((sum - exact).abs() / exact < 0.25, "sum {sum} vs {exact}");
+    }
+}

@@ -1,0 +1,12 @@
+//! What operators read of a running gate: [`stats`] (one port's figures from
+//! a map snapshot, for `stats`, `top` and the metrics), [`metrics`]
+//! (Prometheus), [`endpoint`] (the HTTP server: /metrics, /healthz,
+//! /readyz), [`top`] and [`table`] (terminal views), and [`vocabulary`] (one
+//! name per setting and counter everywhere).
+
+pub mod endpoint;
+pub mod metrics;
+pub mod stats;
+pub mod table;
+pub mod top;
+pub mod vocabulary;
