@@ -69,6 +69,9 @@ fn one_daemon_gates_two_namespaces_each_with_its_own_limit_and_counts() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("name the same network namespace"), "{stderr}");
     assert!(!Path::new(paths::PIN_DIR).exists(), "nothing pinned after a refusal");
+    let out = shedctl(&["attach", "--netns", "host", "--port", "8080"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("names the daemon's own namespace"), "{stderr}");
 
     let mut gate = Gate::attach(&[
         "--netns",
@@ -144,6 +147,13 @@ fn one_daemon_gates_two_namespaces_each_with_its_own_limit_and_counts() {
     poll(Duration::from_secs(5), "a's pins removed", || Path::new(paths::NETNS_PIN_DIR).join(la).exists(), |e| !e);
     let all = stats(None);
     assert!(all.len() == 1 && all[0].0 == lb, "{all:?}");
+    // The ended gate is left out of the endpoint: healthy past its last heartbeat, no series.
+    std::thread::sleep(Duration::from_millis(5_500));
+    let (status, body) = support::metrics::http_get(METRICS, "/healthz");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    let s = scrape(METRICS);
+    assert!(!s.samples.iter().any(|x| x.labels.get("netns") == Some(la)), "no series of the ended gate");
+    assert_eq!(value(&s, "shed_limit", &[("netns", lb), ("port", "8080")]), 3.0);
     drop(held_a);
     let more_a: Vec<TcpStream> = (0..3).map(|_| open(&a).expect("a is no longer gated")).collect();
     assert_eq!(open(&b).expect_err("b is still gated at 3").kind(), io::ErrorKind::ConnectionRefused);

@@ -377,6 +377,16 @@ fn kernel_log_reports_a_rare_path_once_a_second_and_only_when_asked() {
         })
         .unwrap()
     };
+    // The gate program as the kernel holds it after verification, per run.
+    let translated = || -> u32 {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .filter(|p| p.name_as_str() == Some("shed_tc"))
+            .filter_map(|p| p.size_translated())
+            .max()
+            .expect("the TC gate is loaded")
+    };
+    let mut sizes = Vec::new();
     for kernel_log in [true, false] {
         let mut args = vec!["--port", "8080", "--limit", "5"];
         if kernel_log {
@@ -403,8 +413,12 @@ fn kernel_log_reports_a_rare_path_once_a_second_and_only_when_asked() {
         } else {
             assert_eq!(lines(&gate.log()), 0, "off by default:\n{}", gate.log());
         }
+        sizes.push(translated());
         // Dropped either way: no SYN behind the fragment reached the server.
         assert_eq!(field(&stats(PORT), "syn_seen"), 0);
         assert!(gate.stop().success(), "{}", gate.log());
     }
+    // Off, the verifier removed the logging code: the packet path runs no more
+    // instructions than it did before aya-log was compiled in.
+    assert!(sizes[1] < sizes[0], "kernel log off: {} bytes of program, on: {}", sizes[1], sizes[0]);
 }

@@ -90,7 +90,8 @@ pub mod map {
     /// (kernel only; see `attach --kernel-log`).
     pub const RARE_STAMPS: &str = "SHED_RARE_STAMPS";
 
-    /// Every map the daemon pins, in one place so pin/unpin/open agree.
+    /// Every map of the kernel object by name, in one place (the daemon pins
+    /// those it opens as `GateMaps`; `RARE_STAMPS` is the kernel's alone).
     pub const ALL: [&str; 23] = [
         PORTS,
         PORT_STATE,

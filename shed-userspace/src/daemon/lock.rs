@@ -88,7 +88,12 @@ impl DaemonLock {
             .map_err(|e| Error::io("restrict", paths::PID_FILE, e))?;
         if !try_flock(&file, libc::LOCK_EX) {
             let pid = read_pid(&mut file);
-            let ports = maps::GateMaps::open_pinned().and_then(|m| m.port_list()).unwrap_or_else(|_| "unknown".into());
+            let ports = maps::GateMaps::open_gates(None)
+                .map(|gates| {
+                    let lists: Vec<String> = gates.iter().filter_map(|g| g.maps.port_list().ok()).collect();
+                    lists.join(", ")
+                })
+                .unwrap_or_else(|_| "unknown".into());
             return Err(Error::AlreadyRunning { pid, ports });
         }
         // Empty until `write_pid`: a pid in the file means the gate is fully attached.

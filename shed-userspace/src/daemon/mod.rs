@@ -60,8 +60,10 @@ pub struct LoopSettings {
     pub heartbeat: crate::daemon::report::Heartbeat,
     /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
     pub reload: Option<Reloader>,
-    /// Becomes true when the loop must stop (another namespace's loop failed).
+    /// Becomes true when the loop must stop (SIGINT, SIGTERM, or another namespace's loop failed).
     pub stop: tokio::sync::watch::Receiver<bool>,
+    /// Changes on each SIGHUP: re-read the config.
+    pub reload_requests: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Applies a reloaded config; returns the changed settings that take a restart.
@@ -115,12 +117,8 @@ impl LocalAddrs {
     }
 }
 
-/// Runs until SIGINT/SIGTERM or until every port has been detached.
+/// Runs until told to stop or until every port has been detached.
 pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Error> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| Error::io("install handler", "SIGINT", e))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| Error::io("install handler", "SIGTERM", e))?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(|e| Error::io("install handler", "SIGHUP", e))?;
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut settings = settings;
@@ -137,10 +135,10 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     let _ = std::fs::remove_file(paths::REQUEST_NOTE);
     loop {
         tokio::select! {
-            _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); return Ok(()); }
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); return Ok(()); }
-            _ = settings.stop.changed() => { tracing::info!("the gate is stopping: detaching"); return Ok(()); }
-            _ = sighup.recv() => match settings.reload.as_mut() {
+            // The daemon's signals come through the main thread (a closed channel: it is gone).
+            _ = settings.stop.changed() => return Ok(()),
+            changed = settings.reload_requests.changed() => match settings.reload.as_mut() {
+                _ if changed.is_err() => return Ok(()),
                 None => tracing::warn!("SIGHUP: attach was started without --config: nothing to reload"),
                 Some(reload) => match reload(&mut loaded.maps) {
                     Ok(restart) if restart.is_empty() => tracing::info!("SIGHUP: config reloaded and applied"),

@@ -391,7 +391,11 @@ impl HandshakeWindow {
                 self.last_lapse = Some(now);
             } else {
                 maps.set_ack_check(snapshot.port, false)?;
-                tracing::info!(port = snapshot.port, "no handshake lapsed for {ACK_CHECK_HOLD:?}: ACK check off");
+                tracing::info!(
+                    port = snapshot.port,
+                    "no handshake lapsed for {} s: ACK check off",
+                    ACK_CHECK_HOLD.as_secs()
+                );
             }
         }
         Ok(())

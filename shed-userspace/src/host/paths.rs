@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 /// bpffs mount point.
 pub const BPFFS: &str = "/sys/fs/bpf";
 /// The gate's pin folder. A gate of the daemon's own network namespace pins
-/// one map per name in `shed_common::map::ALL` here; a gate of a namespace
+/// its maps here; a gate of a namespace
 /// named with `--netns` pins them in [`NETNS_PIN_DIR`]`/<label>` instead.
 pub const PIN_DIR: &str = "/sys/fs/bpf/shed";
 /// Pin folders of the gates of namespaces named with `--netns`, one per namespace.

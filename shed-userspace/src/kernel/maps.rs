@@ -131,7 +131,12 @@ impl GateMaps {
         let mut gates = Vec::new();
         for (netns, dir) in pinned_gate_dirs() {
             if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
-                gates.push(PinnedGate { maps: Self::open_pinned_at(&dir)?, netns });
+                match Self::open_pinned_at(&dir) {
+                    Ok(maps) => gates.push(PinnedGate { maps, netns }),
+                    // That namespace's gate ended while we looked (its pins go with it).
+                    Err(_) if !dir.join(map::PORTS).exists() => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         if gates.is_empty() {

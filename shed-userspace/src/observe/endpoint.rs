@@ -81,14 +81,33 @@ pub struct EndpointGate {
     pub decisions: Decisions,
     pub heal: HealReport,
     pub heartbeat: Heartbeat,
+    /// Set when the gate's loop has ended (its ports all detached): it is
+    /// then left out of every answer, and its maps are let go.
+    pub ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One gate's maps and shedding history, opened once by the endpoint thread.
 /// Each behind a lock of its own: `/healthz` and `/readyz` never wait for a scrape.
 struct OpenGate {
     gate: EndpointGate,
-    maps: Mutex<GateMaps>,
+    /// None once the gate has ended.
+    maps: Mutex<Option<GateMaps>>,
     history: Mutex<ShedHistory>,
+}
+
+impl OpenGate {
+    fn ended(&self) -> bool {
+        self.gate.ended.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The maps of a gate still running (an ended gate's are closed here, freeing them).
+    fn maps(&self) -> std::sync::MutexGuard<'_, Option<GateMaps>> {
+        let mut maps = lock(&self.maps);
+        if self.ended() {
+            *maps = None;
+        }
+        maps
+    }
 }
 
 #[derive(Clone)]
@@ -105,7 +124,7 @@ pub fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
             let mut gates = Vec::new();
             for gate in endpoint.gates {
                 match GateMaps::open_pinned_at(&gate.pin_dir) {
-                    Ok(maps) => gates.push(OpenGate { gate, maps: Mutex::new(maps), history: Mutex::default() }),
+                    Ok(maps) => gates.push(OpenGate { gate, maps: Mutex::new(Some(maps)), history: Mutex::default() }),
                     Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
                 }
             }
@@ -143,7 +162,7 @@ async fn sample_shedding(shared: Shared) {
         let keep = shared.readiness.window;
         let _ = tokio::task::spawn_blocking(move || {
             for open in gates.iter() {
-                let Ok(snapshots) = lock(&open.maps).snapshots(None) else { continue };
+                let Some(Ok(snapshots)) = open.maps().as_ref().map(|m| m.snapshots(None)) else { continue };
                 let (admitted, rejected) = snapshots
                     .iter()
                     .map(|s| PortStats::new(s, None))
@@ -157,16 +176,14 @@ async fn sample_shedding(shared: Shared) {
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
     let scrape = tokio::task::spawn_blocking(move || {
-        let maps: Vec<_> = shared.gates.iter().map(|g| lock(&g.maps)).collect();
+        let maps: Vec<_> = shared.gates.iter().map(OpenGate::maps).collect();
         let sources: Vec<GateSource> = shared
             .gates
             .iter()
             .zip(&maps)
-            .map(|(g, maps)| GateSource {
-                netns: &g.gate.netns,
-                maps,
-                decisions: &g.gate.decisions,
-                heal: &g.gate.heal,
+            .filter_map(|(g, maps)| {
+                let maps = maps.as_ref()?;
+                Some(GateSource { netns: &g.gate.netns, maps, decisions: &g.gate.decisions, heal: &g.gate.heal })
             })
             .collect();
         Scrape::read(&sources).map(Scrape::encode)
@@ -185,7 +202,7 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
 
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
     let several = shared.gates.len() > 1;
-    for open in shared.gates.iter() {
+    for open in shared.gates.iter().filter(|g| !g.ended()) {
         let of = if several { format!(" of namespace {}", open.gate.netns) } else { String::new() };
         match open.gate.heartbeat.age() {
             Some(age) if age <= HEALTHY_WITHIN => {}
@@ -203,7 +220,7 @@ async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
 
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
     let several = shared.gates.len() > 1;
-    for open in shared.gates.iter() {
+    for open in shared.gates.iter().filter(|g| !g.ended()) {
         if let Some(why) = lock(&open.history).not_ready(shared.readiness) {
             let why = if several { format!("namespace {}: {why}", open.gate.netns) } else { why };
             return (StatusCode::SERVICE_UNAVAILABLE, why);

@@ -72,14 +72,25 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
     let _pins = PinGuard;
 
+    // Signals are this thread's alone, caught from before the first load: the
+    // default action of a SIGTERM during set-up would leave pins behind, and a
+    // handler installed per gate thread could miss one sent between two.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let mut signals = {
+        let _context = runtime.enter();
+        Signals::install()?
+    };
+
     // One gate per namespace, each on a thread of its own that enters the
     // namespace first: interfaces, addresses, sockets and the listen-queue
     // counters are all read as that thread sees them.
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (reload, reloads) = tokio::sync::watch::channel(0u64);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut gates = Vec::new();
     for netns in &namespaces {
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<Option<Instance>>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<Instance>();
         let gate = Gate {
             netns: netns.clone(),
             label: paths::netns_label(netns.as_deref()),
@@ -87,35 +98,40 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             decisions: crate::daemon::report::Decisions::default(),
             heal: crate::daemon::heal::HealReport::default(),
             heartbeat: crate::daemon::report::Heartbeat::default(),
+            ended: Default::default(),
         };
         let (setup, ready, spec, tiers) = (gate.clone(), ready_tx.clone(), spec, tiers.clone());
-        let (args, stopped) = (args.clone(), stopped.clone());
+        let (args, loop_signals) = (args.clone(), LoopSignals { stop: stopped.clone(), reload: reloads.clone() });
+        let mut end =
+            GateEnd { done: done_tx.clone(), label: gate.label.clone(), ended: gate.ended.clone(), told: false };
         let thread = std::thread::Builder::new()
             .name(format!("shed-{}", gate.label))
             .spawn(move || {
                 let _span = tracing::info_span!("gate", netns = %setup.label).entered();
-                let loaded = set_up(&setup, &args, &ports_of(&args), &spec, &tiers);
+                let loaded = set_up(&setup, &args, &ports_of(&args), &spec, &tiers)
+                    .with_context(|| format!("network namespace {}", setup.label));
                 let (result, loaded) = match loaded {
                     Ok((loaded, local_addrs)) => (Ok(()), Some((loaded, local_addrs))),
                     Err(e) => (Err(e), None),
                 };
                 let _ = ready.send(result);
+                drop(ready); // a set-up that panics instead ends the wait all the same
                 // Every namespace answered: run, or (one of them failed) detach.
-                let (Some((mut loaded, local_addrs)), Ok(Some(instance))) = (loaded, go_rx.recv()) else {
-                    return Ok(());
+                let (Some((mut loaded, local_addrs)), Ok(instance)) = (loaded, go_rx.recv()) else {
+                    return end.tell(Ok(()));
                 };
-                let result = run_gate(&setup, &mut loaded, local_addrs, instance, &args, stopped);
+                let result = run_gate(&setup, &mut loaded, local_addrs, instance, &args, loop_signals);
                 drop(loaded); // detaches its links, inside the namespace
                 if setup.netns.is_some() {
                     // The namespace's ports are gone (or the daemon stops): so are its pins.
                     let _ = maps::remove_pins(&setup.pin_dir);
                 }
-                result
+                end.tell(result.with_context(|| format!("network namespace {}", setup.label)));
             })
             .context("starting a gate thread")?;
         gates.push((gate, go_tx, thread));
     }
-    drop(ready_tx);
+    drop((ready_tx, done_tx));
     let mut failure = None;
     for _ in &gates {
         match ready_rx.recv() {
@@ -146,6 +162,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
                         decisions: g.decisions.clone(),
                         heal: g.heal.clone(),
                         heartbeat: g.heartbeat.clone(),
+                        ended: g.ended.clone(),
                     })
                     .collect(),
                 readiness: crate::observe::endpoint::ReadinessRule {
@@ -175,24 +192,94 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     );
     let mut threads = Vec::new();
     for (_, go, thread) in gates {
-        let _ = go.send(Some(Instance));
+        let _ = go.send(Instance);
         threads.push(thread);
     }
-    // A failed namespace stops them all (the daemon exits with its error);
-    // one whose ports were all detached just ends.
-    let mut failure: Option<anyhow::Error> = None;
-    for thread in threads {
-        let result = thread.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a gate thread panicked")));
-        if let Err(e) = result {
-            let _ = stop.send(true);
-            failure.get_or_insert(e);
+    // Signals go to every gate; a namespace that fails stops them all at once
+    // (the daemon exits with its error); one whose ports were all detached
+    // just ends, and the others run on.
+    let failure = runtime.block_on(async {
+        let (mut running, mut failure) = (threads.len(), None);
+        while running > 0 {
+            tokio::select! {
+                _ = signals.interrupt.recv() => {
+                    tracing::info!("SIGINT: detaching");
+                    let _ = stop.send(true);
+                }
+                _ = signals.terminate.recv() => {
+                    tracing::info!("SIGTERM: detaching");
+                    let _ = stop.send(true);
+                }
+                _ = signals.hang_up.recv() => reload.send_modify(|n| *n += 1),
+                Some((label, result)) = done_rx.recv() => {
+                    running -= 1;
+                    if let Err(e) = result {
+                        tracing::error!(netns = %label, "{e:#}: stopping every gate");
+                        let _ = stop.send(true);
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
         }
+        failure
+    });
+    for thread in threads {
+        let _ = thread.join();
     }
     if let Some(e) = failure {
         return Err(e);
     }
     tracing::info!("detached; pins removed");
     Ok(())
+}
+
+/// The daemon's signals, installed once for every gate.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hang_up: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let install = |kind: SignalKind, name: &str| signal(kind).map_err(|e| Error::io("install handler", name, e));
+        Ok(Self {
+            interrupt: install(SignalKind::interrupt(), "SIGINT")?,
+            terminate: install(SignalKind::terminate(), "SIGTERM")?,
+            hang_up: install(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+}
+
+/// What a gate's loop hears from the daemon: stop, and reload the config.
+struct LoopSignals {
+    stop: tokio::sync::watch::Receiver<bool>,
+    reload: tokio::sync::watch::Receiver<u64>,
+}
+
+/// Tells the daemon how a gate thread ended, once; a thread that panics tells it too.
+struct GateEnd {
+    done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
+    label: String,
+    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    told: bool,
+}
+
+impl GateEnd {
+    fn tell(&mut self, result: anyhow::Result<()>) {
+        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.done.send((self.label.clone(), result));
+        self.told = true;
+    }
+}
+
+impl Drop for GateEnd {
+    fn drop(&mut self) {
+        if !self.told {
+            self.tell(Err(anyhow::anyhow!("the gate's thread panicked")));
+        }
+    }
 }
 
 /// Go-ahead for a namespace's thread to run its control loop.
@@ -207,6 +294,8 @@ struct Gate {
     decisions: crate::daemon::report::Decisions,
     heal: crate::daemon::heal::HealReport,
     heartbeat: crate::daemon::report::Heartbeat,
+    /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
+    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn ports_of(args: &AttachArgs) -> Vec<u16> {
@@ -221,6 +310,12 @@ fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
     }
     let mut seen: Vec<(String, u64, &str)> = Vec::new();
     for ns in netns {
+        let label = paths::netns_label(Some(ns));
+        if label == paths::OWN_NETNS_LABEL {
+            anyhow::bail!(
+                "--netns {ns}: `{label}` names the daemon's own namespace in stats and metrics: give the namespace by path (--netns /run/netns/{ns})"
+            );
+        }
         let path = system::netns_path(ns);
         let inode = fs::metadata(&path)
             .map_err(|e| {
@@ -230,7 +325,6 @@ fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
                 )
             })?
             .ino();
-        let label = paths::netns_label(Some(ns));
         if let Some((_, _, other)) = seen.iter().find(|(l, i, _)| *l == label || *i == inode) {
             anyhow::bail!(
                 "--netns {ns} and --netns {other} name the same network namespace (or the same label `{label}`): give each namespace once"
@@ -269,6 +363,10 @@ fn set_up(
     }
     match system::netns_filter() {
         Ok(filter) => loaded.maps.set_netns_filter(filter)?,
+        // Several gates on one port would each count the others' connections.
+        Err(why) if args.netns.len() > 1 => anyhow::bail!(
+            "cannot tell the namespaces' sockets apart ({why}), so several namespaces cannot be gated at once: gate one namespace per daemon"
+        ),
         Err(why) => tracing::warn!(
             "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
         ),
@@ -311,7 +409,7 @@ fn run_gate(
     local_addrs: daemon::LocalAddrs,
     _go: Instance,
     args: &AttachArgs,
-    stop: tokio::sync::watch::Receiver<bool>,
+    signals: LoopSignals,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let follow_interfaces = args.ifaces.is_empty().then(|| FollowInterfaces {
@@ -335,7 +433,8 @@ fn run_gate(
                 super::reload::reload(maps, &argv, &running).map_err(|e| format!("{e:#}"))
             }) as daemon::Reloader
         }),
-        stop,
+        stop: signals.stop,
+        reload_requests: signals.reload,
     };
     // aya-log's records wait in a ring buffer until read: poll it beside the loop.
     let kernel_log = if args.kernel_log {
@@ -369,8 +468,14 @@ async fn forward_kernel_log(logger: aya_log::EbpfLogger<&'static dyn log::Log>) 
         Err(e) => return tracing::warn!("kernel log unavailable: {e}"),
     };
     loop {
-        let Ok(mut ready) = ring.readable_mut().await else { return };
-        ready.get_inner_mut().flush();
+        let Ok(mut ready) = ring.readable_mut().await else {
+            return tracing::warn!("kernel log stopped: its ring buffer cannot be polled");
+        };
+        // aya-log panics on a record it cannot decode: stop logging, not the gate.
+        let logger = ready.get_inner_mut();
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| logger.flush())).is_err() {
+            return tracing::warn!("kernel log stopped: a record could not be decoded");
+        }
         ready.clear_ready();
     }
 }

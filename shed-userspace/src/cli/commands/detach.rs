@@ -40,8 +40,12 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
             gates[i].maps.unprotect(port)?;
         }
         let several = gates.len() > 1;
-        let left: Vec<String> = GateMaps::open_gates(None)
-            .unwrap_or_default()
+        let still = match GateMaps::open_gates(None) {
+            Ok(gates) => gates,
+            Err(Error::NoGate { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let left: Vec<String> = still
             .iter()
             .filter_map(|g| {
                 let ports = g.maps.port_list().ok().filter(|p| p != "none")?;
