@@ -6,7 +6,7 @@ pub mod config;
 pub mod input;
 pub mod tiers;
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 
@@ -19,6 +19,7 @@ use crate::{
     },
     cli::tiers::{parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
     control::{Algo, Settings},
+    kernel::maps::PortSpec,
     kernel::options::{Action, Cidr, Count, Hook, XdpAttachMode},
 };
 
@@ -273,6 +274,25 @@ pub struct AttachArgs {
 }
 
 impl AttachArgs {
+    /// What the arguments ask of every port, and the client tiers, checked
+    /// (the same for `attach` and a SIGHUP reload).
+    pub fn plan(&self) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
+        let (control, limit) = self.control().map_err(anyhow::Error::msg)?;
+        let mut assignments = self.tiers.clone();
+        if let Some(file) = &self.tier_file {
+            assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
+        }
+        let tiers = tiers::merge(assignments).map_err(anyhow::Error::msg)?;
+        let spec = PortSpec {
+            client_cap: self.client_cap,
+            client_prefix_v6: self.client_prefix_v6,
+            rst_per_sec: self.rst_rate,
+            rst_per_prefix_per_sec: self.rst_prefix_rate,
+            ..PortSpec::new(limit, self.action.to_raw(), self.dry_run, self.count.to_raw(), control)
+        };
+        Ok((spec, tiers))
+    }
+
     /// The controller settings and the starting limit, checked for consistency.
     pub fn control(&self) -> Result<(ControlConfig, u32), String> {
         let algo = match (self.algo, self.limit) {
@@ -497,6 +517,59 @@ pub struct DetachArgs {
     /// Milliseconds to wait for the daemon to exit (--timeout 5000).
     #[arg(long, default_value = "5000", value_parser = |s: &str| parse_millis(s, 100, 600_000))]
     pub timeout: Duration,
+}
+
+/// Every setting has one name on `attach`, `set` and in the config file (see
+/// [`crate::observe::vocabulary`]).
+#[cfg(test)]
+mod vocabulary_tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+    use crate::observe::vocabulary::{Kind, TERMS, flag, rule_broken};
+
+    fn flags_of(verb: &str) -> Vec<String> {
+        let cli = Cli::command();
+        let sub = cli.find_subcommand(verb).unwrap_or_else(|| panic!("no verb {verb}"));
+        sub.get_arguments().filter_map(|a| a.get_long().map(str::to_owned)).collect()
+    }
+
+    #[test]
+    fn every_term_follows_the_naming_rules() {
+        let broken: Vec<String> = TERMS.iter().filter_map(rule_broken).collect();
+        assert!(broken.is_empty(), "{broken:#?}");
+        let mut names: Vec<&str> = TERMS.iter().map(|t| t.json).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), TERMS.len(), "a JSON name twice");
+    }
+
+    #[test]
+    fn every_setting_is_one_name_on_attach_set_and_in_the_config_file() {
+        let (attach, set) = (flags_of("attach"), flags_of("set"));
+        for term in TERMS {
+            let Kind::Setting { live } = term.kind else { continue };
+            let flag = flag(term.json);
+            assert!(attach.contains(&flag), "attach has no --{flag} (stats --json says {})", term.json);
+            assert_eq!(set.contains(&flag), live, "`set --{flag}`: live is {live} for {}", term.json);
+            assert!(crate::cli::config::has_key(&flag), "config file has no key `{flag}`");
+        }
+        // And the other way: every attach flag is a config key of the same name,
+        // but for lists (a plural key) and flags about the command line itself.
+        let command_line_only = ["config", "print-config", "no-dry-run", "help"];
+        for flag in attach.iter().filter(|f| !command_line_only.contains(&f.as_str())) {
+            let key = match flag.as_str() {
+                "port" | "iface" => format!("{flag}s"),
+                "tier" => "tiers".to_owned(),
+                other => other.to_owned(),
+            };
+            assert!(crate::cli::config::has_key(&key), "--{flag} has no config key `{key}`");
+        }
+        // Every `set` flag is a setting of attach too, under the same name.
+        for flag in set.iter().filter(|f| !["port", "netns", "help", "share", "tier-action"].contains(&f.as_str())) {
+            assert!(attach.contains(flag), "set --{flag} is not an attach flag");
+        }
+    }
 }
 
 #[cfg(test)]

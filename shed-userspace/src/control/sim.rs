@@ -9,7 +9,7 @@ use std::{cmp::Reverse, collections::BinaryHeap, collections::VecDeque};
 
 use shed_common::{PortConfig, tier};
 
-use crate::control::{Algo, Controller, Reason, Settings, TierReserve, WindowSample, splitmix};
+use crate::control::{Algo, Controller, Reason, Settings, WindowSample, reserve::TierHoldBack, splitmix};
 
 const NS: f64 = 1e9;
 
@@ -131,7 +131,7 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
     let mut port = PortConfig::new(0, 0, false, 0);
     port.tiered = u8::from(cfg.tier_mix.is_some());
     let mut share_rejections = 0u64;
-    let mut reserve = TierReserve::default();
+    let mut reserve = TierHoldBack::default();
     let mut held_back = [0u16; tier::COUNT];
     let mut window_rejected = [0u64; tier::COUNT];
     // Turned away by the limit itself (not a tier's share): the limit pressed.

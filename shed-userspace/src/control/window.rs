@@ -1,7 +1,71 @@
 //! One control window's figures, built in one place from two snapshots of a
 //! port's latency histograms (the window is their difference).
 
-use shed_common::latency;
+use shed_common::{PortLatency, latency};
+
+use super::WindowSample;
+
+type Histogram = [u64; latency::BUCKETS];
+
+/// A port's latency histograms over one window: the later snapshot minus the earlier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    /// Arrival in the socket to pick-up by the application.
+    pub queue_wait: Histogram,
+    /// Pick-up to the first answer byte.
+    pub service: Histogram,
+    /// Arrival to the first answer byte.
+    pub sojourn: Histogram,
+}
+
+/// What the window saw besides latency: the listener's and the gate's signals.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Signals {
+    /// In-flight at the window's end.
+    pub in_flight: u64,
+    /// Listen-queue drops counted against the port in the window.
+    pub listen_drops: u64,
+    /// SYNs the limit turned away in the window (or would have, in dry-run).
+    pub rejected: u64,
+    /// The time the window spans, microseconds, as measured.
+    pub elapsed_us: u64,
+    /// Control windows it spans (quiet windows carried over).
+    pub windows: u32,
+}
+
+impl Window {
+    /// The window between two snapshots of the same port's histograms (the
+    /// kernel's counters only grow; a wrap reads as a difference all the same).
+    pub fn between(before: &PortLatency, now: &PortLatency) -> Self {
+        let delta = |now: &Histogram, before: &Histogram| -> Histogram {
+            std::array::from_fn(|i| now[i].wrapping_sub(before[i]))
+        };
+        Self {
+            queue_wait: delta(&now.queue_wait, &before.queue_wait),
+            service: delta(&now.service, &before.service),
+            sojourn: delta(&now.sojourn, &before.sojourn),
+        }
+    }
+
+    /// What the controller judges: the `percentile` of sojourn (and of queue
+    /// wait), the median service time, and the count of requests judged:
+    /// queue waits for the queue limiter (a multiplexed port records nothing
+    /// else), whole requests for the others.
+    pub fn sample(&self, signals: Signals, percentile: f64, judge_queue_waits: bool) -> WindowSample {
+        let judged = if judge_queue_waits { &self.queue_wait } else { &self.sojourn };
+        WindowSample {
+            in_flight: signals.in_flight,
+            samples: judged.iter().sum(),
+            latency_us: histogram_percentile(&self.sojourn, percentile),
+            queue_wait_us: histogram_percentile(&self.queue_wait, percentile),
+            service_us: histogram_percentile(&self.service, 50.0),
+            listen_drops: signals.listen_drops,
+            rejected: signals.rejected,
+            elapsed_us: signals.elapsed_us,
+            windows: signals.windows,
+        }
+    }
+}
 
 /// The `p`th percentile (0-100) of a latency histogram, microseconds: the
 /// midpoint of the bucket holding that rank (0 when the histogram is empty).
@@ -25,6 +89,24 @@ pub fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_is_the_difference_of_two_snapshots() {
+        let mut before = PortLatency::default();
+        let mut now = PortLatency::default();
+        before.sojourn[latency::bucket(1_000)] = 5;
+        now.sojourn[latency::bucket(1_000)] = 7;
+        now.sojourn[latency::bucket(40_000)] = 3;
+        now.queue_wait[latency::bucket(200)] = 4;
+        let window = Window::between(&before, &now);
+        assert_eq!(window.sojourn.iter().sum::<u64>(), 5, "2 + 3 new requests");
+        let signals = Signals { in_flight: 9, listen_drops: 1, rejected: 2, elapsed_us: 100_000, windows: 1 };
+        let whole = window.sample(signals, 99.0, false);
+        assert_eq!((whole.samples, whole.in_flight, whole.listen_drops, whole.rejected), (5, 9, 1, 2));
+        assert_eq!(whole.latency_us, histogram_percentile(&window.sojourn, 99.0));
+        assert!(whole.latency_us >= 32_768, "p99 is in the 40 ms bucket: {}", whole.latency_us);
+        assert_eq!(window.sample(signals, 99.0, true).samples, 4, "the queue limiter counts queue waits");
+    }
 
     #[test]
     fn percentiles_of_histograms() {

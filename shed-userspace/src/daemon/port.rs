@@ -11,7 +11,11 @@ use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, handshake,
 
 use crate::{
     Error,
-    control::{Algo, Controller, Reason, Settings, TierReserve, WindowSample, window::histogram_percentile},
+    control::{
+        Algo, Controller, Reason, Settings,
+        reserve::TierHoldBack,
+        window::{Signals, Window, histogram_percentile},
+    },
     daemon::report::Decisions,
     host::{
         netstat, paths,
@@ -45,7 +49,7 @@ pub(super) struct PortControl {
     windows: u64,
     /// Quiet windows whose samples were carried into the current one.
     carried: u32,
-    reserve: TierReserve,
+    reserve: TierHoldBack,
     last_rejected_by_tier: [u64; tier::COUNT],
     /// SYNs the limit turned away (or would have, in dry-run) up to the last judged window.
     last_limit_rejected: u64,
@@ -80,7 +84,7 @@ impl PortControl {
             last_reason: None,
             windows: 0,
             carried: 0,
-            reserve: TierReserve::default(),
+            reserve: TierHoldBack::default(),
             last_rejected_by_tier: [0; tier::COUNT],
             last_limit_rejected: 0,
             handshakes,
@@ -127,12 +131,6 @@ impl PortControl {
         }
 
         let hist = maps.latency(self.slot)?;
-        let delta = |now: &[u64; latency::BUCKETS], before: &[u64; latency::BUCKETS]| -> [u64; latency::BUCKETS] {
-            std::array::from_fn(|i| now[i].wrapping_sub(before[i]))
-        };
-        let queue = delta(&hist.queue_wait, &self.last_hist.queue_wait);
-        let service = delta(&hist.service, &self.last_hist.service);
-        let sojourn = delta(&hist.sojourn, &self.last_hist.sojourn);
         let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(netstat::listen_drops);
         let namespace_drops = match (drops_now, self.last_listen_drops) {
             (Some(now), Some(before)) => now.saturating_sub(before),
@@ -149,23 +147,19 @@ impl PortControl {
         self.listen_drops_total += listen_drops;
         let accept = accept.unwrap_or_default();
 
-        // The queue limiter judges queue waits (a multiplexed port records nothing else);
-        // the others judge whole requests.
-        let judged = if self.controller.settings().algo == Algo::Queue { &queue } else { &sojourn };
         // Counted since the last judged window, as the histograms are (a thin window carries both).
         let limit_rejected =
             snapshot.counter(counter::REJECTED_LIMIT) + snapshot.counter(counter::DRY_RUN_WOULD_REJECT);
-        let sample = WindowSample {
+        let window = Window::between(&self.last_hist, &hist);
+        let signals = Signals {
             in_flight: snapshot.in_flight(),
-            samples: judged.iter().sum(),
-            latency_us: histogram_percentile(&sojourn, self.percentile),
-            queue_wait_us: histogram_percentile(&queue, self.percentile),
-            service_us: histogram_percentile(&service, 50.0),
             listen_drops,
             rejected: limit_rejected.saturating_sub(self.last_limit_rejected),
             elapsed_us: now.saturating_duration_since(self.last_judged).as_micros() as u64,
             windows: self.carried + 1,
         };
+        let judge_queue_waits = self.controller.settings().algo == Algo::Queue;
+        let sample = window.sample(signals, self.percentile, judge_queue_waits);
         let rejected_by_tier: [u64; tier::COUNT] =
             std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
         let rejected_now: [u64; tier::COUNT] =
@@ -213,12 +207,12 @@ impl PortControl {
             ControlStatus {
                 baseline_us: self.controller.baseline_us(),
                 observed_us: sample.latency_us,
-                queue_wait_p50_us: histogram_percentile(&queue, 50.0),
-                queue_wait_p99_us: histogram_percentile(&queue, 99.0),
-                service_p50_us: histogram_percentile(&service, 50.0),
-                service_p99_us: histogram_percentile(&service, 99.0),
-                sojourn_p50_us: histogram_percentile(&sojourn, 50.0),
-                sojourn_p99_us: histogram_percentile(&sojourn, 99.0),
+                queue_wait_p50_us: histogram_percentile(&window.queue_wait, 50.0),
+                queue_wait_p99_us: histogram_percentile(&window.queue_wait, 99.0),
+                service_p50_us: histogram_percentile(&window.service, 50.0),
+                service_p99_us: histogram_percentile(&window.service, 99.0),
+                sojourn_p50_us: histogram_percentile(&window.sojourn, 50.0),
+                sojourn_p99_us: histogram_percentile(&window.sojourn, 99.0),
                 samples: sample.samples,
                 listen_drops,
                 windows: self.windows,

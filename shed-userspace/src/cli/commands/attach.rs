@@ -8,7 +8,6 @@ use crate::{
     Error,
     cli::AttachArgs,
     cli::config,
-    cli::tiers,
     control::Algo,
     daemon::{self, DaemonLock, FollowInterfaces, LoopSettings, PinGuard},
     host::paths,
@@ -33,7 +32,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file");
     }
     let ports = dedup(&args.ports);
-    let (spec, tiers) = plan(&args)?;
+    let (spec, tiers) = args.plan()?;
     let (control, limit) = (spec.control, spec.limit);
     if ports.len() > shed_common::capacity::MAX_PORTS as usize {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
@@ -478,27 +477,6 @@ async fn forward_kernel_log(logger: aya_log::EbpfLogger<&'static dyn log::Log>) 
         }
         ready.clear_ready();
     }
-}
-
-/// What the arguments ask of every port, and the client tiers, checked (the
-/// same for `attach` and a SIGHUP reload).
-pub fn plan(
-    args: &AttachArgs,
-) -> anyhow::Result<(PortSpec, std::collections::BTreeMap<crate::kernel::options::Cidr, u8>)> {
-    let (control, limit) = args.control().map_err(anyhow::Error::msg)?;
-    let mut assignments = args.tiers.clone();
-    if let Some(file) = &args.tier_file {
-        assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
-    }
-    let tiers = tiers::merge(assignments).map_err(anyhow::Error::msg)?;
-    let spec = PortSpec {
-        client_cap: args.client_cap,
-        client_prefix_v6: args.client_prefix_v6,
-        rst_per_sec: args.rst_rate,
-        rst_per_prefix_per_sec: args.rst_prefix_rate,
-        ..PortSpec::new(limit, args.action.to_raw(), args.dry_run, args.count.to_raw(), control)
-    };
-    Ok((spec, tiers))
 }
 
 fn dedup(ports: &[u16]) -> Vec<u16> {

@@ -42,7 +42,7 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
 pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> anyhow::Result<Vec<&'static str>> {
     let cli = config::parse_cli(argv.iter().cloned())?;
     let Command::Attach(args) = cli.command else { anyhow::bail!("not an attach command line") };
-    let (spec, tiers) = super::attach::plan(&args)?;
+    let (spec, tiers) = args.plan()?;
     let (before, after) = (restart_only(running), restart_only(&args));
     let restart: Vec<&'static str> =
         after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| *k).collect();
