@@ -6,6 +6,20 @@
 //! `SEQ=0, ACK=SEG.SEQ+SEG.LEN, CTL=RST,ACK`; a SYN has SEG.LEN 1. The reply
 //! carries no TCP options and no IP options.
 
+/// The RST-rate prefix of a client address (IPv4 /24, IPv6 /48).
+#[inline(always)]
+pub fn rst_prefix(addr: &[u8; 16]) -> [u8; 16] {
+    let mut p = *addr;
+    let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    let keep = if v4 { 15 } else { 6 };
+    let mut i = keep;
+    while i < 16 {
+        p[i] = 0;
+        i += 1;
+    }
+    p
+}
+
 pub const IPV4_HEADER_LEN: usize = 20;
 pub const IPV6_HEADER_LEN: usize = 40;
 pub const TCP_HEADER_LEN: usize = 20;

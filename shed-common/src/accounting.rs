@@ -1,0 +1,36 @@
+//! How the kernel's counters make a port's in-flight: one definition for the
+//! gate, the daemon and the tests.
+use crate::{PortState, UserPortState, count_mode};
+
+/// In-flight of a port: handshakes under way (`handshakes`, from the ring)
+/// plus busy connections ([`count_mode::WORK`]) or established ones
+/// ([`count_mode::CONNECTIONS`]). The counters are read without a lock, so a
+/// momentarily inconsistent read is clamped at zero rather than wrapping.
+#[inline(always)]
+pub const fn in_flight(state: &PortState, handshakes: u64, user: &UserPortState, mode: u8) -> u64 {
+    held(state, user, mode) + handshakes
+}
+
+/// Connections the port holds: busy or established, by `mode`.
+#[inline(always)]
+pub const fn held(state: &PortState, user: &UserPortState, mode: u8) -> u64 {
+    if mode == count_mode::WORK { busy(state, user) } else { established(state, user) }
+}
+
+/// `a - b + adjust`, clamped at zero.
+#[inline(always)]
+const fn adjusted(a: u64, b: u64, adjust: i64) -> u64 {
+    let v = a.wrapping_sub(b) as i64;
+    let v = v.saturating_add(adjust);
+    if v < 0 || a < b && adjust <= 0 { 0 } else { v as u64 }
+}
+
+#[inline(always)]
+pub const fn busy(state: &PortState, user: &UserPortState) -> u64 {
+    adjusted(state.busy_enter, state.busy_exit, user.busy_adjust)
+}
+
+#[inline(always)]
+pub const fn established(state: &PortState, user: &UserPortState) -> u64 {
+    adjusted(state.opened, state.closed, user.established_adjust)
+}

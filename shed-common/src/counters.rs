@@ -1,0 +1,72 @@
+//! The per-port and gate-wide counters, by index.
+
+/// Indices into [`PortCounters::values`].
+pub mod counter {
+    /// SYNs (without ACK) addressed to this host for the port.
+    pub const SYN_SEEN: usize = 0;
+    /// SYNs admitted (each holds a handshake reservation for about one handshake time).
+    pub const ADMITTED: usize = 1;
+    /// SYNs rejected because in-flight had reached the limit.
+    pub const REJECTED_LIMIT: usize = 2;
+    /// RST+ACK replies sent for rejected SYNs.
+    pub const RST_SENT: usize = 3;
+    /// Dry-run: SYNs that enforce mode would have rejected (they were admitted).
+    pub const DRY_RUN_WOULD_REJECT: usize = 4;
+    /// Handshakes that completed after their reservation lapsed (or whose stamp
+    /// was overwritten): counted from their completion on.
+    pub const LATE_COMPLETED: usize = 5;
+    /// Handshake-completing ACKs refused because their reservation had lapsed and
+    /// the port was full.
+    pub const LATE_ACK_REJECTED: usize = 6;
+    /// Rejected SYNs for which the RST could not be built (dropped instead).
+    pub const RST_FAILED: usize = 7;
+    /// SYNs rejected because in-flight had reached their tier's share of the limit.
+    pub const REJECTED_SHARE: usize = 8;
+    /// SYNs from exempt clients (admitted, never counted).
+    pub const EXEMPT: usize = 9;
+    /// SYNs admitted past a full tier share by the anti-starvation trickle.
+    pub const TRICKLE: usize = 10;
+    /// SYNs rejected because their client already held its cap.
+    pub const REJECTED_CLIENT_CAP: usize = 11;
+    /// Admitted SYNs by tier: `ADMITTED_BY_TIER + tier`.
+    pub const ADMITTED_BY_TIER: usize = 12;
+    /// Rejected SYNs (all reasons) by tier: `REJECTED_BY_TIER + tier`.
+    pub const REJECTED_BY_TIER: usize = 16;
+    /// Rejected SYNs dropped instead of answered because an RST cap was reached.
+    pub const RST_RATE_LIMITED: usize = 20;
+    /// SYNs to the port that were not addressed to this namespace (forwarded or
+    /// leaving local containers): passed untouched.
+    pub const NOT_LOCAL: usize = 21;
+    /// Rejected SYNs not answered because the source cannot be a real client
+    /// (multicast, broadcast, unspecified, or this host's own or loopback address
+    /// arriving from outside): dropped.
+    pub const RST_SUPPRESSED: usize = 22;
+    /// Established connections not counted against their client's cap because
+    /// the client map was full (fail-open).
+    pub const CLIENT_MAP_FULL: usize = 23;
+    /// Late handshake-completing ACKs admitted (the port had room): counted as
+    /// a reservation until the connection is established.
+    pub const LATE_ACK_ADMITTED: usize = 24;
+    /// Established connections not counted at all because the connection map was
+    /// full (fail-open: they hold no place under the limit; the healer adopts them
+    /// when room frees).
+    pub const CONNECTION_MAP_FULL: usize = 25;
+    /// Number of counter slots; spare slots are reserved for later reasons.
+    pub const COUNT: usize = 32;
+}
+
+/// Indices into [`GateCounters::values`]: packets the gate judged before it
+/// could tie them to a port.
+pub mod gate_counter {
+    /// First IPv4 fragments of TCP too short to hold the TCP header (RFC 1858,
+    /// RFC 3128): dropped.
+    pub const TINY_FRAGMENT: usize = 0;
+    /// IPv4 TCP fragments at offset 8 bytes (RFC 1858 overlap attack): dropped.
+    pub const OVERLAP_FRAGMENT: usize = 1;
+    /// IPv6 packets whose extension-header chain was longer than the gate
+    /// parses or malformed: dropped (a SYN could hide behind them).
+    pub const IPV6_CHAIN_UNPARSED: usize = 2;
+    /// Later fragments (IPv4 or IPv6): passed, the first fragment carries the TCP header.
+    pub const LATER_FRAGMENT: usize = 3;
+    pub const COUNT: usize = 8;
+}

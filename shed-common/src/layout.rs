@@ -1,0 +1,416 @@
+//! The layout of every map key and value, each `#[repr(C)]` with its size
+//! asserted, so the kernel and userspace read the same bytes.
+use core::mem::size_of;
+
+use crate::{
+    DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, HandshakeRing, HandshakeStamp, counter, gate_counter,
+    handshake, latency, tier,
+};
+
+/// The namespace's addresses in [`map::LOCAL_ADDRS`]: a two-choice hash
+/// table in an array, so the gate finds an address with two array lookups
+/// instead of a hash-map lookup on every SYN.
+pub mod local_addr {
+    /// An address of an interface of the namespace: SYNs to it are judged.
+    pub const UNICAST: u32 = 1;
+    /// A broadcast address of the namespace: never judged, never answered.
+    pub const BROADCAST: u32 = 2;
+    /// Slots of the table (a power of two): two-choice placement holds up to
+    /// about half of them, 2,048 addresses.
+    pub const SLOTS: u32 = 4096;
+
+    /// The two slots an address may live in.
+    #[inline(always)]
+    pub fn slots(addr: &[u8; 16]) -> (u32, u32) {
+        let h = crate::handshake::flow_hash(addr, addr, 0x5eed, 0x10ca);
+        (h & (SLOTS - 1), (h >> 16) & (SLOTS - 1))
+    }
+}
+
+/// One slot of [`map::LOCAL_ADDRS`]: `kind` 0 is an empty slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalAddr {
+    pub addr: [u8; 16],
+    /// One of [`local_addr`]'s kinds, or 0.
+    pub kind: u32,
+}
+const _: () = assert!(size_of::<LocalAddr>() == 20);
+
+/// Gate-wide counters on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GateCounters {
+    pub values: [u64; gate_counter::COUNT],
+}
+const _: () = assert!(size_of::<GateCounters>() == 8 * gate_counter::COUNT);
+
+/// Per-port configuration. Key: port (host order). Written by `shedctl` only.
+/// The limit lives apart, in [`map::LIMITS`], because the controller rewrites
+/// it every window and must not race an operator's change of the action.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Index into the per-port arrays ([`map::PORT_STATE`], [`map::COUNTERS`], [`map::LIMITS`], ...).
+    pub slot: u32,
+    /// One of [`action`].
+    pub action: u8,
+    /// 1: count would-rejects but admit everything.
+    pub dry_run: u8,
+    /// One of [`count_mode`].
+    pub count_mode: u8,
+    /// 1 once any client tier is configured: only then do tier shares apply
+    /// (with no tiers every source is normal and may fill the whole limit).
+    pub tiered: u8,
+    /// Share of the limit each tier may fill, permille, by [`tier`] index.
+    pub share_permille: [u16; tier::COUNT],
+    /// Per-tier reject action, or [`tier::ACTION_DEFAULT`].
+    pub tier_action: [u8; tier::COUNT],
+    /// Most connections (open plus pending) one client may hold; 0: no cap.
+    pub client_cap: u32,
+    /// IPv6 clients are counted per prefix of this length (IPv4: per address).
+    pub client_prefix_v6: u8,
+    pub _pad2: [u8; 7],
+    /// Most RSTs per second the port sends in all (0: no cap); above it, drop.
+    pub rst_per_sec: u32,
+    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48; 0: no cap).
+    pub rst_per_prefix_per_sec: u32,
+}
+const _: () = assert!(size_of::<PortConfig>() == 40);
+
+impl PortConfig {
+    /// A port with the default tier shares and the port's action for every tier.
+    pub const fn new(slot: u32, action: u8, dry_run: bool, count_mode: u8) -> Self {
+        Self {
+            slot,
+            action,
+            dry_run: dry_run as u8,
+            count_mode,
+            tiered: 0,
+            share_permille: tier::DEFAULT_SHARE_PERMILLE,
+            tier_action: [tier::ACTION_DEFAULT; tier::COUNT],
+            client_cap: 0,
+            client_prefix_v6: 64,
+            _pad2: [0; 7],
+            rst_per_sec: DEFAULT_RST_PER_SEC,
+            rst_per_prefix_per_sec: DEFAULT_RST_PER_PREFIX_PER_SEC,
+        }
+    }
+
+    /// The key a client is counted under: its address, IPv6 cut to the port's prefix.
+    #[inline(always)]
+    pub fn client_key(&self, addr: &[u8; 16]) -> ClientKey {
+        let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+        if v4 {
+            return ClientKey { slot: self.slot, addr: *addr };
+        }
+        // Two 64-bit masks, not a loop over bytes: a data-dependent branch per
+        // byte multiplies the paths the verifier must walk.
+        let prefix = if self.client_prefix_v6 > 128 { 128 } else { self.client_prefix_v6 as u32 };
+        let hi_bits = if prefix > 64 { 64 } else { prefix };
+        let lo_bits = prefix - hi_bits;
+        let hi = u64::from_be_bytes([addr[0], addr[1], addr[2], addr[3], addr[4], addr[5], addr[6], addr[7]]);
+        let lo = u64::from_be_bytes([addr[8], addr[9], addr[10], addr[11], addr[12], addr[13], addr[14], addr[15]]);
+        let (hi, lo) = ((hi & high_bits(hi_bits)).to_be_bytes(), (lo & high_bits(lo_bits)).to_be_bytes());
+        ClientKey {
+            slot: self.slot,
+            addr: [
+                hi[0], hi[1], hi[2], hi[3], hi[4], hi[5], hi[6], hi[7], lo[0], lo[1], lo[2], lo[3], lo[4], lo[5],
+                lo[6], lo[7],
+            ],
+        }
+    }
+
+    /// The action for a rejected SYN of `tier`.
+    #[inline(always)]
+    pub fn action_for(&self, tier: u8) -> u8 {
+        match self.tier_action.get(tier as usize) {
+            Some(&a) if a != tier::ACTION_DEFAULT => a,
+            _ => self.action,
+        }
+    }
+
+    /// In-flight below which `tier` is admitted: its share of `limit` (all of it while untiered).
+    #[inline(always)]
+    pub fn tier_threshold(&self, tier: u8, limit: u32) -> u64 {
+        if self.tiered == 0 {
+            return u64::from(limit);
+        }
+        let share = self.share_permille.get(tier as usize).copied().unwrap_or(1000);
+        u64::from(limit) * u64::from(share) / 1000
+    }
+}
+
+/// A u64 with its top `bits` bits set (0 to 64).
+#[inline(always)]
+const fn high_bits(bits: u32) -> u64 {
+    if bits == 0 { 0 } else { u64::MAX << (64 - bits) }
+}
+
+/// In-flight accounting for one port, kept as monotonically increasing event
+/// counts so that every writer only ever adds (atomically) and no two writers
+/// share a field:
+/// - established = `opened - closed`
+/// - busy        = `busy_enter - busy_exit` (connections owing an answer)
+///
+/// Handshakes under way live in the port's [`HandshakeRing`]. Written only by
+/// the kernel programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortState {
+    /// Sockets of the port that entered ESTABLISHED (passive open).
+    pub opened: u64,
+    /// Of those, sockets that reached their final close.
+    pub closed: u64,
+    /// Connections that started owing an answer (accepted, or a request arrived while idle).
+    pub busy_enter: u64,
+    /// Connections that stopped owing one (answered, or closed while busy).
+    pub busy_exit: u64,
+}
+const _: () = assert!(size_of::<PortState>() == 32);
+
+/// The daemon's share of a port's accounting. Written only by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserPortState {
+    /// Epoch length of the port's handshake ring, as a power of two of ns
+    /// (0: [`handshake::DEFAULT_SHIFT`]).
+    pub handshake_shift: u32,
+    pub _pad: u32,
+    /// Drift healing: added to the kernel's established count (missed events, adopted sockets).
+    pub established_adjust: i64,
+    /// Drift healing: added to the kernel's busy count.
+    pub busy_adjust: i64,
+    /// Drift healing: connections corrected so far (reported, not used by the gate).
+    pub drift_corrected: u64,
+}
+const _: () = assert!(size_of::<UserPortState>() == 32);
+
+impl UserPortState {
+    /// The epoch shift the gate uses, clamped to the supported range.
+    #[inline(always)]
+    pub const fn shift(&self) -> u32 {
+        let s = self.handshake_shift;
+        if s == 0 {
+            handshake::DEFAULT_SHIFT
+        } else if s < handshake::MIN_SHIFT {
+            handshake::MIN_SHIFT
+        } else if s > handshake::MAX_SHIFT {
+            handshake::MAX_SHIFT
+        } else {
+            s
+        }
+    }
+}
+
+/// Event counters of one port on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortCounters {
+    pub values: [u64; counter::COUNT],
+}
+const _: () = assert!(size_of::<PortCounters>() == 8 * counter::COUNT);
+
+impl Default for PortCounters {
+    fn default() -> Self {
+        Self { values: [0; counter::COUNT] }
+    }
+}
+
+/// Identifies one handshake. Addresses network order (IPv4-mapped for IPv4), ports host order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub client_addr: [u8; 16],
+    pub server_addr: [u8; 16],
+    pub client_port: u16,
+    pub server_port: u16,
+}
+const _: () = assert!(size_of::<FlowKey>() == 36);
+
+/// Socket tracepoints fire for every network namespace; the gate counts only
+/// sockets of the namespace it protects. Offsets come from the running
+/// kernel's BTF (`sock_common.skc_net`, `net.ns.inum`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetnsFilter {
+    /// 0: count every namespace (BTF offsets unavailable).
+    pub enabled: u32,
+    /// Inode number of the protected network namespace.
+    pub inum: u32,
+    pub skc_net_offset: u32,
+    pub net_inum_offset: u32,
+}
+const _: () = assert!(size_of::<NetnsFilter>() == 16);
+
+/// A client of a port, for the per-client cap.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientKey {
+    pub slot: u32,
+    /// Address (IPv4-mapped for IPv4), IPv6 cut to the port's client prefix.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<ClientKey>() == 20);
+
+/// An established socket of a protected port, and where its current request stands.
+/// Updated only from the socket's own events, which the socket lock serialises.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SockEntry {
+    pub slot: u32,
+    pub port: u16,
+    /// 1 while the connection owes an answer (counted in `busy_enter - busy_exit`).
+    pub busy: u8,
+    /// 1 if the connection counts against its client's cap (release it at close).
+    pub capped: u8,
+    /// When the current request's first bytes arrived (ns, 0: none pending).
+    pub arrival_ns: u64,
+    /// When the application first read them (ns, 0: not yet).
+    pub pickup_ns: u64,
+    /// The client's cap key address (see [`PortConfig::client_key`]).
+    pub client: [u8; 16],
+    /// The connection, so the daemon can match the entry with the kernel's socket table.
+    pub flow: FlowKey,
+    /// 1 if the port counted [`count_mode::MULTIPLEXED`] when the connection
+    /// was accepted: queue-wait samples per read, busy until closed.
+    pub multiplexed: u8,
+    pub _pad2: [u8; 3],
+}
+const _: () = assert!(size_of::<SockEntry>() == 80);
+
+/// Request latency histograms of one port on one CPU, in microseconds,
+/// bucketed by [`latency::bucket`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortLatency {
+    /// Arrival to pick-up: time in the service's queues.
+    pub queue_wait: [u64; latency::BUCKETS],
+    /// Pick-up to first response byte.
+    pub service: [u64; latency::BUCKETS],
+    /// Arrival to first response byte.
+    pub sojourn: [u64; latency::BUCKETS],
+    /// Admitted SYN to established: how long a handshake takes (sizes the handshake window).
+    pub handshake: [u64; latency::BUCKETS],
+}
+const _: () = assert!(size_of::<PortLatency>() == 4 * 8 * latency::BUCKETS);
+
+impl Default for PortLatency {
+    fn default() -> Self {
+        Self {
+            queue_wait: [0; latency::BUCKETS],
+            service: [0; latency::BUCKETS],
+            sojourn: [0; latency::BUCKETS],
+            handshake: [0; latency::BUCKETS],
+        }
+    }
+}
+
+/// Slots of the limit held back from each tier (by [`tier`] index) while a
+/// tier above it is being rejected. Written by the daemon only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierReserve {
+    pub held_back: [u16; tier::COUNT],
+}
+const _: () = assert!(size_of::<TierReserve>() == 8);
+
+/// The controller's settings for one port. Written by `shedctl attach/set`, read by the daemon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlConfig {
+    /// Bumped on every change, so the daemon notices.
+    pub generation: u32,
+    /// Algorithm code (see `shed::control::Algo`).
+    pub algo: u8,
+    /// Latency percentile the controller follows (1-99).
+    pub percentile: u8,
+    pub _pad: [u8; 2],
+    pub min_limit: u32,
+    pub max_limit: u32,
+    /// Control window, milliseconds.
+    pub window_ms: u32,
+    /// A limit set by the operator with this generation (0: none); adaptive controllers continue from it.
+    pub requested_limit: u32,
+    /// Guard: fewer completed requests than this hold the limit (and carry over).
+    pub min_samples: u32,
+    /// Guard: windows after a cut without growth.
+    pub cooldown_windows: u32,
+    /// Guard: span of the baseline minimum, in windows.
+    pub baseline_windows: u32,
+    /// Guard: windows of each baseline probe (0: never probe).
+    pub probe_windows: u32,
+    /// `queue`: the queue wait to hold admitted requests near, microseconds (0: the default, 5 ms).
+    pub queue_target_us: u32,
+    /// The operator's latency objective, milliseconds (0: none): a request the
+    /// service can still answer within it may be admitted however long it queues.
+    pub target_latency_ms: u32,
+}
+const _: () = assert!(size_of::<ControlConfig>() == 48);
+
+/// The controller's last window for one port. Written by the daemon, read by `shedctl stats`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControlStatus {
+    pub baseline_us: u64,
+    /// The latency the controller followed in the last window.
+    pub observed_us: u64,
+    pub queue_wait_p50_us: u64,
+    pub queue_wait_p99_us: u64,
+    pub service_p50_us: u64,
+    pub service_p99_us: u64,
+    pub sojourn_p50_us: u64,
+    pub sojourn_p99_us: u64,
+    /// Completed requests in the last window.
+    pub samples: u64,
+    /// Listen-queue drops of the namespace in the last window, counted against
+    /// this port (fed to its controller) only while its own accept queue is at
+    /// least half full (this window or the last): another listener's overflow
+    /// is not this port's overload.
+    pub listen_drops: u64,
+    /// Windows run so far.
+    pub windows: u64,
+    /// Reason code of the last decision (see `shed::control::Reason`).
+    pub reason: u32,
+    /// Limit before the last decision.
+    pub previous_limit: u32,
+    /// Handshake time (admitted SYN to established) in the last windows.
+    pub handshake_p50_us: u64,
+    pub handshake_p99_us: u64,
+    /// The port's listeners at the window's end: connections waiting in their
+    /// accept queues, and the queues' capacity (backlog), summed over listeners.
+    pub accept_queue: u32,
+    pub accept_backlog: u32,
+    /// Listen-queue drops counted against this port so far.
+    pub listen_drops_total: u64,
+}
+const _: () = assert!(size_of::<ControlStatus>() == 128);
+
+/// Builds the IPv4-mapped IPv6 form of an IPv4 address, as the socket tracepoint reports it.
+#[inline(always)]
+pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3]]
+}
+
+#[cfg(feature = "user")]
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: all are #[repr(C)], Copy, made of fixed-width integers and byte arrays, with no padding.
+    unsafe impl aya::Pod for PortConfig {}
+    unsafe impl aya::Pod for PortState {}
+    unsafe impl aya::Pod for UserPortState {}
+    unsafe impl aya::Pod for PortCounters {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for HandshakeRing {}
+    unsafe impl aya::Pod for HandshakeStamp {}
+    unsafe impl aya::Pod for GateCounters {}
+    unsafe impl aya::Pod for LocalAddr {}
+    unsafe impl aya::Pod for SockEntry {}
+    unsafe impl aya::Pod for PortLatency {}
+    unsafe impl aya::Pod for ControlConfig {}
+    unsafe impl aya::Pod for ControlStatus {}
+    unsafe impl aya::Pod for TierReserve {}
+    unsafe impl aya::Pod for ClientKey {}
+    unsafe impl aya::Pod for NetnsFilter {}
+}

@@ -1,0 +1,134 @@
+//! Names and sizes the kernel object and userspace agree on: every map and
+//! program by name, and the maps' capacities.
+
+/// Map names, as they appear in the object file and under the pin folder.
+pub mod map {
+    /// `HashMap<u16 port, PortConfig>`: protected ports. Written by userspace, read by every program.
+    pub const PORTS: &str = "SHED_PORTS";
+    /// `Array<PortState>` indexed by slot: in-flight accounting. Written only by the kernel (atomics).
+    pub const PORT_STATE: &str = "SHED_PORT_STATE";
+    /// `Array<UserPortState>` indexed by slot: the daemon's share of the accounting (expired reservations).
+    pub const USER_STATE: &str = "SHED_USER_STATE";
+    /// `PerCpuArray<PortCounters>` indexed by slot: event counters. Written by the kernel.
+    pub const COUNTERS: &str = "SHED_COUNTERS";
+    /// `Array<HandshakeRing>` indexed by slot: handshakes admitted and not yet
+    /// established, by epoch (see [`crate::handshake`]). Written by the kernel (atomics).
+    pub const HANDSHAKES: &str = "SHED_HANDSHAKES";
+    /// `Array<HandshakeStamp>`, [`crate::handshake::STAMPS_PER_PORT`] per slot:
+    /// when each flow was admitted. Written by the kernel.
+    pub const STAMPS: &str = "SHED_STAMPS";
+    /// `Array<LocalAddr>` of [`local_addr::SLOTS`]: the protected namespace's own
+    /// addresses, each in one of its two slots (see [`local_addr::slots`]). Only SYNs
+    /// addressed to one of them are judged. Written by the daemon.
+    pub const LOCAL_ADDRS: &str = "SHED_LOCAL_ADDRS";
+    /// `Array<u32>` indexed by port: non-zero while handshake-completing ACKs to the
+    /// port are checked (some admissions lapsed, so a late completion could overshoot).
+    /// Set by the kernel and the daemon, cleared by the daemon.
+    pub const ACK_CHECK: &str = "SHED_ACK_CHECK";
+    /// `PerCpuArray<GateCounters>[1]`: what the gate did with packets it could not
+    /// tie to a port (fragments, unparsable headers). Written by the kernel.
+    pub const GATE_COUNTERS: &str = "SHED_GATE_COUNTERS";
+    /// `HashMap<u64 sock address, SockEntry>`: established sockets counted in flight, so each is released once.
+    pub const SOCKS: &str = "SHED_SOCKS";
+    /// `Array<u32>` indexed by slot: the current concurrency limit. Written by the daemon's
+    /// controller and by `shedctl set --limit`; read by the gate.
+    pub const LIMITS: &str = "SHED_LIMITS";
+    /// `PerCpuArray<PortLatency>` indexed by slot: request latency histograms. Written by the kernel.
+    pub const LATENCY: &str = "SHED_LATENCY";
+    /// `Array<ControlConfig>` indexed by slot: the controller's settings. Written by `shedctl`, read by the daemon.
+    pub const CONTROL: &str = "SHED_CONTROL";
+    /// `Array<ControlStatus>` indexed by slot: the controller's last window. Written by the daemon, read by `shedctl stats`.
+    pub const STATUS: &str = "SHED_STATUS";
+    /// `LpmTrie<[u8; 16], u32>`: client CIDR (IPv4-mapped for IPv4) -> tier. Written by `shedctl`, read by the kernel.
+    pub const TIERS: &str = "SHED_TIERS";
+    /// `Array<TierReserve>` indexed by slot: room held back from each tier for the tiers above it.
+    /// Written by the daemon, read by the gate.
+    pub const RESERVE: &str = "SHED_RESERVE";
+
+    /// `HashMap<ClientKey, i64>`: a client's established connections (opened minus
+    /// closed; kernel atomics). Only confirmed handshakes enter it, so forged
+    /// sources cannot fill it.
+    pub const CLIENTS: &str = "SHED_CLIENTS";
+    /// `Array<u64>` indexed by slot: the port's RST budget (a GCRA time, see
+    /// [`crate::ratelimit`]). Kernel only.
+    pub const RST_BUCKETS: &str = "SHED_RST_BUCKETS";
+    /// `Array<u64>`, [`crate::ratelimit::PREFIX_BUCKETS_PER_PORT`] per slot: RST budget
+    /// per source prefix, by prefix hash. Kernel only.
+    pub const RST_PREFIX_BUCKETS: &str = "SHED_RST_PREFIX";
+
+    /// `Array<NetnsFilter>[1]`: which network namespace's sockets to count. Written by the daemon.
+    pub const NETNS: &str = "SHED_NETNS";
+    /// `Array<u32>` indexed by port: 0 for an unprotected port, else its slot + 1.
+    /// The gate's first lookup for every SYN (an array, not a hash). Written by `shedctl`.
+    pub const PORT_SLOTS: &str = "SHED_PORT_SLOTS";
+    /// `Array<PortConfig>` indexed by slot: the gate's copy of [`PORTS`], read
+    /// with one array lookup. Written by `shedctl` with every config change.
+    pub const SLOT_CONFIG: &str = "SHED_SLOT_CONFIG";
+    /// `Array<u64>` of [`crate::rare::COUNT`]: when each rare path last logged
+    /// (kernel only; see `attach --kernel-log`).
+    pub const RARE_STAMPS: &str = "SHED_RARE_STAMPS";
+
+    /// Every map of the kernel object by name, in one place (the daemon pins
+    /// those it opens as `GateMaps`; `RARE_STAMPS` is the kernel's alone).
+    pub const ALL: [&str; 23] = [
+        PORTS,
+        PORT_STATE,
+        USER_STATE,
+        COUNTERS,
+        HANDSHAKES,
+        STAMPS,
+        LOCAL_ADDRS,
+        ACK_CHECK,
+        GATE_COUNTERS,
+        SOCKS,
+        LIMITS,
+        LATENCY,
+        CONTROL,
+        STATUS,
+        TIERS,
+        RESERVE,
+        CLIENTS,
+        NETNS,
+        RST_BUCKETS,
+        RST_PREFIX_BUCKETS,
+        PORT_SLOTS,
+        SLOT_CONFIG,
+        RARE_STAMPS,
+    ];
+}
+
+/// Program names (the function names in `shed-ebpf`).
+pub mod program {
+    pub const XDP: &str = "shed_xdp";
+    pub const TC: &str = "shed_tc";
+    pub const SOCK_STATE: &str = "shed_sock_state";
+    /// `sock:sk_data_ready`: request bytes reached a tracked socket.
+    pub const DATA_READY: &str = "shed_data_ready";
+    /// `sock:sock_recv_length`: the application read them.
+    pub const RECV: &str = "shed_recv";
+    /// `sock:sock_send_length`: the application answered.
+    pub const SEND: &str = "shed_send";
+    /// XDP_PASS only: for the peer of a veth gated with XDP, so XDP_TX replies are delivered.
+    pub const XDP_PASS: &str = "shed_xdp_pass";
+    /// XDP_DROP only: the cheapest possible verdict, a benchmark baseline.
+    pub const XDP_DROP: &str = "shed_xdp_drop";
+    /// The raw tracepoint programs and the `sock:` events they attach to.
+    pub const RAW_TRACEPOINTS: [(&str, &str); 3] =
+        [(DATA_READY, "sk_data_ready"), (RECV, "sock_recv_length"), (SEND, "sock_send_length")];
+}
+
+/// Capacities of the kernel maps.
+pub mod capacity {
+    /// Ports one gate can protect at once (slots in the per-port arrays).
+    pub const MAX_PORTS: u32 = 64;
+    /// TCP port numbers: the maps indexed by port have one entry each.
+    pub const PORT_NUMBERS: u32 = 1 << 16;
+    /// Established sockets tracked across all ports, by default (`--max-connections`).
+    /// The map is not preallocated: it costs memory for the sockets it holds, not for this.
+    pub const MAX_SOCKS: u32 = 262_144;
+    /// Client CIDRs with a tier.
+    pub const MAX_TIER_ENTRIES: u32 = 16_384;
+    /// Clients counted against a per-client cap, across ports, by default
+    /// (`--max-clients`). Not preallocated either.
+    pub const MAX_CLIENTS: u32 = 65_536;
+}
