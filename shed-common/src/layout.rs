@@ -2,10 +2,7 @@
 //! asserted, so the kernel and userspace read the same bytes.
 use core::mem::size_of;
 
-use crate::{
-    DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, HandshakeRing, HandshakeStamp, counter, gate_counter,
-    handshake, latency, tier,
-};
+use crate::{DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, counter, gate_counter, handshake, latency, tier};
 
 /// The namespace's addresses in [`map::LOCAL_ADDRS`]: a two-choice hash
 /// table in an array, so the gate finds an address with two array lookups
@@ -396,6 +393,7 @@ pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
 #[cfg(feature = "user")]
 mod user {
     use super::*;
+    use crate::{HandshakeRing, HandshakeStamp};
     // SAFETY: all are #[repr(C)], Copy, made of fixed-width integers and byte arrays, with no padding.
     unsafe impl aya::Pod for PortConfig {}
     unsafe impl aya::Pod for PortState {}
