@@ -31,7 +31,7 @@ fn systemd_unit_passes_systemd_analyze_verify() {
     // verify checks that ExecStart's binary exists: point it at the one just built.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shed.service");
-    std::fs::write(&path, unit.replace("/usr/local/bin/shedctl", env!("CARGO_BIN_EXE_shedctl"))).unwrap();
+    std::fs::write(&path, unit.replace("/usr/local/bin/shedctl", &shed_testkit::gate::shedctl_path())).unwrap();
     // verify also opens the Documentation= man pages: give it the ones `cargo xtask install` installs.
     let man1 = dir.path().join("man/man1");
     std::fs::create_dir_all(&man1).unwrap();
@@ -104,14 +104,14 @@ fn the_shipped_config_takes_the_documented_override() {
 /// `--print-config` writes only what `attach` accepts.
 #[test]
 fn print_config_refuses_what_attach_would_refuse() {
-    let out = Command::new(env!("CARGO_BIN_EXE_shedctl"))
+    let out = Command::new(shed_testkit::gate::shedctl_path())
         .args(["attach", "--port", "8080", "--print-config", "--algo", "gradient", "--limit", "5"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && out.stdout.is_empty(), "refused, nothing printed: {stderr}");
     assert!(stderr.contains("--initial-limit"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_shedctl"))
+    let out = Command::new(shed_testkit::gate::shedctl_path())
         .args(["attach", "--port", "8080", "--print-config", "--algo", "queue", "--target-latency", "800"])
         .output()
         .unwrap();
@@ -123,7 +123,7 @@ fn print_config_refuses_what_attach_would_refuse() {
 /// Completions and man pages from the binary alone (a package or an image has no cargo).
 #[test]
 fn completions_and_man_pages_come_from_the_binary() {
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_shedctl")).args(args).output().unwrap();
+    let run = |args: &[&str]| Command::new(shed_testkit::gate::shedctl_path()).args(args).output().unwrap();
     for (shell, word) in [("bash", "--client-cap"), ("zsh", "--handshake-window"), ("fish", "rst-prefix-rate")] {
         let out = run(&["completions", shell]);
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(word), "{shell}");

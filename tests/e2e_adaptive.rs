@@ -14,11 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::{
-    kernel::maps::GateMaps,
-    testbed::{self, Backend, OpenLoop, Service, Testbed},
-};
+use shed::kernel::maps::GateMaps;
 use shed_common::latency;
+use shed_testkit::testbed::{self, Backend, OpenLoop, Service, Testbed};
 use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
 
 const PORT: u16 = 8080;

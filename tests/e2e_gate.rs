@@ -12,11 +12,8 @@ use std::{
 };
 
 use aya::programs::XdpMode;
-use shed::{
-    host::paths,
-    kernel::programs::Loaded,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::{host::paths, kernel::programs::Loaded};
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::gate::{Gate, exclusive, field, shed_programs_left, shedctl, stats, wait_for_stats};
 
 const PORT: u16 = 8080;
@@ -381,7 +378,7 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
             "--regid=65534",
             "--clear-groups",
             "--inh-caps=-all",
-            support::gate::SHEDCTL,
+            &support::gate::shedctl_path(),
             "attach",
             "--port",
             "8080",
@@ -393,7 +390,7 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     // `ip netns exec NS shedctl ...`: its own /sys hides the pins; pointed to --netns, before anything else.
     for args in [&["attach", "--port", "8080"][..], &["stats"]] {
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", ns, support::gate::SHEDCTL])
+            .args(["netns", "exec", ns, &support::gate::shedctl_path()])
             .args(args)
             .output()
             .expect("ip netns exec");
@@ -405,7 +402,7 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
     }
     // --netns needs CAP_SYS_ADMIN (setns): caught with the other privileges, not by a failing setns.
     let out = std::process::Command::new("setpriv")
-        .args(["--inh-caps=-sys_admin", "--bounding-set=-sys_admin", support::gate::SHEDCTL, "attach"])
+        .args(["--inh-caps=-sys_admin", "--bounding-set=-sys_admin", &support::gate::shedctl_path(), "attach"])
         .args(["--port", "8080", "--netns", ns])
         .output()
         .expect("setpriv (util-linux)");
@@ -416,7 +413,7 @@ fn bad_input_is_refused_and_leaves_nothing_behind() {
         .args(["-m", "--propagation", "private", "sh", "-c"])
         .arg(format!(
             "umount /sys/fs/bpf && exec {} attach --port 8080 --netns {ns} --iface {iface}",
-            support::gate::SHEDCTL
+            &support::gate::shedctl_path()
         ))
         .output()
         .expect("unshare (util-linux)");

@@ -10,10 +10,8 @@ use std::{
 };
 
 use aya::programs::XdpMode;
-use shed::{
-    kernel::programs::Loaded,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::kernel::programs::Loaded;
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::gate::{Gate, exclusive, field, wait_for_stats};
 
 const PORT: u16 = 8080;

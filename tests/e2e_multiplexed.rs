@@ -13,11 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::{
-    kernel::maps::GateMaps,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::kernel::maps::GateMaps;
 use shed_common::{PortLatency, latency};
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::gate::{Gate, exclusive, field, stats};
 
 const PORT: u16 = 8080;

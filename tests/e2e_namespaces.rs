@@ -11,10 +11,8 @@ use std::{
     time::Duration,
 };
 
-use shed::{
-    host::paths,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::host::paths;
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::{
     gate::{Gate, exclusive, poll, shed_programs_left, shedctl},
     metrics::{scrape, value},

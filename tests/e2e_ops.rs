@@ -4,7 +4,7 @@ mod support;
 
 use std::{net::SocketAddr, time::Duration};
 
-use shed::testbed::{self, Backend, Outcome, Service, Testbed};
+use shed_testkit::testbed::{self, Backend, Outcome, Service, Testbed};
 use support::{
     gate::{Gate, exclusive, field, shedctl, wait_for_stats},
     metrics::{http_get, value},

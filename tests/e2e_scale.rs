@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use shed::testbed::{self, Backend, Service, Testbed};
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::{
     gate::{Gate, exclusive, field, poll, shedctl, stats, wait_for_stats},
     metrics::{scrape, value},

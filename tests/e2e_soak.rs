@@ -17,10 +17,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::{
-    kernel::maps::GateMaps,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::kernel::maps::GateMaps;
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
 
 const PORT: u16 = 8080;

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use shed::testbed::{self, Backend, Service, Testbed};
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats};
 
 const PORT: u16 = 8080;

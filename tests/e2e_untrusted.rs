@@ -12,7 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::testbed::{self, Backend, OpenLoop, Outcome, RawSender, Service, SynAckCapture, Testbed, tcp_segment};
+use shed_testkit::testbed::{
+    self, Backend, OpenLoop, Outcome, RawSender, Service, SynAckCapture, Testbed, tcp_segment,
+};
 use support::gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats};
 
 const PORT: u16 = 8080;
@@ -38,7 +40,7 @@ fn veth_namespace(server_ns: &str, ns: &str, (server_if, ns_if): (&str, &str), n
 /// `shedctl attach --netns <ns>` without `--iface` (the whole namespace, as the
 /// DaemonSet runs), logging to `log`; stopped (SIGTERM) when the guard drops.
 fn attach_whole_namespace(ns: &str, args: &[&str], log: &tempfile::NamedTempFile) -> impl Drop {
-    let mut child = Command::new(support::gate::SHEDCTL)
+    let mut child = Command::new(support::gate::shedctl_path())
         .args(["attach", "--netns", ns])
         .args(args)
         .env("SHED_LOG", "info")
@@ -252,7 +254,7 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     // A tun device has no Ethernet header: naming it is refused with the reason.
     ip(&["-n", &bed.server_ns, "tuntap", "add", "dev", "shedtun0", "mode", "tun"]);
-    let mut refused = Command::new(support::gate::SHEDCTL)
+    let mut refused = Command::new(support::gate::shedctl_path())
         .args(["attach", "--netns", &bed.server_ns, "--iface", "shedtun0", "--port", "8080", "--limit", "1"])
         .stderr(std::process::Stdio::piped())
         .spawn()

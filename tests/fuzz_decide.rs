@@ -1,6 +1,6 @@
 //! Differential testing of the packet path: generated frames (valid and
 //! malformed) and gate states go through the loaded XDP and TC programs
-//! (BPF_PROG_TEST_RUN) and through the reference model in `shed::model`;
+//! (BPF_PROG_TEST_RUN) and through the reference model in `shed_testkit::model`;
 //! verdicts, counter changes and RST bytes must agree. `SHED_FUZZ_CASES`
 //! sets the number of cases (CI: 2,000 per hook; `cargo xtask fuzz`: more).
 mod support;
@@ -9,17 +9,13 @@ use aya::{
     maps::{Array, PerCpuValues},
 };
 use proptest::{prelude::*, test_runner::TestRunner};
-use shed::{
-    cli::tiers::parse_cidr,
-    kernel::maps::PortSpec,
-    kernel::programs::Loaded,
-    model::{self, Expected, ModelState, RstBudget},
-};
+use shed::{cli::tiers::parse_cidr, kernel::maps::PortSpec, kernel::programs::Loaded};
 use shed_common::{
     ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortCounters, PortState, TierReserve, UserPortState,
     action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map, ratelimit::prefix_bucket_index,
     rst_prefix, tier,
 };
+use shed_testkit::model::{self, Expected, ModelState, RstBudget};
 
 const PORT: u16 = 8080;
 

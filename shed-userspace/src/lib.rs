@@ -19,9 +19,7 @@ pub mod daemon;
 pub mod error;
 pub mod host;
 pub mod kernel;
-pub mod model;
 pub mod named;
 pub mod observe;
-pub mod testbed;
 
 pub use error::Error;

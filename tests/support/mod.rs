@@ -1,10 +1,10 @@
-//! Shared helpers of the integration tests.
+//! Shared helpers of the integration tests: the test kit's, and what only
+//! these tests need.
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
-pub mod frames;
-pub mod gate;
-pub mod metrics;
 pub mod outside;
+#[allow(unused_imports, reason = "each test binary uses a different part")]
+pub use shed_testkit::{frames, gate, metrics};
 
 /// Keeps the calling thread on one CPU (per-CPU counters, races between CPUs).
 pub fn pin_to_cpu(cpu: usize) {

@@ -1,7 +1,7 @@
 //! BPF_PROG_TEST_RUN frames that arrive on a real interface. The test runner
 //! otherwise presents every frame as arriving on loopback, where the gate
 //! (rightly) answers local sources; attackers' frames come from outside.
-use shed::testbed::{self, Testbed};
+use shed_testkit::testbed::{self, Testbed};
 
 /// A testbed whose server namespace the calling thread enters, and the index
 /// of its veth there (the test runner looks the interface up in the caller's namespace).

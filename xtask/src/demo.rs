@@ -13,10 +13,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use shed::{
-    kernel::maps::GateMaps,
-    testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
-};
+use shed::kernel::maps::GateMaps;
+use shed_testkit::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
 
 const PORT: u16 = 8080;
 const WORKERS: usize = 4;

@@ -61,7 +61,7 @@ pub fn build() -> Result<String> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use shed::testbed::{self, Backend, Service, Testbed};
+    use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
     use super::*;
 

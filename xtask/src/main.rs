@@ -250,6 +250,11 @@ fn test(extra: &[String]) -> Result<()> {
     setup::setup()?;
     build_ebpf()?;
     require_root("the tests load real eBPF programs and create network namespaces")?;
+    // The integration tests run the real shedctl, from beside their own binaries.
+    let status = cargo_command().args(["build", "--bin", "shedctl"]).status().context("build shedctl")?;
+    if !status.success() {
+        bail!("building shedctl failed ({status})");
+    }
     // Default members: every crate but shed-ebpf, which only builds for the BPF target.
     let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));

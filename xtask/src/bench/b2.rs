@@ -11,11 +11,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use shed::{
-    kernel::maps::GateMaps,
-    kernel::programs::Loaded,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::{kernel::maps::GateMaps, kernel::programs::Loaded};
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
 use super::{PORT, Scale, median_min_max, nft_cap, start_gate, stop_gate, xdp_in};
 

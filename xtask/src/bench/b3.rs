@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use shed::testbed::{self, Backend, Service, Testbed};
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
 use super::{PORT, Scale, b2::busy_cpu, median_min_max, percentile, start_gate, stop_gate};
 

@@ -13,10 +13,8 @@ use std::{
 };
 
 use anyhow::Result;
-use shed::{
-    kernel::maps::GateMaps,
-    testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
-};
+use shed::kernel::maps::GateMaps;
+use shed_testkit::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
 
 use super::{PORT, Scale, median_min_max, percentile, plot, start_gate, stop_gate};
 

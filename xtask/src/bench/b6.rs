@@ -11,10 +11,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use shed::{
-    kernel::programs::Loaded,
-    testbed::{self, Backend, Service, Testbed},
-};
+use shed::kernel::programs::Loaded;
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
 use super::{PORT, Scale, median_min_max, percentile, start_gate, stop_gate, xdp_in};
 

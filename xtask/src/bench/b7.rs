@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use shed::testbed::{self, Backend, OpenLoop, Outcome, Service, Testbed};
+use shed_testkit::testbed::{self, Backend, OpenLoop, Outcome, Service, Testbed};
 
 use super::{PORT, Scale, nft_cap, plot, start_gate, stop_gate};
 

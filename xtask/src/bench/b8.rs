@@ -17,10 +17,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use shed::{
-    kernel::maps::GateMaps,
-    testbed::{Backend, Service, Testbed},
-};
+use shed::kernel::maps::GateMaps;
+use shed_testkit::testbed::{Backend, Service, Testbed};
 
 use super::{PORT, Scale, median_min_max, start_gate, stop_gate};
 
@@ -82,7 +80,7 @@ fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<
         stop_gate(child);
     }
     let report = String::from_utf8_lossy(&out.stdout);
-    let (succeeded, requests) = shed::testbed::h2load_counts(&report).map_err(anyhow::Error::msg)?;
+    let (succeeded, requests) = shed_testkit::testbed::h2load_counts(&report).map_err(anyhow::Error::msg)?;
     if requests != total {
         bail!("h2load ran {requests} requests, not {total}: {report}");
     }
@@ -160,7 +158,7 @@ mod tests {
     #[test]
     fn reads_h2load_counts() {
         let report = "finished in 12.00s, 80.00 req/s, 10KB/s\nrequests: 4800 total, 4800 started, 4800 done, 960 succeeded, 3840 failed, 3840 errored, 0 timeout\n";
-        assert_eq!(shed::testbed::h2load_counts(report).unwrap(), (960, 4800));
-        assert!(shed::testbed::h2load_counts("no such line").is_err());
+        assert_eq!(shed_testkit::testbed::h2load_counts(report).unwrap(), (960, 4800));
+        assert!(shed_testkit::testbed::h2load_counts("no such line").is_err());
     }
 }

@@ -24,8 +24,8 @@ use anyhow::{Context as _, Result, bail};
 use shed::{
     daemon::heal::{HealReport, Healer},
     kernel::maps::GateMaps,
-    testbed::{self, Backend, Service, Testbed},
 };
+use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
 use super::{PORT, Scale, median_min_max, plot, start_gate, stop_gate};
 

@@ -45,7 +45,11 @@ impl Scale {
 
 /// `shedctl attach` on the testbed's server side (no per-prefix RST cap: one
 /// client host makes all the load), waiting until it is ready.
-fn start_gate(shedctl: &std::path::Path, bed: &shed::testbed::Testbed, args: &[&str]) -> Result<std::process::Child> {
+fn start_gate(
+    shedctl: &std::path::Path,
+    bed: &shed_testkit::testbed::Testbed,
+    args: &[&str],
+) -> Result<std::process::Child> {
     let mut child = std::process::Command::new(shedctl)
         .args(["attach", "--port", "8080", "--rst-prefix-rate", "0"])
         .args(["--netns", &bed.server_ns, "--iface", &bed.server_if])
@@ -174,7 +178,7 @@ fn xdp_in(
     pick: fn(&mut Loaded) -> Result<&mut aya::programs::Xdp, shed::Error>,
 ) -> Result<Loaded> {
     let iface = iface.to_owned();
-    shed::testbed::run_in(ns, move || -> Result<Loaded> {
+    shed_testkit::testbed::run_in(ns, move || -> Result<Loaded> {
         let mut loaded = load_object()?;
         pick(&mut loaded)?.attach(&iface, aya::programs::XdpMode::default())?;
         Ok(loaded)
@@ -308,7 +312,7 @@ pub fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Res
         time::Duration,
     };
 
-    use shed::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
+    use shed_testkit::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
 
     let configs = [
         GateConfig { name: "no gate", shed: None, nft_cap: None, slowed: false },

@@ -9,9 +9,24 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::{daemon, host::paths, kernel::maps, testbed::Testbed};
+use shed::{daemon, host::paths, kernel::maps};
 
-pub const SHEDCTL: &str = env!("CARGO_BIN_EXE_shedctl");
+use crate::testbed::Testbed;
+
+/// The `shedctl` under test: `$SHEDCTL` if set, else the one cargo built
+/// beside the running test binary (`target/<profile>/shedctl`; `cargo xtask
+/// test` builds it before the tests).
+pub fn shedctl_path() -> String {
+    if let Ok(path) = std::env::var("SHEDCTL") {
+        return path;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test>-<hash>
+    let profile = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let shedctl = profile.join("shedctl");
+    assert!(shedctl.exists(), "{} is missing: build it first (cargo build --bin shedctl)", shedctl.display());
+    shedctl.display().to_string()
+}
 
 /// The host has one gate: end-to-end tests take turns.
 static ONE_GATE: Mutex<()> = Mutex::new(());
@@ -48,7 +63,7 @@ impl Gate {
     /// `shedctl attach <args>` (namespaces and interfaces included); waits until it serves stats.
     pub fn attach(args: &[&str]) -> Self {
         let log = tempfile::NamedTempFile::new().expect("temp file");
-        let child = Command::new(SHEDCTL)
+        let child = Command::new(shedctl_path())
             .arg("attach")
             .args(args)
             .env("SHED_LOG", "info")
@@ -114,7 +129,7 @@ impl Drop for Gate {
 }
 
 pub fn shedctl(args: &[&str]) -> Output {
-    Command::new(SHEDCTL).args(args).output().expect("run shedctl")
+    Command::new(shedctl_path()).args(args).output().expect("run shedctl")
 }
 
 /// `shedctl stats --json --port <port>`, parsed.
