@@ -104,12 +104,9 @@ impl Rng {
     }
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// [`crate::control::window::nearest_rank`], 0 for no samples.
+fn nearest_rank_or_zero(sorted: &[u64], p: f64) -> u64 {
+    crate::control::window::nearest_rank(sorted, p).unwrap_or(0)
 }
 
 pub fn simulate(cfg: &SimConfig) -> SimResult {
@@ -170,9 +167,9 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
                 let sample = WindowSample {
                     in_flight: (queue.len() + busy.len()) as u64,
                     samples: judged as u64,
-                    latency_us: percentile(&window_sojourns, cfg.percentile) / 1000,
-                    queue_wait_us: percentile(&window_waits, cfg.percentile) / 1000,
-                    service_us: percentile(&window_services, 50.0) / 1000,
+                    latency_us: nearest_rank_or_zero(&window_sojourns, cfg.percentile) / 1000,
+                    queue_wait_us: nearest_rank_or_zero(&window_waits, cfg.percentile) / 1000,
+                    service_us: nearest_rank_or_zero(&window_services, 50.0) / 1000,
                     listen_drops: 0,
                     rejected: window_limit_rejected,
                     windows: carried + 1,
@@ -273,8 +270,8 @@ pub fn simulate(cfg: &SimConfig) -> SimResult {
     }
     measured_sojourns.sort_unstable();
     result.goodput = good as f64 / (cfg.duration - cfg.measure_from);
-    result.admitted_p99 = percentile(&measured_sojourns, 99.0) as f64 / NS;
-    result.admitted_p50 = percentile(&measured_sojourns, 50.0) as f64 / NS;
+    result.admitted_p99 = nearest_rank_or_zero(&measured_sojourns, 99.0) as f64 / NS;
+    result.admitted_p50 = nearest_rank_or_zero(&measured_sojourns, 50.0) as f64 / NS;
     result
 }
 

@@ -86,9 +86,28 @@ pub fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {
     latency::lower_bound(buckets.len() - 1)
 }
 
+/// The `p`th percentile (0-100) of sorted samples, by nearest rank (None when
+/// there are none): the one percentile of raw samples, for the simulation and
+/// the benchmarks alike.
+pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len().max(1)) - 1).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(nearest_rank(&v, 50.0), Some(50));
+        assert_eq!(nearest_rank(&v, 99.0), Some(99));
+        assert_eq!(nearest_rank(&v, 100.0), Some(100));
+        assert_eq!(nearest_rank(&v, 0.0), Some(1), "rank 0 is the first sample");
+        assert_eq!(nearest_rank(&[7u64], 99.0), Some(7));
+        assert_eq!(nearest_rank::<u64>(&[], 50.0), None);
+    }
 
     #[test]
     fn a_window_is_the_difference_of_two_snapshots() {

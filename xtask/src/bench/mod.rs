@@ -92,27 +92,10 @@ fn results_dir() -> PathBuf {
     workspace_root().join("bench/results")
 }
 
-/// Frames for B1, built from a small spec.
+/// A B1 frame: TCP (or `proto`) with 20 bytes of options, from 192.0.2.2 or 2001:db8::2.
 fn frame(v6: bool, proto: u8, flags: u8, dport: u16, client_port: u16) -> Vec<u8> {
-    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
-    let mut l4 = Vec::new();
-    l4.extend_from_slice(&client_port.to_be_bytes());
-    l4.extend_from_slice(&dport.to_be_bytes());
-    l4.extend_from_slice(&[0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0, 0xa0, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
-    l4.extend_from_slice(&[2, 4, 5, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7]);
-    if v6 {
-        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
-        f.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-        f.extend_from_slice(&[proto, 64]);
-        f.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
-        f.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
-    } else {
-        f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
-        f.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
-        f.extend_from_slice(&[0, 0, 0x40, 0, 64, proto, 0, 0, 192, 0, 2, 2, 192, 0, 2, 1]);
-    }
-    f.extend_from_slice(&l4);
-    f
+    use shed_testkit::frames::{Spec, frame};
+    frame(&Spec { v6, protocol: proto, flags, server_port: dport, client_port, ..Spec::default() })
 }
 
 struct Case {
@@ -167,8 +150,9 @@ fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> R
 }
 
 /// The `p` quantile (0-1) of sorted samples, by rank; `None` when there are none.
+/// `p` as a fraction (0.99), by nearest rank: see [`shed::control::window::nearest_rank`].
 fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
-    sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1))).copied()
+    shed::control::window::nearest_rank(sorted, p * 100.0)
 }
 
 /// Attaches one of the object's XDP programs (by `pick`) to `iface` in `ns`; detached on drop.
