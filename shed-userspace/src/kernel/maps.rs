@@ -598,6 +598,16 @@ pub struct PinnedGate {
     pub maps: GateMaps,
 }
 
+/// The gates among `gates` that protect `port`; when none does, the error
+/// that names the port and what is protected.
+pub fn protecting(gates: Vec<PinnedGate>, port: u16) -> Result<Vec<PinnedGate>, Error> {
+    let (with, without): (Vec<_>, Vec<_>) = gates.into_iter().partition(|g| g.maps.config(port).is_ok());
+    match (with.is_empty(), without.first()) {
+        (true, Some(gate)) => Err(gate.maps.config(port).expect_err("no gate protects the port")),
+        _ => Ok(with),
+    }
+}
+
 /// The pin folders of the running gate, by namespace label, in label order:
 /// the daemon's own namespace in [`paths::PIN_DIR`], each `--netns` in
 /// [`paths::NETNS_PIN_DIR`].

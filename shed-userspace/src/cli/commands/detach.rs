@@ -29,17 +29,13 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
     };
 
     if let Some(port) = args.port {
-        let mut gates = GateMaps::open_gates(args.netns.as_deref())?;
-        let protecting: Vec<usize> = (0..gates.len()).filter(|&i| gates[i].maps.config(port).is_ok()).collect();
-        if protecting.is_empty() {
-            // The error that names the port and what is protected.
-            gates[0].maps.config(port)?;
-        }
-        crate::daemon::audit::note_request();
-        for &i in &protecting {
-            gates[i].maps.unprotect(port)?;
-        }
+        let gates = GateMaps::open_gates(args.netns.as_deref())?;
         let several = gates.len() > 1;
+        let mut gates = maps::protecting(gates, port)?;
+        crate::daemon::audit::note_request();
+        for gate in &mut gates {
+            gate.maps.unprotect(port)?;
+        }
         let still = match GateMaps::open_gates(None) {
             Ok(gates) => gates,
             Err(Error::NoGate { .. }) => Vec::new(),
@@ -52,7 +48,7 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
                 Some(if g.netns == paths::OWN_NETNS_LABEL { ports } else { format!("{ports} (netns {})", g.netns) })
             })
             .collect();
-        let netns: Vec<&str> = protecting.iter().map(|&i| gates[i].netns.as_str()).collect();
+        let netns: Vec<&str> = gates.iter().map(|g| g.netns.as_str()).collect();
         let what = if several { format!("port {port} (netns {})", netns.join(", ")) } else { format!("port {port}") };
         if !left.is_empty() {
             println!("{what} is no longer gated; the gate keeps running for ports {}", left.join("; "));

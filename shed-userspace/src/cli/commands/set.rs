@@ -14,25 +14,18 @@ use crate::{
 pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let mut gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let several = gates.len() > 1;
     // The port in every chosen namespace that protects it; checked in each
     // before any is written, so a refusal changes nothing anywhere.
+    let mut gates = crate::kernel::maps::protecting(gates, args.port)?;
     let mut plans = Vec::new();
-    let mut missing = None;
-    for (i, gate) in gates.iter().enumerate() {
-        match gate.maps.config(args.port) {
-            Ok(config) => plans.push((i, plan(&gate.maps, &args, config)?)),
-            Err(e) => _ = missing.get_or_insert(e),
-        }
-    }
-    if plans.is_empty() {
-        return Err(missing.map_or_else(|| anyhow::anyhow!("port {} is not protected", args.port), Into::into));
+    for gate in &gates {
+        plans.push(plan(&gate.maps, &args, gate.maps.config(args.port)?)?);
     }
     // Every check is done: from here on only writes (the daemon logs each with who asked).
     crate::daemon::audit::note_request();
-    let several = gates.len() > 1;
-    for (i, plan) in plans {
-        let gate = &mut gates[i];
+    for (gate, plan) in gates.iter_mut().zip(plans) {
         write(&mut gate.maps, &args, &plan)?;
         let netns = if several { format!("netns {}: ", gate.netns) } else { String::new() };
         println!("{netns}{}", plan.summary(&args));

@@ -5,7 +5,7 @@ use crate::{
     cli::StatsArgs,
     daemon,
     host::system::{self, Need},
-    kernel::maps::{GateMaps, PortSnapshot},
+    kernel::maps::{self, GateMaps, PortSnapshot},
     observe::stats::ClientStats,
     observe::stats::PortStats,
     observe::table,
@@ -14,7 +14,11 @@ use crate::{
 pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let gates = gates_with_port(GateMaps::open_gates(args.netns.as_deref())?, args.port)?;
+    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let gates = match args.port {
+        Some(port) => maps::protecting(gates, port)?,
+        None => gates,
+    };
     let read = || -> anyhow::Result<Vec<Vec<PortSnapshot>>> {
         gates.iter().map(|g| Ok(g.maps.snapshots(args.port)?)).collect()
     };
@@ -67,18 +71,4 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
 fn client_name(addr: &[u8; 16]) -> String {
     let v6 = std::net::Ipv6Addr::from(*addr);
     v6.to_ipv4_mapped().map_or_else(|| v6.to_string(), |v4| v4.to_string())
-}
-
-/// The gates that protect `port` (every gate without one); an error naming
-/// the port when none does.
-pub fn gates_with_port(
-    gates: Vec<crate::kernel::maps::PinnedGate>,
-    port: Option<u16>,
-) -> anyhow::Result<Vec<crate::kernel::maps::PinnedGate>> {
-    let Some(port) = port else { return Ok(gates) };
-    let (with, without): (Vec<_>, Vec<_>) = gates.into_iter().partition(|g| g.maps.config(port).is_ok());
-    match (with.is_empty(), without.first()) {
-        (true, Some(gate)) => Err(gate.maps.config(port).expect_err("no gate protects the port").into()),
-        _ => Ok(with),
-    }
 }

@@ -16,7 +16,11 @@ use crate::{
 pub fn execute(args: TopArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let gates = super::stats::gates_with_port(GateMaps::open_gates(args.netns.as_deref())?, args.port)?;
+    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let gates = match args.port {
+        Some(port) => crate::kernel::maps::protecting(gates, port)?,
+        None => gates,
+    };
     let sample = || -> anyhow::Result<Vec<PortStats>> {
         let mut stats = Vec::new();
         for gate in &gates {
