@@ -100,14 +100,15 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             ended: Default::default(),
         };
         let (setup, ready, spec, tiers) = (gate.clone(), ready_tx.clone(), spec, tiers.clone());
-        let (args, loop_signals) = (args.clone(), LoopSignals { stop: stopped.clone(), reload: reloads.clone() });
+        let (args, ports, loop_signals) =
+            (args.clone(), ports.clone(), LoopSignals { stop: stopped.clone(), reload: reloads.clone() });
         let mut end =
             GateEnd { done: done_tx.clone(), label: gate.label.clone(), ended: gate.ended.clone(), told: false };
         let thread = std::thread::Builder::new()
             .name(format!("shed-{}", gate.label))
             .spawn(move || {
                 let _span = tracing::info_span!("gate", netns = %setup.label).entered();
-                let loaded = set_up(&setup, &args, &ports_of(&args), &spec, &tiers)
+                let loaded = set_up(&setup, &args, &ports, &spec, &tiers)
                     .with_context(|| format!("network namespace {}", setup.label));
                 let (result, loaded) = match loaded {
                     Ok((loaded, local_addrs)) => (Ok(()), Some((loaded, local_addrs))),
@@ -295,10 +296,6 @@ struct Gate {
     heartbeat: crate::daemon::report::Heartbeat,
     /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
     ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-fn ports_of(args: &AttachArgs) -> Vec<u16> {
-    dedup(&args.ports)
 }
 
 /// The namespaces to gate (None: the daemon's own), each once.
