@@ -1,7 +1,7 @@
 //! Running the real `shedctl` against a testbed, and cleaning up after it.
 use std::{
     fs::File,
-    io::Read as _,
+    io::{self, Read as _},
     path::Path,
     process::{Child, Command, Output, Stdio},
     sync::{Mutex, MutexGuard},
@@ -20,11 +20,16 @@ pub fn shedctl_path() -> String {
     if let Ok(path) = std::env::var("SHEDCTL") {
         return path;
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    // target/<profile>/deps/<test>-<hash>
-    let profile = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let shedctl = profile.join("shedctl");
-    assert!(shedctl.exists(), "{} is missing: build it first (cargo build --bin shedctl)", shedctl.display());
+    let exe = std::env::current_exe().expect("the running binary's path");
+    // A test binary is target/<profile>/deps/<test>-<hash>; the bench binary is
+    // target/<profile>/shed-bench. shedctl is target/<profile>/shedctl.
+    let beside = exe.parent().expect("the binary's folder");
+    let shedctl = [beside, beside.parent().unwrap_or(beside)]
+        .map(|dir| dir.join("shedctl"))
+        .into_iter()
+        .find(|path| path.exists());
+    let shedctl = shedctl
+        .unwrap_or_else(|| panic!("no shedctl beside {}: build it first (cargo build --bin shedctl)", exe.display()));
     shedctl.display().to_string()
 }
 
@@ -40,11 +45,22 @@ pub fn exclusive() -> MutexGuard<'static, ()> {
     guard
 }
 
+/// Where a launched gate's log (its stderr) goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Log {
+    /// Into a file that [`Gate::log`] reads (and failures quote).
+    Capture,
+    /// To this process's stderr, for a person watching (the demo).
+    Inherit,
+    /// Nowhere (a benchmark's long runs).
+    Discard,
+}
+
 /// A running `shedctl attach`. Dropping it stops it (SIGTERM, then SIGKILL)
 /// and removes anything it left.
 pub struct Gate {
     child: Child,
-    log: tempfile::NamedTempFile,
+    log: Option<tempfile::NamedTempFile>,
 }
 
 impl Gate {
@@ -60,34 +76,62 @@ impl Gate {
         Self::attach(&all)
     }
 
-    /// `shedctl attach <args>` (namespaces and interfaces included); waits until it serves stats.
+    /// `shedctl attach <args>` (namespaces and interfaces included); waits until it
+    /// serves stats. Panics, with the gate's log, if it does not come up.
     pub fn attach(args: &[&str]) -> Self {
-        let log = tempfile::NamedTempFile::new().expect("temp file");
-        let child = Command::new(shedctl_path())
+        Self::launch(Path::new(&shedctl_path()), args, Log::Capture).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `<shedctl> attach <args>`, waiting up to 20 s until it is ready and serves
+    /// stats. The error says why not (with the log, when captured); nothing is
+    /// left running or pinned after an error.
+    pub fn launch(shedctl: &Path, args: &[&str], log: Log) -> io::Result<Self> {
+        let file = match log {
+            Log::Capture => Some(tempfile::NamedTempFile::new()?),
+            Log::Inherit | Log::Discard => None,
+        };
+        let stderr = match (&file, log) {
+            (Some(file), _) => Stdio::from(file.reopen()?),
+            (None, Log::Inherit) => Stdio::inherit(),
+            (None, _) => Stdio::null(),
+        };
+        let child = Command::new(shedctl)
             .arg("attach")
             .args(args)
             .env("SHED_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(log.reopen().expect("reopen log"))
+            .stderr(stderr)
             .spawn()
-            .expect("spawn shedctl");
-        let mut gate = Self { child, log };
+            .map_err(|e| io::Error::other(format!("spawn {}: {e}", shedctl.display())))?;
+        let mut gate = Self { child, log: file };
         let start = Instant::now();
         loop {
-            if let Ok(Some(status)) = gate.child.try_wait() {
-                panic!("shedctl attach {args:?} exited with {status}:\n{}", gate.log());
+            if let Some(status) = gate.child.try_wait()? {
+                return Err(io::Error::other(format!("shedctl attach {args:?} exited with {status}:\n{}", gate.log())));
             }
-            if daemon::ready() && shedctl(&["stats", "--json", "--interval", "50"]).status.success() {
-                return gate;
+            let serves_stats = || {
+                Command::new(shedctl)
+                    .args(["stats", "--json", "--interval", "50"])
+                    .output()
+                    .is_ok_and(|out| out.status.success())
+            };
+            if daemon::ready() && serves_stats() {
+                return Ok(gate);
             }
-            assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up in 20 s:\n{}", gate.log());
+            if start.elapsed() > Duration::from_secs(20) {
+                // Dropping the gate stops it and removes its pins.
+                return Err(io::Error::other(format!("gate did not come up in 20 s:\n{}", gate.log())));
+            }
             thread::sleep(Duration::from_millis(50));
         }
     }
 
+    /// What the gate logged so far (empty unless launched with [`Log::Capture`]).
     pub fn log(&self) -> String {
         let mut s = String::new();
-        let _ = File::open(self.log.path()).and_then(|mut f| f.read_to_string(&mut s));
+        if let Some(file) = &self.log {
+            let _ = File::open(file.path()).and_then(|mut f| f.read_to_string(&mut s));
+        }
         s
     }
 

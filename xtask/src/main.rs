@@ -1,7 +1,5 @@
 //! `cargo xtask`: everything the project needs, from a fresh machine to a
 //! running demo, with no hand-run step.
-mod bench;
-mod demo;
 mod docs;
 mod image;
 mod mutants;
@@ -73,19 +71,6 @@ enum Task {
         #[arg(long, default_value_t = 20)]
         seconds: u64,
     },
-    /// (Internal, for B9) hold connections in a process of its own until stdin closes:
-    /// serve on ADDR, or with --from open COUNT connections to ADDR.
-    #[command(hide = true)]
-    Hold {
-        #[arg(long)]
-        netns: String,
-        #[arg(long)]
-        addr: std::net::SocketAddr,
-        #[arg(long)]
-        from: Option<std::net::IpAddr>,
-        #[arg(long, default_value_t = 0)]
-        count: usize,
-    },
     /// Build the Debian package (target/package/shed_VERSION_ARCH.deb): shedctl, the
     /// systemd unit, /etc/shed/shed.toml, man pages and completions; installs without Rust.
     Package,
@@ -109,10 +94,10 @@ fn main() -> Result<()> {
         Task::BuildEbpf => build_ebpf(),
         Task::Test { cargo_args } => test(&cargo_args),
         Task::Bench { quick, names } => {
-            setup::setup()?;
-            build_ebpf()?;
-            cargo(&["build", "--release", "--package", "shed-userspace"])?;
-            bench::run(quick, &names)
+            let mut args = vec!["run".to_owned()];
+            args.extend(quick.then(|| "--quick".to_owned()));
+            args.extend(names);
+            shed_bench(&args)
         }
         Task::Mutants { kernel, only, again } => {
             setup::setup()?;
@@ -126,13 +111,7 @@ fn main() -> Result<()> {
         }
         Task::Fuzz { cases } => long_run("fuzz_decide", "SHED_FUZZ_CASES", cases),
         Task::Soak { connections } => long_run("e2e_soak", "SHED_SOAK_CONNECTIONS", connections),
-        Task::Demo { seconds } => {
-            setup::setup()?;
-            build_ebpf()?;
-            cargo(&["build", "--release", "--package", "shed-userspace"])?;
-            demo::run(&workspace_root().join("target/release/shedctl"), seconds)
-        }
-        Task::Hold { netns, addr, from, count } => bench::hold(&netns, addr, from, count),
+        Task::Demo { seconds } => shed_bench(&["demo".to_owned(), "--seconds".to_owned(), seconds.to_string()]),
         Task::Package => {
             setup::setup()?;
             build_ebpf()?;
@@ -157,7 +136,7 @@ fn main() -> Result<()> {
             std::fs::copy(workspace_root().join("target/release/shedctl"), &dest)
                 .with_context(|| format!("install {}", dest.display()))?;
             println!("installed {}", dest.display());
-            for file in docs::generate(&share)? {
+            for file in docs::generate(&dest, &share)? {
                 println!("installed {}", file.display());
             }
             Ok(())
@@ -178,6 +157,16 @@ fn cargo_command() -> Command {
 
 fn cargo(args: &[&str]) -> Result<()> {
     run(cargo_command().args(args))
+}
+
+/// The benchmarks and the demo: set up, build the kernel object, shedctl and
+/// shed-bench (release; it embeds the object just built), and run it as root.
+fn shed_bench(args: &[String]) -> Result<()> {
+    setup::setup()?;
+    build_ebpf()?;
+    require_root("the benchmarks and the demo load real eBPF programs and create network namespaces")?;
+    cargo(&["build", "--release", "--package", "shed-userspace", "--package", "shed-bench"])?;
+    run(Command::new(workspace_root().join("target/release/shed-bench")).args(args))
 }
 
 /// One integration test with its size turned up through an environment variable.

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::workspace_root;
+use crate::{run, workspace_root};
 
 /// Builds the package from `shedctl` (a release binary) into `out`; returns its path.
 pub fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
@@ -39,24 +39,11 @@ pub fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
     fs::write(&unit_path, unit)?;
     // Man pages (gzip -9n, as Debian policy asks) and completions, from the binary itself.
     let share = root.join("usr/share");
+    crate::docs::generate(shedctl, &share)?;
     let man = share.join("man/man1");
-    run(Command::new(shedctl).args(["man", "--dir"]).arg(&man))?;
     run(Command::new("gzip")
         .args(["-9n"])
         .args(fs::read_dir(&man)?.map(|e| e.map(|e| e.path())).collect::<Result<Vec<_>, _>>()?))?;
-    for (shell, file) in [
-        ("bash", "bash-completion/completions/shedctl"),
-        ("zsh", "zsh/vendor-completions/_shedctl"),
-        ("fish", "fish/vendor_completions.d/shedctl.fish"),
-    ] {
-        let path = share.join(file);
-        fs::create_dir_all(path.parent().expect("has a parent"))?;
-        let script = Command::new(shedctl).args(["completions", shell]).output()?;
-        if !script.status.success() {
-            bail!("shedctl completions {shell} failed");
-        }
-        fs::write(&path, script.stdout)?;
-    }
     let doc = share.join("doc/shed");
     fs::create_dir_all(&doc)?;
     fs::copy(repo.join("README.md"), doc.join("README.md"))?;
@@ -83,14 +70,6 @@ fn du_kib(dir: &Path) -> Result<u64> {
         total += if meta.is_dir() { du_kib(&entry.path())? * 1024 } else { meta.len() };
     }
     Ok(total.div_ceil(1024))
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("run {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
 }
 
 fn output(cmd: &mut Command) -> Result<String> {

@@ -17,7 +17,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use shed_testkit::testbed::{self, Backend, OpenLoop, Outcome, Service, Testbed};
 
-use super::{PORT, Scale, nft_cap, plot, start_gate, stop_gate};
+use crate::{
+    common::{PORT, Scale, nft_cap, start_gate},
+    plot,
+};
 
 const LIMIT: u32 = 50;
 const LEGIT_PER_SEC: u64 = 50;
@@ -87,7 +90,7 @@ pub fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value
             };
             let elapsed = started.elapsed().as_secs_f64().max(window.as_secs_f64());
             if let Some(child) = daemon {
-                stop_gate(child);
+                drop(child);
             }
             let answered = outcomes.iter().filter(|o| matches!(o, Outcome::Answered(_))).count();
             let refused = outcomes.iter().filter(|o| matches!(o, Outcome::Refused)).count();

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use shed::kernel::programs::Loaded;
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
-use super::{PORT, Scale, median_min_max, percentile, start_gate, stop_gate, xdp_in};
+use crate::common::{PORT, Scale, median_min_max, percentile, start_gate, xdp_in};
 
 const CONNECTIONS: usize = 8;
 
@@ -85,7 +85,7 @@ pub fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
             let (rps, p50, p99) = keep_alive_load(&bed.client_ns, addr, duration)?;
             drop(empty_xdp);
             if let Some(g) = gate {
-                stop_gate(g);
+                drop(g);
             }
             println!("B6 run {r} {name:<10} {rps:9.0} req/s  p50 {p50:6.0} us  p99 {p99:6.0} us");
             samples[i].push((rps, p50, p99));

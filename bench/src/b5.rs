@@ -16,7 +16,10 @@ use anyhow::Result;
 use shed::kernel::maps::GateMaps;
 use shed_testkit::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
 
-use super::{PORT, Scale, median_min_max, percentile, plot, start_gate, stop_gate};
+use crate::{
+    common::{PORT, Scale, median_min_max, percentile, start_gate},
+    plot,
+};
 
 const WORKERS: u64 = 4;
 const SERVICE_US: u64 = 20_000;
@@ -127,7 +130,7 @@ fn run_once(shedctl: &Path, scale: Scale, algo: &str) -> Result<Vec<Bin>> {
         thread::sleep(Duration::from_millis(5));
     }
     drop(load);
-    stop_gate(gate);
+    drop(gate);
     Ok(bins)
 }
 

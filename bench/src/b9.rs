@@ -6,7 +6,7 @@
 //! A process may hold 20,000 open files here, and a client address about
 //! 28,000 ephemeral ports, so each port's server holds its connections in a
 //! process of its own and each batch of clients connects from its own
-//! address, in processes of their own (`cargo xtask hold`).
+//! address, in processes of their own (`shed-bench hold`).
 //!
 //! `SHED_B9_BEFORE=/path/to/an/older/shedctl` runs the same ramp against that
 //! build too (CPU and RSS only), for a before/after in one run.
@@ -27,12 +27,15 @@ use shed::{
 };
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
-use super::{PORT, Scale, median_min_max, plot, start_gate, stop_gate};
+use crate::{
+    common::{PORT, Scale, median_min_max, start_gate},
+    plot,
+};
 
 /// Protected ports; the connections are spread evenly over them.
 const PORTS: u16 = 6;
 
-/// Something holding connections open until dropped: a `cargo xtask hold`
+/// Something holding connections open until dropped: a `shed-bench hold`
 /// process (closed by closing its stdin), or, in a smoke run (a test binary
 /// cannot re-run itself as a holder), threads of this process.
 enum Holder {
@@ -50,7 +53,7 @@ impl Drop for Holder {
     }
 }
 
-/// Starts `cargo xtask hold ARGS` and waits for its "ready" line.
+/// Starts `shed-bench hold ARGS` and waits for its "ready" line.
 fn hold_process(args: &[String]) -> Result<Holder> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("hold")
@@ -96,7 +99,7 @@ fn connect(bed: &Testbed, addr: SocketAddr, from: IpAddr, count: usize, in_proce
     ])
 }
 
-/// `cargo xtask hold`: serve (hold every connection accepted on `addr`) or,
+/// `shed-bench hold`: serve (hold every connection accepted on `addr`) or,
 /// with `from`, open `count` connections to `addr`; in `netns`, until stdin closes.
 pub fn hold(netns: &str, addr: SocketAddr, from: Option<IpAddr>, count: usize) -> Result<()> {
     let held: Holder = match from {
@@ -186,7 +189,7 @@ fn measure(shedctl: &Path, scale: Scale, levels: &[usize], ours: bool) -> Result
     // Idle connections greet and fall idle: with --count work they hold no place under the limit.
     args.extend(["--limit", "50000"]);
     let gate = start_gate(shedctl, &bed, &args)?;
-    let pid = gate.id();
+    let pid = gate.pid() as u32;
     let mut clients: Vec<Holder> = Vec::new();
     let mut next_host = 10u8;
     let mut out = Vec::new();
@@ -239,7 +242,7 @@ fn measure(shedctl: &Path, scale: Scale, levels: &[usize], ours: bool) -> Result
         Ok(())
     })();
     drop(clients);
-    stop_gate(gate);
+    drop(gate);
     result.map(|()| out)
 }
 

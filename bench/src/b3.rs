@@ -17,7 +17,10 @@ use std::{
 use anyhow::{Result, bail};
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
-use super::{PORT, Scale, b2::busy_cpu, median_min_max, percentile, start_gate, stop_gate};
+use crate::{
+    b2::busy_cpu,
+    common::{PORT, Scale, median_min_max, percentile, start_gate},
+};
 
 const IN_FLIGHT: usize = 64;
 const NAMES: [&str; 2] = ["shed RST (TC)", "accept + 503 + close (userspace)"];
@@ -226,7 +229,7 @@ pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
                 let run = testbed::run_in(&bed.client_ns, move || clients(addr, duration, false))?;
                 let total = busy_cpu()?.saturating_sub(total_before);
                 drop(held);
-                stop_gate(gate);
+                drop(gate);
                 drop(backend);
                 (run, total, None)
             } else {

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use shed::{kernel::maps::GateMaps, kernel::programs::Loaded};
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
-use super::{PORT, Scale, median_min_max, nft_cap, start_gate, stop_gate, xdp_in};
+use crate::common::{PORT, Scale, median_min_max, nft_cap, start_gate, xdp_in};
 
 /// A port nothing listens on: the kernel answers with an RST.
 const CLOSED_PORT: u16 = 8081;
@@ -126,7 +126,7 @@ pub fn b2(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
                 rejected_fraction[i] = Some(rejected as f64 / f64::from(sent.max(1)));
             }
             if let Some(g) = gate {
-                stop_gate(g);
+                drop(g);
             }
             drop(drop_prog);
             if matches!(config.how, Reject::Nftables) {

@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, bail};
 use shed::kernel::maps::GateMaps;
 use shed_testkit::testbed::{Backend, Service, Testbed};
 
-use super::{PORT, Scale, median_min_max, start_gate, stop_gate};
+use crate::common::{PORT, Scale, median_min_max, start_gate};
 
 const WORKERS: usize = 4;
 const SERVICE_US: u64 = 20_000;
@@ -77,7 +77,7 @@ fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<
     stop.store(true, Ordering::Relaxed);
     let limits = sampler.map(|s| s.join().unwrap_or_default()).unwrap_or_default();
     if let Some(child) = gate {
-        stop_gate(child);
+        drop(child);
     }
     let report = String::from_utf8_lossy(&out.stdout);
     let (succeeded, requests) = shed_testkit::testbed::h2load_counts(&report).map_err(anyhow::Error::msg)?;

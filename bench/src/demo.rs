@@ -3,7 +3,6 @@
 //! prints what the gate and the clients see, once a second.
 use std::{
     path::Path,
-    process::{Child, Command},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -12,9 +11,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use shed::kernel::maps::GateMaps;
-use shed_testkit::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
+use shed_testkit::{
+    gate::{Gate, Log},
+    testbed::{Backend, OpenLoop, Outcome, Service, Testbed},
+};
 
 const PORT: u16 = 8080;
 const WORKERS: usize = 4;
@@ -22,16 +24,6 @@ const SERVICE: Duration = Duration::from_millis(20);
 const DEADLINE: Duration = Duration::from_secs(1);
 const INITIAL_LIMIT: u32 = 50;
 const METRICS: &str = "127.0.0.1:9464";
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
 
 pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     let capacity = WORKERS as f64 / SERVICE.as_secs_f64();
@@ -46,14 +38,18 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
         bed.server_addr(false, PORT),
         Service::Workers { workers: WORKERS, service_us: service_us.clone() },
     )?;
-    let daemon = Daemon(
-        Command::new(shedctl)
-            .args(["attach", "--port", "8080", "--initial-limit", &INITIAL_LIMIT.to_string(), "--action", "rst"])
-            .args(["--netns", &bed.server_ns, "--iface", &bed.server_if, "--metrics", METRICS])
-            .spawn()
-            .context("starting shedctl attach")?,
-    );
-    let maps = wait_for_gate()?;
+    // Its log goes to the terminal, beside the demo's lines.
+    let initial_limit = INITIAL_LIMIT.to_string();
+    let daemon = Gate::launch(
+        shedctl,
+        &["--port", "8080", "--initial-limit", &initial_limit, "--action", "rst"]
+            .into_iter()
+            .chain(["--netns", &bed.server_ns, "--iface", &bed.server_if, "--metrics", METRICS])
+            .collect::<Vec<_>>(),
+        Log::Inherit,
+    )
+    .context("starting shedctl attach")?;
+    let maps = GateMaps::open_pinned().context("open the gate's maps")?;
     println!("watch it live: `sudo shedctl top` in another terminal; Prometheus metrics at http://{METRICS}/metrics");
 
     let addr = bed.server_addr(false, PORT);
@@ -134,20 +130,4 @@ pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     drop(daemon);
     println!("demo: done; namespaces and gate removed");
     Ok(())
-}
-
-fn wait_for_gate() -> Result<GateMaps> {
-    let start = Instant::now();
-    loop {
-        if shed::daemon::ready()
-            && let Ok(maps) = GateMaps::open_pinned()
-            && maps.snapshots(Some(PORT)).is_ok()
-        {
-            return Ok(maps);
-        }
-        if start.elapsed() > Duration::from_secs(15) {
-            bail!("the gate did not come up within 15 s; see shedctl's log above");
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
 }
