@@ -15,7 +15,10 @@ use shed_common::{
     action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map, ratelimit::prefix_bucket_index,
     rst_prefix, tier,
 };
-use shed_testkit::model::{self, Expected, ModelState, RstBudget};
+use shed_testkit::{
+    frames::{Spec, frame},
+    model::{self, Expected, ModelState, RstBudget},
+};
 
 const PORT: u16 = 8080;
 
@@ -160,88 +163,45 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
         )
 }
 
+/// The generated frame, through the test kit's one frame builder.
 fn build(s: &FrameSpec) -> Vec<u8> {
-    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
-    if let Some(tci) = s.outer_vlan {
-        f.extend_from_slice(&[0x88, 0xa8]);
-        f.extend_from_slice(&tci.to_be_bytes());
-    }
-    if let Some(tci) = s.vlan {
-        f.extend_from_slice(&[0x81, 0x00]);
-        f.extend_from_slice(&tci.to_be_bytes());
-    }
-    if s.extra_tag {
-        f.extend_from_slice(&[0x81, 0x00, 0, 9]);
-    }
-    let ether = match s.family {
-        0 => 0x0800,
-        1 => 0x86dd,
-        2 => 0x0806,
-        _ => s.ether_other,
-    };
-    f.extend_from_slice(&u16::to_be_bytes(ether));
-    let dport = if s.dport_protected { PORT } else { s.dport_other };
-    let tcp_len = usize::from(s.doff.max(5)) * 4;
-    let mut tcp = Vec::new();
-    tcp.extend_from_slice(&s.sport.to_be_bytes());
-    tcp.extend_from_slice(&dport.to_be_bytes());
-    tcp.extend_from_slice(&s.seq.to_be_bytes());
-    tcp.extend_from_slice(&[0, 0, 0, 0, s.doff << 4, s.flags, 0xfa, 0xf0, 0, 0, 0, 0]);
-    tcp.resize(tcp_len, 1);
-    if s.family == 1 {
-        let mut chain = Vec::new();
-        for (i, &(kind, len)) in s.v6_chain.iter().enumerate() {
-            let next = s.v6_chain.get(i + 1).map_or(s.v6_next, |e| e.0);
-            let start = chain.len();
-            match kind {
-                44 => {
-                    chain.extend_from_slice(&[next, 0]);
-                    chain.extend_from_slice(&s.v6_frag.to_be_bytes());
-                    chain.extend_from_slice(&[0, 0, 0, 1]);
-                }
-                51 => {
-                    // AH: (len + 2) * 4 bytes.
-                    let bytes = (usize::from(len) + 2) * 4;
-                    chain.extend_from_slice(&[next, len]);
-                    chain.resize(start + bytes, 0);
-                }
-                _ => {
-                    chain.extend_from_slice(&[next, len]);
-                    chain.resize(start + (usize::from(len) + 1) * 8, 0);
-                }
-            }
-        }
-        f.extend_from_slice(&[if s.version_ok { 0x60 } else { 0x40 }, 0, 0, 0]);
-        let payload = (chain.len() + tcp.len() + s.payload.len()).saturating_sub(usize::from(s.short_by));
-        f.extend_from_slice(&(payload as u16).to_be_bytes());
-        f.extend_from_slice(&[s.v6_chain.first().map_or(s.v6_next, |e| e.0), 64]);
-        f.extend_from_slice(&s.client_v6);
-        f.extend_from_slice(&if s.to_local {
-            LOCAL_V6
-        } else {
-            [0x20, 0x01, 0x0d, 0xb8, 0, 0xee, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
-        });
-        f.extend_from_slice(&chain);
-    } else {
-        let ihl = s.ihl & 0x0f;
-        let version = if s.version_ok { 0x40 } else { 0x60 };
-        let hdr = usize::from(ihl.max(5)) * 4;
-        let mut ip = vec![version | ihl, 0, 0, 0, 0, 0];
-        ip.extend_from_slice(&s.frag.to_be_bytes());
-        ip.extend_from_slice(&[64, s.ip_proto, 0, 0]);
-        ip.extend_from_slice(&s.client_v4);
-        ip.extend_from_slice(&if s.to_local { LOCAL_V4 } else { [10, 201, 0, 1] });
-        ip.resize(hdr, 1);
-        let total = (ip.len() + tcp.len() + s.payload.len()).saturating_sub(usize::from(s.short_by)) as u16;
-        ip[2..4].copy_from_slice(&total.to_be_bytes());
-        f.extend_from_slice(&ip);
-    }
-    f.extend_from_slice(&tcp);
-    f.extend_from_slice(&s.payload);
-    if let Some(cut) = s.cut {
-        f.truncate(cut.max(15));
-    }
-    f
+    let v6 = s.family == 1;
+    let (v6_chain, v6_lengths) = s.v6_chain.iter().copied().unzip();
+    let ihl = s.ihl & 0x0f;
+    frame(&Spec {
+        outer_vlan: s.outer_vlan,
+        vlan: s.vlan,
+        extra_vlan: s.extra_tag.then_some(9),
+        ether_type: match s.family {
+            0 | 1 => None,
+            2 => Some(0x0806),
+            _ => Some(s.ether_other),
+        },
+        v6,
+        // The other version's nibble: a header that says it is not what it is.
+        ip_version: (!s.version_ok).then_some(if v6 { 4 } else { 6 }),
+        ihl: Some(ihl),
+        ip_options: usize::from(ihl.max(5)) * 4 - 20,
+        v6_chain,
+        v6_lengths,
+        v6_fragment: s.v6_frag,
+        ip_short_by: u16::from(s.short_by),
+        server_v4: if s.to_local { LOCAL_V4 } else { [10, 201, 0, 1] },
+        server_v6: if s.to_local { LOCAL_V6 } else { [0x20, 0x01, 0x0d, 0xb8, 0, 0xee, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1] },
+        protocol: if v6 { s.v6_next } else { s.ip_proto },
+        frag: s.frag,
+        client_port: s.sport,
+        server_port: if s.dport_protected { PORT } else { s.dport_other },
+        seq: s.seq,
+        flags: s.flags,
+        tcp_options: usize::from(s.doff.max(5)) * 4 - 20,
+        doff: Some(s.doff),
+        payload: s.payload.clone(),
+        // Never shorter than an Ethernet header and a byte.
+        cut: s.cut.map(|cut| cut.max(15)),
+        client_v4: s.client_v4,
+        client_v6: s.client_v6,
+    })
 }
 
 #[derive(Clone, Debug)]

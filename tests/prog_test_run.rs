@@ -614,10 +614,11 @@ fn syns_behind_extension_headers_fragments_and_qinq_are_judged() {
 #[test]
 fn unjudgeable_headers_that_could_hide_a_syn_are_dropped() {
     let cases = [
-        // RFC 1858 / 3128: the TCP header does not fit the first fragment.
+        // RFC 1858 / 3128: the TCP header does not fit the first fragment (the
+        // lengths say 8 of its 40 bytes).
         (
             "ipv4 tiny first fragment",
-            Spec { frag: 0x2000, ip_length: Some(20 + 8), ..Spec::default() },
+            Spec { frag: 0x2000, ip_short_by: 40 - 8, ..Spec::default() },
             gate_counter::TINY_FRAGMENT,
         ),
         (
@@ -627,7 +628,7 @@ fn unjudgeable_headers_that_could_hide_a_syn_are_dropped() {
         ),
         (
             "ipv6 first fragment without the tcp header",
-            Spec { v6_chain: vec![44], v6_fragment: 0x0001, ip_length: Some(8 + 8), ..Spec::v6() },
+            Spec { v6_chain: vec![44], v6_fragment: 0x0001, ip_short_by: 40 - 8, ..Spec::v6() },
             gate_counter::TINY_FRAGMENT,
         ),
         (
