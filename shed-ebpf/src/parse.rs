@@ -30,6 +30,9 @@ const ETH_P_8021AD: u16 = 0x88a8;
 const IPPROTO_TCP: u8 = 6;
 /// IPv4 "more fragments" flag, in [`Ipv4Hdr::frag_flags`].
 const IPV4_MORE_FRAGMENTS: u8 = 0b001;
+/// The IPv6 fragment header's offset field sits above two reserved bits and
+/// the M flag (RFC 8200, 4.5); network-types has no type for this header.
+const IPV6_FRAGMENT_OFFSET_SHIFT: u32 = 3;
 /// VLAN tags the parser looks through (QinQ: an outer 802.1ad and an inner 802.1Q tag).
 const MAX_VLAN_TAGS: usize = 2;
 /// IPv6 extension headers the parser follows before TCP; a longer chain is refused.
@@ -197,27 +200,26 @@ pub fn parse<B: LoadBytes>(
         Err(other) => return other,
     };
     // The fixed TCP header must be there whole, as the kernel requires.
-    let head: [u8; TCP_HEADER] = match network.l4_offset {
+    let head: TcpHdr = match network.l4_offset {
         Some(l4) => {
-            let Some(tcp) = ptr_at::<[u8; TCP_HEADER]>(data, data_end, l4) else { return Parsed::Truncated };
+            let Some(tcp) = ptr_at::<TcpHdr>(data, data_end, l4) else { return Parsed::Truncated };
             // SAFETY: bounds checked by ptr_at.
             unsafe { *tcp }
         }
-        None => network.tcp_head,
+        None => tcp_header(network.tcp_head),
     };
-    let (doff, flags) = (head[12] >> 4, head[13]);
-    if doff < 5 || flags & TCP_RST != 0 {
+    if head.doff() < 5 || head.rst() != 0 {
         return Parsed::Pass;
     }
-    let kind = match (flags & TCP_SYN != 0, flags & TCP_ACK != 0) {
+    let kind = match (head.syn() != 0, head.ack() != 0) {
         // SYN+FIN: a Linux listener discards it, so it holds nothing.
-        (true, false) if flags & TCP_FIN == 0 || fault!("syn_fin_judged") => Parsed::Syn,
+        (true, false) if head.fin() == 0 || fault!("syn_fin_judged") => Parsed::Syn,
         (false, true) => Parsed::Ack,
         _ => return Parsed::Pass,
     };
     // Whether the gate judges this segment at all (by destination port): most
     // traffic ends here, before the segment is copied out.
-    if !wanted(u16::from_be_bytes([head[2], head[3]]), kind == Parsed::Syn) {
+    if !wanted(u16::from_be_bytes(head.dest), kind == Parsed::Syn) {
         return Parsed::Pass;
     }
     seg.write(Segment {
@@ -225,19 +227,24 @@ pub fn parse<B: LoadBytes>(
         is_ipv6: network.is_ipv6,
         client_addr: network.client_addr,
         server_addr: network.server_addr,
-        client_port: u16::from_be_bytes([head[0], head[1]]),
-        server_port: u16::from_be_bytes([head[2], head[3]]),
-        seq: u32::from_be_bytes([head[4], head[5], head[6], head[7]]),
-        ack_seq: u32::from_be_bytes([head[8], head[9], head[10], head[11]]),
+        client_port: u16::from_be_bytes(head.source),
+        server_port: u16::from_be_bytes(head.dest),
+        seq: u32::from_be_bytes(head.seq),
+        ack_seq: u32::from_be_bytes(head.ack_seq),
     });
     kind
 }
 
-const TCP_HEADER: usize = 20;
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
+/// The fixed TCP header, as bytes copied out through the helper.
+const TCP_HEADER: usize = TcpHdr::LEN;
+
+/// The TCP header in `bytes`, read through network-types' accessors.
+#[inline(always)]
+fn tcp_header(bytes: [u8; TCP_HEADER]) -> TcpHdr {
+    // SAFETY: TcpHdr is repr(C), 20 bytes of byte arrays and a byte bitfield:
+    // every bit pattern is a valid value.
+    unsafe { core::mem::transmute::<[u8; TCP_HEADER], TcpHdr>(bytes) }
+}
 
 #[inline(always)]
 fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parsed> {
@@ -312,7 +319,7 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
             | nexthdr::SHIM6 => (usize::from(ext[1]) + 1) * 8,
             nexthdr::AUTH => (usize::from(ext[1]) + 2) * 4,
             nexthdr::FRAGMENT => {
-                if u16::from_be_bytes([ext[2], ext[3]]) >> 3 != 0 {
+                if u16::from_be_bytes([ext[2], ext[3]]) >> IPV6_FRAGMENT_OFFSET_SHIFT != 0 {
                     return Err(Parsed::LaterFragment);
                 }
                 first_fragment = true;

@@ -263,9 +263,9 @@ impl AcceptQueues {
 /// from the measured handshake time, and keeps the ACK check on while
 /// admissions lapse.
 ///
-/// The window is four times the p99 handshake time over the last period
-/// (at least 2^MIN_SHIFT ns, about 0.26 ms): long enough that real handshakes complete inside it, short
-/// enough that a forged SYN, which never completes, holds its slot only that
+/// The window is four times the p99 handshake time over the last period (at
+/// least 2^MIN_SHIFT ns, about 0.26 ms): long enough that real handshakes
+/// complete inside it, short enough that a forged SYN, which never completes, holds its slot only that
 /// long. It grows at once and shrinks only after a run of periods that all
 /// want it shorter, so a burst of slow handshakes is not forgotten at once.
 pub(super) struct HandshakeWindow {
