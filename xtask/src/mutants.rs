@@ -284,3 +284,59 @@ fn ensure_cargo_mutants() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The files cargo-mutants examines, from `.cargo/mutants.toml`'s `examine_globs`
+    /// (plain paths and `dir/*.rs`), relative to the workspace.
+    fn examined(config: &str) -> Vec<String> {
+        let globs = config.split("examine_globs = [").nth(1).and_then(|rest| rest.split(']').next()).unwrap_or("");
+        let mut files = Vec::new();
+        for glob in globs.lines().filter_map(|l| l.trim().strip_prefix('"')?.split('"').next()) {
+            match glob.strip_suffix("*.rs") {
+                Some(dir) => {
+                    for entry in std::fs::read_dir(workspace_root().join(dir)).unwrap() {
+                        let name = entry.unwrap().file_name().into_string().unwrap();
+                        if name.ends_with(".rs") {
+                            files.push(format!("{dir}{name}"));
+                        }
+                    }
+                }
+                None => files.push(glob.to_owned()),
+            }
+        }
+        files
+    }
+
+    /// An exclusion anchored by line and column (`file:line:col: replace OP with ...`)
+    /// silently stops matching when the file changes, and the mutant it meant comes back
+    /// as "missed", or worse, another mutant at that spot is hidden. Each anchor must
+    /// still point at its operator in the one examined file it names.
+    #[test]
+    fn every_anchored_exclusion_points_at_its_operator() {
+        let config = std::fs::read_to_string(workspace_root().join(".cargo/mutants.toml")).unwrap();
+        let files = examined(&config);
+        let mut anchors = 0;
+        for line in config.lines().map(str::trim).filter(|l| l.starts_with('"') && l.contains(".rs:")) {
+            let pattern = line.trim_matches(|c| c == '"' || c == ',').replace("\\\\", "");
+            let (file, rest) = pattern.split_once(':').unwrap();
+            let mut parts = rest.splitn(3, ':');
+            let (Some(row), Some(col), Some(what)) = (parts.next(), parts.next(), parts.next()) else { continue };
+            let (row, col): (usize, usize) = (row.parse().unwrap(), col.parse().unwrap());
+            let operator = what.trim().strip_prefix("replace ").and_then(|w| w.split(" with ").next()).unwrap();
+            let matches: Vec<&String> = files.iter().filter(|f| f.ends_with(&format!("/{file}"))).collect();
+            assert_eq!(matches.len(), 1, "{file} names one examined file: {matches:?}");
+            let source = std::fs::read_to_string(workspace_root().join(matches[0])).unwrap();
+            let text = source.lines().nth(row - 1).unwrap_or_else(|| panic!("{pattern}: no line {row}"));
+            assert!(
+                text.get(col - 1..).is_some_and(|at| at.starts_with(operator)),
+                "{pattern}: line {row} column {col} of {} is not `{operator}` but {text:?}: re-anchor it",
+                matches[0]
+            );
+            anchors += 1;
+        }
+        assert!(anchors >= 5, "found {anchors} anchored exclusions");
+    }
+}
