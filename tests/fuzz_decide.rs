@@ -85,7 +85,14 @@ fn frame_spec() -> impl Strategy<Value = FrameSpec> {
     let headers = (
         prop::option::weighted(0.15, any::<u16>()),
         prop::bool::weighted(0.05),
-        prop_oneof![2 => prop::collection::vec(ext.clone(), 0..3), 1 => prop::collection::vec(ext, 3..11)],
+        // Chains longer than the 8 headers the gate reads get a branch of their own:
+        // drawn only from 3..11, they came out about 18 times in 4,000 cases, too
+        // close to the coverage floor (10) to hold on every run.
+        prop_oneof![
+            4 => prop::collection::vec(ext.clone(), 0..3),
+            2 => prop::collection::vec(ext.clone(), 3..11),
+            1 => prop::collection::vec(ext, 9..12)
+        ],
         prop_oneof![3 => Just(0u16), 3 => Just(1), 1 => Just(0x10), 1 => Just(0x11), 1 => any::<u16>()],
         prop::bool::weighted(0.85),
         prop_oneof![12 => Just(0u8), 1 => 1u8..30, 2 => 40u8..120],
