@@ -97,8 +97,7 @@ impl PortConfig {
     /// The key a client is counted under: its address, IPv6 cut to the port's prefix.
     #[inline(always)]
     pub fn client_key(&self, addr: &[u8; 16]) -> ClientKey {
-        let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-        if v4 {
+        if is_ipv4_mapped(addr) {
             return ClientKey { slot: self.slot, addr: *addr };
         }
         // Two 64-bit masks, not a loop over bytes: a data-dependent branch per
@@ -389,7 +388,12 @@ pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
     [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3]]
 }
 
-#[cfg(feature = "user")]
+/// Whether an address is IPv4, stored IPv4-mapped (`::ffff:a.b.c.d`).
+#[inline(always)]
+pub fn is_ipv4_mapped(addr: &[u8; 16]) -> bool {
+    addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+}
+
 #[cfg(feature = "user")]
 mod user {
     use super::*;

@@ -10,8 +10,7 @@
 #[inline(always)]
 pub fn rst_prefix(addr: &[u8; 16]) -> [u8; 16] {
     let mut p = *addr;
-    let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-    let keep = if v4 { 15 } else { 6 };
+    let keep = if crate::is_ipv4_mapped(addr) { 15 } else { 6 };
     let mut i = keep;
     while i < 16 {
         p[i] = 0;

@@ -11,6 +11,7 @@ use aya_ebpf::helpers::bpf_ktime_get_ns;
 use shed_common::{
     ClientKey, HandshakeRing, HandshakeStamp, PortConfig, action, counter,
     handshake::{STAMP_PROBES, cell_of, flow_hash, live, stamp_index, stamp_state},
+    is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
     rst::Reset,
     rst_prefix, tier,
@@ -434,8 +435,7 @@ fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
 /// address or one of this host's own (a forged source would make us hit ourselves).
 #[inline(never)]
 fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
-    let v4 = client[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-    if v4 {
+    if is_ipv4_mapped(client) {
         let first = client[12];
         let all_ones = client[12..] == [0xff; 4];
         let zero = client[12..] == [0; 4];

@@ -81,12 +81,24 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
         Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
             Ok(len) => Outcome::Reply { slot, len },
             Err(()) => {
-                count(slot, counter::RST_FAILED);
-                rare::rst_failed(slot, "writing");
+                count_reset(slot, false, "writing");
                 Outcome::Drop
             }
         },
     }
+}
+
+/// Counts what became of a reset: sent, or failed at `step` (then the frame is
+/// dropped instead). Returns `sent`.
+#[inline(always)]
+fn count_reset(slot: u32, sent: bool, step: &'static str) -> bool {
+    if sent {
+        count(slot, counter::RST_SENT);
+    } else {
+        count(slot, counter::RST_FAILED);
+        rare::rst_failed(slot, step);
+    }
+    sent
 }
 
 #[xdp]
@@ -98,13 +110,8 @@ pub fn shed_xdp(ctx: XdpContext) -> u32 {
         Outcome::Reply { slot, len } => {
             let delta = len as i32 - (data_end - data) as i32;
             // SAFETY: shrinking the frame; the helper checks the bounds itself.
-            if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
-                count(slot, counter::RST_FAILED);
-                rare::rst_failed(slot, "bpf_xdp_adjust_tail");
-                return xdp_action::XDP_DROP;
-            }
-            count(slot, counter::RST_SENT);
-            xdp_action::XDP_TX
+            let trimmed = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0;
+            if count_reset(slot, trimmed, "bpf_xdp_adjust_tail") { xdp_action::XDP_TX } else { xdp_action::XDP_DROP }
         }
     }
 }
@@ -138,18 +145,15 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
         Outcome::Pass => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         Outcome::Reply { slot, len } => {
-            // SAFETY: plain helper calls on our own skb. Packet pointers are
+            // SAFETY: a plain helper call on our own skb. Packet pointers are
             // not used after change_tail invalidates them.
-            unsafe {
-                if bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) != 0 {
-                    count(slot, counter::RST_FAILED);
-                    rare::rst_failed(slot, "bpf_skb_change_tail");
-                    return TC_ACT_SHOT;
-                }
-                count(slot, counter::RST_SENT);
-                // Out of the interface it came in on, back towards the client.
-                bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32
+            let trimmed = unsafe { bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) } == 0;
+            if !count_reset(slot, trimmed, "bpf_skb_change_tail") {
+                return TC_ACT_SHOT;
             }
+            // Out of the interface it came in on, back towards the client.
+            // SAFETY: our own skb's ifindex, and a plain helper call.
+            unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }
         }
     }
 }

@@ -10,7 +10,7 @@ use shed_common::{
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
     handshake::STAMPS_PER_PORT,
-    local_addr,
+    is_ipv4_mapped, local_addr,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
 };
 
@@ -142,8 +142,7 @@ pub fn local_kind(addr: &[u8; 16]) -> u32 {
 /// 127.0.0.0/8 (IPv4-mapped) or ::1.
 #[inline(always)]
 pub fn is_loopback(addr: &[u8; 16]) -> bool {
-    let v4 = addr[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-    (v4 && addr[12] == 127) || *addr == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    (is_ipv4_mapped(addr) && addr[12] == 127) || *addr == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
 }
 
 /// Adds one to a gate-wide per-CPU counter.
