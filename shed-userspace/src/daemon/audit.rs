@@ -35,7 +35,7 @@ pub fn last_request() -> String {
 }
 
 /// Reads what the audit compares (ports with their settings, and tiers).
-pub fn read(maps: &crate::kernel::maps::GateMaps) -> Result<Settings, crate::Error> {
+pub fn read(maps: &crate::kernel::maps::GateMaps) -> Result<Settings, crate::error::Error> {
     let mut ports = BTreeMap::new();
     for (port, config) in maps.port_configs()? {
         ports.insert(port, (config, maps.control(config.slot)?));

@@ -31,7 +31,7 @@ use std::{
 
 use shed_common::{FlowKey, PortConfig, SockEntry, counter};
 
-use crate::{Error, host::sockdiag::SocketTable, kernel::maps::GateMaps};
+use crate::{error::Error, host::sockdiag::SocketTable, kernel::maps::GateMaps};
 
 /// Keys of adopted sockets: user-space addresses, never a kernel socket's.
 const ADOPTED_KEY_BASE: u64 = 0x0000_5eed_0000_0000;

@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::{
-    Error,
+    error::Error,
     host::paths,
     kernel::maps::{self},
 };

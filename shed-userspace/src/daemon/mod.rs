@@ -18,8 +18,8 @@ use std::{
 };
 
 use crate::{
-    Error,
     daemon::report::Decisions,
+    error::Error,
     host::{paths, system},
     kernel::{
         maps::GateMaps,

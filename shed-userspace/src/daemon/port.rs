@@ -10,13 +10,13 @@ use std::{
 use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, handshake, latency, tier};
 
 use crate::{
-    Error,
     control::{
-        Algo, Controller, Reason, Settings,
+        Algo, Controller, Decision, Reason, Settings, WindowSample,
         reserve::TierHoldBack,
         window::{Signals, Window, histogram_percentile},
     },
     daemon::report::Decisions,
+    error::Error,
     host::{
         netstat, paths,
         sockdiag::{AcceptQueue, SocketTable},
@@ -91,7 +91,7 @@ impl PortControl {
         }
     }
 
-    /// Runs one window if it is due.
+    /// Runs one window if it is due: read the maps, build the window, decide, write back.
     pub(super) fn run(
         &mut self,
         maps: &mut GateMaps,
@@ -100,8 +100,35 @@ impl PortControl {
         accept_queues: &mut AcceptQueues,
         ports: &BTreeSet<u16>,
     ) -> Result<(), Error> {
-        if now < self.next_run {
+        if !self.due(now) {
             return Ok(());
+        }
+        let Some(reading) = self.read(maps, now, accept_queues, ports)? else { return Ok(()) };
+        let window = Window::between(&self.last_hist, &reading.hist);
+        let judge_queue_waits = self.controller.settings().algo == Algo::Queue;
+        let sample = window.sample(self.signals(&reading, now), self.percentile, judge_queue_waits);
+
+        let decision = self.controller.on_window(&sample);
+        let held_back = self.hold_back(&reading);
+        self.close_window(&decision, &reading, now);
+        self.log_decision(&decision, &reading, &sample);
+        decisions.record(self.port, decision.reason);
+
+        let snapshot = &reading.snapshot;
+        if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
+            maps.write_reserve(self.slot, shed_common::TierReserve { held_back })?;
+        }
+        let handshake_times = self.handshakes.on_window(maps, snapshot, &reading.hist.handshake, now)?;
+        if decision.limit != snapshot.limit {
+            maps.set_limit(self.slot, decision.limit)?;
+        }
+        maps.write_status(self.slot, self.status(&decision, &reading, &window, &sample, handshake_times))
+    }
+
+    /// Whether a window is due at `now`; if so, when the next one is.
+    fn due(&mut self, now: Instant) -> bool {
+        if now < self.next_run {
+            return false;
         }
         // From the due time, not from now: the ticker fires every window too, and
         // `now + window` would fall a hair after the next tick and skip it (the
@@ -111,26 +138,30 @@ impl PortControl {
         if self.next_run <= now {
             self.next_run = now + self.window;
         }
+        true
+    }
+
+    /// Everything this window reads: the port's maps (following a settings change
+    /// at once), its histograms, and the host's listen drops and accept queue.
+    /// `None`: the port was detached meanwhile.
+    fn read(
+        &mut self,
+        maps: &mut GateMaps,
+        now: Instant,
+        accept_queues: &mut AcceptQueues,
+        ports: &BTreeSet<u16>,
+    ) -> Result<Option<Reading>, Error> {
         let config = match maps.config(self.port) {
             Ok(config) => config,
             // Detached since this tick read the ports (`shedctl detach --port` runs
             // concurrently): the next tick drops this controller. Not an error.
-            Err(Error::PortNotProtected { .. }) => return Ok(()),
+            Err(Error::PortNotProtected { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
         let snapshot = maps.snapshot(self.port, config)?;
-        if snapshot.control.generation != self.generation {
-            self.generation = snapshot.control.generation;
-            self.controller.reconfigure(settings(&snapshot.control, snapshot.limit));
-            self.window = Duration::from_millis(u64::from(snapshot.control.window_ms.max(1)));
-            self.percentile = f64::from(snapshot.control.percentile);
-            if snapshot.control.requested_limit != 0 {
-                self.controller.set_limit(snapshot.control.requested_limit);
-            }
-            tracing::info!(port = self.port, algo = %self.controller.settings().algo, limit = self.controller.limit(), "controller settings changed");
-        }
-
+        self.follow_settings(&snapshot);
         let hist = maps.latency(self.slot)?;
+
         let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(netstat::listen_drops);
         let namespace_drops = match (drops_now, self.last_listen_drops) {
             (Some(now), Some(before)) => now.saturating_sub(before),
@@ -145,87 +176,123 @@ impl PortControl {
         let listen_drops = if pressed || self.pressed_before { namespace_drops } else { 0 };
         self.pressed_before = pressed;
         self.listen_drops_total += listen_drops;
-        let accept = accept.unwrap_or_default();
 
         // Counted since the last judged window, as the histograms are (a thin window carries both).
         let limit_rejected =
             snapshot.counter(counter::REJECTED_LIMIT) + snapshot.counter(counter::DRY_RUN_WOULD_REJECT);
-        let window = Window::between(&self.last_hist, &hist);
-        let signals = Signals {
-            in_flight: snapshot.in_flight(),
-            listen_drops,
-            rejected: limit_rejected.saturating_sub(self.last_limit_rejected),
+        Ok(Some(Reading { snapshot, hist, listen_drops, accept: accept.unwrap_or_default(), limit_rejected }))
+    }
+
+    /// Follows a settings change (`shedctl set`, a reload) in the window that first sees it.
+    fn follow_settings(&mut self, snapshot: &maps::PortSnapshot) {
+        if snapshot.control.generation == self.generation {
+            return;
+        }
+        self.generation = snapshot.control.generation;
+        self.controller.reconfigure(settings(&snapshot.control, snapshot.limit));
+        self.window = Duration::from_millis(u64::from(snapshot.control.window_ms.max(1)));
+        self.percentile = f64::from(snapshot.control.percentile);
+        if snapshot.control.requested_limit != 0 {
+            self.controller.set_limit(snapshot.control.requested_limit);
+        }
+        tracing::info!(port = self.port, algo = %self.controller.settings().algo, limit = self.controller.limit(), "controller settings changed");
+    }
+
+    /// The window's signals besides its histograms, all since the last judged window.
+    fn signals(&self, reading: &Reading, now: Instant) -> Signals {
+        Signals {
+            in_flight: reading.snapshot.in_flight(),
+            listen_drops: reading.listen_drops,
+            rejected: reading.limit_rejected.saturating_sub(self.last_limit_rejected),
             elapsed_us: now.saturating_duration_since(self.last_judged).as_micros() as u64,
             windows: self.carried + 1,
-        };
-        let judge_queue_waits = self.controller.settings().algo == Algo::Queue;
-        let sample = window.sample(signals, self.percentile, judge_queue_waits);
+        }
+    }
+
+    /// The slots each tier holds back, from this window's rejections by tier.
+    fn hold_back(&mut self, reading: &Reading) -> [u16; tier::COUNT] {
+        let snapshot = &reading.snapshot;
         let rejected_by_tier: [u64; tier::COUNT] =
             std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
         let rejected_now: [u64; tier::COUNT] =
             std::array::from_fn(|t| rejected_by_tier[t].saturating_sub(self.last_rejected_by_tier[t]));
         self.last_rejected_by_tier = rejected_by_tier;
-        let held_back = self.reserve.on_window(rejected_now, snapshot.limit, snapshot.config.share_permille);
-        if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
-            maps.write_reserve(self.slot, shed_common::TierReserve { held_back })?;
-        }
-        let handshake_times = self.handshakes.on_window(maps, &snapshot, &hist.handshake, now)?;
-        let previous = snapshot.limit;
-        let decision = self.controller.on_window(&sample);
-        // Too few samples: keep this window's requests for the next one.
+        self.reserve.on_window(rejected_now, snapshot.limit, snapshot.config.share_permille)
+    }
+
+    /// Ends the window, or, when it was too thin to judge, keeps its requests for the next one.
+    fn close_window(&mut self, decision: &Decision, reading: &Reading, now: Instant) {
+        self.windows += 1;
         if decision.reason == Reason::TooFewSamples {
             self.carried += 1;
-        } else {
-            self.last_hist = hist;
-            self.last_judged = now;
-            self.last_limit_rejected = limit_rejected;
-            self.carried = 0;
+            return;
         }
-        if decision.limit != previous {
-            maps.set_limit(self.slot, decision.limit)?;
-        }
-        if self.last_reason != Some(decision.reason) && decision.reason != Reason::TooFewSamples {
-            tracing::info!(
-                port = self.port,
-                limit = decision.limit,
-                previous,
-                reason = %decision.reason.name(),
-                observed_us = sample.latency_us,
-                baseline_us = self.controller.baseline_us(),
-                in_flight = sample.in_flight,
-                "limit decision"
-            );
-        }
-        // A window too thin to judge does not count as a change of reason: one line per change, not per window.
-        if decision.reason != Reason::TooFewSamples {
-            self.last_reason = Some(decision.reason);
-        }
-        decisions.record(self.port, decision.reason);
-        self.windows += 1;
-        maps.write_status(
-            self.slot,
-            ControlStatus {
-                baseline_us: self.controller.baseline_us(),
-                observed_us: sample.latency_us,
-                queue_wait_p50_us: histogram_percentile(&window.queue_wait, 50.0),
-                queue_wait_p99_us: histogram_percentile(&window.queue_wait, 99.0),
-                service_p50_us: histogram_percentile(&window.service, 50.0),
-                service_p99_us: histogram_percentile(&window.service, 99.0),
-                sojourn_p50_us: histogram_percentile(&window.sojourn, 50.0),
-                sojourn_p99_us: histogram_percentile(&window.sojourn, 99.0),
-                samples: sample.samples,
-                listen_drops,
-                windows: self.windows,
-                reason: decision.reason.to_raw(),
-                previous_limit: previous,
-                handshake_p50_us: handshake_times.0,
-                handshake_p99_us: handshake_times.1,
-                accept_queue: accept.waiting,
-                accept_backlog: accept.backlog,
-                listen_drops_total: self.listen_drops_total,
-            },
-        )
+        self.last_hist = reading.hist;
+        self.last_judged = now;
+        self.last_limit_rejected = reading.limit_rejected;
+        self.carried = 0;
     }
+
+    /// One line each time the reason changes, not one per window. A window too
+    /// thin to judge is not a change of reason.
+    fn log_decision(&mut self, decision: &Decision, reading: &Reading, sample: &WindowSample) {
+        if decision.reason == Reason::TooFewSamples || self.last_reason == Some(decision.reason) {
+            return;
+        }
+        self.last_reason = Some(decision.reason);
+        tracing::info!(
+            port = self.port,
+            limit = decision.limit,
+            previous = reading.snapshot.limit,
+            reason = %decision.reason.name(),
+            observed_us = sample.latency_us,
+            baseline_us = self.controller.baseline_us(),
+            in_flight = sample.in_flight,
+            "limit decision"
+        );
+    }
+
+    /// What `shedctl stats` shows of the window just judged.
+    fn status(
+        &self,
+        decision: &Decision,
+        reading: &Reading,
+        window: &Window,
+        sample: &WindowSample,
+        handshake_times: (u64, u64),
+    ) -> ControlStatus {
+        ControlStatus {
+            baseline_us: self.controller.baseline_us(),
+            observed_us: sample.latency_us,
+            queue_wait_p50_us: histogram_percentile(&window.queue_wait, 50.0),
+            queue_wait_p99_us: histogram_percentile(&window.queue_wait, 99.0),
+            service_p50_us: histogram_percentile(&window.service, 50.0),
+            service_p99_us: histogram_percentile(&window.service, 99.0),
+            sojourn_p50_us: histogram_percentile(&window.sojourn, 50.0),
+            sojourn_p99_us: histogram_percentile(&window.sojourn, 99.0),
+            samples: sample.samples,
+            listen_drops: reading.listen_drops,
+            windows: self.windows,
+            reason: decision.reason.to_raw(),
+            previous_limit: reading.snapshot.limit,
+            handshake_p50_us: handshake_times.0,
+            handshake_p99_us: handshake_times.1,
+            accept_queue: reading.accept.waiting,
+            accept_backlog: reading.accept.backlog,
+            listen_drops_total: self.listen_drops_total,
+        }
+    }
+}
+
+/// What one window read from the maps and the host.
+struct Reading {
+    snapshot: maps::PortSnapshot,
+    hist: PortLatency,
+    /// Listen drops counted against this port in the window.
+    listen_drops: u64,
+    accept: AcceptQueue,
+    /// SYNs the limit turned away (or would have, in dry-run), cumulative.
+    limit_rejected: u64,
 }
 
 /// The protected ports' accept queues, read through sock_diag at most once per

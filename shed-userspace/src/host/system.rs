@@ -11,7 +11,7 @@ use std::{
 
 use shed_common::sock_state_tp;
 
-use crate::{Error, host::paths};
+use crate::{error::Error, host::paths};
 
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
@@ -102,6 +102,7 @@ pub fn check_not_in_ip_netns_exec() -> Result<(), Error> {
 
 fn fs_magic(path: &str) -> Option<i64> {
     let c = CString::new(path).ok()?;
+    // SAFETY: statfs is plain integers, for which all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and out-pointer.
     (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)

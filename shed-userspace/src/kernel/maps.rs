@@ -12,7 +12,7 @@ use shed_common::{
     gate_counter, handshake, map,
 };
 
-use crate::{Error, host::paths, kernel::options::Cidr};
+use crate::{error::Error, host::paths, kernel::options::Cidr};
 
 pub struct GateMaps {
     pub ports: HashMap<MapData, u16, PortConfig>,

@@ -3,7 +3,7 @@ use std::path::Path;
 
 use aya::{Ebpf, EbpfLoader};
 
-use crate::Error;
+use crate::error::Error;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shed.bpf.o"));
 

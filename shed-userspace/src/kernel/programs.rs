@@ -9,7 +9,7 @@ use aya::{
 use shed_common::program;
 
 use crate::{
-    Error,
+    error::Error,
     host::system,
     kernel::maps::GateMaps,
     kernel::object,

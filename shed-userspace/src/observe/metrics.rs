@@ -14,12 +14,12 @@ use prometheus_client::{
 use shed_common::{PortLatency, latency, tier};
 
 use crate::{
-    Error,
     control::Reason,
     daemon::{
         heal::{HealCounts, HealReport, PassReason},
         report::Decisions,
     },
+    error::Error,
     kernel::maps::GateMaps,
     observe::stats::{PortStats, json_name},
 };

@@ -5,11 +5,11 @@ use anyhow::Context as _;
 
 use crate::named::Named as _;
 use crate::{
-    Error,
     cli::AttachArgs,
     cli::config,
     control::Algo,
     daemon::{self, DaemonLock, FollowInterfaces, LoopSettings, PinGuard},
+    error::Error,
     host::paths,
     host::system::{self, Need},
     kernel::maps::{self, PortSpec},

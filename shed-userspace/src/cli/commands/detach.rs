@@ -8,9 +8,9 @@ use std::{
 use anyhow::bail;
 
 use crate::{
-    Error,
     cli::DetachArgs,
     daemon::{self, Liveness},
+    error::Error,
     host::paths,
     host::system::{self, Need},
     kernel::maps::{self, GateMaps},

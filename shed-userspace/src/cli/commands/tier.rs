@@ -1,8 +1,8 @@
 //! `shedctl tier add|rm|ls`: client tiers of the running gate.
 use crate::{
-    Error,
     cli::TierCommand,
     daemon,
+    error::Error,
     host::system::{self, Need},
     kernel::maps::GateMaps,
     kernel::options::tier_name,
