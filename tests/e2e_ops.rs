@@ -49,6 +49,9 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     })
     .unwrap();
     assert_eq!(answered, 20);
+    // The last answered connection still counts until the backend has closed it
+    // (the client's FIN makes it owe an answer again); then hold exactly three.
+    wait_for_stats(PORT, Duration::from_secs(5), "nothing in flight", |s| field(s, "in_flight") == 0);
     let held = testbed::run_in(&bed.client_ns, move || {
         let held: Vec<_> = (0..3).map(|_| testbed::connect(addr, Duration::from_secs(1)).expect("admitted")).collect();
         let refused = (0..5).filter(|_| testbed::connect(addr, Duration::from_secs(1)).is_err()).count();
