@@ -103,7 +103,9 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
     if wanted("b1") {
         save("b1", b1::b1(scale)?)?;
     }
+    // `$SHEDCTL` may name another build: say which one is measured.
     let shedctl = PathBuf::from(shed_testkit::gate::shedctl_path());
+    println!("shed-bench: measuring {}", shedctl.display());
     if wanted("b2") {
         save("b2", b2::b2(&shedctl, scale)?)?;
     }

@@ -57,7 +57,7 @@ pub enum Log {
 }
 
 /// A running `shedctl attach`. Dropping it stops it (SIGTERM, then SIGKILL)
-/// and removes anything it left.
+/// and removes anything it left (never the pins of another, live gate).
 pub struct Gate {
     child: Child,
     log: Option<tempfile::NamedTempFile>,
@@ -115,7 +115,10 @@ impl Gate {
                     .output()
                     .is_ok_and(|out| out.status.success())
             };
-            if daemon::ready() && serves_stats() {
+            // Ready: the lock's holder is our child (not another gate on the host,
+            // which our child is about to refuse), and it answers.
+            let ours = matches!(daemon::liveness(), daemon::Liveness::Running { pid } if pid == gate.pid().to_string());
+            if ours && serves_stats() {
                 return Ok(gate);
             }
             if start.elapsed() > Duration::from_secs(20) {
@@ -168,7 +171,10 @@ impl Drop for Gate {
         if self.child.try_wait().ok().flatten().is_none() {
             self.stop();
         }
-        let _ = maps::remove_pins(Path::new(paths::PIN_DIR));
+        // Only pins no live daemon holds: whatever ours left, never another gate's.
+        if let daemon::Liveness::Stale { .. } = daemon::liveness() {
+            let _ = maps::remove_pins(Path::new(paths::PIN_DIR));
+        }
     }
 }
 

@@ -110,9 +110,6 @@ impl PortControl {
 
         let decision = self.controller.on_window(&sample);
         let held_back = self.hold_back(&reading);
-        self.close_window(&decision, &reading, now);
-        self.log_decision(&decision, &reading, &sample);
-        decisions.record(self.port, decision.reason);
 
         let snapshot = &reading.snapshot;
         if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
@@ -122,6 +119,10 @@ impl PortControl {
         if decision.limit != snapshot.limit {
             maps.set_limit(self.slot, decision.limit)?;
         }
+        // Written: only now is the decision logged and counted.
+        self.close_window(&decision, &reading, now);
+        self.log_decision(&decision, &reading, &sample);
+        decisions.record(self.port, decision.reason);
         maps.write_status(self.slot, self.status(&decision, &reading, &window, &sample, handshake_times))
     }
 

@@ -60,8 +60,8 @@ pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
     loader(options, true).load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
 }
 
-/// Loads an object file from disk instead (tools that build the object
-/// themselves, such as `cargo xtask bench`, so they never run a stale copy).
+/// Loads an object file from disk instead (another build's object, such as
+/// the benchmarks' `SHED_BENCH_OBJECT` for an A/B of two builds in one run).
 pub fn load_file(path: &Path) -> Result<Ebpf, Error> {
     loader(LoadOptions::default(), false).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
 }
