@@ -64,6 +64,7 @@ pub mod window;
 use std::collections::VecDeque;
 
 use serde::Serialize;
+use shed_common::ControlConfig;
 
 /// During a baseline probe the limit is held at this fraction of its value.
 const PROBE_DEPTH: f64 = 0.25;
@@ -269,6 +270,40 @@ impl Default for Settings {
             queue_target_us: QUEUE_TARGET_US,
             objective_us: 0.0,
             window_s: 0.1,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings an operator gave a port (`SHED_CONTROL`), its limit the initial one.
+    pub fn from_config(config: &ControlConfig, limit: u32) -> Self {
+        let algo = Algo::from_raw(config.algo);
+        // The adaptive bounds do not apply to an operator's fixed limit.
+        let (min_limit, max_limit) = if algo == Algo::Fixed {
+            (1, shed_common::MAX_LIMIT)
+        } else {
+            (config.min_limit.max(1), config.max_limit.max(config.min_limit.max(1)))
+        };
+        let defaults = Settings::default();
+        // Zero means "not set" (a map written before these fields existed): keep the default.
+        let or = |v: u32, d: u32| if v == 0 { d } else { v };
+        Settings {
+            algo,
+            initial_limit: limit,
+            min_limit,
+            max_limit,
+            min_samples: u64::from(or(config.min_samples, defaults.min_samples as u32)),
+            cooldown_windows: config.cooldown_windows,
+            baseline_windows: or(config.baseline_windows, defaults.baseline_windows as u32) as usize,
+            probe_windows: config.probe_windows,
+            window_s: f64::from(config.window_ms.max(1)) / 1000.0,
+            objective_us: f64::from(config.target_latency_ms) * 1000.0,
+            queue_target_us: if config.queue_target_us == 0 {
+                defaults.queue_target_us
+            } else {
+                f64::from(config.queue_target_us)
+            },
+            ..defaults
         }
     }
 }

@@ -65,7 +65,7 @@ impl PortControl {
         hist: PortLatency,
         handshakes: HandshakeWindow,
     ) -> Self {
-        let mut controller = Controller::new(settings(config, limit), u64::from(port));
+        let mut controller = Controller::new(Settings::from_config(config, limit), u64::from(port));
         controller.set_limit(limit);
         let window = Duration::from_millis(u64::from(config.window_ms.max(1)));
         Self {
@@ -160,8 +160,8 @@ impl PortControl {
             Err(e) => return Err(e),
         };
         let snapshot = maps.snapshot(self.port, config)?;
-        self.follow_settings(&snapshot);
         let hist = maps.latency(self.slot)?;
+        self.follow_settings(&snapshot);
 
         let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(netstat::listen_drops);
         let namespace_drops = match (drops_now, self.last_listen_drops) {
@@ -190,7 +190,7 @@ impl PortControl {
             return;
         }
         self.generation = snapshot.control.generation;
-        self.controller.reconfigure(settings(&snapshot.control, snapshot.limit));
+        self.controller.reconfigure(Settings::from_config(&snapshot.control, snapshot.limit));
         self.window = Duration::from_millis(u64::from(snapshot.control.window_ms.max(1)));
         self.percentile = f64::from(snapshot.control.percentile);
         if snapshot.control.requested_limit != 0 {
@@ -461,36 +461,5 @@ impl HandshakeWindow {
             }
         }
         Ok(())
-    }
-}
-
-fn settings(config: &ControlConfig, limit: u32) -> Settings {
-    let algo = Algo::from_raw(config.algo);
-    // The adaptive bounds do not apply to an operator's fixed limit.
-    let (min_limit, max_limit) = if algo == Algo::Fixed {
-        (1, shed_common::MAX_LIMIT)
-    } else {
-        (config.min_limit.max(1), config.max_limit.max(config.min_limit.max(1)))
-    };
-    let defaults = Settings::default();
-    // Zero means "not set" (a map written before these fields existed): keep the default.
-    let or = |v: u32, d: u32| if v == 0 { d } else { v };
-    Settings {
-        algo,
-        initial_limit: limit,
-        min_limit,
-        max_limit,
-        min_samples: u64::from(or(config.min_samples, defaults.min_samples as u32)),
-        cooldown_windows: config.cooldown_windows,
-        baseline_windows: or(config.baseline_windows, defaults.baseline_windows as u32) as usize,
-        probe_windows: config.probe_windows,
-        window_s: f64::from(config.window_ms.max(1)) / 1000.0,
-        objective_us: f64::from(config.target_latency_ms) * 1000.0,
-        queue_target_us: if config.queue_target_us == 0 {
-            defaults.queue_target_us
-        } else {
-            f64::from(config.queue_target_us)
-        },
-        ..defaults
     }
 }
