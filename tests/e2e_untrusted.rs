@@ -37,28 +37,6 @@ fn veth_namespace(server_ns: &str, ns: &str, (server_if, ns_if): (&str, &str), n
     }
 }
 
-/// `shedctl attach --netns <ns>` without `--iface` (the whole namespace, as the
-/// DaemonSet runs), logging to `log`; stopped (SIGTERM) when the guard drops.
-fn attach_whole_namespace(ns: &str, args: &[&str], log: &tempfile::NamedTempFile) -> impl Drop {
-    let mut child = Command::new(support::gate::shedctl_path())
-        .args(["attach", "--netns", ns])
-        .args(args)
-        .env("SHED_LOG", "info")
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .expect("spawn shedctl");
-    let start = Instant::now();
-    while !(shed::daemon::ready() && shedctl(&["stats", "--json"]).status.success()) {
-        assert!(start.elapsed() < Duration::from_secs(20), "gate did not come up");
-        thread::sleep(Duration::from_millis(50));
-    }
-    scopeguard(move || {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let _ = child.wait();
-    })
-}
-
 /// A source address for the `i`th forged SYN: spread over 100.64.0.0/10, or all in one /24.
 fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
     let h = i.wrapping_mul(2_654_435_761);
@@ -216,8 +194,7 @@ fn forwarded_connections_are_never_judged() {
     let _remote_backend = Backend::start(&net.remote_ns, remote, Service::Echo).expect("remote backend");
     let _local_backend = Backend::start(&bed.server_ns, local, Service::Echo).expect("router's own service");
     // The router is gated on every interface (as the DaemonSet runs), port 8080, limit 1.
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let _gate = attach_whole_namespace(&bed.server_ns, &["--port", "8080", "--limit", "1", "--action", "rst"], &log);
+    let _gate = Gate::attach(&["--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"]);
     // Six connections forwarded through the router to the remote server on the protected port.
     let forwarded: Vec<_> = testbed::run_in(&bed.client_ns, move || {
         (0..6).map(|_| testbed::connect(remote, Duration::from_secs(2))).collect::<Vec<_>>()
@@ -275,8 +252,7 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
     assert!(!status.success() && err.contains("no Ethernet header"), "{err}");
 
     // The whole namespace (no --iface): the tun device is left out with a warning, the rest gated.
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let _gate = attach_whole_namespace(&bed.server_ns, &["--port", "8080", "--limit", "1", "--action", "rst"], &log);
+    let gate = Gate::attach(&["--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"]);
     let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(2))).unwrap();
     assert!(held.is_ok(), "first connection fits the limit");
 
@@ -302,7 +278,7 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
             _ => thread::sleep(Duration::from_millis(200)),
         }
     };
-    let logs = std::fs::read_to_string(log.path()).unwrap_or_default();
+    let logs = gate.log();
     assert!(refused, "a SYN through the new interface is judged (limit full):\n{logs}");
     assert!(logs.contains("new interface gated") && logs.contains("shedtun0"), "{logs}");
     drop(held);
