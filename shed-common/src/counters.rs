@@ -4,9 +4,11 @@
 pub mod counter {
     /// SYNs (without ACK) addressed to this host for the port.
     pub const SYN_SEEN: usize = 0;
-    /// SYNs admitted (each holds a handshake reservation for about one handshake time).
+    /// Connections admitted: handshake-completing ACKs that took a slot (the
+    /// source answered our SYN-ACK). Each holds a reservation until the kernel
+    /// reports the connection established, microseconds later.
     pub const ADMITTED: usize = 1;
-    /// SYNs rejected because in-flight had reached the limit.
+    /// Refused (SYNs or handshake-completing ACKs) because in-flight had reached the limit.
     pub const REJECTED_LIMIT: usize = 2;
     /// RST+ACK replies sent for rejected SYNs.
     pub const RST_SENT: usize = 3;
@@ -15,9 +17,11 @@ pub mod counter {
     /// Handshakes that completed after their reservation lapsed (or whose stamp
     /// was overwritten): counted from their completion on.
     pub const LATE_COMPLETED: usize = 5;
-    /// Handshake-completing ACKs refused because their reservation had lapsed and
-    /// the port was full.
-    pub const LATE_ACK_REJECTED: usize = 6;
+    /// Handshake-completing ACKs refused (the port filled between the client's
+    /// SYN and its ACK, or a critical client found it full): the client saw its
+    /// `connect()` succeed and then a reset, or its ACK dropped. Also counted
+    /// by reason.
+    pub const REFUSED_AT_ACK: usize = 6;
     /// Rejected SYNs for which the RST could not be built (dropped instead).
     pub const RST_FAILED: usize = 7;
     /// SYNs rejected because in-flight had reached their tier's share of the limit.
@@ -44,13 +48,16 @@ pub mod counter {
     /// Established connections not counted against their client's cap because
     /// the client map was full (fail-open).
     pub const CLIENT_MAP_FULL: usize = 23;
-    /// Late handshake-completing ACKs admitted (the port had room): counted as
-    /// a reservation until the connection is established.
-    pub const LATE_ACK_ADMITTED: usize = 24;
+    /// SYNs passed to the kernel unjudged-for-now (the port had room): they
+    /// hold nothing; their ACK is judged.
+    pub const SYN_PASSED: usize = 24;
     /// Established connections not counted at all because the connection map was
     /// full (fail-open: they hold no place under the limit; the healer adopts them
     /// when room frees).
     pub const CONNECTION_MAP_FULL: usize = 25;
+    /// Handshake-completing ACKs refused, by tier: `VERIFIED_REJECTED_BY_TIER +
+    /// tier`. Refusals of sources that proved real: the tier hold-back's input.
+    pub const VERIFIED_REJECTED_BY_TIER: usize = 26;
     /// Number of counter slots; spare slots are reserved for later reasons.
     pub const COUNT: usize = 32;
 }

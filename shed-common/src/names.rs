@@ -21,10 +21,6 @@ pub mod map {
     /// addresses, each in one of its two slots (see [`local_addr::slots`]). Only SYNs
     /// addressed to one of them are judged. Written by the daemon.
     pub const LOCAL_ADDRS: &str = "SHED_LOCAL_ADDRS";
-    /// `Array<u32>` indexed by port: non-zero while handshake-completing ACKs to the
-    /// port are checked (some admissions lapsed, so a late completion could overshoot).
-    /// Set by the kernel and the daemon, cleared by the daemon.
-    pub const ACK_CHECK: &str = "SHED_ACK_CHECK";
     /// `PerCpuArray<GateCounters>[1]`: what the gate did with packets it could not
     /// tie to a port (fragments, unparsable headers). Written by the kernel.
     pub const GATE_COUNTERS: &str = "SHED_GATE_COUNTERS";
@@ -70,7 +66,7 @@ pub mod map {
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` is the kernel's alone).
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 22] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -78,7 +74,6 @@ pub mod map {
         HANDSHAKES,
         STAMPS,
         LOCAL_ADDRS,
-        ACK_CHECK,
         GATE_COUNTERS,
         SOCKS,
         LIMITS,

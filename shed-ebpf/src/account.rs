@@ -28,7 +28,7 @@ use crate::{
     decide::{client_add, client_release, complete},
     fault::fault,
     maps::{
-        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config, request_ack_check,
+        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config,
         tier_of,
     },
 };
@@ -160,9 +160,8 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         record(slot, Histogram::Handshake, ns);
     }
     if !in_time {
-        // Counted from now on all the same; late completions could overshoot, so check ACKs.
+        // Counted from now on all the same (the ACK was judged when it arrived).
         count(slot, counter::LATE_COMPLETED);
-        request_ack_check(local_port);
     }
     Ok(())
 }

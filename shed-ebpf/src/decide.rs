@@ -23,7 +23,7 @@ use crate::{
     maps::{
         SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
         SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
-        request_ack_check, tier_of,
+        tier_of,
     },
     parse::Segment,
 };
@@ -44,7 +44,6 @@ const TCP_NEW_SYN_RECV: u32 = 12;
 
 /// Everything the SYN and late-ACK checks read about one port.
 struct Port {
-    port: u16,
     slot: u32,
     config: PortConfig,
     limit: u64,
@@ -79,7 +78,6 @@ impl Port {
         // SAFETY: reading the clock has no preconditions.
         let now_ns = unsafe { bpf_ktime_get_ns() };
         Some(Self {
-            port,
             slot,
             config,
             limit,
@@ -91,8 +89,8 @@ impl Port {
         })
     }
 
-    /// Handshakes under way in the live cells other than the current epoch's,
-    /// and in the current one. Asks for ACK checks if an admission lapsed.
+    /// Admitted handshakes not yet established in the live cells other than
+    /// the current epoch's, and in the current one.
     /// A subprogram: its branches per cell, inlined, multiply the paths the
     /// verifier walks through the rest of the decision.
     #[inline(never)]
@@ -100,9 +98,6 @@ impl Port {
         // SAFETY: map value; cells are read field by field while other CPUs add to them.
         let ring = unsafe { &*self.ring };
         let h = ring.split(self.epoch, |field| atomic::load(field));
-        if h.lapsed != 0 {
-            request_ack_check(self.port);
-        }
         (h.others, h.current)
     }
 
@@ -143,7 +138,37 @@ impl Port {
         atomic::add(&raw mut cell.completed, completed.wrapping_neg());
         if admitted > completed {
             atomic::add(lapsed, admitted - completed);
-            request_ack_check(self.port);
+        }
+    }
+
+    /// The client's tier (normal while the port has no tiers: the LPM lookup
+    /// is the dearest step of a judgement).
+    #[inline(always)]
+    fn tier(&self, seg: &Segment) -> u8 {
+        if self.config.tiered != 0 && !fault!("tier_lookup_skipped") { tier_of(&seg.client_addr) } else { tier::NORMAL }
+    }
+
+    /// Why a client of `tier` would be refused with `in_flight` held, if it
+    /// would: the whole limit is a hard stop; a tier's share of it sheds lower
+    /// tiers first, except for a trickle that keeps a full tier from starving;
+    /// a client at its cap is refused. Only reads (and the trickle's count).
+    #[inline(always)]
+    fn refusal(&self, tier: u8, in_flight: u64, seg: &Segment) -> Option<usize> {
+        if in_flight >= self.limit + u64::from(fault!("limit_off_by_one")) {
+            Some(counter::REJECTED_LIMIT)
+        } else if !fault!("share_ignored")
+            && in_flight >= self.config.tier_threshold(tier, self.limit as u32).saturating_sub(held_back(self.slot, tier))
+        {
+            if trickle(self.slot) {
+                self.count(counter::TRICKLE);
+                None
+            } else {
+                Some(counter::REJECTED_SHARE)
+            }
+        } else if over_client_cap(&self.config, &seg.client_addr) {
+            Some(counter::REJECTED_CLIENT_CAP)
+        } else {
+            None
         }
     }
 
@@ -200,52 +225,91 @@ impl Port {
 
 /// Judges a SYN to a protected port (the caller checked the port's slot).
 /// `from_loopback`: it arrived on the loopback interface.
+///
+/// A SYN proves nothing about its source, so it only **reads**: it is refused
+/// at once when the port (or its tier's share, or its client's cap) is already
+/// full of verified work, and otherwise passed to the kernel holding nothing
+/// (the kernel's SYN queue and SYN cookies answer it). The slot is taken when
+/// the handshake-completing ACK proves the source real ([`ack`]).
 /// Subprograms (not inlined), like [`ack`]: each needs much of the 512-byte stack.
 #[inline(never)]
 pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
+    // The kernel never completes a handshake from an IPv4-mapped IPv6 source
+    // (tcp_v6_conn_request drops it): nothing to judge, no tier to give it.
+    if seg.is_ipv6 && is_ipv4_mapped(&seg.client_addr) {
+        return Verdict::Pass;
+    }
     let Some(port) = Port::of(seg) else { return Verdict::Pass };
-    let slot = port.slot;
     port.count(counter::SYN_SEEN);
-    // The LPM lookup is the dearest step of a SYN; skip it while no tier is configured.
-    let tier = if port.config.tiered != 0 && !fault!("tier_lookup_skipped") {
-        tier_of(&seg.client_addr)
-    } else {
-        tier::NORMAL
-    };
+    let tier = port.tier(seg);
     if tier == tier::EXEMPT {
         // Health checks and control-plane callers: always in, never counted.
         port.count(counter::EXEMPT);
+        return Verdict::Pass;
+    }
+    // A claim to a tier that others yield to is worth nothing until the source
+    // is verified: on a tiered port, critical and normal SYNs are judged at
+    // their ACK only, so forged ones can neither take a slot above low nor make
+    // lower tiers hold back. Low (the tier nobody yields to) is refused here.
+    let (others, current) = port.handshakes();
+    let reason = if port.config.tiered != 0 && tier < tier::LOW && !fault!("tier_judged_unverified") {
+        None
+    } else {
+        port.refusal(tier, port.held + others + current, seg)
+    };
+    let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
+    if let Some(reason) = reason {
+        if enforce {
+            let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq));
+        }
+        port.count(counter::DRY_RUN_WOULD_REJECT);
+    }
+    port.count(counter::SYN_PASSED);
+    Verdict::Pass
+}
+
+/// Judges an ACK to a protected port: the admission itself. Only an ACK that
+/// the kernel would take to complete a handshake (its 4-tuple finds a request
+/// socket, or the listener and the ACK carries a valid SYN cookie) is judged;
+/// every other segment passes after one socket lookup. Its source has
+/// answered our SYN-ACK, so tiers and client caps judge a real address. An
+/// admitted ACK reserves a slot until the socket tracepoint sees the
+/// connection established (the same softirq, microseconds later), so racing
+/// CPUs cannot overshoot the limit; a refused one is answered like a SYN
+/// (`RST` with seq = its ack number, or dropped: the client retransmits).
+/// `ctx` is the program's context, for the kernel's socket lookup.
+#[inline(never)]
+pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
+    if fault!("late_ack_unjudged") {
+        return Verdict::Pass;
+    }
+    if seg.is_ipv6 && is_ipv4_mapped(&seg.client_addr) {
+        return Verdict::Pass;
+    }
+    // The socket lookup first: nearly every ACK belongs to an established
+    // connection and ends here, before the port's maps are read.
+    if !completes_handshake(seg, ctx) {
+        return Verdict::Pass;
+    }
+    let Some(port) = Port::of(seg) else { return Verdict::Pass };
+    let tier = port.tier(seg);
+    if tier == tier::EXEMPT {
         port.count(counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
         return Verdict::Pass;
     }
     let (others, current) = port.handshakes();
-    let in_flight = port.held + others + current;
-    // The whole limit is a hard stop; a tier's share of it sheds lower tiers
-    // first, except for a trickle that keeps a full tier from starving.
-    let mut reason = if in_flight >= port.limit + u64::from(fault!("limit_off_by_one")) {
-        Some(counter::REJECTED_LIMIT)
-    } else if !fault!("share_ignored")
-        && in_flight >= port.config.tier_threshold(tier, port.limit as u32).saturating_sub(held_back(slot, tier))
-    {
-        if trickle(slot) {
-            port.count(counter::TRICKLE);
-            None
-        } else {
-            Some(counter::REJECTED_SHARE)
-        }
-    } else if over_client_cap(&port.config, &seg.client_addr) {
-        Some(counter::REJECTED_CLIENT_CAP)
-    } else {
-        None
-    };
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
+    let mut reason = port.refusal(tier, port.held + others + current, seg);
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
     if let Some(reason) = reason {
         if enforce {
-            let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
-            return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq));
+            port.count(counter::REFUSED_AT_ACK);
+            // Verified refusals by tier: what the daemon's tier hold-back reacts to.
+            port.count(counter::VERIFIED_REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
         }
         port.count(counter::DRY_RUN_WOULD_REJECT);
         // Dry run admits it, and accounts it as any admission.
@@ -254,59 +318,6 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     port.stamp(flow_of(seg), port.now_ns);
     port.count(counter::ADMITTED);
     port.count(counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
-    Verdict::Pass
-}
-
-/// Judges an ACK that may complete a handshake whose reservation lapsed. The
-/// caller calls it only for ports whose ACK check is on (an admission lapsed
-/// recently, see `map::ACK_CHECK`); elsewhere an ACK costs one array lookup.
-/// `ctx` is the program's context, for the kernel's socket lookup.
-#[inline(never)]
-pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
-    if fault!("late_ack_unjudged") {
-        return Verdict::Pass;
-    }
-    let Some(port) = Port::of(seg) else { return Verdict::Pass };
-    let tier = if port.config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
-    if tier == tier::EXEMPT {
-        return Verdict::Pass;
-    }
-    let flow = flow_of(seg);
-    // SAFETY: plain data copied out of the map.
-    let stamp = find_stamp(port.slot, flow).map(|s| unsafe { *s }).unwrap_or_default();
-    let late = if stamp.flow == flow {
-        match stamp.state {
-            stamp_state::COMPLETED => false,
-            // SAFETY: map value.
-            _ => !(live(stamp.epoch, port.epoch) && cell_epoch(port.ring, stamp.epoch) == stamp.epoch),
-        }
-    } else {
-        // Not stamped (or overwritten): ask the kernel whether this ACK would complete a handshake.
-        completes_handshake(seg, ctx)
-    };
-    if !late {
-        return Verdict::Pass;
-    }
-    let (others, current) = port.handshakes();
-    let enforce = port.config.dry_run == 0;
-    // A late completion counts against the client's cap as well as the limit.
-    let reason = if over_client_cap(&port.config, &seg.client_addr) {
-        Some(counter::REJECTED_CLIENT_CAP)
-    } else if port.held + others + current >= port.limit || !port.reserve(others, enforce) {
-        Some(counter::LATE_ACK_REJECTED)
-    } else {
-        None
-    };
-    if let Some(reason) = reason {
-        if enforce {
-            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
-        }
-        port.count(counter::DRY_RUN_WOULD_REJECT);
-        port.reserve(others, false);
-    }
-    let syn_ns = if stamp.flow == flow { stamp.syn_ns } else { port.now_ns };
-    port.stamp(flow, syn_ns);
-    port.count(counter::LATE_ACK_ADMITTED);
     Verdict::Pass
 }
 
@@ -326,12 +337,6 @@ fn find_stamp(slot: u32, flow: u32) -> Option<*mut HandshakeStamp> {
 #[inline(always)]
 fn flow_of(seg: &Segment) -> u32 {
     flow_hash(&seg.client_addr, &seg.server_addr, seg.client_port, seg.server_port)
-}
-
-#[inline(always)]
-fn cell_epoch(ring: *mut HandshakeRing, epoch: u64) -> u64 {
-    // SAFETY: map value; `cell_of` is < RING.
-    unsafe { (*ring).cells.get(cell_of(epoch)).map_or(u64::MAX, |c| atomic::load(&c.epoch)) }
 }
 
 /// Whether the kernel would complete a handshake with this ACK: the socket it

@@ -11,7 +11,8 @@
 /// reads this list from this file (one entry per line).
 pub const FAULTS: &[(&str, &str)] = &[
     ("limit_off_by_one", "a SYN at the limit is admitted (> for >=, in the check and the reservation)"),
-    ("reservation_not_taken", "an admitted SYN takes no handshake reservation (bursts overshoot)"),
+    ("reservation_not_taken", "an admitted ACK takes no reservation (bursts overshoot)"),
+    ("tier_judged_unverified", "critical and normal SYNs are refused on their unverified source"),
     ("share_ignored", "a tier's share of the limit is not checked"),
     ("trickle_never", "a full tier gets no trickle"),
     ("held_back_ignored", "the room held back for higher tiers is not applied"),

@@ -30,7 +30,7 @@ use shed_common::{counter, gate_counter};
 
 use crate::{
     decide::Verdict,
-    maps::{ack_check, count, count_gate, protected},
+    maps::{count, count_gate, protected},
     parse::Parsed,
 };
 
@@ -56,8 +56,8 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
     // Not zeroed: `parse` writes every field before it returns Syn or Ack, the
     // only results after which it is read (the verifier checks just that).
     let mut seg = core::mem::MaybeUninit::<parse::Segment>::uninit();
-    // The port checks first, by array lookup: most SYNs and nearly all ACKs end there.
-    let wanted = |port, syn| if syn { protected(port) } else { ack_check(port) };
+    // The port check first, by array lookup: segments to other ports end there.
+    let wanted = |port, _syn| protected(port);
     let parsed = parse::parse(data, data_end, bytes, wanted, &mut seg);
     // SAFETY: read only on the Syn and Ack arms, where `parse` has written it.
     let seg = unsafe { seg.assume_init_ref() };

@@ -59,11 +59,6 @@ pub static SHED_STAMPS: Array<HandshakeStamp> = Array::with_max_entries(MAX_PORT
 #[map]
 pub static SHED_LOCAL_ADDRS: Array<LocalAddr> = Array::with_max_entries(local_addr::SLOTS, 0);
 
-/// Indexed by port: one array slot each, so the kernel and the daemon never
-/// rewrite each other's ports.
-#[map]
-pub static SHED_ACK_CHECK: Array<u32> = Array::with_max_entries(PORT_NUMBERS, 0);
-
 #[map]
 pub static SHED_GATE_COUNTERS: PerCpuArray<GateCounters> = PerCpuArray::with_max_entries(1, 0);
 
@@ -169,19 +164,3 @@ pub fn count(slot: u32, index: usize) {
     }
 }
 
-/// Asks for handshake-completing ACKs to `port` to be checked (some admission lapsed).
-#[inline(always)]
-pub fn request_ack_check(port: u16) {
-    if let Some(flag) = SHED_ACK_CHECK.get_ptr_mut(u32::from(port))
-        // SAFETY: map value; a plain store, set only when clear so a flood does not keep writing.
-        && unsafe { *flag } == 0
-    {
-        unsafe { *flag = 1 };
-    }
-}
-
-/// Whether handshake-completing ACKs to `port` are checked.
-#[inline(always)]
-pub fn ack_check(port: u16) -> bool {
-    SHED_ACK_CHECK.get(u32::from(port)).is_some_and(|&f| f != 0)
-}

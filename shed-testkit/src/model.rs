@@ -16,16 +16,21 @@
 //!   fragment without the whole TCP header, is dropped; a later fragment passes;
 //!   ESP, no-next-header and other protocols pass.
 //! - TCP: SYN without ACK, RST or FIN is judged; SYN+FIN passes (a Linux
-//!   listener discards it); an ACK is judged only while the port's ACK check is
-//!   on (not modelled: the harness keeps it off).
+//!   listener discards it); an ACK is judged only if it completes a handshake
+//!   (the kernel's socket lookup finds a request socket or a valid cookie; not
+//!   modelled: the harness's namespace has no listener, so every ACK passes).
+//! - An IPv6 SYN from an IPv4-mapped source passes unjudged (the kernel never
+//!   completes such a handshake).
 //! - Only a SYN addressed to one of the namespace's addresses (or loopback) is
 //!   judged; others count `NOT_LOCAL` and pass.
-//! - A judged SYN, in this order: an exempt client passes uncounted; at the
-//!   limit (held connections plus handshakes under way) it is rejected; at its
+//! - A judged SYN only reads, and holds nothing when it passes, in this order:
+//!   an exempt client passes uncounted; on a tiered port a critical or normal
+//!   client passes (judged at its ACK, once its source is proven); at the
+//!   limit (held connections plus admissions not yet established) it is rejected; at its
 //!   tier's share of the limit, less the room held back for higher tiers, it is
 //!   rejected unless it is the trickle (one in 16 such rejections on a CPU is
 //!   admitted instead); a client holding its cap of connections is rejected;
-//!   else it is admitted. Dry-run admits what it would reject, and counts it.
+//!   else it passes (`SYN_PASSED`). Dry-run passes what it would reject, and counts it.
 //! - A rejection takes the tier's action, else the port's. A reset goes only to
 //!   an address that can be a client (not multicast, broadcast, unspecified, nor
 //!   this host's own unless it arrived on loopback), and only while the
@@ -290,6 +295,9 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     let mut counters = [0u64; counter::COUNT];
     let mut gate = [0u64; gate_counter::COUNT];
     let syn = match parse(frame) {
+        Frame::Syn(syn) if syn.v6 && syn.client[..12] == mapped(&[0; 4])[..12] => {
+            return Outcome { verdict: Expected::Pass, counters, gate };
+        }
         Frame::Syn(syn) => syn,
         Frame::Pass => return Outcome { verdict: Expected::Pass, counters, gate },
         Frame::LaterFragment => {
@@ -315,7 +323,10 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     let t = if c.tiered != 0 { tier_of(&state.tiers, &syn.client) } else { tier::NORMAL };
     if t == tier::EXEMPT {
         counters[counter::EXEMPT] += 1;
-        counters[counter::ADMITTED_BY_TIER + t as usize] += 1;
+        return pass(counters);
+    }
+    if c.tiered != 0 && t < tier::LOW {
+        counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     }
     let share = if c.tiered == 0 { 1000 } else { u64::from(c.share_permille[t as usize]) };
@@ -358,7 +369,6 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         }
         counters[counter::DRY_RUN_WOULD_REJECT] += 1;
     }
-    counters[counter::ADMITTED] += 1;
-    counters[counter::ADMITTED_BY_TIER + t as usize] += 1;
+    counters[counter::SYN_PASSED] += 1;
     pass(counters)
 }

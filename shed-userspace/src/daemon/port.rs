@@ -24,11 +24,6 @@ use crate::{
     kernel::maps::{self, GateMaps},
 };
 
-/// How long handshake-completing ACKs stay checked after the last lapsed
-/// admission: longer than the kernel keeps a half-open handshake (SYN-ACK
-/// retries, about 63 s) and than a SYN cookie stays valid (about 2 minutes).
-const ACK_CHECK_HOLD: Duration = Duration::from_secs(180);
-
 /// One port's controller and what it remembers between windows.
 pub(super) struct PortControl {
     pub(super) slot: u32,
@@ -214,7 +209,7 @@ impl PortControl {
     fn hold_back(&mut self, reading: &Reading) -> [u16; tier::COUNT] {
         let snapshot = &reading.snapshot;
         let rejected_by_tier: [u64; tier::COUNT] =
-            std::array::from_fn(|t| snapshot.counter(counter::REJECTED_BY_TIER + t));
+            std::array::from_fn(|t| snapshot.counter(counter::VERIFIED_REJECTED_BY_TIER + t));
         let rejected_now: [u64; tier::COUNT] =
             std::array::from_fn(|t| rejected_by_tier[t].saturating_sub(self.last_rejected_by_tier[t]));
         self.last_rejected_by_tier = rejected_by_tier;
@@ -327,55 +322,38 @@ impl AcceptQueues {
     }
 }
 
-/// Sizes a port's handshake window (how long an admitted SYN holds its slot)
-/// from the measured handshake time, and keeps the ACK check on while
-/// admissions lapse.
+/// Keeps a port's reservation window (how long an admitted handshake-completing
+/// ACK holds its slot before the kernel reports the connection established)
+/// at its fixed length, and reports how long admission to establishment took.
 ///
-/// The window is four times the p99 handshake time over the last period (at
-/// least 2^MIN_SHIFT ns, about 0.26 ms): long enough that real handshakes
-/// complete inside it, short enough that a forged SYN, which never completes, holds its slot only that
-/// long. It grows at once and shrinks only after a run of periods that all
-/// want it shorter, so a burst of slow handshakes is not forgotten at once.
+/// The window no longer follows the path's round-trip time: the slot is taken
+/// at the ACK, after the client proved its address, and the kernel establishes
+/// the connection in the same softirq, so a window of a few milliseconds
+/// covers every completion however far away the client is.
 pub(super) struct HandshakeWindow {
-    /// A fixed window (`--handshake-window`), or `None` to measure.
-    fixed: Option<Duration>,
+    /// The epoch shift that gives the window (`--handshake-window`, or the default).
+    shift: u32,
+    written: bool,
     /// Handshake histogram at the start of the current measuring period.
     period_start: Option<(Instant, [u64; latency::BUCKETS])>,
-    /// Consecutive periods that wanted a shorter window.
-    shorter: u32,
-    shift: Option<u32>,
-    last_lapsed: u64,
-    last_late: u64,
-    last_lapse: Option<Instant>,
     /// p50/p99 of the last full period, microseconds.
     times: (u64, u64),
-    /// Whether a period with enough handshakes has set the window yet.
-    measured: bool,
 }
 
-/// One measuring period of handshake times.
+/// One measuring period of admission-to-established times.
 const HANDSHAKE_PERIOD: Duration = Duration::from_secs(1);
-/// Periods in a row that must want a shorter window before it shrinks.
-const SHRINK_AFTER: u32 = 5;
-/// Handshakes a period needs before it may shrink the window.
-const SHRINK_SAMPLES: u64 = 20;
 
 impl HandshakeWindow {
     pub(super) fn new(fixed: Duration) -> Self {
-        Self {
-            fixed: (!fixed.is_zero()).then_some(fixed),
-            period_start: None,
-            shorter: 0,
-            shift: None,
-            last_lapsed: 0,
-            last_late: 0,
-            last_lapse: None,
-            times: (0, 0),
-            measured: false,
-        }
+        let shift = if fixed.is_zero() {
+            handshake::DEFAULT_SHIFT
+        } else {
+            handshake::shift_for_window(fixed.as_nanos() as u64)
+        };
+        Self { shift, written: false, period_start: None, times: (0, 0) }
     }
 
-    /// Returns the handshake p50/p99 (us) of the last full period.
+    /// Returns the admission-to-established p50/p99 (us) of the last full period.
     pub(super) fn on_window(
         &mut self,
         maps: &mut GateMaps,
@@ -383,83 +361,19 @@ impl HandshakeWindow {
         hist: &[u64; latency::BUCKETS],
         now: Instant,
     ) -> Result<(u64, u64), Error> {
-        self.watch_lapses(maps, snapshot, now)?;
+        if !self.written || snapshot.user.shift() != self.shift {
+            maps.set_handshake_shift(snapshot.config.slot, self.shift)?;
+            self.written = true;
+        }
         let (start, before) = *self.period_start.get_or_insert((now, *hist));
         if now.duration_since(start) < HANDSHAKE_PERIOD {
             return Ok(self.times);
         }
         let period: [u64; latency::BUCKETS] = std::array::from_fn(|i| hist[i].wrapping_sub(before[i]));
         self.period_start = Some((now, *hist));
-        let samples: u64 = period.iter().sum();
-        if samples > 0 {
+        if period.iter().sum::<u64>() > 0 {
             self.times = (histogram_percentile(&period, 50.0), histogram_percentile(&period, 99.0));
         }
-        let current = snapshot.user.shift();
-        let wanted = match self.fixed {
-            Some(window) => handshake::shift_for_window(window.as_nanos() as u64),
-            None if samples == 0 => current,
-            None => handshake::shift_for_window(4 * 1000 * self.times.1),
-        };
-        let shift = if wanted >= current || self.fixed.is_some() {
-            self.shorter = 0;
-            self.measured |= samples >= SHRINK_SAMPLES;
-            wanted
-        } else if samples >= SHRINK_SAMPLES && !self.measured {
-            // The first measurement replaces the default at once.
-            self.measured = true;
-            wanted
-        } else if samples >= SHRINK_SAMPLES {
-            self.shorter += 1;
-            if self.shorter >= SHRINK_AFTER {
-                self.shorter = 0;
-                wanted
-            } else {
-                current
-            }
-        } else {
-            current
-        };
-        if self.shift != Some(shift) || shift != current {
-            maps.set_handshake_shift(snapshot.config.slot, shift)?;
-            if self.shift.is_some() && shift != current {
-                tracing::info!(
-                    port = snapshot.port,
-                    window_us = (handshake::LIVE_EPOCHS << shift) / 1000,
-                    handshake_p99_us = self.times.1,
-                    "handshake window changed"
-                );
-            }
-            self.shift = Some(shift);
-        }
         Ok(self.times)
-    }
-
-    /// Turns the ACK check on when admissions lapse (the kernel does too, on the
-    /// next SYN; this covers a port that gets none) and off once none has for
-    /// [`ACK_CHECK_HOLD`].
-    fn watch_lapses(&mut self, maps: &mut GateMaps, snapshot: &maps::PortSnapshot, now: Instant) -> Result<(), Error> {
-        let lapsed = snapshot.handshakes_lapsed();
-        let late = snapshot.counter(counter::LATE_COMPLETED);
-        if lapsed != self.last_lapsed || late != self.last_late {
-            self.last_lapsed = lapsed;
-            self.last_late = late;
-            self.last_lapse = Some(now);
-            if !snapshot.ack_check {
-                maps.set_ack_check(snapshot.port, true)?;
-            }
-        } else if snapshot.ack_check && self.last_lapse.is_none_or(|t| now.duration_since(t) >= ACK_CHECK_HOLD) {
-            if self.last_lapse.is_none() {
-                // Set before we started watching: hold it from now.
-                self.last_lapse = Some(now);
-            } else {
-                maps.set_ack_check(snapshot.port, false)?;
-                tracing::info!(
-                    port = snapshot.port,
-                    "no handshake lapsed for {} s: ACK check off",
-                    ACK_CHECK_HOLD.as_secs()
-                );
-            }
-        }
-        Ok(())
     }
 }

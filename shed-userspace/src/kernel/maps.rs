@@ -22,7 +22,6 @@ pub struct GateMaps {
     pub handshakes: Array<MapData, HandshakeRing>,
     pub stamps: Array<MapData, HandshakeStamp>,
     pub local_addrs: Array<MapData, LocalAddr>,
-    pub ack_check: Array<MapData, u32>,
     pub gate_counters: PerCpuArray<MapData, GateCounters>,
     pub socks: HashMap<MapData, u64, SockEntry>,
     pub limits: Array<MapData, u32>,
@@ -52,8 +51,6 @@ pub struct PortSnapshot {
     pub ring: HandshakeRing,
     /// When the snapshot was taken (kernel monotonic clock, ns): which ring epochs are live.
     pub now_ns: u64,
-    /// Whether handshake-completing ACKs to the port are checked.
-    pub ack_check: bool,
     /// Counters summed over CPUs.
     pub counters: PortCounters,
 }
@@ -173,7 +170,6 @@ impl GateMaps {
             handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
             stamps: typed(map::STAMPS, open(map::STAMPS)?)?,
             local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
-            ack_check: typed(map::ACK_CHECK, open(map::ACK_CHECK)?)?,
             gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,
             socks: typed(map::SOCKS, open(map::SOCKS)?)?,
             limits: typed(map::LIMITS, open(map::LIMITS)?)?,
@@ -216,7 +212,6 @@ impl GateMaps {
         self.state.set(slot, PortState::default(), 0).map_err(reset)?;
         self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
         self.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
-        self.ack_check.set(u32::from(port), 0, 0).map_err(reset)?;
         let zero =
             aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
         self.counters.set(slot, zero, 0).map_err(reset)?;
@@ -303,7 +298,6 @@ impl GateMaps {
         let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let ring = self.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
-        let ack_check = self.ack_check.get(&u32::from(port), 0).map_err(|e| Error::map("read ACK check", e))? != 0;
         let now_ns = crate::host::system::monotonic_ns();
         let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
         let mut counters = PortCounters::default();
@@ -323,7 +317,6 @@ impl GateMaps {
             user,
             ring,
             now_ns,
-            ack_check,
             counters,
         })
     }
@@ -433,7 +426,6 @@ impl GateMaps {
             self.handshakes.map(),
             self.stamps.map(),
             self.local_addrs.map(),
-            self.ack_check.map(),
             self.gate_counters.map(),
             self.socks.map(),
             self.limits.map(),
@@ -495,11 +487,6 @@ impl GateMaps {
             self.user_state.set(slot, user, 0).map_err(|e| Error::map("write handshake window", e))?;
         }
         Ok(())
-    }
-
-    /// Turns the check of handshake-completing ACKs to `port` on or off.
-    pub fn set_ack_check(&mut self, port: u16, on: bool) -> Result<(), Error> {
-        self.ack_check.set(u32::from(port), u32::from(on), 0).map_err(|e| Error::map("write ACK check", e))
     }
 
     /// Gate-wide counters summed over CPUs, by [`gate_counter`] index.

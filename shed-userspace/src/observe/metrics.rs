@@ -372,14 +372,14 @@ impl Collector for Scrape {
             .iter()
             .flat_map(|p| {
                 let r = &p.stats.rejected_by_reason;
-                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("late_ack", r.late_ack)]
+                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap)]
                     .map(|(reason, n)| (with(port_label(&p.stats), "reason", reason), n))
             })
             .collect();
         family(
             &mut e,
             "shed_rejected",
-            "SYNs shed by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), late_ack (a handshake completing after its reservation lapsed, while full). Sheds, not errors.",
+            "Connections shed (at the SYN or the handshake-completing ACK) by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap). Sheds, not errors.",
             Counter,
             reasons,
         )?;
@@ -451,17 +451,17 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
-            "shed_late_ack_admitted",
-            "Late handshake-completing ACKs admitted because the port had room.",
+            "shed_syn_passed",
+            "SYNs passed to the kernel holding nothing, because the port had room (their handshake-completing ACK is judged).",
             Counter,
-            per_port(&|s| s.late_ack_admitted),
+            per_port(&|s| s.syn_passed),
         )?;
         family(
             &mut e,
-            "shed_ack_check",
-            "1 while handshake-completing ACKs to the port are checked (an admission lapsed recently).",
-            Gauge,
-            per_port(&|s| s.ack_check.into()),
+            "shed_refused_at_ack",
+            "Connections refused at their handshake-completing ACK (the port filled after their SYN passed); also in shed_rejected_total.",
+            Counter,
+            per_port(&|s| s.refused_at_ack),
         )?;
         family(
             &mut e,

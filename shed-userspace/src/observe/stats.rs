@@ -20,8 +20,6 @@ pub struct RejectedByReason {
     pub share: u64,
     /// The client already held its cap.
     pub client_cap: u64,
-    /// A handshake-completing ACK whose reservation had lapsed, while the port was full.
-    pub late_ack: u64,
 }
 
 /// A client and what it holds against the cap.
@@ -69,9 +67,6 @@ pub struct PortStats {
     /// Measured handshake time (admitted SYN to established), recent windows.
     pub handshake_p50_us: u64,
     pub handshake_p99_us: u64,
-    /// Whether handshake-completing ACKs are checked (an admission lapsed recently,
-    /// so a late completion could otherwise overshoot the limit).
-    pub ack_check: bool,
     pub algo: Algo,
     pub min_limit: u32,
     pub max_limit: u32,
@@ -136,8 +131,11 @@ pub struct PortStats {
     pub not_local: u64,
     /// Handshakes that completed after their reservation lapsed (counted all the same).
     pub late_completed: u64,
-    /// Late handshake-completing ACKs admitted because the port had room.
-    pub late_ack_admitted: u64,
+    /// SYNs passed to the kernel holding nothing (their ACK is judged).
+    pub syn_passed: u64,
+    /// Refusals at the handshake-completing ACK (also counted by reason): the
+    /// client's `connect()` had succeeded.
+    pub refused_at_ack: u64,
     pub rst_sent: u64,
     pub rst_failed: u64,
     /// Rejected SYNs dropped instead of answered because an RST cap was reached.
@@ -186,7 +184,6 @@ impl PortStats {
             handshake_window_us: now.handshake_window_us(),
             handshake_p50_us: now.status.handshake_p50_us,
             handshake_p99_us: now.status.handshake_p99_us,
-            ack_check: now.ack_check,
             algo: Algo::from_raw(now.control.algo),
             min_limit: now.control.min_limit,
             max_limit: now.control.max_limit,
@@ -219,7 +216,6 @@ impl PortStats {
                 limit: now.counter(counter::REJECTED_LIMIT),
                 share: now.counter(counter::REJECTED_SHARE),
                 client_cap: now.counter(counter::REJECTED_CLIENT_CAP),
-                late_ack: now.counter(counter::LATE_ACK_REJECTED),
             },
             client_cap: now.config.client_cap,
             client_prefix_v6: now.config.client_prefix_v6,
@@ -249,7 +245,8 @@ impl PortStats {
             syn_seen: now.counter(counter::SYN_SEEN),
             not_local: now.counter(counter::NOT_LOCAL),
             late_completed: now.counter(counter::LATE_COMPLETED),
-            late_ack_admitted: now.counter(counter::LATE_ACK_ADMITTED),
+            syn_passed: now.counter(counter::SYN_PASSED),
+            refused_at_ack: now.counter(counter::REFUSED_AT_ACK),
             rst_sent: now.counter(counter::RST_SENT),
             rst_failed: now.counter(counter::RST_FAILED),
             rst_rate_limited: now.counter(counter::RST_RATE_LIMITED),
@@ -268,8 +265,7 @@ impl PortStats {
 }
 
 /// The counters whose sum is `rejected`.
-const REJECTIONS: [usize; 4] =
-    [counter::REJECTED_LIMIT, counter::REJECTED_SHARE, counter::REJECTED_CLIENT_CAP, counter::LATE_ACK_REJECTED];
+const REJECTIONS: [usize; 3] = [counter::REJECTED_LIMIT, counter::REJECTED_SHARE, counter::REJECTED_CLIENT_CAP];
 
 /// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
 /// its label in the metrics and its text in `top`.
@@ -311,7 +307,6 @@ mod tests {
                 ring
             },
             now_ns: 100 << 20,
-            ack_check: true,
             counters,
         }
     }
@@ -322,7 +317,7 @@ mod tests {
         let now = snapshot(9, 30);
         let stats = PortStats::new(&now, Some((&before, Duration::from_secs(2))));
         assert_eq!((stats.established, stats.busy, stats.pending, stats.in_flight), (5, 1, 2, 7));
-        assert_eq!((stats.handshakes_lapsed, stats.handshake_window_us, stats.ack_check), (5, (4 << 20) / 1000, true));
+        assert_eq!((stats.handshakes_lapsed, stats.handshake_window_us), (5, (4 << 20) / 1000));
         assert_eq!((stats.baseline_us, stats.last_decision), (900, Some(Reason::Grow)));
         assert_eq!((stats.admitted, stats.rejected, stats.rejected_by_reason.limit), (9, 30, 30));
         assert_eq!(stats.admitted_per_sec, Some(2.0));

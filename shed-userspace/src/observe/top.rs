@@ -283,7 +283,6 @@ mod tests {
             user: UserPortState::default(),
             ring: shed_common::HandshakeRing::default(),
             now_ns: 0,
-            ack_check: false,
             counters: PortCounters::default(),
         };
         let mut s = PortStats::new(&empty, None);
