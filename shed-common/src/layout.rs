@@ -120,10 +120,16 @@ impl PortConfig {
     /// The action for a rejected SYN of `tier`.
     #[inline(always)]
     pub fn action_for(&self, tier: u8) -> u8 {
-        match self.tier_action.get(tier as usize) {
-            Some(&a) if a != tier::ACTION_DEFAULT => a,
-            _ => self.action,
-        }
+        // Constant indices: a computed one into a stack copy lets LLVM turn the
+        // address add into an OR, which the BPF verifier refuses on a pointer.
+        let own = match tier {
+            0 => self.tier_action[0],
+            1 => self.tier_action[1],
+            2 => self.tier_action[2],
+            3 => self.tier_action[3],
+            _ => tier::ACTION_DEFAULT,
+        };
+        if own != tier::ACTION_DEFAULT { own } else { self.action }
     }
 
     /// In-flight below which `tier` is admitted: its share of `limit` (all of it while untiered).
