@@ -477,7 +477,6 @@ fn kernel_and_model_agree_on_every_frame() {
         ("rejected at the limit", counter::REJECTED_LIMIT),
         ("rejected at a share", counter::REJECTED_SHARE),
         ("RST sent", counter::RST_SENT),
-        ("dry-run would reject", counter::DRY_RUN_WOULD_REJECT),
         ("exempt", counter::EXEMPT),
         ("not local", counter::NOT_LOCAL),
         ("RST suppressed", counter::RST_SUPPRESSED),

@@ -71,10 +71,10 @@ fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> R
 pub fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
     let cases = [
         Case::passing("non-TCP (UDP)", 17, 0x02, PORT),
-        Case::passing("TCP, not a SYN (ACK)", 6, 0x10, PORT),
+        Case::passing("ACK to the protected port (socket lookup)", 6, 0x10, PORT),
         Case::passing("SYN, unprotected port", 6, 0x02, 9999),
-        Case::syn("SYN admitted (IPv4)", false, 1_000_000, action::DROP),
-        Case::syn("SYN admitted (IPv6)", true, 1_000_000, action::DROP),
+        Case::syn("SYN passed, room (IPv4)", false, 1_000_000, action::DROP),
+        Case::syn("SYN passed, room (IPv6)", true, 1_000_000, action::DROP),
         Case::syn("SYN rejected, drop (IPv4)", false, 0, action::DROP),
         Case::syn("SYN rejected, drop (IPv6)", true, 0, action::DROP),
         Case::syn("SYN rejected, RST (IPv4)", false, 0, action::RST),

@@ -152,11 +152,14 @@ impl Port {
     /// would: the whole limit is a hard stop; a tier's share of it sheds lower
     /// tiers first, except for a trickle that keeps a full tier from starving;
     /// a client at its cap is refused. Only reads (and the trickle's count).
+    /// `share`: judge the tier's share (once per connection, where its tier is
+    /// judged: else the trickle would apply twice).
     #[inline(always)]
-    fn refusal(&self, tier: u8, in_flight: u64, seg: &Segment) -> Option<usize> {
+    fn refusal(&self, tier: u8, in_flight: u64, seg: &Segment, share: bool) -> Option<usize> {
         if in_flight >= self.limit + u64::from(fault!("limit_off_by_one")) {
             Some(counter::REJECTED_LIMIT)
-        } else if !fault!("share_ignored")
+        } else if share
+            && !fault!("share_ignored")
             && in_flight >= self.config.tier_threshold(tier, self.limit as u32).saturating_sub(held_back(self.slot, tier))
         {
             if trickle(self.slot) {
@@ -252,18 +255,19 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     // their ACK only, so forged ones can neither take a slot above low nor make
     // lower tiers hold back. Low (the tier nobody yields to) is refused here.
     let (others, current) = port.handshakes();
-    let reason = if port.config.tiered != 0 && tier < tier::LOW && !fault!("tier_judged_unverified") {
+    let reason = if deferred_to_ack(&port.config, tier) {
         None
     } else {
-        port.refusal(tier, port.held + others + current, seg)
+        port.refusal(tier, port.held + others + current, seg, true)
     };
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
-    if let Some(reason) = reason {
-        if enforce {
-            let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
-            return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq));
-        }
-        port.count(counter::DRY_RUN_WOULD_REJECT);
+    // Dry run passes it; what enforcing would refuse is counted once, at the
+    // handshake-completing ACK, where the connection would be admitted.
+    if let Some(reason) = reason
+        && enforce
+    {
+        let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
+        return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq));
     }
     port.count(counter::SYN_PASSED);
     Verdict::Pass
@@ -300,7 +304,9 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     }
     let (others, current) = port.handshakes();
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
-    let mut reason = port.refusal(tier, port.held + others + current, seg);
+    // The share was judged at the SYN unless the tier was deferred to here.
+    let share = deferred_to_ack(&port.config, tier);
+    let mut reason = port.refusal(tier, port.held + others + current, seg, share);
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
@@ -319,6 +325,14 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     port.count(counter::ADMITTED);
     port.count(counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
     Verdict::Pass
+}
+
+/// Whether a SYN of `tier` is judged only at its ACK: on a tiered port, a
+/// claim to a tier that others yield to (critical, normal) is worth nothing
+/// until the source is verified.
+#[inline(always)]
+fn deferred_to_ack(config: &PortConfig, tier: u8) -> bool {
+    config.tiered != 0 && tier < tier::LOW && !fault!("tier_judged_unverified")
 }
 
 /// The stamp `flow` took at admission, if it is still there.

@@ -30,7 +30,8 @@
 //!   tier's share of the limit, less the room held back for higher tiers, it is
 //!   rejected unless it is the trickle (one in 16 such rejections on a CPU is
 //!   admitted instead); a client holding its cap of connections is rejected;
-//!   else it passes (`SYN_PASSED`). Dry-run passes what it would reject, and counts it.
+//!   else it passes (`SYN_PASSED`). Dry-run passes what it would reject (and
+//!   counts it at the ACK, not modelled).
 //! - A rejection takes the tier's action, else the port's. A reset goes only to
 //!   an address that can be a client (not multicast, broadcast, unspecified, nor
 //!   this host's own unless it arrived on loopback), and only while the
@@ -367,7 +368,7 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
             counters[counter::RST_SENT] += 1;
             return Outcome { verdict: Expected::Rst(rst_reply(frame, &syn)), counters, gate };
         }
-        counters[counter::DRY_RUN_WOULD_REJECT] += 1;
+        // Dry run: counted at the handshake-completing ACK, not here.
     }
     counters[counter::SYN_PASSED] += 1;
     pass(counters)

@@ -593,3 +593,59 @@ pub fn h2load_counts(report: &str) -> Result<(u64, u64), String> {
     };
     Ok((number("succeeded")?, number("total")?))
 }
+
+/// A client that completes a handshake every `every`, each ACK sent `late_by`
+/// after the server's SYN-ACK arrived (a slow or malicious client), then resets
+/// it. It speaks from `from` over raw sockets on the client end of `bed`, so
+/// `from` must be routed to the client's interface: [`LateClient::start`]
+/// pins the client interface's MAC and a neighbour entry for `from` on the
+/// server. Stops on drop; `completed` counts the handshakes it finished.
+pub struct LateClient {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<io::Result<()>>>,
+    pub completed: Arc<AtomicU64>,
+}
+
+impl LateClient {
+    pub fn start(bed: &Testbed, from: Ipv4Addr, port: u16, every: Duration, late_by: Duration) -> io::Result<Self> {
+        const MAC: &str = "02:00:00:00:00:77";
+        ip(&["-n", &bed.client_ns, "link", "set", "dev", &bed.client_if, "address", MAC])?;
+        let from_s = from.to_string();
+        ip(&["-n", &bed.server_ns, "neigh", "replace", &from_s, "lladdr", MAC, "dev", &bed.server_if])?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let completed = Arc::new(AtomicU64::new(0));
+        let (stop2, done, iface, server) = (stop.clone(), completed.clone(), bed.client_if.clone(), bed.server_v4);
+        let handle = spawn_in(&bed.client_ns, move || -> io::Result<()> {
+            let capture = SynAckCapture::open(&iface)?;
+            let raw = RawSender::new()?;
+            let mut sport = 50_000u16;
+            while !stop2.load(Ordering::Relaxed) {
+                let round = Instant::now();
+                sport = if sport >= 59_999 { 50_000 } else { sport + 1 };
+                raw.send(&tcp_segment(from, server, sport, port, 1000, 0, 0x02));
+                let acks = capture.syn_acks(from, 1, every.min(Duration::from_secs(1)));
+                if let Some(&(_, seq)) = acks.iter().find(|(p, _)| *p == sport) {
+                    thread::sleep(late_by);
+                    raw.send(&tcp_segment(from, server, sport, port, 1001, seq.wrapping_add(1), 0x10));
+                    done.fetch_add(1, Ordering::Relaxed);
+                    thread::sleep(Duration::from_millis(20));
+                    raw.send(&tcp_segment(from, server, sport, port, 1001, 0, 0x04));
+                }
+                if let Some(rest) = every.checked_sub(round.elapsed()) {
+                    thread::sleep(rest);
+                }
+            }
+            Ok(())
+        });
+        Ok(Self { stop, handle: Some(handle), completed })
+    }
+}
+
+impl Drop for LateClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -58,6 +58,8 @@ pub struct LoopSettings {
     pub heal_report: crate::daemon::heal::HealReport,
     /// Beaten every tick, for `/healthz`.
     pub heartbeat: crate::daemon::report::Heartbeat,
+    /// Failures of the periodic tasks, for the metrics endpoint.
+    pub task_errors: crate::daemon::report::TaskErrors,
     /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
     pub reload: Option<Reloader>,
     /// Becomes true when the loop must stop (SIGINT, SIGTERM, or another namespace's loop failed).
@@ -117,7 +119,10 @@ impl LocalAddrs {
     }
 }
 
-/// Runs until told to stop or until every port has been detached.
+/// Runs until told to stop or until every port has been detached. A failing
+/// periodic task (the address refresh, a port's window, healing ...) is
+/// logged, counted in `settings.task_errors` and tried again on the next
+/// round with the last good state: the gate keeps judging meanwhile.
 pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Error> {
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -152,7 +157,9 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
             _ = ticker.tick() => {
                 settings.heartbeat.beat();
                 if last_watch.elapsed() >= WATCH_EVERY {
-                    settings.local_addrs.refresh(&mut loaded.maps)?;
+                    if let Err(e) = settings.local_addrs.refresh(&mut loaded.maps) {
+                        settings.task_errors.record("addresses", &e);
+                    }
                     if let Some(follow) = &mut settings.follow_interfaces {
                         follow.attach_new(loaded);
                     }
@@ -166,7 +173,13 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                     }
                     last_audit = Instant::now();
                 }
-                let ports = loaded.maps.port_configs()?;
+                let ports = match loaded.maps.port_configs() {
+                    Ok(ports) => ports,
+                    Err(e) => {
+                        settings.task_errors.record("ports", &e);
+                        continue;
+                    }
+                };
                 if ports.is_empty() {
                     tracing::info!("every port was detached: stopping");
                     return Ok(());
@@ -181,8 +194,14 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                 });
                 for (&port, config) in &ports {
                     if !controls.iter().any(|c| c.port == port) {
-                        let snapshot = loaded.maps.snapshot(port, *config)?;
-                        let hist = loaded.maps.latency(config.slot)?;
+                        let read = loaded.maps.snapshot(port, *config).and_then(|s| Ok((s, loaded.maps.latency(config.slot)?)));
+                        let (snapshot, hist) = match read {
+                            Ok(read) => read,
+                            Err(e) => {
+                                settings.task_errors.record("control", &e);
+                                continue;
+                            }
+                        };
                         let handshakes = HandshakeWindow::new(settings.handshake_window);
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
@@ -190,18 +209,23 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                 if last_heal_check.is_none_or(|t| t.elapsed() >= HEAL_CHECK_EVERY) {
                     // A failed pass leaves the counts as they are: the gate keeps running.
                     if let Err(e) = healer.check(&mut loaded.maps, Instant::now()) {
-                        tracing::warn!("healing pass failed: {e}");
+                        settings.task_errors.record("heal", &e);
                     }
                     last_heal_check = Some(Instant::now());
                 }
                 if last_client_sweep.elapsed() >= CLIENT_SWEEP {
-                    idle_clients = loaded.maps.forget_idle_clients(&idle_clients)?;
+                    match loaded.maps.forget_idle_clients(&idle_clients) {
+                        Ok(idle) => idle_clients = idle,
+                        Err(e) => settings.task_errors.record("clients", &e),
+                    }
                     last_client_sweep = Instant::now();
                 }
                 let instant = Instant::now();
                 let port_set: BTreeSet<u16> = ports.keys().copied().collect();
                 for control in &mut controls {
-                    control.run(&mut loaded.maps, instant, &settings.decisions, &mut accept_queues, &port_set)?;
+                    if let Err(e) = control.run(&mut loaded.maps, instant, &settings.decisions, &mut accept_queues, &port_set) {
+                        settings.task_errors.record("control", &e);
+                    }
                 }
             }
         }

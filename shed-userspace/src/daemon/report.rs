@@ -1,5 +1,5 @@
 //! What the daemon's loops publish for the metrics endpoint: decisions
-//! counted per port and reason, and a heartbeat per loop.
+//! counted per port and reason, periodic tasks' failures, and a heartbeat per loop.
 use std::{
     collections::BTreeMap,
     sync::{
@@ -24,6 +24,30 @@ impl Decisions {
     pub fn of(&self, port: u16) -> Vec<(Reason, u64)> {
         let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
         counts.iter().filter(|((p, _), _)| *p == port).map(|((_, r), n)| (*r, *n)).collect()
+    }
+}
+
+/// Failures of the daemon's periodic tasks, by task: each is logged, counted
+/// and retried on the next round with the last good state; none ends a gate.
+#[derive(Clone, Debug, Default)]
+pub struct TaskErrors(Arc<Mutex<BTreeMap<&'static str, u64>>>);
+
+impl TaskErrors {
+    /// Counts a failure of `task`; logs the first and then every hundredth, so
+    /// a task that fails every second does not flood the log.
+    pub fn record(&self, task: &'static str, error: &dyn std::fmt::Display) {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(task).or_default();
+        *n += 1;
+        if *n == 1 || *n % 100 == 0 {
+            tracing::warn!(task, failures = *n, "periodic task failed, retrying with the last good state: {error}");
+        }
+    }
+
+    /// Every task's failures so far.
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        let counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        counts.iter().map(|(t, n)| (*t, *n)).collect()
     }
 }
 
@@ -55,6 +79,15 @@ fn unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_errors_are_counted_per_task() {
+        let errors = TaskErrors::default();
+        errors.record("addresses", &"getifaddrs: Too many open files");
+        errors.record("addresses", &"again");
+        errors.record("heal", &"sock_diag");
+        assert_eq!(errors.counts(), [("addresses", 2), ("heal", 1)]);
+    }
 
     #[test]
     fn a_heartbeat_ages() {

@@ -294,6 +294,18 @@ unsafe fn sockaddr_bytes(sa: *const libc::sockaddr) -> Option<[u8; 16]> {
     }
 }
 
+/// `net.ipv4.tcp_fastopen` of the calling thread's namespace, if it lets
+/// servers accept TCP Fast Open (bit 0x2), else `None` (also when unreadable).
+pub fn fast_open_for_servers() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen").ok()?;
+    fast_open_server_bit(&text)
+}
+
+fn fast_open_server_bit(text: &str) -> Option<u32> {
+    let mode: u32 = text.trim().parse().ok()?;
+    (mode & 0x2 != 0).then_some(mode)
+}
+
 /// The kernel driver behind an interface ("veth", "virtio_net", ...), from ETHTOOL_GDRVINFO.
 pub fn driver(iface: &str) -> Option<String> {
     const SIOCETHTOOL: libc::c_ulong = 0x8946;
@@ -389,6 +401,14 @@ pub fn monotonic_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fast_open_for_servers_is_the_0x2_bit() {
+        assert_eq!(super::fast_open_server_bit("1\n"), None, "the default: clients only");
+        assert_eq!(super::fast_open_server_bit("3\n"), Some(3));
+        assert_eq!(super::fast_open_server_bit("0x2"), None, "unreadable: no warning");
+        assert_eq!(super::fast_open_server_bit("1026"), Some(1026));
+    }
+
     use super::*;
 
     const FORMAT: &str = "name: inet_sock_set_state

@@ -16,7 +16,7 @@ use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, rou
 
 use crate::{
     daemon::heal::HealReport,
-    daemon::report::{Decisions, HEALTHY_WITHIN, Heartbeat},
+    daemon::report::{Decisions, HEALTHY_WITHIN, Heartbeat, TaskErrors},
     kernel::maps::GateMaps,
     observe::metrics::{CONTENT_TYPE, GateSource, Scrape},
     observe::stats::PortStats,
@@ -81,6 +81,7 @@ pub struct EndpointGate {
     pub decisions: Decisions,
     pub heal: HealReport,
     pub heartbeat: Heartbeat,
+    pub task_errors: TaskErrors,
     /// Set when the gate's loop has ended (its ports all detached): it is
     /// then left out of every answer, and its maps are let go.
     pub ended: Arc<std::sync::atomic::AtomicBool>,
@@ -150,7 +151,77 @@ async fn run(listener: std::net::TcpListener, shared: Shared) -> std::io::Result
         .route("/readyz", get(readyz))
         .fallback(|| async { (StatusCode::NOT_FOUND, "shed serves /metrics, /healthz and /readyz\n") })
         .with_state(shared);
-    axum::serve(listener, app).await
+    let mut live = LiveConnections::default();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // Out of files or memory: the gate goes on; try again shortly.
+            Err(e) => {
+                tracing::debug!("metrics endpoint accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let last_request = Arc::new(std::sync::atomic::AtomicU64::new(live.now_ms()));
+        let (app, seen) = (app.clone(), last_request.clone());
+        let started = live.started;
+        let service = hyper::service::service_fn(move |request: axum::extract::Request<hyper::body::Incoming>| {
+            seen.store(started.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+            tower_service::Service::call(&mut app.clone(), request)
+        });
+        let task = tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+        });
+        live.add(task.abort_handle(), last_request);
+    }
+}
+
+/// Connections the endpoint serves at once; past this, the one that has been
+/// quiet longest is closed for the new one, so idle clients cannot keep a
+/// scrape or a health check out, nor the daemon out of files.
+const MAX_CONNECTIONS: usize = 128;
+/// A connection must send a whole request head within this long.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest life of one connection, keep-alive included.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+/// The endpoint's open connections, each with when it last sent a request.
+struct LiveConnections {
+    started: Instant,
+    open: Vec<(tokio::task::AbortHandle, Arc<std::sync::atomic::AtomicU64>)>,
+}
+
+impl Default for LiveConnections {
+    fn default() -> Self {
+        Self { started: Instant::now(), open: Vec::new() }
+    }
+}
+
+impl LiveConnections {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Tracks a new connection, closing the quietest open one when full.
+    fn add(&mut self, task: tokio::task::AbortHandle, last_request: Arc<std::sync::atomic::AtomicU64>) {
+        self.open.retain(|(t, _)| !t.is_finished());
+        if self.open.len() >= MAX_CONNECTIONS {
+            let quietest = self
+                .open
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, (_, last))| last.load(std::sync::atomic::Ordering::Relaxed))
+                .map(|(i, _)| i);
+            if let Some(i) = quietest {
+                self.open.swap_remove(i).0.abort();
+            }
+        }
+        self.open.push((task, last_request));
+    }
 }
 
 /// Every second: the admitted and rejected totals of every namespace's ports, for `/readyz`.
@@ -183,7 +254,13 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
             .zip(&maps)
             .filter_map(|(g, maps)| {
                 let maps = maps.as_ref()?;
-                Some(GateSource { netns: &g.gate.netns, maps, decisions: &g.gate.decisions, heal: &g.gate.heal })
+                Some(GateSource {
+                    netns: &g.gate.netns,
+                    maps,
+                    decisions: &g.gate.decisions,
+                    heal: &g.gate.heal,
+                    task_errors: &g.gate.task_errors,
+                })
             })
             .collect();
         Scrape::read(&sources).map(Scrape::encode)

@@ -17,7 +17,7 @@ use crate::{
     control::Reason,
     daemon::{
         heal::{HealCounts, HealReport, PassReason},
-        report::Decisions,
+        report::{Decisions, TaskErrors},
     },
     error::Error,
     kernel::maps::GateMaps,
@@ -58,6 +58,8 @@ pub struct GateMetrics {
     pub gate: [u64; shed_common::gate_counter::COUNT],
     /// What the healer did.
     pub heal: HealCounts,
+    /// Failures of the daemon's periodic tasks, by task.
+    pub task_errors: Vec<(&'static str, u64)>,
     /// Kernel memory held by the gate's maps.
     pub bpf_memory_bytes: u64,
 }
@@ -68,6 +70,7 @@ pub struct GateSource<'a> {
     pub maps: &'a GateMaps,
     pub decisions: &'a Decisions,
     pub heal: &'a HealReport,
+    pub task_errors: &'a TaskErrors,
 }
 
 /// The daemon process as Prometheus' process metrics name it, from /proc/self.
@@ -122,6 +125,7 @@ impl Scrape {
                 netns: source.netns.to_owned(),
                 gate: maps.gate_counters()?,
                 heal: source.heal.read(),
+                task_errors: source.task_errors.counts(),
                 bpf_memory_bytes: maps.memory_bytes(),
             });
         }
@@ -236,6 +240,18 @@ impl Collector for Scrape {
                 "Healing passes (each reads every held connection), by reason: start, evidence (ports changed or the connection map was full), confirm, routine (--heal-interval).",
                 Counter,
                 passes,
+            )?;
+            let task_errors: Vec<(Labels, u64)> = self
+                .gates
+                .iter()
+                .flat_map(|g| g.task_errors.iter().map(move |(task, n)| (with(netns_label(g), "task", task), *n)))
+                .collect();
+            family(
+                &mut e,
+                "shed_task_errors",
+                "Failures of the daemon's periodic tasks (addresses, ports, control, heal, clients), by task: each is logged, retried with the last good state, and never ends the gate.",
+                Counter,
+                task_errors,
             )?;
             family(
                 &mut e,
@@ -367,7 +383,7 @@ impl Collector for Scrape {
             states,
         )?;
         family(&mut e, "shed_syn_seen", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
-        family(&mut e, "shed_admitted", "SYNs admitted.", Counter, per_port(&|s| s.admitted))?;
+        family(&mut e, "shed_admitted", "Connections admitted at their handshake-completing ACK.", Counter, per_port(&|s| s.admitted))?;
         let reasons: Vec<(Labels, u64)> = ports
             .iter()
             .flat_map(|p| {

@@ -97,6 +97,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             decisions: crate::daemon::report::Decisions::default(),
             heal: crate::daemon::heal::HealReport::default(),
             heartbeat: crate::daemon::report::Heartbeat::default(),
+            task_errors: crate::daemon::report::TaskErrors::default(),
             ended: Default::default(),
         };
         let (setup, ready, spec, tiers) = (gate.clone(), ready_tx.clone(), spec, tiers.clone());
@@ -162,6 +163,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
                         decisions: g.decisions.clone(),
                         heal: g.heal.clone(),
                         heartbeat: g.heartbeat.clone(),
+                        task_errors: g.task_errors.clone(),
                         ended: g.ended.clone(),
                     })
                     .collect(),
@@ -294,6 +296,7 @@ struct Gate {
     decisions: crate::daemon::report::Decisions,
     heal: crate::daemon::heal::HealReport,
     heartbeat: crate::daemon::report::Heartbeat,
+    task_errors: crate::daemon::report::TaskErrors,
     /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
     ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -367,6 +370,12 @@ fn set_up(
             "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
         ),
     }
+    if let Some(mode) = system::fast_open_for_servers() {
+        tracing::warn!(
+            tcp_fastopen = mode,
+            "net.ipv4.tcp_fastopen lets servers in this namespace accept TCP Fast Open: a TFO SYN's data reaches the server before any ACK, so such connections are judged at their SYN only (against verified work); set net.ipv4.tcp_fastopen=1 (clients only) to judge every connection at its handshake-completing ACK"
+        );
+    }
     // Before any gate: only SYNs addressed to these are judged.
     let mut local_addrs = daemon::LocalAddrs::default();
     local_addrs.refresh(&mut loaded.maps)?;
@@ -422,6 +431,7 @@ fn run_gate(
         heal_interval: args.heal_interval,
         heal_report: gate.heal.clone(),
         heartbeat: gate.heartbeat.clone(),
+        task_errors: gate.task_errors.clone(),
         reload: args.config.is_some().then(|| {
             let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
             let running = args.clone();
