@@ -602,7 +602,7 @@ pub fn h2load_counts(report: &str) -> Result<(u64, u64), String> {
 /// server. Stops on drop; `completed` counts the handshakes it finished.
 pub struct LateClient {
     stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<io::Result<()>>>,
+    handle: Option<JoinHandle<io::Result<io::Result<()>>>>,
     pub completed: Arc<AtomicU64>,
 }
 
