@@ -219,3 +219,51 @@ fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
     }
     drop(held);
 }
+
+/// Forged SYNs from a critical range hold nothing and move nothing: while real
+/// work fills the port, a flood claiming the critical tier takes no slot, is
+/// never counted as a critical client refused, and makes no lower tier hold
+/// back (the hold-back reacts to refusals at the ACK, of verified sources).
+#[test]
+fn forged_critical_syns_take_no_slot_and_trigger_no_hold_back() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedtv").expect("testbed");
+    // SYN-ACKs to the forged sources leave for the client side, where nobody answers them.
+    let route = std::process::Command::new("ip")
+        .args(["-n", &bed.server_ns, "route", "add", "default", "via", "10.200.0.2"])
+        .status()
+        .unwrap();
+    assert!(route.success());
+    let addr = bed.server_addr(false, PORT);
+    let normal = IpAddr::V4(bed.add_client_v4(3).unwrap());
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(
+        &bed,
+        &[
+            "--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections",
+            "--tier", "100.64.0.0/10=critical", "--tier", "10.200.0.4/32=low",
+        ],
+    );
+    // Normal's share of 10 is 9: real normal clients hold all of it.
+    let held: Vec<TcpStream> =
+        (0..9).map(|i| served_from(&bed, normal, addr).unwrap_or_else(|e| panic!("normal #{i}: {e}"))).collect();
+    let server = bed.server_v4;
+    let sent = testbed::run_in(&bed.client_ns, move || {
+        testbed::syn_flood_at(server, PORT, 2_000, Duration::from_secs(2), |i| {
+            let h = i.wrapping_mul(2_654_435_761);
+            std::net::Ipv4Addr::new(100, 64 + ((h >> 16) & 63) as u8, (h >> 8) as u8, (h as u8).max(1))
+        })
+    })
+    .unwrap()
+    .expect("raw socket");
+    // Several control windows after the flood: a hold-back would have been written by now.
+    std::thread::sleep(Duration::from_millis(500));
+    let s = stats(PORT);
+    println!("forged critical flood: {sent} SYNs; {s}");
+    assert!(sent >= 3_000, "the flood ran: {sent}");
+    assert_eq!(field(&s, "in_flight"), 9, "only the real connections hold slots: {s}");
+    assert!(field(&s, "syn_passed") >= u64::from(sent), "every forged SYN passed holding nothing: {s}");
+    assert_eq!((tier(&s, "critical", "admitted"), tier(&s, "critical", "rejected")), (0, 0), "{s}");
+    assert_eq!((tier(&s, "normal", "held_back"), tier(&s, "low", "held_back")), (0, 0), "no hold-back: {s}");
+    drop(held);
+}

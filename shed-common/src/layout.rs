@@ -42,6 +42,28 @@ pub struct GateCounters {
 }
 const _: () = assert!(size_of::<GateCounters>() == 8 * gate_counter::COUNT);
 
+/// The last segment a CPU judged and passed: a digest of its flow, sequence
+/// numbers and kind, and when. A segment that crosses stacked devices (a
+/// bridge port then the bridge, a VLAN's lower device then the VLAN) meets
+/// the gate once per device, on the same CPU, microseconds apart; the second
+/// meeting finds it here and passes uncounted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LastPassed {
+    pub digest: u64,
+    pub at_ns: u64,
+    /// The interface it passed on: only a meeting on another one is the same
+    /// segment crossing a stack (a repeat on the same interface is a new packet).
+    pub ifindex: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<LastPassed>() == 24);
+
+/// How long a passed segment is remembered: far longer than a segment takes
+/// from one stacked device to the next (microseconds), far shorter than any
+/// retransmission (200 ms at least).
+pub const STACKED_WITHIN_NS: u64 = 1_000_000;
+
 /// Per-port configuration. Key: port (host order). Written by `shedctl` only.
 /// The limit lives apart, in [`map::LIMITS`], because the controller rewrites
 /// it every window and must not race an operator's change of the action.
@@ -277,7 +299,11 @@ pub struct SockEntry {
     /// 1 if the port counted [`count_mode::MULTIPLEXED`] when the connection
     /// was accepted: queue-wait samples per read, busy until closed.
     pub multiplexed: u8,
-    pub _pad2: [u8; 3],
+    /// 1 while the connection's admission reservation is still held: in
+    /// `work` mode, from ESTABLISHED until its first bytes arrive (then it is
+    /// busy) or it closes; an idle connection lets it lapse and holds nothing.
+    pub reserved: u8,
+    pub _pad2: [u8; 2],
 }
 const _: () = assert!(size_of::<SockEntry>() == 80);
 

@@ -63,10 +63,14 @@ pub mod map {
     /// `Array<u64>` of [`crate::rare::COUNT`]: when each rare path last logged
     /// (kernel only; see `attach --kernel-log`).
     pub const RARE_STAMPS: &str = "SHED_RARE_STAMPS";
+    /// `PerCpuArray<LastPassed>[1]`: the last segment this CPU judged and
+    /// passed, so a segment that crosses stacked devices (bridge, VLAN,
+    /// macvlan, bond) is judged once (kernel only).
+    pub const LAST_PASSED: &str = "SHED_LAST_PASSED";
 
     /// Every map of the kernel object by name, in one place (the daemon pins
-    /// those it opens as `GateMaps`; `RARE_STAMPS` is the kernel's alone).
-    pub const ALL: [&str; 22] = [
+    /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
+    pub const ALL: [&str; 23] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -89,6 +93,7 @@ pub mod map {
         PORT_SLOTS,
         SLOT_CONFIG,
         RARE_STAMPS,
+        LAST_PASSED,
     ];
 }
 

@@ -7,8 +7,10 @@
 //!
 //! Per request turn (keep-alive connections have many), from raw tracepoints:
 //! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
-//! byte (`sock_send_length`). A connection is busy from acceptance, or from a
-//! request's arrival, until it answers; an idle keep-alive connection is not.
+//! byte (`sock_send_length`). A connection is busy from a request's arrival
+//! until it answers; one that has sent nothing, or an idle keep-alive one, is
+//! not (in `work` mode it holds its admission reservation until its first
+//! bytes arrive, or the reservation's window ends).
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
 //!
 //! A connection of a multiplexed port ([`count_mode::MULTIPLEXED`]) carries
@@ -74,6 +76,9 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             if entry.capped != 0 && !fault!("client_not_released") {
                 client_release(&ClientKey { slot: entry.slot, addr: entry.client });
             }
+            if entry.reserved != 0 {
+                release(entry.slot, &entry.flow);
+            }
         }
         return Ok(());
     }
@@ -111,18 +116,23 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     // The connection is counted first and its handshake released after, so it is
     // never in neither count.
     let client = config.client_key(&client_addr);
-    // Accepted and not yet answered: busy (a server-first protocol answers before any request).
+    // `work` mode: a connection owes work once its first bytes arrive; until
+    // then it keeps the reservation its ACK took (so a burst of handshakes
+    // cannot overshoot before their requests land), and one that sends
+    // nothing lets it lapse and holds no slot. The other modes count it now.
+    let work = config.count_mode == count_mode::WORK && !fault!("idle_counted_busy");
     let mut entry = SockEntry {
         slot,
         port: local_port,
-        busy: 1,
+        busy: u8::from(!work),
         capped: 0,
         arrival_ns: 0,
         pickup_ns: 0,
         client: client.addr,
         flow: key,
         multiplexed: u8::from(config.count_mode == count_mode::MULTIPLEXED),
-        _pad2: [0; 3],
+        reserved: u8::from(work),
+        _pad2: [0; 2],
     };
     if config.client_cap != 0 {
         if client_add(&client) {
@@ -132,11 +142,15 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             crate::rare::client_map_full(slot);
         }
     }
-    match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
+    let tracked = match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
-            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
-            atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+            if entry.busy != 0 {
+                // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+                atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+            }
+            // SAFETY: as above.
             atomic_add(unsafe { &raw mut (*state).opened }, 1);
+            true
         }
         Err(err) => {
             if entry.capped != 0 {
@@ -149,8 +163,20 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
                 count(slot, counter::CONNECTION_MAP_FULL);
                 crate::rare::connection_map_full(slot);
             }
+            false
         }
+    };
+    // An untracked connection releases now (nothing would later).
+    if !(work && tracked) {
+        release(slot, &key);
     }
+    Ok(())
+}
+
+/// Releases the admission reservation of `key`'s connection: it now counts as
+/// established (or busy), or it closed.
+#[inline(always)]
+fn release(slot: u32, key: &FlowKey) {
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let shift = SHED_USER_STATE.get(slot).copied().unwrap_or_default().shift();
@@ -163,7 +189,6 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         // Counted from now on all the same (the ACK was judged when it arrived).
         count(slot, counter::LATE_COMPLETED);
     }
-    Ok(())
 }
 
 /// Whether the socket lives in the namespace the gate protects (true when
@@ -213,6 +238,11 @@ pub fn on_data_ready(sk: u64) {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
         }
+    }
+    // Busy first, then the reservation goes: never in neither count.
+    if entry.reserved != 0 {
+        entry.reserved = 0;
+        release(entry.slot, &entry.flow);
     }
 }
 

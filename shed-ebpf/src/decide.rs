@@ -21,7 +21,7 @@ use crate::{
     atomic,
     fault::fault,
     maps::{
-        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
+        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
         SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
         tier_of,
     },
@@ -58,15 +58,18 @@ struct Port {
 
 impl Port {
     /// The protected port a segment is addressed to, or `None` (pass): the port
-    /// has no slot or config, or the destination is not one of
+    /// has no slot or config, or (`check_local`) the destination is not one of
     /// this namespace's addresses (forwarded, or leaving a local container).
+    /// A handshake-completing ACK needs no such check: the kernel's socket
+    /// lookup found our own request socket or listener for it, which covers
+    /// AnyIP routes, TPROXY and addresses the table does not hold yet.
     #[inline(always)]
-    fn of(seg: &Segment) -> Option<Self> {
+    fn of(seg: &Segment, check_local: bool) -> Option<Self> {
         let port = seg.server_port;
         // A miss means "not protected": pass.
         let config = port_config(port)?;
         let slot = config.slot;
-        if !is_local(&seg.server_addr) && !fault!("not_local_judged") {
+        if check_local && !is_local(&seg.server_addr) && !fault!("not_local_judged") {
             count(slot, counter::NOT_LOCAL);
             return None;
         }
@@ -242,7 +245,7 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
     if seg.is_ipv6 && is_ipv4_mapped(&seg.client_addr) {
         return Verdict::Pass;
     }
-    let Some(port) = Port::of(seg) else { return Verdict::Pass };
+    let Some(port) = Port::of(seg, true) else { return Verdict::Pass };
     port.count(counter::SYN_SEEN);
     let tier = port.tier(seg);
     if tier == tier::EXEMPT {
@@ -296,7 +299,7 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     if !completes_handshake(seg, ctx) {
         return Verdict::Pass;
     }
-    let Some(port) = Port::of(seg) else { return Verdict::Pass };
+    let Some(port) = Port::of(seg, fault!("ack_needs_local_table")) else { return Verdict::Pass };
     let tier = port.tier(seg);
     if tier == tier::EXEMPT {
         port.count(counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
@@ -333,6 +336,37 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
 #[inline(always)]
 fn deferred_to_ack(config: &PortConfig, tier: u8) -> bool {
     config.tiered != 0 && tier < tier::LOW && !fault!("tier_judged_unverified")
+}
+
+/// A digest of what makes a segment this segment: flow, sequence numbers, kind.
+#[inline(always)]
+fn digest(seg: &Segment, syn: bool) -> u64 {
+    let seqs = seg.seq ^ seg.ack_seq.rotate_left(16);
+    ((u64::from(flow_of(seg)) << 32) | u64::from(seqs)) ^ u64::from(syn)
+}
+
+/// Whether this CPU passed this very segment a moment ago, on the device below
+/// (or above) this one: then it is passed again, uncounted and unreserved.
+#[inline(always)]
+pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bool {
+    if fault!("stacked_judged_twice") {
+        return false;
+    }
+    let Some(last) = SHED_LAST_PASSED.get_ptr(0) else { return false };
+    // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+    let last = unsafe { *last };
+    last.digest == digest(seg, syn)
+        && last.ifindex != ifindex
+        && now_ns.wrapping_sub(last.at_ns) < shed_common::STACKED_WITHIN_NS
+}
+
+/// Remembers a passed segment (see [`passed_already`]).
+#[inline(always)]
+pub fn remember_passed(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) {
+    if let Some(last) = SHED_LAST_PASSED.get_ptr_mut(0) {
+        // SAFETY: per-CPU map value.
+        unsafe { *last = shed_common::LastPassed { digest: digest(seg, syn), at_ns: now_ns, ifindex, _pad: 0 } };
+    }
 }
 
 /// The stamp `flow` took at admission, if it is still there.

@@ -22,7 +22,7 @@ mod reject;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    helpers::{bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail},
+    helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail},
     macros::{classifier, raw_tracepoint, tracepoint, xdp},
     programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
 };
@@ -72,8 +72,22 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
             rare::unparsed_header(why);
             return Outcome::Drop;
         }
-        Parsed::Syn => decide::syn(seg, bytes.from_loopback()),
-        Parsed::Ack => decide::ack(seg, ctx, bytes.from_loopback()),
+        Parsed::Syn | Parsed::Ack => {
+            let syn = parsed == Parsed::Syn;
+            // SAFETY: reading the clock has no preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            // Crossing stacked devices (bridge, VLAN, macvlan, bond): judged once.
+            let ifindex = bytes.ifindex();
+            if decide::passed_already(seg, syn, now, ifindex) {
+                return Outcome::Pass;
+            }
+            let verdict =
+                if syn { decide::syn(seg, bytes.from_loopback()) } else { decide::ack(seg, ctx, bytes.from_loopback()) };
+            if matches!(verdict, Verdict::Pass) {
+                decide::remember_passed(seg, syn, now, ifindex);
+            }
+            verdict
+        }
     };
     match verdict {
         Verdict::Pass => Outcome::Pass,

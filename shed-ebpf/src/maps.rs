@@ -6,7 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
+    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed, LocalAddr,
+    NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
     handshake::STAMPS_PER_PORT,
@@ -58,6 +59,9 @@ pub static SHED_STAMPS: Array<HandshakeStamp> = Array::with_max_entries(MAX_PORT
 
 #[map]
 pub static SHED_LOCAL_ADDRS: Array<LocalAddr> = Array::with_max_entries(local_addr::SLOTS, 0);
+
+#[map]
+pub static SHED_LAST_PASSED: PerCpuArray<LastPassed> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_GATE_COUNTERS: PerCpuArray<GateCounters> = PerCpuArray::with_max_entries(1, 0);

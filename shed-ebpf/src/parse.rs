@@ -93,7 +93,12 @@ pub trait LoadBytes {
     fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]>;
     /// Whether the packet arrived on the loopback interface (read only when a
     /// reset might be sent: a reset to a local address is for a local client there).
-    fn from_loopback(&self) -> bool;
+    fn from_loopback(&self) -> bool {
+        self.ifindex() == LOOPBACK_IFINDEX
+    }
+    /// The interface the packet is on now (a stacked device's upper one
+    /// differs from the lower one it crossed first).
+    fn ifindex(&self) -> u32;
 }
 
 /// The loopback interface's index in every namespace.
@@ -113,9 +118,9 @@ impl LoadBytes for XdpBytes {
     }
 
     #[inline(always)]
-    fn from_loopback(&self) -> bool {
+    fn ifindex(&self) -> u32 {
         // SAFETY: the program's own context.
-        unsafe { (*self.0).ingress_ifindex == LOOPBACK_IFINDEX }
+        unsafe { (*self.0).ingress_ifindex }
     }
 }
 
@@ -134,9 +139,9 @@ impl LoadBytes for SkbBytes {
     }
 
     #[inline(always)]
-    fn from_loopback(&self) -> bool {
+    fn ifindex(&self) -> u32 {
         // SAFETY: the program's own context.
-        unsafe { (*self.0).ifindex == LOOPBACK_IFINDEX }
+        unsafe { (*self.0).ifindex }
     }
 }
 

@@ -142,6 +142,11 @@ impl Gate {
         self.child.id() as i32
     }
 
+    /// Whether the daemon is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -286,7 +286,8 @@ impl Healer {
                 client: config.client_key(&flow.client_addr).addr,
                 flow: *flow,
                 multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
-                _pad2: [0; 3],
+                reserved: 0,
+                _pad2: [0; 2],
             };
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
             const BPF_NOEXIST: u64 = 1;
@@ -300,19 +301,19 @@ impl Healer {
         }
         self.untracked_before = untracked;
 
-        // Counts against the tracked sockets, for ports that stood still meanwhile.
-        let counts_after = event_counts(maps, configs)?;
+        // Counts against the tracked sockets. On a busy port connections open and
+        // close while the pass reads: every event since the pass began may have
+        // landed on one side of the comparison and not the other, so only the
+        // drift beyond that many events is certain.
         for (&port, config) in configs {
             let slot = config.slot;
-            if counts_before.get(&port) != counts_after.get(&port) {
-                self.drift_before.remove(&slot);
-                continue;
-            }
             let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
             let (open, busy) = (ours().count() as i64, ours().filter(|e| e.busy != 0).count() as i64);
             let snapshot = maps.snapshot(port, *config)?;
             let drift = (snapshot.established() as i64 - open, snapshot.busy() as i64 - busy);
-            if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), drift) {
+            let (opened, busied) = events_since(counts_before.get(&port), &snapshot.state);
+            let certain = (beyond(drift.0, opened), beyond(drift.1, busied));
+            if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), certain) {
                 let n = (drift.0.unsigned_abs()).max(drift.1.unsigned_abs());
                 let mut user = snapshot.user;
                 user.established_adjust -= drift.0;
@@ -328,8 +329,8 @@ impl Healer {
                 self.drift_before.remove(&slot);
                 acted = true;
             } else {
-                found |= drift != (0, 0) && self.drift_before.get(&slot) != Some(&drift);
-                self.drift_before.insert(slot, drift);
+                found |= certain != (0, 0) && self.drift_before.get(&slot) != Some(&certain);
+                self.drift_before.insert(slot, certain);
             }
         }
         Ok(PassOutcome { records, found, acted, adopt_failed })
@@ -365,10 +366,25 @@ fn confirmed<'a, T: Eq + std::hash::Hash>(now: &'a HashSet<T>, before: &'a HashS
     now.intersection(before)
 }
 
-/// The drift of a port's counts to correct now: a non-zero one, the same in
-/// this pass and the last (a drift that changes is still moving: wait).
+/// Events of a port since `before` (opens and closes; busy enters and exits).
+fn events_since(before: Option<&[u64; 4]>, now: &shed_common::PortState) -> (i64, i64) {
+    let Some(b) = before else { return (i64::MAX / 4, i64::MAX / 4) };
+    let moved = |now: u64, then: u64| now.abs_diff(then).min(i64::MAX as u64 / 8) as i64;
+    (moved(now.opened, b[0]) + moved(now.closed, b[1]), moved(now.busy_enter, b[2]) + moved(now.busy_exit, b[3]))
+}
+
+/// The part of a drift `d` that `events` concurrent events cannot explain.
+fn beyond(d: i64, events: i64) -> i64 {
+    d.signum() * (d.abs() - events).max(0)
+}
+
+/// The drift of a port's counts to correct now: what this pass and the last
+/// both found certain, in the same direction (a drift seen once waits).
 fn drift_to_correct(before: Option<&(i64, i64)>, now: (i64, i64)) -> Option<(i64, i64)> {
-    (now != (0, 0) && before == Some(&now)).then_some(now)
+    let before = before?;
+    let both = |b: i64, n: i64| if b.signum() == n.signum() { n.signum() * b.abs().min(n.abs()) } else { 0 };
+    let drift = (both(before.0, now.0), both(before.1, now.1));
+    (drift != (0, 0)).then_some(drift)
 }
 
 fn fxhash(flow: &FlowKey) -> u64 {
@@ -399,7 +415,12 @@ mod tests {
 
         assert_eq!(drift_to_correct(None, (2, 1)), None, "a drift seen once waits");
         assert_eq!(drift_to_correct(Some(&(2, 1)), (2, 1)), Some((2, 1)), "seen twice: corrected");
-        assert_eq!(drift_to_correct(Some(&(2, 1)), (3, 1)), None, "still moving: waits");
+        assert_eq!(drift_to_correct(Some(&(2, 1)), (3, 1)), Some((2, 1)), "what both passes found is corrected");
+        assert_eq!(drift_to_correct(Some(&(2, -1)), (-3, -1)), Some((0, -1)), "directions that disagree wait");
+        // On a busy port: a phantom +5 measured while 3 events landed is certainly +2.
+        assert_eq!(beyond(5, 3), 2);
+        assert_eq!(beyond(-5, 3), -2);
+        assert_eq!(beyond(2, 3), 0, "within what concurrent events explain: nothing certain");
         assert_eq!(drift_to_correct(Some(&(-1, 0)), (-1, 0)), Some((-1, 0)), "an over-count is corrected too");
         assert_eq!(drift_to_correct(Some(&(0, 0)), (0, 0)), None, "no drift, nothing to do");
     }

@@ -64,6 +64,35 @@ pub fn require_running() -> Result<String, Error> {
     }
 }
 
+/// Serialises the control plane's read-modify-writes of the gate's port
+/// configs and tiers: `set` reads a port's config, changes a field and writes
+/// it back, and a `tier add` between the read and the write would otherwise
+/// be undone (turning tier judging, and so the exempt tier, off). Held until
+/// dropped.
+pub struct ConfigLock {
+    _file: File,
+}
+
+impl ConfigLock {
+    /// Waits for and takes the lock.
+    pub fn take() -> Result<Self, Error> {
+        let path = Path::new(paths::CONFIG_LOCK);
+        let dir = path.parent().expect("lock file has a parent");
+        fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        // SAFETY: a valid fd; blocking until the holder (a short read-modify-write) is done.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::io("lock", path, std::io::Error::last_os_error()));
+        }
+        Ok(Self { _file: file })
+    }
+}
+
 /// The exclusive lock a running daemon holds for its whole life.
 pub struct DaemonLock {
     file: File,

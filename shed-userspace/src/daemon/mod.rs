@@ -9,7 +9,7 @@ mod lock;
 mod port;
 pub mod report;
 
-pub use lock::{DaemonLock, Liveness, PinGuard, liveness, ready, require_running};
+pub use lock::{ConfigLock, DaemonLock, Liveness, PinGuard, liveness, ready, require_running};
 use port::{AcceptQueues, HandshakeWindow, PortControl};
 
 use std::{
@@ -76,18 +76,23 @@ pub type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, St
 pub struct FollowInterfaces {
     pub hook: Option<Hook>,
     pub xdp_mode: XdpAttachMode,
-    /// Interfaces already gated or already reported as impossible to gate.
-    pub seen: Vec<String>,
+    /// Interfaces (name, index) already gated or already reported as
+    /// impossible to gate: one deleted and created again under its name has a
+    /// new index, and is gated again.
+    pub seen: Vec<(String, u32)>,
 }
 
 impl FollowInterfaces {
     /// Attaches to every interface not seen before; a failure is logged, not fatal.
     pub fn attach_new(&mut self, loaded: &mut Loaded) {
-        for iface in system::interfaces() {
-            if self.seen.contains(&iface) {
+        let now = system::interfaces_indexed();
+        // Forget interfaces that are gone, so their names can come back.
+        self.seen.retain(|s| now.contains(s));
+        for (iface, index) in now {
+            if self.seen.iter().any(|(n, i)| *n == iface && *i == index) {
                 continue;
             }
-            self.seen.push(iface.clone());
+            self.seen.push((iface.clone(), index));
             let hook = self.hook.unwrap_or_else(|| default_hook(&iface));
             match loaded.attach_gate(&iface, hook, self.xdp_mode) {
                 Ok(()) => tracing::info!(iface = %iface, hook = %hook, "new interface gated"),
@@ -128,6 +133,8 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut settings = settings;
     let mut last_watch = Instant::now();
+    // Opened on the gate's own thread, inside its namespace.
+    let links = system::LinkWatch::open();
     let mut controls: Vec<PortControl> = Vec::new();
     let mut idle_clients = Vec::new();
     let mut last_client_sweep = Instant::now();
@@ -156,7 +163,10 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
             },
             _ = ticker.tick() => {
                 settings.heartbeat.beat();
-                if last_watch.elapsed() >= WATCH_EVERY {
+                // A link or address change is acted on within this tick; the
+                // once-a-second look covers anything a notification missed.
+                let notified = links.as_ref().is_some_and(system::LinkWatch::changed);
+                if notified || last_watch.elapsed() >= WATCH_EVERY {
                     if let Err(e) = settings.local_addrs.refresh(&mut loaded.maps) {
                         settings.task_errors.record("addresses", &e);
                     }

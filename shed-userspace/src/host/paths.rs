@@ -15,6 +15,9 @@ pub const OWN_NETNS_LABEL: &str = "host";
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 /// The running daemon's lock and pid file (flock held for the daemon's life).
 pub const PID_FILE: &str = "/run/shed/shedctl.pid";
+/// Held (flock) around every read-modify-write of the gate's port configs and
+/// tiers (`set`, `tier`, a reload), so two of them cannot undo each other.
+pub const CONFIG_LOCK: &str = "/run/shed/config.lock";
 /// The gated namespace's TCP counters (listen-queue overflows), as the daemon's thread sees them.
 pub const NETSTAT: &str = "/proc/thread-self/net/netstat";
 

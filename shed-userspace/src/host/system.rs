@@ -177,6 +177,12 @@ fn field_offset(format: &str, field: &str) -> Option<usize> {
 
 /// Interfaces of the current network namespace.
 pub fn interfaces() -> Vec<String> {
+    interfaces_indexed().into_iter().map(|(name, _)| name).collect()
+}
+
+/// The namespace's interfaces with their indices (an interface deleted and
+/// created again under its name gets a new index).
+pub fn interfaces_indexed() -> Vec<(String, u32)> {
     let mut names = Vec::new();
     // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
     unsafe {
@@ -186,7 +192,7 @@ pub fn interfaces() -> Vec<String> {
         }
         let mut entry = list;
         while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
-            names.push(CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned());
+            names.push((CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned(), (*entry).if_index));
             entry = entry.add(1);
         }
         libc::if_freenameindex(list);
@@ -290,6 +296,67 @@ unsafe fn sockaddr_bytes(sa: *const libc::sockaddr) -> Option<[u8; 16]> {
             }
             libc::AF_INET6 => Some((*sa.cast::<libc::sockaddr_in6>()).sin6_addr.s6_addr),
             _ => None,
+        }
+    }
+}
+
+/// Notifications of the calling thread's namespace's links and addresses
+/// (rtnetlink multicast groups), so a new interface or address is seen within
+/// a control tick instead of at the next once-a-second look.
+pub struct LinkWatch {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl LinkWatch {
+    /// Subscribes; `None` if the kernel refuses (the once-a-second look remains).
+    pub fn open() -> Option<Self> {
+        use std::os::fd::FromRawFd as _;
+        const RTMGRP_LINK: u32 = 0x1;
+        const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+        const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+        // SAFETY: a plain socket call; the fd is owned below.
+        let fd = unsafe {
+            libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, libc::NETLINK_ROUTE)
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: a zeroed sockaddr_nl is valid; the fields are set below.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        addr.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+        // SAFETY: binding our socket to a valid sockaddr_nl.
+        let bound = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        (bound == 0).then_some(Self { fd })
+    }
+
+    /// Whether anything changed since the last call (drains what is queued;
+    /// an overflowed queue counts as a change).
+    pub fn changed(&self) -> bool {
+        let mut buf = [0u8; 8192];
+        let mut any = false;
+        loop {
+            // SAFETY: reading into our buffer from our non-blocking socket.
+            let n = unsafe {
+                libc::recv(std::os::fd::AsRawFd::as_raw_fd(&self.fd), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+            };
+            if n > 0 {
+                any = true;
+                continue;
+            }
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOBUFS) {
+                any = true;
+                continue;
+            }
+            return any;
         }
     }
 }

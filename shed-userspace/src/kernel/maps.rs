@@ -225,7 +225,7 @@ impl GateMaps {
         let mut config = PortConfig::new(slot, spec.action, spec.dry_run, spec.count_mode);
         config.share_permille = spec.share_permille;
         config.tier_action = spec.tier_action;
-        config.tiered = u8::from(!self.tier_entries()?.is_empty());
+        config.tiered = u8::from(self.any_tier()?);
         config.client_cap = spec.client_cap;
         config.client_prefix_v6 = spec.client_prefix_v6;
         config.rst_per_sec = spec.rst_per_sec;
@@ -354,9 +354,15 @@ impl GateMaps {
         self.sync_tiered()
     }
 
+    /// Whether any client network has a tier: one step into the trie, not a
+    /// walk of it (a walk per insert made loading n tiers quadratic).
+    fn any_tier(&self) -> Result<bool, Error> {
+        self.tiers.keys().next().transpose().map(|k| k.is_some()).map_err(|e| Error::map("read tiers", e))
+    }
+
     /// Tier shares apply on every port exactly while some client has a tier.
     pub fn sync_tiered(&mut self) -> Result<(), Error> {
-        let tiered = u8::from(!self.tier_entries()?.is_empty());
+        let tiered = u8::from(self.any_tier()?);
         for (port, mut config) in self.port_configs()? {
             if config.tiered != tiered {
                 config.tiered = tiered;

@@ -112,16 +112,16 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
                 let loaded = set_up(&setup, &args, &ports, &spec, &tiers)
                     .with_context(|| format!("network namespace {}", setup.label));
                 let (result, loaded) = match loaded {
-                    Ok((loaded, local_addrs)) => (Ok(()), Some((loaded, local_addrs))),
+                    Ok((loaded, local_addrs, seen)) => (Ok(()), Some((loaded, local_addrs, seen))),
                     Err(e) => (Err(e), None),
                 };
                 let _ = ready.send(result);
                 drop(ready); // a set-up that panics instead ends the wait all the same
                 // Every namespace answered: run, or (one of them failed) detach.
-                let (Some((mut loaded, local_addrs)), Ok(instance)) = (loaded, go_rx.recv()) else {
+                let (Some((mut loaded, local_addrs, seen)), Ok(instance)) = (loaded, go_rx.recv()) else {
                     return end.tell(Ok(()));
                 };
-                let result = run_gate(&setup, &mut loaded, local_addrs, instance, &args, loop_signals);
+                let result = run_gate(&setup, &mut loaded, (local_addrs, seen), instance, &args, loop_signals);
                 drop(loaded); // detaches its links, inside the namespace
                 if setup.netns.is_some() {
                     // The namespace's ports are gone (or the daemon stops): so are its pins.
@@ -335,17 +335,21 @@ fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
 }
 
 /// Enters the gate's namespace (this thread), then loads, pins, configures
-/// and attaches its programs; returns them with the addresses written.
+/// and attaches its programs; returns them with the addresses written and
+/// the interfaces considered (gated or left out), for the loop to follow.
 fn set_up(
     gate: &Gate,
     args: &AttachArgs,
     ports: &[u16],
     spec: &PortSpec,
     tiers: &std::collections::BTreeMap<crate::kernel::options::Cidr, u8>,
-) -> anyhow::Result<(Loaded, daemon::LocalAddrs)> {
+) -> anyhow::Result<(Loaded, daemon::LocalAddrs, Vec<(String, u32)>)> {
     if let Some(netns) = &gate.netns {
         system::enter_netns(netns)?;
     }
+    // Taken before the interfaces are chosen: one that appears meanwhile is
+    // not in it, and the loop gates it on its first look.
+    let seen = system::interfaces_indexed();
     let targets = targets(&args.ifaces, args.hook)?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
     let options = crate::kernel::object::LoadOptions {
@@ -403,7 +407,7 @@ fn set_up(
         }
     }
     gate.heartbeat.beat();
-    Ok((loaded, local_addrs))
+    Ok((loaded, local_addrs, seen))
 }
 
 /// Runs one namespace's control loop until the daemon stops; detaches its
@@ -411,7 +415,7 @@ fn set_up(
 fn run_gate(
     gate: &Gate,
     loaded: &mut Loaded,
-    local_addrs: daemon::LocalAddrs,
+    (local_addrs, seen): (daemon::LocalAddrs, Vec<(String, u32)>),
     _go: Instance,
     args: &AttachArgs,
     signals: LoopSignals,
@@ -420,7 +424,7 @@ fn run_gate(
     let follow_interfaces = args.ifaces.is_empty().then(|| FollowInterfaces {
         hook: args.hook,
         xdp_mode: args.xdp_mode,
-        seen: system::interfaces(),
+        seen,
     });
     let settings = LoopSettings {
         tick: TICK.min(args.window),

@@ -36,12 +36,56 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
     ])
 }
 
+/// Refuses a file that someone other than root could have written: a tier file
+/// that anyone can edit (`0.0.0.0/0 = "exempt"`) would turn the gate off.
+fn trusted(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    trusted_mode(meta.uid(), meta.gid(), meta.mode()).map_err(|why| {
+        anyhow::anyhow!("{} {why}: only root may write the files a reload reads (chown root: and chmod go-w it)", path.display())
+    })
+}
+
+fn trusted_mode(uid: u32, gid: u32, mode: u32) -> Result<(), &'static str> {
+    if uid != 0 {
+        return Err("is not owned by root");
+    }
+    if mode & 0o002 != 0 {
+        return Err("is writable by others");
+    }
+    if mode & 0o020 != 0 && gid != 0 {
+        return Err("is writable by a group other than root's");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_root_may_write_a_reloaded_file() {
+        use super::trusted_mode;
+        assert_eq!(trusted_mode(0, 0, 0o100_644), Ok(()));
+        assert_eq!(trusted_mode(0, 0, 0o100_664), Ok(()), "root's own group may write");
+        assert_eq!(trusted_mode(1000, 0, 0o100_644), Err("is not owned by root"));
+        assert_eq!(trusted_mode(0, 0, 0o100_646), Err("is writable by others"));
+        assert_eq!(trusted_mode(0, 50, 0o100_664), Err("is writable by a group other than root's"));
+    }
+}
+
 /// Re-reads the config under `argv` (attach's own command line) and applies
 /// it; `running` is what the gate started with. Returns the settings that
 /// changed but take a restart.
 pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> anyhow::Result<Vec<&'static str>> {
+    // The files decide who may pass the gate: only root may have written them.
+    if let Some(file) = &running.config {
+        trusted(file)?;
+    }
     let cli = config::parse_cli(argv.iter().cloned())?;
     let Command::Attach(args) = cli.command else { anyhow::bail!("not an attach command line") };
+    if let Some(file) = &args.tier_file {
+        trusted(file)?;
+    }
+    let _lock = crate::daemon::ConfigLock::take()?;
     let (spec, tiers) = args.plan()?;
     let (before, after) = (restart_only(running), restart_only(&args));
     let restart: Vec<&'static str> =

@@ -14,6 +14,8 @@ use crate::{
 pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
+    // Read-modify-write of port configs: one control-plane change at a time.
+    let _lock = daemon::ConfigLock::take()?;
     let gates = GateMaps::open_gates(args.netns.as_deref())?;
     let several = gates.len() > 1;
     // The port in every chosen namespace that protects it; checked in each

@@ -19,6 +19,8 @@ pub fn execute(command: TierCommand) -> anyhow::Result<()> {
     daemon::require_running()?;
     // Client tiers are the daemon's, the same in every namespace it gates:
     // a change goes to each namespace's gate, and the first one answers.
+    // Read-modify-write of port configs (tier judging on or off): one change at a time.
+    let _lock = daemon::ConfigLock::take()?;
     let mut gates = GateMaps::open_gates(None)?;
     let maps = &gates[0].maps;
     if !matches!(command, TierCommand::Ls { .. }) {
