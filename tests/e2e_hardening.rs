@@ -46,12 +46,20 @@ fn connections_that_send_nothing_hold_no_slot() {
     let _one = exclusive();
     let bed = Testbed::create("shedhi").expect("testbed");
     let addr = bed.server_addr(false, PORT);
+    // A thread per connection: idle connections cost the backend nothing but a thread.
     let service_us = Arc::new(AtomicU64::new(1_000));
-    let _backend =
-        Backend::start(&bed.server_ns, addr, Service::Workers { workers: 16, service_us }).expect("backend");
+    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst"]);
+    // Opened over 0.6 s: each holds its admission's reservation only until the
+    // window (about 8 ms) ends, as it sends nothing (a burst within one window
+    // is judged as a burst).
     let idle: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
-        (0..60).map(|i| testbed::connect(addr, Duration::from_secs(1)).unwrap_or_else(|e| panic!("#{i}: {e}"))).collect()
+        (0..60)
+            .map(|i| {
+                thread::sleep(Duration::from_millis(10));
+                testbed::connect(addr, Duration::from_secs(1)).unwrap_or_else(|e| panic!("#{i}: {e}"))
+            })
+            .collect()
     })
     .unwrap();
     // Their admission reservations lapse within the window (about 8 ms).
@@ -168,10 +176,11 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
     // The idle clients were closed by the endpoint, not kept.
     let closed = idle
         .iter_mut()
-        .filter(|c| {
+        .map(|c| {
             c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             matches!(c.read(&mut [0u8; 1]), Ok(0) | Err(_))
         })
+        .filter(|&closed| closed)
         .count();
     assert!(closed >= idle.len() * 9 / 10, "{closed} of {} idle clients closed", idle.len());
     // Still gating: one connection fits, the second is refused.

@@ -174,7 +174,7 @@ pub struct Healer {
     /// What the last pass would have changed, to be confirmed by this one.
     stale_before: HashSet<u64>,
     untracked_before: HashSet<FlowKey>,
-    drift_before: BTreeMap<u32, (i64, i64)>,
+    drift_before: BTreeMap<u32, Drift>,
 }
 
 impl Healer {
@@ -226,12 +226,14 @@ impl Healer {
     /// the last pass saw too.
     fn pass(&mut self, maps: &mut GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<PassOutcome, Error> {
         let ports: BTreeSet<u16> = configs.keys().copied().collect();
-        // Each port's event counts around the reads: a port whose counts moved
-        // meanwhile is not judged for drift in this pass.
+        // Each port's event counts just before and just after the tracked
+        // sockets are read: the counts they are compared with, and how many
+        // events could have landed on one side of that comparison only.
         let counts_before = event_counts(maps, configs)?;
         // The tracked sockets first, then the table: a socket that closes in
         // between is gone from both; one that opens in between is caught next pass.
         let mut tracked: HashMap<u64, SockEntry> = maps.tracked_sockets()?;
+        let counts_read = event_counts(maps, configs)?;
         let mut live = Vec::new();
         let table = match &mut self.table {
             Some(table) => table,
@@ -310,10 +312,18 @@ impl Healer {
             let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
             let (open, busy) = (ours().count() as i64, ours().filter(|e| e.busy != 0).count() as i64);
             let snapshot = maps.snapshot(port, *config)?;
-            let drift = (snapshot.established() as i64 - open, snapshot.busy() as i64 - busy);
-            let (opened, busied) = events_since(counts_before.get(&port), &snapshot.state);
-            let certain = (beyond(drift.0, opened), beyond(drift.1, busied));
-            if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), certain) {
+            // The kernel's counts as they were when the entries were read (the
+            // adjustments are the healer's own, unchanged since).
+            let Some(&[opened, closed, busy_enter, busy_exit]) = counts_read.get(&port) else { continue };
+            let at_read = shed_common::PortState { opened, closed, busy_enter, busy_exit };
+            let drift = (
+                shed_common::established(&at_read, &snapshot.user) as i64 - open,
+                shed_common::busy(&at_read, &snapshot.user) as i64 - busy,
+            );
+            let (opens, closes, enters, exits) = events_since(counts_before.get(&port), &at_read);
+            let certain = (beyond(drift.0, opens, closes), beyond(drift.1, enters, exits));
+            let now = Drift { seen: drift, certain };
+            if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), &now) {
                 let n = (drift.0.unsigned_abs()).max(drift.1.unsigned_abs());
                 let mut user = snapshot.user;
                 user.established_adjust -= drift.0;
@@ -329,8 +339,8 @@ impl Healer {
                 self.drift_before.remove(&slot);
                 acted = true;
             } else {
-                found |= certain != (0, 0) && self.drift_before.get(&slot) != Some(&certain);
-                self.drift_before.insert(slot, certain);
+                found |= drift != (0, 0) && self.drift_before.get(&slot).map(|d| d.seen) != Some(drift);
+                self.drift_before.insert(slot, now);
             }
         }
         Ok(PassOutcome { records, found, acted, adopt_failed })
@@ -366,24 +376,44 @@ fn confirmed<'a, T: Eq + std::hash::Hash>(now: &'a HashSet<T>, before: &'a HashS
     now.intersection(before)
 }
 
-/// Events of a port since `before` (opens and closes; busy enters and exits).
-fn events_since(before: Option<&[u64; 4]>, now: &shed_common::PortState) -> (i64, i64) {
-    let Some(b) = before else { return (i64::MAX / 4, i64::MAX / 4) };
-    let moved = |now: u64, then: u64| now.abs_diff(then).min(i64::MAX as u64 / 8) as i64;
-    (moved(now.opened, b[0]) + moved(now.closed, b[1]), moved(now.busy_enter, b[2]) + moved(now.busy_exit, b[3]))
+/// Events of a port since `before`: opens, closes, busy enters, busy exits.
+fn events_since(before: Option<&[u64; 4]>, now: &shed_common::PortState) -> (i64, i64, i64, i64) {
+    let far = i64::MAX / 4;
+    let Some(b) = before else { return (far, far, far, far) };
+    let moved = |now: u64, then: u64| now.abs_diff(then).min(far as u64) as i64;
+    (moved(now.opened, b[0]), moved(now.closed, b[1]), moved(now.busy_enter, b[2]), moved(now.busy_exit, b[3]))
 }
 
-/// The part of a drift `d` that `events` concurrent events cannot explain.
-fn beyond(d: i64, events: i64) -> i64 {
-    d.signum() * (d.abs() - events).max(0)
+/// The part of a drift `d` (the kernel's count at the end of the read, less
+/// the entries read) that events during the read cannot explain: each `up`
+/// (an open, or a busy enter) may be counted by the kernel and missed by the
+/// read, making `d` too high by one; each `down` (a close, a busy exit) may
+/// be read and no longer counted, making it too low by one.
+fn beyond(d: i64, up: i64, down: i64) -> i64 {
+    if d > 0 { (d - up).max(0) } else { (d + down).min(0) }
 }
 
-/// The drift of a port's counts to correct now: what this pass and the last
-/// both found certain, in the same direction (a drift seen once waits).
-fn drift_to_correct(before: Option<&(i64, i64)>, now: (i64, i64)) -> Option<(i64, i64)> {
+/// A port's drift as one pass measured it (established, busy): what it saw,
+/// and the part of that which events during the read cannot explain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Drift {
+    seen: (i64, i64),
+    certain: (i64, i64),
+}
+
+/// The drift of a port's counts to correct now: seen in the same direction by
+/// this pass and the last (a drift seen once waits), by the larger of the two
+/// passes' certain parts (each is a bound the true drift reaches: on a busy
+/// port, one pass's read may overlap more opens and closes than the other's).
+fn drift_to_correct(before: Option<&Drift>, now: &Drift) -> Option<(i64, i64)> {
     let before = before?;
-    let both = |b: i64, n: i64| if b.signum() == n.signum() { n.signum() * b.abs().min(n.abs()) } else { 0 };
-    let drift = (both(before.0, now.0), both(before.1, now.1));
+    let both = |b_seen: i64, n_seen: i64, b: i64, n: i64| {
+        if b_seen.signum() == n_seen.signum() { n_seen.signum() * b.abs().max(n.abs()) } else { 0 }
+    };
+    let drift = (
+        both(before.seen.0, now.seen.0, before.certain.0, now.certain.0),
+        both(before.seen.1, now.seen.1, before.certain.1, now.certain.1),
+    );
     (drift != (0, 0)).then_some(drift)
 }
 
@@ -413,16 +443,22 @@ mod tests {
         assert_eq!(both, [2, 3], "seen once (1 now, 4 before) is not acted on");
         assert_eq!(confirmed(&set(&[1]), &set(&[])).count(), 0, "the first pass acts on nothing");
 
-        assert_eq!(drift_to_correct(None, (2, 1)), None, "a drift seen once waits");
-        assert_eq!(drift_to_correct(Some(&(2, 1)), (2, 1)), Some((2, 1)), "seen twice: corrected");
-        assert_eq!(drift_to_correct(Some(&(2, 1)), (3, 1)), Some((2, 1)), "what both passes found is corrected");
-        assert_eq!(drift_to_correct(Some(&(2, -1)), (-3, -1)), Some((0, -1)), "directions that disagree wait");
-        // On a busy port: a phantom +5 measured while 3 events landed is certainly +2.
-        assert_eq!(beyond(5, 3), 2);
-        assert_eq!(beyond(-5, 3), -2);
-        assert_eq!(beyond(2, 3), 0, "within what concurrent events explain: nothing certain");
-        assert_eq!(drift_to_correct(Some(&(-1, 0)), (-1, 0)), Some((-1, 0)), "an over-count is corrected too");
-        assert_eq!(drift_to_correct(Some(&(0, 0)), (0, 0)), None, "no drift, nothing to do");
+        let quiet = |d: (i64, i64)| Drift { seen: d, certain: d };
+        assert_eq!(drift_to_correct(None, &quiet((2, 1))), None, "a drift seen once waits");
+        assert_eq!(drift_to_correct(Some(&quiet((2, 1))), &quiet((2, 1))), Some((2, 1)), "seen twice: corrected");
+        assert_eq!(drift_to_correct(Some(&quiet((2, -1))), &quiet((-3, -1))), Some((0, -1)), "directions that disagree wait");
+        // Busy: +5 seen twice, one read overlapping 3 opens (certain +2), the other 1 (certain +4).
+        let busy = |seen: i64, certain: i64| Drift { seen: (seen, 0), certain: (certain, 0) };
+        assert_eq!(drift_to_correct(Some(&busy(5, 2)), &busy(5, 4)), Some((4, 0)), "the tighter bound of the two");
+        assert_eq!(drift_to_correct(Some(&busy(2, 0)), &busy(1, 0)), None, "nothing certain: waits");
+        // On a busy port: a phantom +5 measured while 3 connections opened is certainly +2;
+        // closes during the read cannot make a positive drift look larger.
+        assert_eq!(beyond(5, 3, 9), 2);
+        assert_eq!(beyond(-5, 9, 3), -2);
+        assert_eq!(beyond(2, 3, 0), 0, "within what concurrent opens explain: nothing certain");
+        assert_eq!(beyond(0, 3, 3), 0);
+        assert_eq!(drift_to_correct(Some(&quiet((-1, 0))), &quiet((-1, 0))), Some((-1, 0)), "an over-count is corrected too");
+        assert_eq!(drift_to_correct(Some(&quiet((0, 0))), &quiet((0, 0))), None, "no drift, nothing to do");
     }
 
     #[test]
