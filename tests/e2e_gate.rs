@@ -88,7 +88,7 @@ fn limit_5_rst(hook: &str, v6: bool) {
     let _peer = (hook == "xdp").then(|| xdp_peer(&bed));
     let addr = bed.server_addr(v6, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--hook", hook]);
+    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections", "--hook", hook]);
 
     let results = connect_sequential(&bed, addr, 20, Duration::from_secs(1));
     let mut held = Vec::new();
@@ -146,7 +146,7 @@ fn limit_5_with_drop_times_out_the_rest() {
     let bed = Testbed::create("shedtd").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "drop"]);
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "drop", "--count", "connections"]);
     let held: Vec<TcpStream> = connect_sequential(&bed, addr, 5, Duration::from_secs(1))
         .into_iter()
         .map(|(r, _)| r.expect("the first 5 connect"))
@@ -172,7 +172,7 @@ fn burst_of_200_connects_admits_at_most_the_limit() {
     let bed = Testbed::create("shedtb").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst"]);
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst", "--count", "connections"]);
     let results = connect_burst(&bed, addr, 200, Duration::from_secs(3));
     let connected = results.iter().filter(|r| r.is_ok()).count();
     let refused =
@@ -224,7 +224,7 @@ fn dry_run_admits_everyone_and_counts_would_reject() {
     let bed = Testbed::create("shedtr").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run"]);
+    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run", "--count", "connections"]);
     let held: Vec<TcpStream> = connect_sequential(&bed, addr, 6, Duration::from_secs(1))
         .into_iter()
         .map(|(r, _)| r.expect("dry-run admits"))
@@ -487,7 +487,7 @@ fn forged_syn_flood_cannot_turn_the_gate_into_a_reflector() {
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let _gate = Gate::start(
         &bed,
-        &["--port", "8080", "--limit", "1", "--action", "rst", "--rst-rate", "200", "--rst-prefix-rate", "20"],
+        &["--port", "8080", "--limit", "1", "--action", "rst", "--rst-rate", "200", "--rst-prefix-rate", "20", "--count", "connections"],
     );
     let _held = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap().0.expect("fills the limit");
 

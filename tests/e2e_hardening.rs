@@ -138,7 +138,7 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
     let bed = Testbed::create("shedhe").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let endpoint = "127.0.0.1:19467";
+    let endpoint = "127.0.0.1:19468";
     let mut gate = Gate::launch(
         std::path::Path::new(&support::gate::shedctl_path()),
         &[

@@ -39,7 +39,11 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     // The settings come from a config file; the testbed's --netns and --iface are flags.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("shed.toml");
-    std::fs::write(&config, format!("ports = [8080]\nlimit = 3\naction = \"rst\"\nmetrics = \"{METRICS}\"\n")).unwrap();
+    std::fs::write(
+        &config,
+        format!("ports = [8080]\nlimit = 3\naction = \"rst\"\ncount = \"connections\"\nmetrics = \"{METRICS}\"\n"),
+    )
+    .unwrap();
     let gate = Gate::start(&bed, &["--config", config.to_str().unwrap()]);
 
     // Answered requests fill the latency histograms; three held connections

@@ -220,7 +220,9 @@ fn forwarded_connections_are_never_judged() {
     let _remote_backend = Backend::start(&net.remote_ns, remote, Service::Echo).expect("remote backend");
     let _local_backend = Backend::start(&bed.server_ns, local, Service::Echo).expect("router's own service");
     // The router is gated on every interface (as the DaemonSet runs), port 8080, limit 1.
-    let _gate = Gate::attach(&["--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"]);
+    let _gate = Gate::attach(&[
+        "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst", "--count", "connections",
+    ]);
     // Six connections forwarded through the router to the remote server on the protected port.
     let forwarded: Vec<_> = testbed::run_in(&bed.client_ns, move || {
         (0..6).map(|_| testbed::connect(remote, Duration::from_secs(2))).collect::<Vec<_>>()
@@ -278,7 +280,9 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
     assert!(!status.success() && err.contains("no Ethernet header"), "{err}");
 
     // The whole namespace (no --iface): the tun device is left out with a warning, the rest gated.
-    let gate = Gate::attach(&["--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst"]);
+    let gate = Gate::attach(&[
+        "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst", "--count", "connections",
+    ]);
     let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(2))).unwrap();
     assert!(held.is_ok(), "first connection fits the limit");
 

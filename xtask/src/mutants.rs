@@ -26,8 +26,19 @@ use crate::{build_ebpf_with, cargo_command, run, workspace_root};
 const PROGRAM_TESTS: &[&str] = &["fuzz_decide", "prog_test_run"];
 /// The rest, with real connections through a gate (minutes): run only for a
 /// fault the program tests missed.
-const END_TO_END_TESTS: &[&str] =
-    &["e2e_soak", "e2e_tiers", "e2e_gate", "e2e_untrusted", "e2e_adaptive", "e2e_ops", "e2e_matrix"];
+const END_TO_END_TESTS: &[&str] = &[
+    "e2e_soak",
+    "e2e_tiers",
+    "e2e_hardening",
+    "e2e_gate",
+    "e2e_untrusted",
+    "e2e_adaptive",
+    "e2e_ops",
+    "e2e_matrix",
+    "e2e_scale",
+    "e2e_multiplexed",
+    "e2e_namespaces",
+];
 /// A fault can turn a bounded wait into a long one; past this a stage counts as caught.
 const STAGE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
