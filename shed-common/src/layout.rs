@@ -42,22 +42,29 @@ pub struct GateCounters {
 }
 const _: () = assert!(size_of::<GateCounters>() == 8 * gate_counter::COUNT);
 
-/// The last segment a CPU judged and passed: a digest of its flow, sequence
-/// numbers and kind, and when. A segment that crosses stacked devices (a
-/// bridge port then the bridge, a VLAN's lower device then the VLAN) meets
-/// the gate once per device, on the same CPU, microseconds apart; the second
-/// meeting finds it here and passes uncounted.
+/// The last segment a CPU judged and passed: its client, ports, sequence
+/// numbers and kind (compared whole: a digest could be matched by a crafted
+/// segment), and when. A segment that crosses stacked devices (a bridge port
+/// then the bridge, a VLAN's lower device then the VLAN) meets the gate once
+/// per device, on the same CPU, microseconds apart; the second meeting finds
+/// it here and passes uncounted.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LastPassed {
-    pub digest: u64,
     pub at_ns: u64,
+    pub client_addr: [u8; 16],
+    pub seq: u32,
+    pub ack_seq: u32,
+    pub client_port: u16,
+    pub server_port: u16,
     /// The interface it passed on: only a meeting on another one is the same
     /// segment crossing a stack (a repeat on the same interface is a new packet).
     pub ifindex: u32,
+    /// 1 for a SYN, 0 for an ACK.
+    pub syn: u32,
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<LastPassed>() == 24);
+const _: () = assert!(size_of::<LastPassed>() == 48);
 
 /// How long a passed segment is remembered: far longer than a segment takes
 /// from one stacked device to the next (microseconds), far shorter than any

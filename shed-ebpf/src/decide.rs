@@ -7,7 +7,6 @@
 //! current epoch's cell (judged again with the value it fetched, so racing
 //! CPUs cannot overshoot) and one stamp. A rejected SYN writes nothing but
 //! per-CPU counters (and, for a RST, the rate buckets).
-use aya_ebpf::helpers::bpf_ktime_get_ns;
 use shed_common::{
     ClientKey, HandshakeRing, HandshakeStamp, PortConfig, action, counter,
     handshake::{STAMP_PROBES, cell_of, flow_hash, live, stamp_index, stamp_state},
@@ -64,7 +63,7 @@ impl Port {
     /// lookup found our own request socket or listener for it, which covers
     /// AnyIP routes, TPROXY and addresses the table does not hold yet.
     #[inline(always)]
-    fn of(seg: &Segment, check_local: bool) -> Option<Self> {
+    fn of(seg: &Segment, check_local: bool, now_ns: u64) -> Option<Self> {
         let port = seg.server_port;
         // A miss means "not protected": pass.
         let config = port_config(port)?;
@@ -78,8 +77,6 @@ impl Port {
         let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
         let ring = SHED_HANDSHAKES.get_ptr_mut(slot)?;
         let counters = SHED_COUNTERS.get_ptr_mut(slot)?;
-        // SAFETY: reading the clock has no preconditions.
-        let now_ns = unsafe { bpf_ktime_get_ns() };
         Some(Self {
             slot,
             config,
@@ -239,13 +236,13 @@ impl Port {
 /// the handshake-completing ACK proves the source real ([`ack`]).
 /// Subprograms (not inlined), like [`ack`]: each needs much of the 512-byte stack.
 #[inline(never)]
-pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
+pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
     // The kernel never completes a handshake from an IPv4-mapped IPv6 source
     // (tcp_v6_conn_request drops it): nothing to judge, no tier to give it.
     if seg.is_ipv6 && is_ipv4_mapped(&seg.client_addr) {
         return Verdict::Pass;
     }
-    let Some(port) = Port::of(seg, true) else { return Verdict::Pass };
+    let Some(port) = Port::of(seg, true, now_ns) else { return Verdict::Pass };
     port.count(counter::SYN_SEEN);
     let tier = port.tier(seg);
     if tier == tier::EXEMPT {
@@ -287,7 +284,7 @@ pub fn syn(seg: &Segment, from_loopback: bool) -> Verdict {
 /// (`RST` with seq = its ack number, or dropped: the client retransmits).
 /// `ctx` is the program's context, for the kernel's socket lookup.
 #[inline(never)]
-pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> Verdict {
+pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_ns: u64) -> Verdict {
     if fault!("late_ack_unjudged") {
         return Verdict::Pass;
     }
@@ -299,7 +296,7 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool) -> V
     if !completes_handshake(seg, ctx) {
         return Verdict::Pass;
     }
-    let Some(port) = Port::of(seg, fault!("ack_needs_local_table")) else { return Verdict::Pass };
+    let Some(port) = Port::of(seg, fault!("ack_needs_local_table"), now_ns) else { return Verdict::Pass };
     let tier = port.tier(seg);
     if tier == tier::EXEMPT {
         port.count(counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
@@ -338,13 +335,6 @@ fn deferred_to_ack(config: &PortConfig, tier: u8) -> bool {
     config.tiered != 0 && tier < tier::LOW && !fault!("tier_judged_unverified")
 }
 
-/// A digest of what makes a segment this segment: flow, sequence numbers, kind.
-#[inline(always)]
-fn digest(seg: &Segment, syn: bool) -> u64 {
-    let seqs = seg.seq ^ seg.ack_seq.rotate_left(16);
-    ((u64::from(flow_of(seg)) << 32) | u64::from(seqs)) ^ u64::from(syn)
-}
-
 /// Whether this CPU passed this very segment a moment ago, on the device below
 /// (or above) this one: then it is passed again, uncounted and unreserved.
 #[inline(always)]
@@ -354,10 +344,15 @@ pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bo
     }
     let Some(last) = SHED_LAST_PASSED.get_ptr(0) else { return false };
     // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
-    let last = unsafe { *last };
-    last.digest == digest(seg, syn)
+    let last = unsafe { &*last };
+    last.seq == seg.seq
+        && last.ack_seq == seg.ack_seq
+        && last.client_port == seg.client_port
+        && last.server_port == seg.server_port
+        && last.syn == u32::from(syn)
         && last.ifindex != ifindex
         && now_ns.wrapping_sub(last.at_ns) < shed_common::STACKED_WITHIN_NS
+        && last.client_addr == seg.client_addr
 }
 
 /// Remembers a passed segment (see [`passed_already`]).
@@ -365,7 +360,19 @@ pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bo
 pub fn remember_passed(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) {
     if let Some(last) = SHED_LAST_PASSED.get_ptr_mut(0) {
         // SAFETY: per-CPU map value.
-        unsafe { *last = shed_common::LastPassed { digest: digest(seg, syn), at_ns: now_ns, ifindex, _pad: 0 } };
+        unsafe {
+            *last = shed_common::LastPassed {
+                at_ns: now_ns,
+                client_addr: seg.client_addr,
+                seq: seg.seq,
+                ack_seq: seg.ack_seq,
+                client_port: seg.client_port,
+                server_port: seg.server_port,
+                ifindex,
+                syn: u32::from(syn),
+                _pad: 0,
+            }
+        };
     }
 }
 

@@ -81,8 +81,9 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
             if decide::passed_already(seg, syn, now, ifindex) {
                 return Outcome::Pass;
             }
+            let loopback = ifindex == parse::LOOPBACK_IFINDEX;
             let verdict =
-                if syn { decide::syn(seg, bytes.from_loopback()) } else { decide::ack(seg, ctx, bytes.from_loopback()) };
+                if syn { decide::syn(seg, loopback, now) } else { decide::ack(seg, ctx, loopback, now) };
             if matches!(verdict, Verdict::Pass) {
                 decide::remember_passed(seg, syn, now, ifindex);
             }

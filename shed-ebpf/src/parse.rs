@@ -91,18 +91,14 @@ pub enum Parsed {
 /// multiplying (with direct packet access each length is a state of its own).
 pub trait LoadBytes {
     fn load<const N: usize>(&self, offset: usize) -> Option<[u8; N]>;
-    /// Whether the packet arrived on the loopback interface (read only when a
-    /// reset might be sent: a reset to a local address is for a local client there).
-    fn from_loopback(&self) -> bool {
-        self.ifindex() == LOOPBACK_IFINDEX
-    }
-    /// The interface the packet is on now (a stacked device's upper one
+    /// The interface the packet is on now (on loopback a reset to a local
+    /// address is for a local client there) (a stacked device's upper one
     /// differs from the lower one it crossed first).
     fn ifindex(&self) -> u32;
 }
 
 /// The loopback interface's index in every namespace.
-const LOOPBACK_IFINDEX: u32 = 1;
+pub const LOOPBACK_IFINDEX: u32 = 1;
 
 /// An XDP context.
 pub struct XdpBytes(pub *mut aya_ebpf::bindings::xdp_md);
