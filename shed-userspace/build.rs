@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Embeds the kernel object built by `cargo xtask build-ebpf`.
 //!
 //! Without it (a plain `cargo check`/`clippy` on a machine without

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The deployment files are valid for the tools that consume them.
 use std::{path::Path, process::Command};
 

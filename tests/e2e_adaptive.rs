@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Adaptive control on the real kernel: in-flight counts work rather than
 //! sockets, the latency probes land in the right buckets, and the limit
 //! follows a service that slows down and recovers. Needs root.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The gate end to end: the real `shedctl`, real kernel programs, real
 //! sockets between two network namespaces. Needs root.
 mod support;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What a client sends cannot take the gate down or shut it on an idle
 //! service: connections that send nothing hold no slot, a segment crossing
 //! stacked devices is judged once, the metrics endpoint outlives more idle

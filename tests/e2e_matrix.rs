@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The verifier and attach matrix: the programs load and gate under XDP
 //! (native and generic) and TC, on veth and on loopback, for IPv4 and IPv6.
 //! Needs root.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Multiplexed connections on the real kernel, with a real HTTP/2 server and
 //! client: nghttpx (HTTP/2 over cleartext) in front of a slow HTTP/1.1
 //! backend (4 workers x 20 ms), loaded by h2load with many concurrent streams

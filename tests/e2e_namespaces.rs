@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One daemon gating the same port in two network namespaces (two containers
 //! on one host, say): each namespace has its own limit and its own counts,
 //! `set --netns` changes one, and stats, metrics and top name the namespace.

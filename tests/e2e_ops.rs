@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Operating the gate: the Prometheus endpoint, `shedctl top` and the config
 //! file, end to end against the real kernel programs. Needs root.
 mod support;

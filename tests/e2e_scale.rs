@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Connections held by the thousand: the daemon's healing reads the socket
 //! table only when a pass is due (its idle cost does not grow with the
 //! connections held), and a full connection map fails open, counted, and is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Churn soak: many connections opened and closed every way there is, against
 //! a protected port. Afterwards the raw kernel counts balance exactly (every
 //! connection opened was closed, every busy spell ended, every handshake

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Client tiers end to end: several client addresses in the client namespace,
 //! the real `shedctl`, real sockets. Needs root.
 mod support;

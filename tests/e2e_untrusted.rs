@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Untrusted traffic end to end: forged SYN floods, late handshake
 //! completions, forwarded traffic, interfaces that come and go, ports that
 //! share a gate. The real `shedctl`, real kernel programs, real sockets

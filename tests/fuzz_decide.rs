@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Differential testing of the packet path: generated frames (valid and
 //! malformed) and gate states go through the loaded XDP and TC programs
 //! (BPF_PROG_TEST_RUN) and through the reference model in `shed_testkit::model`;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The XDP and TC programs run by the kernel on crafted frames
 //! (BPF_PROG_TEST_RUN): verdicts, counters, handshake reservations, what is
 //! judged behind extension headers, fragments and VLAN tags, and the RST reply

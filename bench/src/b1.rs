@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B1: what the gate's decision costs per packet, timed by the kernel
 //! (BPF_PROG_TEST_RUN) against an empty program on the same frames.
 use std::fmt::Write as _;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B2: rejection cost at the packet level. A raw-socket SYN generator in the
 //! client namespace floods the server veth; every SYN is rejected. CPU is
 //! read from /proc/stat over the whole flood (generator included, the same

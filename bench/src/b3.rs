@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B3: real clients. Non-blocking connect() clients, 64 attempts in flight,
 //! against (a) shed refusing every SYN with an RST and (b) a userspace server
 //! that accepts, answers 503 and closes: what an in-app limiter pays per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B4: goodput under overload, a new connection per request and a 1 s
 //! deadline, against no gate and static nftables caps.
 use std::fmt::Write as _;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B5: adaptation over time. Under open-loop load the backend slows 5x and
 //! recovers, then demand steps from 0.8x to 1.4x; limit, goodput and p99 in
 //! 100 ms bins, time to first shed or cut, and settling time per event.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B6: overhead on admitted traffic. Keep-alive clients in a closed loop
 //! through the protected port, with no gate, shed on XDP and shed on TC; the
 //! configurations alternate within each repeat so drift hits them alike.

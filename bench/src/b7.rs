@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B7: a spoofed SYN flood against a healthy service, at three round-trip
 //! times. Legitimate clients open one connection per request at 50 req/s
 //! with a 1 s deadline against a backend of 16 workers that answer in 1 ms;

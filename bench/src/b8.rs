@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B8: synchronized bursts from a real load generator. h2load opens each
 //! second's connections at once (`--h1 -r N -m 1 -T 1`: one HTTP/1.1 request
 //! per connection, 1 s to finish it), at 2x the capacity of a 4 x 20 ms

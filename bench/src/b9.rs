@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! B9: the daemon's cost against connections held. Idle keep-alive
 //! connections are opened to six protected ports, up to 100,000, and at each
 //! level the daemon's CPU and RSS over an idle stretch, the kernel memory of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the benchmarks share: the scale, the gate launcher, the kernel
 //! object, the quantiles and an nftables cap to compare against.
 use std::path::{Path, PathBuf};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `cargo xtask demo`: a backend of known capacity in a throwaway namespace,
 //! the gate in front of it, and open-loop load that rises above capacity;
 //! prints what the gate and the clients see, once a second.
@@ -28,7 +29,7 @@ const METRICS: &str = "127.0.0.1:9464";
 pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     let capacity = WORKERS as f64 / SERVICE.as_secs_f64();
     println!(
-        "demo: backend with {WORKERS} workers x {} ms = {capacity:.0} req/s capacity; adaptive gate (gradient) from limit {INITIAL_LIMIT}, action rst; {seconds} s\nphases: 0.5x load; 2x load; 2x load with the backend 5x slower; 2x load, backend recovered",
+        "demo: backend with {WORKERS} workers x {} ms = {capacity:.0} req/s capacity; adaptive gate (queue, the default) from limit {INITIAL_LIMIT}, action rst; {seconds} s\nphases: 0.5x load; 2x load; 2x load with the backend 5x slower; 2x load, backend recovered",
         SERVICE.as_millis()
     );
     let bed = Testbed::create("sheddemo").context("creating the demo namespaces")?;

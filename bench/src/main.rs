@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! shed-bench: the benchmarks (B1-B9) and the live demo, as their own binary
 //! so that `cargo xtask` compiles only what set-up needs. `cargo xtask bench`
 //! and `cargo xtask demo` build the kernel object, shedctl and this, then run

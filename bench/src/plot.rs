@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! PNG plots for the benchmark report (plotters, bitmap backend; text drawn
 //! with DejaVu Sans from Debian's fonts-dejavu-core, read at run time).
 use std::{path::Path, sync::Once};

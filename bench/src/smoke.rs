@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Smoke runs (root, after `cargo xtask build-ebpf`; run by `cargo xtask test`):
 //! every benchmark still measures what it reports. They write nothing under bench/.
 use std::path::{Path, PathBuf};

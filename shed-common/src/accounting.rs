@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! How the kernel's counters make a port's in-flight: one definition for the
 //! gate, the daemon and the tests.
 use crate::{PortState, UserPortState, count_mode};

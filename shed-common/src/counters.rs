@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The per-port and gate-wide counters, by index.
 
 /// Indices into [`PortCounters::values`].

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Handshake accounting without per-flow map inserts.
 //!
 //! An unverified SYN must not buy a slot for long: a forged source never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Log-linear latency buckets: four buckets per power of two of microseconds,
 //! so any value is within 25% of its bucket's bounds, from 1 us to 71 minutes
 //! in 128 buckets. Branchy integer code only: it runs in the kernel.

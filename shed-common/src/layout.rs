@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The layout of every map key and value, each `#[repr(C)]` with its size
 //! asserted, so the kernel and userspace read the same bytes.
 use core::mem::size_of;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Types shared by shed's kernel programs and its userspace.
 //!
 //! Everything that crosses the kernel/userspace boundary is defined here once:

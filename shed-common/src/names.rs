@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Names and sizes the kernel object and userspace agree on: every map and
 //! program by name, and the maps' capacities.
 

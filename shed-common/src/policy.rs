@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What an operator's settings mean to the gate: the limit's bounds, the
 //! reject actions, client tiers, what in-flight counts, the RST caps, and
 //! the rare paths the kernel may log.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! RST caps as a GCRA (generic cell rate algorithm): one 64-bit "theoretical
 //! arrival time" per bucket, so the kernel can update it with a single
 //! compare-and-swap and the cap holds exactly when CPUs race.

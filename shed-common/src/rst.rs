@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The TCP RST+ACK that answers a rejected SYN, built from fixed-size arrays so
 //! the same code runs in the kernel (unrolled, no bounds the verifier must
 //! prove) and in userspace tests.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the socket tracepoints report: TCP states and the layout of
 //! `sock:inet_sock_set_state`'s record.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! In-flight accounting and request latency, from socket tracepoints.
 //!
 //! A passive-open socket of a protected port is tracked from SYN_RECV ->

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! 64-bit atomics on map values. The BPF target has no `AtomicU64` methods
 //! (no compare-and-swap in its target description), so the intrinsics are
 //! called directly; they lower to `BPF_ATOMIC` instructions (kernel >= 5.12).

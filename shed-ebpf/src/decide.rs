@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! The admission decision, shared by the XDP and TC entry points.
 //!
 //! A SYN is judged only when it is addressed to this namespace and its port is

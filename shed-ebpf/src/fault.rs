@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! Deliberate faults, for mutation testing of the kernel programs only
 //! (`cargo xtask mutants --kernel`): each is a bug the test suite must catch.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! shed's kernel programs.
 //!
 //! - `shed_xdp` / `shed_tc`: the admission gate. Thin adapters over one
@@ -210,6 +211,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+/// The kernel programs are dual-licensed MIT or GPL-2.0, as aya's examples
+/// are: GPL-compatible, as the kernel asks of programs that call GPL-only
+/// helpers (the SYN-cookie check, `bpf_probe_read_kernel`).
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! The kernel maps. Names and layouts come from `shed_common`; the statics are
 //! named exactly like `shed_common::map::*` (the `#[map]` macro needs a literal).
 use aya_ebpf::{

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! Packet parsing: from a frame to the TCP segments the gate judges.
 //!
 //! The policy (docs/ARCHITECTURE.md, "What is judged"): every TCP segment the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! The kernel's word on its rare paths (a map full, a helper failing, a header
 //! it will not parse), through aya-log to the daemon's log.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 //! Turns a rejected segment into its reset reply, in place.
 use shed_common::rst::{
     IPV4_HEADER_LEN, IPV6_HEADER_LEN, Reset, TCP_HEADER_LEN, ipv4_header, ipv6_header, pseudo_sum_v4, pseudo_sum_v6,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A link with a round-trip time, for clients a real network's distance away.
 //!
 //! This kernel has neither netem nor fq, so the delay is made in userspace: a

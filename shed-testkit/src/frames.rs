@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Frames for BPF_PROG_TEST_RUN, built byte by byte (independently of the
 //! kernel code), and an independent Internet checksum to verify replies.
 #![allow(dead_code, reason = "each test binary uses a different part")]

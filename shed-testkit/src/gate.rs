@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Running the real `shedctl` against a testbed, and cleaning up after it.
 use std::{
     fs::File,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What shed's integration tests, benchmarks and demo share, kept out of the
 //! shipped library: throwaway network namespaces with backends and clients
 //! ([`testbed`]), a link with a round-trip time ([`delay`]), the reference model of the SYN policy ([`model`]), one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Reading a running gate's Prometheus endpoint.
 use std::{
     io::{Read as _, Write as _},

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A reference model of the gate's packet decision, written from the policy in
 //! docs/ARCHITECTURE.md ("What is judged"), independently of the kernel code
 //! (plain slices, no shared parser or RST builder), for differential testing:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Throwaway network namespaces, backends and clients for the end-to-end
 //! tests and the demo. Everything here cleans up after itself on drop, and
 //! every loop is bounded in time.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Library errors. Each says what went wrong and, where the operator can act,
 //! what to do about it.
 use std::{io, path::PathBuf};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! shed's userspace library, in layers; each imports only the layers above
 //! it in this list, never one below:
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl`: the daemon and the operator's CLI.
 use shed::{
     cli::Command,

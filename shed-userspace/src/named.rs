@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Options with a fixed set of names (a reject action, a hook, a limiter):
 //! one name each, the same on the command line, in the config file, in JSON
 //! and in logs. The CLI builds its parsers and completions from [`Named`], so

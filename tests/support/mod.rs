@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Shared helpers of the integration tests: the test kit's, and what only
 //! these tests need.
 #![allow(dead_code, reason = "each test binary uses a different part")]

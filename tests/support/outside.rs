@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! BPF_PROG_TEST_RUN frames that arrive on a real interface. The test runner
 //! otherwise presents every frame as arriving on loopback, where the gate
 //! (rightly) answers local sources; attackers' frames come from outside.

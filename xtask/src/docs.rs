@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Shell completions and man pages, written by the shedctl binary itself
 //! (`shedctl completions`, `shedctl man`) so they never drift from the real
 //! flags, and xtask needs none of shed's crates to install them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `cargo xtask image`: the OCI image, without a Docker daemon: a static
 //! shedctl (glibc, `crt-static`) on `scratch`, built by podman (buildah
 //! inside) from deploy/image/Containerfile and tagged `localhost/shed:VERSION`,

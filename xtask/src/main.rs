@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `cargo xtask`: everything the project needs, from a fresh machine to a
 //! running demo, with no hand-run step.
 mod docs;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `cargo xtask mutants`: does the test suite catch a broken gate?
 //!
 //! - Without `--kernel`: cargo-mutants over the pure-logic modules (the list

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `cargo xtask package`: a Debian package that installs without Rust:
 //! `/usr/bin/shedctl`, the systemd unit, `/etc/shed/shed.toml` (a conffile),
 //! man pages and bash, zsh and fish completions, built with `dpkg-deb` from
@@ -47,6 +48,7 @@ pub fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
     let doc = share.join("doc/shed");
     fs::create_dir_all(&doc)?;
     fs::copy(repo.join("README.md"), doc.join("README.md"))?;
+    fs::write(doc.join("copyright"), copyright(&fs::read_to_string(repo.join("LICENSE-MIT"))?))?;
     let debian = root.join("DEBIAN");
     fs::create_dir_all(&debian)?;
     let installed_kib = du_kib(&root)?;
@@ -60,6 +62,19 @@ pub fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
     let deb = out.join(format!("{name}.deb"));
     run(Command::new("dpkg-deb").args(["--root-owner-group", "--build"]).arg(&root).arg(&deb))?;
     Ok(deb)
+}
+
+/// The package's machine-readable copyright file (DEP-5), as Debian policy
+/// asks of every package: the userspace under MIT or Apache-2.0, the kernel
+/// programs embedded in shedctl under MIT or GPL-2.0.
+fn copyright(mit: &str) -> String {
+    let indent = |text: &str| {
+        text.lines().map(|l| if l.trim().is_empty() { " .".to_owned() } else { format!(" {l}") }).collect::<Vec<_>>().join("\n")
+    };
+    format!(
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: shed\nSource: https://github.com/shed/shed\n\nFiles: *\nCopyright: 2026 the shed developers\nLicense: MIT or Apache-2.0\n\nFiles: shed-ebpf/*\nCopyright: 2026 the shed developers\nComment: the kernel programs, embedded in /usr/bin/shedctl and loaded into the kernel\nLicense: MIT or GPL-2\n\nLicense: MIT\n{}\n\nLicense: Apache-2.0\n On Debian systems the full text of the Apache License 2.0 is in\n /usr/share/common-licenses/Apache-2.0.\n\nLicense: GPL-2\n On Debian systems the full text of the GNU General Public License\n version 2 is in /usr/share/common-licenses/GPL-2.\n",
+        indent(mit)
+    )
 }
 
 fn du_kib(dir: &Path) -> Result<u64> {
@@ -106,6 +121,7 @@ mod tests {
             "./usr/share/bash-completion/completions/shedctl",
             "./usr/share/zsh/vendor-completions/_shedctl",
             "./usr/share/fish/vendor_completions.d/shedctl.fish",
+            "./usr/share/doc/shed/copyright",
         ] {
             assert!(contents.contains(file), "{file} in:\n{contents}");
         }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `cargo xtask setup`: idempotent; says what it did and fails with the step that could not be done.
 use std::{path::Path, process::Command};
 

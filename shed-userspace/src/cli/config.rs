@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl attach --config FILE`: a TOML file that says what the attach flags
 //! say, one key per flag (`min-limit = 4` is `--min-limit 4`; the repeatable
 //! ones are lists: `ports`, `ifaces`, and the `[tiers]` table).

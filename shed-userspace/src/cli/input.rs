@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Parsing and validation of operator input. Pure functions, used by clap's
 //! value parsers so a bad value is refused before anything is touched.
 use std::{str::FromStr, time::Duration};

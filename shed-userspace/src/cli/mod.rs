@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The `shedctl` command line (clap derive). Every flag documents itself and
 //! validates its value before anything is changed.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Client tiers: parsing and checking what operators write (CIDRs, tier
 //! names, shares, tier files). Pure functions; the maps are written elsewhere.
 //!

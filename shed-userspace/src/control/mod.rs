@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Adaptive concurrency control: plain structs, no I/O and no clock of their
 //! own. The daemon (and the simulation) feed one [`WindowSample`] per control
 //! window and write back the [`Decision`]'s limit.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Tier hold-back: how much of the limit lower tiers leave to a higher tier
 //! that is being rejected (the kernel applies it from `shed_common::TierReserve`).
 use shed_common::tier;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A deterministic discrete-event simulation of a gated service, to test the
 //! controllers against known capacity: a server with a fixed number of
 //! workers and exponential service times, open-loop Poisson arrivals (or

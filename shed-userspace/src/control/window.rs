@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One control window's figures, built in one place from two snapshots of a
 //! port's latency histograms (the window is their difference).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! An audit line for every live change. `shedctl set`, `tier` and `detach`
 //! note who asks (uid, pid, the command line) in a file beside the pid file
 //! just before they write the maps; the daemon, which sees every change

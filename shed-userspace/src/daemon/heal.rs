@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Drift healing: the kernel's counts are kept by events, and an event that
 //! never arrives (a socket established before the gate, a connection the full
 //! map could not track, a missed close) would skew them for good. A healing

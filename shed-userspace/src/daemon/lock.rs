@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The daemon's one-per-host lock and its pins: who holds the gate, and
 //! removing what a daemon leaves.
 use std::{

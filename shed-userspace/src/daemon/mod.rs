@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The daemon's life: one gate per host, guarded by a lock file; a control
 //! loop that runs the controllers, sizes each port's handshake window, keeps
 //! the namespace's addresses and interfaces covered; and a clean exit that

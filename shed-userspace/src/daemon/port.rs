@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One port's control: each window it reads the maps, builds the window's
 //! figures, asks the controller, and writes the limit and status back; and
 //! the handshake window each port's reservations last.
@@ -41,6 +42,8 @@ pub(super) struct PortControl {
     pressed_before: bool,
     listen_drops_total: u64,
     last_reason: Option<Reason>,
+    /// When a changed limit was last logged at INFO (at most one a second).
+    last_info: Option<Instant>,
     windows: u64,
     /// Quiet windows whose samples were carried into the current one.
     carried: u32,
@@ -77,6 +80,7 @@ impl PortControl {
             pressed_before: false,
             listen_drops_total: 0,
             last_reason: None,
+            last_info: None,
             windows: 0,
             carried: 0,
             reserve: TierHoldBack::default(),
@@ -229,23 +233,38 @@ impl PortControl {
         self.carried = 0;
     }
 
-    /// One line each time the reason changes, not one per window. A window too
-    /// thin to judge is not a change of reason.
+    /// A line at INFO when the limit changes, at most one a second per port;
+    /// every other judged window (a new reason, a held limit, a change within
+    /// the second) at DEBUG. Every window is counted in the metrics anyway. A
+    /// window too thin to judge is not logged.
     fn log_decision(&mut self, decision: &Decision, reading: &Reading, sample: &WindowSample) {
-        if decision.reason == Reason::TooFewSamples || self.last_reason == Some(decision.reason) {
+        if decision.reason == Reason::TooFewSamples {
             return;
         }
+        let changed = decision.limit != reading.snapshot.limit;
+        let quiet = self.last_info.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+        let new_reason = self.last_reason != Some(decision.reason);
         self.last_reason = Some(decision.reason);
-        tracing::info!(
-            port = self.port,
-            limit = decision.limit,
-            previous = reading.snapshot.limit,
-            reason = %decision.reason.name(),
-            observed_us = sample.latency_us,
-            baseline_us = self.controller.baseline_us(),
-            in_flight = sample.in_flight,
-            "limit decision"
-        );
+        macro_rules! line {
+            ($level:ident) => {
+                tracing::$level!(
+                    port = self.port,
+                    limit = decision.limit,
+                    previous = reading.snapshot.limit,
+                    reason = %decision.reason.name(),
+                    observed_us = sample.latency_us,
+                    baseline_us = self.controller.baseline_us(),
+                    in_flight = sample.in_flight,
+                    "limit decision"
+                )
+            };
+        }
+        if changed && !quiet {
+            self.last_info = Some(Instant::now());
+            line!(info);
+        } else if changed || new_reason {
+            line!(debug);
+        }
     }
 
     /// What `shedctl stats` shows of the window just judged.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the daemon's loops publish for the metrics endpoint: decisions
 //! counted per port and reason, periodic tasks' failures, and a heartbeat per loop.
 use std::{

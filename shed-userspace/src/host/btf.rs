@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Just enough of the kernel's BTF to find a struct member's byte offset, so
 //! the socket tracepoints can read a socket's network namespace on the
 //! running kernel without compiled-in struct layouts (aya-obj keeps its BTF

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The host as the gate finds it: capabilities, mounts, network namespaces,
 //! interfaces and their drivers, the kernel's BTF, the socket table through
 //! sock_diag, TCP counters, and the paths where the gate keeps its state.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The namespace's TCP counters, as `/proc/net/netstat` shows them.
 
 /// Parses `ListenDrops` (which includes overflows) out of /proc/net/netstat.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Where the gate keeps its state on the host. Every path is defined here.
 use std::path::{Path, PathBuf};
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The kernel's table of TCP connections, asked through NETLINK_SOCK_DIAG
 //! (what `ss` uses): the kernel filters by state and answers in binary
 //! records, instead of printing the namespace's whole table as text

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Facts about the host the gate needs before it changes anything:
 //! privileges, mounted filesystems, interfaces, the tracepoint's layout, and
 //! the network namespace to work in.

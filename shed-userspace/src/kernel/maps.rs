@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Typed handles on the gate's maps, opened from a loaded object or from the
 //! pins of a running gate. Every reader and writer of maps goes through here.
 use std::{collections::BTreeMap, fs, path::Path};

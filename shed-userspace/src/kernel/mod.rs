@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The kernel side as userspace holds it: the embedded object and how it is
 //! loaded ([`object`]), its programs and where they attach ([`programs`]),
 //! the typed maps, pinned or fresh ([`maps`]), and the options the maps hold

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The kernel object embedded at build time (see `build.rs`).
 use std::path::Path;
 

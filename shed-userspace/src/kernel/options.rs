@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What an operator chooses for the kernel side of a port, as the maps hold
 //! it: the reject action, the hook, what in-flight counts, how XDP runs, and
 //! client networks (CIDRs) for tiers. Parsing them from text is the CLI's.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Loading the kernel programs and attaching them. Used by the daemon, and by
 //! the tests that run the programs with BPF_PROG_TEST_RUN.
 use std::path::Path;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The daemon's HTTP endpoint (`shedctl attach --metrics ADDR`), on axum and
 //! tokio in a thread of its own: `/metrics` (Prometheus), `/healthz` (the
 //! control loop and the gate's maps are alive) and `/readyz` (not ready while

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The Prometheus endpoint (`shedctl attach --metrics ADDR`): every scrape
 //! reads the pinned maps and encodes them with `prometheus-client` in the
 //! Prometheus text format. The values are those of `shedctl stats --json`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What operators read of a running gate: [`stats`] (one port's figures from
 //! a map snapshot, for `stats`, `top` and the metrics), [`metrics`]
 //! (Prometheus), [`endpoint`] (the HTTP server: /metrics, /healthz,

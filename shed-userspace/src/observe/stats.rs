@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What `shedctl stats` reports, computed from map snapshots. The JSON form
 //! (serde on these structs) is a stable interface for scripts.
 use std::{collections::BTreeMap, time::Duration};

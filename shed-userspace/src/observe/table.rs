@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Human-readable output. `--json` output comes from serde on the same structs.
 use std::fmt::Write as _;
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl top`: a live terminal view of every protected port, read from
 //! the pinned maps (the daemon does not take part). Per port: limit and
 //! in-flight over time on one scale, shed rate by tier and by reason, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One name per setting and per counter, wherever an operator meets it.
 //!
 //! The rules (docs/OPERATIONS.md, "One vocabulary", shows the table):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl attach`: check everything, then load, attach, pin and run.
 use std::{fs, path::Path, time::Duration};
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl config save`: writes the running gate's live settings (after any
 //! `set` and `tier` changes) back to a config file, keeping the file's keys
 //! the maps do not hold (interfaces, hook, namespace, metrics, ...). A config

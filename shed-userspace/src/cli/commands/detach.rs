@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl detach`: stop gating one port, or stop the gate.
 use std::{
     path::Path,

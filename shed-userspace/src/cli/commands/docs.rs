@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl completions` and `shedctl man`: generated from the clap
 //! definitions, so they never drift from the real flags, and available from
 //! the binary alone (a package or an image has no cargo).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One module per `shedctl` verb, each with an `execute` function.
 pub mod attach;
 pub mod config_save;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! SIGHUP: `attach` re-reads its config file (merged under the same command
 //! line, as at start) and applies what can change live: every port's action,
 //! dry-run, count, client cap, RST caps and limiter settings, and the client

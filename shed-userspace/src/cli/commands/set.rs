@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl set`: change a protected port's settings live.
 use shed_common::{ControlConfig, PortConfig};
 

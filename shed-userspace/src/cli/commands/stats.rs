@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl stats`: read the pinned maps of the running gate.
 use std::{io::Write as _, thread, time::Instant};
 

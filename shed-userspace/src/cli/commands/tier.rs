@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl tier add|rm|ls`: client tiers of the running gate.
 use crate::{
     cli::TierCommand,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl top`: the live view over the pinned maps.
 use std::time::{Duration, Instant};
 
