@@ -19,7 +19,7 @@ use std::{
 use shed_testkit::{
     gate::Log,
     metrics::http_get,
-    testbed::{self, Backend, OpenLoop, Outcome, Service, Testbed},
+    testbed::{self, Backend, Service, Testbed},
 };
 use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
 
@@ -28,15 +28,6 @@ const PORT: u16 = 8080;
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
     assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
-
-/// Answered share of `per_sec` requests a second for `seconds` from the client namespace.
-fn goodput(bed: &Testbed, addr: SocketAddr, per_sec: u64, seconds: u64) -> (f64, usize) {
-    let load = OpenLoop::start(&bed.client_ns, addr, Arc::new(AtomicU64::new(per_sec)), Duration::from_secs(1));
-    thread::sleep(Duration::from_secs(seconds));
-    let outcomes = load.finish();
-    let answered = outcomes.iter().filter(|o| matches!(o, Outcome::Answered(_))).count();
-    (answered as f64 / outcomes.len().max(1) as f64, outcomes.len())
 }
 
 /// 60 connections from one client that send nothing took a port with
@@ -68,7 +59,7 @@ fn connections_that_send_nothing_hold_no_slot() {
         field(s, "established") == 60 && field(s, "in_flight") == 0
     });
     assert_eq!(field(&s, "admitted"), 60, "{s}");
-    let (share, requests) = goodput(&bed, addr, 50, 2);
+    let (share, requests) = testbed::goodput(&bed.client_ns, addr, 50, 2, || {});
     println!("60 idle connections held: legit goodput {:.1}% of {requests} requests", share * 100.0);
     assert!(share >= 0.99, "idle connections took goodput to {share:.3}");
     // One byte of a request (a partial request) is work owed: it counts.
@@ -130,9 +121,10 @@ fn a_segment_crossing_stacked_devices_is_judged_once() {
     }
 }
 
-/// More idle clients on the metrics endpoint than the daemon has files (a soft
-/// limit of 256 here): the daemon stays up, a scrape and `/healthz` still
-/// answer within a second, and the gate keeps judging.
+/// More idle clients on the metrics endpoint than the daemon has files
+/// (systemd's default soft limit of 1,024; 1,072 idle clients ended the
+/// daemon): the daemon stays up, a scrape and `/healthz` still answer within
+/// a second, and the gate keeps judging.
 #[test]
 fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
     let _one = exclusive();
@@ -151,18 +143,22 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
     .expect("launch");
     // The daemon's soft file limit, as a tight unit would set it.
     let out = Command::new("prlimit")
-        .args(["--pid", &gate.pid().to_string(), "--nofile=256:4096"])
+        .args(["--pid", &gate.pid().to_string(), "--nofile=1024:4096"])
         .output()
         .expect("prlimit (util-linux)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // 600 clients connect and send nothing (more than the 256 files the daemon may open).
+    // 1,100 clients connect and send nothing (more than the 1,024 files the daemon may
+    // open); this process needs the files for them.
+    let limit = libc::rlimit { rlim_cur: 8192, rlim_max: 8192 };
+    // SAFETY: a valid rlimit; raising our own limit as root.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0, "raise this test's file limit");
     let mut idle = Vec::new();
-    for _ in 0..600 {
+    for _ in 0..1_100 {
         if let Ok(c) = TcpStream::connect_timeout(&endpoint.parse().unwrap(), Duration::from_secs(1)) {
             idle.push(c);
         }
     }
-    assert!(idle.len() >= 300, "the idle clients connected: {}", idle.len());
+    assert!(idle.len() >= 1_000, "the idle clients connected: {}", idle.len());
     for _ in 0..3 {
         let started = Instant::now();
         let (status, body) = http_get(endpoint, "/metrics");
@@ -183,7 +179,8 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
         })
         .filter(|&closed| closed)
         .count();
-    assert!(closed >= idle.len() * 9 / 10, "{closed} of {} idle clients closed", idle.len());
+    // All but the endpoint's 128 newest (its cap); the scrapes above took a few of those places.
+    assert!(closed + 128 >= idle.len(), "{closed} of {} idle clients closed", idle.len());
     // Still gating: one connection fits, the second is refused.
     let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap();
     assert!(held.is_ok(), "{}", gate.log());

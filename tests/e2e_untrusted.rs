@@ -16,7 +16,7 @@ use std::{
 use shed_testkit::{
     delay::DelayedLink,
     metrics::http_get,
-    testbed::{self, Backend, OpenLoop, Outcome, RawSender, Service, SynAckCapture, Testbed, tcp_segment},
+    testbed::{self, Backend, Outcome, RawSender, Service, SynAckCapture, Testbed, tcp_segment},
 };
 use support::gate::{Gate, exclusive, field, shedctl, stats};
 
@@ -50,20 +50,6 @@ fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
     }
 }
 
-/// Answered share of `per_sec` requests a second for `seconds` from `ns` to `addr`, while `during` runs.
-fn goodput_from(ns: &str, addr: SocketAddr, per_sec: u64, seconds: u64, during: impl FnOnce()) -> (f64, usize) {
-    let rate = Arc::new(AtomicU64::new(per_sec));
-    let load = OpenLoop::start(ns, addr, rate, Duration::from_secs(1));
-    let start = Instant::now();
-    during();
-    if let Some(rest) = Duration::from_secs(seconds).checked_sub(start.elapsed()) {
-        thread::sleep(rest);
-    }
-    let outcomes = load.finish();
-    let answered = outcomes.iter().filter(|o| matches!(o, Outcome::Answered(_))).count();
-    (answered as f64 / outcomes.len().max(1) as f64, outcomes.len())
-}
-
 /// Forged SYNs hold nothing, however far away the real clients are: clients
 /// 50 ms away (a delayed link) keep their goodput under a forged flood that
 /// took them to 6% when a SYN held a reservation for a window that grew with
@@ -93,14 +79,14 @@ fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip() {
     .unwrap();
     let Outcome::Answered(rtt) = ping else { panic!("a far client is answered: {ping:?}") };
     assert!(rtt >= Duration::from_millis(100), "connect + request + answer take two round trips of 50 ms: {rtt:?}");
-    let (warm, _) = goodput_from(&far.far_ns, far.server_addr(PORT), 50, 2, || {});
+    let (warm, _) = testbed::goodput(&far.far_ns, far.server_addr(PORT), 50, 2, || {});
     assert!(warm >= 0.99, "no flood yet: {warm}");
     let before = stats(PORT);
     let server = bed.server_v4;
     let ns = bed.client_ns.clone();
     let mut sent = 0;
     let mut unready = 0;
-    let (goodput, requests) = goodput_from(&far.far_ns, far.server_addr(PORT), 50, 4, || {
+    let (goodput, requests) = testbed::goodput(&far.far_ns, far.server_addr(PORT), 50, 4, || {
         let flood = testbed::spawn_in(&ns, move || {
             testbed::syn_flood_at(server, PORT, 2_000, Duration::from_secs(4), |i| forged(i, false))
         });

@@ -307,11 +307,7 @@ pub struct SockEntry {
     /// 1 if the port counted [`count_mode::MULTIPLEXED`] when the connection
     /// was accepted: queue-wait samples per read, busy until closed.
     pub multiplexed: u8,
-    /// 1 while the connection's admission reservation is still held: in
-    /// `work` mode, from ESTABLISHED until its first bytes arrive (then it is
-    /// busy) or it closes; an idle connection lets it lapse and holds nothing.
-    pub reserved: u8,
-    pub _pad2: [u8; 2],
+    pub _pad2: [u8; 3],
 }
 const _: () = assert!(size_of::<SockEntry>() == 80);
 

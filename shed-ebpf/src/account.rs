@@ -10,8 +10,7 @@
 //! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
 //! byte (`sock_send_length`). A connection is busy from a request's arrival
 //! until it answers; one that has sent nothing, or an idle keep-alive one, is
-//! not (in `work` mode it holds its admission reservation until its first
-//! bytes arrive, or the reservation's window ends).
+//! not.
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
 //!
 //! A connection of a multiplexed port ([`count_mode::MULTIPLEXED`]) carries
@@ -77,9 +76,6 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             if entry.capped != 0 && !fault!("client_not_released") {
                 client_release(&ClientKey { slot: entry.slot, addr: entry.client });
             }
-            if entry.reserved != 0 {
-                release(entry.slot, &entry.flow);
-            }
         }
         return Ok(());
     }
@@ -117,10 +113,8 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     // The connection is counted first and its handshake released after, so it is
     // never in neither count.
     let client = config.client_key(&client_addr);
-    // `work` mode: a connection owes work once its first bytes arrive; until
-    // then it keeps the reservation its ACK took (so a burst of handshakes
-    // cannot overshoot before their requests land), and one that sends
-    // nothing lets it lapse and holds no slot. The other modes count it now.
+    // `work` mode: a connection owes work once its first bytes arrive (an
+    // idle one holds no slot); the other modes count it from now.
     let work = config.count_mode == count_mode::WORK && !fault!("idle_counted_busy");
     let mut entry = SockEntry {
         slot,
@@ -132,8 +126,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         client: client.addr,
         flow: key,
         multiplexed: u8::from(config.count_mode == count_mode::MULTIPLEXED),
-        reserved: u8::from(work),
-        _pad2: [0; 2],
+        _pad2: [0; 3],
     };
     if config.client_cap != 0 {
         if client_add(&client) {
@@ -143,7 +136,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             crate::rare::client_map_full(slot);
         }
     }
-    let tracked = match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
+    match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             if entry.busy != 0 {
                 // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
@@ -151,7 +144,6 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             }
             // SAFETY: as above.
             atomic_add(unsafe { &raw mut (*state).opened }, 1);
-            true
         }
         Err(err) => {
             if entry.capped != 0 {
@@ -164,13 +156,10 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
                 count(slot, counter::CONNECTION_MAP_FULL);
                 crate::rare::connection_map_full(slot);
             }
-            false
         }
-    };
-    // An untracked connection releases now (nothing would later).
-    if !(work && tracked) {
-        release(slot, &key);
     }
+    // Counted first, released after: never in neither count.
+    release(slot, &key);
     Ok(())
 }
 
@@ -239,11 +228,6 @@ pub fn on_data_ready(sk: u64) {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
         }
-    }
-    // Busy first, then the reservation goes: never in neither count.
-    if entry.reserved != 0 {
-        entry.reserved = 0;
-        release(entry.slot, &entry.flow);
     }
 }
 

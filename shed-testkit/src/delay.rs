@@ -17,7 +17,6 @@ use std::{
     io::{self, Read, Write},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     os::fd::AsRawFd,
-    process::Command,
     sync::{
         Arc, Condvar, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -26,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::testbed::run_in;
+use crate::testbed::{ip, run_in};
 
 /// `TUNSETIFF` (linux/if_tun.h): `_IOW('T', 202, int)`.
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
@@ -48,18 +47,6 @@ pub struct DelayedLink {
     pub relayed: Arc<[AtomicU64; 2]>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
-}
-
-fn ip(args: &[&str]) -> io::Result<()> {
-    let out = Command::new("ip").args(args).output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
 }
 
 /// Opens a new TAP device `name` in the calling thread's namespace.

@@ -27,7 +27,8 @@ pub struct Testbed {
     pub server_v6: Ipv6Addr,
 }
 
-fn ip(args: &[&str]) -> io::Result<()> {
+/// Runs `ip` with `args`; its stderr is the error.
+pub(crate) fn ip(args: &[&str]) -> io::Result<()> {
     let out = Command::new("ip").args(args).output()?;
     if !out.status.success() {
         return Err(io::Error::other(format!(
@@ -341,6 +342,21 @@ pub fn request(addr: SocketAddr, deadline: Duration) -> Outcome {
         Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Outcome::TimedOut,
         Err(_) => Outcome::Failed,
     }
+}
+
+/// The answered share of `per_sec` requests a second (each on a new
+/// connection, 1 s deadline) made from `ns` to `addr` for `seconds`, while
+/// `during` runs; and how many requests that was.
+pub fn goodput(ns: &str, addr: SocketAddr, per_sec: u64, seconds: u64, during: impl FnOnce()) -> (f64, usize) {
+    let load = OpenLoop::start(ns, addr, Arc::new(AtomicU64::new(per_sec)), Duration::from_secs(1));
+    let start = Instant::now();
+    during();
+    if let Some(rest) = Duration::from_secs(seconds).checked_sub(start.elapsed()) {
+        thread::sleep(rest);
+    }
+    let outcomes = load.finish();
+    let answered = outcomes.iter().filter(|o| matches!(o, Outcome::Answered(_))).count();
+    (answered as f64 / outcomes.len().max(1) as f64, outcomes.len())
 }
 
 /// Open-loop load: requests on new connections at a rate (per second,

@@ -289,8 +289,7 @@ impl Healer {
                 client: config.client_key(&flow.client_addr).addr,
                 flow: *flow,
                 multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
-                reserved: 0,
-                _pad2: [0; 2],
+                _pad2: [0; 3],
             };
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
             const BPF_NOEXIST: u64 = 1;

@@ -364,7 +364,7 @@ impl Collector for Scrape {
         family(
             &mut e,
             "shed_in_flight",
-            "What the limit is compared with: pending handshakes plus busy (count=work) or established (count=connections) connections.",
+            "What the limit is compared with: admissions not yet at work plus busy (count=work) or established (count=connections) connections.",
             Gauge,
             per_port(&|s| s.in_flight),
         )?;
