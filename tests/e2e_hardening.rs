@@ -136,7 +136,7 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
         std::path::Path::new(&support::gate::shedctl_path()),
         &[
             "--netns", &bed.server_ns, "--iface", &bed.server_if, "--port", "8080", "--limit", "1", "--action", "rst",
-            "--metrics", endpoint,
+            "--count", "connections", "--metrics", endpoint,
         ],
         Log::Capture,
     )

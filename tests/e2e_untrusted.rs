@@ -311,7 +311,7 @@ fn a_flooded_dry_run_port_leaves_the_other_ports_alone() {
     let _b2 = Backend::start(&bed.server_ns, other, Service::Echo).expect("backend");
     // Both ports share the gate; 8081 is in dry-run (admits everything it sees).
     let _gate =
-        Gate::start(&bed, &["--port", "8080", "--port", "8081", "--limit", "5", "--action", "rst", "--dry-run"]);
+        Gate::start(&bed, &["--port", "8080", "--port", "8081", "--limit", "5", "--action", "rst", "--dry-run", "--count", "connections"]);
     let out = shedctl(&["set", "--port", "8080", "--dry-run", "off"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let server = bed.server_v4;
