@@ -8,9 +8,8 @@
 //!
 //! Per request turn (keep-alive connections have many), from raw tracepoints:
 //! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
-//! byte (`sock_send_length`). A connection is busy from a request's arrival
-//! until it answers; one that has sent nothing, or an idle keep-alive one, is
-//! not.
+//! byte (`sock_send_length`). A connection is busy from acceptance, or from a
+//! request's arrival, until it answers; an idle keep-alive connection is not.
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
 //!
 //! A connection of a multiplexed port ([`count_mode::MULTIPLEXED`]) carries
@@ -113,13 +112,13 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     // The connection is counted first and its handshake released after, so it is
     // never in neither count.
     let client = config.client_key(&client_addr);
-    // `work` mode: a connection owes work once its first bytes arrive (an
-    // idle one holds no slot); the other modes count it from now.
-    let work = config.count_mode == count_mode::WORK && !fault!("idle_counted_busy");
+    // Accepted and not yet answered: busy (a server-first protocol answers
+    // before any request; a burst of connections whose requests follow a
+    // moment later must not overshoot the limit meanwhile).
     let mut entry = SockEntry {
         slot,
         port: local_port,
-        busy: u8::from(!work),
+        busy: 1,
         capped: 0,
         arrival_ns: 0,
         pickup_ns: 0,

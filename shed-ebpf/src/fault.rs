@@ -32,7 +32,6 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("stamp_wrong_key", "the admission stamp is written under another port's slot"),
     ("close_not_counted", "a busy connection's close is not counted as closed"),
     ("send_not_counted", "an answer does not end the connection's busy time"),
-    ("idle_counted_busy", "a connection that has sent nothing counts as busy (work mode)"),
     ("client_not_released", "a capped client's closed connection is not released"),
     ("handshake_not_released", "a completed handshake keeps its reservation"),
     ("latency_bucket_shifted", "latency samples land one histogram bucket too high"),

@@ -109,7 +109,7 @@ impl Named for Count {
     fn help(self) -> &'static str {
         match self {
             Self::Work => {
-                "Work in the service: connections owing an answer (ones that have sent nothing, or idle keep-alive ones, do not count)"
+                "Work in the service: admissions not yet established plus connections owing an answer (idle keep-alive ones do not count)"
             }
             Self::Connections => "Open connections, for protocols whose request turns cannot be seen",
             Self::Multiplexed => {
