@@ -299,10 +299,14 @@ const TIERS: [(&str, u8); 5] = [
 
 #[test]
 fn kernel_and_model_agree_on_every_frame() {
-    let cases: u32 = std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    let cases: u32 = std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4_000);
     // Frames arrive on a real interface, not loopback (the test runner's default),
     // as an attacker's would: replies to this host's own addresses are then withheld.
     let (_bed, ifindex) = support::outside::enter("shedfz");
+    // A listener on the protected port (both families): every fuzzed ACK to it takes the
+    // gate's handshake path (the socket lookup finds the listener, the cookie check runs)
+    // and, carrying no valid cookie, must pass untouched and uncounted.
+    let _listener = std::net::TcpListener::bind(("::", PORT)).expect("listen on the protected port");
     // The trickle's clock is a per-CPU count carried from case to case: stay on one CPU.
     support::pin_to_cpu(0);
     let skb_ctx = support::outside::skb_ctx(ifindex);

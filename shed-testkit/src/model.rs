@@ -18,8 +18,10 @@
 //!   ESP, no-next-header and other protocols pass.
 //! - TCP: SYN without ACK, RST or FIN is judged; SYN+FIN passes (a Linux
 //!   listener discards it); an ACK is judged only if it completes a handshake
-//!   (the kernel's socket lookup finds a request socket or a valid cookie; not
-//!   modelled: the harness's namespace has no listener, so every ACK passes).
+//!   (the kernel's socket lookup finds a request socket, or the listener and a
+//!   valid cookie). The harness's namespace has a listener on the port and no
+//!   handshake under way, and a fuzzed ACK carries no valid cookie: every ACK
+//!   passes, untouched and uncounted.
 //! - An IPv6 SYN from an IPv4-mapped source passes unjudged (the kernel never
 //!   completes such a handshake).
 //! - Only a SYN addressed to one of the namespace's addresses (or loopback) is
