@@ -316,3 +316,43 @@ fn drift_on_a_busy_port_is_corrected_while_connections_churn() {
     let s = wait_for_stats(PORT, Duration::from_secs(5), "back to nothing held", |s| field(s, "established") == 0);
     assert_eq!(field(&s, "drift_corrected"), 5, "exactly the phantom five: {s}");
 }
+
+/// Idle is not work: one client opens 60 connections to a keep-alive backend
+/// (idle connections cost it a parked thread) and sends nothing, at `--limit
+/// 50` in `work` mode. They counted as busy until answered, so they held the
+/// limit and legitimate clients got 0%; now a connection that has sent
+/// nothing counts only for the idle grace (about half a second). A partial
+/// request still counts: it is work the server owes.
+#[test]
+fn connections_that_send_nothing_do_not_hold_the_limit() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhi").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let service_us = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "50", "--action", "rst"]);
+    let idle: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
+        (0..60).filter_map(|_| testbed::connect(addr, Duration::from_secs(1)).ok()).collect()
+    })
+    .unwrap();
+    let (share, requests) = testbed::goodput(&bed.client_ns, addr, 50, 10, || {});
+    let s = stats(PORT);
+    println!("60 idle connections held ({} connected), limit 50: goodput {share:.3} of {requests}; {s}", idle.len());
+    assert!(idle.len() >= 50, "the idle client got its connections: {}", idle.len());
+    assert!(share >= 0.85, "legitimate clients are served beside idle connections: {share:.3} of {requests}; {s}");
+    assert!(field(&s, "idle_expired") >= 50, "the idle connections stopped counting: {s}");
+    assert!(field(&s, "established") >= 50, "while they are still open: {s}");
+    assert_eq!(field(&s, "silent"), 0, "{s}");
+
+    // Partial requests: bytes the server has not answered are work it owes.
+    let mut partial = idle;
+    partial.truncate(10);
+    for c in &mut partial {
+        c.write_all(b"GE").unwrap();
+    }
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "partial requests counted", |s| field(s, "busy") == 10);
+    thread::sleep(Duration::from_secs(1));
+    let later = stats(PORT);
+    assert_eq!(field(&later, "busy"), 10, "a partial request counts past the grace: {s} then {later}");
+    assert_eq!(field(&later, "in_flight"), 10, "{later}");
+}

@@ -4,18 +4,20 @@
 use crate::{PortState, UserPortState, count_mode};
 
 /// In-flight of a port: handshakes under way (`handshakes`, from the ring)
-/// plus busy connections ([`count_mode::WORK`]) or established ones
-/// ([`count_mode::CONNECTIONS`]). The counters are read without a lock, so a
+/// plus busy connections ([`count_mode::WORK`], with `silent`: those accepted
+/// within the grace that have sent nothing yet, from the silent ring) or
+/// established ones ([`count_mode::CONNECTIONS`]). The counters are read without a lock, so a
 /// momentarily inconsistent read is clamped at zero rather than wrapping.
 #[inline(always)]
-pub const fn in_flight(state: &PortState, handshakes: u64, user: &UserPortState, mode: u8) -> u64 {
-    held(state, user, mode) + handshakes
+pub const fn in_flight(state: &PortState, handshakes: u64, silent: u64, user: &UserPortState, mode: u8) -> u64 {
+    held(state, user, mode, silent) + handshakes
 }
 
-/// Connections the port holds: busy or established, by `mode`.
+/// Connections the port holds: busy (and silent within the grace) or
+/// established, by `mode`.
 #[inline(always)]
-pub const fn held(state: &PortState, user: &UserPortState, mode: u8) -> u64 {
-    if mode == count_mode::WORK { busy(state, user) } else { established(state, user) }
+pub const fn held(state: &PortState, user: &UserPortState, mode: u8, silent: u64) -> u64 {
+    if mode == count_mode::WORK { busy(state, user) + silent } else { established(state, user) }
 }
 
 /// `a - b + adjust`, clamped at zero.

@@ -39,6 +39,20 @@ pub const MAX_SHIFT: u32 = 29;
 /// about 8 ms; a longer handshake is measured, and the window grows at once).
 pub const DEFAULT_SHIFT: u32 = 21;
 
+/// Epoch shift of a port's silent ring: connections accepted in
+/// [`crate::count_mode::WORK`] that have sent nothing yet. 2^27 ns = 134 ms,
+/// so a silent connection counts in flight for 0.40 to 0.54 s after it is
+/// accepted and then no more until its first bytes arrive. A real client's
+/// request follows its handshake-completing ACK at once (on the same path, so
+/// at any RTT); the grace only covers that gap, so a burst of connections
+/// whose requests are a moment behind cannot overshoot the limit, while
+/// connections that send nothing stop holding the port.
+pub const DEFAULT_SILENT_SHIFT: u32 = 27;
+/// Shortest silent epoch: 2^20 ns (a grace of about 4 ms).
+pub const MIN_SILENT_SHIFT: u32 = 20;
+/// Longest: 2^33 ns (a grace of about 34 s).
+pub const MAX_SILENT_SHIFT: u32 = 33;
+
 /// One epoch's handshakes. Both counters only grow while the epoch lives; the
 /// first admission of a later epoch that maps to the same cell resets it.
 #[repr(C)]
@@ -98,7 +112,7 @@ impl HandshakeRing {
             let epoch = load(&c.epoch);
             let open = load(&c.admitted).saturating_sub(load(&c.completed));
             if epoch == now_epoch {
-                out.current = open;
+                out.current += open;
             } else if live(epoch, now_epoch) {
                 out.others += open;
             } else {

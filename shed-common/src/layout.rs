@@ -208,7 +208,8 @@ pub struct UserPortState {
     /// Epoch length of the port's handshake ring, as a power of two of ns
     /// (0: [`handshake::DEFAULT_SHIFT`]).
     pub handshake_shift: u32,
-    pub _pad: u32,
+    /// Epoch length of the port's silent ring (0: [`handshake::DEFAULT_SILENT_SHIFT`]).
+    pub silent_shift: u32,
     /// Drift healing: added to the kernel's established count (missed events, adopted sockets).
     pub established_adjust: i64,
     /// Drift healing: added to the kernel's busy count.
@@ -229,6 +230,21 @@ impl UserPortState {
             handshake::MIN_SHIFT
         } else if s > handshake::MAX_SHIFT {
             handshake::MAX_SHIFT
+        } else {
+            s
+        }
+    }
+
+    /// The silent ring's epoch shift, clamped to the supported range.
+    #[inline(always)]
+    pub const fn silent_shift(&self) -> u32 {
+        let s = self.silent_shift;
+        if s == 0 {
+            handshake::DEFAULT_SILENT_SHIFT
+        } else if s < handshake::MIN_SILENT_SHIFT {
+            handshake::MIN_SILENT_SHIFT
+        } else if s > handshake::MAX_SILENT_SHIFT {
+            handshake::MAX_SILENT_SHIFT
         } else {
             s
         }
@@ -307,9 +323,15 @@ pub struct SockEntry {
     /// 1 if the port counted [`count_mode::MULTIPLEXED`] when the connection
     /// was accepted: queue-wait samples per read, busy until closed.
     pub multiplexed: u8,
-    pub _pad2: [u8; 3],
+    /// 1 while a [`count_mode::WORK`] connection has sent nothing since it was
+    /// accepted: counted in the port's silent ring at `silent_epoch` (so only
+    /// for a grace, see [`handshake::DEFAULT_SILENT_SHIFT`]), not as busy.
+    pub silent: u8,
+    pub _pad2: [u8; 2],
+    /// The silent ring's epoch the connection was accepted in.
+    pub silent_epoch: u64,
 }
-const _: () = assert!(size_of::<SockEntry>() == 80);
+const _: () = assert!(size_of::<SockEntry>() == 88);
 
 /// Request latency histograms of one port on one CPU, in microseconds,
 /// bucketed by [`latency::bucket`].

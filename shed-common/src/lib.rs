@@ -43,11 +43,11 @@ mod tests {
     fn in_flight_clamps_inconsistent_reads() {
         let user = |e, b| UserPortState { established_adjust: e, busy_adjust: b, ..UserPortState::default() };
         let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2 };
-        assert_eq!(in_flight(&state, 0, &user(0, 0), count_mode::CONNECTIONS), 0);
-        assert_eq!(in_flight(&state, 0, &user(0, 0), count_mode::WORK), 0);
+        assert_eq!(in_flight(&state, 0, 0, &user(0, 0), count_mode::CONNECTIONS), 0);
+        assert_eq!(in_flight(&state, 0, 0, &user(0, 0), count_mode::WORK), 0);
         let state = PortState { opened: 10, closed: 4, busy_enter: 7, busy_exit: 5 };
-        assert_eq!(in_flight(&state, 4, &user(0, 0), count_mode::CONNECTIONS), 6 + 4);
-        assert_eq!(in_flight(&state, 4, &user(0, 0), count_mode::WORK), 2 + 4);
+        assert_eq!(in_flight(&state, 4, 3, &user(0, 0), count_mode::CONNECTIONS), 6 + 4, "silent connections are established ones");
+        assert_eq!(in_flight(&state, 4, 3, &user(0, 0), count_mode::WORK), 2 + 3 + 4, "silent ones count in work mode");
         // Drift healing adjusts both ways, never below zero.
         assert_eq!(established(&state, &user(-2, 0)), 4);
         assert_eq!(established(&state, &user(3, 0)), 9);

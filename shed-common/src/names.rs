@@ -15,6 +15,10 @@ pub mod map {
     /// `Array<HandshakeRing>` indexed by slot: handshakes admitted and not yet
     /// established, by epoch (see [`crate::handshake`]). Written by the kernel (atomics).
     pub const HANDSHAKES: &str = "SHED_HANDSHAKES";
+    /// `Array<HandshakeRing>` indexed by slot: [`crate::count_mode::WORK`]
+    /// connections accepted that have sent nothing yet, by epoch of the silent
+    /// shift: they count for a grace only. Written by the kernel (atomics).
+    pub const SILENT: &str = "SHED_SILENT";
     /// `Array<HandshakeStamp>`, [`crate::handshake::STAMPS_PER_PORT`] per slot:
     /// when each flow was admitted. Written by the kernel.
     pub const STAMPS: &str = "SHED_STAMPS";
@@ -71,12 +75,13 @@ pub mod map {
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 24] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
         COUNTERS,
         HANDSHAKES,
+        SILENT,
         STAMPS,
         LOCAL_ADDRS,
         GATE_COUNTERS,

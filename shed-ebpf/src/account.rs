@@ -8,8 +8,12 @@
 //!
 //! Per request turn (keep-alive connections have many), from raw tracepoints:
 //! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
-//! byte (`sock_send_length`). A connection is busy from acceptance, or from a
-//! request's arrival, until it answers; an idle keep-alive connection is not.
+//! byte (`sock_send_length`). A connection is busy from a request's arrival
+//! until it answers; an idle keep-alive connection is not. One that has sent
+//! nothing since it was accepted is *silent*: it counts in the port's silent
+//! ring, so only for the idle grace (a request a moment behind its handshake
+//! must not let a burst overshoot; a connection that never sends must not hold
+//! the port), and becomes busy when its first bytes arrive.
 //! A socket's events are serialised by its lock, so its entry needs no atomics.
 //!
 //! A connection of a multiplexed port ([`count_mode::MULTIPLEXED`]) carries
@@ -29,9 +33,10 @@ use crate::{
     decide::{client_add, client_release, complete},
     fault::fault,
     maps::{
-        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SOCKS, SHED_USER_STATE, count, port_config,
+        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SILENT, SHED_SOCKS, SHED_USER_STATE, count, port_config,
         tier_of,
     },
+    ring,
 };
 
 const IPPROTO_TCP: u16 = 6;
@@ -64,6 +69,9 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         if SHED_SOCKS.remove(&skaddr).is_ok()
             && let Some(state) = state_field(entry.slot)
         {
+            if entry.silent != 0 {
+                end_silence(entry.slot, entry.silent_epoch);
+            }
             if entry.busy != 0 {
                 // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
                 atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
@@ -112,20 +120,27 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     // The connection is counted first and its handshake released after, so it is
     // never in neither count.
     let client = config.client_key(&client_addr);
-    // Accepted and not yet answered: busy (a server-first protocol answers
-    // before any request; a burst of connections whose requests follow a
-    // moment later must not overshoot the limit meanwhile).
+    // SAFETY: reading the clock has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+    // Accepted, nothing sent yet: in `work` mode silent (counted for the idle
+    // grace only: a burst of connections whose requests follow a moment later
+    // must not overshoot the limit, a connection that never sends must not
+    // hold it); in the other modes busy until answered or closed.
+    let silent = config.count_mode == count_mode::WORK && !fault!("idle_counted");
     let mut entry = SockEntry {
         slot,
         port: local_port,
-        busy: 1,
+        busy: u8::from(!silent),
         capped: 0,
         arrival_ns: 0,
         pickup_ns: 0,
         client: client.addr,
         flow: key,
         multiplexed: u8::from(config.count_mode == count_mode::MULTIPLEXED),
-        _pad2: [0; 3],
+        silent: u8::from(silent),
+        _pad2: [0; 2],
+        silent_epoch: now >> user.silent_shift(),
     };
     if config.client_cap != 0 {
         if client_add(&client) {
@@ -137,6 +152,11 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     }
     match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
+            if entry.silent != 0
+                && let Some(silent) = SHED_SILENT.get_ptr_mut(slot)
+            {
+                let _ = ring::open(silent, entry.silent_epoch);
+            }
             if entry.busy != 0 {
                 // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
                 atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
@@ -158,17 +178,26 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         }
     }
     // Counted first, released after: never in neither count.
-    release(slot, &key);
+    release(slot, &key, now, user.shift());
     Ok(())
+}
+
+/// Ends a connection's silence (its first bytes, its server's first answer,
+/// or its close): its place in the silent ring is released, if the grace has
+/// not ended it already.
+#[inline(always)]
+fn end_silence(slot: u32, epoch: u64) {
+    let Some(silent) = SHED_SILENT.get_ptr_mut(slot) else { return };
+    // SAFETY: reading the clock has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let shift = SHED_USER_STATE.get(slot).copied().unwrap_or_default().silent_shift();
+    ring::close(silent, epoch, now >> shift);
 }
 
 /// Releases the admission reservation of `key`'s connection: it now counts as
 /// established (or busy), or it closed.
 #[inline(always)]
-fn release(slot: u32, key: &FlowKey) {
-    // SAFETY: reading the clock has no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let shift = SHED_USER_STATE.get(slot).copied().unwrap_or_default().shift();
+fn release(slot: u32, key: &FlowKey, now: u64, shift: u32) {
     let flow = flow_hash(&key.client_addr, &key.server_addr, key.client_port, key.server_port);
     let (took, in_time) = complete(slot, shift, flow, now);
     if let Some(ns) = took {
@@ -221,6 +250,10 @@ pub fn on_data_ready(sk: u64) {
     if entry.arrival_ns == 0 {
         entry.arrival_ns = unsafe { bpf_ktime_get_ns() };
     }
+    if entry.silent != 0 {
+        entry.silent = 0;
+        end_silence(entry.slot, entry.silent_epoch);
+    }
     if entry.busy == 0 {
         entry.busy = 1;
         if let Some(state) = state_field(entry.slot) {
@@ -265,6 +298,11 @@ pub fn on_send(sk: u64, ret: i32, flags: i32) {
     }
     // SAFETY: a value pointer from this run's map lookup, valid until the program returns; the only reference to it here.
     let entry = unsafe { &mut *entry };
+    if entry.silent != 0 {
+        // A server-first protocol's greeting: the server has done its part.
+        entry.silent = 0;
+        end_silence(entry.slot, entry.silent_epoch);
+    }
     if entry.multiplexed != 0 {
         // An answer to one of many requests under way: no turn ends, the connection stays busy.
         return;

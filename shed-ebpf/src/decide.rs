@@ -9,8 +9,8 @@
 //! CPUs cannot overshoot) and one stamp. A rejected SYN writes nothing but
 //! per-CPU counters (and, for a RST, the rate buckets).
 use shed_common::{
-    ClientKey, HandshakeRing, HandshakeStamp, PortConfig, action, counter,
-    handshake::{STAMP_PROBES, cell_of, flow_hash, live, stamp_index, stamp_state},
+    ClientKey, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter,
+    handshake::{STAMP_PROBES, flow_hash, stamp_index, stamp_state},
     is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
     rst::Reset,
@@ -22,10 +22,11 @@ use crate::{
     fault::fault,
     maps::{
         SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
-        SHED_RST_PREFIX, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
+        SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
         tier_of,
     },
     parse::Segment,
+    ring,
 };
 
 pub enum Verdict {
@@ -82,7 +83,7 @@ impl Port {
             slot,
             config,
             limit,
-            held: shed_common::held(state, &user, config.count_mode),
+            held: shed_common::held(state, &user, config.count_mode, silent(slot, config.count_mode, &user, now_ns)),
             ring,
             counters,
             now_ns,
@@ -92,14 +93,9 @@ impl Port {
 
     /// Admitted handshakes not yet established in the live cells other than
     /// the current epoch's, and in the current one.
-    /// A subprogram: its branches per cell, inlined, multiply the paths the
-    /// verifier walks through the rest of the decision.
-    #[inline(never)]
+    #[inline(always)]
     fn handshakes(&self) -> (u64, u64) {
-        // SAFETY: map value; cells are read field by field while other CPUs add to them.
-        let ring = unsafe { &*self.ring };
-        let h = ring.split(self.epoch, |field| atomic::load(field));
-        (h.others, h.current)
+        ring::outstanding(self.ring, self.epoch)
     }
 
     /// Takes a reservation in the current epoch's cell if in-flight stays within
@@ -109,37 +105,12 @@ impl Port {
         if fault!("reservation_not_taken") {
             return true;
         }
-        // SAFETY: map value; `cell_of` is < RING.
-        let ring = unsafe { &mut *self.ring };
-        let Some(cell) = ring.cells.get_mut(cell_of(self.epoch)) else { return false };
-        if atomic::load(&cell.epoch) != self.epoch {
-            self.start_epoch(cell, &mut ring.lapsed);
-        }
-        let before = atomic::add(&raw mut cell.admitted, 1);
-        let mine = (before + 1).saturating_sub(atomic::load(&cell.completed));
+        let Some((cell, mine)) = ring::open(self.ring, self.epoch) else { return false };
         if enforce && self.held + others + mine > self.limit + u64::from(fault!("limit_off_by_one")) {
-            atomic::add(&raw mut cell.admitted, u64::MAX);
+            ring::undo(cell);
             return false;
         }
         true
-    }
-
-    /// Reuses a cell of an ended epoch for the current one. One CPU wins the
-    /// epoch swap and subtracts what the old epoch held (its adders are gone:
-    /// nobody adds to a dead epoch), so adds racing the reset are not lost.
-    #[inline(always)]
-    fn start_epoch(&self, cell: &mut shed_common::HandshakeCell, lapsed: &mut u64) {
-        let old = atomic::load(&cell.epoch);
-        let admitted = atomic::load(&cell.admitted);
-        let completed = atomic::load(&cell.completed);
-        if old == self.epoch || !atomic::compare_exchange(&raw mut cell.epoch, old, self.epoch) {
-            return;
-        }
-        atomic::add(&raw mut cell.admitted, admitted.wrapping_neg());
-        atomic::add(&raw mut cell.completed, completed.wrapping_neg());
-        if admitted > completed {
-            atomic::add(lapsed, admitted - completed);
-        }
     }
 
     /// The client's tier (normal while the port has no tiers: the LPM lookup
@@ -602,14 +573,21 @@ pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, 
     }
     stamp.state = stamp_state::COMPLETED;
     let took = now_ns.saturating_sub(stamp.syn_ns);
-    let Some(ring) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
-    // SAFETY: map value; `cell_of` is < RING.
-    let Some(cell) = (unsafe { (*ring).cells.get_mut(cell_of(stamp.epoch)) }) else { return (Some(took), false) };
-    if !live(stamp.epoch, now_ns >> shift) || atomic::load(&cell.epoch) != stamp.epoch {
-        return (Some(took), false);
+    let Some(handshakes) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
+    if fault!("handshake_not_released") {
+        return (Some(took), true);
     }
-    if !fault!("handshake_not_released") {
-        atomic::add(&raw mut cell.completed, 1);
+    (Some(took), ring::close(handshakes, stamp.epoch, now_ns >> shift))
+}
+
+/// `work` connections of the port accepted within the idle grace that have
+/// sent nothing yet (0 in the other count modes: they count connections).
+#[inline(always)]
+fn silent(slot: u32, mode: u8, user: &UserPortState, now_ns: u64) -> u64 {
+    if mode != count_mode::WORK {
+        return 0;
     }
-    (Some(took), true)
+    let Some(silent) = SHED_SILENT.get_ptr(slot) else { return 0 };
+    let (others, current) = ring::outstanding(silent, now_ns >> user.silent_shift());
+    others + current
 }

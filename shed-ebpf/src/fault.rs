@@ -31,6 +31,7 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("tier_counter_shifted", "rejections are counted under the wrong tier"),
     ("stamp_wrong_key", "the admission stamp is written under another port's slot"),
     ("close_not_counted", "a busy connection's close is not counted as closed"),
+    ("idle_counted", "a work connection that has sent nothing counts as busy until answered (idle holds the limit)"),
     ("send_not_counted", "an answer does not end the connection's busy time"),
     ("client_not_released", "a capped client's closed connection is not released"),
     ("handshake_not_released", "a completed handshake keeps its reservation"),

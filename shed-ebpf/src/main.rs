@@ -20,6 +20,7 @@ mod maps;
 mod parse;
 mod rare;
 mod reject;
+mod ring;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},

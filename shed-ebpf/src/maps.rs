@@ -56,6 +56,9 @@ pub static SHED_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entr
 pub static SHED_HANDSHAKES: Array<HandshakeRing> = Array::with_max_entries(MAX_PORTS, 0);
 
 #[map]
+pub static SHED_SILENT: Array<HandshakeRing> = Array::with_max_entries(MAX_PORTS, 0);
+
+#[map]
 pub static SHED_STAMPS: Array<HandshakeStamp> = Array::with_max_entries(MAX_PORTS * STAMPS_PER_PORT, 0);
 
 #[map]

@@ -289,7 +289,10 @@ impl Healer {
                 client: config.client_key(&flow.client_addr).addr,
                 flow: *flow,
                 multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
-                _pad2: [0; 3],
+                // Adopted as established and idle: it adds to no ring, so it releases from none.
+                silent: 0,
+                _pad2: [0; 2],
+                silent_epoch: 0,
             };
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
             const BPF_NOEXIST: u64 = 1;

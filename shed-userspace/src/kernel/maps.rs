@@ -21,6 +21,7 @@ pub struct GateMaps {
     pub user_state: Array<MapData, UserPortState>,
     pub counters: PerCpuArray<MapData, PortCounters>,
     pub handshakes: Array<MapData, HandshakeRing>,
+    pub silent: Array<MapData, HandshakeRing>,
     pub stamps: Array<MapData, HandshakeStamp>,
     pub local_addrs: Array<MapData, LocalAddr>,
     pub gate_counters: PerCpuArray<MapData, GateCounters>,
@@ -50,6 +51,8 @@ pub struct PortSnapshot {
     pub user: UserPortState,
     /// Handshakes under way, by epoch.
     pub ring: HandshakeRing,
+    /// Work-mode connections that have sent nothing yet, by epoch of the silent shift.
+    pub silent: HandshakeRing,
     /// When the snapshot was taken (kernel monotonic clock, ns): which ring epochs are live.
     pub now_ns: u64,
     /// Counters summed over CPUs.
@@ -78,8 +81,23 @@ impl PortSnapshot {
     pub fn busy(&self) -> u64 {
         shed_common::busy(&self.state, &self.user)
     }
+    /// Connections accepted within the grace that have sent nothing yet.
+    pub fn silent(&self) -> u64 {
+        self.silent.outstanding(self.silent_epoch())
+    }
+    fn silent_epoch(&self) -> u64 {
+        self.now_ns >> self.user.silent_shift()
+    }
+    /// Connections that sent nothing for the whole grace and stopped counting.
+    pub fn idle_expired(&self) -> u64 {
+        self.silent.lapsed + self.silent.lapsed_unfolded(self.silent_epoch())
+    }
+    /// How long a silent connection counts at least (ms): three silent epochs.
+    pub fn idle_grace_ms(&self) -> u64 {
+        ((handshake::LIVE_EPOCHS - 1) << self.user.silent_shift()) / 1_000_000
+    }
     pub fn in_flight(&self) -> u64 {
-        shed_common::in_flight(&self.state, self.pending(), &self.user, self.config.count_mode)
+        shed_common::in_flight(&self.state, self.pending(), self.silent(), &self.user, self.config.count_mode)
     }
     pub fn counter(&self, index: usize) -> u64 {
         self.counters.values[index]
@@ -169,6 +187,7 @@ impl GateMaps {
             user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
             counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
             handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
+            silent: typed(map::SILENT, open(map::SILENT)?)?,
             stamps: typed(map::STAMPS, open(map::STAMPS)?)?,
             local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
             gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,
@@ -299,6 +318,7 @@ impl GateMaps {
         let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         let ring = self.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
+        let silent = self.silent.get(&slot, 0).map_err(|e| Error::map("read silent connections", e))?;
         let now_ns = crate::host::system::monotonic_ns();
         let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
         let mut counters = PortCounters::default();
@@ -317,6 +337,7 @@ impl GateMaps {
             state,
             user,
             ring,
+            silent,
             now_ns,
             counters,
         })

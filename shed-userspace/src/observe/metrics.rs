@@ -372,14 +372,14 @@ impl Collector for Scrape {
             .iter()
             .flat_map(|p| {
                 let s = &p.stats;
-                [("established", s.established), ("busy", s.busy), ("pending", s.pending)]
+                [("established", s.established), ("busy", s.busy), ("pending", s.pending), ("silent", s.silent)]
                     .map(|(state, n)| (with(port_label(s), "state", state), n))
             })
             .collect();
         family(
             &mut e,
             "shed_connections",
-            "Connections by state: established (open), busy (owing an answer), pending (handshakes under way).",
+            "Connections by state: established (open), busy (owing an answer), pending (handshakes under way), silent (accepted within the idle grace, nothing sent yet).",
             Gauge,
             states,
         )?;
@@ -458,6 +458,13 @@ impl Collector for Scrape {
             "Handshake reservations that lapsed without the handshake completing (forged or lost SYNs).",
             Counter,
             per_port(&|s| s.handshakes_lapsed),
+        )?;
+        family(
+            &mut e,
+            "shed_idle_expired",
+            "Work-mode connections that sent nothing for the whole idle grace and stopped counting in flight.",
+            Counter,
+            per_port(&|s| s.idle_expired),
         )?;
         family(
             &mut e,

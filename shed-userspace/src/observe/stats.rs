@@ -62,12 +62,17 @@ pub struct PortStats {
     pub busy: u64,
     /// Handshakes admitted and not yet established, within the handshake window.
     pub pending: u64,
+    /// `work` connections accepted within the idle grace that have sent
+    /// nothing yet (they count in flight until the grace ends).
+    pub silent: u64,
     /// How long an admitted SYN holds its reservation at most (the handshake
     /// window): about three times the measured handshake time, or `--handshake-window`.
     pub handshake_window_us: u64,
     /// Measured handshake time (admitted SYN to established), recent windows.
     pub handshake_p50_us: u64,
     pub handshake_p99_us: u64,
+    /// How long a `work` connection that sends nothing counts in flight (at least; ms).
+    pub idle_grace_ms: u64,
     pub algo: Algo,
     pub min_limit: u32,
     pub max_limit: u32,
@@ -155,6 +160,10 @@ pub struct PortStats {
     /// Handshake reservations that lapsed without the handshake completing
     /// (forged or lost SYNs), cumulative.
     pub handshakes_lapsed: u64,
+    /// `work` connections that sent nothing for the whole idle grace and
+    /// stopped counting in flight (idle clients, or server-first protocols
+    /// whose server greets late), cumulative.
+    pub idle_expired: u64,
     /// Connections the daemon corrected against the kernel's socket table (missed events).
     pub drift_corrected: u64,
     /// Rates over the sampling interval; null when only one sample was taken.
@@ -182,9 +191,11 @@ impl PortStats {
             established: now.established(),
             busy: now.busy(),
             pending: now.pending(),
+            silent: now.silent(),
             handshake_window_us: now.handshake_window_us(),
             handshake_p50_us: now.status.handshake_p50_us,
             handshake_p99_us: now.status.handshake_p99_us,
+            idle_grace_ms: now.idle_grace_ms(),
             algo: Algo::from_raw(now.control.algo),
             min_limit: now.control.min_limit,
             max_limit: now.control.max_limit,
@@ -257,6 +268,7 @@ impl PortStats {
             client_map_full: now.counter(counter::CLIENT_MAP_FULL),
             connection_map_full: now.counter(counter::CONNECTION_MAP_FULL),
             handshakes_lapsed: now.handshakes_lapsed(),
+            idle_expired: now.idle_expired(),
             drift_corrected: now.user.drift_corrected,
             syn_per_sec: rate(counter::SYN_SEEN),
             admitted_per_sec: rate(counter::ADMITTED),
@@ -307,6 +319,13 @@ mod tests {
                 ring.cells[1] = HandshakeCell { epoch: 96, admitted: 1, completed: 0 };
                 ring
             },
+            silent: {
+                // Silent epoch 0 at the default shift (now is 100 << 20 ns): one
+                // live cell with 3 silent connections.
+                let mut ring = HandshakeRing { lapsed: 2, ..HandshakeRing::default() };
+                ring.cells[0] = HandshakeCell { epoch: 0, admitted: 4, completed: 1 };
+                ring
+            },
             now_ns: 100 << 20,
             counters,
         }
@@ -317,7 +336,12 @@ mod tests {
         let before = snapshot(5, 10);
         let now = snapshot(9, 30);
         let stats = PortStats::new(&now, Some((&before, Duration::from_secs(2))));
-        assert_eq!((stats.established, stats.busy, stats.pending, stats.in_flight), (5, 1, 2, 7));
+        // A connections-mode port: silent connections are among the established.
+        assert_eq!((stats.established, stats.busy, stats.pending, stats.silent, stats.in_flight), (5, 1, 2, 3, 7));
+        assert_eq!(stats.idle_expired, 2);
+        let mut work = now;
+        work.config.count_mode = count_mode::WORK;
+        assert_eq!(PortStats::new(&work, None).in_flight, 1 + 3 + 2, "busy, silent and pending");
         assert_eq!((stats.handshakes_lapsed, stats.handshake_window_us), (5, (4 << 20) / 1000));
         assert_eq!((stats.baseline_us, stats.last_decision), (900, Some(Reason::Grow)));
         assert_eq!((stats.admitted, stats.rejected, stats.rejected_by_reason.limit), (9, 30, 30));

@@ -283,6 +283,7 @@ mod tests {
             state: PortState::default(),
             user: UserPortState::default(),
             ring: shed_common::HandshakeRing::default(),
+            silent: shed_common::HandshakeRing::default(),
             now_ns: 0,
             counters: PortCounters::default(),
         };
