@@ -356,3 +356,61 @@ fn connections_that_send_nothing_do_not_hold_the_limit() {
     assert_eq!(field(&later, "busy"), 10, "a partial request counts past the grace: {s} then {later}");
     assert_eq!(field(&later, "in_flight"), 10, "{later}");
 }
+
+/// One client holds the limit with partial requests (work the server owes,
+/// so they count). While it holds its share (half, by default) and a client
+/// holding less is refused, its new connections are refused, and the room its
+/// closed connections leave goes to others. Alone, it may fill the port.
+#[test]
+fn one_client_cannot_hold_more_than_its_share_while_others_are_refused() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhs").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let other = std::net::IpAddr::V4(bed.add_client_v4(3).expect("second client address"));
+    let service_us = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
+    // Alone, the hog fills the port: nobody else is refused.
+    let mut hog: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
+        (0..10)
+            .map(|_| {
+                let mut c = testbed::connect(addr, Duration::from_secs(1)).expect("the port has room");
+                c.write_all(b"GE").unwrap();
+                c
+            })
+            .collect()
+    })
+    .unwrap();
+    wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
+    // Another client is refused: at its ACK, its source proven.
+    let served_then = |c: std::io::Result<TcpStream>| {
+        let mut c = c.ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        c.write_all(b"GET\n").ok()?;
+        let mut b = [0u8; 3];
+        c.read_exact(&mut b).ok()?;
+        Some(c)
+    };
+    let refused = testbed::run_in(&bed.client_ns, move || {
+        served_then(testbed::connect_from(other, addr, Duration::from_secs(1))).is_none()
+    })
+    .unwrap();
+    assert!(refused, "the port is full");
+    // The hog lets three go and tries three more at once: refused, its share held.
+    hog.truncate(7);
+    wait_for_stats(PORT, Duration::from_millis(500), "three slots free", |s| field(s, "busy") == 7);
+    let hog_again = testbed::run_in(&bed.client_ns, move || {
+        (0..3).filter_map(|_| served_then(testbed::connect(addr, Duration::from_secs(1)))).count()
+    })
+    .unwrap();
+    let others = testbed::run_in(&bed.client_ns, move || {
+        (0..3).filter_map(|_| served_then(testbed::connect_from(other, addr, Duration::from_secs(1)))).count()
+    })
+    .unwrap();
+    let s = stats(PORT);
+    println!("hog holds 7 of 10: its 3 more served {hog_again}, the other client's {others}; {s}");
+    assert_eq!(hog_again, 0, "the hog holds more than its share while another is refused: {s}");
+    assert_eq!(others, 3, "the room goes to the other client: {s}");
+    assert!(s["rejected_by_reason"]["client_share"].as_u64().unwrap() >= 3, "{s}");
+    assert_eq!(s["client_share"].as_u64(), Some(50), "{s}");
+}

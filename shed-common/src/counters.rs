@@ -59,6 +59,9 @@ pub mod counter {
     /// Handshake-completing ACKs refused, by tier: `VERIFIED_REJECTED_BY_TIER +
     /// tier`. Refusals of sources that proved real: the tier hold-back's input.
     pub const VERIFIED_REJECTED_BY_TIER: usize = 26;
+    /// Handshake-completing ACKs refused because their client held its share
+    /// of the limit while clients holding less were being refused.
+    pub const REJECTED_CLIENT_SHARE: usize = 30;
     /// Number of counter slots; spare slots are reserved for later reasons.
     pub const COUNT: usize = 32;
 }

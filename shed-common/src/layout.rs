@@ -72,6 +72,42 @@ const _: () = assert!(size_of::<LastPassed>() == 48);
 /// retransmission (200 ms at least).
 pub const STACKED_WITHIN_NS: u64 = 1_000_000;
 
+/// The share of the limit one client (an IPv4 address, an IPv6 prefix) may
+/// hold while others are refused, in percent: half. One source can never shut
+/// everyone else out, and a lone NAT'd population (a corporate gateway, a
+/// carrier-grade NAT pool, a reverse proxy) still gets the whole port as long
+/// as nobody else is being refused; two such populations get at least half each.
+pub const DEFAULT_CLIENT_SHARE: u8 = 50;
+
+/// How long a refusal of a client under its share keeps the share enforced:
+/// contention is over once nobody under their share has been refused for this long.
+pub const CONTENDED_FOR_NS: u64 = 1_000_000_000;
+
+/// Whether a port's clients contend for it, for the client share
+/// ([`PortConfig::client_share`]). Written by the kernel (plain stores: a
+/// lost update at worst shifts a time by one judgement), read by the gate
+/// and by `shedctl stats`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Contention {
+    /// When a client holding its share or more was last judged (ns, kernel
+    /// monotonic clock): a SYN that finds the port full while one may be
+    /// filling it is judged at its ACK, where its refusal counts.
+    pub hog_ns: u64,
+    /// When a verified client holding less than its share was last refused:
+    /// for [`CONTENDED_FOR_NS`] after it, a client at its share is refused.
+    pub refused_ns: u64,
+}
+const _: () = assert!(size_of::<Contention>() == 16);
+
+impl Contention {
+    /// Whether `at_ns` lies within [`CONTENDED_FOR_NS`] after `since_ns` (never set: no).
+    #[inline(always)]
+    pub const fn recent(since_ns: u64, now_ns: u64) -> bool {
+        since_ns != 0 && now_ns.wrapping_sub(since_ns) < CONTENDED_FOR_NS
+    }
+}
+
 /// Per-port configuration. Key: port (host order). Written by `shedctl` only.
 /// The limit lives apart, in [`map::LIMITS`], because the controller rewrites
 /// it every window and must not race an operator's change of the action.
@@ -97,7 +133,10 @@ pub struct PortConfig {
     pub client_cap: u32,
     /// IPv6 clients are counted per prefix of this length (IPv4: per address).
     pub client_prefix_v6: u8,
-    pub _pad2: [u8; 7],
+    /// Percent of the limit one client may hold while clients holding less
+    /// are refused (0: no share). Judged at the handshake-completing ACK only.
+    pub client_share: u8,
+    pub _pad2: [u8; 6],
     /// Most RSTs per second the port sends in all (0: no cap); above it, drop.
     pub rst_per_sec: u32,
     /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48; 0: no cap).
@@ -106,6 +145,23 @@ pub struct PortConfig {
 const _: () = assert!(size_of::<PortConfig>() == 40);
 
 impl PortConfig {
+    /// Whether clients' established connections are counted (for a cap or a share).
+    #[inline(always)]
+    pub const fn counts_clients(&self) -> bool {
+        self.client_cap != 0 || self.client_share != 0
+    }
+
+    /// Most connections one client may hold while others are refused, at
+    /// `limit` (at least one); `None` without a share.
+    #[inline(always)]
+    pub const fn share_cap(&self, limit: u32) -> Option<u64> {
+        if self.client_share == 0 {
+            return None;
+        }
+        let cap = limit as u64 * self.client_share as u64 / 100;
+        Some(if cap == 0 { 1 } else { cap })
+    }
+
     /// A port with the default tier shares and the port's action for every tier.
     pub const fn new(slot: u32, action: u8, dry_run: bool, count_mode: u8) -> Self {
         Self {
@@ -118,7 +174,8 @@ impl PortConfig {
             tier_action: [tier::ACTION_DEFAULT; tier::COUNT],
             client_cap: 0,
             client_prefix_v6: 64,
-            _pad2: [0; 7],
+            client_share: DEFAULT_CLIENT_SHARE,
+            _pad2: [0; 6],
             rst_per_sec: DEFAULT_RST_PER_SEC,
             rst_per_prefix_per_sec: DEFAULT_RST_PER_PREFIX_PER_SEC,
         }
@@ -458,6 +515,7 @@ mod user {
     use crate::{HandshakeRing, HandshakeStamp};
     // SAFETY: all are #[repr(C)], Copy, made of fixed-width integers and byte arrays, with no padding.
     unsafe impl aya::Pod for PortConfig {}
+    unsafe impl aya::Pod for Contention {}
     unsafe impl aya::Pod for PortState {}
     unsafe impl aya::Pod for UserPortState {}
     unsafe impl aya::Pod for PortCounters {}

@@ -50,6 +50,9 @@ pub mod map {
     /// closed; kernel atomics). Only confirmed handshakes enter it, so forged
     /// sources cannot fill it.
     pub const CLIENTS: &str = "SHED_CLIENTS";
+    /// `Array<Contention>` indexed by slot: when a client at its share was last
+    /// judged and when one under it was last refused (the client share). Kernel-written.
+    pub const CONTENTION: &str = "SHED_CONTENTION";
     /// `Array<u64>` indexed by slot: the port's RST budget (a GCRA time, see
     /// [`crate::ratelimit`]). Kernel only.
     pub const RST_BUCKETS: &str = "SHED_RST_BUCKETS";
@@ -75,7 +78,7 @@ pub mod map {
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 25] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -93,6 +96,7 @@ pub mod map {
         TIERS,
         RESERVE,
         CLIENTS,
+        CONTENTION,
         NETNS,
         RST_BUCKETS,
         RST_PREFIX_BUCKETS,

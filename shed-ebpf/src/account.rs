@@ -142,7 +142,7 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         _pad2: [0; 2],
         silent_epoch: now >> user.silent_shift(),
     };
-    if config.client_cap != 0 {
+    if config.counts_clients() {
         if client_add(&client) {
             entry.capped = 1;
         } else {

@@ -9,7 +9,7 @@
 //! CPUs cannot overshoot) and one stamp. A rejected SYN writes nothing but
 //! per-CPU counters (and, for a RST, the rate buckets).
 use shed_common::{
-    ClientKey, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter,
+    ClientKey, Contention, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter,
     handshake::{STAMP_PROBES, flow_hash, stamp_index, stamp_state},
     is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
@@ -21,7 +21,7 @@ use crate::{
     atomic,
     fault::fault,
     maps::{
-        SHED_CLIENTS, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
+        SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
         SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
         tier_of,
     },
@@ -147,6 +147,41 @@ impl Port {
         }
     }
 
+    /// At a handshake-completing ACK (a proven source): the client share.
+    /// A client holding its share or more is refused while clients holding
+    /// less are being refused (`refused`: this one is, for another reason);
+    /// the refusal of a client under its share starts or prolongs that.
+    #[inline(never)]
+    fn judge_share(&self, seg: &Segment, refused: bool) -> Option<usize> {
+        if fault!("client_share_ignored") {
+            return None;
+        }
+        let cap = self.config.share_cap(self.limit as u32)?;
+        let contention = SHED_CONTENTION.get_ptr_mut(self.slot)?;
+        let over = client_held(&self.config, &seg.client_addr) >= cap;
+        // SAFETY: map value; plain stores, a lost one shifts a time by one judgement.
+        unsafe {
+            if over {
+                (*contention).hog_ns = self.now_ns;
+                if !refused && Contention::recent((*contention).refused_ns, self.now_ns) {
+                    return Some(counter::REJECTED_CLIENT_SHARE);
+                }
+            } else if refused {
+                (*contention).refused_ns = self.now_ns;
+            }
+        }
+        None
+    }
+
+    /// Whether the client share may bind on this port now: a client at its
+    /// share was judged lately, and this client holds less than its share.
+    #[inline(never)]
+    fn share_may_bind(&self, seg: &Segment) -> bool {
+        let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
+        let Some(contention) = SHED_CONTENTION.get(self.slot) else { return false };
+        Contention::recent(contention.hog_ns, self.now_ns) && client_held(&self.config, &seg.client_addr) < cap
+    }
+
     /// Adds one to a counter of the port on this CPU.
     #[inline(always)]
     fn count(&self, index: usize) {
@@ -227,11 +262,18 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
     // their ACK only, so forged ones can neither take a slot above low nor make
     // lower tiers hold back. Low (the tier nobody yields to) is refused here.
     let (others, current) = port.handshakes();
-    let reason = if deferred_to_ack(&port.config, tier) {
+    let mut reason = if deferred_to_ack(&port.config, tier) {
         None
     } else {
         port.refusal(tier, port.held + others + current, seg, true)
     };
+    // A full port may be full of one client. A SYN it would refuse from a
+    // client under its share then passes (holding nothing), so that the
+    // client's refusal, at its ACK, comes from a proven source and makes the
+    // share bind; forged SYNs meanwhile meet the kernel's SYN cookies.
+    if reason == Some(counter::REJECTED_LIMIT) && port.share_may_bind(seg) {
+        reason = None;
+    }
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
     // Dry run passes it; what enforcing would refuse is counted once, at the
     // handshake-completing ACK, where the connection would be admitted.
@@ -279,6 +321,9 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
     // The share was judged at the SYN unless the tier was deferred to here.
     let share = deferred_to_ack(&port.config, tier);
     let mut reason = port.refusal(tier, port.held + others + current, seg, share);
+    if let Some(over) = port.judge_share(seg, reason.is_some()) {
+        reason = Some(over);
+    }
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
@@ -456,10 +501,16 @@ fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
     if config.client_cap == 0 {
         return false;
     }
+    client_held(config, client) >= u64::from(config.client_cap) + u64::from(fault!("client_cap_off_by_one"))
+}
+
+/// The established connections `client` holds on the port (0 when it holds
+/// none, or clients are not counted).
+#[inline(always)]
+fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
     let key: ClientKey = config.client_key(client);
     // SAFETY: plain data.
-    unsafe { SHED_CLIENTS.get(&key) }
-        .is_some_and(|&held| held >= i64::from(config.client_cap) + i64::from(fault!("client_cap_off_by_one")))
+    unsafe { SHED_CLIENTS.get(&key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
 }
 
 /// Whether a reset may go to `client`: never to multicast, broadcast or an

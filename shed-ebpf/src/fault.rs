@@ -18,6 +18,7 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("trickle_never", "a full tier gets no trickle"),
     ("held_back_ignored", "the room held back for higher tiers is not applied"),
     ("tier_lookup_skipped", "every client is treated as tier normal"),
+    ("client_share_ignored", "a client holding its share is not refused while others are"),
     ("client_cap_off_by_one", "a client at its cap gets one more connection"),
     ("dry_run_enforced", "dry-run rejects instead of only counting"),
     ("tier_action_ignored", "a tier's own action is ignored for the port's"),

@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed, LocalAddr,
+    ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed, LocalAddr,
     NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
@@ -101,6 +101,9 @@ pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static SHED_CONTENTION: Array<Contention> = Array::with_max_entries(MAX_PORTS, 0);
 
 #[map]
 pub static SHED_RESERVE: Array<TierReserve> = Array::with_max_entries(MAX_PORTS, 0);

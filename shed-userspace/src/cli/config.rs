@@ -60,6 +60,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("tiers", "tier", Kind::TierTable),
     ("tier-file", "tier-file", Kind::Str),
     ("client-cap", "client-cap", Kind::Int),
+    ("client-share", "client-share", Kind::Int),
     ("client-prefix-v6", "client-prefix-v6", Kind::Int),
     ("rst-rate", "rst-rate", Kind::Int),
     ("rst-prefix-rate", "rst-prefix-rate", Kind::Int),
@@ -291,6 +292,7 @@ pub fn render(args: &AttachArgs) -> String {
         t.insert("tier-file".into(), s(&file.display()));
     }
     t.insert("client-cap".into(), int(args.client_cap.into()));
+    t.insert("client-share".into(), int(args.client_share.into()));
     t.insert("client-prefix-v6".into(), int(args.client_prefix_v6.into()));
     t.insert("rst-rate".into(), int(args.rst_rate.into()));
     t.insert("rst-prefix-rate".into(), int(args.rst_prefix_rate.into()));

@@ -45,6 +45,17 @@ pub fn parse_client_cap(s: &str) -> Result<u32, String> {
     parse_limit(s).map_err(|e| e.replace("limit", "client cap"))
 }
 
+/// A client's share of the limit, in percent: 0 (none) to 100.
+pub fn parse_client_share(s: &str) -> Result<u8, String> {
+    match s.trim().trim_end_matches('%').parse::<u8>() {
+        Ok(n) if n <= 100 => Ok(n),
+        _ => Err(format!(
+            "client share {s:?} is not a percent of the limit from 0 to 100 (0 turns the share off; the default is {})",
+            shed_common::DEFAULT_CLIENT_SHARE
+        )),
+    }
+}
+
 /// An IPv6 prefix length for counting clients (1-128).
 pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
     let n: u8 = s
@@ -236,6 +247,11 @@ mod tests {
     #[test]
     fn client_caps_and_prefixes() {
         assert_eq!(parse_client_cap("0"), Ok(0));
+        assert_eq!(parse_client_share("0"), Ok(0));
+        assert_eq!(parse_client_share("50%"), Ok(50));
+        assert_eq!(parse_client_share("100"), Ok(100));
+        assert!(parse_client_share("101").unwrap_err().contains("0 to 100"));
+        assert!(parse_client_share("half").is_err());
         assert_eq!(parse_client_cap("20"), Ok(20));
         assert!(parse_client_cap("-1").is_err());
         assert!(parse_client_cap("99999999").unwrap_err().contains("client cap"));

@@ -15,7 +15,7 @@ use shed_common::ControlConfig;
 
 use crate::{
     cli::input::{
-        Switch, named, parse_client_cap, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
+        Switch, named, parse_client_cap, parse_client_share, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
         parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port, parse_prefix_v6, parse_seconds,
     },
     cli::tiers::{parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
@@ -209,6 +209,11 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_client_cap, default_value_t = 0)]
     pub client_cap: u32,
 
+    /// Percent of the limit one client may hold while clients holding less are
+    /// refused; 0: no share (--client-share 50). A lone client, or a NAT, may still fill the port.
+    #[arg(long, value_parser = parse_client_share, default_value_t = shed_common::DEFAULT_CLIENT_SHARE)]
+    pub client_share: u8,
+
     /// IPv6 clients are capped per prefix of this length (--client-prefix-v6 64); IPv4 per address.
     #[arg(long, value_parser = parse_prefix_v6, default_value_t = 64)]
     pub client_prefix_v6: u8,
@@ -287,6 +292,7 @@ impl AttachArgs {
         let spec = PortSpec {
             client_cap: self.client_cap,
             client_prefix_v6: self.client_prefix_v6,
+            client_share: self.client_share,
             rst_per_sec: self.rst_rate,
             rst_per_prefix_per_sec: self.rst_prefix_rate,
             ..PortSpec::new(limit, self.action.to_raw(), self.dry_run, self.count.to_raw(), control)
@@ -454,7 +460,7 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap"])))]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
@@ -495,6 +501,10 @@ pub struct SetArgs {
     /// Most connections one client may hold; 0 removes the cap (--client-cap 20).
     #[arg(long, value_parser = parse_client_cap)]
     pub client_cap: Option<u32>,
+
+    /// Percent of the limit one client may hold while others are refused; 0: none (--client-share 50).
+    #[arg(long, value_parser = parse_client_share)]
+    pub client_share: Option<u8>,
 
     /// New reject action (--action rst).
     #[arg(long, value_parser = named::<Action>())]

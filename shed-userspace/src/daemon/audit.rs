@@ -68,6 +68,7 @@ pub fn changes(old: &Settings, new: &Settings) -> Vec<(String, String)> {
         field("dry-run", on(was.dry_run), on(config.dry_run));
         field("count", Count::from_raw(was.count_mode).name().into(), Count::from_raw(config.count_mode).name().into());
         field("client-cap", was.client_cap.to_string(), config.client_cap.to_string());
+        field("client-share", was.client_share.to_string(), config.client_share.to_string());
         for t in 1..tier::COUNT {
             let share = |p: &PortConfig| format!("{}", f64::from(p.share_permille[t]) / 1000.0);
             field(&format!("share {}", tier_name(t as u8)), share(was), share(config));

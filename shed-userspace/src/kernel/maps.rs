@@ -248,6 +248,7 @@ impl GateMaps {
         config.tiered = u8::from(self.any_tier()?);
         config.client_cap = spec.client_cap;
         config.client_prefix_v6 = spec.client_prefix_v6;
+        config.client_share = spec.client_share;
         config.rst_per_sec = spec.rst_per_sec;
         config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
         // The config first, then the port's slot: the gate never finds a slot without its config.
@@ -575,6 +576,8 @@ pub struct PortSpec {
     /// Most connections per client (0: no cap), IPv6 counted per prefix of `client_prefix_v6`.
     pub client_cap: u32,
     pub client_prefix_v6: u8,
+    /// Percent of the limit one client may hold while others are refused (0: no share).
+    pub client_share: u8,
     /// RST caps (per second; 0: none): the port's, and per source prefix.
     pub rst_per_sec: u32,
     pub rst_per_prefix_per_sec: u32,
@@ -593,6 +596,7 @@ impl PortSpec {
             limit,
             client_cap: 0,
             client_prefix_v6: 64,
+            client_share: shed_common::DEFAULT_CLIENT_SHARE,
             rst_per_sec: shed_common::DEFAULT_RST_PER_SEC,
             rst_per_prefix_per_sec: shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC,
             share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,

@@ -389,14 +389,14 @@ impl Collector for Scrape {
             .iter()
             .flat_map(|p| {
                 let r = &p.stats.rejected_by_reason;
-                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap)]
+                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("client_share", r.client_share)]
                     .map(|(reason, n)| (with(port_label(&p.stats), "reason", reason), n))
             })
             .collect();
         family(
             &mut e,
             "shed_rejected",
-            "Connections shed (at the SYN or the handshake-completing ACK) by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap). Sheds, not errors.",
+            "Connections shed (at the SYN or the handshake-completing ACK) by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), client_share (client at its share of the limit while clients holding less were refused). Sheds, not errors.",
             Counter,
             reasons,
         )?;

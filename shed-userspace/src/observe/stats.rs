@@ -21,6 +21,8 @@ pub struct RejectedByReason {
     pub share: u64,
     /// The client already held its cap.
     pub client_cap: u64,
+    /// The client held its share of the limit while clients holding less were refused.
+    pub client_share: u64,
 }
 
 /// A client and what it holds against the cap.
@@ -123,6 +125,8 @@ pub struct PortStats {
     pub trickle_admitted: u64,
     /// Most connections one client may hold (0: no cap).
     pub client_cap: u32,
+    /// Percent of the limit one client may hold while others are refused (0: none).
+    pub client_share: u8,
     /// IPv6 clients are capped per prefix of this length.
     pub client_prefix_v6: u8,
     /// With a cap: the clients holding the most, at most 10.
@@ -228,8 +232,10 @@ impl PortStats {
                 limit: now.counter(counter::REJECTED_LIMIT),
                 share: now.counter(counter::REJECTED_SHARE),
                 client_cap: now.counter(counter::REJECTED_CLIENT_CAP),
+                client_share: now.counter(counter::REJECTED_CLIENT_SHARE),
             },
             client_cap: now.config.client_cap,
+            client_share: now.config.client_share,
             client_prefix_v6: now.config.client_prefix_v6,
             top_clients: Vec::new(),
             tiers: (0..tier::COUNT)
@@ -278,7 +284,8 @@ impl PortStats {
 }
 
 /// The counters whose sum is `rejected`.
-const REJECTIONS: [usize; 3] = [counter::REJECTED_LIMIT, counter::REJECTED_SHARE, counter::REJECTED_CLIENT_CAP];
+const REJECTIONS: [usize; 4] =
+    [counter::REJECTED_LIMIT, counter::REJECTED_SHARE, counter::REJECTED_CLIENT_CAP, counter::REJECTED_CLIENT_SHARE];
 
 /// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
 /// its label in the metrics and its text in `top`.

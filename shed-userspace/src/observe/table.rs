@@ -85,13 +85,15 @@ pub fn stats_table(stats: &[PortStats]) -> String {
             .filter(|(_, t)| t.admitted + t.rejected > 0)
             .map(|(name, t)| format!("{name} {}/{} (share {})", t.admitted, t.rejected, t.share))
             .collect();
-        if s.client_cap != 0 {
+        if s.client_cap != 0 || s.client_share != 0 {
             let top: Vec<String> = s.top_clients.iter().map(|c| format!("{} {}", c.client, c.in_flight)).collect();
+            let cap = if s.client_cap == 0 { "none".to_owned() } else { s.client_cap.to_string() };
+            let share = if s.client_share == 0 { "none".to_owned() } else { format!("{}%", s.client_share) };
             let _ = writeln!(
                 out,
-                "       client cap {}: rejected {}; top clients: {}",
-                s.client_cap,
+                "       client cap {cap}: rejected {}; client share {share}: rejected {}; top clients: {}",
                 s.rejected_by_reason.client_cap,
+                s.rejected_by_reason.client_share,
                 if top.is_empty() { "none".into() } else { top.join(", ") }
             );
         }

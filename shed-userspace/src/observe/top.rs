@@ -37,7 +37,7 @@ pub struct Rates {
     pub syn: f64,
     pub admitted: f64,
     pub shed: f64,
-    /// limit, share, client_cap.
+    /// limit, share, client (its cap or its share).
     pub by_reason: [f64; 3],
     /// Admitted and shed per tier.
     pub tier_admitted: [f64; tier::COUNT],
@@ -60,7 +60,7 @@ impl Rates {
             syn: per_sec(now.syn_seen, before.syn_seen),
             admitted: per_sec(now.admitted, before.admitted),
             shed: per_sec(now.rejected, before.rejected),
-            by_reason: [per_sec(r.limit, rb.limit), per_sec(r.share, rb.share), per_sec(r.client_cap, rb.client_cap)],
+            by_reason: [per_sec(r.limit, rb.limit), per_sec(r.share, rb.share), per_sec(r.client_cap + r.client_share, rb.client_cap + rb.client_share)],
             tier_admitted: std::array::from_fn(|t| tier(t, |s| s.admitted)),
             tier_shed: std::array::from_fn(|t| tier(t, |s| s.rejected)),
         }

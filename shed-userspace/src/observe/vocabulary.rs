@@ -94,6 +94,7 @@ pub const TERMS: &[Term] = &[
     term("tiers", Counter, Some("shed_tier_admitted_total")),
     term("trickle_admitted", Counter, Some("shed_trickle_admitted_total")),
     term("client_cap", LIVE, None),
+    term("client_share", LIVE, None),
     term("client_prefix_v6", FIXED, None),
     term("top_clients", Label, None),
     term("action", LIVE, Some("shed_port_info")),

@@ -70,6 +70,7 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
     table.insert("dry-run".into(), Value::Boolean(port_config.dry_run != 0));
     table.insert("count".into(), text(Count::from_raw(port_config.count_mode).name().into()));
     table.insert("client-cap".into(), int(port_config.client_cap.into()));
+    table.insert("client-share".into(), int(port_config.client_share.into()));
     table.insert("client-prefix-v6".into(), int(port_config.client_prefix_v6.into()));
     table.insert("rst-rate".into(), int(port_config.rst_per_sec.into()));
     table.insert("rst-prefix-rate".into(), int(port_config.rst_per_prefix_per_sec.into()));

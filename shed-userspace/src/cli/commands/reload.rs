@@ -105,6 +105,7 @@ pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> a
         port_config.dry_run = u8::from(spec.dry_run);
         port_config.count_mode = spec.count_mode;
         port_config.client_cap = spec.client_cap;
+        port_config.client_share = spec.client_share;
         port_config.client_prefix_v6 = spec.client_prefix_v6;
         port_config.rst_per_sec = spec.rst_per_sec;
         port_config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;

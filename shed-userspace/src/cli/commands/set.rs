@@ -78,6 +78,9 @@ fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Resu
     if let Some(cap) = args.client_cap {
         config.client_cap = cap;
     }
+    if let Some(share) = args.client_share {
+        config.client_share = share;
+    }
     for &(tier, permille) in &args.shares {
         config.share_permille[tier as usize] = permille;
     }
@@ -123,7 +126,7 @@ impl Plan {
             })
             .collect();
         format!(
-            "port {}: limit {} ({algo} {}..{}), action {}, count {}, dry-run {}, shares {}, client cap {}",
+            "port {}: limit {} ({algo} {}..{}), action {}, count {}, dry-run {}, shares {}, client cap {}, client share {}",
             args.port,
             self.limit,
             self.min,
@@ -132,7 +135,8 @@ impl Plan {
             Count::from_raw(config.count_mode).name(),
             if config.dry_run != 0 { "on" } else { "off" },
             shares.join(" "),
-            if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() }
+            if config.client_cap == 0 { "none".to_owned() } else { config.client_cap.to_string() },
+            if config.client_share == 0 { "none".to_owned() } else { format!("{}%", config.client_share) }
         )
     }
 }

@@ -35,7 +35,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
             for n in now {
                 let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
                 s.netns = gate.netns.clone();
-                if n.config.client_cap != 0 {
+                if n.config.counts_clients() {
                     s.top_clients = gate
                         .maps
                         .client_counts(n.config.slot)?
