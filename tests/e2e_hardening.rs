@@ -414,3 +414,38 @@ fn one_client_cannot_hold_more_than_its_share_while_others_are_refused() {
     assert!(s["rejected_by_reason"]["client_share"].as_u64().unwrap() >= 3, "{s}");
     assert_eq!(s["client_share"].as_u64(), Some(50), "{s}");
 }
+
+/// The handshake stamps are placed by a hash keyed with a secret drawn at
+/// load: a client choosing its ports cannot aim at another flow's stamp.
+/// None of the stamps our connections took is where the unkeyed hash puts it.
+#[test]
+fn handshake_stamps_are_keyed_with_a_secret() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhk").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "100", "--action", "rst"]);
+    let flows: Vec<(Ipv4Addr, u16)> = testbed::run_in(&bed.client_ns, move || {
+        (0..20)
+            .map(|_| {
+                let c = testbed::connect(addr, Duration::from_secs(1)).expect("connect");
+                let local = c.local_addr().unwrap();
+                let std::net::IpAddr::V4(ip) = local.ip() else { unreachable!() };
+                (ip, local.port())
+            })
+            .collect()
+    })
+    .unwrap();
+    let maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
+    let slot = maps.config(PORT).unwrap().slot;
+    let per_port = shed_common::handshake::STAMPS_PER_PORT;
+    let stamps: Vec<shed_common::HandshakeStamp> =
+        (slot * per_port..(slot + 1) * per_port).map(|i| maps.stamps.get(&i, 0).unwrap()).collect();
+    let used = stamps.iter().filter(|s| s.flow != 0).count();
+    assert!(used >= 20, "every admitted flow took a stamp: {used}");
+    let server = shed_common::ipv4_mapped(bed.server_v4.octets());
+    for (ip, port) in flows {
+        let unkeyed = shed_common::handshake::flow_hash(&shed_common::ipv4_mapped(ip.octets()), &server, port, PORT);
+        assert!(!stamps.iter().any(|s| s.flow == unkeyed), "flow from port {port} stamped under the unkeyed hash");
+    }
+}

@@ -171,11 +171,26 @@ pub mod stamp_state {
     pub const COMPLETED: u32 = 2;
 }
 
-/// A 32-bit hash of a flow (never 0). Mixes the addresses as 32-bit words
-/// (IPv4-mapped addresses share their first three words, so they add nothing).
+/// The name of the kernel object's global that holds [`keyed_flow_hash`]'s
+/// secret, drawn by userspace at every load.
+pub const FLOW_SECRET_GLOBAL: &str = "SHED_FLOW_SECRET";
+
+/// A 32-bit hash of a flow (never 0), unkeyed: for tables whose slots
+/// userspace must find too (the local addresses) or whose collisions only
+/// ever refuse more (the RST prefix buckets).
 #[inline(always)]
 pub fn flow_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server_port: u16) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
+    keyed_flow_hash(0, client, server, client_port, server_port)
+}
+
+/// A 32-bit hash of a flow (never 0) under a secret `key`, for the handshake
+/// stamps: a client that picks its ports cannot aim its flows at another
+/// handshake's stamp without the secret. Mixes the addresses as 32-bit words
+/// (IPv4-mapped addresses share their first three words, so they add
+/// nothing). Not a cryptographic MAC: it keeps collisions to chance.
+#[inline(always)]
+pub fn keyed_flow_hash(key: u64, client: &[u8; 16], server: &[u8; 16], client_port: u16, server_port: u16) -> u32 {
+    let mut h: u32 = 0x811c_9dc5 ^ (key as u32);
     let mut i = 0;
     while i < 16 {
         let c = u32::from_ne_bytes([client[i], client[i + 1], client[i + 2], client[i + 3]]);
@@ -185,6 +200,7 @@ pub fn flow_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server_
         i += 4;
     }
     h ^= (u32::from(client_port) << 16) | u32::from(server_port);
+    h = (h ^ (key >> 32) as u32).wrapping_mul(0xcc9e_2d51).rotate_left(15);
     h = (h ^ (h >> 16)).wrapping_mul(0x7feb_352d);
     h ^= h >> 15;
     // 0 marks an unused stamp.
@@ -239,6 +255,21 @@ mod tests {
             assert!((3u64 << s) >= w.min(3 << MAX_SHIFT), "{w} -> {s}");
             assert!(s == MIN_SHIFT || (3u64 << (s - 1)) < w, "{w} -> {s} is not the smallest");
         }
+    }
+
+    #[test]
+    fn the_secret_moves_every_flow() {
+        let v4 = |last: u8| crate::ipv4_mapped([10, 0, 0, last]);
+        let mut moved = 0;
+        for port in 1000..2000u16 {
+            let plain = keyed_flow_hash(0, &v4(1), &v4(2), port, 80);
+            assert_eq!(plain, flow_hash(&v4(1), &v4(2), port, 80));
+            let keyed = keyed_flow_hash(0x1234_5678_9abc_def0, &v4(1), &v4(2), port, 80);
+            let other = keyed_flow_hash(0x1234_5678_0000_def0, &v4(1), &v4(2), port, 80);
+            moved += usize::from(keyed & (STAMPS_PER_PORT - 1) != plain & (STAMPS_PER_PORT - 1));
+            assert_ne!(keyed, other, "both halves of the key count");
+        }
+        assert!(moved > 990, "flows that collide unkeyed scatter under a secret: {moved} of 1000 moved");
     }
 
     #[test]

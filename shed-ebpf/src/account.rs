@@ -25,7 +25,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use shed_common::{
-    ClientKey, FlowKey, SockEntry, count_mode, counter, handshake::flow_hash, latency, sock_state_tp as tp, tcp_state,
+    ClientKey, FlowKey, SockEntry, count_mode, counter, latency, sock_state_tp as tp, tcp_state,
 };
 
 use crate::{
@@ -34,7 +34,7 @@ use crate::{
     fault::fault,
     maps::{
         SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SILENT, SHED_SOCKS, SHED_USER_STATE, count, port_config,
-        tier_of,
+        stamp_hash, tier_of,
     },
     ring,
 };
@@ -198,7 +198,7 @@ fn end_silence(slot: u32, epoch: u64) {
 /// established (or busy), or it closed.
 #[inline(always)]
 fn release(slot: u32, key: &FlowKey, now: u64, shift: u32) {
-    let flow = flow_hash(&key.client_addr, &key.server_addr, key.client_port, key.server_port);
+    let flow = stamp_hash(&key.client_addr, &key.server_addr, key.client_port, key.server_port);
     let (took, in_time) = complete(slot, shift, flow, now);
     if let Some(ns) = took {
         record(slot, Histogram::Handshake, ns);

@@ -10,7 +10,7 @@
 //! per-CPU counters (and, for a RST, the rate buckets).
 use shed_common::{
     ClientKey, Contention, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter,
-    handshake::{STAMP_PROBES, flow_hash, stamp_index, stamp_state},
+    handshake::{STAMP_PROBES, stamp_index, stamp_state},
     is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
     rst::Reset,
@@ -22,7 +22,7 @@ use crate::{
     fault::fault,
     maps::{
         SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
-        SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, count, is_local, is_loopback, local_kind, port_config,
+        SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, stamp_hash, count, is_local, is_loopback, local_kind, port_config,
         tier_of,
     },
     parse::Segment,
@@ -408,7 +408,7 @@ fn find_stamp(slot: u32, flow: u32) -> Option<*mut HandshakeStamp> {
 
 #[inline(always)]
 fn flow_of(seg: &Segment) -> u32 {
-    flow_hash(&seg.client_addr, &seg.server_addr, seg.client_port, seg.server_port)
+    stamp_hash(&seg.client_addr, &seg.server_addr, seg.client_port, seg.server_port)
 }
 
 /// Whether the kernel would complete a handshake with this ACK: the socket it

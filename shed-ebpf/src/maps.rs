@@ -16,6 +16,20 @@ use shed_common::{
     ratelimit::PREFIX_BUCKETS_PER_PORT,
 };
 
+/// The secret of the handshake stamps' flow hash
+/// ([`shed_common::handshake::keyed_flow_hash`]), drawn by userspace at load
+/// (`FLOW_SECRET_GLOBAL`); read-only data the verifier sees as a constant map.
+#[unsafe(no_mangle)]
+static SHED_FLOW_SECRET: u64 = 0;
+
+/// The stamp hash of a flow, under the secret drawn at load.
+#[inline(always)]
+pub fn stamp_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server_port: u16) -> u32 {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    let key = unsafe { core::ptr::read_volatile(&raw const SHED_FLOW_SECRET) };
+    shed_common::handshake::keyed_flow_hash(key, client, server, client_port, server_port)
+}
+
 /// The authoritative configs, for userspace; the programs read [`SHED_SLOT_CONFIG`].
 #[map]
 pub static SHED_PORTS: HashMap<u16, PortConfig> = HashMap::with_max_entries(MAX_PORTS, 0);

@@ -46,11 +46,27 @@ const LOG_WARN: u8 = 2;
 fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let mut loader = EbpfLoader::new();
     let level: &'static u8 = if options.kernel_log { &LOG_WARN } else { &LOG_OFF };
+    // One secret per load (a leak of 8 bytes per load: the loader keeps a reference).
+    let secret: &'static u64 = Box::leak(Box::new(flow_secret()));
     loader
         .map_max_entries(shed_common::map::SOCKS, options.connections)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
-        .override_global(aya_log::LEVEL, level, strict);
+        .override_global(aya_log::LEVEL, level, strict)
+        .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict);
     loader
+}
+
+/// A fresh secret for the handshake stamps' flow hash, from the kernel's
+/// random pool (falling back on the clock: a weaker key beats no gate).
+fn flow_secret() -> u64 {
+    let mut key = [0u8; 8];
+    // SAFETY: getrandom writes at most `key.len()` bytes into the buffer.
+    let got = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+    if got == key.len() as isize {
+        return u64::from_ne_bytes(key);
+    }
+    tracing::warn!("getrandom failed; the handshake stamps' secret is taken from the clock");
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }
 
 /// Loads the embedded object into the kernel (maps created, programs not yet loaded).
