@@ -796,3 +796,41 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
         assert_eq!(h.run_on(hook, &frame(&Spec { server_v4, ..Spec::default() }), ifindex).0, pass(hook), "{hook:?}");
     }
 }
+
+/// A SYN that crosses stacked devices (a VLAN device over its parent, QinQ
+/// over that, a macvlan) arrives on each with its tags peeled one by one: it
+/// is judged and counted once. The same segment again on the same device is
+/// a retransmission, judged anew.
+#[test]
+fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
+    let (bed, ifindex) = support::outside::enter("shedpt5");
+    let mut devices = vec![ifindex];
+    for name in ["shedvl1", "shedvl2"] {
+        let out = std::process::Command::new("ip")
+            .args(["link", "add", name, "link", &bed.server_if, "type", "macvlan"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let c = std::ffi::CString::new(name).unwrap();
+        // SAFETY: valid C string.
+        devices.push(unsafe { libc::if_nametoindex(c.as_ptr()) });
+    }
+    for hook in HOOKS {
+        let mut h = Harness::new(100, action::RST, false);
+        let stack = [
+            Spec { outer_vlan: Some(100), vlan: Some(200), ..Spec::default() },
+            Spec { vlan: Some(200), ..Spec::default() },
+            Spec::default(),
+        ];
+        for (spec, &dev) in stack.iter().zip(&devices) {
+            assert_eq!(h.run_on(hook, &frame(spec), dev).0, pass(hook), "{hook:?}");
+        }
+        assert_eq!(h.counters()[counter::SYN_SEEN], 1, "{hook:?}: one SYN through three devices");
+        assert_eq!(h.run_on(hook, &frame(&Spec::default()), devices[2]).0, pass(hook));
+        assert_eq!(h.counters()[counter::SYN_SEEN], 2, "{hook:?}: a repeat on the same device is a new SYN");
+        // And a different segment on the next device is judged too.
+        let other = Spec { client_port: 40_001, ..Spec::default() };
+        assert_eq!(h.run_on(hook, &frame(&other), devices[0]).0, pass(hook));
+        assert_eq!(h.counters()[counter::SYN_SEEN], 3, "{hook:?}");
+    }
+}

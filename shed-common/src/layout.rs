@@ -90,15 +90,18 @@ pub const CONTENDED_FOR_NS: u64 = 1_000_000_000;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Contention {
-    /// When a client holding its share or more was last judged (ns, kernel
-    /// monotonic clock): a SYN that finds the port full while one may be
-    /// filling it is judged at its ACK, where its refusal counts.
-    pub hog_ns: u64,
+    /// The client (its cap key's address) that held the most connections when
+    /// one was last counted, and how many it holds now (kept as it opens and
+    /// closes; another client's count replaces it when it grows larger). A
+    /// SYN that finds the port full while that is at least the share is
+    /// judged at its ACK, where its refusal counts.
+    pub largest: [u8; 16],
+    pub largest_held: u64,
     /// When a verified client holding less than its share was last refused:
     /// for [`CONTENDED_FOR_NS`] after it, a client at its share is refused.
     pub refused_ns: u64,
 }
-const _: () = assert!(size_of::<Contention>() == 16);
+const _: () = assert!(size_of::<Contention>() == 32);
 
 impl Contention {
     /// Whether `at_ns` lies within [`CONTENDED_FOR_NS`] after `since_ns` (never set: no).

@@ -125,9 +125,10 @@ impl Port {
     /// tiers first, except for a trickle that keeps a full tier from starving;
     /// a client at its cap is refused. Only reads (and the trickle's count).
     /// `share`: judge the tier's share (once per connection, where its tier is
-    /// judged: else the trickle would apply twice).
+    /// judged: else the trickle would apply twice). `verified`: the source has
+    /// answered our SYN-ACK, so its client share may be judged.
     #[inline(always)]
-    fn refusal(&self, tier: u8, in_flight: u64, seg: &Segment, share: bool) -> Option<usize> {
+    fn refusal(&self, tier: u8, in_flight: u64, seg: &Segment, share: bool, verified: bool) -> Option<usize> {
         if in_flight >= self.limit + u64::from(fault!("limit_off_by_one")) {
             Some(counter::REJECTED_LIMIT)
         } else if share
@@ -142,44 +143,49 @@ impl Port {
             }
         } else if over_client_cap(&self.config, &seg.client_addr) {
             Some(counter::REJECTED_CLIENT_CAP)
+        } else if verified && self.over_share_while_contended(seg) {
+            Some(counter::REJECTED_CLIENT_SHARE)
         } else {
             None
         }
     }
 
-    /// At a handshake-completing ACK (a proven source): the client share.
-    /// A client holding its share or more is refused while clients holding
-    /// less are being refused (`refused`: this one is, for another reason);
-    /// the refusal of a client under its share starts or prolongs that.
+    /// At a handshake-completing ACK (a proven source), the client share: a
+    /// client holding its share or more is refused while clients holding less
+    /// are being refused. Remembers that such a client was seen.
     #[inline(never)]
-    fn judge_share(&self, seg: &Segment, refused: bool) -> Option<usize> {
+    fn over_share_while_contended(&self, seg: &Segment) -> bool {
         if fault!("client_share_ignored") {
-            return None;
+            return false;
         }
-        let cap = self.config.share_cap(self.limit as u32)?;
-        let contention = SHED_CONTENTION.get_ptr_mut(self.slot)?;
-        let over = client_held(&self.config, &seg.client_addr) >= cap;
-        // SAFETY: map value; plain stores, a lost one shifts a time by one judgement.
-        unsafe {
-            if over {
-                (*contention).hog_ns = self.now_ns;
-                if !refused && Contention::recent((*contention).refused_ns, self.now_ns) {
-                    return Some(counter::REJECTED_CLIENT_SHARE);
-                }
-            } else if refused {
-                (*contention).refused_ns = self.now_ns;
-            }
+        let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
+        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return false };
+        if client_held(&self.config, &seg.client_addr) < cap {
+            return false;
         }
-        None
+        // SAFETY: map value, read as plain data.
+        Contention::recent(unsafe { (*contention).refused_ns }, self.now_ns)
     }
 
-    /// Whether the client share may bind on this port now: a client at its
-    /// share was judged lately, and this client holds less than its share.
+    /// A verified client was refused: if it holds less than its share, the
+    /// share binds for a while (see [`Self::over_share_while_contended`]).
+    #[inline(never)]
+    fn note_refused(&self, seg: &Segment) {
+        let Some(cap) = self.config.share_cap(self.limit as u32) else { return };
+        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return };
+        if client_held(&self.config, &seg.client_addr) < cap {
+            // SAFETY: map value; a plain store.
+            unsafe { (*contention).refused_ns = self.now_ns };
+        }
+    }
+
+    /// Whether the client share may bind on this port now: some client holds
+    /// its share or more, and this client holds less.
     #[inline(never)]
     fn share_may_bind(&self, seg: &Segment) -> bool {
         let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
         let Some(contention) = SHED_CONTENTION.get(self.slot) else { return false };
-        Contention::recent(contention.hog_ns, self.now_ns) && client_held(&self.config, &seg.client_addr) < cap
+        contention.largest_held >= cap && client_held(&self.config, &seg.client_addr) < cap
     }
 
     /// Adds one to a counter of the port on this CPU.
@@ -265,7 +271,7 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
     let mut reason = if deferred_to_ack(&port.config, tier) {
         None
     } else {
-        port.refusal(tier, port.held + others + current, seg, true)
+        port.refusal(tier, port.held + others + current, seg, true, false)
     };
     // A full port may be full of one client. A SYN it would refuse from a
     // client under its share then passes (holding nothing), so that the
@@ -277,7 +283,7 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
     // Dry run passes it; what enforcing would refuse is counted once, at the
     // handshake-completing ACK, where the connection would be admitted.
-    if let Some(reason) = reason
+    if let Some(reason) = reason.map(opaque)
         && enforce
     {
         let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
@@ -320,14 +326,14 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
     // The share was judged at the SYN unless the tier was deferred to here.
     let share = deferred_to_ack(&port.config, tier);
-    let mut reason = port.refusal(tier, port.held + others + current, seg, share);
-    if let Some(over) = port.judge_share(seg, reason.is_some()) {
-        reason = Some(over);
+    let mut reason = port.refusal(tier, port.held + others + current, seg, share, true);
+    if reason.is_some() {
+        port.note_refused(seg);
     }
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
-    if let Some(reason) = reason {
+    if let Some(reason) = reason.map(opaque) {
         if enforce {
             port.count(counter::REFUSED_AT_ACK);
             // Verified refusals by tier: what the daemon's tier hold-back reacts to.
@@ -342,6 +348,15 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
     port.count(counter::ADMITTED);
     port.count(counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
     Verdict::Pass
+}
+
+/// A refusal's counter index, hidden from the verifier's value tracking: each
+/// reason as a constant would be a path of its own through the whole refusal
+/// (the reset, the rate caps), so that the verifier walks it once per reason.
+#[inline(always)]
+fn opaque(reason: usize) -> usize {
+    // SAFETY: reading a local.
+    unsafe { core::ptr::read_volatile(&reason) & (counter::COUNT - 1) }
 }
 
 /// Whether a SYN of `tier` is judged only at its ACK: on a tiered port, a
@@ -372,24 +387,23 @@ pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bo
         && last.client_addr == seg.client_addr
 }
 
-/// Remembers a passed segment (see [`passed_already`]).
-#[inline(always)]
+/// Remembers a passed segment (see [`passed_already`]). Field by field into
+/// the map value: a whole struct built on the stack first would push the
+/// judging path over the verifier's 512-byte stack.
+#[inline(never)]
 pub fn remember_passed(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) {
     if let Some(last) = SHED_LAST_PASSED.get_ptr_mut(0) {
-        // SAFETY: per-CPU map value.
+        // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
         unsafe {
-            *last = shed_common::LastPassed {
-                at_ns: now_ns,
-                client_addr: seg.client_addr,
-                seq: seg.seq,
-                ack_seq: seg.ack_seq,
-                client_port: seg.client_port,
-                server_port: seg.server_port,
-                ifindex,
-                syn: u32::from(syn),
-                _pad: 0,
-            }
-        };
+            (*last).at_ns = now_ns;
+            (*last).client_addr = seg.client_addr;
+            (*last).seq = seg.seq;
+            (*last).ack_seq = seg.ack_seq;
+            (*last).client_port = seg.client_port;
+            (*last).server_port = seg.server_port;
+            (*last).ifindex = ifindex;
+            (*last).syn = u32::from(syn);
+        }
     }
 }
 
@@ -595,7 +609,8 @@ fn trickle(slot: u32) -> bool {
 #[inline(always)]
 pub fn client_release(client: &ClientKey) {
     if let Some(held) = SHED_CLIENTS.get_ptr_mut(client) {
-        atomic::add(held.cast::<u64>(), u64::MAX);
+        let before = atomic::add(held.cast::<u64>(), u64::MAX);
+        note_client(client, before.wrapping_sub(1));
     }
 }
 
@@ -604,11 +619,35 @@ pub fn client_release(client: &ClientKey) {
 #[inline(always)]
 pub fn client_add(client: &ClientKey) -> bool {
     if SHED_CLIENTS.get_ptr_mut(client).is_none() {
-        let _ = SHED_CLIENTS.insert(client, &0i64, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
+        // A zero on the stack, not `&0i64`: a pointer to a constant lands in
+        // `.rodata.cst8`, which the loader relocates to offset 0 of the wrong
+        // data section (it read back the stamps' secret as the count).
+        let mut zero = 1i64;
+        // SAFETY: a write to a local.
+        unsafe { core::ptr::write_volatile(&mut zero, 0) };
+        let _ = SHED_CLIENTS.insert(client, &zero, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
     }
     let Some(held) = SHED_CLIENTS.get_ptr_mut(client) else { return false };
-    atomic::add(held.cast::<u64>(), 1);
+    let before = atomic::add(held.cast::<u64>(), 1);
+    note_client(client, before + 1);
     true
+}
+
+/// Keeps the port's largest client current: `client` now holds `held`.
+/// Plain stores: CPUs racing here at worst leave a count one off until the
+/// next open or close of that client sets it again.
+#[inline(never)]
+fn note_client(client: &ClientKey, held: u64) {
+    let Some(c) = SHED_CONTENTION.get_ptr_mut(client.slot) else { return };
+    // SAFETY: map value, plain data.
+    unsafe {
+        if (*c).largest == client.addr {
+            (*c).largest_held = if (held as i64) < 0 { 0 } else { held };
+        } else if held > (*c).largest_held {
+            (*c).largest = client.addr;
+            (*c).largest_held = held;
+        }
+    }
 }
 
 /// The reservation of an admitted flow, released when its handshake completes.

@@ -81,6 +81,9 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
             // Crossing stacked devices (bridge, VLAN, macvlan, bond): judged once.
             let ifindex = bytes.ifindex();
             if decide::passed_already(seg, syn, now, ifindex) {
+                // Where it is now: the next device of the stack compares with
+                // this one, and a repeat on this very device is a new segment.
+                decide::remember_passed(seg, syn, now, ifindex);
                 return Outcome::Pass;
             }
             let loopback = ifindex == parse::LOOPBACK_IFINDEX;

@@ -220,6 +220,16 @@ fn build_ebpf_with(fault: Option<&str>) -> Result<()> {
     let built = ebpf_target.join("bpfel-unknown-none/release/shed");
     let object = workspace_root().join("target/bpfel-unknown-none/release/shed");
     let bytes = std::fs::read(&built).with_context(|| format!("read {}", built.display()))?;
+    // Constants that LLVM pools into mergeable sections (`&0i64` in a map
+    // insert) land in `.rodata.cst*`, which aya 0.14 relocates to offset 0 of
+    // the object's `.rodata`, where the stamps' secret lives: the insert then
+    // read the secret as a client's count. Refuse such an object outright.
+    if let Some(at) = bytes.windows(11).position(|w| w == b".rodata.cst") {
+        bail!(
+            "the kernel object has a mergeable constant section (.rodata.cst*, at byte {at}), which aya 0.14 \
+             relocates wrongly: pass such values from the stack (see client_add in shed-ebpf/src/decide.rs)"
+        );
+    }
     if std::fs::read(&object).ok().as_deref() != Some(&bytes[..]) {
         std::fs::create_dir_all(object.parent().expect("has a parent"))?;
         std::fs::write(&object, &bytes).with_context(|| format!("write {}", object.display()))?;

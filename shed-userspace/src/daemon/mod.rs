@@ -137,7 +137,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
     // Opened on the gate's own thread, inside its namespace.
     let links = system::LinkWatch::open();
     let mut controls: Vec<PortControl> = Vec::new();
-    let mut idle_clients = Vec::new();
+    let mut idle_clients = std::collections::HashSet::new();
     let mut last_client_sweep = Instant::now();
     let mut healer = crate::daemon::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
     let mut accept_queues = AcceptQueues::default();

@@ -407,8 +407,14 @@ impl GateMaps {
     /// so the maps shrink back when clients go away. Returns the idle clients now.
     /// (A client seen idle twice in a row cannot be mid-admission except in a
     /// microsecond race; losing that one count only loosens its cap by one.)
-    pub fn forget_idle_clients(&mut self, idle_before: &[ClientKey]) -> Result<Vec<ClientKey>, Error> {
-        let mut idle = Vec::new();
+    pub fn forget_idle_clients(
+        &mut self,
+        idle_before: &std::collections::HashSet<ClientKey>,
+    ) -> Result<std::collections::HashSet<ClientKey>, Error> {
+        // Sets, not lists: with every client counted (the client share is on by
+        // default) the map may hold tens of thousands, and a list lookup per
+        // entry made the sweep quadratic on the control loop's thread.
+        let mut idle = std::collections::HashSet::new();
         for (key, held) in self.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
             if held > 0 {
                 continue;
@@ -416,7 +422,7 @@ impl GateMaps {
             if idle_before.contains(&key) {
                 let _ = self.clients.remove(&key);
             } else {
-                idle.push(key);
+                idle.insert(key);
             }
         }
         Ok(idle)
