@@ -100,8 +100,18 @@ pub struct Contention {
     /// When a verified client holding less than its share was last refused:
     /// for [`CONTENDED_FOR_NS`] after it, a client at its share is refused.
     pub refused_ns: u64,
+    /// The budget of SYNs passed to be judged at their ACK ([`DEFERRED_PER_SEC`];
+    /// a GCRA time, see [`crate::ratelimit`]).
+    pub deferred_tat: u64,
 }
-const _: () = assert!(size_of::<Contention>() == 32);
+const _: () = assert!(size_of::<Contention>() == 40);
+
+/// Most SYNs a full port passes per second, while one client holds its
+/// share, so that a client under its share can prove itself at its ACK:
+/// enough to see contention within a second, too few for a flood of forged
+/// SYNs to cost the server more than a trickle of SYN cookies (the rest are
+/// refused at the SYN as before).
+pub const DEFERRED_PER_SEC: u32 = 100;
 
 impl Contention {
     /// Whether `at_ns` lies within [`CONTENDED_FOR_NS`] after `since_ns` (never set: no).
@@ -155,14 +165,16 @@ impl PortConfig {
     }
 
     /// Most connections one client may hold while others are refused, at
-    /// `limit` (at least one); `None` without a share.
+    /// `limit` (at least one); `None` without a share, or when the share
+    /// would be the whole limit (a limit of 1, a share of 100%).
     #[inline(always)]
     pub const fn share_cap(&self, limit: u32) -> Option<u64> {
         if self.client_share == 0 {
             return None;
         }
         let cap = limit as u64 * self.client_share as u64 / 100;
-        Some(if cap == 0 { 1 } else { cap })
+        let cap = if cap == 0 { 1 } else { cap };
+        if cap >= limit as u64 { None } else { Some(cap) }
     }
 
     /// A port with the default tier shares and the port's action for every tier.

@@ -56,6 +56,21 @@ mod tests {
     }
 
     #[test]
+    fn a_client_share_is_a_part_of_the_limit_never_all_of_it() {
+        let config = |share| PortConfig { client_share: share, ..PortConfig::new(0, action::RST, false, count_mode::WORK) };
+        assert_eq!(config(50).share_cap(10), Some(5));
+        assert_eq!(config(50).share_cap(3), Some(1));
+        assert_eq!(config(50).share_cap(2), Some(1));
+        assert_eq!(config(50).share_cap(1), None, "a limit of 1 has no part to give");
+        assert_eq!(config(1).share_cap(1000), Some(10));
+        assert_eq!(config(1).share_cap(10), Some(1), "at least one connection");
+        assert_eq!(config(100).share_cap(10), None);
+        assert_eq!(config(0).share_cap(10), None);
+        assert!(config(0).counts_clients() == false && config(50).counts_clients());
+        assert_eq!(PortConfig::new(0, action::RST, false, count_mode::WORK).client_share, DEFAULT_CLIENT_SHARE);
+    }
+
+    #[test]
     fn handshake_shift_is_clamped() {
         let shift = |s| UserPortState { handshake_shift: s, ..UserPortState::default() }.shift();
         assert_eq!(shift(0), handshake::DEFAULT_SHIFT);

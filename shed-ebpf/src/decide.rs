@@ -152,7 +152,7 @@ impl Port {
 
     /// At a handshake-completing ACK (a proven source), the client share: a
     /// client holding its share or more is refused while clients holding less
-    /// are being refused. Remembers that such a client was seen.
+    /// are being refused.
     #[inline(never)]
     fn over_share_while_contended(&self, seg: &Segment) -> bool {
         if fault!("client_share_ignored") {
@@ -180,12 +180,22 @@ impl Port {
     }
 
     /// Whether the client share may bind on this port now: some client holds
-    /// its share or more, and this client holds less.
+    /// its share or more, and this client holds less. Not on a tiered port:
+    /// critical and normal are judged at their ACK already, and low is the
+    /// tier refused first, at its SYN.
     #[inline(never)]
     fn share_may_bind(&self, seg: &Segment) -> bool {
+        if self.config.tiered != 0 {
+            return false;
+        }
         let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
-        let Some(contention) = SHED_CONTENTION.get(self.slot) else { return false };
-        contention.largest_held >= cap && client_held(&self.config, &seg.client_addr) < cap
+        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return false };
+        // SAFETY: map value, read as plain data; the budget is taken by compare-and-swap.
+        unsafe {
+            (*contention).largest_held >= cap
+                && client_held(&self.config, &seg.client_addr) < cap
+                && take(&raw mut (*contention).deferred_tat, self.now_ns, shed_common::DEFERRED_PER_SEC)
+        }
     }
 
     /// Adds one to a counter of the port on this CPU.
