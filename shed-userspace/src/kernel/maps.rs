@@ -8,7 +8,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
+    ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
     PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS,
     gate_counter, handshake, map,
 };
@@ -33,6 +33,7 @@ pub struct GateMaps {
     pub tiers: LpmTrie<MapData, [u8; 16], u32>,
     pub reserve: Array<MapData, TierReserve>,
     pub clients: HashMap<MapData, ClientKey, i64>,
+    pub contention: Array<MapData, Contention>,
     pub netns: Array<MapData, NetnsFilter>,
     pub port_slots: Array<MapData, u32>,
     pub slot_config: Array<MapData, PortConfig>,
@@ -199,6 +200,7 @@ impl GateMaps {
             tiers: typed(map::TIERS, open(map::TIERS)?)?,
             reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
             clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
+            contention: typed(map::CONTENTION, open(map::CONTENTION)?)?,
             netns: typed(map::NETNS, open(map::NETNS)?)?,
             port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
             slot_config: typed(map::SLOT_CONFIG, open(map::SLOT_CONFIG)?)?,
@@ -232,6 +234,9 @@ impl GateMaps {
         self.state.set(slot, PortState::default(), 0).map_err(reset)?;
         self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
         self.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
+        self.silent.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
+        // A slot's last port's largest client must not make this port defer SYNs.
+        self.contention.set(slot, Contention::default(), 0).map_err(reset)?;
         let zero =
             aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
         self.counters.set(slot, zero, 0).map_err(reset)?;
