@@ -648,11 +648,13 @@ pub fn client_add(client: &ClientKey) -> bool {
 /// next open or close of that client sets it again.
 #[inline(never)]
 fn note_client(client: &ClientKey, held: u64) {
+    // A close of a count the healer already took back reads below zero: none held.
+    let held = if (held as i64) < 0 { 0 } else { held };
     let Some(c) = SHED_CONTENTION.get_ptr_mut(client.slot) else { return };
     // SAFETY: map value, plain data.
     unsafe {
         if (*c).largest == client.addr {
-            (*c).largest_held = if (held as i64) < 0 { 0 } else { held };
+            (*c).largest_held = held;
         } else if held > (*c).largest_held {
             (*c).largest = client.addr;
             (*c).largest_held = held;
