@@ -295,31 +295,33 @@ impl UserPortState {
     /// The epoch shift the gate uses, clamped to the supported range.
     #[inline(always)]
     pub const fn shift(&self) -> u32 {
-        let s = self.handshake_shift;
-        if s == 0 {
-            handshake::DEFAULT_SHIFT
-        } else if s < handshake::MIN_SHIFT {
-            handshake::MIN_SHIFT
-        } else if s > handshake::MAX_SHIFT {
-            handshake::MAX_SHIFT
-        } else {
-            s
-        }
+        clamp_shift(self.handshake_shift, handshake::DEFAULT_SHIFT, handshake::MIN_SHIFT, handshake::MAX_SHIFT)
     }
 
     /// The silent ring's epoch shift, clamped to the supported range.
     #[inline(always)]
     pub const fn silent_shift(&self) -> u32 {
-        let s = self.silent_shift;
-        if s == 0 {
-            handshake::DEFAULT_SILENT_SHIFT
-        } else if s < handshake::MIN_SILENT_SHIFT {
-            handshake::MIN_SILENT_SHIFT
-        } else if s > handshake::MAX_SILENT_SHIFT {
-            handshake::MAX_SILENT_SHIFT
-        } else {
-            s
-        }
+        clamp_shift(
+            self.silent_shift,
+            handshake::DEFAULT_SILENT_SHIFT,
+            handshake::MIN_SILENT_SHIFT,
+            handshake::MAX_SILENT_SHIFT,
+        )
+    }
+}
+
+/// A ring's epoch shift as the daemon wrote it: 0 means `default`, anything
+/// else is held to `min..=max`.
+#[inline(always)]
+const fn clamp_shift(s: u32, default: u32, min: u32, max: u32) -> u32 {
+    if s == 0 {
+        default
+    } else if s < min {
+        min
+    } else if s > max {
+        max
+    } else {
+        s
     }
 }
 
