@@ -79,6 +79,54 @@ fn a_segment_crossing_stacked_devices_is_judged_once() {
     }
 }
 
+/// A listener with `TCP_DEFER_ACCEPT` (nginx's `deferred`, HAProxy's
+/// `defer-accept`) drops the handshake-completing ACK and completes the
+/// handshake with the request behind it, so both find the request socket:
+/// the request belongs to the handshake its ACK was admitted for, and holds
+/// that reservation (judged twice, every connection took a second
+/// reservation that lapsed; the same race as an ACK and its request judged
+/// on two CPUs at once).
+#[test]
+fn a_handshake_completed_by_its_request_is_judged_once() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhd").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start_deferred(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--count", "connections", "--action", "rst"]);
+    let echo = |c: &mut TcpStream| -> std::io::Result<()> {
+        c.set_read_timeout(Some(Duration::from_secs(1)))?;
+        c.write_all(b"p")?;
+        c.read_exact(&mut [0u8; 1])
+    };
+    testbed::run_in(&bed.client_ns, move || {
+        for i in 0..20 {
+            let mut c = testbed::connect(addr, Duration::from_secs(2)).unwrap_or_else(|e| panic!("#{i}: {e}"));
+            echo(&mut c).unwrap_or_else(|e| panic!("#{i} served: {e}"));
+            drop(c);
+            thread::sleep(Duration::from_millis(5));
+        }
+    })
+    .unwrap();
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "all closed", |s| field(s, "in_flight") == 0);
+    println!("deferred accept: {s}");
+    assert_eq!(field(&s, "admitted"), 20, "one admission per handshake: {s}");
+    assert_eq!(field(&s, "handshakes_lapsed"), 0, "no phantom reservation: {s}");
+    assert_eq!(field(&s, "late_completed"), 0, "{s}");
+    // The limit holds exactly: 5 of 10 held connections served.
+    let held: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+        (0..10)
+            .map(|_| {
+                let mut c = testbed::connect(addr, Duration::from_secs(1))?;
+                echo(&mut c).map(|()| c)
+            })
+            .collect::<Vec<_>>()
+    })
+    .unwrap();
+    let served = held.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(served, 5, "limit 5 serves 5 of 10: {}", stats(PORT));
+    drop(held);
+}
+
 /// More idle clients on the metrics endpoint than the daemon has files
 /// (systemd's default soft limit of 1,024; 1,072 idle clients ended the
 /// daemon): the daemon stays up, a scrape and `/healthz` still answer within

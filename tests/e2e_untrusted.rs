@@ -6,9 +6,13 @@
 mod support;
 
 use std::{
+    io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr},
     process::Command,
-    sync::{Arc, atomic::AtomicU64},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -166,6 +170,78 @@ fn handshake_completing_acks_are_admitted_up_to_the_limit_and_the_cap() {
         assert_eq!(field(&rejected, "rejected"), 10 - expected, "{label}: the rest were refused: {rejected}");
         assert_eq!(field(&rejected, "refused_at_ack"), 10 - expected, "{label}: at their ACK: {rejected}");
     }
+}
+
+/// A blind forger knows the 4-tuple of every SYN it forged, so it can follow
+/// each with ACKs to the request socket the kernel made for it; only the
+/// SYN-ACK's sequence number, sent to the forged address, proves the source.
+/// ACKs that do not acknowledge it take nothing, however many arrive: while
+/// they stream in, real clients still get the whole limit. (Judged on the
+/// request socket alone, each such ACK took a reservation for the handshake
+/// window: 20 forged SYNs and a few thousand ACKs a second held a port.)
+#[test]
+fn blind_forged_acks_to_forged_handshakes_take_no_slot() {
+    let _one = exclusive();
+    let forged_addr = Ipv4Addr::new(10, 200, 0, 77);
+    let bed = Testbed::create("shedtb").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    // The SYN-ACKs go to a hardware address nobody has: the forger is blind.
+    let neigh = ["-n", &bed.server_ns, "neigh", "replace", "10.200.0.77", "lladdr", "02:00:00:00:00:99", "dev"];
+    ip(&[&neigh[..], &[bed.server_if.as_str()]].concat());
+    let _gate = Gate::start(&bed, &["--port", "8080", "--action", "rst", "--count", "connections", "--limit", "3"]);
+    let server = bed.server_v4;
+    let ports: Vec<u16> = (0..20).map(|i| 42_000 + i).collect();
+    let forged_ports = ports.clone();
+    testbed::run_in(&bed.client_ns, move || {
+        let raw = RawSender::new().expect("raw socket");
+        for &port in &forged_ports {
+            assert!(raw.send(&tcp_segment(forged_addr, server, port, PORT, 1000, 0, 0x02)), "forged SYN sent");
+        }
+    })
+    .unwrap();
+    thread::sleep(Duration::from_millis(100));
+    // ACKs guessing the ISN stream in (every request socket, every 2 ms) while
+    // three real clients connect and are served.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let flood = testbed::spawn_in(&bed.client_ns, move || {
+        let raw = RawSender::new().expect("raw socket");
+        let mut sent = 0u32;
+        while !stop2.load(Ordering::Relaxed) && sent < 200_000 {
+            for &port in &ports {
+                let guess = 0x1234_5678u32.wrapping_add(sent);
+                sent += u32::from(raw.send(&tcp_segment(forged_addr, server, port, PORT, 1001, guess, 0x10)));
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        sent
+    });
+    thread::sleep(Duration::from_millis(200));
+    let served = testbed::run_in(&bed.client_ns, move || {
+        let held: Vec<_> = (0..3)
+            .map(|_| {
+                let mut c = testbed::connect(addr, Duration::from_secs(1))?;
+                c.set_read_timeout(Some(Duration::from_secs(1)))?;
+                c.write_all(b"p")?;
+                c.read_exact(&mut [0u8; 1])?;
+                Ok::<_, std::io::Error>(c)
+            })
+            .collect();
+        held.iter().filter(|r| r.is_ok()).count()
+    })
+    .unwrap();
+    thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::Relaxed);
+    let acks = flood.join().unwrap().unwrap();
+    let s = stats(PORT);
+    println!("blind forged ACKs: {acks} sent to 20 forged handshakes; {served} of 3 real clients served; {s}");
+    assert!(acks >= 1_000, "the forged ACKs ran ({acks})");
+    assert_eq!(served, 3, "the whole limit stays with real clients: {s}");
+    assert_eq!(field(&s, "syn_passed"), 23, "{s}");
+    assert_eq!(field(&s, "admitted"), 3, "only the real handshakes were admitted: {s}");
+    assert_eq!(field(&s, "refused_at_ack"), 0, "{s}");
+    assert_eq!(field(&s, "handshakes_lapsed"), 0, "no reservation was taken to lapse: {s}");
 }
 
 /// Three namespaces in a row: client -- router (gated, forwarding) -- remote server.

@@ -169,11 +169,21 @@ pub mod stamp_state {
     pub const ADMITTED: u32 = 1;
     /// The handshake completed (its reservation was released).
     pub const COMPLETED: u32 = 2;
+    /// A CPU is judging the flow's handshake-completing ACK right now: set
+    /// and resolved (to admitted, or back to free) within one program run,
+    /// so it never goes stale. The flow's other segments meanwhile pass as
+    /// duplicates, and other flows leave the slot alone.
+    pub const CLAIMED: u32 = 3;
 }
 
 /// The name of the kernel object's global that holds [`keyed_flow_hash`]'s
 /// secret, drawn by userspace at every load.
 pub const FLOW_SECRET_GLOBAL: &str = "SHED_FLOW_SECRET";
+
+/// The name of the kernel object's global that holds the byte offset of
+/// `snt_isn` in the running kernel's `struct tcp_request_sock` (from its BTF,
+/// found by userspace at every load; 0 when it could not be found).
+pub const SNT_ISN_OFFSET_GLOBAL: &str = "SHED_SNT_ISN_OFFSET";
 
 /// A 32-bit hash of a flow (never 0), unkeyed: for tables whose slots
 /// userspace must find too (the local addresses) or whose collisions only
@@ -215,13 +225,36 @@ pub const fn stamp_index(slot: u32, hash: u32, probe: u32) -> u32 {
 }
 
 impl HandshakeStamp {
+    /// The stamp's first word, `flow` and `state` as one `u64` (the fields'
+    /// order in memory on a little-endian target), so that taking a slot is
+    /// one compare-and-swap.
+    #[inline(always)]
+    pub const fn head(flow: u32, state: u32) -> u64 {
+        flow as u64 | ((state as u64) << 32)
+    }
+
+    /// Whether this slot holds `flow`'s handshake at `now_epoch`: admitted and
+    /// still reserved, or being judged by a CPU right now. Another
+    /// handshake-completing segment of the flow (a duplicate, or the request
+    /// right behind the ACK on another CPU) then holds its reservation already.
+    #[inline(always)]
+    pub const fn holds(&self, flow: u32, now_epoch: u64) -> bool {
+        self.flow == flow
+            && (self.state == stamp_state::CLAIMED
+                || (self.state == stamp_state::ADMITTED && live(self.epoch, now_epoch)))
+    }
+
     /// Whether `flow`, admitted at `now_epoch`, may take this slot: it holds no
-    /// other flow's handshake still under way (unused, completed, lapsed, or its own).
+    /// other flow's handshake still under way (unused, completed, lapsed, or its
+    /// own), and no CPU is judging one in it.
     #[inline(always)]
     pub const fn free_for(&self, flow: u32, now_epoch: u64) -> bool {
-        self.flow == 0 || self.flow == flow || self.state != stamp_state::ADMITTED || !live(self.epoch, now_epoch)
+        self.state != stamp_state::CLAIMED
+            && (self.flow == 0 || self.flow == flow || self.state != stamp_state::ADMITTED || !live(self.epoch, now_epoch))
     }
 }
+#[cfg(target_endian = "little")]
+const _: () = assert!(core::mem::offset_of!(HandshakeStamp, state) == 4);
 
 #[cfg(test)]
 mod tests {
@@ -329,5 +362,26 @@ mod tests {
         assert!(held.free_for(7, 100), "its own flow (a retransmitted SYN)");
         assert!(HandshakeStamp { state: stamp_state::COMPLETED, ..held }.free_for(8, 100), "completed");
         assert!(HandshakeStamp::default().free_for(8, 100), "never used");
+        let claimed = HandshakeStamp { state: stamp_state::CLAIMED, epoch: 1, ..held };
+        assert!(!claimed.free_for(8, 100), "claimed by a CPU, whatever its stale epoch");
+        assert!(!claimed.free_for(7, 100), "not even by its own flow");
+    }
+
+    #[test]
+    fn a_flow_holds_its_stamp_while_admitted_and_live_or_claimed() {
+        let held = HandshakeStamp { flow: 7, state: stamp_state::ADMITTED, epoch: 100, syn_ns: 1 };
+        assert!(held.holds(7, 100) && held.holds(7, 103));
+        assert!(!held.holds(7, 104), "lapsed: judged again");
+        assert!(!held.holds(8, 100), "another flow's");
+        assert!(!HandshakeStamp { state: stamp_state::COMPLETED, ..held }.holds(7, 100), "completed");
+        assert!(HandshakeStamp { state: stamp_state::CLAIMED, epoch: 0, ..held }.holds(7, 100), "being judged");
+    }
+
+    #[test]
+    fn the_head_word_is_the_flow_and_state_fields() {
+        let stamp = HandshakeStamp { flow: 0xdead_beef, state: stamp_state::CLAIMED, epoch: 9, syn_ns: 9 };
+        // SAFETY: reading the first 8 bytes of a repr(C) struct of at least 24.
+        let word = unsafe { core::ptr::from_ref(&stamp).cast::<u64>().read() };
+        assert_eq!(word, HandshakeStamp::head(0xdead_beef, stamp_state::CLAIMED));
     }
 }

@@ -39,6 +39,79 @@ pub enum Verdict {
     },
 }
 
+/// Where a handshake-completing ACK claimed its flow's stamp: the index of
+/// the slot it tried to claim (it holds it if the slot's head reads its
+/// flow, claimed), or [`Claim::DUPLICATE`]. One scalar whose value the
+/// judging path never branches on: the verifier walks that path once, not
+/// once per outcome of the claim.
+#[derive(Clone, Copy)]
+struct Claim(u32);
+
+impl Claim {
+    /// The flow's handshake holds a reservation already, or another CPU is
+    /// judging it right now: this segment passes, counted nowhere.
+    const DUPLICATE: Self = Self(u32::MAX);
+
+    /// Claims a stamp for `flow` before its ACK is judged, so that a second
+    /// handshake-completing segment of the same flow (a duplicate ACK, the
+    /// request that completes a deferred accept, or the request right behind
+    /// the ACK judged on another CPU at the same time) finds the handshake
+    /// held and takes no second reservation. Its own slot first; else the
+    /// first slot holding no other handshake under way; else the first (whose
+    /// handshake then lapses: counting too much, never too little). A claim is
+    /// one compare-and-swap of the slot's head word, so two CPUs never both
+    /// hold a slot.
+    #[inline(never)]
+    fn take(slot: u32, flow: u32, epoch: u64) -> Self {
+        let slot = slot ^ u32::from(fault!("stamp_wrong_key"));
+        let mut chosen = stamp_index(slot, flow, 0);
+        let mut free = false;
+        for probe in 0..STAMP_PROBES {
+            let index = stamp_index(slot, flow, probe);
+            let Some(stamp) = SHED_STAMPS.get(index) else { break };
+            // SAFETY: map value, copied out as plain data (a torn copy at worst misjudges one slot).
+            let seen = unsafe { core::ptr::read_volatile(stamp) };
+            if seen.flow == flow {
+                if seen.holds(flow, epoch) && !fault!("duplicate_ack_reserved") {
+                    return Self::DUPLICATE;
+                }
+                chosen = index;
+                break;
+            }
+            if !free && seen.free_for(flow, epoch) {
+                chosen = index;
+                free = true;
+            }
+        }
+        let Some(stamp) = SHED_STAMPS.get_ptr_mut(chosen) else { return Self(chosen) };
+        // SAFETY: map value, copied out as plain data.
+        let seen = unsafe { core::ptr::read_volatile(stamp) };
+        let head = stamp.cast::<u64>();
+        if !atomic::compare_exchange(head, HandshakeStamp::head(seen.flow, seen.state), HandshakeStamp::head(flow, stamp_state::CLAIMED))
+            // SAFETY: map value, read as plain data.
+            && unsafe { (*stamp).flow } == flow
+        {
+            // Another CPU claimed the slot first for this very flow: it is judging it.
+            return Self::DUPLICATE;
+        }
+        Self(chosen)
+    }
+
+    #[inline(always)]
+    fn is_duplicate(self) -> bool {
+        self.0 == Self::DUPLICATE.0
+    }
+
+    /// Gives back a claimed slot: the flow was refused.
+    #[inline(always)]
+    fn give_back(self, flow: u32) {
+        if let Some(stamp) = SHED_STAMPS.get_ptr_mut(self.0) {
+            let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
+            atomic::compare_exchange(stamp.cast::<u64>(), claimed, HandshakeStamp::head(flow, stamp_state::COMPLETED));
+        }
+    }
+}
+
 /// `sk_state` values (include/net/tcp_states.h).
 const TCP_LISTEN: u32 = 10;
 const TCP_NEW_SYN_RECV: u32 = 12;
@@ -207,23 +280,30 @@ impl Port {
         }
     }
 
-    /// Remembers where `flow` holds its reservation, so its completion releases it.
+    /// Remembers where the admitted flow holds its reservation, so its
+    /// completion releases it: the epoch first, then the state that makes it
+    /// count. Only into a slot this CPU claimed (a claim's compare-and-swap
+    /// lost to another flow leaves that flow's stamp alone, and this
+    /// admission lapses). The handshake may have completed meanwhile, by a
+    /// segment of the flow another CPU passed as a duplicate: the completion
+    /// then found the claim and left the release to this CPU.
     #[inline(always)]
-    fn stamp(&self, flow: u32, syn_ns: u64) {
-        let slot = self.slot ^ u32::from(fault!("stamp_wrong_key"));
-        // The first slot holding no other handshake under way; else the first.
-        let mut chosen = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, 0));
-        for probe in 0..STAMP_PROBES {
-            let Some(stamp) = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, probe)) else { break };
-            // SAFETY: map value, read as plain data.
-            if unsafe { (*stamp).free_for(flow, self.epoch) } {
-                chosen = Some(stamp);
-                break;
+    fn stamp(&self, claim: Claim, flow: u32, syn_ns: u64) {
+        let Some(stamp) = SHED_STAMPS.get_ptr_mut(claim.0) else { return };
+        let head = stamp.cast::<u64>();
+        let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
+        if atomic::load(head) == claimed {
+            // SAFETY: map value this CPU claimed.
+            unsafe {
+                core::ptr::write_volatile(&raw mut (*stamp).epoch, self.epoch);
+                core::ptr::write_volatile(&raw mut (*stamp).syn_ns, syn_ns);
+            }
+            if atomic::compare_exchange(head, claimed, HandshakeStamp::head(flow, stamp_state::ADMITTED)) {
+                return;
             }
         }
-        if let Some(stamp) = chosen {
-            // SAFETY: map value; a torn stamp at worst releases nothing (the reservation lapses).
-            unsafe { *stamp = HandshakeStamp { flow, state: stamp_state::ADMITTED, epoch: self.epoch, syn_ns } };
+        if atomic::load(head) == HandshakeStamp::head(flow, stamp_state::COMPLETED) {
+            ring::close(self.ring, self.epoch, self.epoch);
         }
     }
 
@@ -332,6 +412,15 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
         port.count(counter::ADMITTED_BY_TIER + tier::EXEMPT as usize);
         return Verdict::Pass;
     }
+    // A second segment of a handshake admitted (or being judged) already: a
+    // duplicate ACK, or the request that completes a deferred accept.
+    // Claimed before it is judged, so that of two CPUs judging the flow at
+    // once (the ACK and the request right behind it) the second passes.
+    let flow = flow_of(seg);
+    let claim = Claim::take(port.slot, flow, port.epoch);
+    if claim.is_duplicate() {
+        return Verdict::Pass;
+    }
     let (others, current) = port.handshakes();
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
     // The share was judged at the SYN unless the tier was deferred to here.
@@ -345,6 +434,7 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
     }
     if let Some(reason) = reason.map(opaque) {
         if enforce {
+            claim.give_back(flow);
             port.count(counter::REFUSED_AT_ACK);
             // Verified refusals by tier: what the daemon's tier hold-back reacts to.
             port.count(counter::VERIFIED_REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
@@ -354,7 +444,7 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
         // Dry run admits it, and accounts it as any admission.
         port.reserve(others, false);
     }
-    port.stamp(flow_of(seg), port.now_ns);
+    port.stamp(claim, flow, port.now_ns);
     port.count(counter::ADMITTED);
     port.count(counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
     Verdict::Pass
@@ -436,8 +526,9 @@ fn flow_of(seg: &Segment) -> u32 {
 }
 
 /// Whether the kernel would complete a handshake with this ACK: the socket it
-/// finds for the 4-tuple is a request socket (a handshake under way), or the
-/// listener itself and the ACK carries a valid SYN cookie (any other ACK to a
+/// finds for the 4-tuple is a request socket (a handshake under way) whose
+/// SYN-ACK the ACK acknowledges, or the listener itself and the ACK carries a
+/// valid SYN cookie (any other ACK to a
 /// listener is answered with a reset by the kernel, and holds nothing here).
 #[inline(always)]
 fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
@@ -477,8 +568,34 @@ fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
             return false;
         }
         let state = (*sk).state;
+        let proven = state == TCP_NEW_SYN_RECV && acks_our_syn_ack(sk.cast(), seg.ack_seq);
         bpf_sk_release(sk.cast());
-        state == TCP_NEW_SYN_RECV || (state == TCP_LISTEN && valid_cookie(seg))
+        proven || (state == TCP_LISTEN && valid_cookie(seg))
+    }
+}
+
+/// Whether an ACK to request socket `sk` acknowledges the SYN-ACK it sent
+/// (ack number = its ISN + 1), as the kernel requires to complete the
+/// handshake. Only the client the SYN-ACK reached knows that number: a blind
+/// forger that sent the SYN (and so knows the 4-tuple) cannot follow it with
+/// an ACK that takes a reservation, however many it sends. True when the
+/// offset is unknown (judged on the socket alone, as before).
+#[inline(always)]
+unsafe fn acks_our_syn_ack(sk: *mut core::ffi::c_void, ack_seq: u32) -> bool {
+    use aya_ebpf::helpers::{bpf_probe_read_kernel, bpf_skc_to_tcp_request_sock};
+    let offset = crate::maps::snt_isn_offset();
+    if offset == 0 || fault!("ack_number_unchecked") {
+        return true;
+    }
+    // SAFETY: `sk` is a referenced socket from the lookup, released by the caller after this.
+    let req = unsafe { bpf_skc_to_tcp_request_sock(sk) };
+    if req.is_null() {
+        return true;
+    }
+    // SAFETY: a 4-byte read of kernel memory; the helper fails safely on a bad address.
+    match unsafe { bpf_probe_read_kernel(req.cast::<u8>().add(offset as usize).cast::<u32>()) } {
+        Ok(isn) => ack_seq == isn.wrapping_add(1),
+        Err(_) => true,
     }
 }
 
@@ -668,12 +785,25 @@ fn note_client(client: &ClientKey, held: u64) {
 #[inline(always)]
 pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, bool) {
     let Some(stamp) = find_stamp(slot, flow) else { return (None, false) };
-    // SAFETY: map value; the socket lock serialises a flow's own events.
-    let stamp = unsafe { &mut *stamp };
-    if stamp.state != stamp_state::ADMITTED {
+    // SAFETY: map value, copied out as plain data.
+    let seen = unsafe { core::ptr::read_volatile(stamp) };
+    // Completed while a CPU still judges the ACK (the request behind it passed
+    // as a duplicate on another CPU and completed the handshake first): that
+    // CPU finds the claim completed and releases its own reservation.
+    let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
+    let completed = HandshakeStamp::head(flow, stamp_state::COMPLETED);
+    if seen.state == stamp_state::CLAIMED && atomic::compare_exchange(stamp.cast::<u64>(), claimed, completed) {
+        return (None, true);
+    }
+    // One compare-and-swap: a lapsed stamp may be taken by another flow's
+    // claim meanwhile, which this completion must not undo.
+    let admitted = HandshakeStamp::head(flow, stamp_state::ADMITTED);
+    if seen.state != stamp_state::ADMITTED
+        || !atomic::compare_exchange(stamp.cast::<u64>(), admitted, completed)
+    {
         return (None, false);
     }
-    stamp.state = stamp_state::COMPLETED;
+    let stamp = seen;
     let took = now_ns.saturating_sub(stamp.syn_ns);
     let Some(handshakes) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
     if fault!("handshake_not_released") {

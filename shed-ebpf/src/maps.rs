@@ -22,6 +22,20 @@ use shed_common::{
 #[unsafe(no_mangle)]
 static SHED_FLOW_SECRET: u64 = 0;
 
+/// Where the kernel keeps a request socket's initial sequence number (the
+/// one its SYN-ACK carried): `offsetof(struct tcp_request_sock, snt_isn)` on
+/// the running kernel, from its BTF (`SNT_ISN_OFFSET_GLOBAL`); 0 when
+/// userspace could not find it.
+#[unsafe(no_mangle)]
+static SHED_SNT_ISN_OFFSET: u32 = 0;
+
+/// [`SHED_SNT_ISN_OFFSET`], read as the verifier's constant.
+#[inline(always)]
+pub fn snt_isn_offset() -> u32 {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    unsafe { core::ptr::read_volatile(&raw const SHED_SNT_ISN_OFFSET) }
+}
+
 /// The stamp hash of a flow, under the secret drawn at load.
 #[inline(always)]
 pub fn stamp_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server_port: u16) -> u32 {

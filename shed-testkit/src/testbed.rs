@@ -149,6 +149,17 @@ pub struct Backend {
 
 impl Backend {
     pub fn start(ns: &str, addr: SocketAddr, service: Service) -> io::Result<Self> {
+        Self::start_listening(ns, addr, service, false)
+    }
+
+    /// The same, the listener set to `TCP_DEFER_ACCEPT` (nginx's `deferred`,
+    /// HAProxy's `defer-accept`): the kernel drops a handshake-completing ACK
+    /// that carries no data and completes the handshake with the request.
+    pub fn start_deferred(ns: &str, addr: SocketAddr, service: Service) -> io::Result<Self> {
+        Self::start_listening(ns, addr, service, true)
+    }
+
+    fn start_listening(ns: &str, addr: SocketAddr, service: Service, defer_accept: bool) -> io::Result<Self> {
         let listener = run_in(ns, move || {
             // A deep accept queue (std's listen() asks for 128): under churn on a busy
             // machine the accept loop lags, and an overflowing queue drops handshake-
@@ -156,6 +167,22 @@ impl Backend {
             let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
             socket.set_reuse_address(true)?;
             socket.bind(&addr.into())?;
+            if defer_accept {
+                let seconds: libc::c_int = 5;
+                // SAFETY: setsockopt on a socket this closure owns, with a c_int option value.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&socket),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_DEFER_ACCEPT,
+                        (&raw const seconds).cast(),
+                        size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             socket.listen(4096)?;
             let l: TcpListener = socket.into();
             l.set_nonblocking(true)?;

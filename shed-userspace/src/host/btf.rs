@@ -160,5 +160,10 @@ mod tests {
         assert!(net > 0 && net < 256, "skc_net at {net}");
         assert!(btf.offset_of("net", &["ns", "inum"]).is_some(), "net.ns.inum");
         assert_eq!(btf.offset_of("sock_common", &["no_such_member"]), None);
+        // Past the request socket's common part, and 4-byte aligned (a u32).
+        let isn = btf.offset_of("tcp_request_sock", &["snt_isn"]).expect("tcp_request_sock.snt_isn");
+        let rcv = btf.offset_of("tcp_request_sock", &["rcv_isn"]).expect("tcp_request_sock.rcv_isn");
+        assert!(isn > net && isn % 4 == 0 && isn < 1024, "snt_isn at {isn}");
+        assert_eq!(isn, rcv + 4, "snt_isn follows rcv_isn (include/linux/tcp.h)");
     }
 }

@@ -48,12 +48,35 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let level: &'static u8 = if options.kernel_log { &LOG_WARN } else { &LOG_OFF };
     // One secret per load (a leak of 8 bytes per load: the loader keeps a reference).
     let secret: &'static u64 = Box::leak(Box::new(flow_secret()));
+    let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
     loader
         .map_max_entries(shed_common::map::SOCKS, options.connections)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
         .override_global(aya_log::LEVEL, level, strict)
-        .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict);
+        .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
+        .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict);
     loader
+}
+
+/// `offsetof(struct tcp_request_sock, snt_isn)` on the running kernel, so a
+/// handshake-completing ACK is judged only if it acknowledges the SYN-ACK (0,
+/// with a warning, if the kernel's BTF lacks it: ACKs are then judged on the
+/// request socket alone, and a blind forger that sent the SYN can follow it
+/// with ACKs that hold a reservation each for the handshake window).
+fn snt_isn_offset() -> u32 {
+    static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        let found = crate::host::btf::Btf::from_sys_fs()
+            .and_then(|btf| btf.offset_of("tcp_request_sock", &["snt_isn"]))
+            .filter(|&offset| offset != 0);
+        found.unwrap_or_else(|| {
+            tracing::warn!(
+                "no tcp_request_sock.snt_isn in /sys/kernel/btf/vmlinux: handshake-completing ACKs are judged \
+                 without checking their ack number (blind forged ACKs can hold reservations)"
+            );
+            0
+        })
+    })
 }
 
 /// A fresh secret for the handshake stamps' flow hash, from the kernel's
