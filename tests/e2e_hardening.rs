@@ -127,6 +127,64 @@ fn a_handshake_completed_by_its_request_is_judged_once() {
     drop(held);
 }
 
+/// The connection and client maps are shared by a gate's ports: one port's
+/// flood of connections from many addresses filled both (262,144 and 65,536
+/// entries, one /48 of /64 clients), and every other port went untracked,
+/// its caps and shares off. Each port now holds at most an even share
+/// (`connection_quota`, `client_quota`): here 1,100 connections from 1,100
+/// addresses to one port of two, in maps of 1,024, leave the other port its room.
+#[test]
+fn one_port_cannot_fill_the_shared_maps_for_the_others() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhq").expect("testbed");
+    let (a, b) = (bed.server_addr(false, PORT), bed.server_addr(false, 8081));
+    let _held_a = Backend::start(&bed.server_ns, a, Service::Hold).expect("backend");
+    let _held_b = Backend::start(&bed.server_ns, b, Service::Hold).expect("backend");
+    // 1,100 client addresses in 10.201.0.0/16, routed back by the server through
+    // the client's own address (one neighbour entry, not 1,100: the table holds 1,024).
+    let batch: String = (0..1_100u32).map(|i| format!("addr add 10.201.{}.{}/32 dev {}\n", i / 250, 1 + i % 250, bed.client_if)).collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), batch).unwrap();
+    ip(&["-n", &bed.client_ns, "-batch", file.path().to_str().unwrap()]);
+    ip(&["-n", &bed.server_ns, "route", "add", "10.201.0.0/16", "via", "10.200.0.2"]);
+    let _gate = Gate::start(
+        &bed,
+        &[
+            "--port", "8080", "--port", "8081", "--limit", "5000", "--count", "connections", "--action", "rst",
+            "--max-connections", "1024", "--max-clients", "1024",
+        ],
+    );
+    let quotas = wait_for_stats(PORT, Duration::from_secs(3), "quotas written", |s| field(s, "connection_quota") > 0);
+    assert_eq!((field(&quotas, "connection_quota"), field(&quotas, "client_quota")), (512, 512), "{quotas}");
+    let limit = libc::rlimit { rlim_cur: 8192, rlim_max: 8192 };
+    // SAFETY: a valid rlimit; raising our own limit as root (the backends hold the other ends).
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0, "raise this test's file limit");
+    let flood: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+        (0..1_100u32)
+            .filter_map(|i| {
+                let source = std::net::IpAddr::from([10, 201, (i / 250) as u8, (1 + i % 250) as u8]);
+                testbed::connect_from(source, a, Duration::from_secs(2)).ok()
+            })
+            .collect()
+    })
+    .unwrap();
+    assert_eq!(flood.len(), 1_100, "every flood connection was accepted (the limit is far off)");
+    let others: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+        (0..20).filter_map(|_| testbed::connect(b, Duration::from_secs(2)).ok()).collect::<Vec<_>>()
+    })
+    .unwrap();
+    assert_eq!(others.len(), 20);
+    let (sa, sb) = (stats(PORT), stats(8081));
+    println!("flooded port: {sa}\nother port: {sb}");
+    assert!(field(&sa, "established") <= 512, "the flooded port holds at most its quota: {sa}");
+    assert!(field(&sa, "connection_map_full") >= 1_100 - 512, "{sa}");
+    assert!(field(&sa, "client_map_full") >= 1_100 - 512, "{sa}");
+    assert_eq!(field(&sb, "established"), 20, "the other port tracks every connection: {sb}");
+    assert_eq!(field(&sb, "connection_map_full"), 0, "{sb}");
+    assert_eq!(field(&sb, "client_map_full"), 0, "its client is counted: {sb}");
+    drop((flood, others));
+}
+
 /// More idle clients on the metrics endpoint than the daemon has files
 /// (systemd's default soft limit of 1,024; 1,072 idle clients ended the
 /// daemon): the daemon stays up, a scrape and `/healthz` still answer within

@@ -270,8 +270,11 @@ pub struct PortState {
     pub busy_enter: u64,
     /// Connections that stopped owing one (answered, or closed while busy).
     pub busy_exit: u64,
+    /// Client entries the port's connections inserted into the client map
+    /// (the daemon counts the ones it forgets in [`UserPortState::clients_forgotten`]).
+    pub clients_added: u64,
 }
-const _: () = assert!(size_of::<PortState>() == 32);
+const _: () = assert!(size_of::<PortState>() == 40);
 
 /// The daemon's share of a port's accounting. Written only by the daemon.
 #[repr(C)]
@@ -288,14 +291,39 @@ pub struct UserPortState {
     pub busy_adjust: i64,
     /// Drift healing: connections corrected so far (reported, not used by the gate).
     pub drift_corrected: u64,
+    /// Most connections the port may track in the shared connection map (0:
+    /// no bound), so one port cannot fill it for every port.
+    pub connection_quota: u32,
+    /// Most client entries the port may hold in the shared client map (0: no bound).
+    pub client_quota: u32,
+    /// Client entries of the port the daemon forgot (idle), against
+    /// [`PortState::clients_added`].
+    pub clients_forgotten: u64,
 }
-const _: () = assert!(size_of::<UserPortState>() == 32);
+const _: () = assert!(size_of::<UserPortState>() == 48);
 
 impl UserPortState {
     /// The epoch shift the gate uses, clamped to the supported range.
     #[inline(always)]
     pub const fn shift(&self) -> u32 {
         clamp_shift(self.handshake_shift, handshake::DEFAULT_SHIFT, handshake::MIN_SHIFT, handshake::MAX_SHIFT)
+    }
+
+    /// Whether the port may track one more connection: it holds fewer than
+    /// its quota (established = opened - closed, plus the healer's correction).
+    #[inline(always)]
+    pub const fn connection_room(&self, state: &PortState) -> bool {
+        if self.connection_quota == 0 {
+            return true;
+        }
+        let tracked = state.opened.wrapping_sub(state.closed) as i64 + self.established_adjust;
+        tracked < self.connection_quota as i64
+    }
+
+    /// Whether the port may insert one more client entry.
+    #[inline(always)]
+    pub const fn client_room(&self, state: &PortState) -> bool {
+        self.client_quota == 0 || (state.clients_added.wrapping_sub(self.clients_forgotten) as i64) < self.client_quota as i64
     }
 
     /// The silent ring's epoch shift, clamped to the supported range.
@@ -308,6 +336,15 @@ impl UserPortState {
             handshake::MAX_SILENT_SHIFT,
         )
     }
+}
+
+/// A port's quota of a map all of a gate's ports share (`capacity` entries)
+/// when `ports` are gated: an even share each, so one port's flood of
+/// connections or clients cannot turn tracking, caps and shares off for the
+/// others; no bound (0) for a port alone.
+#[inline(always)]
+pub const fn map_quota(capacity: u32, ports: usize) -> u32 {
+    if ports <= 1 { 0 } else { capacity / ports as u32 }
 }
 
 /// A ring's epoch shift as the daemon wrote it: 0 means `default`, anything

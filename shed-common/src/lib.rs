@@ -42,10 +42,10 @@ mod tests {
     #[test]
     fn in_flight_clamps_inconsistent_reads() {
         let user = |e, b| UserPortState { established_adjust: e, busy_adjust: b, ..UserPortState::default() };
-        let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2 };
+        let state = PortState { opened: 3, closed: 5, busy_enter: 1, busy_exit: 2, ..PortState::default() };
         assert_eq!(in_flight(&state, 0, 0, &user(0, 0), count_mode::CONNECTIONS), 0);
         assert_eq!(in_flight(&state, 0, 0, &user(0, 0), count_mode::WORK), 0);
-        let state = PortState { opened: 10, closed: 4, busy_enter: 7, busy_exit: 5 };
+        let state = PortState { opened: 10, closed: 4, busy_enter: 7, busy_exit: 5, ..PortState::default() };
         assert_eq!(in_flight(&state, 4, 3, &user(0, 0), count_mode::CONNECTIONS), 6 + 4, "silent connections are established ones");
         assert_eq!(in_flight(&state, 4, 3, &user(0, 0), count_mode::WORK), 2 + 3 + 4, "silent ones count in work mode");
         // Drift healing adjusts both ways, never below zero.
@@ -68,6 +68,30 @@ mod tests {
         assert_eq!(config(0).share_cap(10), None);
         assert!(config(0).counts_clients() == false && config(50).counts_clients());
         assert_eq!(PortConfig::new(0, action::RST, false, count_mode::WORK).client_share, DEFAULT_CLIENT_SHARE);
+    }
+
+    #[test]
+    fn a_port_quota_bounds_what_it_holds_of_the_shared_maps() {
+        let state = PortState { opened: 110, closed: 10, clients_added: 40, ..PortState::default() };
+        let user = |quota, adjust, forgotten| UserPortState {
+            connection_quota: quota,
+            client_quota: quota,
+            established_adjust: adjust,
+            clients_forgotten: forgotten,
+            ..UserPortState::default()
+        };
+        assert!(user(0, 0, 0).connection_room(&state) && user(0, 0, 0).client_room(&state), "no quota");
+        assert!(!user(100, 0, 0).connection_room(&state), "100 tracked of 100");
+        assert!(user(101, 0, 0).connection_room(&state));
+        assert!(user(100, -1, 0).connection_room(&state), "the healer took one back");
+        assert!(!user(40, 0, 0).client_room(&state), "40 clients of 40");
+        assert!(user(40, 0, 1).client_room(&state), "one forgotten");
+        // A forgotten count ahead of the kernel's (a reset slot read mid-way) is room, not a wrap.
+        assert!(user(40, 0, 100).client_room(&state));
+        assert_eq!(map_quota(262_144, 1), 0, "a port alone may fill the map");
+        assert_eq!(map_quota(262_144, 0), 0);
+        assert_eq!(map_quota(262_144, 2), 131_072);
+        assert_eq!(map_quota(1_024, 3), 341);
     }
 
     #[test]

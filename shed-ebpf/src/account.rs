@@ -41,6 +41,8 @@ use crate::{
 
 const IPPROTO_TCP: u16 = 6;
 const EEXIST: i32 = 17;
+/// The error a port at its connection quota gets instead of an insert.
+const E2BIG: i32 = 7;
 
 #[inline(always)]
 pub fn on_sock_state(ctx: &TracePointContext) {
@@ -150,7 +152,12 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
             crate::rare::client_map_full(slot);
         }
     }
-    match SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) {
+    // A port at its quota of the shared map is full for itself only: the
+    // other ports keep their room.
+    // SAFETY: `state` is a slot of an array map, valid for this run; copied as plain data.
+    let room = user.connection_room(&unsafe { *state }) || fault!("connection_quota_ignored");
+    let inserted = if room { SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) } else { Err(-E2BIG) };
+    match inserted {
         Ok(()) => {
             if entry.silent != 0
                 && let Some(silent) = SHED_SILENT.get_ptr_mut(slot)

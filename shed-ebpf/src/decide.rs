@@ -746,13 +746,25 @@ pub fn client_release(client: &ClientKey) {
 #[inline(always)]
 pub fn client_add(client: &ClientKey) -> bool {
     if SHED_CLIENTS.get_ptr_mut(client).is_none() {
+        // A port at its quota of the shared client map adds no new client (its
+        // connections go uncounted against caps and shares), so that one port's
+        // clients, say a /48 of /64s, cannot fill the map for every port.
+        let Some(state) = SHED_PORT_STATE.get_ptr_mut(client.slot) else { return false };
+        let user = SHED_USER_STATE.get(client.slot).copied().unwrap_or_default();
+        // SAFETY: map value, copied as plain data.
+        if !user.client_room(&unsafe { *state }) && !fault!("client_quota_ignored") {
+            return false;
+        }
         // A zero on the stack, not `&0i64`: a pointer to a constant lands in
         // `.rodata.cst8`, which the loader relocates to offset 0 of the wrong
         // data section (it read back the stamps' secret as the count).
         let mut zero = 1i64;
         // SAFETY: a write to a local.
         unsafe { core::ptr::write_volatile(&mut zero, 0) };
-        let _ = SHED_CLIENTS.insert(client, &zero, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
+        if SHED_CLIENTS.insert(client, &zero, u64::from(aya_ebpf::bindings::BPF_NOEXIST)).is_ok() {
+            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+            atomic::add(unsafe { &raw mut (*state).clients_added }, 1);
+        }
     }
     let Some(held) = SHED_CLIENTS.get_ptr_mut(client) else { return false };
     let before = atomic::add(held.cast::<u64>(), 1);

@@ -318,7 +318,7 @@ impl Healer {
             // The kernel's counts as they were when the entries were read (the
             // adjustments are the healer's own, unchanged since).
             let Some(&[opened, closed, busy_enter, busy_exit]) = counts_read.get(&port) else { continue };
-            let at_read = shed_common::PortState { opened, closed, busy_enter, busy_exit };
+            let at_read = shed_common::PortState { opened, closed, busy_enter, busy_exit, ..shed_common::PortState::default() };
             let drift = (
                 shed_common::established(&at_read, &snapshot.user) as i64 - open,
                 shed_common::busy(&at_read, &snapshot.user) as i64 - busy,

@@ -195,6 +195,10 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                     tracing::info!("every port was detached: stopping");
                     return Ok(());
                 }
+                let slots: Vec<u32> = ports.values().map(|c| c.slot).collect();
+                if let Err(e) = loaded.maps.set_quotas(&slots) {
+                    settings.task_errors.record("quotas", &e);
+                }
                 // Follow ports detached (or re-attached in another slot) since the last tick.
                 controls.retain(|c| {
                     let kept = ports.get(&c.port).is_some_and(|p| p.slot == c.slot);

@@ -408,6 +408,23 @@ impl GateMaps {
         Ok(out)
     }
 
+    /// Bounds each of `slots` (every port of the gate) to its quota of the
+    /// shared connection and client maps ([`shed_common::map_quota`]).
+    pub fn set_quotas(&mut self, slots: &[u32]) -> Result<(), Error> {
+        use aya::maps::IterableMap as _;
+        let capacity = |map: &MapData| map.info().map(|info| info.max_entries()).map_err(|e| Error::map("read map size", e));
+        let (connections, clients) = (capacity(self.socks.map())?, capacity(self.clients.map())?);
+        let quotas = (shed_common::map_quota(connections, slots.len()), shed_common::map_quota(clients, slots.len()));
+        for &slot in slots {
+            let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+            if (user.connection_quota, user.client_quota) != quotas {
+                (user.connection_quota, user.client_quota) = quotas;
+                self.user_state.set(slot, user, 0).map_err(|e| Error::map("write map quotas", e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets clients that held nothing at the last sweep and still hold nothing,
     /// so the maps shrink back when clients go away. Returns the idle clients now.
     /// (A client seen idle twice in a row cannot be mid-admission except in a
@@ -420,15 +437,24 @@ impl GateMaps {
         // default) the map may hold tens of thousands, and a list lookup per
         // entry made the sweep quadratic on the control loop's thread.
         let mut idle = std::collections::HashSet::new();
+        let mut forgotten: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
         for (key, held) in self.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
             if held > 0 {
                 continue;
             }
             if idle_before.contains(&key) {
-                let _ = self.clients.remove(&key);
+                if self.clients.remove(&key).is_ok() {
+                    *forgotten.entry(key.slot).or_default() += 1;
+                }
             } else {
                 idle.insert(key);
             }
+        }
+        // Counted against what the port's connections added, for its client quota.
+        for (slot, n) in forgotten {
+            let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+            user.clients_forgotten += n;
+            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write forgotten clients", e))?;
         }
         Ok(idle)
     }

@@ -42,10 +42,9 @@ impl Loaded {
     fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
         let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
         let mut loaded = Self { ebpf, maps };
-        loaded.xdp()?.load().map_err(|e| Error::program("load XDP program", e))?;
-        loaded.xdp_pass()?.load().map_err(|e| Error::program("load XDP pass program", e))?;
-        loaded.xdp_drop()?.load().map_err(|e| Error::program("load XDP drop program", e))?;
-        loaded.tc()?.load().map_err(|e| Error::program("load TC program", e))?;
+        // The gate's XDP and TC programs load when first used (see
+        // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
+        // of them on most hosts.
         Self::program::<TracePoint>(&mut loaded.ebpf, program::SOCK_STATE)?
             .load()
             .map_err(|e| Error::program(format!("load tracepoint program {}", program::SOCK_STATE), e))?;
@@ -67,22 +66,36 @@ impl Loaded {
         prog.try_into().map_err(|e| Error::program(format!("open program {name}"), e))
     }
 
+    /// The gate's XDP program, loaded into the kernel on first use.
     pub fn xdp(&mut self) -> Result<&mut Xdp, Error> {
-        Self::program(&mut self.ebpf, program::XDP)
+        Self::loaded_xdp(&mut self.ebpf, program::XDP, "load XDP program")
     }
 
+    /// The gate's TC program, loaded into the kernel on first use.
     pub fn tc(&mut self) -> Result<&mut SchedClassifier, Error> {
-        Self::program(&mut self.ebpf, program::TC)
+        let prog: &mut SchedClassifier = Self::program(&mut self.ebpf, program::TC)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| Error::program("load TC program", e))?;
+        }
+        Ok(prog)
     }
 
     /// The pass-everything XDP program (for the peer of an XDP-gated veth, and as a benchmark baseline).
     pub fn xdp_pass(&mut self) -> Result<&mut Xdp, Error> {
-        Self::program(&mut self.ebpf, program::XDP_PASS)
+        Self::loaded_xdp(&mut self.ebpf, program::XDP_PASS, "load XDP pass program")
     }
 
     /// The drop-everything XDP program (a benchmark baseline; never attached by `shedctl`).
     pub fn xdp_drop(&mut self) -> Result<&mut Xdp, Error> {
-        Self::program(&mut self.ebpf, program::XDP_DROP)
+        Self::loaded_xdp(&mut self.ebpf, program::XDP_DROP, "load XDP drop program")
+    }
+
+    fn loaded_xdp<'a>(ebpf: &'a mut Ebpf, name: &str, what: &str) -> Result<&'a mut Xdp, Error> {
+        let prog: &mut Xdp = Self::program(ebpf, name)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| Error::program(what, e))?;
+        }
+        Ok(prog)
     }
 
     /// Starts in-flight accounting and latency measurement. Attach before any

@@ -75,6 +75,11 @@ pub struct PortStats {
     pub handshake_p99_us: u64,
     /// How long a `work` connection that sends nothing counts in flight (at least; ms).
     pub idle_grace_ms: u64,
+    /// Most connections and client entries the port may hold of the gate's
+    /// shared maps (0: no bound, a port alone); past them, `connection_map_full`
+    /// and `client_map_full` count for this port only.
+    pub connection_quota: u32,
+    pub client_quota: u32,
     pub algo: Algo,
     pub min_limit: u32,
     pub max_limit: u32,
@@ -200,6 +205,8 @@ impl PortStats {
             handshake_p50_us: now.status.handshake_p50_us,
             handshake_p99_us: now.status.handshake_p99_us,
             idle_grace_ms: now.idle_grace_ms(),
+            connection_quota: now.user.connection_quota,
+            client_quota: now.user.client_quota,
             algo: Algo::from_raw(now.control.algo),
             min_limit: now.control.min_limit,
             max_limit: now.control.max_limit,
@@ -317,7 +324,7 @@ mod tests {
                 reason: Reason::Grow.to_raw(),
                 ..ControlStatus::default()
             },
-            state: PortState { opened: 7, closed: 2, busy_enter: 4, busy_exit: 3 },
+            state: PortState { opened: 7, closed: 2, busy_enter: 4, busy_exit: 3, ..PortState::default() },
             user: UserPortState { handshake_shift: 20, ..UserPortState::default() },
             ring: {
                 // Epoch 100 at shift 20: one live cell with 2 open, one lapsed cell with 1.

@@ -62,6 +62,8 @@ pub const TERMS: &[Term] = &[
     term("handshake_p50_us", Measure, None),
     term("handshake_p99_us", Measure, None),
     term("idle_grace_ms", Measure, None),
+    term("connection_quota", Measure, None),
+    term("client_quota", Measure, None),
     term("algo", LIVE, Some("shed_port_info")),
     term("min_limit", LIVE, Some("shed_min_limit")),
     term("max_limit", LIVE, Some("shed_max_limit")),
