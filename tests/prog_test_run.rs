@@ -40,6 +40,15 @@ impl Harness {
         Self { loaded }
     }
 
+    /// Loads `hook`'s program now (it loads on first use, which takes the
+    /// verifier seconds: longer than a test's reservation window).
+    fn load(&mut self, hook: Hook) {
+        match hook {
+            Hook::Xdp => drop(self.loaded.xdp().unwrap()),
+            Hook::Tc => drop(self.loaded.tc().unwrap()),
+        }
+    }
+
     /// Runs one frame as if it arrived on interface `ifindex` of the calling
     /// thread's namespace (the test runner otherwise presents every frame as
     /// arriving on loopback).
@@ -151,6 +160,7 @@ fn a_syn_under_the_limit_passes_holding_nothing() {
 fn reservations_count_until_the_window_ends() {
     for hook in HOOKS {
         let mut h = Harness::new(1, action::DROP, false);
+        h.load(hook);
         let slot = h.loaded.maps.config(PORT).unwrap().slot;
         // The shortest window: epochs of 2^16 ns, reservations live at most ~0.3 ms.
         h.loaded.maps.set_handshake_shift(slot, shed_common::handshake::MIN_SHIFT).unwrap();
@@ -733,6 +743,7 @@ fn rst_caps_hold_when_cpus_race() {
         config.rst_per_prefix_per_sec = 0;
         config.rst_per_sec = 50;
         h.loaded.maps.write_config(PORT, config).unwrap();
+        h.load(Hook::Xdp);
     }
     let guard = h.lock().unwrap();
     let xdp: &aya::programs::Xdp =
