@@ -798,14 +798,20 @@ fn note_client(client: &ClientKey, held: u64) {
 pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, bool) {
     let Some(stamp) = find_stamp(slot, flow) else { return (None, false) };
     // SAFETY: map value, copied out as plain data.
-    let seen = unsafe { core::ptr::read_volatile(stamp) };
+    let mut seen = unsafe { core::ptr::read_volatile(stamp) };
     // Completed while a CPU still judges the ACK (the request behind it passed
     // as a duplicate on another CPU and completed the handshake first): that
     // CPU finds the claim completed and releases its own reservation.
     let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
     let completed = HandshakeStamp::head(flow, stamp_state::COMPLETED);
-    if seen.state == stamp_state::CLAIMED && atomic::compare_exchange(stamp.cast::<u64>(), claimed, completed) {
-        return (None, true);
+    if seen.state == stamp_state::CLAIMED {
+        if atomic::compare_exchange(stamp.cast::<u64>(), claimed, completed) {
+            return (None, true);
+        }
+        // The claimant admitted it between the read and the swap: read it again
+        // (else that reservation lapsed and this completion counted late).
+        // SAFETY: as above.
+        seen = unsafe { core::ptr::read_volatile(stamp) };
     }
     // One compare-and-swap: a lapsed stamp may be taken by another flow's
     // claim meanwhile, which this completion must not undo.
