@@ -174,6 +174,59 @@ mod tests {
         assert_eq!(finish(sum_words(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7])), 0x220d);
     }
 
+    /// RFC 1071 written apart from [`sum_words`] and [`finish`]: bytes taken in
+    /// pairs into a wide sum, folded for as long as anything carries.
+    fn reference_checksum(parts: &[&[u8]]) -> u16 {
+        let bytes = parts.concat();
+        let mut sum: u64 = bytes.chunks(2).map(|c| u64::from(c[0]) << 8 | u64::from(*c.get(1).unwrap_or(&0))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    /// Whether a sum still carries after one fold (a single fold gets it wrong).
+    fn carries_twice(parts: &[&[u8]]) -> bool {
+        let bytes = parts.concat();
+        let sum: u64 = bytes.chunks(2).map(|c| u64::from(c[0]) << 8 | u64::from(*c.get(1).unwrap_or(&0))).sum();
+        (sum & 0xffff) + (sum >> 16) > 0xffff
+    }
+
+    /// Headers chosen by search so that their sums carry twice (about 1 in
+    /// 28,000 resets): random inputs almost never reach the second fold.
+    #[test]
+    fn checksums_that_carry_twice_match_an_independent_rfc1071() {
+        let server = [192, 0, 2, 10];
+        let mut header_cases = 0;
+        for i in 0..=u16::MAX {
+            let client = [198, 18, (i >> 8) as u8, i as u8];
+            let mut h = ipv4_header(server, client);
+            let field = [h[10], h[11]];
+            h[10..12].fill(0);
+            if carries_twice(&[&h]) {
+                header_cases += 1;
+                assert_eq!(u16::from_be_bytes(field), reference_checksum(&[&h]), "IPv4 header to {client:?}");
+            }
+        }
+        let (v6_server, v6_client) = ([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], [0xff; 16]);
+        let pseudo_v4 = [&server[..], &[203, 0, 113, 7], &[0, 6, 0, 20]].concat();
+        let pseudo_v6 = [&v6_server[..], &v6_client[..], &[0, 0, 0, 20, 0, 0, 0, 6]].concat();
+        let mut tcp_cases = [0, 0];
+        for seq in (0..u32::MAX / 7919).map(|i| i * 7919) {
+            let sums = [pseudo_sum_v4(server, [203, 0, 113, 7]), pseudo_sum_v6(v6_server, v6_client)];
+            for (v, (pseudo, sum)) in [&pseudo_v4, &pseudo_v6].into_iter().zip(sums).enumerate() {
+                let mut tcp = tcp_rst_ack(8080, 40_000, seq, sum);
+                let field = [tcp[16], tcp[17]];
+                tcp[16..18].fill(0);
+                if carries_twice(&[pseudo, &tcp]) {
+                    tcp_cases[v] += 1;
+                    assert_eq!(u16::from_be_bytes(field), reference_checksum(&[pseudo, &tcp]), "reset to seq {seq}");
+                }
+            }
+        }
+        assert!(header_cases > 0 && tcp_cases[0] > 0 && tcp_cases[1] > 0, "{header_cases} {tcp_cases:?}");
+    }
+
     proptest! {
         #[test]
         fn ipv4_header_checksum_verifies(src: [u8; 4], dst: [u8; 4]) {

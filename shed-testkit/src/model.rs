@@ -235,16 +235,6 @@ fn tier_of(tiers: &[(u32, [u8; 16], u8)], addr: &[u8; 16]) -> u8 {
     tiers.iter().filter(|(len, net, _)| matches(*len, net)).max_by_key(|(len, _, _)| *len).map_or(tier::NORMAL, |t| t.2)
 }
 
-/// RFC 1071, over the concatenation of `parts`.
-fn checksum(parts: &[&[u8]]) -> u16 {
-    let bytes = parts.concat();
-    let mut sum: u64 = bytes.chunks(2).map(|c| u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 fn rst_reply(frame: &[u8], syn: &Syn) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&frame[6..12]);
@@ -261,17 +251,17 @@ fn rst_reply(frame: &[u8], syn: &Syn) -> Vec<u8> {
         ip.extend_from_slice(&syn.server);
         ip.extend_from_slice(&syn.client);
         let pseudo = [&syn.server[..], &syn.client[..], &[0, 0, 0, 20, 0, 0, 0, 6]].concat();
-        let c = checksum(&[&pseudo, &tcp]);
+        let c = crate::frames::internet_checksum(&[&pseudo, &tcp]);
         tcp[16..18].copy_from_slice(&c.to_be_bytes());
         out.extend_from_slice(&ip);
     } else {
         let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
         ip.extend_from_slice(&syn.server[12..]);
         ip.extend_from_slice(&syn.client[12..]);
-        let c = checksum(&[&ip]);
+        let c = crate::frames::internet_checksum(&[&ip]);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         let pseudo = [&syn.server[12..], &syn.client[12..], &[0, 6, 0, 20]].concat();
-        let c = checksum(&[&pseudo, &tcp]);
+        let c = crate::frames::internet_checksum(&[&pseudo, &tcp]);
         tcp[16..18].copy_from_slice(&c.to_be_bytes());
         out.extend_from_slice(&ip);
     }
