@@ -201,6 +201,7 @@ fn build(s: &FrameSpec) -> Vec<u8> {
         client_port: s.sport,
         server_port: if s.dport_protected { PORT } else { s.dport_other },
         seq: s.seq,
+        ack: 0,
         flags: s.flags,
         tcp_options: usize::from(s.doff.max(5)) * 4 - 20,
         doff: Some(s.doff),

@@ -901,3 +901,183 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
         assert_eq!(h.counters()[counter::SYN_SEEN], 3, "{hook:?}");
     }
 }
+
+/// A handshake the server's kernel holds as a request socket: a client of the
+/// testbed connected to a `TCP_DEFER_ACCEPT` listener (which drops the bare
+/// ACK and keeps the request for the defer time), and the ACK that completes
+/// it: the gate judges that ACK each time it sees it.
+struct HeldHandshake {
+    _client: std::net::TcpStream,
+    ack: Vec<u8>,
+}
+
+/// A listener on `addr` in the calling thread's namespace whose handshakes
+/// stay request sockets for a minute.
+fn deferring_listener(addr: std::net::SocketAddr) -> std::net::TcpListener {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&addr.into()).unwrap();
+    let seconds: libc::c_int = 60;
+    // SAFETY: setsockopt on an owned socket with a c_int value.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const seconds).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_DEFER_ACCEPT: {}", std::io::Error::last_os_error());
+    socket.listen(64).unwrap();
+    socket.into()
+}
+
+/// The next sequence number of `queue` (1: receive, 2: send) of a connected
+/// socket, read in TCP repair mode (the socket stays in it: closed silently).
+fn queue_seq(fd: std::os::fd::RawFd, queue: libc::c_int) -> u32 {
+    let set = |name: libc::c_int, value: libc::c_int| {
+        // SAFETY: setsockopt with a c_int value on a socket the caller owns.
+        let rc = unsafe {
+            libc::setsockopt(fd, libc::IPPROTO_TCP, name, (&raw const value).cast(), size_of::<libc::c_int>() as u32)
+        };
+        assert_eq!(rc, 0, "TCP repair option {name}: {}", std::io::Error::last_os_error());
+    };
+    set(libc::TCP_REPAIR, 1);
+    set(libc::TCP_REPAIR_QUEUE, queue);
+    let mut seq: u32 = 0;
+    let mut len = size_of::<u32>() as libc::socklen_t;
+    // SAFETY: getsockopt into a u32 of `len` bytes.
+    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, (&raw mut seq).cast(), &mut len) };
+    assert_eq!(rc, 0, "TCP_QUEUE_SEQ: {}", std::io::Error::last_os_error());
+    seq
+}
+
+fn held_handshake(bed: &shed_testkit::testbed::Testbed) -> HeldHandshake {
+    let server = std::net::SocketAddr::from((bed.server_v4, PORT));
+    let (client, port, seq, ack) = shed_testkit::testbed::run_in(&bed.client_ns, move || {
+        let client = std::net::TcpStream::connect_timeout(&server, std::time::Duration::from_secs(2)).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
+        let port = client.local_addr().unwrap().port();
+        // The client's next sequence number, and the server's (its ISN + 1).
+        let (seq, ack) = (queue_seq(fd, 2), queue_seq(fd, 1));
+        (client, port, seq, ack)
+    })
+    .unwrap();
+    let spec = Spec {
+        flags: ACK,
+        server_v4: bed.server_v4.octets(),
+        client_v4: [10, 200, 0, 2],
+        client_port: port,
+        seq,
+        ack,
+        tcp_options: 0,
+        ..Spec::default()
+    };
+    HeldHandshake { _client: client, ack: frame(&spec) }
+}
+
+/// The re-check after the reservation's fetch-add is what holds the limit
+/// when two CPUs judge the last slot at once (each read the port one short of
+/// full): thousands of rounds at limit - 1, two handshake-completing ACKs
+/// released by the clock on two CPUs, exactly one admitted in each.
+#[test]
+fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
+    use shed_common::handshake::{LIVE_EPOCHS, MIN_SHIFT};
+    const ROUNDS: u64 = 3000;
+    // Rounds this many epochs apart: a round's reservation and stamp have lapsed by the next.
+    const EPOCHS_PER_ROUND: u64 = 2 * LIVE_EPOCHS;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(cpus >= 2, "a race needs two CPUs");
+    let (bed, _ifindex) = support::outside::enter("shedpt6");
+    let _listener = deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
+    let flows = [held_handshake(&bed), held_handshake(&bed)];
+    let epoch_now = || shed::host::system::monotonic_ns() >> MIN_SHIFT;
+    for hook in HOOKS {
+        let mut h = Harness::new(2, action::DROP, false);
+        h.hold(1);
+        // Both flows come from one client, whose admissions (never closed here)
+        // would otherwise soon hold its share of the limit.
+        let mut config = h.loaded.maps.config(PORT).unwrap();
+        config.client_share = 0;
+        h.loaded.maps.write_config(PORT, config).unwrap();
+        h.load(hook);
+        let slot = config.slot;
+        // The shortest epochs (2^16 ns): thousands of rounds in a second or two.
+        h.loaded.maps.set_handshake_shift(slot, MIN_SHIFT).unwrap();
+        let xdp: Option<&aya::programs::Xdp> =
+            (hook == Hook::Xdp).then(|| h.loaded.ebpf.program(shed_common::program::XDP).unwrap().try_into().unwrap());
+        let tc: Option<&aya::programs::SchedClassifier> =
+            (hook == Hook::Tc).then(|| h.loaded.ebpf.program(shed_common::program::TC).unwrap().try_into().unwrap());
+        let first = epoch_now() + 4;
+        // Per CPU and round: admitted, and the epochs the run began and ended in.
+        let runs: Vec<Vec<(bool, u64, u64)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = flows
+                .iter()
+                .enumerate()
+                .map(|(cpu, flow)| {
+                    let ns = bed.server_ns.clone();
+                    scope.spawn(move || {
+                        shed_testkit::testbed::enter(&ns).unwrap();
+                        support::pin_to_cpu(cpu);
+                        let mut out = vec![0u8; flow.ack.len() + 64];
+                        (0..ROUNDS)
+                            .map(|r| {
+                                // Both CPUs spin on the clock and start on the same epoch edge.
+                                while epoch_now() < first + r * EPOCHS_PER_ROUND {
+                                    std::hint::spin_loop();
+                                }
+                                let began = epoch_now();
+                                let opts = TestRunOptions {
+                                    data_in: Some(&flow.ack),
+                                    data_out: Some(&mut out),
+                                    ..Default::default()
+                                };
+                                let verdict = match (xdp, tc) {
+                                    (Some(p), _) => i64::from(p.test_run(opts).unwrap().return_value),
+                                    (_, Some(p)) => i64::from(p.test_run(opts).unwrap().return_value as i32),
+                                    _ => unreachable!("one hook's program"),
+                                };
+                                (verdict == pass(hook), began, epoch_now())
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let (mut judged, mut admitted, mut neither) = (0u64, 0u64, 0u64);
+        for r in 0..ROUNDS as usize {
+            let (a, b) = (runs[0][r], runs[1][r]);
+            admitted += u64::from(a.0) + u64::from(b.0);
+            // Judged exactly: both runs within one epoch, and the round before
+            // ended long enough ago that its reservation had lapsed. A round that
+            // straddles an epoch edge may admit one more (the documented
+            // overshoot of a burst across an edge), and a CPU that stalled past
+            // a round finds the other's reservation lapsed, or its own live.
+            let after_last = r == 0 || {
+                let (pa, pb) = (runs[0][r - 1], runs[1][r - 1]);
+                a.1.min(b.1) >= pa.2.max(pb.2) + LIVE_EPOCHS
+            };
+            if a.1.min(b.1) != a.2.max(b.2) || !after_last {
+                continue;
+            }
+            judged += 1;
+            let taken = u8::from(a.0) + u8::from(b.0);
+            assert!(taken <= 1, "{hook:?} round {r}: both racing ACKs took the last slot");
+            // Both refused: one opened the epoch's cell (reused from an ended
+            // epoch) while the other's reset of it was under way, and found its
+            // place too high: a refusal, never an overshoot (ring::start_epoch).
+            neither += u64::from(taken == 0);
+        }
+        let c = h.counters();
+        println!("{hook:?}: {judged} of {ROUNDS} rounds judged, {neither} of them admitted neither, {admitted} admitted");
+        assert!(judged >= ROUNDS / 2, "{hook:?}: only {judged} of {ROUNDS} rounds ran within one epoch");
+        // Every round here opens a reused cell on both CPUs at once (1 to 2% of
+        // rounds meet the reset under way); traffic rarely does.
+        assert!(neither * 20 <= judged, "{hook:?}: {neither} of {judged} rounds admitted neither ACK");
+        // A run that passed uncounted was its flow's own duplicate (a CPU that
+        // stalled past a round sent its ACK while its last admission still held).
+        assert!(c[counter::ADMITTED] <= admitted, "{hook:?}");
+        assert_eq!(c[counter::REFUSED_AT_ACK], 2 * ROUNDS - admitted, "{hook:?}");
+    }
+}

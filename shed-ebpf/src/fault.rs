@@ -13,6 +13,7 @@
 pub const FAULTS: &[(&str, &str)] = &[
     ("limit_off_by_one", "a SYN at the limit is admitted (> for >=, in the check and the reservation)"),
     ("reservation_not_taken", "an admitted ACK takes no reservation (bursts overshoot)"),
+    ("reservation_unchecked", "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)"),
     ("tier_judged_unverified", "critical and normal SYNs are refused on their unverified source"),
     ("share_ignored", "a tier's share of the limit is not checked"),
     ("trickle_never", "a full tier gets no trickle"),

@@ -46,7 +46,11 @@ pub fn close(ring: *mut HandshakeRing, epoch: u64, now_epoch: u64) -> bool {
 
 /// Reuses a cell of an ended epoch for `epoch`. One CPU wins the epoch swap
 /// and subtracts what the old epoch held (its adders are gone: nobody adds to
-/// a dead epoch), so adds racing the reset are not lost.
+/// a dead epoch), so adds racing the reset are not lost. Completions first:
+/// a CPU that opens the cell between the swap and the last subtraction then
+/// finds its place too high (refused, at worst), never too low (an old
+/// epoch's completions subtracted from this one's admissions would admit
+/// past the limit).
 #[inline(always)]
 fn start_epoch(cell: &mut HandshakeCell, lapsed: &mut u64, epoch: u64) {
     let old = atomic::load(&cell.epoch);
@@ -55,8 +59,8 @@ fn start_epoch(cell: &mut HandshakeCell, lapsed: &mut u64, epoch: u64) {
     if old == epoch || !atomic::compare_exchange(&raw mut cell.epoch, old, epoch) {
         return;
     }
-    atomic::add(&raw mut cell.admitted, admitted.wrapping_neg());
     atomic::add(&raw mut cell.completed, completed.wrapping_neg());
+    atomic::add(&raw mut cell.admitted, admitted.wrapping_neg());
     if admitted > completed {
         atomic::add(lapsed, admitted - completed);
     }

@@ -54,6 +54,8 @@ pub struct Spec {
     pub client_port: u16,
     pub server_port: u16,
     pub seq: u32,
+    /// The acknowledgment number (0 unless set: a SYN carries none).
+    pub ack: u32,
     pub flags: u8,
     /// TCP options, bytes (multiple of 4).
     pub tcp_options: usize,
@@ -89,6 +91,7 @@ impl Default for Spec {
             client_port: 40_000,
             server_port: 8080,
             seq: 0x1234_5678,
+            ack: 0,
             flags: SYN,
             tcp_options: 20,
             doff: None,
@@ -198,7 +201,7 @@ fn tcp_header(s: &Spec) -> Vec<u8> {
     h.extend_from_slice(&s.client_port.to_be_bytes());
     h.extend_from_slice(&s.server_port.to_be_bytes());
     h.extend_from_slice(&s.seq.to_be_bytes());
-    h.extend_from_slice(&0u32.to_be_bytes());
+    h.extend_from_slice(&s.ack.to_be_bytes());
     h.push(s.doff.unwrap_or((length / 4) as u8) << 4);
     h.push(s.flags);
     h.extend_from_slice(&64_240u16.to_be_bytes());
