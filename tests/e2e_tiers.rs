@@ -120,9 +120,12 @@ fn low_is_shed_first_critical_keeps_its_admissions_exempt_always_gets_in() {
 
     // Make room (drop 3 critical connections), then watch a tier change land on the next SYN.
     held.drain(4..7);
-    // While critical was being rejected the daemon held room back from the lower tiers;
-    // with no more rejections the hold decays away.
-    let s = stats(PORT);
+    // The window after critical's rejections holds a tenth of the limit (one slot)
+    // back from each lower tier, for about four windows (it decays by a fifth a
+    // window); with no more rejections the hold decays away.
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "a slot held back from normal and low", |s| {
+        tier(s, "normal", "held_back") == 1 && tier(s, "low", "held_back") == 1
+    });
     println!(
         "held back after critical rejections: normal {}, low {}",
         tier(&s, "normal", "held_back"),

@@ -840,17 +840,24 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
     // A listener on the protected port in this namespace: the kernel's socket lookup finds it
     // for any 4-tuple without a connection, and would answer a stray ACK with a reset.
     let server = std::net::SocketAddr::from((bed.server_v4, PORT));
-    let _listener = std::net::TcpListener::bind(server).expect("listen");
+    let _listener = deferring_listener(server);
+    // And a handshake under way, whose completing ACK is judged: what the stray ones are not.
+    let real = held_handshake(&bed);
     for hook in HOOKS {
         let mut h = Harness::new(1, action::RST, false);
         let mut local = h.loaded.maps.local_addrs().unwrap();
         local.insert(ipv4_mapped(bed.server_v4.octets()), local_addr::UNICAST);
         h.loaded.maps.set_local_addrs(&local).unwrap();
         let server_v4 = bed.server_v4.octets();
-        for i in 0..20u16 {
-            // Random ACKs: no stamp, no request socket, no valid cookie.
-            let ack = Spec { flags: ACK, server_v4, client_port: 5000 + i, seq: 77 + u32::from(i), ..Spec::default() };
-            let f = frame(&ack);
+        let mut strays: Vec<Vec<u8>> = (0..20u16)
+            .map(|i| {
+                // Random ACKs: no stamp, no request socket, no valid cookie.
+                frame(&Spec { flags: ACK, server_v4, client_port: 5000 + i, seq: 77 + u32::from(i), ..Spec::default() })
+            })
+            .collect();
+        // The handshake's own 4-tuple, acknowledging what the SYN-ACK did not send.
+        strays.push(frame(&Spec { ack: real.spec.ack.wrapping_add(0x4000_0000), ..real.spec.clone() }));
+        for f in strays {
             assert_eq!(h.run_on(hook, &f, ifindex), (pass(hook), f), "{hook:?}: a stray ACK passes untouched");
         }
         let s = h.snapshot();
@@ -859,6 +866,10 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
             (0, 0, 0),
             "{hook:?}"
         );
+        assert_eq!(h.run_on(hook, &real.ack, ifindex).0, pass(hook), "{hook:?}");
+        let s = h.snapshot();
+        assert_eq!((s.pending(), s.counter(counter::ADMITTED)), (1, 1), "{hook:?}: the real handshake is judged");
+        h.loaded.maps.clear_handshakes();
         // And a SYN still passes.
         assert_eq!(h.run_on(hook, &frame(&Spec { server_v4, ..Spec::default() }), ifindex).0, pass(hook), "{hook:?}");
     }
@@ -908,6 +919,7 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
 /// it: the gate judges that ACK each time it sees it.
 struct HeldHandshake {
     _client: std::net::TcpStream,
+    spec: Spec,
     ack: Vec<u8>,
 }
 
@@ -973,7 +985,7 @@ fn held_handshake(bed: &shed_testkit::testbed::Testbed) -> HeldHandshake {
         tcp_options: 0,
         ..Spec::default()
     };
-    HeldHandshake { _client: client, ack: frame(&spec) }
+    HeldHandshake { _client: client, ack: frame(&spec), spec }
 }
 
 /// The re-check after the reservation's fetch-add is what holds the limit
