@@ -621,7 +621,9 @@ fn rst_caps_per_prefix_and_per_port_fall_back_to_drop() {
         std::thread::sleep(std::time::Duration::from_millis(450));
         let verdicts: Vec<i64> = (0..4).map(|i| h.run(hook, &v4([192, 0, 2, 30 + i], 100)).unwrap().0).collect();
         let refilled = verdicts.iter().filter(|&&v| v == rst(hook)).count();
-        assert!((2..=2 + refill(5.0)).contains(&refilled), "{hook:?}: refilled {verdicts:?}");
+        // The /24's bucket was empty from the first phase on: what refilled since
+        // `started` bounds it (two, unless the test stalled).
+        assert!((2..=refill(5.0)).contains(&refilled), "{hook:?}: refilled {verdicts:?}");
     }
 }
 
