@@ -173,6 +173,11 @@ fn counted_as_request_response_http2_turns_are_falsely_short() {
     let after = histograms();
     let service: [u64; latency::BUCKETS] = std::array::from_fn(|b| after.service[b] - before.service[b]);
     let short = below(&service, SERVICE_US / 2);
-    assert!(count(&service) > 0, "turns measured");
-    assert!(short > 0, "turns shorter than half the service time: {short} of {}", count(&service));
+    let turns = count(&service);
+    println!("counted as request-response: {short} of {turns} turns shorter than half the service time");
+    // Measured: about half of 265 to 336 turns (600 requests on a few
+    // connections: a turn holds several streams). A quarter is the bound: the
+    // falsely short turns are common, not an outlier.
+    assert!(turns >= 100, "turns measured: {turns}");
+    assert!(short * 4 >= turns, "turns shorter than half the service time: {short} of {turns}");
 }
