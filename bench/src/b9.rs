@@ -23,7 +23,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use shed::{
-    daemon::heal::{HealReport, Healer},
+    daemon::heal::Healer,
+    observe::report::HealReport,
     kernel::maps::GateMaps,
 };
 use shed_testkit::testbed::{self, Backend, Service, Testbed};

@@ -26,13 +26,17 @@
 //! hundred times it (1% of a core) when that is longer than the interval.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use shed_common::{FlowKey, PortConfig, SockEntry, counter};
 
-use crate::{error::Error, host::sockdiag::SocketTable, kernel::maps::GateMaps};
+use crate::{
+    error::Error,
+    host::sockdiag::SocketTable,
+    kernel::maps::GateMaps,
+    observe::report::{HealReport, PassReason},
+};
 
 /// Keys of adopted sockets: user-space addresses, never a kernel socket's.
 const ADOPTED_KEY_BASE: u64 = 0x0000_5eed_0000_0000;
@@ -50,32 +54,6 @@ const GAP_PER_PASS_TIME: u32 = 10;
 /// (`--heal-interval` is the shortest wait): the safety net never takes more
 /// than 1% of a core, however many connections a pass reads.
 const ROUTINE_PER_PASS_TIME: u32 = 100;
-
-/// Why a healing pass ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum PassReason {
-    /// The daemon started: adopt connections that predate it.
-    Start,
-    /// The protected ports changed, or the connection map was full.
-    Evidence,
-    /// The last pass found something to confirm.
-    Confirm,
-    /// The safety net, every `--heal-interval`.
-    Routine,
-}
-
-impl PassReason {
-    pub const ALL: [Self; 4] = [Self::Start, Self::Evidence, Self::Confirm, Self::Routine];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Start => "start",
-            Self::Evidence => "evidence",
-            Self::Confirm => "confirm",
-            Self::Routine => "routine",
-        }
-    }
-}
 
 /// When the next pass runs.
 #[derive(Debug)]
@@ -114,37 +92,6 @@ impl Schedule {
     /// confirm (`pending`) or not.
     pub fn passed(&mut self, now: Instant, took: Duration, pending: bool) {
         self.last = Some((now, took, pending));
-    }
-}
-
-/// What the healer did, for the metrics endpoint.
-#[derive(Clone, Debug, Default)]
-pub struct HealCounts {
-    /// Cheap checks of the counters (about one a second).
-    pub checks: u64,
-    /// Full passes, by reason.
-    pub passes: BTreeMap<PassReason, u64>,
-    /// Per-connection records read by passes: socket-table records plus tracked sockets.
-    pub records_read: u64,
-    /// How long the last pass took.
-    pub last_pass: Duration,
-    /// Connections a pass could not adopt (the connection map was full).
-    pub adopt_failed: u64,
-}
-
-/// Shared between the control loop and the metrics thread.
-#[derive(Clone, Debug, Default)]
-pub struct HealReport(Arc<Mutex<HealCounts>>);
-
-impl HealReport {
-    pub fn read(&self) -> HealCounts {
-        self.0.lock().map(|c| c.clone()).unwrap_or_default()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut HealCounts)) {
-        if let Ok(mut c) = self.0.lock() {
-            f(&mut c);
-        }
     }
 }
 

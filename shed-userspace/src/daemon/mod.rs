@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The daemon's life: one gate per host, guarded by a lock file; a control
-//! loop that runs the controllers, sizes each port's handshake window, keeps
-//! the namespace's addresses and interfaces covered; and a clean exit that
-//! leaves nothing attached or pinned.
+//! The daemon's life: [`process`] (one per host, guarded by a lock file: its
+//! pins, signals, a thread per network namespace, the ready barrier, the
+//! metrics endpoint, a clean exit that leaves nothing attached or pinned);
+//! [`gate`] (one namespace: set up, run, detach); and here the control loop
+//! that runs the controllers, sizes each port's handshake window, and keeps
+//! the namespace's addresses and interfaces covered.
 
 pub mod audit;
+pub mod gate;
 pub mod heal;
 mod lock;
 mod port;
-pub mod report;
+pub mod process;
 
 pub use lock::{ConfigLock, DaemonLock, Liveness, PinGuard, liveness, ready, require_running};
 use port::{AcceptQueues, HandshakeWindow, PortControl};
@@ -19,7 +22,7 @@ use std::{
 };
 
 use crate::{
-    daemon::report::Decisions,
+    observe::report::Decisions,
     error::Error,
     host::{paths, system},
     kernel::{
@@ -56,11 +59,11 @@ pub struct LoopSettings {
     /// Most time between routine healing passes.
     pub heal_interval: Duration,
     /// What the healer did, for the metrics endpoint.
-    pub heal_report: crate::daemon::heal::HealReport,
+    pub heal_report: crate::observe::report::HealReport,
     /// Beaten every tick, for `/healthz`.
-    pub heartbeat: crate::daemon::report::Heartbeat,
+    pub heartbeat: crate::observe::report::Heartbeat,
     /// Failures of the periodic tasks, for the metrics endpoint.
-    pub task_errors: crate::daemon::report::TaskErrors,
+    pub task_errors: crate::observe::report::TaskErrors,
     /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
     pub reload: Option<Reloader>,
     /// Becomes true when the loop must stop (SIGINT, SIGTERM, or another namespace's loop failed).

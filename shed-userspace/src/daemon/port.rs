@@ -16,7 +16,7 @@ use crate::{
         reserve::TierHoldBack,
         window::{Signals, Window, histogram_percentile},
     },
-    daemon::report::Decisions,
+    observe::report::Decisions,
     error::Error,
     host::{
         netstat, paths,

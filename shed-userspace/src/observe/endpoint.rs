@@ -16,8 +16,7 @@ use std::{
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 
 use crate::{
-    daemon::heal::HealReport,
-    daemon::report::{Decisions, HEALTHY_WITHIN, Heartbeat, TaskErrors},
+    observe::report::{Decisions, HEALTHY_WITHIN, HealReport, Heartbeat, TaskErrors},
     kernel::maps::GateMaps,
     observe::metrics::{CONTENT_TYPE, GateSource, Scrape},
     observe::stats::PortStats,

@@ -16,10 +16,7 @@ use shed_common::{PortLatency, latency, tier};
 
 use crate::{
     control::Reason,
-    daemon::{
-        heal::{HealCounts, HealReport, PassReason},
-        report::{Decisions, TaskErrors},
-    },
+    observe::report::{Decisions, HealCounts, HealReport, PassReason, TaskErrors},
     error::Error,
     kernel::maps::GateMaps,
     observe::stats::{PortStats, json_name},

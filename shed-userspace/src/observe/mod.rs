@@ -2,11 +2,13 @@
 //! What operators read of a running gate: [`stats`] (one port's figures from
 //! a map snapshot, for `stats`, `top` and the metrics), [`metrics`]
 //! (Prometheus), [`endpoint`] (the HTTP server: /metrics, /healthz,
-//! /readyz), [`top`] and [`table`] (terminal views), and [`vocabulary`] (one
-//! name per setting and counter everywhere).
+//! /readyz), [`report`] (what the daemon's loops publish for the endpoint),
+//! [`top`] and [`table`] (terminal views), and [`vocabulary`] (one name per
+//! setting and counter everywhere).
 
 pub mod endpoint;
 pub mod metrics;
+pub mod report;
 pub mod stats;
 pub mod table;
 pub mod top;

@@ -11,6 +11,7 @@ use crate::{
     cli::config,
     cli::{AttachArgs, Command},
     control::Algo,
+    daemon::Reloader,
     host::paths,
     kernel::maps::GateMaps,
 };
@@ -71,6 +72,18 @@ mod tests {
         assert_eq!(trusted_mode(0, 0, 0o100_646), Err("is writable by others"));
         assert_eq!(trusted_mode(0, 50, 0o100_664), Err("is writable by a group other than root's"));
     }
+}
+
+/// With a config file: what makes each gate's SIGHUP reloader, re-reading
+/// attach's own command line (`argv`) against what it started with.
+pub fn reloader(args: &AttachArgs) -> Option<Box<dyn Fn() -> Reloader + Send + Sync>> {
+    args.config.as_ref()?;
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let running = args.clone();
+    Some(Box::new(move || {
+        let (argv, running) = (argv.clone(), running.clone());
+        Box::new(move |maps: &mut GateMaps| reload(maps, &argv, &running).map_err(|e| format!("{e:#}"))) as Reloader
+    }))
 }
 
 /// Re-reads the config under `argv` (attach's own command line) and applies

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the daemon's loops publish for the metrics endpoint: decisions
-//! counted per port and reason, periodic tasks' failures, and a heartbeat per loop.
+//! counted per port and reason, periodic tasks' failures, a heartbeat per
+//! loop, and what the healer did.
 use std::{
     collections::BTreeMap,
     sync::{
@@ -98,5 +99,62 @@ mod tests {
         assert!(beat.age().unwrap() < Duration::from_secs(1));
         beat.0.store(unix_ms() - 6_000, Ordering::Relaxed);
         assert!(beat.age().unwrap() > HEALTHY_WITHIN);
+    }
+}
+
+/// Why a healing pass ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PassReason {
+    /// The daemon started: adopt connections that predate it.
+    Start,
+    /// The protected ports changed, or the connection map was full.
+    Evidence,
+    /// The last pass found something to confirm.
+    Confirm,
+    /// The safety net, every `--heal-interval`.
+    Routine,
+}
+
+impl PassReason {
+    pub const ALL: [Self; 4] = [Self::Start, Self::Evidence, Self::Confirm, Self::Routine];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Evidence => "evidence",
+            Self::Confirm => "confirm",
+            Self::Routine => "routine",
+        }
+    }
+}
+
+/// What the healer did, for the metrics endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct HealCounts {
+    /// Cheap checks of the counters (about one a second).
+    pub checks: u64,
+    /// Full passes, by reason.
+    pub passes: BTreeMap<PassReason, u64>,
+    /// Per-connection records read by passes: socket-table records plus tracked sockets.
+    pub records_read: u64,
+    /// How long the last pass took.
+    pub last_pass: Duration,
+    /// Connections a pass could not adopt (the connection map was full).
+    pub adopt_failed: u64,
+}
+
+/// Shared between the control loop and the metrics thread.
+#[derive(Clone, Debug, Default)]
+pub struct HealReport(Arc<Mutex<HealCounts>>);
+
+impl HealReport {
+    pub fn read(&self) -> HealCounts {
+        self.0.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn update(&self, f: impl FnOnce(&mut HealCounts)) {
+        if let Ok(mut c) = self.0.lock() {
+            f(&mut c);
+        }
     }
 }

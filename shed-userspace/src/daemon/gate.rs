@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! One namespace's gate, on its own thread inside the namespace: set up (load,
+//! pin, configure, attach), then the control loop and the kernel-log
+//! forwarder until the daemon stops; detached on the way out, still inside.
+use std::{collections::BTreeMap, fs, net::SocketAddr, time::Duration};
+
+use anyhow::Context as _;
+
+use crate::{
+    daemon::{self, FollowInterfaces, LocalAddrs, LoopSettings, Reloader},
+    error::Error,
+    host::system,
+    kernel::{
+        maps::PortSpec,
+        object::LoadOptions,
+        options::{Action, Cidr, Count, Hook, XdpAttachMode},
+        programs::{Loaded, default_hook},
+    },
+};
+
+/// Longest control-loop period.
+const TICK: Duration = Duration::from_millis(100);
+
+/// What `attach` decided and checked: everything the daemon runs its gates with.
+pub struct Plan {
+    /// The ports to protect (a port given twice is protected once).
+    pub ports: Vec<u16>,
+    pub spec: PortSpec,
+    pub tiers: BTreeMap<Cidr, u8>,
+    /// The namespaces to gate (None: the daemon's own), each once ([`namespaces`]).
+    pub namespaces: Vec<Option<String>>,
+    /// `--iface`; empty: every interface of the namespace, followed as they come and go.
+    pub ifaces: Vec<String>,
+    pub hook: Option<Hook>,
+    pub xdp_mode: XdpAttachMode,
+    pub action: Action,
+    pub count: Count,
+    pub dry_run: bool,
+    /// `--max-connections`, `--max-clients`, `--kernel-log`.
+    pub max_connections: u32,
+    pub max_clients: u32,
+    pub kernel_log: bool,
+    /// The shortest control window.
+    pub window: Duration,
+    /// A fixed handshake window, or zero to follow the measured handshake time.
+    pub handshake_window: Duration,
+    pub heal_interval: Duration,
+    /// The metrics endpoint's address, and its readiness rule.
+    pub metrics: Option<SocketAddr>,
+    pub ready_max_shed: u8,
+    pub ready_window: Duration,
+    /// Makes a gate's reloader of the config file (SIGHUP), if one was given.
+    pub reloader: Option<Box<dyn Fn() -> Reloader + Send + Sync>>,
+}
+
+impl Plan {
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions { connections: self.max_connections, clients: self.max_clients, kernel_log: self.kernel_log }
+    }
+}
+
+/// Go-ahead for a namespace's thread to run its control loop.
+pub(super) struct Instance;
+
+/// One namespace's gate, as the daemon's threads and endpoint share it.
+#[derive(Clone)]
+pub(super) struct Gate {
+    pub(super) netns: Option<String>,
+    pub(super) label: String,
+    pub(super) pin_dir: std::path::PathBuf,
+    pub(super) decisions: crate::observe::report::Decisions,
+    pub(super) heal: crate::observe::report::HealReport,
+    pub(super) heartbeat: crate::observe::report::Heartbeat,
+    pub(super) task_errors: crate::observe::report::TaskErrors,
+    /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
+    pub(super) ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a gate's loop hears from the daemon: stop, and reload the config.
+pub(super) struct LoopSignals {
+    pub(super) stop: tokio::sync::watch::Receiver<bool>,
+    pub(super) reload: tokio::sync::watch::Receiver<u64>,
+}
+
+/// Interfaces (name, index) a gate has considered: gated or left out.
+pub(super) type Considered = Vec<(String, u32)>;
+
+/// Enters the gate's namespace (this thread), then loads, pins, configures
+/// and attaches its programs; returns them with the addresses written and
+/// the interfaces considered (gated or left out), for the loop to follow.
+pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalAddrs, Considered)> {
+    if let Some(netns) = &gate.netns {
+        system::enter_netns(netns)?;
+    }
+    // Taken before the interfaces are chosen: one that appears meanwhile is
+    // not in it, and the loop gates it on its first look.
+    let seen = system::interfaces_indexed();
+    let targets = targets(&plan.ifaces, plan.hook)?;
+    fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
+    let mut loaded = Loaded::sized(Some(&gate.pin_dir), plan.load_options()).context("loading the kernel programs")?;
+    for (&cidr, &tier) in &plan.tiers {
+        loaded.maps.set_tier(cidr, tier)?;
+    }
+    for &port in &plan.ports {
+        loaded.maps.protect(port, &plan.spec)?;
+    }
+    match system::netns_filter() {
+        Ok(filter) => loaded.maps.set_netns_filter(filter)?,
+        // Several gates on one port would each count the others' connections.
+        Err(why) if plan.namespaces.len() > 1 => anyhow::bail!(
+            "cannot tell the namespaces' sockets apart ({why}), so several namespaces cannot be gated at once: gate one namespace per daemon"
+        ),
+        Err(why) => tracing::warn!(
+            "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
+        ),
+    }
+    if let Some(mode) = system::fast_open_for_servers() {
+        tracing::warn!(
+            tcp_fastopen = mode,
+            "net.ipv4.tcp_fastopen lets servers in this namespace accept TCP Fast Open: a TFO SYN's data reaches the server before any ACK, so such connections are judged at their SYN only (against verified work); set net.ipv4.tcp_fastopen=1 (clients only) to judge every connection at its handshake-completing ACK"
+        );
+    }
+    // Before any gate: only SYNs addressed to these are judged.
+    let mut local_addrs = LocalAddrs::default();
+    local_addrs.refresh(&mut loaded.maps)?;
+    loaded.attach_accounting()?;
+    for (iface, hook) in &targets {
+        // Native XDP_TX on a veth is delivered only to a peer running XDP itself (generic mode
+        // transmits an skb, which arrives anyway).
+        let native = plan.xdp_mode != XdpAttachMode::Generic;
+        if *hook == Hook::Xdp
+            && native
+            && plan.action == Action::Rst
+            && system::driver(iface).as_deref() == Some("veth")
+        {
+            tracing::warn!(
+                iface = %iface,
+                "XDP on a veth with --action rst: the RSTs (XDP_TX) reach the other end only if it runs an XDP program of its own; otherwise refused clients time out instead, while rst_sent still counts them. Use --hook tc (the default on veth) or --action drop"
+            );
+        }
+        loaded.attach_gate(iface, *hook, plan.xdp_mode)?;
+        match hook {
+            Hook::Xdp => {
+                tracing::info!(iface = %iface, hook = %hook, xdp_mode = %plan.xdp_mode, "gate attached")
+            }
+            Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
+        }
+    }
+    gate.heartbeat.beat();
+    Ok((loaded, local_addrs, seen))
+}
+
+/// Runs one namespace's control loop until the daemon stops; detaches its
+/// programs on the way out, still inside the namespace.
+pub(super) fn run(
+    gate: &Gate,
+    loaded: &mut Loaded,
+    (local_addrs, seen): (LocalAddrs, Considered),
+    _go: Instance,
+    plan: &Plan,
+    signals: LoopSignals,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let follow_interfaces =
+        plan.ifaces.is_empty().then_some(FollowInterfaces { hook: plan.hook, xdp_mode: plan.xdp_mode, seen });
+    let settings = LoopSettings {
+        tick: TICK.min(plan.window),
+        handshake_window: plan.handshake_window,
+        decisions: gate.decisions.clone(),
+        follow_interfaces,
+        local_addrs,
+        heal_interval: plan.heal_interval,
+        heal_report: gate.heal.clone(),
+        heartbeat: gate.heartbeat.clone(),
+        task_errors: gate.task_errors.clone(),
+        reload: plan.reloader.as_ref().map(|make| make()),
+        stop: signals.stop,
+        reload_requests: signals.reload,
+    };
+    // aya-log's records wait in a ring buffer until read: poll it beside the loop.
+    let kernel_log = if plan.kernel_log {
+        match aya_log::EbpfLogger::init(&mut loaded.ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                tracing::warn!("kernel log unavailable ({e}): the rare paths are still counted in stats");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    runtime.block_on(async {
+        if let Some(logger) = kernel_log {
+            tokio::spawn(forward_kernel_log(logger));
+        }
+        daemon::run(loaded, settings).await
+    })?;
+    Ok(())
+}
+
+/// Hands every record the kernel programs log to this process's log (and so
+/// to tracing), each time the ring buffer has some.
+async fn forward_kernel_log(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
+    // SAFETY: the logger owns its ring buffer's fd, open until the logger drops,
+    // and the AsyncFd owns the logger.
+    let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut ring = match registered {
+        Ok(ring) => ring,
+        Err(e) => return tracing::warn!("kernel log unavailable: {e}"),
+    };
+    loop {
+        let Ok(mut ready) = ring.readable_mut().await else {
+            return tracing::warn!("kernel log stopped: its ring buffer cannot be polled");
+        };
+        // aya-log panics on a record it cannot decode: stop logging, not the gate.
+        let logger = ready.get_inner_mut();
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| logger.flush())).is_err() {
+            return tracing::warn!("kernel log stopped: a record could not be decoded");
+        }
+        ready.clear_ready();
+    }
+}
+
+/// The interfaces to gate and the hook on each, all checked to exist.
+fn targets(ifaces: &[String], hook: Option<Hook>) -> Result<Vec<(String, Hook)>, Error> {
+    let chosen = if ifaces.is_empty() {
+        let all = system::interfaces();
+        tracing::info!(interfaces = %all.join(","), "no --iface given: gating every interface of the namespace");
+        all
+    } else {
+        ifaces.to_vec()
+    };
+    let mut targets = Vec::new();
+    for iface in chosen {
+        match system::check_interface(&iface) {
+            // The whole namespace: an interface without Ethernet framing is left out, loudly.
+            Err(e @ Error::NotEthernet { .. }) if ifaces.is_empty() => {
+                tracing::warn!("not gated: {e}");
+                continue;
+            }
+            other => other?,
+        }
+        if !targets.iter().any(|(i, _)| *i == iface) {
+            let hook = hook.unwrap_or_else(|| default_hook(&iface));
+            targets.push((iface, hook));
+        }
+    }
+    Ok(targets)
+}
