@@ -1,0 +1,569 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The controllers' unit and property tests (the conformance replays and the
+//! simulation are in [`super::sim`]).
+
+use super::{guards::PROBE_DEPTH, *};
+use proptest::prelude::*;
+
+fn gradient(limit: u32, baseline_us: u64) -> Controller {
+    let mut c = Controller::new(
+        Settings {
+            algo: Algo::Gradient,
+            initial_limit: limit,
+            min_limit: 10,
+            max_limit: 500,
+            ..Settings::default()
+        },
+        0,
+    );
+    // Establish the baseline with one window at it, without moving the limit.
+    c.baseline.push(baseline_us as f64, 1);
+    c.smoothed_us = 40_000.0;
+    c
+}
+
+fn window(latency_us: u64, in_flight: u64) -> WindowSample {
+    WindowSample {
+        in_flight,
+        samples: 100,
+        latency_us,
+        queue_wait_us: latency_us / 2,
+        service_us: 0,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 0,
+    }
+}
+
+#[test]
+fn seeds_worked_example_100_to_92() {
+    // Baseline 20 ms, observed 40 ms, limit 100: gradient 0.5, target 60, 0.8*100 + 0.2*60 = 92.
+    let mut c = gradient(100, 20_000);
+    let d = c.on_window(&window(40_000, 100));
+    assert_eq!(d, Decision { limit: 92, reason: Reason::LatencyRising });
+    assert_eq!(c.baseline_us(), 20_000);
+}
+
+#[test]
+fn rising_latency_never_raises_the_limit_past_the_tolerance() {
+    for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue] {
+        let mut c = Controller::new(Settings { algo, initial_limit: 200, ..Settings::default() }, 1);
+        for _ in 0..20 {
+            c.on_window(&window(10_000, 200));
+        }
+        let start = c.limit();
+        let mut last = start;
+        for step in 1..50 {
+            let d = c.on_window(&window(10_000 + step * 2_000, 1_000));
+            // A baseline probe dips and restores the limit by design.
+            if d.reason == Reason::Probe {
+                continue;
+            }
+            // Within the algorithms' tolerance (at most 2x the baseline) the limit may still probe upward.
+            if step > 5 {
+                assert!(d.limit <= last, "{algo}: limit rose from {last} to {} as latency rose", d.limit);
+            }
+            last = d.limit;
+        }
+        assert!(
+            last < start / 2,
+            "{algo}: latency 10x the baseline must bring the limit well down: {start} -> {last}"
+        );
+    }
+}
+
+#[test]
+fn limits_stay_within_bounds() {
+    let settings =
+        Settings { algo: Algo::Gradient, initial_limit: 50, min_limit: 20, max_limit: 60, ..Settings::default() };
+    for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue] {
+        let mut c = Controller::new(Settings { algo, ..settings }, 2);
+        for _ in 0..200 {
+            assert!(c.on_window(&window(1_000, 1_000)).limit <= 60);
+        }
+        for _ in 0..200 {
+            assert!(c.on_window(&window(1_000_000, 1_000)).limit >= 20);
+        }
+    }
+}
+
+#[test]
+fn app_limited_windows_do_not_grow() {
+    let mut c = gradient(100, 10_000);
+    let d = c.on_window(&window(10_000, 20));
+    assert_eq!(d, Decision { limit: 100, reason: Reason::AppLimited });
+    let d = c.on_window(&window(10_000, 90));
+    assert_eq!(d.reason, Reason::Grow);
+    assert!(d.limit > 100);
+    // Half the limit in flight is enough to grow.
+    let mut c = gradient(100, 10_000);
+    assert_eq!(c.on_window(&window(10_000, 50)).reason, Reason::Grow);
+}
+
+#[test]
+fn too_few_samples_hold_but_overflow_cuts() {
+    let mut c = gradient(100, 10_000);
+    let quiet = WindowSample {
+        in_flight: 100,
+        samples: 3,
+        latency_us: 90_000,
+        queue_wait_us: 0,
+        service_us: 0,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 0,
+    };
+    assert_eq!(c.on_window(&quiet), Decision { limit: 100, reason: Reason::TooFewSamples });
+    let overflow = WindowSample { listen_drops: 5, ..quiet };
+    assert_eq!(c.on_window(&overflow), Decision { limit: 90, reason: Reason::ListenOverflow });
+}
+
+#[test]
+fn cooldown_after_a_cut() {
+    let mut c = gradient(100, 10_000);
+    assert_eq!(c.on_window(&window(20_000, 100)).reason, Reason::LatencyRising);
+    for _ in 0..3 {
+        assert_eq!(c.on_window(&window(10_000, 100)).reason, Reason::Cooldown);
+    }
+    assert_eq!(c.on_window(&window(10_000, 100)).reason, Reason::Grow);
+}
+
+#[test]
+fn baseline_expires_and_is_relearned() {
+    let mut c = Controller::new(Settings { algo: Algo::Gradient, probe_windows: 0, ..Settings::default() }, 3);
+    c.on_window(&window(1_000, 100));
+    assert_eq!(c.baseline_us(), 1_000);
+    // A costlier service for longer than the span: the (smoothed) baseline follows it up.
+    for _ in 0..200 {
+        c.on_window(&window(8_000, 100));
+    }
+    assert!((7_900..=8_000).contains(&c.baseline_us()), "baseline {}", c.baseline_us());
+}
+
+#[test]
+fn fixed_keeps_the_operator_limit() {
+    let mut c =
+        Controller::new(Settings { algo: Algo::Fixed, initial_limit: 7, min_limit: 1, ..Settings::default() }, 0);
+    for latency in [1, 1_000_000] {
+        assert_eq!(c.on_window(&window(latency, 7)), Decision { limit: 7, reason: Reason::Operator });
+    }
+}
+
+#[test]
+fn the_windowed_minimum_keeps_exactly_its_span() {
+    let mut m = WindowedMin { span: 3, values: VecDeque::new(), covered: 0 };
+    assert_eq!(m.push(5.0, 1), 5.0);
+    assert_eq!(m.push(9.0, 1), 5.0);
+    assert_eq!(m.push(7.0, 1), 5.0, "three windows in a span of three: the first still counts");
+    assert_eq!(m.push(8.0, 1), 7.0, "the fourth pushes the first out");
+    let mut m = WindowedMin { span: 2, values: VecDeque::new(), covered: 0 };
+    assert_eq!(m.push(4.0, 5), 4.0, "one value longer than the span is kept (never empty)");
+    assert_eq!(m.push(6.0, 1), 6.0);
+}
+
+#[test]
+fn settings_and_operator_changes_are_kept() {
+    let settings =
+        Settings { algo: Algo::Gradient, initial_limit: 50, min_limit: 5, max_limit: 80, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    assert_eq!(c.settings().max_limit, 80);
+    c.set_limit(70);
+    assert_eq!(c.limit(), 70);
+    c.set_limit(500);
+    assert_eq!(c.limit(), 80, "clamped to max_limit");
+    c.reconfigure(Settings { max_limit: 60, ..settings });
+    assert_eq!((c.settings().max_limit, c.limit()), (60, 60), "new bounds apply, the limit is clamped");
+}
+
+#[test]
+fn a_new_algorithm_starts_without_the_old_ones_cooldown() {
+    for (to, cooled) in [(Algo::Gradient, true), (Algo::Aimd, false)] {
+        let mut c = gradient(100, 10_000);
+        assert_eq!(c.on_window(&window(20_000, 100)).reason, Reason::LatencyRising);
+        c.reconfigure(Settings { algo: to, ..*c.settings() });
+        let d = c.on_window(&window(10_000, 100));
+        assert_eq!(d.reason == Reason::Cooldown, cooled, "{to}: {d:?}");
+    }
+}
+
+#[test]
+fn exactly_min_samples_is_enough() {
+    let mut c = gradient(100, 10_000);
+    let at_min = WindowSample { samples: c.settings().min_samples, ..window(40_000, 100) };
+    assert_eq!(c.on_window(&at_min).reason, Reason::LatencyRising);
+}
+
+#[test]
+fn no_probe_when_probes_are_off() {
+    let mut c = Controller::new(Settings { algo: Algo::Gradient, probe_windows: 0, ..Settings::default() }, 3);
+    for _ in 0..500 {
+        assert_ne!(c.on_window(&window(1_000, 100)).reason, Reason::Probe);
+    }
+}
+
+#[test]
+fn aimd_backs_off_only_past_its_tolerance() {
+    let aimd = |observed: u64| {
+        let mut c = gradient(100, 10_000);
+        c.reconfigure(Settings { algo: Algo::Aimd, ..*c.settings() });
+        let tolerance = c.settings().aimd_tolerance;
+        assert_eq!(tolerance, 2.0, "the test's latencies assume the default tolerance");
+        c.on_window(&window(observed, 100))
+    };
+    assert_eq!(aimd(20_000), Decision { limit: 101, reason: Reason::Grow }, "at the tolerance: grow");
+    assert_eq!(aimd(20_001), Decision { limit: 90, reason: Reason::LatencyRising }, "past it: back off");
+}
+
+#[test]
+fn at_the_maximum_the_limit_is_steady_even_when_little_is_in_flight() {
+    let mut c = gradient(500, 10_000);
+    assert_eq!(c.on_window(&window(10_000, 10)), Decision { limit: 500, reason: Reason::Steady });
+}
+
+#[test]
+fn gradient2_follows_a_slow_average_and_resets_it_on_a_sudden_drop() {
+    let settings = Settings { algo: Algo::Gradient2, probe_windows: 0, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    // Warm-up: a plain average of the first ten windows.
+    for _ in 0..10 {
+        c.on_window(&window(10_000, 100));
+    }
+    assert_eq!(c.baseline_us(), 10_000);
+    // The latency doubles for good: the long average creeps up by 2/601 of the gap
+    // a window (held at the baseline while the baseline's span still sees 10 ms):
+    // at most 20 - 10 * (1 - 2/601)^300 = 16.3 ms after 300 windows.
+    for _ in 0..300 {
+        c.on_window(&window(20_000, 100));
+    }
+    let long = c.baseline_us();
+    assert!((12_000..=17_500).contains(&long), "a slow average, far from both: {long}");
+    // A sudden drop below half the average: the average moves by 2/601, then is cut by 5%.
+    let before = long as f64;
+    c.on_window(&window(5_000, 100));
+    let factor = 2.0 / (settings.gradient2_long_window + 1.0);
+    let expected = (before * (1.0 - factor) + 5_000.0 * factor) * 0.95;
+    assert!((c.baseline_us() as f64 - expected).abs() <= 2.0, "{} vs {expected:.0}", c.baseline_us());
+}
+
+#[test]
+fn queue_cuts_the_excess_queue_and_grows_gently_below_its_target() {
+    let settings = Settings { algo: Algo::Queue, initial_limit: 40, cooldown_windows: 0, ..Settings::default() };
+    let sample = |queue_wait_us: u64, in_flight: u64| WindowSample {
+        in_flight,
+        samples: 100, // over a 0.1 s window: 1,000 requests/s
+        latency_us: 50_000,
+        queue_wait_us,
+        service_us: 0,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 0,
+    };
+    // 25 ms against a 5 ms target at 1,000/s: 20 requests queued too many, a quarter of them removed.
+    let mut c = Controller::new(settings, 0);
+    assert_eq!(c.on_window(&sample(25_000, 40)), Decision { limit: 35, reason: Reason::LatencyRising });
+    // A huge excess cuts at most half the limit in one window.
+    assert_eq!(c.on_window(&sample(2_000_000, 35)).limit, 18);
+    // A slow service raises the target to 3/4 of its median service time: 25 ms
+    // of queue for a 60 ms service is no excess.
+    let mut c = Controller::new(settings, 0);
+    let slow = WindowSample { service_us: 60_000, ..sample(25_000, 40) };
+    assert_eq!(c.on_window(&slow).reason, Reason::Grow);
+    // At the target or under, with in-flight pressing the limit: + sqrt(limit) / 2, at least 1.
+    let mut c = Controller::new(Settings { initial_limit: 16, ..settings }, 0);
+    assert_eq!(c.on_window(&sample(5_000, 16)), Decision { limit: 18, reason: Reason::Grow });
+    assert_eq!(c.on_window(&sample(0, 18)).limit, 20);
+    // App-limited: no growth, however short the queue.
+    assert_eq!(c.on_window(&sample(0, 5)).reason, Reason::AppLimited);
+    // A service that is merely slow (long service, no queue) is not overload: latency alone never cuts.
+    let d = c.on_window(&WindowSample { latency_us: 10_000_000, ..sample(1_000, 20) });
+    assert!(d.limit >= 20, "{d:?}");
+    // The operator's target is honoured.
+    let mut c = Controller::new(Settings { queue_target_us: 30_000.0, ..settings }, 0);
+    assert_eq!(c.on_window(&sample(25_000, 40)).reason, Reason::Grow);
+}
+
+#[test]
+fn queue_never_probes() {
+    let mut c = Controller::new(Settings { algo: Algo::Queue, probe_windows: 5, ..Settings::default() }, 0);
+    for _ in 0..1_000 {
+        assert_ne!(c.on_window(&window(10_000, 100)).reason, Reason::Probe);
+    }
+}
+
+/// A burst's window: the limit turned clients away, yet in-flight has
+/// drained below half the limit by the window's end.
+fn burst_window(latency_us: u64, rejected: u64) -> WindowSample {
+    WindowSample { rejected, ..window(latency_us, 10) }
+}
+
+#[test]
+fn rejections_show_the_limit_pressed_when_in_flight_has_drained() {
+    let settings = Settings { algo: Algo::Gradient, probe_windows: 0, cooldown_windows: 0, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    for _ in 0..5 {
+        c.on_window(&window(10_000, 100));
+    }
+    let before = c.limit();
+    assert_eq!(
+        c.on_window(&burst_window(10_000, 0)).reason,
+        Reason::AppLimited,
+        "nothing turned away: app-limited"
+    );
+    let d = c.on_window(&burst_window(10_000, 30));
+    assert_eq!(d.reason, Reason::Grow, "turned clients away with latency at the baseline: grow");
+    assert!(d.limit > before);
+}
+
+/// Windows of a service answering 200 requests/s with a queue (every worker
+/// busy), 20 ms each, from a burst of `in_flight` that the limit cut at `rejected`.
+fn draining(queue_wait_us: u64, in_flight: u64, rejected: u64) -> WindowSample {
+    WindowSample {
+        in_flight,
+        samples: 20,
+        latency_us: queue_wait_us + 20_000,
+        queue_wait_us,
+        service_us: 20_000,
+        listen_drops: 0,
+        rejected,
+        windows: 1,
+        elapsed_us: 100_000,
+    }
+}
+
+#[test]
+fn an_objective_sets_the_limit_the_service_drains_within_it() {
+    for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue] {
+        let settings = Settings { algo, initial_limit: 40, objective_us: 1e6, ..Settings::default() };
+        let mut c = Controller::new(settings, 0);
+        // A burst: 40 admitted, 360 turned away; then it drains at 200/s.
+        c.on_window(&draining(50_000, 40, 360));
+        for (wait, left) in [(100_000, 20), (150_000, 1)] {
+            c.on_window(&draining(wait, left, 0));
+        }
+        // The next burst presses the limit: it becomes 200/s x (97% of 1 s - 20 ms) = 190.
+        let d = c.on_window(&draining(50_000, 40, 360));
+        assert_eq!(d.limit, 190, "{algo}: {d:?}");
+        // Requests waiting past what the objective leaves: the limit comes down.
+        let d = c.on_window(&draining(990_000, 190, 0));
+        assert!(d.limit < 190, "{algo}: missed the objective, cut: {d:?}");
+        // An objective bounds latency instead of a learned baseline: no probe.
+        for _ in 0..300 {
+            assert_ne!(c.on_window(&draining(100_000, 150, 10)).reason, Reason::Probe, "{algo}");
+        }
+    }
+}
+
+#[test]
+fn until_the_rate_is_known_the_limit_doubles_while_the_objective_is_met() {
+    let settings = Settings {
+        algo: Algo::Gradient,
+        initial_limit: 40,
+        objective_us: 1e6,
+        cooldown_windows: 0,
+        ..Settings::default()
+    };
+    let mut c = Controller::new(settings, 0);
+    c.on_window(&window(10_000, 10));
+    // Latency 25x the baseline but within the objective, no queue to measure a rate in:
+    // not pressed, held; pressed, doubled (as slow start).
+    assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..window(250_000, 10) }).limit, 40);
+    assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..window(250_000, 40) }).limit, 80);
+    assert_eq!(c.on_window(&WindowSample { queue_wait_us: 0, ..burst_window(250_000, 5) }).limit, 160);
+    // Past the objective: the gradient cuts as it would without one.
+    assert!(c.on_window(&window(2_000_000, 160)).limit < 160);
+}
+
+#[test]
+fn a_probe_that_falls_on_a_slowdown_returns_scaled_by_what_it_saw() {
+    let settings = Settings { algo: Algo::Gradient, initial_limit: 100, probe_windows: 3, ..Settings::default() };
+    let to_probe = |latency_us: u64| {
+        let mut c = Controller::new(settings, 0);
+        while c.on_window(&window(latency_us, 100)).reason != Reason::Probe {}
+        c
+    };
+    // The service slows 2x during the probe (a quarter of the limit in flight):
+    // the limit returns at half, as the gradient would cut it next.
+    let mut c = to_probe(10_000);
+    let before = c.before_probe;
+    // Its first window still answers requests admitted before the change.
+    for latency_us in [10_000, 20_000, 20_000] {
+        c.on_window(&window(latency_us, 25));
+    }
+    assert_eq!(c.limit(), (before * 0.5).round() as u32, "returned scaled by 10 ms / 20 ms");
+    // The probe drained a standing queue (it saw half the latency): the old
+    // limit; the baseline it lowered does the rest.
+    let mut c = to_probe(20_000);
+    let before = c.before_probe;
+    for _ in 0..3 {
+        c.on_window(&window(10_000, 25));
+    }
+    assert_eq!(c.limit(), before.round() as u32);
+}
+
+#[test]
+fn raw_codes_round_trip() {
+    for algo in [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Fixed, Algo::Queue] {
+        assert_eq!(Algo::from_raw(algo.to_raw()), algo);
+    }
+    for r in 0..9 {
+        assert_eq!(Reason::from_raw(r).to_raw(), r);
+    }
+}
+
+proptest! {
+    #[test]
+    fn no_nan_or_overflow_on_any_sample(
+        algo in prop::sample::select(vec![Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue]),
+        samples in prop::collection::vec((0u64..=u64::MAX, 0u64..=u64::MAX, 0u64..=u64::MAX, 0u64..3), 1..200),
+    ) {
+        let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
+        let mut c = Controller::new(settings, 9);
+        for (latency_us, samples, in_flight, drops) in samples {
+            let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, listen_drops: drops, rejected: 0, windows: 1, elapsed_us: 0 });
+            prop_assert!(d.limit >= 1);
+            prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
+        }
+    }
+}
+
+/// Netflix concurrency-limits' own trajectories (tests/data/netflix-limits,
+/// produced by its Gradient2Limit and AIMDLimit classes), one row per window:
+/// (rtt us, saturated or app-limited, drop, limit with min 20, limit with min 4).
+fn reference(csv: &str) -> Vec<(u64, bool, bool, u32, u32)> {
+    csv.lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            (f[1].parse().unwrap(), f[2] == "L", f[3] == "1", f[4].parse().unwrap(), f[5].parse().unwrap())
+        })
+        .collect()
+}
+
+const SCENARIOS: [(&str, Algo, &str); 9] = [
+    ("a_steady", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/a_steady_gradient2.csv")),
+    ("b_step", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/b_step_gradient2.csv")),
+    ("c_drops", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/c_drops_gradient2.csv")),
+    (
+        "d_applimited",
+        Algo::Gradient2,
+        include_str!("../../../tests/data/netflix-limits/d_applimited_gradient2.csv"),
+    ),
+    ("e_longstep", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/e_longstep_gradient2.csv")),
+    ("a_steady", Algo::Aimd, include_str!("../../../tests/data/netflix-limits/a_steady_aimd.csv")),
+    ("b_step", Algo::Aimd, include_str!("../../../tests/data/netflix-limits/b_step_aimd.csv")),
+    ("c_drops", Algo::Aimd, include_str!("../../../tests/data/netflix-limits/c_drops_aimd.csv")),
+    ("d_applimited", Algo::Aimd, include_str!("../../../tests/data/netflix-limits/d_applimited_aimd.csv")),
+];
+
+/// shed's limiter as the reference runs: its guards off (one sample is
+/// enough, no cooldown, no probe) and every named departure off.
+fn as_reference(algo: Algo, min_limit: u32) -> Settings {
+    Settings {
+        algo,
+        initial_limit: 20,
+        min_limit,
+        max_limit: 200,
+        min_samples: 1,
+        cooldown_windows: 0,
+        probe_windows: 0,
+        // AIMDLimit cuts on drops and on a 5 s timeout only, never on latency.
+        aimd_tolerance: f64::INFINITY,
+        listen_drops_cut: algo == Algo::Aimd,
+        cut_while_app_limited: false,
+        gradient2_long_at_most_baseline: false,
+        ..Settings::default()
+    }
+}
+
+/// Replays a reference input window by window; returns the limit after each
+/// window as the reference publishes it (truncated) and the reference's own.
+fn replay(settings: Settings, rows: &[(u64, bool, bool, u32, u32)]) -> Vec<(u32, u32)> {
+    let mut c = Controller::new(settings, 0);
+    let mut published = settings.initial_limit;
+    rows.iter()
+        .map(|&(rtt_us, saturated, drop, min20, min4)| {
+            // In-flight as the reference was fed it: its published limit, or just under half of it.
+            let in_flight = if saturated { published } else { published.div_ceil(2) - 1 };
+            c.on_window(&WindowSample {
+                in_flight: u64::from(in_flight),
+                samples: 100,
+                latency_us: rtt_us,
+                queue_wait_us: 0,
+                service_us: 0,
+                listen_drops: u64::from(drop),
+                rejected: 0,
+                windows: 1,
+                elapsed_us: 0,
+            });
+            published = if settings.min_limit == 20 { min20 } else { min4 };
+            (c.limit.trunc() as u32, published)
+        })
+        .collect()
+}
+
+#[test]
+fn gradient2_and_aimd_match_netflix_concurrency_limits_with_the_departures_off() {
+    for (name, algo, csv) in SCENARIOS {
+        let rows = reference(csv);
+        for min_limit in [20, 4] {
+            for (window, (ours, theirs)) in replay(as_reference(algo, min_limit), &rows).into_iter().enumerate() {
+                assert_eq!(ours, theirs, "{name} {algo} min {min_limit}: window {}", window + 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn each_named_departure_from_the_reference_shows_where_it_should() {
+    let departs = |algo: Algo, scenario: &str, change: fn(&mut Settings)| -> usize {
+        let (_, _, csv) = SCENARIOS.iter().find(|(n, a, _)| *n == scenario && *a == algo).unwrap();
+        let mut settings = as_reference(algo, 4);
+        change(&mut settings);
+        replay(settings, &reference(csv)).iter().filter(|(ours, theirs)| ours != theirs).count()
+    };
+    // gradient2 cutting on listen drops: only the scenario with drops departs.
+    let drops: fn(&mut Settings) = |s| s.listen_drops_cut = true;
+    assert!(departs(Algo::Gradient2, "c_drops", drops) > 0);
+    assert_eq!(departs(Algo::Gradient2, "b_step", drops), 0);
+    // Cutting while app-limited: the app-limited step departs, the saturated one does not.
+    let app: fn(&mut Settings) = |s| s.cut_while_app_limited = true;
+    assert!(departs(Algo::Gradient2, "d_applimited", app) > 0);
+    assert_eq!(departs(Algo::Gradient2, "b_step", app), 0);
+    // The long average held at the baseline: a long slow spell is never learned as normal.
+    let held: fn(&mut Settings) = |s| s.gradient2_long_at_most_baseline = true;
+    assert!(departs(Algo::Gradient2, "e_longstep", held) > 0);
+    assert_eq!(departs(Algo::Gradient2, "a_steady", held), 0);
+    // shed's aimd cuts on latency (2x the baseline), the reference only on drops and timeouts.
+    let latency: fn(&mut Settings) = |s| s.aimd_tolerance = 2.0;
+    assert!(departs(Algo::Aimd, "b_step", latency) > 0);
+    assert_eq!(departs(Algo::Aimd, "c_drops", latency), 0);
+}
+
+#[test]
+fn a_probe_ends_on_thin_windows_and_keeps_a_cut_that_lands_in_it() {
+    let settings = Settings { algo: Algo::Gradient, initial_limit: 100, probe_windows: 3, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    // Run up to the first probe.
+    let mut d = c.on_window(&window(10_000, 100));
+    while d.reason != Reason::Probe {
+        d = c.on_window(&window(10_000, 100));
+    }
+    let before = c.before_probe;
+    assert_eq!(d.limit, (before * PROBE_DEPTH).round() as u32);
+    // Thin windows (sparse traffic) still count toward the probe, and a
+    // listen-queue overflow during it cuts the limit the probe returns to.
+    let thin = WindowSample { samples: 0, ..window(10_000, 10) };
+    assert_eq!(c.on_window(&WindowSample { listen_drops: 3, ..thin }).reason, Reason::Probe);
+    assert_eq!(c.on_window(&thin).reason, Reason::Probe);
+    let end = c.on_window(&thin);
+    assert_eq!(end.reason, Reason::Probe);
+    assert_eq!(
+        end.limit,
+        (before * settings.backoff).round() as u32,
+        "the probe ended after 3 windows, the cut kept"
+    );
+    assert_ne!(c.on_window(&thin).reason, Reason::Probe, "and is over");
+}
