@@ -66,6 +66,7 @@ mod aimd;
 mod gradient;
 mod gradient2;
 mod guards;
+pub mod handshake;
 mod queue;
 pub mod reserve;
 #[cfg(test)]

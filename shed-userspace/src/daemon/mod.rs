@@ -14,7 +14,7 @@ mod port;
 pub mod process;
 
 pub use lock::{ConfigLock, DaemonLock, Liveness, PinGuard, liveness, ready, require_running};
-use port::{AcceptQueues, HandshakeWindow, PortControl};
+use port::{AcceptQueues, PortControl};
 
 use std::{
     collections::BTreeSet,
@@ -220,7 +220,7 @@ pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Erro
                                 continue;
                             }
                         };
-                        let handshakes = HandshakeWindow::new(settings.handshake_window);
+                        let handshakes = crate::control::handshake::HandshakeWindow::new(settings.handshake_window);
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
                 }

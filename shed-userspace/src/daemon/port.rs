@@ -1,18 +1,19 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! One port's control: each window it reads the maps, builds the window's
-//! figures, asks the controller, and writes the limit and status back; and
-//! the handshake window each port's reservations last.
+//! figures, asks the controller (and the handshake window's policy), and
+//! writes the limit, the window and the status back.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::{self},
     time::{Duration, Instant},
 };
 
-use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, handshake, latency, tier};
+use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, tier};
 
 use crate::{
     control::{
         Algo, Controller, Decision, Reason, Settings, WindowSample,
+        handshake::HandshakeWindow,
         reserve::TierHoldBack,
         window::{Signals, Window, histogram_percentile},
     },
@@ -114,7 +115,11 @@ impl PortControl {
         if snapshot.config.tiered != 0 && held_back != snapshot.reserve.held_back {
             maps.write_reserve(self.slot, shed_common::TierReserve { held_back })?;
         }
-        let handshake_times = self.handshakes.on_window(maps, snapshot, &reading.hist.handshake, now)?;
+        let handshakes = self.handshakes.on_window(snapshot.user.shift(), &reading.hist.handshake, now);
+        if let Some(shift) = handshakes.write_shift {
+            maps.set_handshake_shift(self.slot, shift)?;
+        }
+        let handshake_times = handshakes.times;
         if decision.limit != snapshot.limit {
             maps.set_limit(self.slot, decision.limit)?;
         }
@@ -338,61 +343,5 @@ impl AcceptQueues {
         }
         let (_, queues) = self.read.as_ref()?;
         Some(queues.as_ref()?.get(&port).copied().unwrap_or_default())
-    }
-}
-
-/// Keeps a port's reservation window (how long an admitted handshake-completing
-/// ACK holds its slot before the kernel reports the connection established)
-/// at its fixed length, and reports how long admission to establishment took.
-///
-/// The window no longer follows the path's round-trip time: the slot is taken
-/// at the ACK, after the client proved its address, and the kernel establishes
-/// the connection in the same softirq, so a window of a few milliseconds
-/// covers every completion however far away the client is.
-pub(super) struct HandshakeWindow {
-    /// The epoch shift that gives the window (`--handshake-window`, or the default).
-    shift: u32,
-    written: bool,
-    /// Handshake histogram at the start of the current measuring period.
-    period_start: Option<(Instant, [u64; latency::BUCKETS])>,
-    /// p50/p99 of the last full period, microseconds.
-    times: (u64, u64),
-}
-
-/// One measuring period of admission-to-established times.
-const HANDSHAKE_PERIOD: Duration = Duration::from_secs(1);
-
-impl HandshakeWindow {
-    pub(super) fn new(fixed: Duration) -> Self {
-        let shift = if fixed.is_zero() {
-            handshake::DEFAULT_SHIFT
-        } else {
-            handshake::shift_for_window(fixed.as_nanos() as u64)
-        };
-        Self { shift, written: false, period_start: None, times: (0, 0) }
-    }
-
-    /// Returns the admission-to-established p50/p99 (us) of the last full period.
-    pub(super) fn on_window(
-        &mut self,
-        maps: &mut GateMaps,
-        snapshot: &maps::PortSnapshot,
-        hist: &[u64; latency::BUCKETS],
-        now: Instant,
-    ) -> Result<(u64, u64), Error> {
-        if !self.written || snapshot.user.shift() != self.shift {
-            maps.set_handshake_shift(snapshot.config.slot, self.shift)?;
-            self.written = true;
-        }
-        let (start, before) = *self.period_start.get_or_insert((now, *hist));
-        if now.duration_since(start) < HANDSHAKE_PERIOD {
-            return Ok(self.times);
-        }
-        let period: [u64; latency::BUCKETS] = std::array::from_fn(|i| hist[i].wrapping_sub(before[i]));
-        self.period_start = Some((now, *hist));
-        if period.iter().sum::<u64>() > 0 {
-            self.times = (histogram_percentile(&period, 50.0), histogram_percentile(&period, 99.0));
-        }
-        Ok(self.times)
     }
 }
