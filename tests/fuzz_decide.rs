@@ -12,9 +12,9 @@ use aya::{
 use proptest::{prelude::*, test_runner::TestRunner};
 use shed::{cli::tiers::parse_cidr, kernel::maps::PortSpec, kernel::programs::Loaded};
 use shed_common::{
-    ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortCounters, PortState, TierReserve, UserPortState,
-    action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map, ratelimit::prefix_bucket_index,
-    rst_prefix, tier,
+    ClientKey, ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortCounters, PortState, TierReserve,
+    UserPortState, action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map,
+    ratelimit::prefix_bucket_index, tier,
 };
 use shed_testkit::{
     frames::{Spec, frame},
@@ -326,9 +326,12 @@ fn kernel_and_model_agree_on_every_frame() {
     loaded.maps.set_local_addrs(&local.iter().map(|&a| (a, local_addr::UNICAST)).collect()).unwrap();
     let mut tiers = Vec::new();
     for (cidr, t) in TIERS {
+        // The model reads the table by its own derivation; the gate's parser must agree.
+        let (prefix_len, addr) = model::reference::cidr(cidr).unwrap();
         let c = parse_cidr(cidr).unwrap();
+        assert_eq!((c.prefix_len, c.addr), (prefix_len, addr), "{cidr}");
         loaded.maps.set_tier(c, t).unwrap();
-        tiers.push((c.prefix_len, c.addr, t));
+        tiers.push((prefix_len, addr, t));
     }
     let cpus = aya::util::nr_cpus().unwrap();
     loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
@@ -369,10 +372,14 @@ fn kernel_and_model_agree_on_every_frame() {
             ring.cells[handshake::cell_of(epoch)] = HandshakeCell { epoch, admitted: ss.handshakes, completed: 0 };
             loaded.maps.handshakes.set(slot, ring, 0).unwrap();
             // What the frame's client holds, as the socket tracepoint would have counted it.
-            let client_key = config.client_key(&client_of(&fs));
+            // Keyed by the model's own derivation of the client (not shed-common's).
+            let client_key = ClientKey {
+                slot,
+                addr: model::reference::client_addr(&client_of(&fs), config.client_prefix_v6),
+            };
             loaded.maps.clients.insert(client_key, ss.client_held, 0).unwrap();
             let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
-            let prefix_index = prefix_bucket_index(slot, &rst_prefix(&client_of(&fs)));
+            let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(&client_of(&fs)));
             let mut port_buckets: Array<_, u64> =
                 Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
             port_buckets.set(slot, bucket(ss.rst_budget.1), 0).unwrap();

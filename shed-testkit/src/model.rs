@@ -366,3 +366,88 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     counters[counter::SYN_PASSED] += 1;
     pass(counters)
 }
+
+/// The policy's own derivations of who a client is, written from
+/// docs/DESIGN.md and OPERATIONS.md, not from shed-common's helpers: the
+/// harness builds the kernel's inputs with these, so a bug in the shared
+/// helpers (an IPv6 key cut at the wrong bit, a wrong RST prefix, a CIDR
+/// misread) makes the kernel and the model disagree.
+pub mod reference {
+    use std::net::IpAddr;
+
+    /// Whether an address is IPv4 as the gate stores it (`::ffff:a.b.c.d`).
+    pub fn is_v4(addr: &[u8; 16]) -> bool {
+        addr[..10].iter().all(|&b| b == 0) && addr[10] == 0xff && addr[11] == 0xff
+    }
+
+    /// The first `bits` bits of `addr`, the rest zero.
+    fn keep_bits(addr: &[u8; 16], bits: u32) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        for bit in 0..bits.min(128) as usize {
+            out[bit / 8] |= addr[bit / 8] & (0x80 >> (bit % 8));
+        }
+        out
+    }
+
+    /// A client as the per-client cap counts it: an IPv4 address whole, an
+    /// IPv6 one by its first `v6_prefix` bits (`--client-prefix-v6`, 64 by default).
+    pub fn client_addr(addr: &[u8; 16], v6_prefix: u8) -> [u8; 16] {
+        if is_v4(addr) { *addr } else { keep_bits(addr, u32::from(v6_prefix)) }
+    }
+
+    /// The prefix the per-prefix RST cap counts: IPv4 /24, IPv6 /48.
+    pub fn rst_prefix(addr: &[u8; 16]) -> [u8; 16] {
+        keep_bits(addr, if is_v4(addr) { 96 + 24 } else { 48 })
+    }
+
+    /// A tier's network, `a.b.c.d/n` or `x::/n`, as (prefix length over the
+    /// 128-bit address, IPv4 mapped; network): None if it is not one.
+    pub fn cidr(s: &str) -> Option<(u32, [u8; 16])> {
+        let (addr, len) = s.split_once('/')?;
+        let len: u32 = len.parse().ok()?;
+        let (bytes, len) = match addr.parse::<IpAddr>().ok()? {
+            IpAddr::V4(v4) if len <= 32 => {
+                let mut b = [0u8; 16];
+                b[10] = 0xff;
+                b[11] = 0xff;
+                b[12..].copy_from_slice(&v4.octets());
+                (b, 96 + len)
+            }
+            IpAddr::V6(v6) if len <= 128 => (v6.octets(), len),
+            _ => return None,
+        };
+        (keep_bits(&bytes, len) == bytes).then_some((len, bytes))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn v6(s: &str) -> [u8; 16] {
+            s.parse::<std::net::Ipv6Addr>().unwrap().octets()
+        }
+
+        #[test]
+        fn clients_and_prefixes_by_the_documented_rules() {
+            let host = v6("2001:db8:1:2:3:4:5:6");
+            assert_eq!(client_addr(&host, 64), v6("2001:db8:1:2::"));
+            assert_eq!(client_addr(&host, 56), v6("2001:db8:1::"));
+            assert_eq!(client_addr(&host, 128), host);
+            assert_eq!(rst_prefix(&host), v6("2001:db8:1::"));
+            let v4 = v6("::ffff:192.0.2.77");
+            assert!(is_v4(&v4) && !is_v4(&host));
+            assert_eq!(client_addr(&v4, 64), v4, "an IPv4 client is its whole address");
+            assert_eq!(rst_prefix(&v4), v6("::ffff:192.0.2.0"));
+        }
+
+        #[test]
+        fn cidrs_by_the_documented_rules() {
+            assert_eq!(cidr("10.1.0.0/16"), Some((112, v6("::ffff:10.1.0.0"))));
+            assert_eq!(cidr("2001:db8:1::/48"), Some((48, v6("2001:db8:1::"))));
+            assert_eq!(cidr("10.1.2.3/32"), Some((128, v6("::ffff:10.1.2.3"))));
+            assert_eq!(cidr("10.1.0.1/16"), None, "host bits set");
+            assert_eq!(cidr("10.0.0.0/33"), None);
+            assert_eq!(cidr("10.0.0.0"), None);
+        }
+    }
+}
