@@ -213,13 +213,101 @@ fn build(s: &FrameSpec) -> Vec<u8> {
     })
 }
 
+/// What the port's books hold: the counts the socket tracepoint keeps, the
+/// healer's adjustment, and the two epoch rings, in every state a cell can be in.
+#[derive(Clone, Debug)]
+struct Books {
+    count_mode: u8,
+    /// Held by the port's count mode (opened - closed, or busy_enter - busy_exit),
+    /// and the healer's adjustment of it.
+    counted: u64,
+    adjust: i64,
+    /// What the other count would hold (busy while counting connections,
+    /// established while counting work): it must not matter.
+    other: u64,
+    /// The handshake ring: the current epoch's cell (admitted, completed), an
+    /// earlier live epoch's open handshakes, and an ended epoch's (lapsed).
+    current: (u64, u64),
+    earlier: u64,
+    lapsed: u64,
+    /// The silent ring (work mode): open in a live epoch, and in an ended one.
+    silent: (u64, u64),
+}
+
+fn books_spec() -> impl Strategy<Value = Books> {
+    (
+        prop_oneof![Just(count_mode::CONNECTIONS), Just(count_mode::WORK), Just(count_mode::MULTIPLEXED)],
+        (0u64..6, prop_oneof![4 => Just(0i64), 1 => -3i64..=3], 0u64..4),
+        ((0u64..3).prop_flat_map(|admitted| (Just(admitted), 0..=admitted)), prop_oneof![2 => Just(0u64), 1 => 1u64..3]),
+        prop_oneof![2 => Just(0u64), 1 => 1u64..4],
+        (prop_oneof![2 => Just(0u64), 1 => 1u64..3], prop_oneof![2 => Just(0u64), 1 => 1u64..4]),
+    )
+        .prop_map(|(count_mode, (counted, adjust, other), (current, earlier), lapsed, silent)| Books {
+            count_mode,
+            counted,
+            adjust,
+            other,
+            current,
+            earlier,
+            lapsed,
+            silent,
+        })
+}
+
+impl Books {
+    /// What the port holds by the documented rules: its count (never below
+    /// zero after the adjustment), in work mode also the connections still in
+    /// their idle grace (silent, live), and the handshakes admitted in the
+    /// live epochs (the current one and the three before) not yet established.
+    fn in_flight(&self) -> u64 {
+        let held = (self.counted as i64 + self.adjust).max(0) as u64;
+        let silent = if self.count_mode == count_mode::WORK { self.silent.0 } else { 0 };
+        held + silent + (self.current.0 - self.current.1) + self.earlier
+    }
+
+    /// Writes the books for `slot`, the rings' cells around the epochs of now.
+    fn write(&self, maps: &mut shed::kernel::maps::GateMaps, slot: u32) {
+        const BASE: u64 = 1_000;
+        let work = self.count_mode == count_mode::WORK;
+        let (established, busy) = if work { (self.other, self.counted) } else { (self.counted, self.other) };
+        let state = PortState {
+            opened: BASE + established,
+            closed: BASE,
+            busy_enter: BASE + busy,
+            busy_exit: BASE,
+            ..PortState::default()
+        };
+        maps.state.set(slot, state, 0).unwrap();
+        // Epochs of 2^25 ns (34 ms): the earlier cell stays live unless the program
+        // runs over 100 ms after this write.
+        let base = UserPortState { handshake_shift: 25, ..UserPortState::default() };
+        let user = if work {
+            UserPortState { busy_adjust: self.adjust, ..base }
+        } else {
+            UserPortState { established_adjust: self.adjust, ..base }
+        };
+        maps.user_state.set(slot, user, 0).unwrap();
+        // The earlier cell one epoch back and the ended one six back: an epoch that
+        // begins before the program runs leaves each where it was (live, or ended).
+        let ring = |now: u64, current: (u64, u64), earlier: u64, ended: u64| {
+            let mut ring = HandshakeRing::default();
+            for (epoch, (admitted, completed)) in [(now, current), (now - 1, (earlier, 0)), (now - 6, (ended, 0))] {
+                ring.cells[handshake::cell_of(epoch)] = HandshakeCell { epoch, admitted, completed };
+            }
+            ring
+        };
+        let now = shed::host::system::monotonic_ns();
+        let handshakes = ring(now >> user.shift(), self.current, self.earlier, self.lapsed);
+        maps.handshakes.set(slot, handshakes, 0).unwrap();
+        let silent = ring(now >> user.silent_shift(), (self.silent.0, 0), 0, self.silent.1);
+        maps.silent.set(slot, silent, 0).unwrap();
+    }
+}
+
 #[derive(Clone, Debug)]
 struct StateSpec {
     limit: u32,
-    /// Established connections held.
-    in_flight: u64,
-    /// Handshakes under way in the current epoch's cell.
-    handshakes: u64,
+    books: Books,
     act: u8,
     dry_run: bool,
     tiered: bool,
@@ -236,7 +324,7 @@ struct StateSpec {
 
 fn state_spec() -> impl Strategy<Value = StateSpec> {
     (
-        (0u32..6, 0u64..6, prop_oneof![3 => Just(0u64), 1 => 1u64..3]),
+        (0u32..6, books_spec()),
         prop_oneof![Just(action::DROP), Just(action::RST)],
         prop::bool::weighted(0.15),
         any::<bool>(),
@@ -253,7 +341,7 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
     )
         .prop_map(
             |(
-                (limit, in_flight, handshakes),
+                (limit, books),
                 act,
                 dry_run,
                 tiered,
@@ -264,8 +352,7 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
                 (rst_rates, rst_budget),
             )| StateSpec {
                 limit,
-                in_flight,
-                handshakes,
+                books,
                 act,
                 dry_run,
                 tiered,
@@ -360,17 +447,12 @@ fn kernel_and_model_agree_on_every_frame() {
             config.share_permille = ss.shares;
             config.tier_action = ss.tier_action;
             config.client_cap = ss.client_cap;
+            config.count_mode = ss.books.count_mode;
             (config.rst_per_prefix_per_sec, config.rst_per_sec) = ss.rst_rates;
             loaded.maps.write_config(PORT, config).unwrap();
             loaded.maps.set_limit(slot, ss.limit).unwrap();
-            loaded.maps.state.set(slot, PortState { opened: ss.in_flight, ..PortState::default() }, 0).unwrap();
-            loaded.maps.user_state.set(slot, UserPortState::default(), 0).unwrap();
             loaded.maps.reserve.set(slot, TierReserve { held_back: ss.held_back }, 0).unwrap();
-            // Handshakes under way, in the cell of the epoch the gate is about to read.
-            let mut ring = HandshakeRing::default();
-            let epoch = shed::host::system::monotonic_ns() >> handshake::DEFAULT_SHIFT;
-            ring.cells[handshake::cell_of(epoch)] = HandshakeCell { epoch, admitted: ss.handshakes, completed: 0 };
-            loaded.maps.handshakes.set(slot, ring, 0).unwrap();
+            ss.books.write(&mut loaded.maps, slot);
             // What the frame's client holds, as the socket tracepoint would have counted it.
             // Keyed by the model's own derivation of the client (not shed-common's).
             let client_key = ClientKey {
@@ -390,7 +472,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 port: PORT,
                 config,
                 limit: ss.limit,
-                in_flight: ss.in_flight + ss.handshakes,
+                in_flight: ss.books.in_flight(),
                 client_held: ss.client_held,
                 held_back: ss.held_back,
                 rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },

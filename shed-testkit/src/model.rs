@@ -41,10 +41,11 @@
 //!   client's prefix and the port have RST budget; otherwise it is a drop.
 //!
 //! The harness varies one protected port, its limit, action, dry-run, tier
-//! shares, actions and held-back room, held connections and handshakes under
-//! way, the client's connections against a cap, the RST buckets, the local
-//! addresses and a fixed tier table; the trickle's clock carries over from
-//! case to case.
+//! shares, actions and held-back room, its books (count mode, counts and the
+//! healer's adjustment, both epoch rings in every cell state), the client's
+//! connections against a cap, the RST buckets, the local addresses and a
+//! fixed tier table, and derives who a client is by [`reference`]; the
+//! trickle's clock carries over from case to case.
 use shed_common::{PortConfig, action, counter, gate_counter, tier};
 
 /// What the model expects the program to do with a frame.
