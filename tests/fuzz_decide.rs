@@ -278,9 +278,9 @@ impl Books {
             ..PortState::default()
         };
         maps.state.set(slot, state, 0).unwrap();
-        // Epochs of 2^25 ns (34 ms): the earlier cell stays live unless the program
-        // runs over 100 ms after this write.
-        let base = UserPortState { handshake_shift: 25, ..UserPortState::default() };
+        // Epochs of 2^27 ns (134 ms), as the silent ring's: the earlier cell (one
+        // epoch back) stays live for at least two more epochs after this write.
+        let base = UserPortState { handshake_shift: 27, ..UserPortState::default() };
         let user = if work {
             UserPortState { busy_adjust: self.adjust, ..base }
         } else {

@@ -20,7 +20,13 @@ const PORT: u16 = 8080;
 
 struct Harness {
     loaded: Loaded,
+    /// A share of the CPUs: the race test takes them all.
+    _cpus: Option<std::sync::RwLockReadGuard<'static, ()>>,
 }
+
+/// Held shared by every harness and whole by the race test, whose two CPUs
+/// must run its rounds without the other tests' programs between them.
+static CPUS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hook {
@@ -30,6 +36,12 @@ enum Hook {
 
 impl Harness {
     fn new(limit: u32, act: u8, dry_run: bool) -> Self {
+        let cpus = CPUS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Self { _cpus: Some(cpus), ..Self::alone(limit, act, dry_run) }
+    }
+
+    /// A harness that holds no share of the CPUs (for a test that holds them all).
+    fn alone(limit: u32, act: u8, dry_run: bool) -> Self {
         let mut loaded =
             Loaded::new(None).expect("load the kernel object (run as root after `cargo xtask build-ebpf`)");
         let spec = PortSpec::new(limit, act, dry_run, count_mode::WORK, ControlConfig::default());
@@ -37,7 +49,7 @@ impl Harness {
         // The frames' server addresses are this namespace's own: SYNs to them are judged.
         let local = [(ipv4_mapped(SERVER_V4), local_addr::UNICAST), (SERVER_V6, local_addr::UNICAST)];
         loaded.maps.set_local_addrs(&local.into_iter().collect()).expect("local addresses");
-        Self { loaded }
+        Self { loaded, _cpus: None }
     }
 
     /// Loads `hook`'s program now (it loads on first use, which takes the
@@ -1002,12 +1014,13 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
     const EPOCHS_PER_ROUND: u64 = 2 * LIVE_EPOCHS;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(cpus >= 2, "a race needs two CPUs");
+    let _all = CPUS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (bed, _ifindex) = support::outside::enter("shedpt6");
     let _listener = deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
     let flows = [held_handshake(&bed), held_handshake(&bed)];
     let epoch_now = || shed::host::system::monotonic_ns() >> MIN_SHIFT;
     for hook in HOOKS {
-        let mut h = Harness::new(2, action::DROP, false);
+        let mut h = Harness::alone(2, action::DROP, false);
         h.hold(1);
         // Both flows come from one client, whose admissions (never closed here)
         // would otherwise soon hold its share of the limit.

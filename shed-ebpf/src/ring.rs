@@ -4,7 +4,7 @@
 //! connections accepted that have sent nothing yet (the silent ring).
 use shed_common::{
     HandshakeCell, HandshakeRing,
-    handshake::{cell_of, live},
+    handshake::{LIVE_EPOCHS, cell_of, live},
 };
 
 use crate::atomic;
@@ -32,12 +32,15 @@ pub fn undo(cell: *mut HandshakeCell) {
 }
 
 /// Releases one opened at `epoch`, if its cell still holds that epoch and it
-/// is live at `now_epoch`; false if it had lapsed already (nothing released).
+/// is live at `now_epoch`, short of its last live epoch; false if not
+/// (nothing released: it lapses with its epoch). Not in the last one: the
+/// cell is reused the epoch after, and a release racing that reset could land
+/// in the new epoch's count (its places would read one too low, past the limit).
 #[inline(always)]
 pub fn close(ring: *mut HandshakeRing, epoch: u64, now_epoch: u64) -> bool {
     // SAFETY: map value; `cell_of` is < RING.
     let Some(cell) = (unsafe { (*ring).cells.get_mut(cell_of(epoch)) }) else { return false };
-    if !live(epoch, now_epoch) || atomic::load(&cell.epoch) != epoch {
+    if !live(epoch, now_epoch) || now_epoch - epoch >= LIVE_EPOCHS - 1 || atomic::load(&cell.epoch) != epoch {
         return false;
     }
     atomic::add(&raw mut cell.completed, 1);
@@ -49,7 +52,8 @@ pub fn close(ring: *mut HandshakeRing, epoch: u64, now_epoch: u64) -> bool {
 /// a dead epoch), so adds racing the reset are not lost. Completions first:
 /// a CPU that opens the cell between the swap and the last subtraction then
 /// finds its place too high (refused, at worst), never too low (an old
-/// epoch's completions subtracted from this one's admissions would admit
+/// epoch's completions subtracted from this one's admissions would give
+/// every CPU that opens the cell meanwhile place 0: with three CPUs or more,
 /// past the limit).
 #[inline(always)]
 fn start_epoch(cell: &mut HandshakeCell, lapsed: &mut u64, epoch: u64) {
