@@ -880,6 +880,7 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
             (0, 0, 0),
             "{hook:?}"
         );
+        assert_eq!(h.gate_counters()[gate_counter::UNPROVEN_ACK], 1, "{hook:?}: the blind ACK is counted");
         assert_eq!(h.run_on(hook, &real.ack, ifindex).0, pass(hook), "{hook:?}");
         let s = h.snapshot();
         assert_eq!((s.pending(), s.counter(counter::ADMITTED)), (1, 1), "{hook:?}: the real handshake is judged");

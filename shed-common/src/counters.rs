@@ -79,5 +79,9 @@ pub mod gate_counter {
     pub const IPV6_CHAIN_UNPARSED: usize = 2;
     /// Later fragments (IPv4 or IPv6): passed, the first fragment carries the TCP header.
     pub const LATER_FRAGMENT: usize = 3;
+    /// ACKs on the 4-tuple of a handshake under way that do not acknowledge
+    /// its SYN-ACK (blind forged, or stale): passed unjudged, holding nothing
+    /// (the kernel itself drops or resets them).
+    pub const UNPROVEN_ACK: usize = 4;
     pub const COUNT: usize = 8;
 }

@@ -9,7 +9,7 @@
 //! CPUs cannot overshoot) and one stamp. A rejected SYN writes nothing but
 //! per-CPU counters (and, for a RST, the rate buckets).
 use shed_common::{
-    ClientKey, Contention, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter,
+    ClientKey, Contention, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter, gate_counter,
     handshake::{STAMP_PROBES, stamp_index, stamp_state},
     is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
@@ -22,7 +22,7 @@ use crate::{
     fault::fault,
     maps::{
         SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
-        SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, stamp_hash, count, is_local, is_loopback, local_kind, port_config,
+        SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, stamp_hash, count, count_gate, is_local, is_loopback, local_kind, port_config,
         tier_of,
     },
     parse::Segment,
@@ -594,7 +594,11 @@ unsafe fn acks_our_syn_ack(sk: *mut core::ffi::c_void, ack_seq: u32) -> bool {
     }
     // SAFETY: a 4-byte read of kernel memory; the helper fails safely on a bad address.
     match unsafe { bpf_probe_read_kernel(req.cast::<u8>().add(offset as usize).cast::<u32>()) } {
-        Ok(isn) => ack_seq == isn.wrapping_add(1),
+        Ok(isn) if ack_seq == isn.wrapping_add(1) => true,
+        Ok(_) => {
+            count_gate(gate_counter::UNPROVEN_ACK);
+            false
+        }
         Err(_) => true,
     }
 }

@@ -331,6 +331,13 @@ impl Collector for Scrape {
                 Counter,
                 self.gates.iter().map(|g| (netns_label(g), g.gate[g::LATER_FRAGMENT])).collect::<Vec<_>>(),
             )?;
+            family(
+                &mut e,
+                "shed_unproven_acks",
+                "ACKs on the 4-tuple of a handshake under way that did not acknowledge its SYN-ACK (blind forged, or stale): passed unjudged, holding nothing.",
+                Counter,
+                self.gates.iter().map(|g| (netns_label(g), g.gate[g::UNPROVEN_ACK])).collect::<Vec<_>>(),
+            )?;
         }
         let per_port = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, u64)> {
             ports.iter().map(|p| (port_label(&p.stats), f(&p.stats))).collect()
