@@ -69,7 +69,7 @@ fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> R
 
 /// B1: decision cost per packet, against an empty XDP_PASS program in the same run.
 /// Returns the JSON result and the report section.
-pub fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
     let cases = [
         Case::passing("non-TCP (UDP)", 17, 0x02, PORT),
         Case::passing("ACK to the protected port (socket lookup)", 6, 0x10, PORT),

@@ -95,7 +95,7 @@ fn flood(bed: &Testbed, port: u16, count: u32) -> Result<(u32, Duration, Duratio
     Ok((sent, elapsed, busy_cpu()?.saturating_sub(cpu_before)))
 }
 
-pub fn b2(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b2(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     let (count, runs) = scale.pick((400_000, 5), (150_000, 1), (20_000, 1));
     let bed = Testbed::create("shedb2")?;
     // Every configuration has the same listener. The client end drops every

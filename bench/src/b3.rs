@@ -207,7 +207,7 @@ impl Server503 {
     }
 }
 
-pub fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     let (duration, runs) =
         scale.pick((Duration::from_secs(4), 5), (Duration::from_secs(2), 1), (Duration::from_millis(500), 1));
     let bed = Testbed::create("shedb3")?;

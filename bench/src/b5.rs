@@ -40,7 +40,7 @@ struct Event {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct Bin {
+pub(crate) struct Bin {
     pub t: f64,
     pub limit: u32,
     pub in_flight: u64,
@@ -206,7 +206,7 @@ fn responses(bins: &[Bin], scale: Scale) -> Vec<Response> {
     out
 }
 
-pub fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde_json::Value, String)> {
     let runs = scale.pick(3, 1, 1);
     let (events, _) = schedule(scale);
     let mut md = String::new();

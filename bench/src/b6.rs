@@ -63,7 +63,7 @@ fn keep_alive_load(ns: &str, addr: SocketAddr, duration: Duration) -> Result<(f6
     Ok((all.len() as f64 / duration.as_secs_f64(), pct(0.5), pct(0.99)))
 }
 
-pub fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     let (duration, repeats) =
         scale.pick((Duration::from_secs(4), 5), (Duration::from_secs(2), 1), (Duration::from_millis(500), 1));
     // "empty XDP" is an XDP_PASS program on the server veth: what native XDP

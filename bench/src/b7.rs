@@ -56,7 +56,7 @@ fn forged(i: u32) -> Ipv4Addr {
     Ipv4Addr::new(100, 64 + ((h >> 16) & 63) as u8, (h >> 8) as u8, (h as u8).max(1))
 }
 
-pub fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b7(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
     let rates: &[u32] = scale.pick(&[0, 200, 2_000, 20_000], &[0, 2_000, 20_000], &[2_000]);
     // One-way delays: the veth itself, then 50 and 200 ms round trips.
     let one_way: &[u64] = scale.pick(&[0, 25, 100], &[0, 25, 100], &[0, 25]);

@@ -88,7 +88,7 @@ fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<
     Ok((succeeded as f64 / seconds as f64 / capacity, limits))
 }
 
-pub fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     let (seconds, repeats) = scale.pick((12, 3), (6, 1), (3, 1));
     let smoke = |name: &str| scale != Scale::Smoke || name == "no gate" || name == "shed queue, objective 1 s";
     let mut json = Vec::new();

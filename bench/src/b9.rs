@@ -103,7 +103,7 @@ fn connect(bed: &Testbed, addr: SocketAddr, from: IpAddr, count: usize, in_proce
 
 /// `shed-bench hold`: serve (hold every connection accepted on `addr`) or,
 /// with `from`, open `count` connections to `addr`; in `netns`, until stdin closes.
-pub fn hold(netns: &str, addr: SocketAddr, from: Option<IpAddr>, count: usize) -> Result<()> {
+pub(crate) fn hold(netns: &str, addr: SocketAddr, from: Option<IpAddr>, count: usize) -> Result<()> {
     let held: Holder = match from {
         None => Holder::Server(Backend::start(netns, addr, Service::Hold)?),
         Some(from) => {
@@ -248,7 +248,7 @@ fn measure(shedctl: &Path, scale: Scale, levels: &[usize], ours: bool) -> Result
     result.map(|()| out)
 }
 
-pub fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
     let levels: &[usize] = scale.pick(&[0, 10_000, 50_000, 100_000], &[0, 10_000, 50_000], &[0, 2_000]);
     let idle = scale.pick(Duration::from_secs(30), Duration::from_secs(10), Duration::from_secs(3));
     let mut runs = vec![("shed".to_owned(), measure(shedctl, scale, levels, true)?)];

@@ -26,7 +26,7 @@ const DEADLINE: Duration = Duration::from_secs(1);
 const INITIAL_LIMIT: u32 = 50;
 const METRICS: &str = "127.0.0.1:9464";
 
-pub fn run(shedctl: &Path, seconds: u64) -> Result<()> {
+pub(crate) fn run(shedctl: &Path, seconds: u64) -> Result<()> {
     let capacity = WORKERS as f64 / SERVICE.as_secs_f64();
     println!(
         "demo: backend with {WORKERS} workers x {} ms = {capacity:.0} req/s capacity; adaptive gate (queue, the default) from limit {INITIAL_LIMIT}, action rst; {seconds} s\nphases: 0.5x load; 2x load; 2x load with the backend 5x slower; 2x load, backend recovered",

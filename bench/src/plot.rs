@@ -57,18 +57,18 @@ where
 }
 
 /// One line of a chart: name and (x, median, min, max) points.
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub points: Vec<(f64, f64, f64, f64)>,
 }
 
 /// Goodput (fraction of capacity, in percent) against offered load, one line per configuration.
-pub fn goodput_vs_load(path: &Path, title: &str, series: &[Series]) -> Result<()> {
+pub(crate) fn goodput_vs_load(path: &Path, title: &str, series: &[Series]) -> Result<()> {
     goodput_vs(path, title, ("offered load (x capacity)", "goodput (% of capacity)"), series)
 }
 
 /// Goodput (percent) against whatever the x axis names, one line per configuration.
-pub fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), series: &[Series]) -> Result<()> {
+pub(crate) fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), series: &[Series]) -> Result<()> {
     font()?;
     let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -100,7 +100,7 @@ pub fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), seri
 }
 
 /// One 100 ms bin of a timeline.
-pub struct TimelinePoint {
+pub(crate) struct TimelinePoint {
     pub t: f64,
     pub limit: f64,
     pub in_flight: f64,
@@ -111,7 +111,7 @@ pub struct TimelinePoint {
 }
 
 /// Limit / goodput / p99 over time, three panels, with vertical event markers.
-pub fn timeline(path: &Path, title: &str, points: &[TimelinePoint], events: &[(f64, &str)]) -> Result<()> {
+pub(crate) fn timeline(path: &Path, title: &str, points: &[TimelinePoint], events: &[(f64, &str)]) -> Result<()> {
     font()?;
     let root = BitMapBackend::new(path, (1100, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;

@@ -66,7 +66,7 @@ mod tests {
         assert_eq!(config(1).share_cap(10), Some(1), "at least one connection");
         assert_eq!(config(100).share_cap(10), None);
         assert_eq!(config(0).share_cap(10), None);
-        assert!(config(0).counts_clients() == false && config(50).counts_clients());
+        assert!(!config(0).counts_clients() && config(50).counts_clients());
         assert_eq!(PortConfig::new(0, action::RST, false, count_mode::WORK).client_share, DEFAULT_CLIENT_SHARE);
     }
 

@@ -11,6 +11,10 @@
 #![no_main]
 #![feature(core_intrinsics)]
 #![expect(internal_features, reason = "atomic_xadd: the only 64-bit fetch-add on the BPF target")]
+#![expect(
+    unreachable_pub,
+    reason = "a program crate: nothing is a library API, and the entry points stay pub as aya's macros write them"
+)]
 
 mod account;
 mod atomic;

@@ -340,30 +340,29 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     } else {
         None
     };
-    if let Some(reason) = reason {
-        if c.dry_run == 0 {
-            counters[reason] += 1;
-            counters[counter::REJECTED_BY_TIER + t as usize] += 1;
-            let act =
-                if c.tier_action[t as usize] != tier::ACTION_DEFAULT { c.tier_action[t as usize] } else { c.action };
-            if act != action::RST {
-                return Outcome { verdict: Expected::Drop, counters, gate };
-            }
-            if !answerable(state, &syn.client) {
-                counters[counter::RST_SUPPRESSED] += 1;
-                return Outcome { verdict: Expected::Drop, counters, gate };
-            }
-            let limited = (c.rst_per_prefix_per_sec != 0 && !state.rst_budget.prefix)
-                || (c.rst_per_sec != 0 && !state.rst_budget.port);
-            if limited {
-                counters[counter::RST_RATE_LIMITED] += 1;
-                return Outcome { verdict: Expected::Drop, counters, gate };
-            }
-            counters[counter::RST_SENT] += 1;
-            return Outcome { verdict: Expected::Rst(rst_reply(frame, &syn)), counters, gate };
+    if let Some(reason) = reason
+        && c.dry_run == 0
+    {
+        counters[reason] += 1;
+        counters[counter::REJECTED_BY_TIER + t as usize] += 1;
+        let act = if c.tier_action[t as usize] != tier::ACTION_DEFAULT { c.tier_action[t as usize] } else { c.action };
+        if act != action::RST {
+            return Outcome { verdict: Expected::Drop, counters, gate };
         }
-        // Dry run: counted at the handshake-completing ACK, not here.
+        if !answerable(state, &syn.client) {
+            counters[counter::RST_SUPPRESSED] += 1;
+            return Outcome { verdict: Expected::Drop, counters, gate };
+        }
+        let limited = (c.rst_per_prefix_per_sec != 0 && !state.rst_budget.prefix)
+            || (c.rst_per_sec != 0 && !state.rst_budget.port);
+        if limited {
+            counters[counter::RST_RATE_LIMITED] += 1;
+            return Outcome { verdict: Expected::Drop, counters, gate };
+        }
+        counters[counter::RST_SENT] += 1;
+        return Outcome { verdict: Expected::Rst(rst_reply(frame, &syn)), counters, gate };
     }
+    // Dry run: counted at the handshake-completing ACK, not here.
     counters[counter::SYN_PASSED] += 1;
     pass(counters)
 }

@@ -3,12 +3,12 @@
 //! these tests need.
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
-pub mod outside;
+pub(crate) mod outside;
 #[allow(unused_imports, reason = "each test binary uses a different part")]
-pub use shed_testkit::{frames, gate, metrics};
+pub(crate) use shed_testkit::{frames, gate, metrics};
 
 /// Keeps the calling thread on one CPU (per-CPU counters, races between CPUs).
-pub fn pin_to_cpu(cpu: usize) {
+pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes within it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

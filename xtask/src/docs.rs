@@ -15,7 +15,7 @@ use crate::run;
 /// Writes completions under `share` (bash, zsh, fish in their usual folders)
 /// and man pages under `share/man/man1` (shedctl.1 and one page per verb).
 /// Returns the files written.
-pub fn generate(shedctl: &Path, share: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn generate(shedctl: &Path, share: &Path) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     for (shell, file) in [
         ("bash", "bash-completion/completions/shedctl"),

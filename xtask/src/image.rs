@@ -10,13 +10,13 @@ use anyhow::{Context as _, Result, bail};
 use crate::workspace_root;
 
 /// The tag the image is built under, and the DaemonSet's `image:`.
-pub fn tag() -> String {
+pub(crate) fn tag() -> String {
     format!("localhost/shed:{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// Podman's global flags for this host. A cgroup v1 or hybrid host (as CI VMs
 /// are) needs runc and the cgroupfs manager; crun refuses hybrid cgroups.
-pub fn podman() -> Command {
+pub(crate) fn podman() -> Command {
     let mut cmd = Command::new("podman");
     if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         cmd.args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"]);
@@ -25,7 +25,7 @@ pub fn podman() -> Command {
 }
 
 /// Builds the static binary (its own target folder) and the image; returns the tag.
-pub fn build() -> Result<String> {
+pub(crate) fn build() -> Result<String> {
     let root = workspace_root();
     let target_dir = root.join("target/static");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

@@ -255,6 +255,15 @@ fn test(extra: &[String]) -> Result<()> {
     if !status.success() {
         bail!("building shedctl failed ({status})");
     }
+    // The lints first (workspace [lints]: warnings are errors here), for every
+    // default member and its tests.
+    let status = cargo_command()
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+        .status()
+        .context("run cargo clippy")?;
+    if !status.success() {
+        bail!("lints failed ({status}): see the warnings above");
+    }
     // Default members: every crate but shed-ebpf, which only builds for the BPF target.
     let mut args = vec!["test", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));

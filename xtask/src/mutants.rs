@@ -52,7 +52,7 @@ struct Verdict {
     took: Duration,
 }
 
-pub fn kernel(only: &[String]) -> Result<()> {
+pub(crate) fn kernel(only: &[String]) -> Result<()> {
     let faults = faults()?;
     for name in only {
         if !faults.iter().any(|(n, _)| n == name) {
@@ -220,7 +220,7 @@ fn write_doc(name: &str, text: &str) -> Result<()> {
 
 /// cargo-mutants over the pure-logic modules (`.cargo/mutants.toml` names them).
 /// `again`: test only what the last run did not catch (cargo-mutants `--iterate`).
-pub fn logic(only: &[String], again: bool) -> Result<()> {
+pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
     ensure_cargo_mutants()?;
     let out = workspace_root().join("target/mutants/logic");
     fs::create_dir_all(&out)?;

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{run, workspace_root};
 
 /// Builds the package from `shedctl` (a release binary) into `out`; returns its path.
-pub fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
+pub(crate) fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
     let version = env!("CARGO_PKG_VERSION");
     let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
     let name = format!("shed_{version}_{arch}");

@@ -8,8 +8,8 @@ use crate::{run, workspace_root};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-pub fn setup() -> Result<()> {
-    rust_src()?;
+pub(crate) fn setup() -> Result<()> {
+    toolchain_components()?;
     bpf_linker()?;
     debian_packages()?;
     python_tools()?;
@@ -33,14 +33,20 @@ fn output(cmd: &mut Command) -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn rust_src() -> Result<()> {
+/// The toolchain components the build and the checks need: rust-src (for
+/// -Z build-std=core) and clippy (`cargo xtask test` lints the workspace).
+fn toolchain_components() -> Result<()> {
     let installed = output(Command::new("rustup").args(["component", "list", "--installed"])).unwrap_or_default();
-    if installed.lines().any(|l| l.starts_with("rust-src")) {
-        println!("setup: rust-src present");
-        return Ok(());
+    for (component, why) in [("rust-src", "needed for -Z build-std=core"), ("clippy", "cargo xtask test lints with it")] {
+        if installed.lines().any(|l| l.starts_with(component)) {
+            println!("setup: {component} present");
+            continue;
+        }
+        println!("setup: adding {component} ({why})");
+        run(Command::new("rustup").args(["component", "add", component]))
+            .with_context(|| format!("rustup component add {component}"))?;
     }
-    println!("setup: adding rust-src (needed for -Z build-std=core)");
-    run(Command::new("rustup").args(["component", "add", "rust-src"])).context("rustup component add rust-src")
+    Ok(())
 }
 
 fn bpf_linker() -> Result<()> {

@@ -15,7 +15,7 @@ use crate::control::{Algo, Controller, Reason, Settings, WindowSample, reserve::
 const NS: f64 = 1e9;
 
 #[derive(Clone, Debug)]
-pub struct SimConfig {
+pub(super) struct SimConfig {
     pub workers: usize,
     /// Mean service time, seconds.
     pub mean_service: f64,
@@ -44,7 +44,7 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    pub fn new(load: f64, gate: Option<Settings>) -> Self {
+    pub(super) fn new(load: f64, gate: Option<Settings>) -> Self {
         Self {
             workers: 8,
             mean_service: 0.010,
@@ -62,13 +62,13 @@ impl SimConfig {
         }
     }
 
-    pub fn capacity(&self) -> f64 {
+    pub(super) fn capacity(&self) -> f64 {
         self.workers as f64 / self.mean_service
     }
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct SimResult {
+pub(super) struct SimResult {
     /// Answers within the deadline per second, over the measured period.
     pub goodput: f64,
     /// Initial capacity, requests per second.
@@ -88,7 +88,7 @@ pub struct SimResult {
 }
 
 impl SimResult {
-    pub fn goodput_fraction(&self) -> f64 {
+    pub(super) fn goodput_fraction(&self) -> f64 {
         self.goodput / self.capacity
     }
 }
@@ -110,7 +110,7 @@ fn nearest_rank_or_zero(sorted: &[u64], p: f64) -> u64 {
     crate::control::window::nearest_rank(sorted, p).unwrap_or(0)
 }
 
-pub fn simulate(cfg: &SimConfig) -> SimResult {
+pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
     let mut rng = Rng(cfg.seed);
     let mut controller = cfg.gate.map(|s| Controller::new(s, cfg.seed));
     let mut limit = controller.as_ref().map_or(u64::MAX, |c| u64::from(c.limit()));

@@ -41,7 +41,7 @@ impl TaskErrors {
         let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = counts.entry(task).or_default();
         *n += 1;
-        if *n == 1 || *n % 100 == 0 {
+        if *n == 1 || (*n).is_multiple_of(100) {
             tracing::warn!(task, failures = *n, "periodic task failed, retrying with the last good state: {error}");
         }
     }

@@ -44,7 +44,10 @@ fn trusted(path: &std::path::Path) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     trusted_mode(meta.uid(), meta.gid(), meta.mode()).map_err(|why| {
-        anyhow::anyhow!("{} {why}: only root may write the files a reload reads (chown root: and chmod go-w it)", path.display())
+        anyhow::anyhow!(
+            "{} {why}: only root may write the files a reload reads (chown root: and chmod go-w it)",
+            path.display()
+        )
     })
 }
 
@@ -59,19 +62,6 @@ fn trusted_mode(uid: u32, gid: u32, mode: u32) -> Result<(), &'static str> {
         return Err("is writable by a group other than root's");
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn only_root_may_write_a_reloaded_file() {
-        use super::trusted_mode;
-        assert_eq!(trusted_mode(0, 0, 0o100_644), Ok(()));
-        assert_eq!(trusted_mode(0, 0, 0o100_664), Ok(()), "root's own group may write");
-        assert_eq!(trusted_mode(1000, 0, 0o100_644), Err("is not owned by root"));
-        assert_eq!(trusted_mode(0, 0, 0o100_646), Err("is writable by others"));
-        assert_eq!(trusted_mode(0, 50, 0o100_664), Err("is writable by a group other than root's"));
-    }
 }
 
 /// With a config file: what makes each gate's SIGHUP reloader, re-reading
@@ -148,4 +138,17 @@ pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> a
         maps.set_tier(cidr, tier)?;
     }
     Ok(restart)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_root_may_write_a_reloaded_file() {
+        use super::trusted_mode;
+        assert_eq!(trusted_mode(0, 0, 0o100_644), Ok(()));
+        assert_eq!(trusted_mode(0, 0, 0o100_664), Ok(()), "root's own group may write");
+        assert_eq!(trusted_mode(1000, 0, 0o100_644), Err("is not owned by root"));
+        assert_eq!(trusted_mode(0, 0, 0o100_646), Err("is writable by others"));
+        assert_eq!(trusted_mode(0, 50, 0o100_664), Err("is writable by a group other than root's"));
+    }
 }
