@@ -16,9 +16,9 @@ use shed_common::{PortLatency, latency, tier};
 
 use crate::{
     control::Reason,
-    observe::report::{Decisions, HealCounts, HealReport, PassReason, TaskErrors},
     error::Error,
     kernel::maps::GateMaps,
+    observe::report::{Decisions, HealCounts, HealReport, PassReason, TaskErrors},
     observe::stats::{PortStats, json_name},
 };
 
@@ -162,6 +162,118 @@ fn with(mut labels: Labels, key: &'static str, value: impl ToString) -> Labels {
 fn micros(us: u64) -> f64 {
     us as f64 / 1e6
 }
+
+/// A per-port family that is one figure of [`PortStats`]: name, help, type, the figure.
+type PortFigure = (&'static str, &'static str, MetricType, fn(&PortStats) -> u64);
+
+/// The per-port families of one figure each, in the order they are written
+/// (the families with labels of their own follow them in [`Scrape::encode`]).
+const PORT_FAMILIES: &[PortFigure] = &[
+    ("shed_limit", "Current concurrency limit of the port.", MetricType::Gauge, |s| s.limit.into()),
+    ("shed_min_limit", "Lowest limit the adaptive controller may set (--min-limit).", MetricType::Gauge, |s| {
+        s.min_limit.into()
+    }),
+    ("shed_max_limit", "Highest limit the adaptive controller may set (--max-limit).", MetricType::Gauge, |s| {
+        s.max_limit.into()
+    }),
+    (
+        "shed_in_flight",
+        "What the limit is compared with: admissions not yet at work plus busy (count=work) or established (count=connections) connections.",
+        MetricType::Gauge,
+        |s| s.in_flight,
+    ),
+    ("shed_syn_seen", "SYNs seen for the port.", MetricType::Counter, |s| s.syn_seen),
+    ("shed_admitted", "Connections admitted at their handshake-completing ACK.", MetricType::Counter, |s| s.admitted),
+    (
+        "shed_trickle_admitted",
+        "SYNs admitted past a full tier share by the anti-starvation trickle.",
+        MetricType::Counter,
+        |s| s.trickle_admitted,
+    ),
+    ("shed_rst_sent", "RST+ACK replies sent to shed SYNs.", MetricType::Counter, |s| s.rst_sent),
+    (
+        "shed_rst_failed",
+        "RST replies the gate could not build (the SYN was dropped instead).",
+        MetricType::Counter,
+        |s| s.rst_failed,
+    ),
+    (
+        "shed_rst_rate_limited",
+        "Shed SYNs dropped instead of answered because an RST cap was reached.",
+        MetricType::Counter,
+        |s| s.rst_rate_limited,
+    ),
+    (
+        "shed_would_reject",
+        "Dry-run: SYNs enforce mode would have shed (they were admitted).",
+        MetricType::Counter,
+        |s| s.would_reject,
+    ),
+    ("shed_dry_run", "1 while the port is in dry-run.", MetricType::Gauge, |s| s.dry_run.into()),
+    (
+        "shed_not_local",
+        "SYNs to the port not addressed to this namespace (forwarded, or leaving local containers): passed untouched.",
+        MetricType::Counter,
+        |s| s.not_local,
+    ),
+    (
+        "shed_handshakes_lapsed",
+        "Handshake reservations that lapsed without the handshake completing (forged or lost SYNs).",
+        MetricType::Counter,
+        |s| s.handshakes_lapsed,
+    ),
+    (
+        "shed_idle_expired",
+        "Work-mode connections that sent nothing for the whole idle grace and stopped counting in flight.",
+        MetricType::Counter,
+        |s| s.idle_expired,
+    ),
+    (
+        "shed_late_completed",
+        "Handshakes that completed after their reservation lapsed (counted from then on).",
+        MetricType::Counter,
+        |s| s.late_completed,
+    ),
+    (
+        "shed_syn_passed",
+        "SYNs passed to the kernel holding nothing, because the port had room (their handshake-completing ACK is judged).",
+        MetricType::Counter,
+        |s| s.syn_passed,
+    ),
+    (
+        "shed_refused_at_ack",
+        "Connections refused at their handshake-completing ACK (the port filled after their SYN passed); also in shed_rejected_total.",
+        MetricType::Counter,
+        |s| s.refused_at_ack,
+    ),
+    (
+        "shed_rst_suppressed",
+        "Resets withheld because the source cannot be a real client (multicast, broadcast, own address from outside).",
+        MetricType::Counter,
+        |s| s.rst_suppressed,
+    ),
+    (
+        "shed_client_map_full",
+        "Connections not counted against their client's cap because the client map was full (fail-open).",
+        MetricType::Counter,
+        |s| s.client_map_full,
+    ),
+    (
+        "shed_connection_map_full",
+        "Connections not counted at all because the connection map was full (fail-open; --max-connections).",
+        MetricType::Counter,
+        |s| s.connection_map_full,
+    ),
+    ("shed_drift_corrected", "Connections corrected against the kernel's socket table.", MetricType::Counter, |s| {
+        s.drift_corrected
+    }),
+    (
+        "shed_listen_drops",
+        "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
+        MetricType::Counter,
+        |s| s.listen_drops,
+    ),
+];
 
 /// Writes one metric family: `rows` gives each series' labels and value.
 fn family<V>(
@@ -350,28 +462,9 @@ impl Collector for Scrape {
                 })
                 .collect()
         };
-        family(&mut e, "shed_limit", "Current concurrency limit of the port.", Gauge, per_port(&|s| s.limit.into()))?;
-        family(
-            &mut e,
-            "shed_min_limit",
-            "Lowest limit the adaptive controller may set (--min-limit).",
-            Gauge,
-            per_port(&|s| s.min_limit.into()),
-        )?;
-        family(
-            &mut e,
-            "shed_max_limit",
-            "Highest limit the adaptive controller may set (--max-limit).",
-            Gauge,
-            per_port(&|s| s.max_limit.into()),
-        )?;
-        family(
-            &mut e,
-            "shed_in_flight",
-            "What the limit is compared with: admissions not yet at work plus busy (count=work) or established (count=connections) connections.",
-            Gauge,
-            per_port(&|s| s.in_flight),
-        )?;
+        for &(name, help, kind, figure) in PORT_FAMILIES {
+            family(&mut e, name, help, kind, per_port(&figure))?;
+        }
         let states: Vec<(Labels, u64)> = ports
             .iter()
             .flat_map(|p| {
@@ -387,8 +480,6 @@ impl Collector for Scrape {
             Gauge,
             states,
         )?;
-        family(&mut e, "shed_syn_seen", "SYNs seen for the port.", Counter, per_port(&|s| s.syn_seen))?;
-        family(&mut e, "shed_admitted", "Connections admitted at their handshake-completing ACK.", Counter, per_port(&|s| s.admitted))?;
         let reasons: Vec<(Labels, u64)> = ports
             .iter()
             .flat_map(|p| {
@@ -421,78 +512,6 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
-            "shed_trickle_admitted",
-            "SYNs admitted past a full tier share by the anti-starvation trickle.",
-            Counter,
-            per_port(&|s| s.trickle_admitted),
-        )?;
-        family(&mut e, "shed_rst_sent", "RST+ACK replies sent to shed SYNs.", Counter, per_port(&|s| s.rst_sent))?;
-        family(
-            &mut e,
-            "shed_rst_failed",
-            "RST replies the gate could not build (the SYN was dropped instead).",
-            Counter,
-            per_port(&|s| s.rst_failed),
-        )?;
-        family(
-            &mut e,
-            "shed_rst_rate_limited",
-            "Shed SYNs dropped instead of answered because an RST cap was reached.",
-            Counter,
-            per_port(&|s| s.rst_rate_limited),
-        )?;
-        family(
-            &mut e,
-            "shed_would_reject",
-            "Dry-run: SYNs enforce mode would have shed (they were admitted).",
-            Counter,
-            per_port(&|s| s.would_reject),
-        )?;
-        family(&mut e, "shed_dry_run", "1 while the port is in dry-run.", Gauge, per_port(&|s| s.dry_run.into()))?;
-        family(
-            &mut e,
-            "shed_not_local",
-            "SYNs to the port not addressed to this namespace (forwarded, or leaving local containers): passed untouched.",
-            Counter,
-            per_port(&|s| s.not_local),
-        )?;
-        family(
-            &mut e,
-            "shed_handshakes_lapsed",
-            "Handshake reservations that lapsed without the handshake completing (forged or lost SYNs).",
-            Counter,
-            per_port(&|s| s.handshakes_lapsed),
-        )?;
-        family(
-            &mut e,
-            "shed_idle_expired",
-            "Work-mode connections that sent nothing for the whole idle grace and stopped counting in flight.",
-            Counter,
-            per_port(&|s| s.idle_expired),
-        )?;
-        family(
-            &mut e,
-            "shed_late_completed",
-            "Handshakes that completed after their reservation lapsed (counted from then on).",
-            Counter,
-            per_port(&|s| s.late_completed),
-        )?;
-        family(
-            &mut e,
-            "shed_syn_passed",
-            "SYNs passed to the kernel holding nothing, because the port had room (their handshake-completing ACK is judged).",
-            Counter,
-            per_port(&|s| s.syn_passed),
-        )?;
-        family(
-            &mut e,
-            "shed_refused_at_ack",
-            "Connections refused at their handshake-completing ACK (the port filled after their SYN passed); also in shed_rejected_total.",
-            Counter,
-            per_port(&|s| s.refused_at_ack),
-        )?;
-        family(
-            &mut e,
             "shed_handshake_window_seconds",
             "How long an admitted SYN holds its slot at most while its handshake is under way.",
             Gauge,
@@ -500,34 +519,6 @@ impl Collector for Scrape {
                 .iter()
                 .map(|p| (port_label(&p.stats), micros(p.stats.handshake_window_us)))
                 .collect::<Vec<(Labels, f64)>>(),
-        )?;
-        family(
-            &mut e,
-            "shed_rst_suppressed",
-            "Resets withheld because the source cannot be a real client (multicast, broadcast, own address from outside).",
-            Counter,
-            per_port(&|s| s.rst_suppressed),
-        )?;
-        family(
-            &mut e,
-            "shed_client_map_full",
-            "Connections not counted against their client's cap because the client map was full (fail-open).",
-            Counter,
-            per_port(&|s| s.client_map_full),
-        )?;
-        family(
-            &mut e,
-            "shed_connection_map_full",
-            "Connections not counted at all because the connection map was full (fail-open; --max-connections).",
-            Counter,
-            per_port(&|s| s.connection_map_full),
-        )?;
-        family(
-            &mut e,
-            "shed_drift_corrected",
-            "Connections corrected against the kernel's socket table.",
-            Counter,
-            per_port(&|s| s.drift_corrected),
         )?;
         let seconds = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, f64)> {
             ports.iter().map(|p| (port_label(&p.stats), micros(f(&p.stats)))).collect()
@@ -552,13 +543,6 @@ impl Collector for Scrape {
             "Capacity of the port's accept queues (the listeners' backlog).",
             Gauge,
             ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_backlog))).collect::<Vec<_>>(),
-        )?;
-        family(
-            &mut e,
-            "shed_listen_drops",
-            "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
-            Counter,
-            per_port(&|s| s.listen_drops),
         )?;
         family(
             &mut e,
