@@ -283,6 +283,12 @@ impl AttachArgs {
     /// What the arguments ask of every port, and the client tiers, checked
     /// (the same for `attach` and a SIGHUP reload).
     pub fn plan(&self) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
+        let mut ports = self.ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        if ports.len() > shed_common::capacity::MAX_PORTS as usize {
+            return Err(crate::error::Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
+        }
         let (control, limit) = self.control().map_err(anyhow::Error::msg)?;
         let mut assignments = self.tiers.clone();
         if let Some(file) = &self.tier_file {
@@ -595,6 +601,23 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn more_ports_than_a_gate_holds_are_refused_at_the_plan() {
+        let max = shed_common::capacity::MAX_PORTS as u16;
+        let attach = |n: u16| {
+            let ports: Vec<String> = (0..n).flat_map(|i| ["--port".to_string(), (8000 + i).to_string()]).collect();
+            let mut args = vec!["attach"];
+            args.extend(ports.iter().map(String::as_str));
+            // A port given twice counts once.
+            args.extend(["--port", "8000"]);
+            let Command::Attach(a) = parse(&args).unwrap().command else { unreachable!("attach") };
+            a
+        };
+        assert!(attach(max).plan().is_ok());
+        let e = attach(max + 1).plan().unwrap_err().to_string();
+        assert!(e.contains(&format!("at most {max} ports")), "{e}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::{
 /// nothing, too many ports or a metrics address it cannot listen on.
 pub fn run(mut plan: Plan) -> anyhow::Result<()> {
     plan.ports = dedup(&plan.ports);
+    // `attach` refused more already (AttachArgs::plan); a plan built elsewhere is held to it too.
     if plan.ports.len() > shed_common::capacity::MAX_PORTS as usize {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
     }
