@@ -303,10 +303,15 @@ fn rst_reply_bytes() {
         ("ipv6", Spec::v6()),
         ("ipv6 vlan", Spec { vlan: Some(7), ..Spec::v6() }),
     ];
+    assert_each_answered_with_a_reset(&cases);
+}
+
+/// Each case's SYN, at a port whose only slot an established connection
+/// holds, on both hooks: refused with a reset whose every field is right.
+fn assert_each_answered_with_a_reset(cases: &[(&str, Spec)]) {
     for hook in HOOKS {
-        for (name, spec) in &cases {
+        for (name, spec) in cases {
             let mut h = Harness::new(1, action::RST, false);
-            // The only slot is held by an established connection; then the SYN under test.
             h.hold(1);
             let (verdict, out) = h.run(hook, &frame(spec)).unwrap();
             assert_eq!(verdict, rst(hook), "{hook:?} {name}");
@@ -359,17 +364,11 @@ fn rst_checksums_that_carry_twice_verify() {
         })
         .map(|client_v4| Spec { client_v4, ..Spec::default() })
         .expect("a client whose reply's IPv4 header carries twice");
-    let cases =
-        [("ipv4 tcp", carrying_seq(&v4, &v4_pseudo)), ("ipv6 tcp", carrying_seq(&v6, &v6_pseudo)), ("ipv4 header", carrying_client)];
-    for hook in HOOKS {
-        for (name, spec) in &cases {
-            let mut h = Harness::new(1, action::RST, false);
-            h.hold(1);
-            let (verdict, out) = h.run(hook, &frame(spec)).unwrap();
-            assert_eq!(verdict, rst(hook), "{hook:?} {name}");
-            assert_rst_reply(spec, &out);
-        }
-    }
+    assert_each_answered_with_a_reset(&[
+        ("ipv4 tcp", carrying_seq(&v4, &v4_pseudo)),
+        ("ipv6 tcp", carrying_seq(&v6, &v6_pseudo)),
+        ("ipv4 header", carrying_client),
+    ]);
 }
 
 #[test]
@@ -943,18 +942,7 @@ struct HeldHandshake {
 fn deferring_listener(addr: std::net::SocketAddr) -> std::net::TcpListener {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     socket.bind(&addr.into()).unwrap();
-    let seconds: libc::c_int = 60;
-    // SAFETY: setsockopt on an owned socket with a c_int value.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&socket),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&raw const seconds).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "TCP_DEFER_ACCEPT: {}", std::io::Error::last_os_error());
+    shed_testkit::testbed::defer_accept_for(&socket, 60).expect("TCP_DEFER_ACCEPT");
     socket.listen(64).unwrap();
     socket.into()
 }

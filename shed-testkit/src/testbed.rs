@@ -94,6 +94,26 @@ impl Drop for Testbed {
     }
 }
 
+/// Sets `TCP_DEFER_ACCEPT` on a listening socket: the kernel drops a
+/// handshake-completing ACK that carries no data and keeps the handshake a
+/// request socket for up to `seconds`, completing it with the first data.
+pub fn defer_accept_for(socket: &socket2::Socket, seconds: libc::c_int) -> io::Result<()> {
+    // SAFETY: setsockopt on a socket the caller owns, with a c_int option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(socket),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const seconds).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Enters `ns` on the calling thread (it stays there).
 pub fn enter(ns: &str) -> io::Result<()> {
     let file = File::open(format!("/run/netns/{ns}"))?;
@@ -168,20 +188,7 @@ impl Backend {
             socket.set_reuse_address(true)?;
             socket.bind(&addr.into())?;
             if defer_accept {
-                let seconds: libc::c_int = 5;
-                // SAFETY: setsockopt on a socket this closure owns, with a c_int option value.
-                let rc = unsafe {
-                    libc::setsockopt(
-                        std::os::fd::AsRawFd::as_raw_fd(&socket),
-                        libc::IPPROTO_TCP,
-                        libc::TCP_DEFER_ACCEPT,
-                        (&raw const seconds).cast(),
-                        size_of::<libc::c_int>() as libc::socklen_t,
-                    )
-                };
-                if rc != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                defer_accept_for(&socket, 5)?;
             }
             socket.listen(4096)?;
             let l: TcpListener = socket.into();
