@@ -62,8 +62,20 @@ pub mod counter {
     /// Handshake-completing ACKs refused because their client held its share
     /// of the limit while clients holding less were being refused.
     pub const REJECTED_CLIENT_SHARE: usize = 30;
+    /// `http` refusals: SYNs answered by the gate with a SYN-ACK carrying a
+    /// cookie (the refusal itself is counted by reason, as for any action).
+    pub const HTTP_SYN_ACK: usize = 31;
+    /// `http` refusals: requests answered with `503` and Retry-After (a
+    /// retransmitted request is answered, and counted, again).
+    pub const HTTP_ANSWERED: usize = 32;
+    /// `http` refusals: segments on a cookie handshake that were not an
+    /// HTTP/1.x request (TLS, HTTP/2's preface, a FIN before any request): reset.
+    pub const HTTP_NOT_HTTP: usize = 33;
+    /// ACKs to an `http` port that found no socket and carried no cookie of
+    /// ours (nor the kernel's): passed to the kernel, which resets them.
+    pub const HTTP_BAD_COOKIE: usize = 34;
     /// Number of counter slots; spare slots are reserved for later reasons.
-    pub const COUNT: usize = 32;
+    pub const COUNT: usize = 64;
 }
 
 /// Indices into [`GateCounters::values`]: packets the gate judged before it

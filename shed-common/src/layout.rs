@@ -3,7 +3,7 @@
 //! asserted, so the kernel and userspace read the same bytes.
 use core::mem::size_of;
 
-use crate::{DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, counter, gate_counter, handshake, latency, tier};
+use crate::{DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, action, counter, gate_counter, handshake, latency, tier};
 
 /// The namespace's addresses in [`map::LOCAL_ADDRS`]: a two-choice hash
 /// table in an array, so the gate finds an address with two array lookups
@@ -149,7 +149,10 @@ pub struct PortConfig {
     /// Percent of the limit one client may hold while clients holding less
     /// are refused (0: no share). Judged at the handshake-completing ACK only.
     pub client_share: u8,
-    pub _pad2: [u8; 6],
+    /// Seconds an `http` answer's Retry-After tells the client (0: what the
+    /// daemon derives from the controller, [`UserPortState::retry_after_s`]).
+    pub retry_after_s: u16,
+    pub _pad2: [u8; 4],
     /// Most RSTs per second the port sends in all (0: no cap); above it, drop.
     pub rst_per_sec: u32,
     /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48; 0: no cap).
@@ -190,7 +193,8 @@ impl PortConfig {
             client_cap: 0,
             client_prefix_v6: 64,
             client_share: DEFAULT_CLIENT_SHARE,
-            _pad2: [0; 6],
+            retry_after_s: 0,
+            _pad2: [0; 4],
             rst_per_sec: DEFAULT_RST_PER_SEC,
             rst_per_prefix_per_sec: DEFAULT_RST_PER_PREFIX_PER_SEC,
         }
@@ -219,7 +223,18 @@ impl PortConfig {
         }
     }
 
-    /// The action for a rejected SYN of `tier`.
+    /// Whether any tier of the port is refused with the stateless HTTP answer
+    /// (then an ACK that finds no socket may be a client of that answer).
+    #[inline(always)]
+    pub fn answers_http(&self) -> bool {
+        self.action == action::HTTP
+            || self.tier_action[0] == action::HTTP
+            || self.tier_action[1] == action::HTTP
+            || self.tier_action[2] == action::HTTP
+            || self.tier_action[3] == action::HTTP
+    }
+
+    /// The reject action for a client of `tier`.
     #[inline(always)]
     pub fn action_for(&self, tier: u8) -> u8 {
         // Constant indices: a computed one into a stack copy lets LLVM turn the
@@ -299,8 +314,12 @@ pub struct UserPortState {
     /// Client entries of the port the daemon forgot (idle), against
     /// [`PortState::clients_added`].
     pub clients_forgotten: u64,
+    /// Seconds an `http` answer's Retry-After tells the client when the port
+    /// sets none: the controller's queue wait rounded up (at least 1).
+    pub retry_after_s: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<UserPortState>() == 48);
+const _: () = assert!(size_of::<UserPortState>() == 56);
 
 impl UserPortState {
     /// The epoch shift the gate uses, clamped to the supported range.

@@ -18,6 +18,7 @@ extern crate std;
 mod accounting;
 mod counters;
 pub mod handshake;
+pub mod http;
 pub mod latency;
 mod layout;
 mod names;

@@ -19,6 +19,10 @@ pub mod action {
     pub const DROP: u8 = 0;
     /// Answer with RST+ACK: the client's connect() fails at once with ECONNREFUSED.
     pub const RST: u8 = 1;
+    /// Plaintext HTTP/1.x: the gate completes the handshake itself (a SYN
+    /// cookie, nothing reaches the listener) and answers the request with
+    /// `503` and `Retry-After`, then FIN (see [`crate::http`]).
+    pub const HTTP: u8 = 2;
 }
 
 /// Client tiers, assigned server-side from the source address.

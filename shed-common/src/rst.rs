@@ -29,15 +29,17 @@ pub const REPLY_TTL: u8 = 64;
 pub const FLAGS_RST_ACK: u8 = 0x14;
 /// Flags byte of the reply to an ACK: RST alone.
 pub const FLAGS_RST: u8 = 0x04;
+/// Flags byte of an `http` refusal's SYN-ACK.
+pub const FLAGS_SYN_ACK: u8 = 0x12;
 const IPPROTO_TCP: u8 = 6;
 
 /// Ones'-complement sum of big-endian 16-bit words (unfolded). `N` must be even.
 #[inline(always)]
-pub fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
+pub const fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
     let mut sum = 0u32;
     let mut i = 0;
     while i + 1 < N {
-        sum += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
+        sum += u16::from_be_bytes([bytes[i], bytes[i + 1]]) as u32;
         i += 2;
     }
     sum
@@ -55,7 +57,13 @@ pub fn finish(mut sum: u32) -> u16 {
 /// IPv4 header of the reply (no options, DF set, id 0).
 #[inline(always)]
 pub fn ipv4_header(src: [u8; 4], dst: [u8; 4]) -> [u8; IPV4_HEADER_LEN] {
-    let total = (IPV4_HEADER_LEN + TCP_HEADER_LEN) as u16;
+    ipv4_header_len(src, dst, TCP_HEADER_LEN as u16)
+}
+
+/// IPv4 header of a reply of `tcp_len` bytes of TCP (header and payload).
+#[inline(always)]
+pub fn ipv4_header_len(src: [u8; 4], dst: [u8; 4], tcp_len: u16) -> [u8; IPV4_HEADER_LEN] {
+    let total = IPV4_HEADER_LEN as u16 + tcp_len;
     let t = total.to_be_bytes();
     let mut h = [
         0x45,
@@ -88,9 +96,17 @@ pub fn ipv4_header(src: [u8; 4], dst: [u8; 4]) -> [u8; IPV4_HEADER_LEN] {
 /// IPv6 header of the reply (traffic class and flow label 0).
 #[inline(always)]
 pub fn ipv6_header(src: [u8; 16], dst: [u8; 16]) -> [u8; IPV6_HEADER_LEN] {
+    ipv6_header_len(src, dst, TCP_HEADER_LEN as u16)
+}
+
+/// IPv6 header of a reply of `tcp_len` bytes of TCP (header and payload).
+#[inline(always)]
+pub fn ipv6_header_len(src: [u8; 16], dst: [u8; 16], tcp_len: u16) -> [u8; IPV6_HEADER_LEN] {
     let mut h = [0u8; IPV6_HEADER_LEN];
     h[0] = 0x60;
-    h[5] = TCP_HEADER_LEN as u8;
+    let l = tcp_len.to_be_bytes();
+    h[4] = l[0];
+    h[5] = l[1];
     h[6] = IPPROTO_TCP;
     h[7] = REPLY_TTL;
     let mut i = 0;
@@ -105,13 +121,25 @@ pub fn ipv6_header(src: [u8; 16], dst: [u8; 16]) -> [u8; IPV6_HEADER_LEN] {
 /// Pseudo-header sum for an IPv4 TCP segment of [`TCP_HEADER_LEN`] bytes.
 #[inline(always)]
 pub fn pseudo_sum_v4(src: [u8; 4], dst: [u8; 4]) -> u32 {
-    sum_words(&src) + sum_words(&dst) + u32::from(IPPROTO_TCP) + TCP_HEADER_LEN as u32
+    pseudo_sum_v4_len(src, dst, TCP_HEADER_LEN as u16)
+}
+
+/// Pseudo-header sum for an IPv4 TCP segment of `tcp_len` bytes.
+#[inline(always)]
+pub fn pseudo_sum_v4_len(src: [u8; 4], dst: [u8; 4], tcp_len: u16) -> u32 {
+    sum_words(&src) + sum_words(&dst) + u32::from(IPPROTO_TCP) + u32::from(tcp_len)
 }
 
 /// Pseudo-header sum for an IPv6 TCP segment of [`TCP_HEADER_LEN`] bytes.
 #[inline(always)]
 pub fn pseudo_sum_v6(src: [u8; 16], dst: [u8; 16]) -> u32 {
-    sum_words(&src) + sum_words(&dst) + u32::from(IPPROTO_TCP) + TCP_HEADER_LEN as u32
+    pseudo_sum_v6_len(src, dst, TCP_HEADER_LEN as u16)
+}
+
+/// Pseudo-header sum for an IPv6 TCP segment of `tcp_len` bytes.
+#[inline(always)]
+pub fn pseudo_sum_v6_len(src: [u8; 16], dst: [u8; 16], tcp_len: u16) -> u32 {
+    sum_words(&src) + sum_words(&dst) + u32::from(IPPROTO_TCP) + u32::from(tcp_len)
 }
 
 /// TCP header of the RST+ACK answering a SYN with sequence number `syn_seq`
@@ -127,31 +155,43 @@ pub struct Reset {
     pub seq: u32,
     pub ack: u32,
     pub flags: u8,
+    /// The receive window: 0 for a reset; an `http` SYN-ACK's own.
+    pub window: u16,
 }
 
 impl Reset {
     /// A SYN (no ACK): `SEQ=0, ACK=SEG.SEQ+1, CTL=RST,ACK`.
     #[inline(always)]
     pub const fn to_syn(syn_seq: u32) -> Self {
-        Self { seq: 0, ack: syn_seq.wrapping_add(1), flags: FLAGS_RST_ACK }
+        Self { seq: 0, ack: syn_seq.wrapping_add(1), flags: FLAGS_RST_ACK, window: 0 }
     }
 
     /// An ACK: `SEQ=SEG.ACK, CTL=RST`.
     #[inline(always)]
     pub const fn to_ack(ack_seq: u32) -> Self {
-        Self { seq: ack_seq, ack: 0, flags: FLAGS_RST }
+        Self { seq: ack_seq, ack: 0, flags: FLAGS_RST, window: 0 }
+    }
+
+    /// Not a reset: the SYN-ACK of an `http` refusal, `SEQ=cookie,
+    /// ACK=SEG.SEQ+1, CTL=SYN,ACK` with a window and no options (the client
+    /// then sends at most 536 bytes a segment, RFC 9293 §3.7.1; every answer
+    /// is shorter). Built like a reset so that it leaves by the same path.
+    #[inline(always)]
+    pub const fn syn_ack(cookie: u32, syn_seq: u32) -> Self {
+        Self { seq: cookie, ack: syn_seq.wrapping_add(1), flags: FLAGS_SYN_ACK, window: crate::http::WINDOW }
     }
 }
 
-/// TCP header (no options) of `reset`, from `server_port` to `client_port`.
+/// TCP header (no options) of `reset` (or an `http` SYN-ACK), from `server_port` to `client_port`.
 #[inline(always)]
 pub fn tcp_reset(server_port: u16, client_port: u16, reset: Reset, pseudo_sum: u32) -> [u8; TCP_HEADER_LEN] {
     let s = server_port.to_be_bytes();
     let d = client_port.to_be_bytes();
     let q = reset.seq.to_be_bytes();
     let a = reset.ack.to_be_bytes();
+    let w = reset.window.to_be_bytes();
     let mut h =
-        [s[0], s[1], d[0], d[1], q[0], q[1], q[2], q[3], a[0], a[1], a[2], a[3], 0x50, reset.flags, 0, 0, 0, 0, 0, 0];
+        [s[0], s[1], d[0], d[1], q[0], q[1], q[2], q[3], a[0], a[1], a[2], a[3], 0x50, reset.flags, w[0], w[1], 0, 0, 0, 0];
     let c = finish(pseudo_sum + sum_words(&h)).to_be_bytes();
     h[16] = c[0];
     h[17] = c[1];

@@ -13,6 +13,7 @@ use shed_common::{
     handshake::{STAMP_PROBES, stamp_index, stamp_state},
     is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
+    http,
     rst::Reset,
     rst_prefix, tier,
 };
@@ -25,7 +26,8 @@ use crate::{
         SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, stamp_hash, count, count_gate, is_local, is_loopback, local_kind, port_config,
         tier_of,
     },
-    parse::Segment,
+    parse::{FLAG_FIN, FLAG_PSH, LoadBytes, Segment},
+    reject::Answer,
     ring,
 };
 
@@ -36,6 +38,14 @@ pub enum Verdict {
     Rst {
         slot: u32,
         reset: Reset,
+    },
+    /// No socket of the kernel's takes this ACK: it may be a client of the
+    /// HTTP answer ([`http_segment`] judges it), else the kernel resets it.
+    Unclaimed,
+    /// Answer with a segment of the stateless HTTP refusal (`action = "http"`).
+    Answer {
+        slot: u32,
+        answer: Answer,
     },
 }
 
@@ -309,12 +319,14 @@ impl Port {
 
     /// The verdict for a rejected segment; `reason` counted.
     #[inline(always)]
-    fn reject(&self, reason: usize, tier: u8, seg: &Segment, from_loopback: bool, reset: Reset) -> Verdict {
+    /// `at_syn`: the segment is a SYN (an `http` refusal then answers it with
+    /// a cookie; at the ACK the kernel's handshake is under way: a reset).
+    fn reject(&self, reason: usize, tier: u8, seg: &Segment, from_loopback: bool, reset: Reset, at_syn: bool) -> Verdict {
         self.count(reason);
         let shifted = usize::from(fault!("tier_counter_shifted"));
         self.count(counter::REJECTED_BY_TIER + ((usize::from(tier) + shifted) & (tier::COUNT - 1)));
         let act = if fault!("tier_action_ignored") { self.config.action } else { self.config.action_for(tier) };
-        if act != action::RST {
+        if act != action::RST && act != action::HTTP {
             return Verdict::Drop;
         }
         if !answerable(&seg.client_addr, from_loopback) {
@@ -325,6 +337,11 @@ impl Port {
             self.count(counter::RST_RATE_LIMITED);
             return Verdict::Drop;
         }
+        let reset = if act == action::HTTP && at_syn {
+            Reset::syn_ack(http::cookie(crate::maps::cookie_key(), http_flow(seg), http_reason(reason), self.now_ns), seg.seq)
+        } else {
+            reset
+        };
         Verdict::Rst { slot: self.slot, reset }
     }
 }
@@ -377,7 +394,7 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
         && enforce
     {
         let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
-        return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq));
+        return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq), true);
     }
     port.count(counter::SYN_PASSED);
     Verdict::Pass
@@ -394,7 +411,7 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
 /// (`RST` with seq = its ack number, or dropped: the client retransmits).
 /// `ctx` is the program's context, for the kernel's socket lookup.
 #[inline(never)]
-pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_ns: u64) -> Verdict {
+pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: u64) -> Verdict {
     if fault!("late_ack_unjudged") {
         return Verdict::Pass;
     }
@@ -403,8 +420,12 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
     }
     // The socket lookup first: nearly every ACK belongs to an established
     // connection and ends here, before the port's maps are read.
-    if !completes_handshake(seg, ctx) {
-        return Verdict::Pass;
+    match socket_of(seg, bytes.ctx()) {
+        Found::HANDSHAKE => {}
+        // No socket of the kernel's takes it: one of our HTTP answers' clients, or the kernel resets it.
+        // Judged by the caller, whose frame is the shallower: `http_segment` needs stack of its own.
+        Found::UNCLAIMED => return Verdict::Unclaimed,
+        _ => return Verdict::Pass,
     }
     let Some(port) = Port::of(seg, fault!("ack_needs_local_table"), now_ns) else { return Verdict::Pass };
     let tier = port.tier(seg);
@@ -438,7 +459,7 @@ pub fn ack(seg: &Segment, ctx: *mut core::ffi::c_void, from_loopback: bool, now_
             port.count(counter::REFUSED_AT_ACK);
             // Verified refusals by tier: what the daemon's tier hold-back reacts to.
             port.count(counter::VERIFIED_REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
-            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq));
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq), false);
         }
         port.count(counter::DRY_RUN_WOULD_REJECT);
         // Dry run admits it, and accounts it as any admission.
@@ -525,13 +546,27 @@ fn flow_of(seg: &Segment) -> u32 {
     stamp_hash(&seg.client_addr, &seg.server_addr, seg.client_port, seg.server_port)
 }
 
+/// What the kernel's socket lookup makes of an ACK (a plain value: see [`Claim`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Found(u8);
+
+impl Found {
+    /// It completes a handshake: judge it.
+    const HANDSHAKE: Self = Self(0);
+    /// An established connection, or a handshake it does not prove: pass.
+    const OTHER: Self = Self(1);
+    /// Only the listener (and no SYN cookie of the kernel's) or no socket at
+    /// all: the kernel would reset it, unless it is a client of our HTTP answer.
+    const UNCLAIMED: Self = Self(2);
+}
+
 /// Whether the kernel would complete a handshake with this ACK: the socket it
 /// finds for the 4-tuple is a request socket (a handshake under way) whose
 /// SYN-ACK the ACK acknowledges, or the listener itself and the ACK carries a
 /// valid SYN cookie (any other ACK to a
 /// listener is answered with a reset by the kernel, and holds nothing here).
 #[inline(always)]
-fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
+fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void) -> Found {
     use aya_ebpf::{
         bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple},
         helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
@@ -565,12 +600,20 @@ fn completes_handshake(seg: &Segment, ctx: *mut core::ffi::c_void) -> bool {
     unsafe {
         let sk = bpf_skc_lookup_tcp(ctx, &mut tuple, size as u32, BPF_F_CURRENT_NETNS as u64, 0);
         if sk.is_null() {
-            return false;
+            return Found::UNCLAIMED;
         }
         let state = (*sk).state;
         let proven = state == TCP_NEW_SYN_RECV && acks_our_syn_ack(sk.cast(), seg.ack_seq);
         bpf_sk_release(sk.cast());
-        proven || (state == TCP_LISTEN && valid_cookie(seg))
+        if proven {
+            Found::HANDSHAKE
+        } else if state != TCP_LISTEN {
+            Found::OTHER
+        } else if valid_cookie(seg) {
+            Found::HANDSHAKE
+        } else {
+            Found::UNCLAIMED
+        }
     }
 }
 
@@ -844,4 +887,126 @@ fn silent(slot: u32, mode: u8, user: &UserPortState, now_ns: u64) -> u64 {
     let Some(silent) = SHED_SILENT.get_ptr(slot) else { return 0 };
     let (others, current) = ring::outstanding(silent, now_ns >> user.silent_shift());
     others + current
+}
+
+/// The `http` answer's reason for a refusal counted under `reason`.
+#[inline(always)]
+fn http_reason(reason: usize) -> u32 {
+    if reason == counter::REJECTED_SHARE {
+        http::reason::SHARE
+    } else if reason == counter::REJECTED_CLIENT_CAP {
+        http::reason::CLIENT_CAP
+    } else if reason == counter::REJECTED_CLIENT_SHARE {
+        http::reason::CLIENT_SHARE
+    } else {
+        http::reason::LIMIT
+    }
+}
+
+#[inline(always)]
+fn http_flow(seg: &Segment) -> http::Flow<'_> {
+    http::Flow { client: &seg.client_addr, server: &seg.server_addr, client_port: seg.client_port, server_port: seg.server_port }
+}
+
+/// A segment no socket of the kernel's takes, to a port with an `http`
+/// action: if it acknowledges a SYN-ACK of ours (its cookie checks), it is
+/// answered from the cookie alone and never reaches the listener (which would
+/// reset it); any other passes (the kernel resets it, as before).
+/// - the request (at our offset 0): `503` with FIN once the request head is
+///   complete (it ends the head, or the client pushed or closed), else an ACK
+///   so the client sends the rest; a retransmitted request gets the same bytes;
+/// - TLS, HTTP/2's preface, a FIN before any request: a reset;
+/// - data or a FIN after our FIN: an ACK (the client's close completes);
+/// - anything else (the handshake's ACK, ACKs of our answer): dropped.
+///
+/// The answers spend the RST caps as resets do, and go only where a reset may.
+#[inline(never)]
+pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: u64) -> Verdict {
+    let Some(config) = port_config(seg.server_port) else { return Verdict::Pass };
+    if !config.answers_http() {
+        return Verdict::Pass;
+    }
+    let slot = config.slot;
+    let Some(acked) = http::check(crate::maps::cookie_key(), http_flow(seg), seg.ack_seq, now_ns) else {
+        count(slot, counter::HTTP_BAD_COOKIE);
+        return Verdict::Pass;
+    };
+    let tier = if config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
+    let index = http::answer_index(acked.reason, tier);
+    let answer_len = crate::reject::answer_len(index);
+    let fin = seg.flags & FLAG_FIN != 0;
+    let len = u32::from(seg.payload_len);
+    let end = seg.seq.wrapping_add(len).wrapping_add(u32::from(fin));
+    let ours = acked.cookie.wrapping_add(1);
+    let reply = if acked.offset == 0 && (len > 0 || fin) {
+        if len == 0 || !http_request(seg, bytes) {
+            count(slot, counter::HTTP_NOT_HTTP);
+            Verdict::Rst { slot, reset: Reset::to_ack(seg.ack_seq) }
+        } else if fin || seg.flags & FLAG_PSH != 0 || ends_head(seg, bytes) {
+            let answer = Answer {
+                seq: ours,
+                ack: end,
+                flags: http::FLAGS_ANSWER,
+                payload: index as u8 + 1,
+                digits: http::retry_digits(retry_after(&config)),
+                sent: Answer::counted(counter::HTTP_ANSWERED),
+            };
+            Verdict::Answer { slot, answer }
+        } else {
+            Verdict::Answer { slot, answer: Answer::bare_ack(ours, end) }
+        }
+    } else if acked.offset == answer_len + 1 && (len > 0 || fin) {
+        Verdict::Answer { slot, answer: Answer::bare_ack(ours.wrapping_add(answer_len + 1), end) }
+    } else {
+        return Verdict::Drop;
+    };
+    http_reply(&config, seg, from_loopback, now_ns, reply)
+}
+
+/// The Retry-After an answer of the port gives: the port's own, or what the daemon derives.
+#[inline(always)]
+fn retry_after(config: &PortConfig) -> u32 {
+    if config.retry_after_s != 0 {
+        u32::from(config.retry_after_s)
+    } else {
+        SHED_USER_STATE.get(config.slot).map_or(1, |u| u.retry_after_s)
+    }
+}
+
+/// `reply`, if a reply may go to the client now (as for a reset: a real
+/// address, within the RST caps); else the segment is dropped.
+#[inline(always)]
+fn http_reply(config: &PortConfig, seg: &Segment, from_loopback: bool, now_ns: u64, reply: Verdict) -> Verdict {
+    if !answerable(&seg.client_addr, from_loopback) {
+        count(config.slot, counter::RST_SUPPRESSED);
+        return Verdict::Drop;
+    }
+    if !rst_allowed(config.slot, config, &seg.client_addr, now_ns) {
+        count(config.slot, counter::RST_RATE_LIMITED);
+        return Verdict::Drop;
+    }
+    reply
+}
+
+/// Whether the payload may be (part of) an HTTP/1.x request: not TLS, not HTTP/2's preface.
+#[inline(always)]
+fn http_request<B: LoadBytes>(seg: &Segment, bytes: &B) -> bool {
+    if seg.payload_len < 8 {
+        return true;
+    }
+    match bytes.load::<8>(usize::from(seg.payload_at)) {
+        // A segment in the middle of a request starts anywhere: only what is surely not HTTP/1.x is refused.
+        Some(head) => head[0] != 0x16 && !(head[0] == b'P' && head[1] == b'R' && head[2] == b'I' && head[3] == b' '),
+        None => true,
+    }
+}
+
+/// Whether the payload ends the request head (`CRLF CRLF`).
+#[inline(always)]
+fn ends_head<B: LoadBytes>(seg: &Segment, bytes: &B) -> bool {
+    if seg.payload_len < 4 {
+        return false;
+    }
+    let at = usize::from(seg.payload_at) + usize::from(seg.payload_len) - 4;
+    bytes.load::<4>(at) == Some(*b"\r\n\r\n")
 }

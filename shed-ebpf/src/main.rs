@@ -28,7 +28,10 @@ mod ring;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail},
+    helpers::{
+        bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_xdp_adjust_tail,
+        bpf_xdp_store_bytes,
+    },
     macros::{classifier, raw_tracepoint, tracepoint, xdp},
     programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
 };
@@ -46,19 +49,41 @@ use crate::{
 const TC_LINEAR_HEAD: u32 = 14 + 8 + 60 + 20;
 
 /// What an entry point must do with a frame, before hook-specific actions.
-enum Outcome {
-    Pass,
-    Drop,
-    /// Send the reset now written into the frame, `len` bytes long.
-    Reply {
-        slot: u32,
-        len: usize,
-    },
+/// A struct whose every field is set on every path, not an enum with
+/// payloads: LLVM merges an enum's paths into stores of every field, and the
+/// verifier refuses a store of a register a path left unset.
+#[derive(Clone, Copy)]
+/// Small, too: it lives in the entry point's frame, under every subprogram's.
+struct Outcome {
+    kind: u8,
+    /// An HTTP answer's counter, payload and Retry-After ([`reject::Answer`]'s).
+    sent: u8,
+    payload: u8,
+    digits: [u8; 3],
+    /// The reply's whole length, once the frame is resized to it.
+    len: u16,
+    /// Where an HTTP answer's payload goes (after the resize).
+    payload_at: u16,
+    slot: u32,
+}
+
+impl Outcome {
+    const PASS: u8 = 0;
+    const DROP: u8 = 1;
+    /// Send the reset now written into the frame.
+    const RESET: u8 = 2;
+    /// Send the HTTP answer whose headers are written into the frame, its payload stored after the resize.
+    const ANSWER: u8 = 3;
+
+    #[inline(always)]
+    const fn of(kind: u8) -> Self {
+        Self { kind, sent: 0, payload: 0, digits: [0; 3], len: 0, payload_at: 0, slot: 0 }
+    }
 }
 
 /// The tail both entry points share: parse, decide, count, write any reset.
 #[inline(always)]
-fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut core::ffi::c_void) -> Outcome {
+fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcome {
     // Not zeroed: `parse` writes every field before it returns Syn or Ack, the
     // only results after which it is read (the verifier checks just that).
     let mut seg = core::mem::MaybeUninit::<parse::Segment>::uninit();
@@ -68,15 +93,15 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
     // SAFETY: read only on the Syn and Ack arms, where `parse` has written it.
     let seg = unsafe { seg.assume_init_ref() };
     let verdict = match parsed {
-        Parsed::Pass | Parsed::Truncated => return Outcome::Pass,
+        Parsed::Pass | Parsed::Truncated => return Outcome::of(Outcome::PASS),
         Parsed::LaterFragment => {
             count_gate(gate_counter::LATER_FRAGMENT);
-            return Outcome::Pass;
+            return Outcome::of(Outcome::PASS);
         }
         Parsed::Refuse(why) => {
             count_gate(why as usize);
             rare::unparsed_header(why);
-            return Outcome::Drop;
+            return Outcome::of(Outcome::DROP);
         }
         Parsed::Syn | Parsed::Ack => {
             let syn = parsed == Parsed::Syn;
@@ -88,11 +113,17 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
                 // Where it is now: the next device of the stack compares with
                 // this one, and a repeat on this very device is a new segment.
                 decide::remember_passed(seg, syn, now, ifindex);
-                return Outcome::Pass;
+                return Outcome::of(Outcome::PASS);
             }
             let loopback = ifindex == parse::LOOPBACK_IFINDEX;
-            let verdict =
-                if syn { decide::syn(seg, loopback, now) } else { decide::ack(seg, ctx, loopback, now) };
+            let verdict = if syn {
+                decide::syn(seg, loopback, now)
+            } else {
+                match decide::ack(seg, bytes, loopback, now) {
+                    Verdict::Unclaimed => decide::http_segment(seg, bytes, loopback, now),
+                    verdict => verdict,
+                }
+            };
             if matches!(verdict, Verdict::Pass) {
                 decide::remember_passed(seg, syn, now, ifindex);
             }
@@ -100,43 +131,91 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B, ctx: *mut
         }
     };
     match verdict {
-        Verdict::Pass => Outcome::Pass,
-        Verdict::Drop => Outcome::Drop,
+        Verdict::Pass | Verdict::Unclaimed => Outcome::of(Outcome::PASS),
+        Verdict::Drop => Outcome::of(Outcome::DROP),
         Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
-            Ok(len) => Outcome::Reply { slot, len },
-            Err(()) => {
-                count_reset(slot, false, "writing");
-                Outcome::Drop
+            0 => {
+                count_failed(slot, "writing");
+                Outcome::of(Outcome::DROP)
             }
+            len => Outcome {
+                slot,
+                len: len as u16,
+                // An `http` refusal's SYN-ACK leaves as a reset does, counted apart.
+                sent: reject::Answer::counted(if reset.flags == shed_common::rst::FLAGS_SYN_ACK {
+                    counter::HTTP_SYN_ACK
+                } else {
+                    counter::RST_SENT
+                }),
+                ..Outcome::of(Outcome::RESET)
+            },
+        },
+        Verdict::Answer { slot, answer } => match reject::write_answer(data, data_end, seg, &answer) {
+            0 => {
+                count_failed(slot, "writing an answer");
+                Outcome::of(Outcome::DROP)
+            }
+            written => Outcome {
+                kind: Outcome::ANSWER,
+                sent: answer.sent,
+                payload: answer.payload,
+                digits: answer.digits,
+                len: written as u16,
+                payload_at: (written >> 16) as u16,
+                slot,
+            },
         },
     }
 }
 
-/// Counts what became of a reset: sent, or failed at `step` (then the frame is
-/// dropped instead). Returns `sent`.
+/// Counts what became of a reply (a reset or an HTTP answer): sent, under
+/// its own counter (`counted`, an [`reject::Answer::sent`]), or failed at
+/// `step` (then the frame is dropped instead). Returns `sent`.
 #[inline(always)]
-fn count_reset(slot: u32, sent: bool, step: &'static str) -> bool {
-    if sent {
-        count(slot, counter::RST_SENT);
-    } else {
-        count(slot, counter::RST_FAILED);
-        rare::rst_failed(slot, step);
+fn count_reply(slot: u32, counted: u8, sent: bool, step: &'static str) -> bool {
+    if !sent {
+        count_failed(slot, step);
+    } else if counted != reject::Answer::UNCOUNTED {
+        count(slot, usize::from(counted - 1) & (counter::COUNT - 1));
     }
     sent
+}
+
+/// A reply that could not be written or sent.
+#[inline(always)]
+fn count_failed(slot: u32, step: &'static str) {
+    count(slot, counter::RST_FAILED);
+    rare::rst_failed(slot, step);
 }
 
 #[xdp]
 pub fn shed_xdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    match judge(data, data_end, &parse::XdpBytes(ctx.ctx), ctx.ctx.cast()) {
-        Outcome::Pass => xdp_action::XDP_PASS,
-        Outcome::Drop => xdp_action::XDP_DROP,
-        Outcome::Reply { slot, len } => {
+    let Outcome { kind, sent, payload, digits, len, payload_at, slot } = judge(data, data_end, &parse::XdpBytes(ctx.ctx));
+    match kind {
+        Outcome::PASS => xdp_action::XDP_PASS,
+        Outcome::RESET => {
             let delta = len as i32 - (data_end - data) as i32;
             // SAFETY: shrinking the frame; the helper checks the bounds itself.
             let trimmed = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0;
-            if count_reset(slot, trimmed, "bpf_xdp_adjust_tail") { xdp_action::XDP_TX } else { xdp_action::XDP_DROP }
+            if count_reply(slot, sent, trimmed, "bpf_xdp_adjust_tail") { xdp_action::XDP_TX } else { xdp_action::XDP_DROP }
         }
+        Outcome::ANSWER => {
+            let delta = len as i32 - (data_end - data) as i32;
+            // SAFETY: resizing our own frame; the helpers check the bounds themselves.
+            let sized = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0;
+            let stored = sized
+                && reject::store_payload(payload, digits, usize::from(payload_at), |at, from, n| {
+                    // SAFETY: the helper copies `n` bytes of read-only data into our frame, bounds-checked.
+                    unsafe { bpf_xdp_store_bytes(ctx.ctx, at, from.cast_mut().cast(), n) == 0 }
+                });
+            if count_reply(slot, sent, stored, "resizing or filling an XDP answer") {
+                xdp_action::XDP_TX
+            } else {
+                xdp_action::XDP_DROP
+            }
+        }
+        _ => xdp_action::XDP_DROP,
     }
 }
 
@@ -165,20 +244,36 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
         return TC_ACT_OK;
     }
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    match judge(data, data_end, &parse::SkbBytes(ctx.skb.skb), ctx.skb.skb.cast()) {
-        Outcome::Pass => TC_ACT_OK,
-        Outcome::Drop => TC_ACT_SHOT,
-        Outcome::Reply { slot, len } => {
+    let Outcome { kind, sent, payload, digits, len, payload_at, slot } = judge(data, data_end, &parse::SkbBytes(ctx.skb.skb));
+    match kind {
+        Outcome::PASS => TC_ACT_OK,
+        Outcome::RESET => {
             // SAFETY: a plain helper call on our own skb. Packet pointers are
             // not used after change_tail invalidates them.
             let trimmed = unsafe { bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) } == 0;
-            if !count_reset(slot, trimmed, "bpf_skb_change_tail") {
+            if !count_reply(slot, sent, trimmed, "bpf_skb_change_tail") {
                 return TC_ACT_SHOT;
             }
             // Out of the interface it came in on, back towards the client.
             // SAFETY: our own skb's ifindex, and a plain helper call.
             unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }
         }
+        Outcome::ANSWER => {
+            let skb = ctx.skb.skb;
+            // SAFETY: plain helper calls on our own skb; packet pointers are not used after the resize.
+            let sized = unsafe { bpf_skb_change_tail(skb, len as u32, 0) } == 0;
+            let stored = sized
+                && reject::store_payload(payload, digits, usize::from(payload_at), |at, from, n| {
+                    // SAFETY: the helper copies `n` bytes of read-only data into our skb, bounds-checked.
+                    unsafe { bpf_skb_store_bytes(skb, at, from.cast(), n, 0) == 0 }
+                });
+            if !count_reply(slot, sent, stored, "resizing or filling a TC answer") {
+                return TC_ACT_SHOT;
+            }
+            // SAFETY: our own skb's ifindex, and a plain helper call.
+            unsafe { bpf_redirect((*skb).ifindex, 0) as i32 }
+        }
+        _ => TC_ACT_SHOT,
     }
 }
 

@@ -22,6 +22,18 @@ use shed_common::{
 #[unsafe(no_mangle)]
 static SHED_FLOW_SECRET: u64 = 0;
 
+/// The key of the `http` answer's SYN cookies ([`shed_common::http`]), drawn
+/// by userspace at load (`COOKIE_KEY_GLOBAL`).
+#[unsafe(no_mangle)]
+static SHED_COOKIE_KEY: [u64; 2] = [0; 2];
+
+/// [`SHED_COOKIE_KEY`], read as the verifier's constant.
+#[inline(always)]
+pub fn cookie_key() -> [u64; 2] {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    unsafe { core::ptr::read_volatile(&raw const SHED_COOKIE_KEY) }
+}
+
 /// Where the kernel keeps a request socket's initial sequence number (the
 /// one its SYN-ACK carried): `offsetof(struct tcp_request_sock, snt_isn)` on
 /// the running kernel, from its BTF (`SNT_ISN_OFFSET_GLOBAL`); 0 when

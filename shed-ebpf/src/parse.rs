@@ -63,7 +63,17 @@ pub struct Segment {
     pub seq: u32,
     /// Acknowledgment number, host order.
     pub ack_seq: u32,
+    /// Where the TCP payload starts in the frame (read through [`LoadBytes`]).
+    pub payload_at: u16,
+    /// Bytes of TCP payload, by the IP header's length (not the frame's:
+    /// Ethernet pads short frames).
+    pub payload_len: u16,
+    /// The segment's FIN and PSH flags ([`FLAG_FIN`], [`FLAG_PSH`]).
+    pub flags: u8,
 }
+
+pub const FLAG_FIN: u8 = 0x01;
+pub const FLAG_PSH: u8 = 0x08;
 
 /// What the frame is, as far as the gate is concerned (the segment itself is
 /// written to the caller's [`Segment`]).
@@ -96,6 +106,8 @@ pub trait LoadBytes {
     /// address is for a local client there) (a stacked device's upper one
     /// differs from the lower one it crossed first).
     fn ifindex(&self) -> u32;
+    /// The program's context, for helpers that take it (the socket lookup).
+    fn ctx(&self) -> *mut core::ffi::c_void;
 }
 
 /// The loopback interface's index in every namespace.
@@ -119,6 +131,11 @@ impl LoadBytes for XdpBytes {
         // SAFETY: the program's own context.
         unsafe { (*self.0).ingress_ifindex }
     }
+
+    #[inline(always)]
+    fn ctx(&self) -> *mut core::ffi::c_void {
+        self.0.cast()
+    }
 }
 
 /// A TC (skb) context.
@@ -140,6 +157,11 @@ impl LoadBytes for SkbBytes {
         // SAFETY: the program's own context.
         unsafe { (*self.0).ifindex }
     }
+
+    #[inline(always)]
+    fn ctx(&self) -> *mut core::ffi::c_void {
+        self.0.cast()
+    }
 }
 
 /// Bounds-checked pointer to a `T` at `offset` into the frame.
@@ -152,13 +174,18 @@ pub fn ptr_at<T>(data: usize, data_end: usize, offset: usize) -> Option<*mut T> 
 }
 
 /// Where the TCP header is, once the network layer has been looked through.
+/// Small: it lives in the parser's frame, the deepest of the judging path.
 struct Network {
     l3_offset: usize,
-    /// Where TCP starts, when it follows the fixed IP header and its options
-    /// (read directly); `None` behind IPv6 extension headers (read through the helper).
-    l4_offset: Option<usize>,
+    /// Where TCP starts.
+    tcp_at: usize,
+    /// TCP follows the fixed IP header and its options (read directly); false
+    /// behind IPv6 extension headers (read through the helper).
+    direct: bool,
     /// Behind extension headers: the TCP header, already loaded.
     tcp_head: [u8; TCP_HEADER],
+    /// TCP header and payload, by the IP header's length fields.
+    tcp_len: u16,
     is_ipv6: bool,
     client_addr: [u8; 16],
     server_addr: [u8; 16],
@@ -202,13 +229,12 @@ pub fn parse<B: LoadBytes>(
         Err(other) => return other,
     };
     // The fixed TCP header must be there whole, as the kernel requires.
-    let head: TcpHdr = match network.l4_offset {
-        Some(l4) => {
-            let Some(tcp) = ptr_at::<TcpHdr>(data, data_end, l4) else { return Parsed::Truncated };
-            // SAFETY: bounds checked by ptr_at.
-            unsafe { *tcp }
-        }
-        None => tcp_header(network.tcp_head),
+    let head: TcpHdr = if network.direct {
+        let Some(tcp) = ptr_at::<TcpHdr>(data, data_end, network.tcp_at) else { return Parsed::Truncated };
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *tcp }
+    } else {
+        tcp_header(network.tcp_head)
     };
     if head.doff() < 5 || head.rst() != 0 {
         return Parsed::Pass;
@@ -224,7 +250,11 @@ pub fn parse<B: LoadBytes>(
     if !wanted(u16::from_be_bytes(head.dest), kind == Parsed::Syn) {
         return Parsed::Pass;
     }
+    let header_len = usize::from(head.doff()) * 4;
     seg.write(Segment {
+        payload_at: (network.tcp_at + header_len) as u16,
+        payload_len: usize::from(network.tcp_len).saturating_sub(header_len) as u16,
+        flags: u8::from(head.fin() != 0) * FLAG_FIN | u8::from(head.psh() != 0) * FLAG_PSH,
         l3_offset: network.l3_offset,
         is_ipv6: network.is_ipv6,
         client_addr: network.client_addr,
@@ -272,9 +302,12 @@ fn ipv4(data: usize, data_end: usize, l3_offset: usize) -> Result<Network, Parse
             return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT as u32));
         }
     }
+    let l4_offset = l3_offset + if fault!("ipv4_options_ignored") { Ipv4Hdr::LEN } else { header_len };
     Ok(Network {
         l3_offset,
-        l4_offset: Some(l3_offset + if fault!("ipv4_options_ignored") { Ipv4Hdr::LEN } else { header_len }),
+        tcp_at: l4_offset,
+        direct: true,
+        tcp_len: ip.tot_len().saturating_sub(header_len as u16),
         tcp_head: [0; TCP_HEADER],
         is_ipv6: false,
         client_addr: ipv4_mapped(ip.src_addr),
@@ -290,9 +323,12 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
     if ip.version() != 6 {
         return Err(Parsed::Pass);
     }
-    let network = |l4_offset, tcp_head| Network {
+    let payload_end = l3_offset + Ipv6Hdr::LEN + usize::from(ip.payload_len());
+    let network = |direct: bool, tcp_at: usize, tcp_head| Network {
         l3_offset,
-        l4_offset,
+        tcp_at,
+        direct,
+        tcp_len: payload_end.saturating_sub(tcp_at) as u16,
         tcp_head,
         is_ipv6: true,
         client_addr: ip.src_addr,
@@ -300,10 +336,9 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
     };
     let mut next = ip.next_hdr;
     if next == IPPROTO_TCP {
-        return Ok(network(Some(l3_offset + Ipv6Hdr::LEN), [0; TCP_HEADER]));
+        return Ok(network(true, l3_offset + Ipv6Hdr::LEN, [0; TCP_HEADER]));
     }
     // Behind extension headers everything is read through the helper (see `LoadBytes`).
-    let payload_end = l3_offset + Ipv6Hdr::LEN + usize::from(ip.payload_len());
     let mut offset = l3_offset + Ipv6Hdr::LEN;
     let mut first_fragment = false;
     for _ in 0..MAX_IPV6_EXTENSIONS {
@@ -356,7 +391,7 @@ fn ipv6<B: LoadBytes>(data: usize, data_end: usize, l3_offset: usize, bytes: &B)
         return Err(Parsed::Refuse(gate_counter::TINY_FRAGMENT as u32));
     }
     match bytes.load::<TCP_HEADER>(offset) {
-        Some(head) => Ok(network(None, head)),
+        Some(head) => Ok(network(false, offset, head)),
         None => Err(Parsed::Pass),
     }
 }

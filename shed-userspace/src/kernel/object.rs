@@ -49,12 +49,14 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     // One secret per load (a leak of 8 bytes per load: the loader keeps a reference).
     let secret: &'static u64 = Box::leak(Box::new(flow_secret()));
     let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
+    let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     loader
         .map_max_entries(shed_common::map::SOCKS, options.connections)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
         .override_global(aya_log::LEVEL, level, strict)
         .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
-        .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict);
+        .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict)
+        .override_global(shed_common::http::COOKIE_KEY_GLOBAL, cookie_key, strict);
     loader
 }
 
@@ -81,6 +83,19 @@ fn snt_isn_offset() -> u32 {
 
 /// A fresh secret for the handshake stamps' flow hash, from the kernel's
 /// random pool (falling back on the clock: a weaker key beats no gate).
+/// The `http` answer's cookie key: 128 random bits per load (SipHash's key).
+fn cookie_key() -> [u64; 2] {
+    let mut key = [0u8; 16];
+    // SAFETY: getrandom writes at most `key.len()` bytes into the buffer.
+    let got = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+    if got != key.len() as isize {
+        tracing::warn!("getrandom failed; the HTTP answer's cookie key is taken from the clock");
+        return [flow_secret(), flow_secret().rotate_left(29) ^ u64::from(std::process::id())];
+    }
+    let (a, b) = key.split_at(8);
+    [u64::from_ne_bytes(a.try_into().unwrap_or_default()), u64::from_ne_bytes(b.try_into().unwrap_or_default())]
+}
+
 fn flow_secret() -> u64 {
     let mut key = [0u8; 8];
     // SAFETY: getrandom writes at most `key.len()` bytes into the buffer.
