@@ -1097,3 +1097,116 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
         assert_eq!(c[counter::REFUSED_AT_ACK], 2 * ROUNDS - admitted, "{hook:?}");
     }
 }
+
+/// The TCP sequence number of a reply frame (IPv4 or IPv6, no VLAN tag).
+fn reply_seq(spec: &Spec, out: &[u8]) -> u32 {
+    let at = 14 + if spec.v6 { 40 } else { 20 } + 4;
+    u32::from_be_bytes(out[at..at + 4].try_into().unwrap())
+}
+
+/// The `503` an `http` port sends, written apart from shed-common's templates.
+fn http_503(retry_after: u32, reason: &str, tier: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {retry_after:03}\r\nConnection: close\r\nContent-Length: 0\r\nShed: kernel; reason={reason}; tier={tier}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+/// `action = "http"`: a refused SYN gets a SYN-ACK whose sequence number is a
+/// cookie; every later segment of that handshake is answered from the cookie
+/// alone, byte for byte as an independent builder writes it: the request with
+/// `503` + FIN (again, identically, when it is retransmitted), a request split
+/// over segments with an ACK until its head is complete, the client's FIN
+/// with an ACK; the ACK of our answer is dropped, a TLS hello reset, and a
+/// segment whose cookie does not check passes untouched to the kernel.
+#[test]
+fn http_refusal_answers_every_segment_from_its_cookie() {
+    for hook in HOOKS {
+        for v6 in [false, true] {
+            let what = format!("{hook:?} {}", if v6 { "IPv6" } else { "IPv4" });
+            let mut h = Harness::new(1, action::HTTP, false);
+            let mut config = h.loaded.maps.config(PORT).unwrap();
+            config.retry_after_s = 7;
+            h.loaded.maps.write_config(PORT, config).unwrap();
+            h.hold(1);
+            let client = |seq: u32, ack: u32, flags: u8, payload: &[u8]| Spec {
+                v6,
+                client_port: 41_000,
+                seq,
+                ack,
+                flags,
+                tcp_options: 0,
+                payload: payload.to_vec(),
+                ..Spec::default()
+            };
+            let syn = Spec { v6, client_port: 41_000, seq: 1000, ..Spec::default() };
+            let (verdict, out) = h.run(hook, &frame(&syn)).unwrap();
+            assert_eq!(verdict, rst(hook), "{what}: the SYN is answered");
+            let cookie = reply_seq(&syn, &out);
+            let syn_ack = Reply { to: &syn, seq: cookie, ack: 1001, flags: SYN | ACK, window: 65_535, payload: &[] };
+            assert_eq!(out, reply_frame(&syn_ack), "{what}: SYN-ACK");
+            assert_eq!(cookie & 0x1ff, 0, "{what}: the cookie's offset bits are clear");
+            let c = h.counters();
+            assert_eq!((c[counter::REJECTED_LIMIT], c[counter::HTTP_SYN_ACK], c[counter::RST_SENT]), (1, 1, 0), "{what}");
+            assert_eq!(h.snapshot().pending(), 0, "{what}: the refusal holds nothing");
+
+            let request = b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n";
+            let text = http_503(7, "limit", "normal");
+            let end = 1001 + request.len() as u32;
+            let data = client(1001, cookie.wrapping_add(1), ACK | PSH, request);
+            let answer = Reply { to: &data, seq: cookie.wrapping_add(1), ack: end, flags: FIN | PSH | ACK, window: 65_535, payload: &text };
+            for attempt in ["request", "retransmitted request"] {
+                let (verdict, out) = h.run(hook, &frame(&data)).unwrap();
+                assert_eq!(verdict, rst(hook), "{what}: {attempt}");
+                assert_eq!(out, reply_frame(&answer), "{what}: {attempt}: 503, Retry-After, FIN");
+            }
+            assert_eq!(h.counters()[counter::HTTP_ANSWERED], 2, "{what}");
+
+            // A request in two segments: the first is acknowledged, the second (head complete) answered.
+            let (head, rest) = request.split_at(8);
+            let first = client(1001, cookie.wrapping_add(1), ACK, head);
+            let (verdict, out) = h.run(hook, &frame(&first)).unwrap();
+            let ack = Reply { to: &first, seq: cookie.wrapping_add(1), ack: 1009, flags: ACK, window: 65_535, payload: &[] };
+            assert_eq!((verdict, out), (rst(hook), reply_frame(&ack)), "{what}: the first part is acknowledged");
+            let second = client(1009, cookie.wrapping_add(1), ACK, rest);
+            let (verdict, out) = h.run(hook, &frame(&second)).unwrap();
+            let answer = Reply { to: &second, ..answer };
+            assert_eq!((verdict, out), (rst(hook), reply_frame(&answer)), "{what}: the head's end is answered");
+
+            // The client acknowledges our answer and FIN (dropped), then closes (acknowledged).
+            let ours = cookie.wrapping_add(1 + text.len() as u32 + 1);
+            let acked = frame(&client(end, ours, ACK, &[]));
+            assert_eq!(h.run(hook, &acked).unwrap().0, dropped(hook), "{what}: the ACK of our answer");
+            let fin = client(end, ours, FIN | ACK, &[]);
+            let (verdict, out) = h.run(hook, &frame(&fin)).unwrap();
+            let last = Reply { to: &fin, seq: ours, ack: end + 1, flags: ACK, window: 65_535, payload: &[] };
+            assert_eq!((verdict, out), (rst(hook), reply_frame(&last)), "{what}: the client's FIN");
+
+            // A TLS hello on the handshake: reset (it cannot be answered statelessly).
+            let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+            let tls = client(1001, cookie.wrapping_add(1), ACK | PSH, &hello);
+            let (verdict, out) = h.run(hook, &frame(&tls)).unwrap();
+            let reset = Reply { to: &tls, seq: cookie.wrapping_add(1), ack: 0, flags: RST, window: 0, payload: &[] };
+            assert_eq!((verdict, out), (rst(hook), reply_frame(&reset)), "{what}: TLS");
+            assert_eq!(h.counters()[counter::HTTP_NOT_HTTP], 1, "{what}");
+
+            // A cookie that does not check: the kernel's to judge (it resets it), untouched.
+            for forged in [cookie ^ 0x4000_0000, cookie ^ 0x800, cookie.wrapping_add(0x200)] {
+                let f = frame(&client(1001, forged.wrapping_add(1), ACK | PSH, request));
+                assert_eq!(h.run(hook, &f).unwrap(), (pass(hook), f), "{what}: forged cookie {forged:#x}");
+            }
+            assert_eq!(h.counters()[counter::HTTP_BAD_COOKIE], 3, "{what}");
+
+            // With no Retry-After of its own, the port's answer says what the daemon derived.
+            config.retry_after_s = 0;
+            h.loaded.maps.write_config(PORT, config).unwrap();
+            let slot = config.slot;
+            let mut user = h.loaded.maps.user_state.get(&slot, 0).unwrap();
+            user.retry_after_s = 42;
+            h.loaded.maps.user_state.set(slot, user, 0).unwrap();
+            let (_, out) = h.run(hook, &frame(&data)).unwrap();
+            let text = http_503(42, "limit", "normal");
+            assert_eq!(out, reply_frame(&Reply { payload: &text, ..Reply { to: &data, ..answer } }), "{what}: derived Retry-After");
+        }
+    }
+}

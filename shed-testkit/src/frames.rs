@@ -11,6 +11,7 @@ pub const CLIENT_V6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0,
 pub const SERVER_V6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
 pub const FIN: u8 = 0x01;
+pub const PSH: u8 = 0x08;
 pub const SYN: u8 = 0x02;
 pub const RST: u8 = 0x04;
 pub const ACK: u8 = 0x10;
@@ -227,4 +228,64 @@ pub fn internet_checksum(parts: &[&[u8]]) -> u16 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     !(sum as u16)
+}
+
+/// A segment the server side sends back to the client of `to` (the frame it
+/// answers): what a test expects the gate to send, built here apart from
+/// the kernel's code (the RFC's fields, [`internet_checksum`]).
+pub struct Reply<'a> {
+    pub to: &'a Spec,
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+    pub window: u16,
+    pub payload: &'a [u8],
+}
+
+/// The frame of `r`: MACs swapped, the client's VLAN tag kept, IPv4 (DF, TTL
+/// 64, id 0, no options) or IPv6 (hop limit 64), TCP without options.
+pub fn reply_frame(r: &Reply<'_>) -> Vec<u8> {
+    let s = r.to;
+    let mut f = Vec::new();
+    f.extend_from_slice(&CLIENT_MAC);
+    f.extend_from_slice(&SERVER_MAC);
+    if let Some(vid) = s.vlan {
+        f.extend_from_slice(&0x8100u16.to_be_bytes());
+        f.extend_from_slice(&vid.to_be_bytes());
+    }
+    let tcp_len = 20 + r.payload.len();
+    let mut tcp = Vec::with_capacity(tcp_len);
+    tcp.extend_from_slice(&s.server_port.to_be_bytes());
+    tcp.extend_from_slice(&s.client_port.to_be_bytes());
+    tcp.extend_from_slice(&r.seq.to_be_bytes());
+    tcp.extend_from_slice(&r.ack.to_be_bytes());
+    tcp.push(5 << 4);
+    tcp.push(r.flags);
+    tcp.extend_from_slice(&r.window.to_be_bytes());
+    tcp.extend_from_slice(&[0, 0, 0, 0]);
+    tcp.extend_from_slice(r.payload);
+    let pseudo: Vec<u8> = if s.v6 {
+        f.extend_from_slice(&0x86ddu16.to_be_bytes());
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&(tcp_len as u16).to_be_bytes());
+        f.extend_from_slice(&[6, 64]);
+        f.extend_from_slice(&s.server_v6);
+        f.extend_from_slice(&s.client_v6);
+        [&s.server_v6[..], &s.client_v6[..], &(tcp_len as u32).to_be_bytes()[..], &[0, 0, 0, 6]].concat()
+    } else {
+        f.extend_from_slice(&0x0800u16.to_be_bytes());
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
+        ip.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0]);
+        ip.extend_from_slice(&s.server_v4);
+        ip.extend_from_slice(&s.client_v4);
+        let c = internet_checksum(&[&ip]).to_be_bytes();
+        ip[10..12].copy_from_slice(&c);
+        f.extend_from_slice(&ip);
+        [&s.server_v4[..], &s.client_v4[..], &[0, 6], &(tcp_len as u16).to_be_bytes()[..]].concat()
+    };
+    let c = internet_checksum(&[&pseudo, &tcp]).to_be_bytes();
+    tcp[16..18].copy_from_slice(&c);
+    f.extend_from_slice(&tcp);
+    f
 }
