@@ -64,6 +64,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("client-prefix-v6", "client-prefix-v6", Kind::Int),
     ("rst-rate", "rst-rate", Kind::Int),
     ("rst-prefix-rate", "rst-prefix-rate", Kind::Int),
+    ("retry-after", "retry-after", Kind::Int),
     ("dry-run", "dry-run", Kind::Bool),
     ("netns", "netns", Kind::StrOrList),
     ("handshake-window", "handshake-window", Kind::Int),
@@ -296,6 +297,7 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("client-prefix-v6".into(), int(args.client_prefix_v6.into()));
     t.insert("rst-rate".into(), int(args.rst_rate.into()));
     t.insert("rst-prefix-rate".into(), int(args.rst_prefix_rate.into()));
+    t.insert("retry-after".into(), int(args.retry_after.into()));
     t.insert("dry-run".into(), Value::Boolean(args.dry_run));
     match args.netns.as_slice() {
         [] => {}
@@ -398,6 +400,8 @@ mod tests {
         "5000",
         "--rst-prefix-rate",
         "300",
+        "--retry-after",
+        "9",
         "--dry-run",
         "--netns",
         "srv",

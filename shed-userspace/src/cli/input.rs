@@ -56,6 +56,32 @@ pub fn parse_client_share(s: &str) -> Result<u8, String> {
     }
 }
 
+/// Seconds for the `http` action's Retry-After: 0 (derived) or 1 to 999.
+pub fn parse_retry_after(s: &str) -> Result<u16, String> {
+    match s.trim().trim_end_matches('s').parse::<u32>() {
+        Ok(n) if n <= shed_common::http::MAX_RETRY_AFTER => Ok(n as u16),
+        _ => Err(format!(
+            "retry-after {s:?} is not a number of seconds from 1 to {} (0: the controller's queue wait, rounded up)",
+            shed_common::http::MAX_RETRY_AFTER
+        )),
+    }
+}
+
+/// Ports served over TLS by convention: the `http` action cannot answer them.
+pub const TLS_PORTS: [u16; 4] = [443, 465, 993, 8443];
+
+/// Whether `port` may take the `http` action: not a TLS port (a TLS
+/// handshake cannot be answered without state the gate does not keep).
+pub fn http_port(port: u16) -> Result<(), String> {
+    if TLS_PORTS.contains(&port) {
+        return Err(format!(
+            "port {port} is served over TLS by convention, and the http action answers plaintext HTTP/1.x only \
+             (answering TLS needs state the gate does not keep): use --action rst (or drop) for it"
+        ));
+    }
+    Ok(())
+}
+
 /// An IPv6 prefix length for counting clients (1-128).
 pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
     let n: u8 = s

@@ -15,8 +15,8 @@ use shed_common::ControlConfig;
 
 use crate::{
     cli::input::{
-        Switch, named, parse_client_cap, parse_client_share, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
-        parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port, parse_prefix_v6, parse_seconds,
+        Switch, http_port, named, parse_client_cap, parse_client_share, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
+        parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port, parse_prefix_v6, parse_retry_after, parse_seconds,
     },
     cli::tiers::{parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
     control::{Algo, Settings},
@@ -226,6 +226,11 @@ pub struct AttachArgs {
     #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
     pub rst_prefix_rate: u32,
 
+    /// Seconds the `http` action's 503 tells clients to wait (Retry-After, 1 to
+    /// 999); 0: the controller's queue wait, rounded up, at least 1 (--retry-after 0).
+    #[arg(long, value_parser = parse_retry_after, default_value_t = 0)]
+    pub retry_after: u16,
+
     /// Count what would be rejected, but admit everything (--dry-run).
     #[arg(long, overrides_with = "no_dry_run")]
     pub dry_run: bool,
@@ -290,6 +295,11 @@ impl AttachArgs {
             return Err(crate::error::Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
         }
         let (control, limit) = self.control().map_err(anyhow::Error::msg)?;
+        if self.action == Action::Http {
+            for &port in &ports {
+                http_port(port).map_err(anyhow::Error::msg)?;
+            }
+        }
         let mut assignments = self.tiers.clone();
         if let Some(file) = &self.tier_file {
             assignments.extend(tiers::load_tier_file(file).map_err(anyhow::Error::msg)?);
@@ -301,6 +311,7 @@ impl AttachArgs {
             client_share: self.client_share,
             rst_per_sec: self.rst_rate,
             rst_per_prefix_per_sec: self.rst_prefix_rate,
+            retry_after_s: self.retry_after,
             ..PortSpec::new(limit, self.action.to_raw(), self.dry_run, self.count.to_raw(), control)
         };
         Ok((spec, tiers))
@@ -512,6 +523,10 @@ pub struct SetArgs {
     #[arg(long, value_parser = parse_client_share)]
     pub client_share: Option<u8>,
 
+    /// Seconds the `http` action's 503 tells clients to wait; 0: derived from the controller (--retry-after 5).
+    #[arg(long, value_parser = parse_retry_after)]
+    pub retry_after: Option<u16>,
+
     /// New reject action (--action rst).
     #[arg(long, value_parser = named::<Action>())]
     pub action: Option<Action>,
@@ -601,6 +616,22 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_http_action_is_refused_on_tls_ports_and_takes_a_retry_after() {
+        let attach = |args: &[&str]| {
+            let Command::Attach(a) = parse(&[&["attach"], args].concat()).unwrap().command else { unreachable!("attach") };
+            a
+        };
+        let (spec, _) = attach(&["--port", "8080", "--action", "http", "--retry-after", "30"]).plan().unwrap();
+        assert_eq!((spec.action, spec.retry_after_s), (shed_common::action::HTTP, 30));
+        let e = attach(&["--port", "8080", "--port", "443", "--action", "http"]).plan().unwrap_err().to_string();
+        assert!(e.contains("port 443 is served over TLS") && e.contains("--action rst"), "{e}");
+        assert!(attach(&["--port", "443", "--action", "rst"]).plan().is_ok(), "rst answers TLS ports");
+        let e = parse(&["attach", "--port", "80", "--retry-after", "1000"]).unwrap_err().to_string();
+        assert!(e.contains("from 1 to 999"), "{e}");
+        assert_eq!(crate::cli::tiers::parse_tier_action("low=http"), Ok((shed_common::tier::LOW, Action::Http)));
     }
 
     #[test]

@@ -88,7 +88,8 @@ pub fn parse_tier_action(s: &str) -> Result<(u8, Action), String> {
     let action = match a.trim() {
         "drop" => Action::Drop,
         "rst" => Action::Rst,
-        other => return Err(format!("unknown action {other:?}: use drop or rst")),
+        "http" => Action::Http,
+        other => return Err(format!("unknown action {other:?}: use drop, rst or http")),
     };
     Ok((parse_tier(t)?, action))
 }

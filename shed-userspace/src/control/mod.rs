@@ -69,6 +69,7 @@ mod guards;
 pub mod handshake;
 mod queue;
 pub mod reserve;
+pub mod retry;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]

@@ -130,7 +130,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
         let native = plan.xdp_mode != XdpAttachMode::Generic;
         if *hook == Hook::Xdp
             && native
-            && plan.action == Action::Rst
+            && matches!(plan.action, Action::Rst | Action::Http)
             && system::driver(iface).as_deref() == Some("veth")
         {
             tracing::warn!(

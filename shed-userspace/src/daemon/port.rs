@@ -127,7 +127,12 @@ impl PortControl {
         self.close_window(&decision, &reading, now);
         self.log_decision(&decision, &reading, &sample);
         decisions.record(self.port, decision.reason);
-        maps.write_status(self.slot, self.status(&decision, &reading, &window, &sample, handshake_times))
+        let status = self.status(&decision, &reading, &window, &sample, handshake_times);
+        let retry_after = crate::control::retry::retry_after_seconds(status.queue_wait_p99_us);
+        if snapshot.config.answers_http() && snapshot.user.retry_after_s != retry_after {
+            maps.set_retry_after(self.slot, retry_after)?;
+        }
+        maps.write_status(self.slot, status)
     }
 
     /// Whether a window is due at `now`; if so, when the next one is.

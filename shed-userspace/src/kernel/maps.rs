@@ -256,6 +256,7 @@ impl GateMaps {
         config.client_share = spec.client_share;
         config.rst_per_sec = spec.rst_per_sec;
         config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
+        config.retry_after_s = spec.retry_after_s;
         // The config first, then the port's slot: the gate never finds a slot without its config.
         self.write_config(port, config)?;
         self.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
@@ -555,6 +556,16 @@ impl GateMaps {
         Ok(())
     }
 
+    /// Sets the Retry-After a port's `http` answers give when it sets none.
+    pub fn set_retry_after(&mut self, slot: u32, seconds: u32) -> Result<(), Error> {
+        let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        if user.retry_after_s != seconds {
+            user.retry_after_s = seconds;
+            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write retry-after", e))?;
+        }
+        Ok(())
+    }
+
     /// Gate-wide counters summed over CPUs, by [`gate_counter`] index.
     pub fn gate_counters(&self) -> Result<[u64; gate_counter::COUNT], Error> {
         let per_cpu = self.gate_counters.get(&0, 0).map_err(|e| Error::map("read gate counters", e))?;
@@ -618,6 +629,8 @@ pub struct PortSpec {
     /// RST caps (per second; 0: none): the port's, and per source prefix.
     pub rst_per_sec: u32,
     pub rst_per_prefix_per_sec: u32,
+    /// Seconds an `http` answer's Retry-After says; 0: derived from the controller each window.
+    pub retry_after_s: u16,
     pub share_permille: [u16; shed_common::tier::COUNT],
     pub tier_action: [u8; shed_common::tier::COUNT],
     pub action: u8,
@@ -636,6 +649,7 @@ impl PortSpec {
             client_share: shed_common::DEFAULT_CLIENT_SHARE,
             rst_per_sec: shed_common::DEFAULT_RST_PER_SEC,
             rst_per_prefix_per_sec: shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC,
+            retry_after_s: 0,
             share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,
             tier_action: [shed_common::tier::ACTION_DEFAULT; shed_common::tier::COUNT],
             action,

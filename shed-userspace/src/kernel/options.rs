@@ -14,6 +14,7 @@ use crate::named::Named;
 pub enum Action {
     Drop,
     Rst,
+    Http,
 }
 
 impl Action {
@@ -21,27 +22,37 @@ impl Action {
         match self {
             Self::Drop => action::DROP,
             Self::Rst => action::RST,
+            Self::Http => action::HTTP,
         }
     }
 
     /// Decodes a map value; unknown values read as `drop`, which is what the kernel does with them.
     pub const fn from_raw(raw: u8) -> Self {
-        if raw == action::RST { Self::Rst } else { Self::Drop }
+        match raw {
+            action::RST => Self::Rst,
+            action::HTTP => Self::Http,
+            _ => Self::Drop,
+        }
     }
 }
 
 impl Named for Action {
-    const ALL: &'static [Self] = &[Self::Drop, Self::Rst];
+    const ALL: &'static [Self] = &[Self::Drop, Self::Rst, Self::Http];
     fn name(self) -> &'static str {
         match self {
             Self::Drop => "drop",
             Self::Rst => "rst",
+            Self::Http => "http",
         }
     }
     fn help(self) -> &'static str {
         match self {
             Self::Drop => "Drop silently; the client retransmits its SYN after its RTO",
             Self::Rst => "Answer with RST+ACK; the client's connect() fails at once (ECONNREFUSED)",
+            Self::Http => {
+                "Plaintext HTTP/1.x only: the gate completes the handshake itself (a SYN cookie) and answers \
+                 the request with 503 and Retry-After, then closes; clients back off as told"
+            }
         }
     }
 }

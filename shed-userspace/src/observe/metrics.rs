@@ -192,6 +192,30 @@ const PORT_FAMILIES: &[PortFigure] = &[
     ),
     ("shed_rst_sent", "RST+ACK replies sent to shed SYNs.", MetricType::Counter, |s| s.rst_sent),
     (
+        "shed_http_syn_acks",
+        "SYN-ACKs with a cookie sent to SYNs the http action refused (the gate completes the handshake itself).",
+        MetricType::Counter,
+        |s| s.http_syn_acks,
+    ),
+    (
+        "shed_http_answers",
+        "Requests the http action answered with 503 and Retry-After (a retransmitted request again).",
+        MetricType::Counter,
+        |s| s.http_answers,
+    ),
+    (
+        "shed_http_not_http",
+        "Segments on an http refusal's handshake that were not HTTP/1.x (TLS, HTTP/2, a FIN first): reset.",
+        MetricType::Counter,
+        |s| s.http_not_http,
+    ),
+    (
+        "shed_http_bad_cookies",
+        "ACKs to an http port that found no socket and carried no valid cookie: left to the kernel, which resets them.",
+        MetricType::Counter,
+        |s| s.http_bad_cookies,
+    ),
+    (
         "shed_rst_failed",
         "RST replies the gate could not build (the SYN was dropped instead).",
         MetricType::Counter,

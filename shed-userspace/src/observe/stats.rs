@@ -161,6 +161,14 @@ pub struct PortStats {
     /// Resets withheld because the source cannot be a real client (multicast,
     /// broadcast, unspecified, or this host's own address from outside).
     pub rst_suppressed: u64,
+    /// `http` refusals: SYN-ACKs carrying a cookie sent to refused SYNs.
+    pub http_syn_acks: u64,
+    /// `http` refusals: requests answered with 503 and Retry-After.
+    pub http_answers: u64,
+    /// `http` refusals: segments on a cookie handshake that were not HTTP/1.x (reset).
+    pub http_not_http: u64,
+    /// ACKs to an `http` port without a socket whose cookie did not check (the kernel resets them).
+    pub http_bad_cookies: u64,
     /// Connections not counted against their client's cap because the client map was full.
     pub client_map_full: u64,
     /// Connections not counted at all because the connection map was full
@@ -278,6 +286,10 @@ impl PortStats {
             rst_rate: now.config.rst_per_sec,
             rst_prefix_rate: now.config.rst_per_prefix_per_sec,
             rst_suppressed: now.counter(counter::RST_SUPPRESSED),
+            http_syn_acks: now.counter(counter::HTTP_SYN_ACK),
+            http_answers: now.counter(counter::HTTP_ANSWERED),
+            http_not_http: now.counter(counter::HTTP_NOT_HTTP),
+            http_bad_cookies: now.counter(counter::HTTP_BAD_COOKIE),
             client_map_full: now.counter(counter::CLIENT_MAP_FULL),
             connection_map_full: now.counter(counter::CONNECTION_MAP_FULL),
             handshakes_lapsed: now.handshakes_lapsed(),

@@ -74,6 +74,7 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
     table.insert("client-prefix-v6".into(), int(port_config.client_prefix_v6.into()));
     table.insert("rst-rate".into(), int(port_config.rst_per_sec.into()));
     table.insert("rst-prefix-rate".into(), int(port_config.rst_per_prefix_per_sec.into()));
+    table.insert("retry-after".into(), int(port_config.retry_after_s.into()));
     let algo = Algo::from_raw(control.algo);
     let limit = first.limit;
     if algo == Algo::Fixed {

@@ -112,6 +112,7 @@ pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> a
         port_config.client_prefix_v6 = spec.client_prefix_v6;
         port_config.rst_per_sec = spec.rst_per_sec;
         port_config.rst_per_prefix_per_sec = spec.rst_per_prefix_per_sec;
+        port_config.retry_after_s = spec.retry_after_s;
         maps.write_config(port, port_config)?;
         let current = maps.control(port_config.slot)?;
         let mut control = spec.control;

@@ -87,6 +87,12 @@ fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Resu
     for &(tier, action) in &args.tier_actions {
         config.tier_action[tier as usize] = action.to_raw();
     }
+    if let Some(seconds) = args.retry_after {
+        config.retry_after_s = seconds;
+    }
+    if config.answers_http() {
+        crate::cli::input::http_port(args.port).map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
+    }
     Ok(Plan { config, control, min, max, limit: args.limit.unwrap_or(snapshot.limit) })
 }
 
