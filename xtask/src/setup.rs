@@ -99,6 +99,8 @@ fn debian_packages() -> Result<()> {
     // load generator for the multiplexed-connection test and the bursty benchmark (B8).
     // prometheus: promtool, which checks and unit-tests deploy/prometheus's rules.
     // podman and runc: build and run the OCI image (`cargo xtask image`) without a Docker daemon.
+    // curl and python3-urllib3 (for the system python3): real HTTP clients of the `http` action's
+    // test and of its retry-storm benchmark (B11).
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -110,6 +112,8 @@ fn debian_packages() -> Result<()> {
         ("promtool", "prometheus"),
         ("podman", "podman"),
         ("runc", "runc"),
+        ("curl", "curl"),
+        ("/usr/lib/python3/dist-packages/urllib3/__init__.py", "python3-urllib3"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
     let present = |what: &str| {
@@ -121,7 +125,7 @@ fn debian_packages() -> Result<()> {
     };
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool, podman and fonts-dejavu-core present");
+        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, urllib3 and fonts-dejavu-core present");
         return Ok(());
     }
     let mut missing = missing;

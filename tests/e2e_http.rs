@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `--action http` end to end, with real HTTP clients: curl (IPv4 and IPv6,
+//! and a request too large for one segment), Python urllib3 with a `Retry`
+//! that honours Retry-After, and `h2load --h1`. Each is shed while the port
+//! is full and sees `503` with Retry-After and the gate's `Shed` header,
+//! answered by the gate alone: nothing reaches the listener. Needs root.
+mod support;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    process::{Command, Output},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use shed_testkit::testbed::{self, Testbed};
+use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
+
+const PORT: u16 = 8080;
+const RETRY_AFTER: u64 = 2;
+
+/// An HTTP/1.1 server in the server namespace (IPv4 and IPv6): each
+/// connection on a thread of its own, answered `200 OK` once its request
+/// head is in, or closed when the client closes first (so an idle connection
+/// holds the port's one place for as long as its client keeps it open).
+struct Server {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<AtomicU64>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(ns: &str) -> Self {
+        let listener = testbed::run_in(ns, || {
+            let l = TcpListener::bind(("::", PORT)).expect("bind [::]:8080");
+            l.set_nonblocking(true).unwrap();
+            l
+        })
+        .expect("server namespace");
+        let (stop, accepted) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let (s, a) = (stop.clone(), accepted.clone());
+        let thread = thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        a.fetch_add(1, Ordering::Relaxed);
+                        thread::spawn(move || answer(conn));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        Self { stop, accepted, thread: Some(thread) }
+    }
+}
+
+fn answer(mut conn: TcpStream) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nOK\n");
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs `program args` in the client namespace, bounded by `timeout`.
+fn client(bed: &Testbed, timeout: Duration, program: &str, args: &[&str]) -> Output {
+    let secs = timeout.as_secs().max(1).to_string();
+    let out = Command::new("timeout")
+        .args([&secs, "ip", "netns", "exec", &bed.client_ns, program])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program} (cargo xtask setup installs it): {e}"));
+    assert_ne!(out.status.code(), Some(124), "{program} {args:?} timed out after {timeout:?}");
+    out
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}/")
+}
+
+/// The gate's 503, as curl prints its head (`-i`).
+fn assert_shed_answer(what: &str, out: &Output) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{what}: curl failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let head: Vec<&str> = text.split("\r\n").collect();
+    assert_eq!(head[0], "HTTP/1.1 503 Service Unavailable", "{what}:\n{text}");
+    for line in [
+        format!("Retry-After: {RETRY_AFTER:03}"),
+        "Connection: close".into(),
+        "Content-Length: 0".into(),
+        "Shed: kernel; reason=limit; tier=normal".into(),
+    ] {
+        assert!(head.contains(&line.as_str()), "{what}: no `{line}` in\n{text}");
+    }
+}
+
+#[test]
+fn real_http_clients_are_shed_with_a_503_and_back_off_as_told() {
+    let _gate_turn = exclusive();
+    let bed = Testbed::create("shedhttp").expect("testbed");
+    let server = Server::start(&bed.server_ns);
+    let retry = RETRY_AFTER.to_string();
+    let _gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--limit", "1", "--count", "connections", "--action", "http", "--retry-after", &retry],
+    );
+    let (v4, v6) = (bed.server_addr(false, PORT), bed.server_addr(true, PORT));
+
+    // One idle connection fills the port (limit 1, counting connections).
+    let holder = testbed::run_in(&bed.client_ns, move || testbed::connect(v4, Duration::from_secs(5)))
+        .expect("client namespace")
+        .expect("the first connection is admitted");
+    wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
+    let accepted = server.accepted.load(Ordering::Relaxed);
+
+    // curl, IPv4 and IPv6; then a request whose head needs several segments
+    // (the gate's SYN-ACK offers no MSS: the client sends at most 536 bytes a segment).
+    assert_shed_answer("curl IPv4", &client(&bed, Duration::from_secs(10), "curl", &["-sS", "-i", &url(v4)]));
+    assert_shed_answer("curl IPv6", &client(&bed, Duration::from_secs(10), "curl", &["-sS", "-i", "-g", &url(v6)]));
+    let pad = format!("X-Pad: {}", "p".repeat(1500));
+    let big = client(&bed, Duration::from_secs(10), "curl", &["-sS", "-i", "-H", &pad, &url(v4)]);
+    assert_shed_answer("curl with a 1.5 KB header", &big);
+    let s = stats(PORT);
+    assert_eq!((field(&s, "http_syn_acks"), field(&s, "http_answers")), (3, 3), "{s}");
+
+    // h2load over HTTP/1.1: every request answered 503, none an error.
+    let h2load = client(&bed, Duration::from_secs(20), "h2load", &["--h1", "-n", "20", "-c", "2", &url(v4)]);
+    let report = String::from_utf8_lossy(&h2load.stdout);
+    assert!(report.contains("status codes: 0 2xx, 0 3xx, 0 4xx, 20 5xx"), "h2load:\n{report}");
+    assert!(report.contains("20 done") && report.contains(" 0 errored"), "h2load:\n{report}");
+    assert_eq!(server.accepted.load(Ordering::Relaxed), accepted, "no shed request reached the listener");
+
+    // urllib3 with a Retry that honours Retry-After and no backoff of its own:
+    // shed, it waits the 2 s it is told (meanwhile the port frees), then gets 200.
+    let script = r#"
+import sys, time, urllib3
+from urllib3.util.retry import Retry
+retry = Retry(total=3, status_forcelist=[503], backoff_factor=0, respect_retry_after_header=True)
+started = time.monotonic()
+r = urllib3.PoolManager().request("GET", sys.argv[1], retries=retry, timeout=5.0)
+print(r.status, time.monotonic() - started, len(r.retries.history))
+"#;
+    let release = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(700));
+        drop(holder);
+    });
+    let out = client(&bed, Duration::from_secs(30), "/usr/bin/python3", &["-c", script, &url(v4)]);
+    release.join().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "urllib3: {}\n{said}", String::from_utf8_lossy(&out.stderr));
+    let words: Vec<&str> = said.split_whitespace().collect();
+    let (status, took, retries): (u16, f64, usize) =
+        (words[0].parse().unwrap(), words[1].parse().unwrap(), words[2].parse().unwrap());
+    eprintln!("urllib3: status, seconds, retries: {said}");
+    assert_eq!(status, 200, "urllib3 ends with the real answer: {said}");
+    assert!(retries >= 1, "urllib3 was shed first: {said}");
+    assert!(took >= RETRY_AFTER as f64 * 0.95, "urllib3 waited the Retry-After ({RETRY_AFTER} s): {said}");
+    let s = stats(PORT);
+    assert!(field(&s, "http_answers") >= 3 + 20 + 1, "{s}");
+    assert_eq!(field(&s, "http_not_http"), 0, "{s}");
+}
