@@ -82,6 +82,19 @@ pub fn http_port(port: u16) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a port counted as `count` may take the `http` action: not a
+/// multiplexed one (HTTP/2 with prior knowledge, gRPC), whose clients expect
+/// a SETTINGS frame and stream state no stateless answer can give.
+pub fn http_count(count: crate::kernel::options::Count) -> Result<(), String> {
+    if count == crate::kernel::options::Count::Multiplexed {
+        return Err("--count multiplexed is for HTTP/2 and gRPC, and the http action answers HTTP/1.x only \
+             (an HTTP/2 client needs the server's SETTINGS and a GOAWAY on its own stream state, which the gate \
+             does not keep): use --action rst for such ports (gRPC clients then retry with their own backoff)"
+            .into());
+    }
+    Ok(())
+}
+
 /// An IPv6 prefix length for counting clients (1-128).
 pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
     let n: u8 = s

@@ -15,7 +15,7 @@ use shed_common::ControlConfig;
 
 use crate::{
     cli::input::{
-        Switch, http_port, named, parse_client_cap, parse_client_share, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
+        Switch, http_count, http_port, named, parse_client_cap, parse_client_share, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
         parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port, parse_prefix_v6, parse_retry_after, parse_seconds,
     },
     cli::tiers::{parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
@@ -296,6 +296,7 @@ impl AttachArgs {
         }
         let (control, limit) = self.control().map_err(anyhow::Error::msg)?;
         if self.action == Action::Http {
+            http_count(self.count).map_err(anyhow::Error::msg)?;
             for &port in &ports {
                 http_port(port).map_err(anyhow::Error::msg)?;
             }
@@ -625,6 +626,8 @@ mod tests {
             a
         };
         let (spec, _) = attach(&["--port", "8080", "--action", "http", "--retry-after", "30"]).plan().unwrap();
+        let e = attach(&["--port", "8080", "--action", "http", "--count", "multiplexed"]).plan().unwrap_err().to_string();
+        assert!(e.contains("HTTP/2") && e.contains("--action rst"), "{e}");
         assert_eq!((spec.action, spec.retry_after_s), (shed_common::action::HTTP, 30));
         let e = attach(&["--port", "8080", "--port", "443", "--action", "http"]).plan().unwrap_err().to_string();
         assert!(e.contains("port 443 is served over TLS") && e.contains("--action rst"), "{e}");

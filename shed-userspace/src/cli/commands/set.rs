@@ -91,7 +91,9 @@ fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Resu
         config.retry_after_s = seconds;
     }
     if config.answers_http() {
-        crate::cli::input::http_port(args.port).map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
+        crate::cli::input::http_port(args.port)
+            .and_then(|()| crate::cli::input::http_count(Count::from_raw(config.count_mode)))
+            .map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
     }
     Ok(Plan { config, control, min, max, limit: args.limit.unwrap_or(snapshot.limit) })
 }
