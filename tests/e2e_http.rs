@@ -178,4 +178,33 @@ print(r.status, time.monotonic() - started, len(r.retries.history))
     let s = stats(PORT);
     assert!(field(&s, "http_answers") >= 3 + 20 + 1, "{s}");
     assert_eq!(field(&s, "http_not_http"), 0, "{s}");
+
+    // A client that reuses its port: its last connection, admitted and closed
+    // by the server first, left a TIME_WAIT socket on the server for that
+    // 4-tuple. Shed the next time, its request still gets the gate's 503.
+    // (The client reads to the server's FIN before it closes: the TIME_WAIT is the server's.)
+    let from_port = r#"
+import socket, sys
+s = socket.socket()
+s.bind(("0.0.0.0", 45123))
+s.connect((sys.argv[1], 8080))
+s.sendall(b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n")
+got = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    got += chunk
+s.close()
+sys.stdout.write(got.decode())
+"#;
+    let server_ip = bed.server_v4.to_string();
+    wait_for_stats(PORT, Duration::from_secs(5), "the port empty", |s| field(s, "in_flight") == 0);
+    let admitted = client(&bed, Duration::from_secs(10), "/usr/bin/python3", &["-c", from_port, &server_ip]);
+    assert!(String::from_utf8_lossy(&admitted.stdout).starts_with("HTTP/1.1 200 OK"), "{admitted:?}");
+    let holder = testbed::run_in(&bed.client_ns, move || testbed::connect(v4, Duration::from_secs(5))).unwrap().unwrap();
+    wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
+    let reused = client(&bed, Duration::from_secs(10), "/usr/bin/python3", &["-c", from_port, &server_ip]);
+    assert_shed_answer("a client port whose last connection is in the server's TIME_WAIT", &reused);
+    drop(holder);
 }

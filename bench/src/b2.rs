@@ -53,7 +53,7 @@ struct Config {
     how: Reject,
 }
 
-const CONFIGS: [Config; 8] = [
+const CONFIGS: [Config; 10] = [
     Config { name: "XDP drop only (baseline)", how: Reject::XdpDrop },
     Config { name: "shed drop (XDP)", how: Reject::Shed(&["--hook", "xdp", "--action", "drop"]) },
     Config { name: "shed RST (XDP)", how: Reject::Shed(&["--hook", "xdp", "--action", "rst"]) },
@@ -62,6 +62,9 @@ const CONFIGS: [Config; 8] = [
     Config { name: "kernel RST (closed port)", how: Reject::KernelClosedPort },
     Config { name: "kernel SYN cookie (no gate, tcp_syncookies=2)", how: Reject::KernelCookie },
     Config { name: "shed passes (room), then the kernel's SYN cookie", how: Reject::ShedPassCookie },
+    // The http action answers a refused SYN with a SYN-ACK carrying its own cookie.
+    Config { name: "shed http SYN-ACK (XDP)", how: Reject::Shed(&["--hook", "xdp", "--action", "http"]) },
+    Config { name: "shed http SYN-ACK (TC)", how: Reject::Shed(&["--hook", "tc", "--action", "http"]) },
 ];
 
 /// Index of the kernel's cookie answer and of shed passing before it, in [`CONFIGS`].

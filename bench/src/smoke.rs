@@ -39,7 +39,7 @@ fn b1_still_runs() {
 fn b2_still_runs() {
     let (json, md) = b2::b2(&shedctl(), Scale::Smoke).expect("B2 runs");
     let configs = json["configs"].as_array().expect("configs");
-    assert_eq!(configs.len(), 8, "{json}");
+    assert_eq!(configs.len(), 10, "{json}");
     for c in configs {
         assert!(c["cpu_ns_per_syn"].as_f64().unwrap() > 0.0, "{c}");
     }
@@ -49,6 +49,8 @@ fn b2_still_runs() {
     // shed rejected (nearly) every SYN of the flood: one held connection fills the limit.
     let shed_rst = &configs[2];
     assert!(shed_rst["shed_rejected_fraction"].as_f64().unwrap() > 0.99, "{shed_rst}");
+    let shed_http = &configs[9];
+    assert!(shed_http["shed_rejected_fraction"].as_f64().unwrap() > 0.99, "{shed_http}");
     assert!(md.contains("| kernel RST (closed port) |"), "{md}");
     assert!(md.contains("the kernel's SYN cookie costs the server"), "{md}");
 }
@@ -57,7 +59,7 @@ fn b2_still_runs() {
 fn b3_still_runs() {
     let (json, md) = b3::b3(&shedctl(), Scale::Smoke).expect("B3 runs");
     let configs = json["configs"].as_array().expect("configs");
-    assert_eq!(configs.len(), 2, "{json}");
+    assert_eq!(configs.len(), 3, "{json}");
     for c in configs {
         assert!(c["rejected_fraction"].as_f64().unwrap() > 0.95, "every attempt is rejected: {c}");
         assert!(c["reject_p99_us"].as_f64().unwrap() > 0.0, "{c}");
@@ -67,6 +69,7 @@ fn b3_still_runs() {
     let server_cpu = |i: usize| configs[i]["server_cpu_ns_per_rejection"].as_f64().unwrap();
     assert!(server_cpu(0) < server_cpu(1), "shed vs userspace server CPU per rejection: {json}");
     assert!(md.contains("| accept + 503 + close (userspace) |"), "{md}");
+    assert!(md.contains("| shed http 503 (TC, stateless) |"), "{md}");
 }
 
 #[test]

@@ -123,6 +123,7 @@ impl Claim {
 }
 
 /// `sk_state` values (include/net/tcp_states.h).
+const TCP_TIME_WAIT: u32 = 6;
 const TCP_LISTEN: u32 = 10;
 const TCP_NEW_SYN_RECV: u32 = 12;
 
@@ -555,8 +556,10 @@ impl Found {
     const HANDSHAKE: Self = Self(0);
     /// An established connection, or a handshake it does not prove: pass.
     const OTHER: Self = Self(1);
-    /// Only the listener (and no SYN cookie of the kernel's) or no socket at
-    /// all: the kernel would reset it, unless it is a client of our HTTP answer.
+    /// Only the listener (and no SYN cookie of the kernel's), an old
+    /// connection's TIME_WAIT, or no socket at all: not a segment the kernel
+    /// takes, unless it is a client of our HTTP answer (a client reusing its
+    /// port finds the server's TIME_WAIT of its last connection).
     const UNCLAIMED: Self = Self(2);
 }
 
@@ -607,6 +610,8 @@ fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void) -> Found {
         bpf_sk_release(sk.cast());
         if proven {
             Found::HANDSHAKE
+        } else if state == TCP_TIME_WAIT && !fault!("http_time_wait_passed") {
+            Found::UNCLAIMED
         } else if state != TCP_LISTEN {
             Found::OTHER
         } else if valid_cookie(seg) {

@@ -38,6 +38,7 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("idle_counted", "a work connection that has sent nothing counts as busy until answered (idle holds the limit)"),
     ("send_not_counted", "an answer does not end the connection's busy time"),
     ("http_cookie_unchecked", "an ACK to an http port that finds no socket is answered whatever its cookie (forged ACKs get answers)"),
+    ("http_time_wait_passed", "an ACK that finds an old connection's TIME_WAIT is passed to the kernel, even when it is a client of the http answer (a client reusing its port never gets the 503)"),
     ("http_head_unchecked", "the http answer goes out on the first segment of a request, before its head is complete"),
     ("client_quota_ignored", "a port at its quota of the shared client map adds clients all the same"),
     ("connection_quota_ignored", "a port at its quota of the shared connection map tracks connections all the same"),
