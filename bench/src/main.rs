@@ -24,6 +24,7 @@ mod b5;
 mod b6;
 mod b7;
 mod b8;
+mod b11;
 mod b9;
 mod common;
 mod demo;
@@ -79,7 +80,7 @@ fn main() -> Result<()> {
 
 fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b11"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -130,6 +131,9 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b9") {
         save("b9", b9::b9(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b11") {
+        save("b11", b11::b11(&shedctl, scale, &results_dir())?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {

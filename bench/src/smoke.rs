@@ -3,7 +3,7 @@
 //! every benchmark still measures what it reports. They write nothing under bench/.
 use std::path::{Path, PathBuf};
 
-use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, common::Scale};
+use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b11, common::Scale};
 
 /// A PNG image of a real plot: the signature, and an IHDR of at least 200 x 100 pixels.
 fn assert_plot(path: &Path) {
@@ -176,4 +176,18 @@ fn b6_still_runs() {
         assert!(c["rps"].as_f64().unwrap() > 100.0, "keep-alive requests flowed: {c}");
     }
     assert!(md.contains("| shed, TC |"), "{md}");
+}
+
+#[test]
+fn b11_still_runs() {
+    let out = tempfile::tempdir().unwrap();
+    let (json, md) = b11::b11(&shedctl(), Scale::Smoke, out.path()).expect("B11 runs");
+    let points = json["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "rst and http at 2x: {json}");
+    for p in points {
+        assert!(p["attempts_per_success"].as_f64().unwrap() >= 1.0, "{p}");
+        assert!(p["goodput_fraction"].as_f64().unwrap() > 0.0, "some requests succeed: {p}");
+    }
+    assert!(out.path().join("b11_retry_storm.png").exists());
+    assert!(md.contains("| shed http (503 + Retry-After) |"), "{md}");
 }

@@ -148,7 +148,7 @@ pub const fn digits_sum(digits: [u8; 3]) -> u32 {
     while i < 3 {
         let value = (digits[i] - b'0') as u32;
         // Even offsets of the TCP segment are a word's high byte (the payload starts at an even one).
-        sum += if (RETRY_DIGITS_AT + i) % 2 == 0 { value << 8 } else { value };
+        sum += if (RETRY_DIGITS_AT + i).is_multiple_of(2) { value << 8 } else { value };
         i += 1;
     }
     sum
