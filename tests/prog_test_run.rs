@@ -1210,3 +1210,28 @@ fn http_refusal_answers_every_segment_from_its_cookie() {
         }
     }
 }
+
+/// The http action's answers spend the RST caps: a SYN-ACK (or a 503) past a
+/// cap is dropped, as a reset would be, so forged SYNs cannot make the gate
+/// a reflector beyond what `rst` allows.
+#[test]
+fn http_answers_spend_the_rst_caps() {
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::HTTP, false);
+        let mut config = h.loaded.maps.config(PORT).unwrap();
+        config.rst_per_prefix_per_sec = 2;
+        h.loaded.maps.write_config(PORT, config).unwrap();
+        h.hold(1);
+        let started = std::time::Instant::now();
+        let verdicts: Vec<i64> = (0..6u16)
+            .map(|i| h.run(hook, &frame(&Spec { client_port: 42_000 + i, ..Spec::default() })).unwrap().0)
+            .collect();
+        let answered = verdicts.iter().filter(|&&v| v == rst(hook)).count();
+        let refill = (2.0 * started.elapsed().as_secs_f64()).floor() as usize;
+        assert!((2..=2 + refill).contains(&answered), "{hook:?}: {verdicts:?}");
+        assert!(verdicts.iter().all(|&v| v == rst(hook) || v == dropped(hook)), "{hook:?}: {verdicts:?}");
+        let c = h.counters();
+        assert_eq!(c[counter::HTTP_SYN_ACK] as usize, answered, "{hook:?}");
+        assert_eq!(c[counter::RST_RATE_LIMITED] as usize, 6 - answered, "{hook:?}");
+    }
+}

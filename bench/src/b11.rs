@@ -159,9 +159,11 @@ pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
     let mut json = Vec::new();
     let mut rows = Vec::new();
     let mut series: Vec<plot::Series> = Vec::new();
+    let mut attempt_series: Vec<plot::Series> = Vec::new();
     for config in &CONFIGS {
         let mut row = vec![config.name.to_owned()];
         let mut curve = plot::Series { name: config.name.to_owned(), points: Vec::new() };
+        let mut attempt_curve = plot::Series { name: config.name.to_owned(), points: Vec::new() };
         for load in LOADS {
             if !smoke(config, load) {
                 row.push("-".into());
@@ -174,7 +176,7 @@ pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
             }
             let stat = |f: fn(&Run) -> f64| median_min_max(runs.iter().map(f).collect());
             let (goodput, glo, ghi) = stat(|r| r.goodput);
-            let (attempts, _, _) = stat(|r| r.attempts_per_success);
+            let (attempts, alo, ahi) = stat(|r| r.attempts_per_success);
             let (p99, _, _) = stat(|r| r.p99_ms);
             let syns = runs.iter().all(|r| r.syns_per_success.is_some()).then(|| stat(|r| r.syns_per_success.unwrap_or(0.0)).0);
             println!(
@@ -193,6 +195,7 @@ pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
                 syns.map_or(String::new(), |s| format!(", {s:.2} SYNs"))
             ));
             curve.points.push((load, goodput * 100.0, glo * 100.0, ghi * 100.0));
+            attempt_curve.points.push((load, attempts, alo, ahi));
             json.push(serde_json::json!({
                 "config": config.name, "load": load,
                 "goodput_fraction": goodput, "goodput_min": glo, "goodput_max": ghi,
@@ -203,10 +206,17 @@ pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
         rows.push(format!("| {} |", row.join(" | ")));
         if !curve.points.is_empty() {
             series.push(curve);
+            attempt_series.push(attempt_curve);
         }
     }
     let plot_path = out.join("b11_retry_storm.png");
     plot::goodput_vs_load(&plot_path, "B11: a retry storm (urllib3, 3 retries), goodput by refusal", &series)?;
+    plot::values_vs(
+        &out.join("b11_attempts.png"),
+        "B11: connection attempts per successful request",
+        ("offered load (x capacity)", "attempts per success"),
+        &attempt_series,
+    )?;
     let setup = format!(
         "{WORKERS} workers x {} ms HTTP/1.1 ({CAPACITY:.0} req/s); clients: Python urllib3 1.26, a new connection per attempt, `Retry(total=3, backoff_factor=0.1, status_forcelist=[503], respect_retry_after_header=True)`, connect timeout 2 s, open-loop arrivals at 2x and 4x capacity for {seconds} s; shed `--limit {LIMIT} --hook tc --rst-rate 0` (Retry-After derived: the queue wait rounded up, 1 s here); {repeats} run(s) per point",
         SERVICE_US / 1000
@@ -215,7 +225,7 @@ pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
     let _ = writeln!(md, "\n## B11: a retry storm (clients whose library retries)\n");
     let _ = writeln!(
         md,
-        "{setup}. Goodput: requests that ended in a 200 within {DEADLINE_S} s of their first attempt and within the arrivals' window, per second of it, as a share of capacity (median, min-max). Attempts: connections the library opened per successful request (SYNs: what the gate saw per success). p99: client-seen, first attempt to the answer, of successful requests.\n\n![goodput by refusal](b11_retry_storm.png)\n"
+        "{setup}. Goodput: requests that ended in a 200 within {DEADLINE_S} s of their first attempt and within the arrivals' window, per second of it, as a share of capacity (median, min-max). Attempts: connections the library opened per successful request (SYNs: what the gate saw per success). p99: client-seen, first attempt to the answer, of successful requests.\n\n![goodput by refusal](b11_retry_storm.png)\n![attempts per success](b11_attempts.png)\n"
     );
     let _ = writeln!(md, "| configuration | 2x capacity | 4x capacity |\n|---|---|---|");
     for r in &rows {

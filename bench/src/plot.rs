@@ -68,7 +68,17 @@ pub(crate) fn goodput_vs_load(path: &Path, title: &str, series: &[Series]) -> Re
 }
 
 /// Goodput (percent) against whatever the x axis names, one line per configuration.
-pub(crate) fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), series: &[Series]) -> Result<()> {
+pub(crate) fn goodput_vs(path: &Path, title: &str, descs: (&str, &str), series: &[Series]) -> Result<()> {
+    lines(path, title, descs, series, 110.0)
+}
+
+/// Any figure against whatever the x axis names, from 0 to a little above the largest.
+pub(crate) fn values_vs(path: &Path, title: &str, descs: (&str, &str), series: &[Series]) -> Result<()> {
+    let max_y = series.iter().flat_map(|s| s.points.iter().map(|p| p.3.max(p.1))).fold(1.0, f64::max);
+    lines(path, title, descs, series, max_y * 1.15)
+}
+
+fn lines(path: &Path, title: &str, (x_desc, y_desc): (&str, &str), series: &[Series], max_y: f64) -> Result<()> {
     font()?;
     let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -78,7 +88,7 @@ pub(crate) fn goodput_vs(path: &Path, title: &str, (x_desc, y_desc): (&str, &str
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..110.0)
+        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y)
         .map_err(err)?;
     chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style(("sans-serif", 15)).draw().map_err(err)?;
     for (i, s) in series.iter().enumerate() {
