@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! What a client sends cannot take the gate down: a segment crossing
 //! stacked devices is judged once, the metrics endpoint outlives more idle
-//! clients than the daemon has files, and a large tier file loads at once.
+//! clients than the daemon has files, a large tier file loads at once, and
+//! every path to a protected listener is judged (AnyIP, TPROXY) or refused at
+//! attach (NAT that rewrites the port after the gate).
 //! The real `shedctl`, real kernel programs, real sockets between network
 //! namespaces. Needs root.
 mod support;
@@ -316,6 +318,105 @@ fn handshakes_to_an_anyip_range_are_judged() {
     assert_eq!(served, 3, "the limit holds for an AnyIP range: {s}");
     assert_eq!(field(&s, "refused_at_ack"), 7, "{s}");
     drop(held);
+}
+
+/// Loads an nftables ruleset into `ns`.
+fn nft(ns: &str, rules: &str) {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nft (cargo xtask setup installs nftables)");
+    child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "nft refused:\n{rules}");
+}
+
+/// NAT that takes connections to a protected listener past the gate (a
+/// `redirect` from another port, a `dnat` to this host: netfilter rewrites
+/// the port after the gate has judged the wire's) is refused at attach, with
+/// the rule and what to do; `--allow-nat` attaches anyway, and a DNAT that
+/// sends the traffic to another host is not this gate's business.
+#[test]
+fn nat_that_bypasses_the_gate_is_refused_at_attach() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhn").expect("testbed");
+    let args = ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080", "--limit", "3"];
+    nft(
+        &bed.server_ns,
+        "table ip nat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 8081 dnat to 10.244.1.5:8080; }\n}\n",
+    );
+    drop(Gate::attach(&args));
+    nft(&bed.server_ns, "table ip nat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 80 redirect to :8080; }\n}\n");
+    let shedctl = std::path::PathBuf::from(shed_testkit::gate::shedctl_path());
+    let refused = Gate::launch(&shedctl, &args, Log::Capture).err().expect("attach refuses the redirect");
+    let why = refused.to_string();
+    assert!(
+        why.contains("port 8080: nftables table ip nat chain prerouting: port 80 to local port 8080")
+            && why.contains("--allow-nat"),
+        "{why}"
+    );
+    let allowed: Vec<&str> = args.iter().copied().chain(["--allow-nat"]).collect();
+    let gate = Gate::attach(&allowed);
+    assert!(gate.log().contains("--allow-nat: connections this NAT rewrites reach the listener unjudged"), "{}", gate.log());
+}
+
+/// TPROXY hands a connection to a listener on another port without NAT: the
+/// segments keep the port on the wire, the kernel's request socket carries
+/// it, and the gate judges it there (protect the port clients use).
+#[test]
+fn tproxy_connections_are_judged_on_the_port_clients_use() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedht").expect("testbed");
+    ip(&["-n", &bed.server_ns, "rule", "add", "fwmark", "1", "lookup", "100"]);
+    ip(&["-n", &bed.server_ns, "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"]);
+    nft(
+        &bed.server_ns,
+        "table ip tp {\n chain pre { type filter hook prerouting priority mangle; tcp dport 9000 tproxy to :8080 meta mark set 1 accept; }\n}\n",
+    );
+    // A transparent listener on 8080, echoing (TPROXY delivers only to IP_TRANSPARENT sockets).
+    let listener = testbed::run_in(&bed.server_ns, || {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_ip_transparent_v4(true).unwrap();
+        socket.set_reuse_address(true).unwrap();
+        socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT)).into()).unwrap();
+        socket.listen(64).unwrap();
+        std::net::TcpListener::from(socket)
+    })
+    .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    listener.set_nonblocking(true).unwrap();
+    let server = thread::spawn(move || {
+        let mut conns = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((mut c, _)) = listener.accept() {
+                let _ = c.set_nonblocking(false);
+                let _ = c.write_all(b"+");
+                conns.push(c);
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+    });
+    let _gate = Gate::start(&bed, &["--port", "9000", "--limit", "2", "--count", "connections", "--action", "rst"]);
+    let target = SocketAddr::from((bed.server_v4, 9000));
+    let held: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+        (0..6)
+            .map(|_| {
+                let mut c = testbed::connect(target, Duration::from_secs(1))?;
+                c.set_read_timeout(Some(Duration::from_secs(1)))?;
+                c.read_exact(&mut [0u8; 1])?;
+                Ok::<_, std::io::Error>(c)
+            })
+            .collect()
+    })
+    .unwrap();
+    let served = held.iter().filter(|r| r.is_ok()).count();
+    let s = stats(9000);
+    assert_eq!(served, 2, "the limit holds for TPROXY'd connections: {s}");
+    assert_eq!((field(&s, "admitted"), field(&s, "established")), (2, 2), "{s}");
+    drop(held);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    server.join().unwrap();
 }
 
 /// `set` reads a port's config, changes a field and writes it back; a `tier

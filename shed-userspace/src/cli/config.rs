@@ -73,6 +73,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("max-connections", "max-connections", Kind::Int),
     ("max-clients", "max-clients", Kind::Int),
     ("kernel-log", "kernel-log", Kind::Bool),
+    ("allow-nat", "allow-nat", Kind::Bool),
     ("ready-max-shed", "ready-max-shed", Kind::Int),
     ("ready-window", "ready-window", Kind::Int),
 ];
@@ -312,6 +313,7 @@ pub fn render(args: &AttachArgs) -> String {
     t.insert("max-connections".into(), int(args.max_connections.into()));
     t.insert("max-clients".into(), int(args.max_clients.into()));
     t.insert("kernel-log".into(), Value::Boolean(args.kernel_log));
+    t.insert("allow-nat".into(), Value::Boolean(args.allow_nat));
     t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
     t.insert("ready-window".into(), int(args.ready_window.as_secs()));
     toml::to_string(&t).expect("a table always serializes")
@@ -416,6 +418,7 @@ mod tests {
         "--max-clients",
         "2048",
         "--kernel-log",
+        "--allow-nat",
         "--ready-max-shed",
         "80",
         "--ready-window",

@@ -274,6 +274,12 @@ pub struct AttachArgs {
     #[arg(long)]
     pub kernel_log: bool,
 
+    /// Attach even where netfilter NAT (a redirect, or a DNAT to this host)
+    /// sends connections to or from a protected port past the gate; they are
+    /// not judged (--allow-nat).
+    #[arg(long)]
+    pub allow_nat: bool,
+
     /// With --metrics: /readyz says not ready while more than this percent of new
     /// connections are shed over --ready-window; 100: always ready (--ready-max-shed 50).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]

@@ -40,6 +40,8 @@ pub struct Plan {
     pub max_connections: u32,
     pub max_clients: u32,
     pub kernel_log: bool,
+    /// `--allow-nat`: attach even where netfilter NAT takes connections past the gate.
+    pub allow_nat: bool,
     /// The shortest control window.
     pub window: Duration,
     /// A fixed handshake window, or zero to follow the measured handshake time.
@@ -82,6 +84,29 @@ pub(super) struct LoopSignals {
     pub(super) reload: tokio::sync::watch::Receiver<u64>,
 }
 
+/// Refuses (or, with `--allow-nat`, warns of) netfilter NAT in this
+/// namespace that takes connections to or from a protected port past the
+/// gate: they would reach the listener unjudged.
+fn refuse_nat_bypass(ports: &[u16], allow: bool) -> anyhow::Result<()> {
+    let local: std::collections::BTreeSet<std::net::IpAddr> = system::local_addresses()
+        .map(|addrs| addrs.keys().map(|a| std::net::Ipv6Addr::from(*a).to_canonical()).collect())
+        .unwrap_or_default();
+    for nat in crate::host::nat::local_nat(&local) {
+        let Some(port) = nat.bypasses(ports) else { continue };
+        let what = nat.describe();
+        if allow {
+            tracing::warn!(port, nat = %what, "--allow-nat: connections this NAT rewrites reach the listener unjudged");
+            continue;
+        }
+        anyhow::bail!(
+            "port {port}: {what}: netfilter rewrites the destination after the gate has seen the packet, so these \
+             connections would reach the listener unjudged. Publish the service on the port clients use, gate the \
+             namespace where the socket lives (--netns), or attach anyway with --allow-nat"
+        );
+    }
+    Ok(())
+}
+
 /// Interfaces (name, index) a gate has considered: gated or left out.
 pub(super) type Considered = Vec<(String, u32)>;
 
@@ -92,6 +117,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
     if let Some(netns) = &gate.netns {
         system::enter_netns(netns)?;
     }
+    refuse_nat_bypass(&plan.ports, plan.allow_nat)?;
     // Taken before the interfaces are chosen: one that appears meanwhile is
     // not in it, and the loop gates it on its first look.
     let seen = system::interfaces_indexed();

@@ -38,6 +38,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         max_clients: args.max_clients,
         kernel_log: args.kernel_log,
+        allow_nat: args.allow_nat,
         window: args.window,
         handshake_window: args.handshake_window,
         heal_interval: args.heal_interval,

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Netfilter NAT that takes connections past the gate: a `redirect`, or a
+//! `dnat` to one of the namespace's own addresses, that sends a port to a
+//! protected listener (or a protected port elsewhere). Netfilter rewrites the
+//! destination after TC and XDP have seen the packet, so the gate judges the
+//! port on the wire and the kernel's socket lookup, made with that port, never
+//! finds the handshake the connection completes. Read from `nft -j list
+//! ruleset` (nftables, and iptables-nft's rules) and `iptables-legacy-save`.
+
+use std::{collections::BTreeSet, net::IpAddr, process::Command};
+
+/// One NAT statement that ends at a local listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalNat {
+    /// Where it is: `nftables table ip nat chain prerouting`, `iptables-legacy nat PREROUTING`.
+    pub place: String,
+    /// The destination ports it matches (empty: every port).
+    pub from_ports: Vec<u16>,
+    /// The port it sends to (None: the one the packet had).
+    pub to_port: Option<u16>,
+}
+
+impl LocalNat {
+    /// The protected port among `ports` it takes connections past the gate
+    /// of, if any: it rewrites the destination of a protected port's segments
+    /// (the kernel's socket lookup, made with the port and address on the
+    /// wire, then misses the handshake), or sends another port's to a
+    /// protected listener (whose port the gate never sees on the wire).
+    pub fn bypasses(&self, ports: &[u16]) -> Option<u16> {
+        let matches = |p: u16| self.from_ports.is_empty() || self.from_ports.contains(&p);
+        ports.iter().copied().find(|&p| {
+            matches(p)
+                || (self.to_port == Some(p) && (self.from_ports.is_empty() || self.from_ports.iter().any(|&f| f != p)))
+        })
+    }
+
+    /// The statement as an operator would write it.
+    pub fn describe(&self) -> String {
+        let from = match self.from_ports.as_slice() {
+            [] => "every port".to_owned(),
+            [one] => format!("port {one}"),
+            many => format!("ports {}", many.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")),
+        };
+        match self.to_port {
+            Some(to) => format!("{}: {from} to local port {to}", self.place),
+            None => format!("{}: {from} to a local address", self.place),
+        }
+    }
+}
+
+/// Reads every NAT statement of this namespace that ends at a local
+/// listener; a tool that is not installed contributes nothing.
+pub fn local_nat(local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
+    let mut found = Vec::new();
+    if let Some(json) = run("nft", &["-j", "list", "ruleset"]) {
+        found.extend(from_nft_json(&json, local));
+    }
+    for (tool, family) in [("iptables-legacy-save", "iptables-legacy"), ("ip6tables-legacy-save", "ip6tables-legacy")] {
+        if let Some(text) = run(tool, &["-t", "nat"]) {
+            found.extend(from_iptables_save(&text, family, local));
+        }
+    }
+    found
+}
+
+fn run(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_local(addr: &str, local: &BTreeSet<IpAddr>) -> bool {
+    addr.parse::<IpAddr>().is_ok_and(|a| a.is_loopback() || local.contains(&a))
+}
+
+/// The statements of `nft -j list ruleset` output.
+pub fn from_nft_json(json: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else { return Vec::new() };
+    let Some(items) = value["nftables"].as_array() else { return Vec::new() };
+    let mut found = Vec::new();
+    for rule in items.iter().filter_map(|i| i.get("rule")) {
+        let Some(exprs) = rule["expr"].as_array() else { continue };
+        let mut from_ports = Vec::new();
+        for e in exprs {
+            let m = &e["match"];
+            if m["left"]["payload"]["field"] == "dport" && m["op"] == "==" {
+                match &m["right"] {
+                    serde_json::Value::Number(n) => from_ports.extend(n.as_u64().map(|p| p as u16)),
+                    right => from_ports.extend(
+                        right["set"].as_array().into_iter().flatten().filter_map(|p| p.as_u64()).map(|p| p as u16),
+                    ),
+                }
+            }
+            let to_port = |stmt: &serde_json::Value| stmt["port"].as_u64().map(|p| p as u16);
+            let local_target = if let Some(r) = e.get("redirect") {
+                Some(to_port(r))
+            } else if let Some(d) = e.get("dnat") {
+                d["addr"].as_str().filter(|a| is_local(a, local)).map(|_| to_port(d))
+            } else {
+                None
+            };
+            if let Some(to_port) = local_target {
+                let place = format!(
+                    "nftables table {} {} chain {}",
+                    rule["family"].as_str().unwrap_or("?"),
+                    rule["table"].as_str().unwrap_or("?"),
+                    rule["chain"].as_str().unwrap_or("?")
+                );
+                found.push(LocalNat { place, from_ports: from_ports.clone(), to_port });
+            }
+        }
+    }
+    found
+}
+
+/// The statements of `iptables-save -t nat` output (`-j REDIRECT --to-ports`,
+/// `-j DNAT --to-destination ADDR[:PORT]`).
+pub fn from_iptables_save(text: &str, tool: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
+    let mut found = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("-A ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |flag: &str| words.iter().position(|w| *w == flag).and_then(|i| words.get(i + 1)).copied();
+        let from_ports: Vec<u16> = after("--dport")
+            .or_else(|| after("--dports"))
+            .map(|p| p.split(',').filter_map(|p| p.parse().ok()).collect())
+            .unwrap_or_default();
+        let to_port = match after("-j") {
+            Some("REDIRECT") => Some(after("--to-ports").and_then(|p| p.split('-').next()?.parse().ok())),
+            Some("DNAT") => after("--to-destination").and_then(|d| {
+                let (addr, port) = split_destination(d);
+                is_local(addr, local).then(|| port.and_then(|p| p.split('-').next()?.parse().ok()))
+            }),
+            _ => None,
+        };
+        if let Some(to_port) = to_port {
+            let place = format!("{tool} nat {}", words.get(1).unwrap_or(&"?"));
+            found.push(LocalNat { place, from_ports, to_port });
+        }
+    }
+    found
+}
+
+/// `ADDR[:PORT]`, `[V6]:PORT` or a bare IPv6 address.
+fn split_destination(d: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = d.strip_prefix('[') {
+        let (addr, tail) = rest.split_once(']').unwrap_or((rest, ""));
+        return (addr, tail.strip_prefix(':'));
+    }
+    match d.split_once(':') {
+        Some((addr, port)) if !port.contains(':') => (addr, Some(port)),
+        _ => (d, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULESET: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+      {"table": {"family": "ip", "name": "nat", "handle": 1}},
+      {"rule": {"family": "ip", "table": "nat", "chain": "prerouting", "handle": 3, "expr": [
+        {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 80}},
+        {"redirect": {"port": 8080}}]}},
+      {"rule": {"family": "ip", "table": "nat", "chain": "prerouting", "handle": 4, "expr": [
+        {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8081}},
+        {"dnat": {"addr": "10.244.1.5", "port": 8080}}]}},
+      {"rule": {"family": "ip", "table": "nat", "chain": "prerouting", "handle": 6, "expr": [
+        {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": {"set": [443, 8443]}}},
+        {"dnat": {"addr": "127.0.0.1"}}]}},
+      {"rule": {"family": "ip", "table": "filter", "chain": "input", "handle": 9, "expr": [
+        {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}},
+        {"accept": null}]}}]}"#;
+
+    fn local() -> BTreeSet<IpAddr> {
+        ["10.200.0.1".parse().unwrap()].into()
+    }
+
+    #[test]
+    fn nft_statements_that_end_at_a_local_listener() {
+        let found = from_nft_json(RULESET, &local());
+        assert_eq!(found.len(), 2, "the DNAT to another host and the filter rule are not local NAT: {found:?}");
+        assert_eq!(found[0], LocalNat { place: "nftables table ip nat chain prerouting".into(), from_ports: vec![80], to_port: Some(8080) });
+        assert_eq!((found[1].from_ports.clone(), found[1].to_port), (vec![443, 8443], None));
+        assert_eq!(found[0].bypasses(&[8080]), Some(8080), "port 80 reaches 8080 unjudged");
+        assert_eq!(found[0].bypasses(&[80]), Some(80), "port 80's segments go to another port");
+        assert_eq!(found[0].bypasses(&[9090]), None);
+        assert_eq!(found[1].bypasses(&[8080]), None, "it rewrites other ports only");
+        assert_eq!(found[1].bypasses(&[8443]), Some(8443), "a new destination address: the lookup misses the handshake");
+        assert!(found[0].describe().contains("port 80 to local port 8080"), "{}", found[0].describe());
+        assert!(from_nft_json("not json", &local()).is_empty());
+    }
+
+    #[test]
+    fn iptables_save_statements() {
+        let text = "*nat\n:PREROUTING ACCEPT [0:0]\n\
+            -A PREROUTING -p tcp -m tcp --dport 80 -j REDIRECT --to-ports 8080\n\
+            -A PREROUTING -d 10.200.0.1/32 -p tcp -m tcp --dport 8443 -j DNAT --to-destination 10.200.0.1:8080\n\
+            -A DOCKER ! -i docker0 -p tcp -m tcp --dport 5000 -j DNAT --to-destination 172.17.0.2:5000\n\
+            -A OUTPUT -p tcp -j REDIRECT --to-ports 3128\n\
+            -A PREROUTING -p tcp -m multiport --dports 81,82 -j DNAT --to-destination [::1]:8080\nCOMMIT\n";
+        let found = from_iptables_save(text, "iptables-legacy", &local());
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert_eq!((found[0].from_ports.clone(), found[0].to_port), (vec![80], Some(8080)));
+        assert_eq!((found[1].from_ports.clone(), found[1].to_port), (vec![8443], Some(8080)));
+        assert_eq!((found[2].from_ports.clone(), found[2].to_port), (vec![], Some(3128)));
+        assert_eq!((found[3].from_ports.clone(), found[3].to_port), (vec![81, 82], Some(8080)));
+        assert_eq!(found[2].bypasses(&[8080]), Some(8080), "every port to 3128 takes 8080's segments away");
+        assert_eq!(found[2].bypasses(&[3128]), Some(3128), "every other port reaches 3128 unjudged");
+        assert_eq!(found[0].place, "iptables-legacy nat PREROUTING");
+        assert_eq!(split_destination("fd00::1"), ("fd00::1", None));
+    }
+}
