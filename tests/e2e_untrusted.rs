@@ -360,8 +360,8 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
     veth_namespace(&bed.server_ns, &late_ns, ("shedtn-n", "shedtn-p"), "10.202.0");
     let new_addr = SocketAddr::from(([10, 202, 0, 1], PORT));
     let _new_backend = Backend::start(&bed.server_ns, new_addr, Service::Echo).expect("backend on the new address");
-    // The daemon looks for new interfaces (and addresses) every second; until then
-    // connections through the new interface get in (and count).
+    // The daemon hears of new interfaces (and addresses) from rtnetlink; until it
+    // has gated one, connections through it get in (and count).
     let start = Instant::now();
     let refused = loop {
         let r = testbed::run_in(&late_ns, move || testbed::connect(new_addr, Duration::from_millis(500))).unwrap();
@@ -374,6 +374,19 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
     let logs = gate.log();
     assert!(refused, "a SYN through the new interface is judged (limit full):\n{logs}");
     assert!(logs.contains("new interface gated") && logs.contains("shedtun0"), "{logs}");
+
+    // The same interface deleted and created again under its name (a new index): gated again.
+    veth_namespace(&bed.server_ns, &late_ns, ("shedtn-n", "shedtn-p"), "10.202.0");
+    let start = Instant::now();
+    let refused_again = loop {
+        let r = testbed::run_in(&late_ns, move || testbed::connect(new_addr, Duration::from_millis(500))).unwrap();
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break true,
+            _ if start.elapsed() > Duration::from_secs(5) => break false,
+            _ => thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert!(refused_again, "a SYN through the re-created interface is judged:\n{}", gate.log());
     drop(held);
 }
 

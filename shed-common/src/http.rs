@@ -17,7 +17,7 @@
 //! The answer's bytes are fixed by (reason, tier) and the three digits of
 //! Retry-After, so a retransmitted request gets the very same bytes.
 
-use crate::rst::{finish, sum_words};
+use crate::rst::{Reset, finish, sum_words};
 
 /// Low bits of a cookie that count the bytes of ours a segment acknowledges.
 pub const OFFSET_BITS: u32 = 9;
@@ -44,7 +44,7 @@ pub mod reason {
 }
 
 /// The receive window of every answer (no window scaling is offered). The
-/// SYN-ACK carries no options ([`crate::rst::Reset::syn_ack`]): the client
+/// SYN-ACK carries no options ([`syn_ack`]): the client
 /// sends at most 536 bytes (IPv4) or 1220 (IPv6) a segment.
 pub const WINDOW: u16 = 65_535;
 /// TCP flags of the answers after the SYN-ACK.
@@ -250,6 +250,15 @@ pub fn check(key: [u64; 2], flow: Flow<'_>, ack_seq: u32, now_ns: u64) -> Option
     })
 }
 
+/// Not a reset: the SYN-ACK of a refusal, `SEQ=cookie, ACK=SEG.SEQ+1,
+/// CTL=SYN,ACK` with a window and no options (the client then sends at most
+/// 536 bytes a segment, RFC 9293 §3.7.1; every answer is shorter). Built as
+/// a [`Reset`] is, so that it leaves by the reset's path.
+#[inline(always)]
+pub const fn syn_ack(cookie: u32, syn_seq: u32) -> Reset {
+    Reset { seq: cookie, ack: syn_seq.wrapping_add(1), flags: crate::rst::FLAGS_SYN_ACK, window: WINDOW }
+}
+
 /// The TCP header (no options) of a segment of ours with `flags`, whose
 /// checksum covers `payload_sum` too; `pseudo_sum` is the pseudo-header's for
 /// the whole segment's length.
@@ -275,27 +284,14 @@ pub fn tcp_segment(
     h
 }
 
-/// Whether the first bytes of a request look like an HTTP/1.x request line:
-/// an upper-case method token and a space, and not HTTP/2's preface (`PRI *`).
-/// TLS (a 0x16 record), HTTP/2 with prior knowledge and anything else get a
-/// reset instead: they cannot be answered statelessly.
+/// Whether a segment that starts with `head` may be (part of) an HTTP/1.x
+/// request. A segment in the middle of a request starts anywhere, so only
+/// what is surely something else is refused: a TLS record (0x16, a
+/// ClientHello) and HTTP/2's connection preface (`PRI * HTTP/2.0`). Those
+/// cannot be answered statelessly, and get a reset instead.
 #[inline(always)]
-pub fn looks_like_http1(head: [u8; 8]) -> bool {
-    if head[0] == b'P' && head[1] == b'R' && head[2] == b'I' && head[3] == b' ' {
-        return false;
-    }
-    let mut i = 0;
-    while i < 8 {
-        let c = head[i];
-        if c == b' ' {
-            return i >= 3;
-        }
-        if !c.is_ascii_uppercase() {
-            return false;
-        }
-        i += 1;
-    }
-    false
+pub fn may_be_http1(head: [u8; 8]) -> bool {
+    head[0] != 0x16 && !(head[0] == b'P' && head[1] == b'R' && head[2] == b'I' && head[3] == b' ')
 }
 
 #[cfg(test)]
@@ -382,7 +378,7 @@ mod tests {
 
         #[test]
         fn syn_acks_and_answers_verify(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16, seq: u32, ack: u32, retry in 0u32..2000, i in 0usize..ANSWER_COUNT) {
-            let h = crate::rst::tcp_reset(sp, dp, crate::rst::Reset::syn_ack(seq, ack), crate::rst::pseudo_sum_v4(src, dst));
+            let h = crate::rst::tcp_reset(sp, dp, syn_ack(seq, ack), crate::rst::pseudo_sum_v4(src, dst));
             let pseudo = [&src[..], &dst[..], &[0, 6, 0, 20]].concat();
             prop_assert_eq!(reference_sum(&[&pseudo[..], &h[..]].concat()) % 0xffff, 0);
             prop_assert_eq!(h[13], crate::rst::FLAGS_SYN_ACK);
@@ -402,14 +398,11 @@ mod tests {
     }
 
     #[test]
-    fn only_http1_request_lines_are_answered() {
-        assert!(looks_like_http1(*b"GET / HT"));
-        assert!(looks_like_http1(*b"POST /x "));
-        assert!(looks_like_http1(*b"OPTIONS "));
-        assert!(!looks_like_http1(*b"PRI * HT"), "HTTP/2 preface");
-        assert!(!looks_like_http1([0x16, 3, 1, 0, 0xa5, 1, 0, 0]), "TLS ClientHello");
-        assert!(!looks_like_http1(*b"get / ht"));
-        assert!(!looks_like_http1(*b"GE / HTT"), "a method of at least three letters");
-        assert!(!looks_like_http1(*b"GETTTTTT"));
+    fn tls_and_http2_are_told_from_http1() {
+        assert!(may_be_http1(*b"GET / HT"));
+        assert!(may_be_http1(*b"ost: a\r\n"), "the middle of a request");
+        assert!(!may_be_http1(*b"PRI * HT"), "HTTP/2 preface");
+        assert!(!may_be_http1([0x16, 3, 1, 0, 0xa5, 1, 0, 0]), "TLS ClientHello");
+        assert!(may_be_http1(*b"PRIVATE "), "a method that starts like the preface");
     }
 }

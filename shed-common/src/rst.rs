@@ -155,7 +155,8 @@ pub struct Reset {
     pub seq: u32,
     pub ack: u32,
     pub flags: u8,
-    /// The receive window: 0 for a reset; an `http` SYN-ACK's own.
+    /// The receive window: 0 for a reset; an `http` SYN-ACK's own
+    /// ([`crate::http::syn_ack`]).
     pub window: u16,
 }
 
@@ -172,14 +173,6 @@ impl Reset {
         Self { seq: ack_seq, ack: 0, flags: FLAGS_RST, window: 0 }
     }
 
-    /// Not a reset: the SYN-ACK of an `http` refusal, `SEQ=cookie,
-    /// ACK=SEG.SEQ+1, CTL=SYN,ACK` with a window and no options (the client
-    /// then sends at most 536 bytes a segment, RFC 9293 §3.7.1; every answer
-    /// is shorter). Built like a reset so that it leaves by the same path.
-    #[inline(always)]
-    pub const fn syn_ack(cookie: u32, syn_seq: u32) -> Self {
-        Self { seq: cookie, ack: syn_seq.wrapping_add(1), flags: FLAGS_SYN_ACK, window: crate::http::WINDOW }
-    }
 }
 
 /// TCP header (no options) of `reset` (or an `http` SYN-ACK), from `server_port` to `client_port`.

@@ -339,7 +339,7 @@ impl Port {
             return Verdict::Drop;
         }
         let reset = if act == action::HTTP && at_syn {
-            Reset::syn_ack(http::cookie(crate::maps::cookie_key(), http_flow(seg), http_reason(reason), self.now_ns), seg.seq)
+            http::syn_ack(http::cookie(crate::maps::cookie_key(), http_flow(seg), http_reason(reason), self.now_ns), seg.seq)
         } else {
             reset
         };
@@ -1005,11 +1005,7 @@ fn http_request<B: LoadBytes>(seg: &Segment, bytes: &B) -> bool {
     if seg.payload_len < 8 {
         return true;
     }
-    match bytes.load::<8>(usize::from(seg.payload_at)) {
-        // A segment in the middle of a request starts anywhere: only what is surely not HTTP/1.x is refused.
-        Some(head) => head[0] != 0x16 && !(head[0] == b'P' && head[1] == b'R' && head[2] == b'I' && head[3] == b' '),
-        None => true,
-    }
+    bytes.load::<8>(usize::from(seg.payload_at)).is_none_or(http::may_be_http1)
 }
 
 /// Whether the payload ends the request head (`CRLF CRLF`).

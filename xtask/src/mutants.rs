@@ -32,6 +32,7 @@ const END_TO_END_TESTS: &[&str] = &[
     "e2e_tiers",
     "e2e_hardening",
     "e2e_gate",
+    "e2e_http",
     "e2e_untrusted",
     "e2e_adaptive",
     "e2e_ops",
