@@ -208,3 +208,43 @@ sys.stdout.write(got.decode())
     assert_shed_answer("a client port whose last connection is in the server's TIME_WAIT", &reused);
     drop(holder);
 }
+
+/// The answer grows the frame (a 503 is longer than the request segment it
+/// answers): on XDP too, native and generic, with `bpf_xdp_adjust_tail` and
+/// `XDP_TX` (the client end runs an XDP program, as a veth needs to deliver
+/// XDP_TX frames).
+#[test]
+fn the_answer_leaves_by_xdp_too() {
+    for mode in ["native", "generic"] {
+        let _gate_turn = exclusive();
+        let bed = Testbed::create("shedhx").expect("testbed");
+        let iface = bed.client_if.clone();
+        let _peer = testbed::run_in(&bed.client_ns, move || {
+            let mut loaded = shed::kernel::programs::Loaded::new(None).expect("load object");
+            loaded.xdp_pass().unwrap().attach(&iface, aya::programs::XdpMode::default()).expect("peer XDP");
+            loaded
+        })
+        .unwrap();
+        let server = Server::start(&bed.server_ns);
+        let _gate = Gate::start(
+            &bed,
+            &[
+                "--port", "8080", "--limit", "1", "--count", "connections", "--action", "http", "--retry-after", "2",
+                "--hook", "xdp", "--xdp-mode", mode,
+            ],
+        );
+        let v4 = bed.server_addr(false, PORT);
+        let holder = testbed::run_in(&bed.client_ns, move || testbed::connect(v4, Duration::from_secs(5)))
+            .expect("client namespace")
+            .expect("the first connection is admitted");
+        wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
+        let accepted = server.accepted.load(Ordering::Relaxed);
+        for v6 in [false, true] {
+            let addr = bed.server_addr(v6, PORT);
+            let out = client(&bed, Duration::from_secs(10), "curl", &["-sS", "-i", "-g", &url(addr)]);
+            assert_shed_answer(&format!("XDP {mode}, v6={v6}"), &out);
+        }
+        assert_eq!(server.accepted.load(Ordering::Relaxed), accepted, "XDP {mode}: nothing shed reached the listener");
+        drop(holder);
+    }
+}

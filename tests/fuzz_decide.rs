@@ -333,7 +333,10 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
             prop_oneof![3 => Just(tier::ACTION_DEFAULT), 1 => Just(action::DROP), 1 => Just(action::RST)],
         ),
         prop::array::uniform4(prop_oneof![4 => Just(0u16), 1 => 1u16..3]),
-        (prop_oneof![2 => Just(0u32), 1 => 1u32..4], 0i64..5),
+        // Half the ports capped: with a third, the cap branch came out 19 times in
+        // 4,000 cases on one CI run, under the coverage floor (20); with half, 37 to
+        // 46 times in five runs.
+        (prop_oneof![1 => Just(0u32), 1 => 1u32..4], 0i64..5),
         (
             (prop_oneof![Just(0u32), Just(5)], prop_oneof![Just(0u32), Just(5)]),
             (prop::bool::weighted(0.5), prop::bool::weighted(0.5)),
