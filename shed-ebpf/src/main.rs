@@ -2,7 +2,8 @@
 //! shed's kernel programs.
 //!
 //! - `shed_xdp` / `shed_tc`: the admission gate. Thin adapters over one
-//!   [`judge`]; they differ only in how a reset leaves the host.
+//!   [`judge`]; they differ only in how a reply (a reset, an HTTP answer)
+//!   leaves the host.
 //! - `shed_sock_state`: in-flight accounting from `sock:inet_sock_set_state`.
 //!
 //! Every failure path passes the packet: a gate that cannot judge a packet
@@ -51,9 +52,9 @@ const TC_LINEAR_HEAD: u32 = 14 + 8 + 60 + 20;
 /// What an entry point must do with a frame, before hook-specific actions.
 /// A struct whose every field is set on every path, not an enum with
 /// payloads: LLVM merges an enum's paths into stores of every field, and the
-/// verifier refuses a store of a register a path left unset.
+/// verifier refuses a store of a register a path left unset. Small, too: it
+/// lives in the entry point's frame, under every subprogram's.
 #[derive(Clone, Copy)]
-/// Small, too: it lives in the entry point's frame, under every subprogram's.
 struct Outcome {
     kind: u8,
     /// An HTTP answer's counter, payload and Retry-After ([`reject::Answer`]'s).
@@ -81,7 +82,8 @@ impl Outcome {
     }
 }
 
-/// The tail both entry points share: parse, decide, count, write any reset.
+/// The tail both entry points share: parse, decide, count, write any reset
+/// or the headers of an HTTP answer.
 #[inline(always)]
 fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcome {
     // Not zeroed: `parse` writes every field before it returns Syn or Ack, the
