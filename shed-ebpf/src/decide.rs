@@ -330,12 +330,8 @@ impl Port {
         if act != action::RST && act != action::HTTP {
             return Verdict::Drop;
         }
-        if !answerable(&seg.client_addr, from_loopback) {
-            self.count(counter::RST_SUPPRESSED);
-            return Verdict::Drop;
-        }
-        if !rst_allowed(self.slot, &self.config, &seg.client_addr, self.now_ns) {
-            self.count(counter::RST_RATE_LIMITED);
+        if let Some(why) = withheld(&self.config, &seg.client_addr, from_loopback, self.now_ns) {
+            self.count(why);
             return Verdict::Drop;
         }
         let reset = if act == action::HTTP && at_syn {
@@ -706,6 +702,20 @@ fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
     unsafe { SHED_CLIENTS.get(&key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
 }
 
+/// Why a reply (a reset, or an `http` answer) may not go to `client` now, as
+/// the counter to count: a source that cannot be a client (`RST_SUPPRESSED`),
+/// or a spent RST cap (`RST_RATE_LIMITED`, the budget taken otherwise).
+#[inline(always)]
+fn withheld(config: &PortConfig, client: &[u8; 16], from_loopback: bool, now_ns: u64) -> Option<usize> {
+    if !answerable(client, from_loopback) {
+        Some(counter::RST_SUPPRESSED)
+    } else if !rst_allowed(config.slot, config, client, now_ns) {
+        Some(counter::RST_RATE_LIMITED)
+    } else {
+        None
+    }
+}
+
 /// Whether a reset may go to `client`: never to multicast, broadcast or an
 /// unspecified source, nor, unless the SYN came in on loopback, to a loopback
 /// address or one of this host's own (a forged source would make us hit ourselves).
@@ -984,16 +994,11 @@ fn retry_after(config: &PortConfig) -> u32 {
     }
 }
 
-/// `reply`, if a reply may go to the client now (as for a reset: a real
-/// address, within the RST caps); else the segment is dropped.
+/// `reply`, if a reply may go to the client now ([`withheld`]); else the segment is dropped.
 #[inline(always)]
 fn http_reply(config: &PortConfig, seg: &Segment, from_loopback: bool, now_ns: u64, reply: Verdict) -> Verdict {
-    if !answerable(&seg.client_addr, from_loopback) {
-        count(config.slot, counter::RST_SUPPRESSED);
-        return Verdict::Drop;
-    }
-    if !rst_allowed(config.slot, config, &seg.client_addr, now_ns) {
-        count(config.slot, counter::RST_RATE_LIMITED);
+    if let Some(why) = withheld(config, &seg.client_addr, from_loopback, now_ns) {
+        count(config.slot, why);
         return Verdict::Drop;
     }
     reply

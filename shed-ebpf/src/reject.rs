@@ -4,8 +4,8 @@
 use shed_common::{
     http,
     rst::{
-        IPV4_HEADER_LEN, IPV6_HEADER_LEN, Reset, TCP_HEADER_LEN, ipv4_header, ipv4_header_len, ipv6_header,
-        ipv6_header_len, pseudo_sum_v4, pseudo_sum_v4_len, pseudo_sum_v6, pseudo_sum_v6_len, tcp_reset,
+        IPV4_HEADER_LEN, IPV6_HEADER_LEN, Reset, TCP_HEADER_LEN, ipv4_header_len, ipv6_header_len, pseudo_sum_v4_len,
+        pseudo_sum_v6_len, tcp_reset,
     },
 };
 
@@ -28,37 +28,7 @@ pub fn write_rst(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> u
 /// [`write_rst`], with `?` for its bounds checks.
 #[inline(always)]
 fn write_rst_frame(data: usize, data_end: usize, seg: &Segment, reset: Reset) -> Option<usize> {
-    let macs: *mut [u8; 12] = ptr_at(data, data_end, 0)?;
-    // SAFETY: bounds checked by ptr_at; frames are byte arrays (alignment 1).
-    if !fault!("rst_macs_kept") {
-        // SAFETY: as above.
-        unsafe {
-            let m = *macs;
-            *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
-        }
-    }
-
-    // The verifier does not carry the offset's bounds through the caller's stack: restate them.
-    let l3 = seg.l3_offset;
-    if l3 > MAX_L3_OFFSET {
-        return None;
-    }
-    let l4 = if seg.is_ipv6 {
-        let ip: *mut [u8; IPV6_HEADER_LEN] = ptr_at(data, data_end, l3)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe { *ip = ipv6_header(seg.server_addr, seg.client_addr) };
-        l3 + IPV6_HEADER_LEN
-    } else {
-        let ip: *mut [u8; IPV4_HEADER_LEN] = ptr_at(data, data_end, l3)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe { *ip = ipv4_header(v4(&seg.server_addr), v4(&seg.client_addr)) };
-        l3 + IPV4_HEADER_LEN
-    };
-    let pseudo = if seg.is_ipv6 {
-        pseudo_sum_v6(seg.server_addr, seg.client_addr)
-    } else {
-        pseudo_sum_v4(v4(&seg.server_addr), v4(&seg.client_addr))
-    };
+    let (l4, pseudo) = write_headers(data, data_end, seg, TCP_HEADER_LEN as u16)?;
     let tcp: *mut [u8; TCP_HEADER_LEN] = ptr_at(data, data_end, l4)?;
     // SAFETY: bounds checked by ptr_at.
     unsafe { *tcp = tcp_reset(seg.server_port, seg.client_port, reset, pseudo) };
@@ -67,6 +37,38 @@ fn write_rst_frame(data: usize, data_end: usize, seg: &Segment, reset: Reset) ->
         unsafe { (*tcp)[17] ^= 1 };
     }
     Some(l4 + TCP_HEADER_LEN)
+}
+
+/// The part every reply shares: MACs swapped (VLAN tags kept) and a fresh IP
+/// header for `tcp_len` bytes of TCP. Returns where TCP starts and the
+/// pseudo-header's sum for that length.
+#[inline(always)]
+fn write_headers(data: usize, data_end: usize, seg: &Segment, tcp_len: u16) -> Option<(usize, u32)> {
+    let macs: *mut [u8; 12] = ptr_at(data, data_end, 0)?;
+    if !fault!("rst_macs_kept") {
+        // SAFETY: bounds checked by ptr_at; frames are byte arrays (alignment 1).
+        unsafe {
+            let m = *macs;
+            *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
+        }
+    }
+    // The verifier does not carry the offset's bounds through the caller's stack: restate them.
+    let l3 = seg.l3_offset;
+    if l3 > MAX_L3_OFFSET {
+        return None;
+    }
+    if seg.is_ipv6 {
+        let ip: *mut [u8; IPV6_HEADER_LEN] = ptr_at(data, data_end, l3)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *ip = ipv6_header_len(seg.server_addr, seg.client_addr, tcp_len) };
+        Some((l3 + IPV6_HEADER_LEN, pseudo_sum_v6_len(seg.server_addr, seg.client_addr, tcp_len)))
+    } else {
+        let ip: *mut [u8; IPV4_HEADER_LEN] = ptr_at(data, data_end, l3)?;
+        let (server, client) = (v4(&seg.server_addr), v4(&seg.client_addr));
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *ip = ipv4_header_len(server, client, tcp_len) };
+        Some((l3 + IPV4_HEADER_LEN, pseudo_sum_v4_len(server, client, tcp_len)))
+    }
 }
 
 /// Ethernet plus two VLAN tags: the furthest the IP header can start.
@@ -123,7 +125,7 @@ impl Answer {
         index as u8 + 1
     }
 
-    /// The payload's length and its ones'-complement sum with the digits patched in.
+    /// The payload's template and length (None: a bare ACK).
     #[inline(always)]
     fn payload(&self) -> Option<(&'static http::HttpAnswer, usize)> {
         template(self.payload)
@@ -139,7 +141,7 @@ impl Answer {
 /// The length of answer `index` ([`http::answer_index`]).
 #[inline(always)]
 pub fn answer_len(index: usize) -> u32 {
-    SHED_HTTP_ANSWERS.get(index & (http::ANSWER_COUNT - 1)).map_or(0, |a| a.len)
+    template((index & (http::ANSWER_COUNT - 1)) as u8 + 1).map_or(0, |(_, len)| len as u32)
 }
 
 /// Rewrites the frame's headers into `answer`'s, as [`write_rst`] does for a
@@ -154,29 +156,8 @@ pub fn write_answer(data: usize, data_end: usize, seg: &Segment, answer: &Answer
 /// [`write_answer`], with `?` for its bounds checks.
 #[inline(always)]
 fn write_answer_frame(data: usize, data_end: usize, seg: &Segment, answer: &Answer) -> Option<(usize, usize)> {
-    let macs: *mut [u8; 12] = ptr_at(data, data_end, 0)?;
-    // SAFETY: bounds checked by ptr_at; frames are byte arrays (alignment 1).
-    unsafe {
-        let m = *macs;
-        *macs = [m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5]];
-    }
-    let l3 = seg.l3_offset;
-    if l3 > MAX_L3_OFFSET {
-        return None;
-    }
     let tcp_len = answer.tcp_len() as u16;
-    let (l4, pseudo) = if seg.is_ipv6 {
-        let ip: *mut [u8; IPV6_HEADER_LEN] = ptr_at(data, data_end, l3)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe { *ip = ipv6_header_len(seg.server_addr, seg.client_addr, tcp_len) };
-        (l3 + IPV6_HEADER_LEN, pseudo_sum_v6_len(seg.server_addr, seg.client_addr, tcp_len))
-    } else {
-        let ip: *mut [u8; IPV4_HEADER_LEN] = ptr_at(data, data_end, l3)?;
-        let (server, client) = (v4(&seg.server_addr), v4(&seg.client_addr));
-        // SAFETY: bounds checked by ptr_at.
-        unsafe { *ip = ipv4_header_len(server, client, tcp_len) };
-        (l3 + IPV4_HEADER_LEN, pseudo_sum_v4_len(server, client, tcp_len))
-    };
+    let (l4, pseudo) = write_headers(data, data_end, seg, tcp_len)?;
     let payload_sum = answer.payload().map_or(0, |(a, _)| a.sum + http::digits_sum(answer.digits));
     let tcp: *mut [u8; TCP_HEADER_LEN] = ptr_at(data, data_end, l4)?;
     // SAFETY: bounds checked by ptr_at.
