@@ -417,11 +417,11 @@ impl GateMaps {
         let (connections, clients) = (capacity(self.socks.map())?, capacity(self.clients.map())?);
         let quotas = (shed_common::map_quota(connections, slots.len()), shed_common::map_quota(clients, slots.len()));
         for &slot in slots {
-            let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-            if (user.connection_quota, user.client_quota) != quotas {
+            self.update_user_state(slot, "write map quotas", |user| {
+                let changed = (user.connection_quota, user.client_quota) != quotas;
                 (user.connection_quota, user.client_quota) = quotas;
-                self.user_state.set(slot, user, 0).map_err(|e| Error::map("write map quotas", e))?;
-            }
+                changed
+            })?;
         }
         Ok(())
     }
@@ -453,9 +453,10 @@ impl GateMaps {
         }
         // Counted against what the port's connections added, for its client quota.
         for (slot, n) in forgotten {
-            let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-            user.clients_forgotten += n;
-            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write forgotten clients", e))?;
+            self.update_user_state(slot, "write forgotten clients", |user| {
+                user.clients_forgotten += n;
+                true
+            })?;
         }
         Ok(idle)
     }
@@ -548,20 +549,29 @@ impl GateMaps {
 
     /// Sets the epoch shift of a port's handshake ring (its reservation lifetime).
     pub fn set_handshake_shift(&mut self, slot: u32, shift: u32) -> Result<(), Error> {
-        let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-        if user.handshake_shift != shift {
-            user.handshake_shift = shift;
-            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write handshake window", e))?;
-        }
-        Ok(())
+        self.update_user_state(slot, "write handshake window", |user| {
+            std::mem::replace(&mut user.handshake_shift, shift) != shift
+        })
     }
 
     /// Sets the Retry-After a port's `http` answers give when it sets none.
     pub fn set_retry_after(&mut self, slot: u32, seconds: u32) -> Result<(), Error> {
+        self.update_user_state(slot, "write retry-after", |user| {
+            std::mem::replace(&mut user.retry_after_s, seconds) != seconds
+        })
+    }
+
+    /// Reads a port's `UserPortState`, lets `change` edit it, and writes it
+    /// back only if `change` says it changed (`what` names the write in errors).
+    fn update_user_state(
+        &mut self,
+        slot: u32,
+        what: &'static str,
+        change: impl FnOnce(&mut UserPortState) -> bool,
+    ) -> Result<(), Error> {
         let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-        if user.retry_after_s != seconds {
-            user.retry_after_s = seconds;
-            self.user_state.set(slot, user, 0).map_err(|e| Error::map("write retry-after", e))?;
+        if change(&mut user) {
+            self.user_state.set(slot, user, 0).map_err(|e| Error::map(what, e))?;
         }
         Ok(())
     }
