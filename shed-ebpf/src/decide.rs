@@ -160,7 +160,10 @@ impl Port {
         }
         let state = SHED_PORT_STATE.get(slot)?;
         let limit = u64::from(*SHED_LIMITS.get(slot)?);
-        let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+        let mut user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+        if fault!("adjustment_ignored") {
+            (user.established_adjust, user.busy_adjust) = (0, 0);
+        }
         let ring = SHED_HANDSHAKES.get_ptr_mut(slot)?;
         let counters = SHED_COUNTERS.get_ptr_mut(slot)?;
         Some(Self {
@@ -697,7 +700,11 @@ fn over_client_cap(config: &PortConfig, client: &[u8; 16]) -> bool {
 /// none, or clients are not counted).
 #[inline(always)]
 fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
-    let key: ClientKey = config.client_key(client);
+    let key: ClientKey = if fault!("client_key_misread") {
+        PortConfig { client_prefix_v6: 48, ..*config }.client_key(client)
+    } else {
+        config.client_key(client)
+    };
     // SAFETY: plain data.
     unsafe { SHED_CLIENTS.get(&key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
 }
@@ -896,7 +903,7 @@ pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, 
 /// sent nothing yet (0 in the other count modes: they count connections).
 #[inline(always)]
 fn silent(slot: u32, mode: u8, user: &UserPortState, now_ns: u64) -> u64 {
-    if mode != count_mode::WORK {
+    if mode != count_mode::WORK || fault!("silent_not_held") {
         return 0;
     }
     let Some(silent) = SHED_SILENT.get_ptr(slot) else { return 0 };

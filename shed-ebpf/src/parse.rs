@@ -242,6 +242,7 @@ pub fn parse<B: LoadBytes>(
     let kind = match (head.syn() != 0, head.ack() != 0) {
         // SYN+FIN: a Linux listener discards it, so it holds nothing.
         (true, false) if head.fin() == 0 || fault!("syn_fin_judged") => Parsed::Syn,
+        (true, true) if fault!("syn_ack_judged") => Parsed::Syn,
         (false, true) => Parsed::Ack,
         _ => return Parsed::Pass,
     };

@@ -314,57 +314,207 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     }
     let c = &state.config;
     counters[counter::SYN_SEEN] += 1;
+    let tiered = c.tiered != 0;
     // Tiers, exempt included, apply while the port is tiered (some tier is configured).
-    let t = if c.tiered != 0 { tier_of(&state.tiers, &syn.client) } else { tier::NORMAL };
+    let t = if tiered { tier_of(&state.tiers, &syn.client) } else { tier::NORMAL };
     if t == tier::EXEMPT {
         counters[counter::EXEMPT] += 1;
         return pass(counters);
     }
-    if c.tiered != 0 && t < tier::LOW {
+    // A critical or normal source is unproven at its SYN: judged at its ACK.
+    if tiered && t < tier::LOW {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     }
-    let share = if c.tiered == 0 { 1000 } else { u64::from(c.share_permille[t as usize]) };
-    let threshold = (u64::from(state.limit) * share / 1000).saturating_sub(u64::from(state.held_back[t as usize]));
-    let reason = if state.in_flight >= u64::from(state.limit) {
-        Some(counter::REJECTED_LIMIT)
-    } else if state.in_flight >= threshold {
-        if state.trickle_seen % TRICKLE_EVERY == TRICKLE_EVERY - 1 {
-            counters[counter::TRICKLE] += 1;
-            None
-        } else {
-            Some(counter::REJECTED_SHARE)
-        }
-    } else if c.client_cap != 0 && state.client_held >= i64::from(c.client_cap) {
-        Some(counter::REJECTED_CLIENT_CAP)
-    } else {
-        None
-    };
-    if let Some(reason) = reason
-        && c.dry_run == 0
-    {
-        counters[reason] += 1;
-        counters[counter::REJECTED_BY_TIER + t as usize] += 1;
-        let act = if c.tier_action[t as usize] != tier::ACTION_DEFAULT { c.tier_action[t as usize] } else { c.action };
-        if act != action::RST {
-            return Outcome { verdict: Expected::Drop, counters, gate };
-        }
-        if !answerable(state, &syn.client) {
-            counters[counter::RST_SUPPRESSED] += 1;
-            return Outcome { verdict: Expected::Drop, counters, gate };
-        }
-        let limited = (c.rst_per_prefix_per_sec != 0 && !state.rst_budget.prefix)
-            || (c.rst_per_sec != 0 && !state.rst_budget.port);
-        if limited {
-            counters[counter::RST_RATE_LIMITED] += 1;
-            return Outcome { verdict: Expected::Drop, counters, gate };
-        }
-        counters[counter::RST_SENT] += 1;
-        return Outcome { verdict: Expected::Rst(rst_reply(frame, &syn)), counters, gate };
+    let refusal = refusal(state, t);
+    if refusal == Refusal::ShareTrickled {
+        counters[counter::TRICKLE] += 1;
     }
-    // Dry run: counted at the handshake-completing ACK, not here.
-    counters[counter::SYN_PASSED] += 1;
-    pass(counters)
+    let reason = match refusal {
+        Refusal::None | Refusal::ShareTrickled => None,
+        Refusal::Limit => Some(counter::REJECTED_LIMIT),
+        Refusal::Share => Some(counter::REJECTED_SHARE),
+        Refusal::ClientCap => Some(counter::REJECTED_CLIENT_CAP),
+    };
+    // Dry run: passes what it would refuse (counted at the handshake-completing ACK, not modelled).
+    let Some(reason) = reason.filter(|_| c.dry_run == 0) else {
+        counters[counter::SYN_PASSED] += 1;
+        return pass(counters);
+    };
+    counters[reason] += 1;
+    counters[counter::REJECTED_BY_TIER + usize::from(t)] += 1;
+    let verdict = match reply(state, t, &syn.client) {
+        Reply::Drop => Expected::Drop,
+        Reply::Withheld(why) => {
+            counters[why] += 1;
+            Expected::Drop
+        }
+        Reply::Rst => {
+            counters[counter::RST_SENT] += 1;
+            Expected::Rst(rst_reply(frame, &syn))
+        }
+    };
+    Outcome { verdict, counters, gate }
+}
+
+/// Why a judged SYN of tier `t` is refused, by the policy's rules,
+/// each stated on its own and then ranked (docs/DESIGN.md, "Untrusted traffic"):
+/// the whole limit is a hard stop; a tier's share of the limit, less the room
+/// held back for the tiers above it, sheds lower tiers first, except that every
+/// 16th such refusal on a CPU is let through (the trickle); a client holding its
+/// cap is refused. A SYN the trickle lets through is an admission: no later rule
+/// is asked of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    None,
+    Limit,
+    Share,
+    /// Over its tier's share, and let through by the trickle.
+    ShareTrickled,
+    ClientCap,
+}
+
+fn refusal(state: &ModelState, t: u8) -> Refusal {
+    let c = &state.config;
+    let limit = i128::from(state.limit);
+    let in_flight = i128::from(state.in_flight);
+    // An untiered port is one tier, normal, whose share is the whole limit.
+    let share_permille = if c.tiered == 0 { 1000 } else { i128::from(c.share_permille[usize::from(t)]) };
+    // Room in signed arithmetic: a tier's allowance is its share of the limit
+    // rounded down, less what is held back for the tiers above; no room is left
+    // once what the port holds reaches it.
+    let port_room = limit - in_flight;
+    let tier_room = (limit * share_permille).div_euclid(1000) - i128::from(state.held_back[usize::from(t)]) - in_flight;
+    let trickle_turn = (state.trickle_seen + 1).is_multiple_of(TRICKLE_EVERY);
+    let at_cap = c.client_cap != 0 && state.client_held >= i64::from(c.client_cap);
+    let rules = [
+        (port_room <= 0, Refusal::Limit),
+        (tier_room <= 0, if trickle_turn { Refusal::ShareTrickled } else { Refusal::Share }),
+        (at_cap, Refusal::ClientCap),
+    ];
+    rules.into_iter().find(|(broken, _)| *broken).map_or(Refusal::None, |(_, why)| why)
+}
+
+/// What a refusal sends.
+enum Reply {
+    Drop,
+    /// A reset was due but may not go: counted under this counter, dropped.
+    Withheld(usize),
+    Rst,
+}
+
+/// The tier's own action, else the port's; a reset only to an address that can
+/// be a client, and only while the client's prefix and the port have budget.
+fn reply(state: &ModelState, t: u8, client: &[u8; 16]) -> Reply {
+    let c = &state.config;
+    let own = c.tier_action[usize::from(t)];
+    let action = if own == tier::ACTION_DEFAULT { c.action } else { own };
+    if action != action::RST {
+        return Reply::Drop;
+    }
+    if !answerable(state, client) {
+        return Reply::Withheld(counter::RST_SUPPRESSED);
+    }
+    let spent = |rate: u32, has_budget: bool| rate != 0 && !has_budget;
+    if spent(c.rst_per_prefix_per_sec, state.rst_budget.prefix) || spent(c.rst_per_sec, state.rst_budget.port) {
+        return Reply::Withheld(counter::RST_RATE_LIMITED);
+    }
+    Reply::Rst
+}
+
+#[cfg(test)]
+mod rules {
+    use super::*;
+
+    fn untiered() -> PortConfig {
+        PortConfig::new(0, action::DROP, false, shed_common::count_mode::CONNECTIONS)
+    }
+
+    fn state(limit: u32, in_flight: u64) -> ModelState {
+        ModelState {
+            port: 80,
+            config: PortConfig { tiered: 1, share_permille: [1000, 1000, 500, 250], ..untiered() },
+            limit,
+            in_flight,
+            client_held: 0,
+            held_back: [0; 4],
+            rst_budget: RstBudget { prefix: true, port: true },
+            trickle_seen: 0,
+            local: Vec::new(),
+            tiers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_limit_is_a_hard_stop() {
+        // critical's share is the whole limit.
+        assert_eq!(refusal(&state(10, 9), tier::CRITICAL), Refusal::None);
+        assert_eq!(refusal(&state(10, 10), tier::CRITICAL), Refusal::Limit);
+        assert_eq!(refusal(&state(0, 0), tier::CRITICAL), Refusal::Limit, "a limit of 0 admits nothing");
+        // The limit outranks a full share and the trickle's turn.
+        let s = ModelState { trickle_seen: 15, ..state(10, 10) };
+        assert_eq!(refusal(&s, tier::LOW), Refusal::Limit);
+    }
+
+    #[test]
+    fn a_share_is_rounded_down_less_the_room_held_back() {
+        // low: 25% of 10 is 2.5, so 2.
+        assert_eq!(refusal(&state(10, 1), tier::LOW), Refusal::None);
+        assert_eq!(refusal(&state(10, 2), tier::LOW), Refusal::Share);
+        // normal: 50% of 10 is 5; one slot held back for critical leaves 4.
+        let held = ModelState { held_back: [0, 0, 1, 0], ..state(10, 4) };
+        assert_eq!(refusal(&held, tier::NORMAL), Refusal::Share);
+        assert_eq!(refusal(&ModelState { in_flight: 3, ..held.clone() }, tier::NORMAL), Refusal::None);
+        // More held back than the share: no room at all, even with nothing held.
+        let all = ModelState { held_back: [0, 0, 0, 9], ..state(10, 0) };
+        assert_eq!(refusal(&all, tier::LOW), Refusal::Share);
+        // An untiered port is one tier with the whole limit.
+        let untiered = ModelState { config: untiered(), ..state(10, 9) };
+        assert_eq!(refusal(&untiered, tier::NORMAL), Refusal::None);
+    }
+
+    #[test]
+    fn every_sixteenth_share_refusal_is_let_through_and_asked_nothing_more() {
+        let full = ModelState { client_held: 9, config: PortConfig { client_cap: 1, ..state(10, 2).config }, ..state(10, 2) };
+        let turns: Vec<bool> = (0..32)
+            .map(|seen| refusal(&ModelState { trickle_seen: seen, ..full.clone() }, tier::LOW) == Refusal::ShareTrickled)
+            .collect();
+        assert_eq!(turns.iter().filter(|t| **t).count(), 2);
+        assert!(turns[15] && turns[31]);
+        // Under its share the cap applies.
+        assert_eq!(refusal(&ModelState { in_flight: 0, ..full }, tier::LOW), Refusal::ClientCap);
+    }
+
+    #[test]
+    fn the_client_cap_counts_what_the_client_holds() {
+        let capped = |held| ModelState {
+            client_held: held,
+            config: PortConfig { client_cap: 2, ..state(10, 0).config },
+            ..state(10, 0)
+        };
+        assert_eq!(refusal(&capped(1), tier::CRITICAL), Refusal::None);
+        assert_eq!(refusal(&capped(2), tier::CRITICAL), Refusal::ClientCap);
+        let off = ModelState { client_held: 100, ..state(10, 0) };
+        assert_eq!(refusal(&off, tier::CRITICAL), Refusal::None, "a cap of 0 is off");
+    }
+
+    #[test]
+    fn a_reset_needs_an_answerable_client_and_budget() {
+        let client = mapped(&[192, 0, 2, 1]);
+        let rst = ModelState { config: PortConfig { action: action::RST, ..state(1, 1).config }, ..state(1, 1) };
+        assert!(matches!(reply(&rst, tier::LOW, &client), Reply::Rst));
+        assert!(matches!(reply(&rst, tier::LOW, &mapped(&[224, 0, 0, 1])), Reply::Withheld(counter::RST_SUPPRESSED)));
+        let mut dropping = rst.clone();
+        dropping.config.tier_action[usize::from(tier::LOW)] = action::DROP;
+        assert!(matches!(reply(&dropping, tier::LOW, &client), Reply::Drop));
+        assert!(matches!(reply(&dropping, tier::NORMAL, &client), Reply::Rst), "the port's action for the others");
+        let mut spent = rst.clone();
+        spent.config.rst_per_sec = 5;
+        spent.rst_budget.port = false;
+        assert!(matches!(reply(&spent, tier::LOW, &client), Reply::Withheld(counter::RST_RATE_LIMITED)));
+        spent.config.rst_per_sec = 0;
+        assert!(matches!(reply(&spent, tier::LOW, &client), Reply::Rst), "no rate, no cap");
+    }
 }
 
 /// The policy's own derivations of who a client is, written from
