@@ -101,6 +101,7 @@ fn debian_packages() -> Result<()> {
     // podman and runc: build and run the OCI image (`cargo xtask image`) without a Docker daemon.
     // curl and python3-urllib3 (for the system python3): real HTTP clients of the `http` action's
     // test and of its retry-storm benchmark (B11).
+    // lintian and binutils (strip): Debian's checks of the package (`cargo xtask package`), run by xtask's tests.
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -113,6 +114,8 @@ fn debian_packages() -> Result<()> {
         ("podman", "podman"),
         ("runc", "runc"),
         ("curl", "curl"),
+        ("lintian", "lintian"),
+        ("strip", "binutils"),
         ("/usr/lib/python3/dist-packages/urllib3/__init__.py", "python3-urllib3"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
@@ -125,7 +128,7 @@ fn debian_packages() -> Result<()> {
     };
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, urllib3 and fonts-dejavu-core present");
+        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, lintian, urllib3 and fonts-dejavu-core present");
         return Ok(());
     }
     let mut missing = missing;
