@@ -4,6 +4,8 @@
 //! (BPF_PROG_TEST_RUN) and through the reference model in `shed_testkit::model`;
 //! verdicts, counter changes and RST bytes must agree. `SHED_FUZZ_CASES`
 //! sets the number of cases (CI: 2,000 per hook; `cargo xtask fuzz`: more).
+//! The ACK path is fuzzed on real handshakes: ACKs that complete request
+//! sockets the kernel holds, against every state of the port and the client.
 mod support;
 use aya::{
     TestRun as _, TestRunOptions,
@@ -480,6 +482,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 held_back: ss.held_back,
                 rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
                 trickle_seen: trickle_seen.get(),
+                contended: false,
                 local: local.clone(),
                 tiers: tiers.clone(),
             };
@@ -616,5 +619,206 @@ fn frame_ends_in_l2_or_l3(frame: &[u8]) -> bool {
         0x0800 => frame.len() < 14 + 20,
         0x86dd => frame.len() < 14 + 40,
         _ => false,
+    }
+}
+
+/// What an ACK's case adds to the port's state: the client's tier (None: no
+/// tier entry), the client share, whether the port is contended, and an
+/// `http` port (refused at the ACK with a reset).
+#[derive(Clone, Debug)]
+struct AckSpec {
+    flow: usize,
+    tier: Option<u8>,
+    client_share: u8,
+    contended: bool,
+    http: bool,
+}
+
+fn ack_spec(flows: usize) -> impl Strategy<Value = AckSpec> {
+    (
+        0..flows,
+        prop_oneof![
+            2 => Just(None),
+            1 => Just(Some(tier::EXEMPT)),
+            2 => Just(Some(tier::CRITICAL)),
+            2 => Just(Some(tier::NORMAL)),
+            2 => Just(Some(tier::LOW)),
+        ],
+        prop_oneof![Just(0u8), Just(30), Just(50)],
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(flow, tier, client_share, contended, http)| AckSpec { flow, tier, client_share, contended, http })
+}
+
+/// The ACK path on real handshakes: each case sends the ACK that completes one
+/// of a few request sockets the kernel holds (a `TCP_DEFER_ACCEPT` listener
+/// keeps them), in a generated port state, to the loaded programs and to the
+/// model's `decide_ack`; verdicts, reset bytes, counters and the reservation
+/// taken must agree. Each case starts with the port's stamps cleared, so that
+/// a flow admitted in one case is judged afresh in the next.
+#[test]
+fn kernel_and_model_agree_on_handshake_completing_acks() {
+    use shed_common::{Contention, HandshakeStamp, handshake::STAMPS_PER_PORT};
+    let cases: u32 =
+        std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(1_000, |n| (n / 4).max(200));
+    let (bed, ifindex) = support::outside::enter("shedfa");
+    let _listener = support::handshake::deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
+    let flows: Vec<_> = (0..4).map(|_| support::handshake::held(&bed, PORT)).collect();
+    support::pin_to_cpu(0);
+    let skb_ctx = support::outside::skb_ctx(ifindex);
+    let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
+    let spec = PortSpec {
+        rst_per_sec: 0,
+        rst_per_prefix_per_sec: 0,
+        ..PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default())
+    };
+    let slot = loaded.maps.protect(PORT, &spec).unwrap().slot;
+    // No local table: an ACK is judged whatever its destination (the kernel found its socket).
+    let cpus = aya::util::nr_cpus().unwrap();
+    loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
+    let client = ipv4_mapped(flows[0].spec.client_v4);
+    let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].spec.client_v4))).unwrap();
+    let trickle_seen = std::cell::Cell::new(0u64);
+    let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
+    let (admitted, refused) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
+    let mut disagreements = 0u32;
+    let loaded = std::cell::RefCell::new(loaded);
+    for hook in ["xdp", "tc"] {
+        let mut runner = TestRunner::new(proptest::test_runner::Config {
+            cases,
+            failure_persistence: None,
+            // The state carries over between cases (the trickle's clock): a shrunk case would meet another.
+            max_shrink_iters: 0,
+            ..Default::default()
+        });
+        let result = runner.run(&(state_spec(), ack_spec(flows.len())), |(ss, a)| {
+            let mut loaded = loaded.borrow_mut();
+            let flow = &flows[a.flow];
+            // The tier table first: writing it marks every port tiered, and the
+            // case's config then sets whether this one is.
+            match a.tier {
+                Some(t) => loaded.maps.set_tier(client_cidr, t).unwrap(),
+                None => {
+                    let _ = loaded.maps.remove_tier(client_cidr);
+                }
+            }
+            let mut config = loaded.maps.config(PORT).unwrap();
+            config.action = if a.http { action::HTTP } else { ss.act };
+            config.dry_run = u8::from(ss.dry_run);
+            config.tiered = u8::from(ss.tiered);
+            config.share_permille = ss.shares;
+            config.tier_action = ss.tier_action;
+            config.client_cap = ss.client_cap;
+            config.client_share = a.client_share;
+            config.count_mode = ss.books.count_mode;
+            (config.rst_per_prefix_per_sec, config.rst_per_sec) = ss.rst_rates;
+            loaded.maps.write_config(PORT, config).unwrap();
+            loaded.maps.set_limit(slot, ss.limit).unwrap();
+            loaded.maps.reserve.set(slot, TierReserve { held_back: ss.held_back }, 0).unwrap();
+            ss.books.write(&mut loaded.maps, slot);
+            let now = shed::host::system::monotonic_ns();
+            let contention = Contention { refused_ns: if a.contended { now } else { 0 }, ..Contention::default() };
+            loaded.maps.contention.set(slot, contention, 0).unwrap();
+            let client_key = ClientKey { slot, addr: model::reference::client_addr(&client, config.client_prefix_v6) };
+            loaded.maps.clients.insert(client_key, ss.client_held, 0).unwrap();
+            let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
+            let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(&client));
+            let mut port_buckets: Array<_, u64> =
+                Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
+            port_buckets.set(slot, bucket(ss.rst_budget.1), 0).unwrap();
+            let mut prefix_buckets: Array<_, u64> =
+                Array::try_from(loaded.ebpf.map_mut(map::RST_PREFIX_BUCKETS).unwrap()).unwrap();
+            prefix_buckets.set(prefix_index, bucket(ss.rst_budget.0), 0).unwrap();
+            for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
+                loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
+            }
+            let state = ModelState {
+                port: PORT,
+                config,
+                limit: ss.limit,
+                in_flight: ss.books.in_flight(),
+                client_held: ss.client_held,
+                held_back: ss.held_back,
+                rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
+                trickle_seen: trickle_seen.get(),
+                contended: a.contended,
+                local: Vec::new(),
+                tiers: a.tier.map(|t| (128, client, t)).into_iter().collect(),
+            };
+            let expected = model::decide_ack(&flow.ack, &state);
+            trickle_seen.set(
+                trickle_seen.get() + expected.counters[counter::REJECTED_SHARE] + expected.counters[counter::TRICKLE],
+            );
+            let ring_before = loaded.maps.handshakes.get(&slot, 0).unwrap();
+            let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let mut out = vec![0u8; flow.ack.len() + 256];
+            let xdp_ctx = support::outside::xdp_ctx(ifindex, flow.ack.len());
+            let opts = TestRunOptions {
+                data_in: Some(&flow.ack),
+                data_out: Some(&mut out),
+                ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
+                ..Default::default()
+            };
+            let run = if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
+            let run = run.unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
+            out.truncate(run.data_size_out as usize);
+            let verdict = match (hook, run.return_value) {
+                ("xdp", 2) | ("tc", 0) => Expected::Pass,
+                ("xdp", 1) | ("tc", 2) => Expected::Drop,
+                ("xdp", 3) | ("tc", 7) => Expected::Rst(out.clone()),
+                (_, other) => panic!("{hook}: unexpected verdict {other}"),
+            };
+            loaded.maps.clients.remove(&client_key).unwrap();
+            let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
+            // What the newest epoch's cell gained (an epoch that began between the
+            // write and the run opens a fresh cell: it held nothing before).
+            let ring_after = loaded.maps.handshakes.get(&slot, 0).unwrap();
+            let (at, newest) = ring_after.cells.iter().enumerate().max_by_key(|(_, c)| c.epoch).unwrap();
+            let had = if ring_before.cells[at].epoch == newest.epoch { ring_before.cells[at].admitted } else { 0 };
+            let reserved = newest.admitted - had;
+            prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, a);
+            if verdict == Expected::Pass {
+                prop_assert_eq!(&out, &flow.ack, "{}: a passed ACK is untouched", hook);
+            }
+            prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, ss, a);
+            prop_assert_eq!(reserved, expected.reserved, "{} reservations for {:?} / {:?}", hook, ss, a);
+            for (i, &n) in counters.iter().enumerate() {
+                if n > 0 {
+                    reached.borrow_mut()[i] += 1;
+                }
+            }
+            admitted.set(admitted.get() + expected.reserved);
+            refused.set(refused.get() + expected.counters[counter::REFUSED_AT_ACK]);
+            Ok(())
+        });
+        if let Err(e) = result {
+            disagreements += 1;
+            eprintln!("{hook}: {e}");
+        }
+    }
+    let reached = reached.into_inner();
+    println!(
+        "ack fuzz: {cases} cases per hook; admitted {}, refused {}; counters reached {reached:?}; disagreements {disagreements}",
+        admitted.get(),
+        refused.get()
+    );
+    assert_eq!(disagreements, 0, "kernel and model disagree on an ACK (see above)");
+    // Every rule of the ACK is exercised.
+    let floor = u64::from(cases) / 100;
+    for (name, index) in [
+        ("admitted", counter::ADMITTED),
+        ("refused at the ACK", counter::REFUSED_AT_ACK),
+        ("rejected at the limit", counter::REJECTED_LIMIT),
+        ("rejected at a share", counter::REJECTED_SHARE),
+        ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
+        ("rejected at the client share", counter::REJECTED_CLIENT_SHARE),
+        ("dry run", counter::DRY_RUN_WOULD_REJECT),
+        ("RST sent", counter::RST_SENT),
+        ("RST rate-limited", counter::RST_RATE_LIMITED),
+        ("exempt", counter::ADMITTED_BY_TIER + tier::EXEMPT as usize),
+    ] {
+        assert!(reached[index] >= floor, "the generator reached {name} only {} times (floor {floor})", reached[index]);
     }
 }

@@ -853,9 +853,9 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
     // A listener on the protected port in this namespace: the kernel's socket lookup finds it
     // for any 4-tuple without a connection, and would answer a stray ACK with a reset.
     let server = std::net::SocketAddr::from((bed.server_v4, PORT));
-    let _listener = deferring_listener(server);
+    let _listener = support::handshake::deferring_listener(server);
     // And a handshake under way, whose completing ACK is judged: what the stray ones are not.
-    let real = held_handshake(&bed);
+    let real = support::handshake::held(&bed, PORT);
     for hook in HOOKS {
         let mut h = Harness::new(1, action::RST, false);
         let mut local = h.loaded.maps.local_addrs().unwrap();
@@ -927,70 +927,6 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
     }
 }
 
-/// A handshake the server's kernel holds as a request socket: a client of the
-/// testbed connected to a `TCP_DEFER_ACCEPT` listener (which drops the bare
-/// ACK and keeps the request for the defer time), and the ACK that completes
-/// it: the gate judges that ACK each time it sees it.
-struct HeldHandshake {
-    _client: std::net::TcpStream,
-    spec: Spec,
-    ack: Vec<u8>,
-}
-
-/// A listener on `addr` in the calling thread's namespace whose handshakes
-/// stay request sockets for a minute.
-fn deferring_listener(addr: std::net::SocketAddr) -> std::net::TcpListener {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.bind(&addr.into()).unwrap();
-    shed_testkit::testbed::defer_accept_for(&socket, 60).expect("TCP_DEFER_ACCEPT");
-    socket.listen(64).unwrap();
-    socket.into()
-}
-
-/// The next sequence number of `queue` (1: receive, 2: send) of a connected
-/// socket, read in TCP repair mode (the socket stays in it: closed silently).
-fn queue_seq(fd: std::os::fd::RawFd, queue: libc::c_int) -> u32 {
-    let set = |name: libc::c_int, value: libc::c_int| {
-        // SAFETY: setsockopt with a c_int value on a socket the caller owns.
-        let rc = unsafe {
-            libc::setsockopt(fd, libc::IPPROTO_TCP, name, (&raw const value).cast(), size_of::<libc::c_int>() as u32)
-        };
-        assert_eq!(rc, 0, "TCP repair option {name}: {}", std::io::Error::last_os_error());
-    };
-    set(libc::TCP_REPAIR, 1);
-    set(libc::TCP_REPAIR_QUEUE, queue);
-    let mut seq: u32 = 0;
-    let mut len = size_of::<u32>() as libc::socklen_t;
-    // SAFETY: getsockopt into a u32 of `len` bytes.
-    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, (&raw mut seq).cast(), &mut len) };
-    assert_eq!(rc, 0, "TCP_QUEUE_SEQ: {}", std::io::Error::last_os_error());
-    seq
-}
-
-fn held_handshake(bed: &shed_testkit::testbed::Testbed) -> HeldHandshake {
-    let server = std::net::SocketAddr::from((bed.server_v4, PORT));
-    let (client, port, seq, ack) = shed_testkit::testbed::run_in(&bed.client_ns, move || {
-        let client = std::net::TcpStream::connect_timeout(&server, std::time::Duration::from_secs(2)).unwrap();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
-        let port = client.local_addr().unwrap().port();
-        // The client's next sequence number, and the server's (its ISN + 1).
-        let (seq, ack) = (queue_seq(fd, 2), queue_seq(fd, 1));
-        (client, port, seq, ack)
-    })
-    .unwrap();
-    let spec = Spec {
-        flags: ACK,
-        server_v4: bed.server_v4.octets(),
-        client_v4: [10, 200, 0, 2],
-        client_port: port,
-        seq,
-        ack,
-        tcp_options: 0,
-        ..Spec::default()
-    };
-    HeldHandshake { _client: client, ack: frame(&spec), spec }
-}
-
 /// The re-check after the reservation's fetch-add is what holds the limit
 /// when two CPUs judge the last slot at once (each read the port one short of
 /// full): thousands of rounds at limit - 1, two handshake-completing ACKs
@@ -1005,8 +941,8 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
     assert!(cpus >= 2, "a race needs two CPUs");
     let _all = CPUS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (bed, _ifindex) = support::outside::enter("shedpt6");
-    let _listener = deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
-    let flows = [held_handshake(&bed), held_handshake(&bed)];
+    let _listener = support::handshake::deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
+    let flows = [support::handshake::held(&bed, PORT), support::handshake::held(&bed, PORT)];
     let epoch_now = || shed::host::system::monotonic_ns() >> MIN_SHIFT;
     for hook in HOOKS {
         let mut h = Harness::alone(2, action::DROP, false);

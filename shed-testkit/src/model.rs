@@ -74,6 +74,9 @@ pub struct ModelState {
     pub rst_budget: RstBudget,
     /// Share rejections plus trickle admissions so far on the CPU (the trickle's clock).
     pub trickle_seen: u64,
+    /// Whether a verified client holding less than its share was refused within
+    /// the last second (the client share binds at the ACK).
+    pub contended: bool,
     /// The namespace's own addresses (IPv4-mapped for IPv4); loopback is always local.
     pub local: Vec<[u8; 16]>,
     /// Longest-prefix tiers: (prefix length over the mapped address, address, tier).
@@ -96,6 +99,8 @@ pub struct Outcome {
     pub counters: [u64; counter::COUNT],
     /// Gate-wide counters (see [`gate_counter`]).
     pub gate: [u64; gate_counter::COUNT],
+    /// Reservations taken in the port's handshake ring (an admission at the ACK).
+    pub reserved: u64,
 }
 
 /// What the policy makes of a frame before any port is looked at.
@@ -105,6 +110,8 @@ enum Frame {
     Refuse(usize),
     LaterFragment,
     Syn(Syn),
+    /// A segment with ACK (and not SYN or RST): judged only if it completes a handshake.
+    Ack(Syn),
 }
 
 struct Syn {
@@ -115,6 +122,7 @@ struct Syn {
     client_port: u16,
     server_port: u16,
     seq: u32,
+    ack_seq: u32,
 }
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
@@ -215,10 +223,10 @@ fn parse(f: &[u8]) -> Frame {
     let Some(tcp) = f.get(l4..l4 + 20) else { return Frame::Pass };
     let flags = tcp[13];
     let (fin, syn, rst, ack) = (flags & 0x01 != 0, flags & 0x02 != 0, flags & 0x04 != 0, flags & 0x10 != 0);
-    if tcp[12] >> 4 < 5 || !syn || ack || rst || fin {
+    if tcp[12] >> 4 < 5 || rst {
         return Frame::Pass;
     }
-    Frame::Syn(Syn {
+    let segment = Syn {
         l2_len: l3,
         v6,
         client,
@@ -226,7 +234,13 @@ fn parse(f: &[u8]) -> Frame {
         client_port: u16::from_be_bytes([tcp[0], tcp[1]]),
         server_port: u16::from_be_bytes([tcp[2], tcp[3]]),
         seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
-    })
+        ack_seq: u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
+    };
+    match (syn, ack) {
+        (true, false) if !fin => Frame::Syn(segment),
+        (false, true) => Frame::Ack(segment),
+        _ => Frame::Pass,
+    }
 }
 
 fn tier_of(tiers: &[(u32, [u8; 16], u8)], addr: &[u8; 16]) -> u8 {
@@ -236,7 +250,10 @@ fn tier_of(tiers: &[(u32, [u8; 16], u8)], addr: &[u8; 16]) -> u8 {
     tiers.iter().filter(|(len, net, _)| matches(*len, net)).max_by_key(|(len, _, _)| *len).map_or(tier::NORMAL, |t| t.2)
 }
 
-fn rst_reply(frame: &[u8], syn: &Syn) -> Vec<u8> {
+/// The reset RFC 793 gives a segment: to a SYN, `SEQ=0, ACK=SEG.SEQ+1, CTL=RST,ACK`;
+/// to an ACK, `SEQ=SEG.ACK, CTL=RST`.
+fn rst_reply(frame: &[u8], syn: &Syn, to_ack: bool) -> Vec<u8> {
+    let (seq, ack, flags) = if to_ack { (syn.ack_seq, 0, 0x04) } else { (0, syn.seq.wrapping_add(1), 0x14) };
     let mut out = Vec::new();
     out.extend_from_slice(&frame[6..12]);
     out.extend_from_slice(&frame[0..6]);
@@ -244,9 +261,9 @@ fn rst_reply(frame: &[u8], syn: &Syn) -> Vec<u8> {
     let mut tcp = Vec::new();
     tcp.extend_from_slice(&syn.server_port.to_be_bytes());
     tcp.extend_from_slice(&syn.client_port.to_be_bytes());
-    tcp.extend_from_slice(&[0, 0, 0, 0]);
-    tcp.extend_from_slice(&syn.seq.wrapping_add(1).to_be_bytes());
-    tcp.extend_from_slice(&[0x50, 0x14, 0, 0, 0, 0, 0, 0]);
+    tcp.extend_from_slice(&seq.to_be_bytes());
+    tcp.extend_from_slice(&ack.to_be_bytes());
+    tcp.extend_from_slice(&[0x50, flags, 0, 0, 0, 0, 0, 0]);
     if syn.v6 {
         let mut ip = vec![0x60, 0, 0, 0, 0, 20, 6, 64];
         ip.extend_from_slice(&syn.server);
@@ -291,20 +308,21 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
     let mut gate = [0u64; gate_counter::COUNT];
     let syn = match parse(frame) {
         Frame::Syn(syn) if syn.v6 && syn.client[..12] == mapped(&[0; 4])[..12] => {
-            return Outcome { verdict: Expected::Pass, counters, gate };
+            return Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
         }
         Frame::Syn(syn) => syn,
-        Frame::Pass => return Outcome { verdict: Expected::Pass, counters, gate },
+        // The harness's listener holds no handshake and a fuzzed ACK no valid cookie.
+        Frame::Pass | Frame::Ack(_) => return Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 },
         Frame::LaterFragment => {
             gate[gate_counter::LATER_FRAGMENT] += 1;
-            return Outcome { verdict: Expected::Pass, counters, gate };
+            return Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
         }
         Frame::Refuse(why) => {
             gate[why] += 1;
-            return Outcome { verdict: Expected::Drop, counters, gate };
+            return Outcome { verdict: Expected::Drop, counters, gate, reserved: 0 };
         }
     };
-    let pass = |counters| Outcome { verdict: Expected::Pass, counters, gate };
+    let pass = |counters| Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
     if syn.server_port != state.port {
         return pass(counters);
     }
@@ -326,24 +344,95 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     }
-    let refusal = refusal(state, t);
-    if refusal == Refusal::ShareTrickled {
-        counters[counter::TRICKLE] += 1;
-    }
-    let reason = match refusal {
-        Refusal::None | Refusal::ShareTrickled => None,
-        Refusal::Limit => Some(counter::REJECTED_LIMIT),
-        Refusal::Share => Some(counter::REJECTED_SHARE),
-        Refusal::ClientCap => Some(counter::REJECTED_CLIENT_CAP),
-    };
-    // Dry run: passes what it would refuse (counted at the handshake-completing ACK, not modelled).
-    let Some(reason) = reason.filter(|_| c.dry_run == 0) else {
+    let Some(reason) = judged(state, t, Step::Syn, &mut counters) else {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     };
+    // Dry run: passes what it would refuse (counted at the handshake-completing ACK, not modelled).
+    if c.dry_run != 0 {
+        counters[counter::SYN_PASSED] += 1;
+        return pass(counters);
+    }
+    let verdict = refuse(frame, &syn, state, t, reason, Step::Syn, &mut counters);
+    Outcome { verdict, counters, gate, reserved: 0 }
+}
+
+/// What the gate should do with `frame`, an ACK that completes a handshake the
+/// kernel holds (a request socket whose ISN + 1 it acknowledges: the harness
+/// guarantees it), in `state`. The policy (docs/DESIGN.md, "Handshake-completing
+/// ACK"): the source is proven, so here every tier is judged; an exempt client
+/// passes (counted as admitted by its tier, taking no slot); critical and
+/// normal meet their tier's share here, having passed their SYN unjudged (low's
+/// and an untiered port's share was judged at the SYN, and is not judged twice);
+/// a client holding its share of the limit is refused while clients holding
+/// less are being refused (contention); a refusal is counted as refused at the
+/// ACK and by verified tier, and answered with a reset (`rst`, and `http`: the
+/// kernel's handshake is under way) or dropped; dry run admits what it would
+/// refuse and counts it; an admission takes one reservation.
+pub fn decide_ack(frame: &[u8], state: &ModelState) -> Outcome {
+    let mut counters = [0u64; counter::COUNT];
+    let gate = [0u64; gate_counter::COUNT];
+    let Frame::Ack(ack) = parse(frame) else { panic!("decide_ack is for ACK frames") };
+    let c = &state.config;
+    let t = if c.tiered != 0 { tier_of(&state.tiers, &ack.client) } else { tier::NORMAL };
+    let admitted_by_tier = counter::ADMITTED_BY_TIER + usize::from(t);
+    if t == tier::EXEMPT {
+        counters[admitted_by_tier] += 1;
+        return Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
+    }
+    let reason = judged(state, t, Step::Ack, &mut counters);
+    if let Some(reason) = reason
+        && c.dry_run == 0
+    {
+        counters[counter::REFUSED_AT_ACK] += 1;
+        counters[counter::VERIFIED_REJECTED_BY_TIER + usize::from(t)] += 1;
+        let verdict = refuse(frame, &ack, state, t, reason, Step::Ack, &mut counters);
+        return Outcome { verdict, counters, gate, reserved: 0 };
+    }
+    if reason.is_some() {
+        counters[counter::DRY_RUN_WOULD_REJECT] += 1;
+    }
+    counters[counter::ADMITTED] += 1;
+    counters[admitted_by_tier] += 1;
+    Outcome { verdict: Expected::Pass, counters, gate, reserved: 1 }
+}
+
+/// Where a connection is judged: its SYN (an unproven source) or the ACK that completes its handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Syn,
+    Ack,
+}
+
+/// The counter of the rule that refuses a client of tier `t` at `step`, if one
+/// does (the trickle counted as it lets one through).
+fn judged(state: &ModelState, t: u8, step: Step, counters: &mut [u64; counter::COUNT]) -> Option<usize> {
+    match refusal(state, t, step) {
+        Refusal::None => None,
+        Refusal::ShareTrickled => {
+            counters[counter::TRICKLE] += 1;
+            None
+        }
+        Refusal::Limit => Some(counter::REJECTED_LIMIT),
+        Refusal::Share => Some(counter::REJECTED_SHARE),
+        Refusal::ClientCap => Some(counter::REJECTED_CLIENT_CAP),
+        Refusal::ClientShare => Some(counter::REJECTED_CLIENT_SHARE),
+    }
+}
+
+/// A refusal for `reason`, counted with its tier, and what it sends.
+fn refuse(
+    frame: &[u8],
+    segment: &Syn,
+    state: &ModelState,
+    t: u8,
+    reason: usize,
+    step: Step,
+    counters: &mut [u64; counter::COUNT],
+) -> Expected {
     counters[reason] += 1;
     counters[counter::REJECTED_BY_TIER + usize::from(t)] += 1;
-    let verdict = match reply(state, t, &syn.client) {
+    match reply(state, t, &segment.client, step) {
         Reply::Drop => Expected::Drop,
         Reply::Withheld(why) => {
             counters[why] += 1;
@@ -351,19 +440,19 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         }
         Reply::Rst => {
             counters[counter::RST_SENT] += 1;
-            Expected::Rst(rst_reply(frame, &syn))
+            Expected::Rst(rst_reply(frame, segment, step == Step::Ack))
         }
-    };
-    Outcome { verdict, counters, gate }
+    }
 }
 
-/// Why a judged SYN of tier `t` is refused, by the policy's rules,
+/// Why a client of tier `t` is refused at `step`, by the policy's rules,
 /// each stated on its own and then ranked (docs/DESIGN.md, "Untrusted traffic"):
 /// the whole limit is a hard stop; a tier's share of the limit, less the room
 /// held back for the tiers above it, sheds lower tiers first, except that every
 /// 16th such refusal on a CPU is let through (the trickle); a client holding its
-/// cap is refused. A SYN the trickle lets through is an admission: no later rule
-/// is asked of it.
+/// cap is refused; at the ACK, a client holding its share of the limit is refused
+/// while others are being refused. One the trickle lets through is an admission:
+/// no later rule is asked of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     None,
@@ -372,9 +461,10 @@ pub enum Refusal {
     /// Over its tier's share, and let through by the trickle.
     ShareTrickled,
     ClientCap,
+    ClientShare,
 }
 
-fn refusal(state: &ModelState, t: u8) -> Refusal {
+fn refusal(state: &ModelState, t: u8, step: Step) -> Refusal {
     let c = &state.config;
     let limit = i128::from(state.limit);
     let in_flight = i128::from(state.in_flight);
@@ -385,14 +475,33 @@ fn refusal(state: &ModelState, t: u8) -> Refusal {
     // once what the port holds reaches it.
     let port_room = limit - in_flight;
     let tier_room = (limit * share_permille).div_euclid(1000) - i128::from(state.held_back[usize::from(t)]) - in_flight;
+    // A tier's share is judged once per connection: where its tier is judged.
+    let share_judged = match step {
+        Step::Syn => true,
+        Step::Ack => c.tiered != 0 && t < tier::LOW,
+    };
     let trickle_turn = (state.trickle_seen + 1).is_multiple_of(TRICKLE_EVERY);
     let at_cap = c.client_cap != 0 && state.client_held >= i64::from(c.client_cap);
+    let over_its_share =
+        step == Step::Ack && state.contended && client_share_cap(c.client_share, state.limit).is_some_and(|cap| state.client_held >= cap);
     let rules = [
         (port_room <= 0, Refusal::Limit),
-        (tier_room <= 0, if trickle_turn { Refusal::ShareTrickled } else { Refusal::Share }),
+        (share_judged && tier_room <= 0, if trickle_turn { Refusal::ShareTrickled } else { Refusal::Share }),
         (at_cap, Refusal::ClientCap),
+        (over_its_share, Refusal::ClientShare),
     ];
     rules.into_iter().find(|(broken, _)| *broken).map_or(Refusal::None, |(_, why)| why)
+}
+
+/// What one client may hold while others are refused (`--client-share`, a
+/// percentage of the limit): at least one connection, and no bound at all if
+/// that is the whole limit, or the share is 0 (off).
+fn client_share_cap(percent: u8, limit: u32) -> Option<i64> {
+    if percent == 0 {
+        return None;
+    }
+    let cap = (i64::from(limit) * i64::from(percent) / 100).max(1);
+    (cap < i64::from(limit)).then_some(cap)
 }
 
 /// What a refusal sends.
@@ -405,11 +514,14 @@ enum Reply {
 
 /// The tier's own action, else the port's; a reset only to an address that can
 /// be a client, and only while the client's prefix and the port have budget.
-fn reply(state: &ModelState, t: u8, client: &[u8; 16]) -> Reply {
+/// At the ACK an `http` port resets too (the kernel's handshake is under way);
+/// its answer at the SYN is not modelled (the program tests compare it whole).
+fn reply(state: &ModelState, t: u8, client: &[u8; 16], step: Step) -> Reply {
     let c = &state.config;
     let own = c.tier_action[usize::from(t)];
     let action = if own == tier::ACTION_DEFAULT { c.action } else { own };
-    if action != action::RST {
+    assert!(step == Step::Ack || action != action::HTTP, "the model does not cover the http answer at the SYN");
+    if action != action::RST && action != action::HTTP {
         return Reply::Drop;
     }
     if !answerable(state, client) {
@@ -426,6 +538,10 @@ fn reply(state: &ModelState, t: u8, client: &[u8; 16]) -> Reply {
 mod rules {
     use super::*;
 
+    fn refusal_at_syn(state: &ModelState, t: u8) -> Refusal {
+        refusal(state, t, Step::Syn)
+    }
+
     fn untiered() -> PortConfig {
         PortConfig::new(0, action::DROP, false, shed_common::count_mode::CONNECTIONS)
     }
@@ -440,6 +556,7 @@ mod rules {
             held_back: [0; 4],
             rst_budget: RstBudget { prefix: true, port: true },
             trickle_seen: 0,
+            contended: false,
             local: Vec::new(),
             tiers: Vec::new(),
         }
@@ -448,41 +565,41 @@ mod rules {
     #[test]
     fn the_limit_is_a_hard_stop() {
         // critical's share is the whole limit.
-        assert_eq!(refusal(&state(10, 9), tier::CRITICAL), Refusal::None);
-        assert_eq!(refusal(&state(10, 10), tier::CRITICAL), Refusal::Limit);
-        assert_eq!(refusal(&state(0, 0), tier::CRITICAL), Refusal::Limit, "a limit of 0 admits nothing");
+        assert_eq!(refusal_at_syn(&state(10, 9), tier::CRITICAL), Refusal::None);
+        assert_eq!(refusal_at_syn(&state(10, 10), tier::CRITICAL), Refusal::Limit);
+        assert_eq!(refusal_at_syn(&state(0, 0), tier::CRITICAL), Refusal::Limit, "a limit of 0 admits nothing");
         // The limit outranks a full share and the trickle's turn.
         let s = ModelState { trickle_seen: 15, ..state(10, 10) };
-        assert_eq!(refusal(&s, tier::LOW), Refusal::Limit);
+        assert_eq!(refusal_at_syn(&s, tier::LOW), Refusal::Limit);
     }
 
     #[test]
     fn a_share_is_rounded_down_less_the_room_held_back() {
         // low: 25% of 10 is 2.5, so 2.
-        assert_eq!(refusal(&state(10, 1), tier::LOW), Refusal::None);
-        assert_eq!(refusal(&state(10, 2), tier::LOW), Refusal::Share);
+        assert_eq!(refusal_at_syn(&state(10, 1), tier::LOW), Refusal::None);
+        assert_eq!(refusal_at_syn(&state(10, 2), tier::LOW), Refusal::Share);
         // normal: 50% of 10 is 5; one slot held back for critical leaves 4.
         let held = ModelState { held_back: [0, 0, 1, 0], ..state(10, 4) };
-        assert_eq!(refusal(&held, tier::NORMAL), Refusal::Share);
-        assert_eq!(refusal(&ModelState { in_flight: 3, ..held.clone() }, tier::NORMAL), Refusal::None);
+        assert_eq!(refusal_at_syn(&held, tier::NORMAL), Refusal::Share);
+        assert_eq!(refusal_at_syn(&ModelState { in_flight: 3, ..held.clone() }, tier::NORMAL), Refusal::None);
         // More held back than the share: no room at all, even with nothing held.
         let all = ModelState { held_back: [0, 0, 0, 9], ..state(10, 0) };
-        assert_eq!(refusal(&all, tier::LOW), Refusal::Share);
+        assert_eq!(refusal_at_syn(&all, tier::LOW), Refusal::Share);
         // An untiered port is one tier with the whole limit.
         let untiered = ModelState { config: untiered(), ..state(10, 9) };
-        assert_eq!(refusal(&untiered, tier::NORMAL), Refusal::None);
+        assert_eq!(refusal_at_syn(&untiered, tier::NORMAL), Refusal::None);
     }
 
     #[test]
     fn every_sixteenth_share_refusal_is_let_through_and_asked_nothing_more() {
         let full = ModelState { client_held: 9, config: PortConfig { client_cap: 1, ..state(10, 2).config }, ..state(10, 2) };
         let turns: Vec<bool> = (0..32)
-            .map(|seen| refusal(&ModelState { trickle_seen: seen, ..full.clone() }, tier::LOW) == Refusal::ShareTrickled)
+            .map(|seen| refusal_at_syn(&ModelState { trickle_seen: seen, ..full.clone() }, tier::LOW) == Refusal::ShareTrickled)
             .collect();
         assert_eq!(turns.iter().filter(|t| **t).count(), 2);
         assert!(turns[15] && turns[31]);
         // Under its share the cap applies.
-        assert_eq!(refusal(&ModelState { in_flight: 0, ..full }, tier::LOW), Refusal::ClientCap);
+        assert_eq!(refusal_at_syn(&ModelState { in_flight: 0, ..full }, tier::LOW), Refusal::ClientCap);
     }
 
     #[test]
@@ -492,28 +609,57 @@ mod rules {
             config: PortConfig { client_cap: 2, ..state(10, 0).config },
             ..state(10, 0)
         };
-        assert_eq!(refusal(&capped(1), tier::CRITICAL), Refusal::None);
-        assert_eq!(refusal(&capped(2), tier::CRITICAL), Refusal::ClientCap);
+        assert_eq!(refusal_at_syn(&capped(1), tier::CRITICAL), Refusal::None);
+        assert_eq!(refusal_at_syn(&capped(2), tier::CRITICAL), Refusal::ClientCap);
         let off = ModelState { client_held: 100, ..state(10, 0) };
-        assert_eq!(refusal(&off, tier::CRITICAL), Refusal::None, "a cap of 0 is off");
+        assert_eq!(refusal_at_syn(&off, tier::CRITICAL), Refusal::None, "a cap of 0 is off");
+    }
+
+    #[test]
+    fn at_the_ack_a_share_is_judged_only_where_the_syn_did_not_judge_it() {
+        // normal (50% of 10) and low (25%) both over their share, well under the limit.
+        let s = state(10, 6);
+        assert_eq!(refusal(&s, tier::NORMAL, Step::Ack), Refusal::Share, "normal passed its SYN unjudged");
+        assert_eq!(refusal(&s, tier::LOW, Step::Ack), Refusal::None, "low's share was judged at its SYN");
+        let untiered = ModelState { config: untiered(), held_back: [0, 0, 9, 0], ..state(10, 6) };
+        assert_eq!(refusal(&untiered, tier::NORMAL, Step::Ack), Refusal::None);
+        assert_eq!(refusal(&untiered, tier::NORMAL, Step::Syn), Refusal::Share);
+    }
+
+    #[test]
+    fn at_the_ack_a_client_at_its_share_is_refused_only_under_contention() {
+        let mut s = state(10, 0);
+        s.config.client_share = 50;
+        s.client_held = 5;
+        assert_eq!(refusal(&s, tier::CRITICAL, Step::Ack), Refusal::None, "alone, a client gets the whole port");
+        s.contended = true;
+        assert_eq!(refusal(&s, tier::CRITICAL, Step::Ack), Refusal::ClientShare);
+        assert_eq!(refusal(&s, tier::CRITICAL, Step::Syn), Refusal::None, "never on an unproven source");
+        s.client_held = 4;
+        assert_eq!(refusal(&s, tier::CRITICAL, Step::Ack), Refusal::None);
+        // At least one; none when that would be the whole limit.
+        assert_eq!(client_share_cap(10, 3), Some(1));
+        assert_eq!(client_share_cap(50, 1), None);
+        assert_eq!(client_share_cap(0, 100), None);
+        assert_eq!(client_share_cap(30, 10), Some(3));
     }
 
     #[test]
     fn a_reset_needs_an_answerable_client_and_budget() {
         let client = mapped(&[192, 0, 2, 1]);
         let rst = ModelState { config: PortConfig { action: action::RST, ..state(1, 1).config }, ..state(1, 1) };
-        assert!(matches!(reply(&rst, tier::LOW, &client), Reply::Rst));
-        assert!(matches!(reply(&rst, tier::LOW, &mapped(&[224, 0, 0, 1])), Reply::Withheld(counter::RST_SUPPRESSED)));
+        assert!(matches!(reply(&rst, tier::LOW, &client, Step::Syn), Reply::Rst));
+        assert!(matches!(reply(&rst, tier::LOW, &mapped(&[224, 0, 0, 1]), Step::Syn), Reply::Withheld(counter::RST_SUPPRESSED)));
         let mut dropping = rst.clone();
         dropping.config.tier_action[usize::from(tier::LOW)] = action::DROP;
-        assert!(matches!(reply(&dropping, tier::LOW, &client), Reply::Drop));
-        assert!(matches!(reply(&dropping, tier::NORMAL, &client), Reply::Rst), "the port's action for the others");
+        assert!(matches!(reply(&dropping, tier::LOW, &client, Step::Syn), Reply::Drop));
+        assert!(matches!(reply(&dropping, tier::NORMAL, &client, Step::Syn), Reply::Rst), "the port's action for the others");
         let mut spent = rst.clone();
         spent.config.rst_per_sec = 5;
         spent.rst_budget.port = false;
-        assert!(matches!(reply(&spent, tier::LOW, &client), Reply::Withheld(counter::RST_RATE_LIMITED)));
+        assert!(matches!(reply(&spent, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)));
         spent.config.rst_per_sec = 0;
-        assert!(matches!(reply(&spent, tier::LOW, &client), Reply::Rst), "no rate, no cap");
+        assert!(matches!(reply(&spent, tier::LOW, &client, Step::Syn), Reply::Rst), "no rate, no cap");
     }
 }
 

@@ -3,6 +3,7 @@
 //! these tests need.
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
+pub(crate) mod handshake;
 pub(crate) mod outside;
 #[allow(unused_imports, reason = "each test binary uses a different part")]
 pub(crate) use shed_testkit::{frames, gate, metrics};
