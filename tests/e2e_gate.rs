@@ -89,7 +89,10 @@ fn limit_5_rst(hook: &str, v6: bool) {
     let _peer = (hook == "xdp").then(|| xdp_peer(&bed));
     let addr = bed.server_addr(v6, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections", "--hook", hook]);
+    let gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--limit", "5", "--action", "rst", "--count", "connections", "--hook", hook],
+    );
 
     let results = connect_sequential(&bed, addr, 20, Duration::from_secs(1));
     let mut held = Vec::new();
@@ -251,7 +254,10 @@ fn dry_run_admits_everyone_and_counts_would_reject() {
     let bed = Testbed::create("shedtr").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
-    let gate = Gate::start(&bed, &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run", "--count", "connections"]);
+    let gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--limit", "2", "--action", "rst", "--dry-run", "--count", "connections"],
+    );
     let held: Vec<TcpStream> = connect_sequential(&bed, addr, 6, Duration::from_secs(1))
         .into_iter()
         .map(|(r, _)| r.expect("dry-run admits"))
@@ -514,7 +520,20 @@ fn forged_syn_flood_cannot_turn_the_gate_into_a_reflector() {
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let _gate = Gate::start(
         &bed,
-        &["--port", "8080", "--limit", "1", "--action", "rst", "--rst-rate", "200", "--rst-prefix-rate", "20", "--count", "connections"],
+        &[
+            "--port",
+            "8080",
+            "--limit",
+            "1",
+            "--action",
+            "rst",
+            "--rst-rate",
+            "200",
+            "--rst-prefix-rate",
+            "20",
+            "--count",
+            "connections",
+        ],
     );
     let _held = connect_sequential(&bed, addr, 1, Duration::from_secs(1)).pop().unwrap().0.expect("fills the limit");
 

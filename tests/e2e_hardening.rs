@@ -55,7 +55,16 @@ fn a_segment_crossing_stacked_devices_is_judged_once() {
         let addr = bed.server_addr(false, PORT);
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
         let _gate = Gate::attach(&[
-            "--netns", sn, "--port", "8080", "--limit", "5", "--count", "connections", "--action", "rst",
+            "--netns",
+            sn,
+            "--port",
+            "8080",
+            "--limit",
+            "5",
+            "--count",
+            "connections",
+            "--action",
+            "rst",
         ]);
         // 20 connections, opened and closed one by one.
         testbed::run_in(&bed.client_ns, move || {
@@ -144,7 +153,9 @@ fn one_port_cannot_fill_the_shared_maps_for_the_others() {
     let _held_b = Backend::start(&bed.server_ns, b, Service::Hold).expect("backend");
     // 1,100 client addresses in 10.201.0.0/16, routed back by the server through
     // the client's own address (one neighbour entry, not 1,100: the table holds 1,024).
-    let batch: String = (0..1_100u32).map(|i| format!("addr add 10.201.{}.{}/32 dev {}\n", i / 250, 1 + i % 250, bed.client_if)).collect();
+    let batch: String = (0..1_100u32)
+        .map(|i| format!("addr add 10.201.{}.{}/32 dev {}\n", i / 250, 1 + i % 250, bed.client_if))
+        .collect();
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), batch).unwrap();
     ip(&["-n", &bed.client_ns, "-batch", file.path().to_str().unwrap()]);
@@ -152,8 +163,20 @@ fn one_port_cannot_fill_the_shared_maps_for_the_others() {
     let _gate = Gate::start(
         &bed,
         &[
-            "--port", "8080", "--port", "8081", "--limit", "5000", "--count", "connections", "--action", "rst",
-            "--max-connections", "1024", "--max-clients", "1024",
+            "--port",
+            "8080",
+            "--port",
+            "8081",
+            "--limit",
+            "5000",
+            "--count",
+            "connections",
+            "--action",
+            "rst",
+            "--max-connections",
+            "1024",
+            "--max-clients",
+            "1024",
         ],
     );
     let quotas = wait_for_stats(PORT, Duration::from_secs(3), "quotas written", |s| field(s, "connection_quota") > 0);
@@ -201,8 +224,20 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
     let mut gate = Gate::launch(
         std::path::Path::new(&support::gate::shedctl_path()),
         &[
-            "--netns", &bed.server_ns, "--iface", &bed.server_if, "--port", "8080", "--limit", "1", "--action", "rst",
-            "--count", "connections", "--metrics", endpoint,
+            "--netns",
+            &bed.server_ns,
+            "--iface",
+            &bed.server_if,
+            "--port",
+            "8080",
+            "--limit",
+            "1",
+            "--action",
+            "rst",
+            "--count",
+            "connections",
+            "--metrics",
+            endpoint,
         ],
         Log::Capture,
     )
@@ -272,10 +307,8 @@ fn ten_thousand_tiers_load_at_once() {
     }
     std::fs::write(&file, text).unwrap();
     let started = Instant::now();
-    let gate = Gate::start(
-        &bed,
-        &["--port", "8080", "--limit", "5", "--tier-file", file.to_str().unwrap(), "--kernel-log"],
-    );
+    let gate =
+        Gate::start(&bed, &["--port", "8080", "--limit", "5", "--tier-file", file.to_str().unwrap(), "--kernel-log"]);
     let took = started.elapsed();
     let out = support::gate::shedctl(&["tier", "ls", "--json"]);
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("tier ls --json");
@@ -346,7 +379,10 @@ fn nat_that_bypasses_the_gate_is_refused_at_attach() {
         "table ip nat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 8081 dnat to 10.244.1.5:8080; }\n}\n",
     );
     drop(Gate::attach(&args));
-    nft(&bed.server_ns, "table ip nat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 80 redirect to :8080; }\n}\n");
+    nft(
+        &bed.server_ns,
+        "table ip nat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 80 redirect to :8080; }\n}\n",
+    );
     let shedctl = std::path::PathBuf::from(shed_testkit::gate::shedctl_path());
     let refused = Gate::launch(&shedctl, &args, Log::Capture).err().expect("attach refuses the redirect");
     let why = refused.to_string();
@@ -357,7 +393,11 @@ fn nat_that_bypasses_the_gate_is_refused_at_attach() {
     );
     let allowed: Vec<&str> = args.iter().copied().chain(["--allow-nat"]).collect();
     let gate = Gate::attach(&allowed);
-    assert!(gate.log().contains("--allow-nat: connections this NAT rewrites reach the listener unjudged"), "{}", gate.log());
+    assert!(
+        gate.log().contains("--allow-nat: connections this NAT rewrites reach the listener unjudged"),
+        "{}",
+        gate.log()
+    );
 }
 
 /// TPROXY hands a connection to a listener on another port without NAT: the
@@ -461,7 +501,8 @@ fn a_reload_refuses_a_file_others_may_write() {
     std::fs::write(&config, "ports = [8080]\nlimit = 3\naction = \"rst\"\n").unwrap();
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
     let gate = Gate::start(&bed, &["--config", config.to_str().unwrap()]);
-    std::fs::write(&config, "ports = [8080]\nlimit = 7\naction = \"rst\"\n[tiers]\n\"0.0.0.0/0\" = \"exempt\"\n").unwrap();
+    std::fs::write(&config, "ports = [8080]\nlimit = 7\naction = \"rst\"\n[tiers]\n\"0.0.0.0/0\" = \"exempt\"\n")
+        .unwrap();
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o666)).unwrap();
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(gate.pid(), libc::SIGHUP) }, 0);

@@ -202,7 +202,8 @@ sys.stdout.write(got.decode())
     wait_for_stats(PORT, Duration::from_secs(5), "the port empty", |s| field(s, "in_flight") == 0);
     let admitted = client(&bed, Duration::from_secs(10), "/usr/bin/python3", &["-c", from_port, &server_ip]);
     assert!(String::from_utf8_lossy(&admitted.stdout).starts_with("HTTP/1.1 200 OK"), "{admitted:?}");
-    let holder = testbed::run_in(&bed.client_ns, move || testbed::connect(v4, Duration::from_secs(5))).unwrap().unwrap();
+    let holder =
+        testbed::run_in(&bed.client_ns, move || testbed::connect(v4, Duration::from_secs(5))).unwrap().unwrap();
     wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
     let reused = client(&bed, Duration::from_secs(10), "/usr/bin/python3", &["-c", from_port, &server_ip]);
     assert_shed_answer("a client port whose last connection is in the server's TIME_WAIT", &reused);
@@ -229,8 +230,20 @@ fn the_answer_leaves_by_xdp_too() {
         let _gate = Gate::start(
             &bed,
             &[
-                "--port", "8080", "--limit", "1", "--count", "connections", "--action", "http", "--retry-after", "2",
-                "--hook", "xdp", "--xdp-mode", mode,
+                "--port",
+                "8080",
+                "--limit",
+                "1",
+                "--count",
+                "connections",
+                "--action",
+                "http",
+                "--retry-after",
+                "2",
+                "--hook",
+                "xdp",
+                "--xdp-mode",
+                mode,
             ],
         );
         let v4 = bed.server_addr(false, PORT);

@@ -44,7 +44,20 @@ fn veth_case(name: &str, hook: &str, xdp_mode: &str) {
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
         let gate = Gate::start(
             &bed,
-            &["--port", "8080", "--limit", "1", "--action", "rst", "--count", "connections", "--hook", hook, "--xdp-mode", xdp_mode],
+            &[
+                "--port",
+                "8080",
+                "--limit",
+                "1",
+                "--action",
+                "rst",
+                "--count",
+                "connections",
+                "--hook",
+                hook,
+                "--xdp-mode",
+                xdp_mode,
+            ],
         );
         refuses_over_limit(&bed, &bed.client_ns, addr, &format!("veth {hook} {xdp_mode} v6={v6}"));
         // Native XDP RSTs on a veth need the peer's XDP (as here): the operator is warned.
@@ -63,7 +76,20 @@ fn loopback_case(name: &str, hook: &str, xdp_mode: &str) {
         let _gate = Gate::start_on(
             &bed,
             "lo",
-            &["--port", "8080", "--limit", "1", "--action", "rst", "--count", "connections", "--hook", hook, "--xdp-mode", xdp_mode],
+            &[
+                "--port",
+                "8080",
+                "--limit",
+                "1",
+                "--action",
+                "rst",
+                "--count",
+                "connections",
+                "--hook",
+                hook,
+                "--xdp-mode",
+                xdp_mode,
+            ],
         );
         refuses_over_limit(&bed, &bed.server_ns, addr, &format!("loopback {hook} {xdp_mode} v6={v6}"));
     }

@@ -244,8 +244,18 @@ fn forged_critical_syns_take_no_slot_and_trigger_no_hold_back() {
     let _gate = Gate::start(
         &bed,
         &[
-            "--port", "8080", "--limit", "10", "--action", "rst", "--count", "connections",
-            "--tier", "100.64.0.0/10=critical", "--tier", "10.200.0.4/32=low",
+            "--port",
+            "8080",
+            "--limit",
+            "10",
+            "--action",
+            "rst",
+            "--count",
+            "connections",
+            "--tier",
+            "100.64.0.0/10=critical",
+            "--tier",
+            "10.200.0.4/32=low",
         ],
     );
     // Normal's share of 10 is 9: real normal clients hold all of it.

@@ -68,12 +68,20 @@ fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip() {
     let far = DelayedLink::create(&bed.server_ns, "shedtu", 7, Duration::from_millis(25)).expect("delayed link");
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT));
     let service_us = Arc::new(AtomicU64::new(1_000));
-    let _backend =
-        Backend::start(&bed.server_ns, any, Service::Workers { workers: 16, service_us }).expect("backend");
+    let _backend = Backend::start(&bed.server_ns, any, Service::Workers { workers: 16, service_us }).expect("backend");
     let endpoint = "127.0.0.1:19466";
     // The whole namespace: the veth the flood arrives on and the link the clients use.
     let _gate = Gate::attach(&[
-        "--netns", &bed.server_ns, "--port", "8080", "--limit", "50", "--action", "rst", "--metrics", endpoint,
+        "--netns",
+        &bed.server_ns,
+        "--port",
+        "8080",
+        "--limit",
+        "50",
+        "--action",
+        "rst",
+        "--metrics",
+        endpoint,
     ]);
     let started = Instant::now();
     let ping = testbed::run_in(&far.far_ns, {
@@ -284,7 +292,16 @@ fn forwarded_connections_are_never_judged() {
     let _local_backend = Backend::start(&bed.server_ns, local, Service::Echo).expect("router's own service");
     // The router is gated on every interface (as the DaemonSet runs), port 8080, limit 1.
     let _gate = Gate::attach(&[
-        "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst", "--count", "connections",
+        "--netns",
+        &bed.server_ns,
+        "--port",
+        "8080",
+        "--limit",
+        "1",
+        "--action",
+        "rst",
+        "--count",
+        "connections",
     ]);
     // Six connections forwarded through the router to the remote server on the protected port.
     let forwarded: Vec<_> = testbed::run_in(&bed.client_ns, move || {
@@ -344,7 +361,16 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
 
     // The whole namespace (no --iface): the tun device is left out with a warning, the rest gated.
     let gate = Gate::attach(&[
-        "--netns", &bed.server_ns, "--port", "8080", "--limit", "1", "--action", "rst", "--count", "connections",
+        "--netns",
+        &bed.server_ns,
+        "--port",
+        "8080",
+        "--limit",
+        "1",
+        "--action",
+        "rst",
+        "--count",
+        "connections",
     ]);
     let held = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(2))).unwrap();
     assert!(held.is_ok(), "first connection fits the limit");
@@ -399,8 +425,10 @@ fn a_flooded_dry_run_port_leaves_the_other_ports_alone() {
     let _b1 = Backend::start(&bed.server_ns, flooded, Service::Echo).expect("backend");
     let _b2 = Backend::start(&bed.server_ns, other, Service::Echo).expect("backend");
     // Both ports share the gate; 8081 is in dry-run (admits everything it sees).
-    let _gate =
-        Gate::start(&bed, &["--port", "8080", "--port", "8081", "--limit", "5", "--action", "rst", "--dry-run", "--count", "connections"]);
+    let _gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--port", "8081", "--limit", "5", "--action", "rst", "--dry-run", "--count", "connections"],
+    );
     let out = shedctl(&["set", "--port", "8080", "--dry-run", "off"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let server = bed.server_v4;

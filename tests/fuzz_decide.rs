@@ -240,7 +240,10 @@ fn books_spec() -> impl Strategy<Value = Books> {
     (
         prop_oneof![Just(count_mode::CONNECTIONS), Just(count_mode::WORK), Just(count_mode::MULTIPLEXED)],
         (0u64..6, prop_oneof![4 => Just(0i64), 1 => -3i64..=3], 0u64..4),
-        ((0u64..3).prop_flat_map(|admitted| (Just(admitted), 0..=admitted)), prop_oneof![2 => Just(0u64), 1 => 1u64..3]),
+        (
+            (0u64..3).prop_flat_map(|admitted| (Just(admitted), 0..=admitted)),
+            prop_oneof![2 => Just(0u64), 1 => 1u64..3],
+        ),
         prop_oneof![2 => Just(0u64), 1 => 1u64..4],
         (prop_oneof![2 => Just(0u64), 1 => 1u64..3], prop_oneof![2 => Just(0u64), 1 => 1u64..4]),
     )
@@ -460,10 +463,8 @@ fn kernel_and_model_agree_on_every_frame() {
             ss.books.write(&mut loaded.maps, slot);
             // What the frame's client holds, as the socket tracepoint would have counted it.
             // Keyed by the model's own derivation of the client (not shed-common's).
-            let client_key = ClientKey {
-                slot,
-                addr: model::reference::client_addr(&client_of(&fs), config.client_prefix_v6),
-            };
+            let client_key =
+                ClientKey { slot, addr: model::reference::client_addr(&client_of(&fs), config.client_prefix_v6) };
             loaded.maps.clients.insert(client_key, ss.client_held, 0).unwrap();
             let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
             let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(&client_of(&fs)));
@@ -648,7 +649,13 @@ fn ack_spec(flows: usize) -> impl Strategy<Value = AckSpec> {
         any::<bool>(),
         prop::bool::weighted(0.2),
     )
-        .prop_map(|(flow, tier, client_share, contended, http)| AckSpec { flow, tier, client_share, contended, http })
+        .prop_map(|(flow, tier, client_share, contended, http)| AckSpec {
+            flow,
+            tier,
+            client_share,
+            contended,
+            http,
+        })
 }
 
 /// The ACK path on real handshakes: each case sends the ACK that completes one
@@ -760,7 +767,8 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                 ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
                 ..Default::default()
             };
-            let run = if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
+            let run =
+                if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
             let run = run.unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
             out.truncate(run.data_size_out as usize);
             let verdict = match (hook, run.return_value) {

@@ -516,7 +516,8 @@ fn tiers_by_longest_prefix_with_shares_and_exempt_bypass() {
         let c = h.counters();
         assert_eq!((c[counter::REJECTED_SHARE], c[counter::REJECTED_LIMIT], c[counter::EXEMPT]), (2, 1, 2), "{hook:?}");
         assert_eq!(c[counter::SYN_PASSED], 4, "{hook:?}: two low, one critical, one normal");
-        let by_tier = |base: usize| [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| c[base + t as usize]);
+        let by_tier =
+            |base: usize| [tier::EXEMPT, tier::CRITICAL, tier::NORMAL, tier::LOW].map(|t| c[base + t as usize]);
         assert_eq!(by_tier(counter::REJECTED_BY_TIER), [0, 0, 0, 3], "{hook:?}: rejected by tier");
         assert_eq!(by_tier(counter::ADMITTED_BY_TIER), [0; 4], "{hook:?}: SYNs admit nothing");
         assert_eq!(by_tier(counter::VERIFIED_REJECTED_BY_TIER), [0; 4], "{hook:?}: no SYN is a verified refusal");
@@ -1022,7 +1023,9 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
             neither += u64::from(taken == 0);
         }
         let c = h.counters();
-        println!("{hook:?}: {judged} of {ROUNDS} rounds judged, {neither} of them admitted neither, {admitted} admitted");
+        println!(
+            "{hook:?}: {judged} of {ROUNDS} rounds judged, {neither} of them admitted neither, {admitted} admitted"
+        );
         assert!(judged >= ROUNDS / 2, "{hook:?}: only {judged} of {ROUNDS} rounds ran within one epoch");
         // Every round here opens a reused cell on both CPUs at once (1 to 2% of
         // rounds meet the reset under way); traffic rarely does.
@@ -1083,14 +1086,25 @@ fn http_refusal_answers_every_segment_from_its_cookie() {
             assert_eq!(out, reply_frame(&syn_ack), "{what}: SYN-ACK");
             assert_eq!(cookie & 0x1ff, 0, "{what}: the cookie's offset bits are clear");
             let c = h.counters();
-            assert_eq!((c[counter::REJECTED_LIMIT], c[counter::HTTP_SYN_ACK], c[counter::RST_SENT]), (1, 1, 0), "{what}");
+            assert_eq!(
+                (c[counter::REJECTED_LIMIT], c[counter::HTTP_SYN_ACK], c[counter::RST_SENT]),
+                (1, 1, 0),
+                "{what}"
+            );
             assert_eq!(h.snapshot().pending(), 0, "{what}: the refusal holds nothing");
 
             let request = b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n";
             let text = http_503(7, "limit", "normal");
             let end = 1001 + request.len() as u32;
             let data = client(1001, cookie.wrapping_add(1), ACK | PSH, request);
-            let answer = Reply { to: &data, seq: cookie.wrapping_add(1), ack: end, flags: FIN | PSH | ACK, window: 65_535, payload: &text };
+            let answer = Reply {
+                to: &data,
+                seq: cookie.wrapping_add(1),
+                ack: end,
+                flags: FIN | PSH | ACK,
+                window: 65_535,
+                payload: &text,
+            };
             for attempt in ["request", "retransmitted request"] {
                 let (verdict, out) = h.run(hook, &frame(&data)).unwrap();
                 assert_eq!(verdict, rst(hook), "{what}: {attempt}");
@@ -1102,7 +1116,8 @@ fn http_refusal_answers_every_segment_from_its_cookie() {
             let (head, rest) = request.split_at(8);
             let first = client(1001, cookie.wrapping_add(1), ACK, head);
             let (verdict, out) = h.run(hook, &frame(&first)).unwrap();
-            let ack = Reply { to: &first, seq: cookie.wrapping_add(1), ack: 1009, flags: ACK, window: 65_535, payload: &[] };
+            let ack =
+                Reply { to: &first, seq: cookie.wrapping_add(1), ack: 1009, flags: ACK, window: 65_535, payload: &[] };
             assert_eq!((verdict, out), (rst(hook), reply_frame(&ack)), "{what}: the first part is acknowledged");
             let second = client(1009, cookie.wrapping_add(1), ACK, rest);
             let (verdict, out) = h.run(hook, &frame(&second)).unwrap();
@@ -1142,7 +1157,11 @@ fn http_refusal_answers_every_segment_from_its_cookie() {
             h.loaded.maps.user_state.set(slot, user, 0).unwrap();
             let (_, out) = h.run(hook, &frame(&data)).unwrap();
             let text = http_503(42, "limit", "normal");
-            assert_eq!(out, reply_frame(&Reply { payload: &text, ..Reply { to: &data, ..answer } }), "{what}: derived Retry-After");
+            assert_eq!(
+                out,
+                reply_frame(&Reply { payload: &text, ..Reply { to: &data, ..answer } }),
+                "{what}: derived Retry-After"
+            );
         }
     }
 }

@@ -178,7 +178,10 @@ pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
             let (goodput, glo, ghi) = stat(|r| r.goodput);
             let (attempts, alo, ahi) = stat(|r| r.attempts_per_success);
             let (p99, _, _) = stat(|r| r.p99_ms);
-            let syns = runs.iter().all(|r| r.syns_per_success.is_some()).then(|| stat(|r| r.syns_per_success.unwrap_or(0.0)).0);
+            let syns = runs
+                .iter()
+                .all(|r| r.syns_per_success.is_some())
+                .then(|| stat(|r| r.syns_per_success.unwrap_or(0.0)).0);
             println!(
                 "B11 {:<32} {load}x: goodput {:5.1}% ({:.1}-{:.1}), {attempts:.2} attempts per success, p99 {p99:.0} ms{}",
                 config.name,

@@ -30,7 +30,11 @@ const B4_LOADS: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 4.0];
 
 /// B4: goodput under overload, new connection per request, 1 s deadline.
 /// Returns the JSON result and the report section.
-pub(crate) fn b4(shedctl: &std::path::Path, scale: Scale, out: &std::path::Path) -> Result<(serde_json::Value, String)> {
+pub(crate) fn b4(
+    shedctl: &std::path::Path,
+    scale: Scale,
+    out: &std::path::Path,
+) -> Result<(serde_json::Value, String)> {
     use std::{
         sync::{
             Arc,

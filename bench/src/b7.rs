@@ -167,7 +167,13 @@ fn point(shedctl: &Path, gate: Gate, rate: u32, delay_ms: u64, window: Duration)
     };
     let late = (gate == Gate::ShedLateClient)
         .then(|| {
-            LateClient::start(&bed, Ipv4Addr::new(10, 200, 0, 77), PORT, Duration::from_secs(1), Duration::from_millis(250))
+            LateClient::start(
+                &bed,
+                Ipv4Addr::new(10, 200, 0, 77),
+                PORT,
+                Duration::from_secs(1),
+                Duration::from_millis(250),
+            )
         })
         .transpose()?;
     // Warm-up without the flood.
@@ -175,9 +181,8 @@ fn point(shedctl: &Path, gate: Gate, rate: u32, delay_ms: u64, window: Duration)
     thread::sleep(Duration::from_secs(1));
     drop(warm.finish());
     let server = bed.server_v4;
-    let flood = (rate > 0).then(|| {
-        testbed::spawn_in(&bed.client_ns, move || testbed::syn_flood_at(server, PORT, rate, window, forged))
-    });
+    let flood = (rate > 0)
+        .then(|| testbed::spawn_in(&bed.client_ns, move || testbed::syn_flood_at(server, PORT, rate, window, forged)));
     let started = Instant::now();
     let load = OpenLoop::start(&legit_ns, addr, Arc::new(AtomicU64::new(LEGIT_PER_SEC)), Duration::from_secs(1));
     thread::sleep(window);

@@ -22,11 +22,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use shed::{
-    daemon::heal::Healer,
-    observe::report::HealReport,
-    kernel::maps::GateMaps,
-};
+use shed::{daemon::heal::Healer, kernel::maps::GateMaps, observe::report::HealReport};
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
 use crate::{

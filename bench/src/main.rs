@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 use crate::common::{Scale, results_dir};
 
 mod b1;
+mod b11;
 mod b2;
 mod b3;
 mod b4;
@@ -24,7 +25,6 @@ mod b5;
 mod b6;
 mod b7;
 mod b8;
-mod b11;
 mod b9;
 mod common;
 mod demo;

@@ -250,7 +250,10 @@ impl HandshakeStamp {
     #[inline(always)]
     pub const fn free_for(&self, flow: u32, now_epoch: u64) -> bool {
         self.state != stamp_state::CLAIMED
-            && (self.flow == 0 || self.flow == flow || self.state != stamp_state::ADMITTED || !live(self.epoch, now_epoch))
+            && (self.flow == 0
+                || self.flow == flow
+                || self.state != stamp_state::ADMITTED
+                || !live(self.epoch, now_epoch))
     }
 }
 #[cfg(target_endian = "little")]

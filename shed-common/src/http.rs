@@ -277,7 +277,8 @@ pub fn tcp_segment(
     let q = seq.to_be_bytes();
     let a = ack.to_be_bytes();
     let w = WINDOW.to_be_bytes();
-    let mut h = [s[0], s[1], d[0], d[1], q[0], q[1], q[2], q[3], a[0], a[1], a[2], a[3], 0x50, flags, w[0], w[1], 0, 0, 0, 0];
+    let mut h =
+        [s[0], s[1], d[0], d[1], q[0], q[1], q[2], q[3], a[0], a[1], a[2], a[3], 0x50, flags, w[0], w[1], 0, 0, 0, 0];
     let c = finish(pseudo_sum + payload_sum + sum_words(&h)).to_be_bytes();
     h[16] = c[0];
     h[17] = c[1];
@@ -313,7 +314,11 @@ mod tests {
                 assert!(s.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{s}");
                 assert!(s.contains("\r\nRetry-After: 000\r\n") && s.contains("\r\nConnection: close\r\n"));
                 assert!(s.contains("\r\nContent-Length: 0\r\n"));
-                let shed = std::format!("\r\nShed: kernel; reason={}; tier={}\r\n\r\n", reason::NAMES[r as usize], crate::tier::NAMES[t as usize]);
+                let shed = std::format!(
+                    "\r\nShed: kernel; reason={}; tier={}\r\n\r\n",
+                    reason::NAMES[r as usize],
+                    crate::tier::NAMES[t as usize]
+                );
                 assert!(s.ends_with(&shed), "{s}");
                 assert_eq!(&a.bytes[RETRY_DIGITS_AT..RETRY_DIGITS_AT + 3], b"000");
                 assert!(a.len as usize <= ANSWER_MAX && a.len < 536);

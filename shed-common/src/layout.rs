@@ -3,7 +3,9 @@
 //! asserted, so the kernel and userspace read the same bytes.
 use core::mem::size_of;
 
-use crate::{DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, action, counter, gate_counter, handshake, latency, tier};
+use crate::{
+    DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, action, counter, gate_counter, handshake, latency, tier,
+};
 
 /// The namespace's addresses in [`map::LOCAL_ADDRS`]: a two-choice hash
 /// table in an array, so the gate finds an address with two array lookups
@@ -342,7 +344,8 @@ impl UserPortState {
     /// Whether the port may insert one more client entry.
     #[inline(always)]
     pub const fn client_room(&self, state: &PortState) -> bool {
-        self.client_quota == 0 || (state.clients_added.wrapping_sub(self.clients_forgotten) as i64) < self.client_quota as i64
+        self.client_quota == 0
+            || (state.clients_added.wrapping_sub(self.clients_forgotten) as i64) < self.client_quota as i64
     }
 
     /// The silent ring's epoch shift, clamped to the supported range.

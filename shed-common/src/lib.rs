@@ -47,7 +47,11 @@ mod tests {
         assert_eq!(in_flight(&state, 0, 0, &user(0, 0), count_mode::CONNECTIONS), 0);
         assert_eq!(in_flight(&state, 0, 0, &user(0, 0), count_mode::WORK), 0);
         let state = PortState { opened: 10, closed: 4, busy_enter: 7, busy_exit: 5, ..PortState::default() };
-        assert_eq!(in_flight(&state, 4, 3, &user(0, 0), count_mode::CONNECTIONS), 6 + 4, "silent connections are established ones");
+        assert_eq!(
+            in_flight(&state, 4, 3, &user(0, 0), count_mode::CONNECTIONS),
+            6 + 4,
+            "silent connections are established ones"
+        );
         assert_eq!(in_flight(&state, 4, 3, &user(0, 0), count_mode::WORK), 2 + 3 + 4, "silent ones count in work mode");
         // Drift healing adjusts both ways, never below zero.
         assert_eq!(established(&state, &user(-2, 0)), 4);
@@ -58,7 +62,8 @@ mod tests {
 
     #[test]
     fn a_client_share_is_a_part_of_the_limit_never_all_of_it() {
-        let config = |share| PortConfig { client_share: share, ..PortConfig::new(0, action::RST, false, count_mode::WORK) };
+        let config =
+            |share| PortConfig { client_share: share, ..PortConfig::new(0, action::RST, false, count_mode::WORK) };
         assert_eq!(config(50).share_cap(10), Some(5));
         assert_eq!(config(50).share_cap(3), Some(1));
         assert_eq!(config(50).share_cap(2), Some(1));

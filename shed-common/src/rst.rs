@@ -172,7 +172,6 @@ impl Reset {
     pub const fn to_ack(ack_seq: u32) -> Self {
         Self { seq: ack_seq, ack: 0, flags: FLAGS_RST, window: 0 }
     }
-
 }
 
 /// TCP header (no options) of `reset` (or an `http` SYN-ACK), from `server_port` to `client_port`.
@@ -183,8 +182,28 @@ pub fn tcp_reset(server_port: u16, client_port: u16, reset: Reset, pseudo_sum: u
     let q = reset.seq.to_be_bytes();
     let a = reset.ack.to_be_bytes();
     let w = reset.window.to_be_bytes();
-    let mut h =
-        [s[0], s[1], d[0], d[1], q[0], q[1], q[2], q[3], a[0], a[1], a[2], a[3], 0x50, reset.flags, w[0], w[1], 0, 0, 0, 0];
+    let mut h = [
+        s[0],
+        s[1],
+        d[0],
+        d[1],
+        q[0],
+        q[1],
+        q[2],
+        q[3],
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        0x50,
+        reset.flags,
+        w[0],
+        w[1],
+        0,
+        0,
+        0,
+        0,
+    ];
     let c = finish(pseudo_sum + sum_words(&h)).to_be_bytes();
     h[16] = c[0];
     h[17] = c[1];

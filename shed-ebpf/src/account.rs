@@ -24,9 +24,7 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
-use shed_common::{
-    ClientKey, FlowKey, SockEntry, count_mode, counter, latency, sock_state_tp as tp, tcp_state,
-};
+use shed_common::{ClientKey, FlowKey, SockEntry, count_mode, counter, latency, sock_state_tp as tp, tcp_state};
 
 use crate::{
     atomic::add as atomic_add,

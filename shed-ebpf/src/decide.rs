@@ -9,11 +9,11 @@
 //! CPUs cannot overshoot) and one stamp. A rejected SYN writes nothing but
 //! per-CPU counters (and, for a RST, the rate buckets).
 use shed_common::{
-    ClientKey, Contention, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter, gate_counter,
+    ClientKey, Contention, HandshakeRing, HandshakeStamp, PortConfig, UserPortState, action, count_mode, counter,
+    gate_counter,
     handshake::{STAMP_PROBES, stamp_index, stamp_state},
-    is_ipv4_mapped,
+    http, is_ipv4_mapped,
     ratelimit::{gcra_take, prefix_bucket_index},
-    http,
     rst::Reset,
     rst_prefix, tier,
 };
@@ -22,9 +22,9 @@ use crate::{
     atomic,
     fault::fault,
     maps::{
-        SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE, SHED_RESERVE, SHED_RST_BUCKETS,
-        SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, stamp_hash, count, count_gate, is_local, is_loopback, local_kind, port_config,
-        tier_of,
+        SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE,
+        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, count, count_gate,
+        is_local, is_loopback, local_kind, port_config, stamp_hash, tier_of,
     },
     parse::{FLAG_FIN, FLAG_PSH, LoadBytes, Segment},
     reject::Answer,
@@ -193,7 +193,10 @@ impl Port {
             return true;
         }
         let Some((cell, mine)) = ring::open(self.ring, self.epoch) else { return false };
-        if enforce && !fault!("reservation_unchecked") && self.held + others + mine > self.limit + u64::from(fault!("limit_off_by_one")) {
+        if enforce
+            && !fault!("reservation_unchecked")
+            && self.held + others + mine > self.limit + u64::from(fault!("limit_off_by_one"))
+        {
             ring::undo(cell);
             return false;
         }
@@ -220,7 +223,8 @@ impl Port {
             Some(counter::REJECTED_LIMIT)
         } else if share
             && !fault!("share_ignored")
-            && in_flight >= self.config.tier_threshold(tier, self.limit as u32).saturating_sub(held_back(self.slot, tier))
+            && in_flight
+                >= self.config.tier_threshold(tier, self.limit as u32).saturating_sub(held_back(self.slot, tier))
         {
             if trickle(self.slot) {
                 self.count(counter::TRICKLE);
@@ -325,7 +329,15 @@ impl Port {
     #[inline(always)]
     /// `at_syn`: the segment is a SYN (an `http` refusal then answers it with
     /// a cookie; at the ACK the kernel's handshake is under way: a reset).
-    fn reject(&self, reason: usize, tier: u8, seg: &Segment, from_loopback: bool, reset: Reset, at_syn: bool) -> Verdict {
+    fn reject(
+        &self,
+        reason: usize,
+        tier: u8,
+        seg: &Segment,
+        from_loopback: bool,
+        reset: Reset,
+        at_syn: bool,
+    ) -> Verdict {
         self.count(reason);
         let shifted = usize::from(fault!("tier_counter_shifted"));
         self.count(counter::REJECTED_BY_TIER + ((usize::from(tier) + shifted) & (tier::COUNT - 1)));
@@ -338,7 +350,10 @@ impl Port {
             return Verdict::Drop;
         }
         let reset = if act == action::HTTP && at_syn {
-            http::syn_ack(http::cookie(crate::maps::cookie_key(), http_flow(seg), http_reason(reason), self.now_ns), seg.seq)
+            http::syn_ack(
+                http::cookie(crate::maps::cookie_key(), http_flow(seg), http_reason(reason), self.now_ns),
+                seg.seq,
+            )
         } else {
             reset
         };
@@ -885,9 +900,7 @@ pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, 
     // One compare-and-swap: a lapsed stamp may be taken by another flow's
     // claim meanwhile, which this completion must not undo.
     let admitted = HandshakeStamp::head(flow, stamp_state::ADMITTED);
-    if seen.state != stamp_state::ADMITTED
-        || !atomic::compare_exchange(stamp.cast::<u64>(), admitted, completed)
-    {
+    if seen.state != stamp_state::ADMITTED || !atomic::compare_exchange(stamp.cast::<u64>(), admitted, completed) {
         return (None, false);
     }
     let stamp = seen;
@@ -927,7 +940,12 @@ fn http_reason(reason: usize) -> u32 {
 
 #[inline(always)]
 fn http_flow(seg: &Segment) -> http::Flow<'_> {
-    http::Flow { client: &seg.client_addr, server: &seg.server_addr, client_port: seg.client_port, server_port: seg.server_port }
+    http::Flow {
+        client: &seg.client_addr,
+        server: &seg.server_addr,
+        client_port: seg.client_port,
+        server_port: seg.server_port,
+    }
 }
 
 /// A segment no socket of the kernel's takes, to a port with an `http`

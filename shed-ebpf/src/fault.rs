@@ -13,7 +13,10 @@
 pub const FAULTS: &[(&str, &str)] = &[
     ("limit_off_by_one", "a SYN at the limit is admitted (> for >=, in the check and the reservation)"),
     ("reservation_not_taken", "an admitted ACK takes no reservation (bursts overshoot)"),
-    ("reservation_unchecked", "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)"),
+    (
+        "reservation_unchecked",
+        "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)",
+    ),
     ("tier_judged_unverified", "critical and normal SYNs are refused on their unverified source"),
     ("share_ignored", "a tier's share of the limit is not checked"),
     ("trickle_never", "a full tier gets no trickle"),
@@ -26,7 +29,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("rst_to_own_address", "resets go to this host's own and loopback addresses"),
     ("rst_cap_ignored", "the RST rate caps are not applied"),
     ("rst_bucket_stuck", "an RST bucket never refills (time does not advance it)"),
-    ("ack_number_unchecked", "an ACK to a request socket is judged whatever its ack number (blind forged ACKs take slots)"),
+    (
+        "ack_number_unchecked",
+        "an ACK to a request socket is judged whatever its ack number (blind forged ACKs take slots)",
+    ),
     ("late_ack_unjudged", "handshake-completing ACKs are never judged"),
     ("stacked_judged_twice", "a segment crossing stacked devices is judged on each"),
     ("ack_needs_local_table", "a handshake-completing ACK is judged only if its address is in the local table"),
@@ -37,8 +43,14 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("close_not_counted", "a busy connection's close is not counted as closed"),
     ("idle_counted", "a work connection that has sent nothing counts as busy until answered (idle holds the limit)"),
     ("send_not_counted", "an answer does not end the connection's busy time"),
-    ("http_cookie_unchecked", "an ACK to an http port that finds no socket is answered whatever its cookie (forged ACKs get answers)"),
-    ("http_time_wait_passed", "an ACK that finds an old connection's TIME_WAIT is passed to the kernel, even when it is a client of the http answer (a client reusing its port never gets the 503)"),
+    (
+        "http_cookie_unchecked",
+        "an ACK to an http port that finds no socket is answered whatever its cookie (forged ACKs get answers)",
+    ),
+    (
+        "http_time_wait_passed",
+        "an ACK that finds an old connection's TIME_WAIT is passed to the kernel, even when it is a client of the http answer (a client reusing its port never gets the 503)",
+    ),
     ("http_head_unchecked", "the http answer goes out on the first segment of a request, before its head is complete"),
     ("adjustment_ignored", "the healer's adjustment of a port's count is not applied (drift stays in the limit)"),
     ("silent_not_held", "connections in their idle grace (work mode) do not count in flight"),

@@ -30,8 +30,8 @@ mod ring;
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::{
-        bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes, bpf_xdp_adjust_tail,
-        bpf_xdp_store_bytes,
+        bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes,
+        bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
     },
     macros::{classifier, raw_tracepoint, tracepoint, xdp},
     programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
@@ -193,14 +193,19 @@ fn count_failed(slot: u32, step: &'static str) {
 #[xdp]
 pub fn shed_xdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Outcome { kind, sent, payload, digits, len, payload_at, slot } = judge(data, data_end, &parse::XdpBytes(ctx.ctx));
+    let Outcome { kind, sent, payload, digits, len, payload_at, slot } =
+        judge(data, data_end, &parse::XdpBytes(ctx.ctx));
     match kind {
         Outcome::PASS => xdp_action::XDP_PASS,
         Outcome::RESET => {
             let delta = len as i32 - (data_end - data) as i32;
             // SAFETY: shrinking the frame; the helper checks the bounds itself.
             let trimmed = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0;
-            if count_reply(slot, sent, trimmed, "bpf_xdp_adjust_tail") { xdp_action::XDP_TX } else { xdp_action::XDP_DROP }
+            if count_reply(slot, sent, trimmed, "bpf_xdp_adjust_tail") {
+                xdp_action::XDP_TX
+            } else {
+                xdp_action::XDP_DROP
+            }
         }
         Outcome::ANSWER => {
             let delta = len as i32 - (data_end - data) as i32;
@@ -246,7 +251,8 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
         return TC_ACT_OK;
     }
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Outcome { kind, sent, payload, digits, len, payload_at, slot } = judge(data, data_end, &parse::SkbBytes(ctx.skb.skb));
+    let Outcome { kind, sent, payload, digits, len, payload_at, slot } =
+        judge(data, data_end, &parse::SkbBytes(ctx.skb.skb));
     match kind {
         Outcome::PASS => TC_ACT_OK,
         Outcome::RESET => {

@@ -7,9 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
 };
 use shed_common::{
-    ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed, LocalAddr,
-    NetnsFilter,
-    PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+    ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed,
+    LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
     capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
     handshake::STAMPS_PER_PORT,
     is_ipv4_mapped, local_addr,
@@ -214,4 +213,3 @@ pub fn count(slot: u32, index: usize) {
         *v += 1;
     }
 }
-

@@ -162,7 +162,15 @@ fn write_answer_frame(data: usize, data_end: usize, seg: &Segment, answer: &Answ
     let tcp: *mut [u8; TCP_HEADER_LEN] = ptr_at(data, data_end, l4)?;
     // SAFETY: bounds checked by ptr_at.
     unsafe {
-        *tcp = http::tcp_segment(seg.server_port, seg.client_port, answer.seq, answer.ack, answer.flags, pseudo, payload_sum)
+        *tcp = http::tcp_segment(
+            seg.server_port,
+            seg.client_port,
+            answer.seq,
+            answer.ack,
+            answer.flags,
+            pseudo,
+            payload_sum,
+        )
     };
     Some((l4 + usize::from(tcp_len), l4 + TCP_HEADER_LEN))
 }

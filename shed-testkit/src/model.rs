@@ -482,8 +482,9 @@ fn refusal(state: &ModelState, t: u8, step: Step) -> Refusal {
     };
     let trickle_turn = (state.trickle_seen + 1).is_multiple_of(TRICKLE_EVERY);
     let at_cap = c.client_cap != 0 && state.client_held >= i64::from(c.client_cap);
-    let over_its_share =
-        step == Step::Ack && state.contended && client_share_cap(c.client_share, state.limit).is_some_and(|cap| state.client_held >= cap);
+    let over_its_share = step == Step::Ack
+        && state.contended
+        && client_share_cap(c.client_share, state.limit).is_some_and(|cap| state.client_held >= cap);
     let rules = [
         (port_room <= 0, Refusal::Limit),
         (share_judged && tier_room <= 0, if trickle_turn { Refusal::ShareTrickled } else { Refusal::Share }),
@@ -592,9 +593,12 @@ mod rules {
 
     #[test]
     fn every_sixteenth_share_refusal_is_let_through_and_asked_nothing_more() {
-        let full = ModelState { client_held: 9, config: PortConfig { client_cap: 1, ..state(10, 2).config }, ..state(10, 2) };
+        let full =
+            ModelState { client_held: 9, config: PortConfig { client_cap: 1, ..state(10, 2).config }, ..state(10, 2) };
         let turns: Vec<bool> = (0..32)
-            .map(|seen| refusal_at_syn(&ModelState { trickle_seen: seen, ..full.clone() }, tier::LOW) == Refusal::ShareTrickled)
+            .map(|seen| {
+                refusal_at_syn(&ModelState { trickle_seen: seen, ..full.clone() }, tier::LOW) == Refusal::ShareTrickled
+            })
             .collect();
         assert_eq!(turns.iter().filter(|t| **t).count(), 2);
         assert!(turns[15] && turns[31]);
@@ -649,11 +653,17 @@ mod rules {
         let client = mapped(&[192, 0, 2, 1]);
         let rst = ModelState { config: PortConfig { action: action::RST, ..state(1, 1).config }, ..state(1, 1) };
         assert!(matches!(reply(&rst, tier::LOW, &client, Step::Syn), Reply::Rst));
-        assert!(matches!(reply(&rst, tier::LOW, &mapped(&[224, 0, 0, 1]), Step::Syn), Reply::Withheld(counter::RST_SUPPRESSED)));
+        assert!(matches!(
+            reply(&rst, tier::LOW, &mapped(&[224, 0, 0, 1]), Step::Syn),
+            Reply::Withheld(counter::RST_SUPPRESSED)
+        ));
         let mut dropping = rst.clone();
         dropping.config.tier_action[usize::from(tier::LOW)] = action::DROP;
         assert!(matches!(reply(&dropping, tier::LOW, &client, Step::Syn), Reply::Drop));
-        assert!(matches!(reply(&dropping, tier::NORMAL, &client, Step::Syn), Reply::Rst), "the port's action for the others");
+        assert!(
+            matches!(reply(&dropping, tier::NORMAL, &client, Step::Syn), Reply::Rst),
+            "the port's action for the others"
+        );
         let mut spent = rst.clone();
         spent.config.rst_per_sec = 5;
         spent.rst_budget.port = false;

@@ -57,8 +57,10 @@ enum Task {
         kernel: bool,
         /// Only these faults (--kernel) or source files; the report is then not rewritten.
         only: Vec<String>,
-        /// Logic mutants: re-test only what the last run did not catch.
-        #[arg(long, conflicts_with = "kernel")]
+        /// Re-test only what the last run did not catch (logic: cargo-mutants
+        /// `--iterate`; kernel: the faults docs/mutants/kernel.md marks missed, and
+        /// any fault it does not list), and update the report.
+        #[arg(long, conflicts_with = "only")]
         again: bool,
     },
     /// Long churn soak: connections opened and closed every way, counts back to zero.
@@ -105,7 +107,7 @@ fn main() -> Result<()> {
             build_ebpf()?;
             if kernel {
                 require_root("the kernel faults are caught by tests that load real programs")?;
-                mutants::kernel(&only)
+                mutants::kernel(&only, again)
             } else {
                 mutants::logic(&only, again)
             }
@@ -197,9 +199,7 @@ fn build_ebpf_with(fault: Option<&str>) -> Result<()> {
     // No inter-procedural register allocation: with it LLVM may keep a value in
     // R1-R5 across a call to a subprogram it knows leaves them alone, and the
     // verifier (for which every call clobbers R1-R5) refuses the read after.
-    let flags =
-        ["-C", "debuginfo=2", "-C", "link-arg=--btf", "-C", "target-cpu=v3"]
-            .join("\x1f");
+    let flags = ["-C", "debuginfo=2", "-C", "link-arg=--btf", "-C", "target-cpu=v3"].join("\x1f");
     // A target folder of its own: sharing one with the host builds made each
     // invalidate the other's host dependencies (two full rebuilds per bench run).
     let ebpf_target = workspace_root().join("target/ebpf");

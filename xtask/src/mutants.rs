@@ -49,18 +49,32 @@ struct Verdict {
     name: String,
     planted: String,
     caught_by: Vec<String>,
-    stage: &'static str,
+    stage: String,
     took: Duration,
+    /// The row as an earlier report showed it (kept by `--again`), else None.
+    shown: Option<String>,
 }
 
-pub(crate) fn kernel(only: &[String]) -> Result<()> {
+pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
     let faults = faults()?;
     for name in only {
         if !faults.iter().any(|(n, _)| n == name) {
             bail!("no kernel fault named {name:?}; the faults are listed in shed-ebpf/src/fault.rs");
         }
     }
-    let chosen: Vec<_> = faults.iter().filter(|(n, _)| only.is_empty() || only.contains(n)).collect();
+    // With --again: what the last report shows caught stays as it was.
+    let kept: Vec<Verdict> = if again {
+        read_kernel_report()?
+            .into_iter()
+            .filter(|v| v.stage != "missed" && faults.iter().any(|(n, _)| *n == v.name))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let chosen: Vec<_> = faults
+        .iter()
+        .filter(|(n, _)| (only.is_empty() || only.contains(n)) && !kept.iter().any(|k| k.name == *n))
+        .collect();
     let logs = workspace_root().join("target/mutants/kernel");
     fs::create_dir_all(&logs)?;
     let mut verdicts = Vec::new();
@@ -74,14 +88,15 @@ pub(crate) fn kernel(only: &[String]) -> Result<()> {
                 name: name.clone(),
                 planted: planted.clone(),
                 caught_by: Vec::new(),
-                stage: "missed",
+                stage: "missed".to_owned(),
                 took: Duration::ZERO,
+                shown: None,
             };
             for (stage, tests) in [("program tests", PROGRAM_TESTS), ("end-to-end tests", END_TO_END_TESTS)] {
                 let failed = run_tests(tests, &log)?;
                 if !failed.is_empty() {
                     verdict.caught_by = failed;
-                    verdict.stage = stage;
+                    verdict.stage = if again { format!("{stage} (re-run {})", today()?) } else { stage.to_owned() };
                     break;
                 }
             }
@@ -99,11 +114,14 @@ pub(crate) fn kernel(only: &[String]) -> Result<()> {
     // Whatever happened, leave the real object behind.
     build_ebpf_with(None)?;
     result?;
-    let missed: Vec<_> = verdicts.iter().filter(|v| v.caught_by.is_empty()).map(|v| v.name.as_str()).collect();
+    let missed: Vec<_> = verdicts.iter().filter(|v| v.stage == "missed").map(|v| v.name.clone()).collect();
     if only.is_empty() {
-        write_kernel_report(&verdicts)?;
+        // In the order of fault.rs.
+        let mut all: Vec<Verdict> = kept.into_iter().chain(verdicts).collect();
+        all.sort_by_key(|v| faults.iter().position(|(n, _)| *n == v.name));
+        write_kernel_report(&all)?;
+        println!("{} of {} kernel faults caught", all.len() - missed.len(), all.len());
     }
-    println!("{} of {} kernel faults caught", verdicts.len() - missed.len(), verdicts.len());
     if !missed.is_empty() {
         bail!("faults no test caught: {missed:?} (logs in {})", logs.display());
     }
@@ -182,8 +200,36 @@ fn run_test_binary(test: &str, log: &Path) -> Result<Vec<String>> {
     Ok(failed)
 }
 
+/// Today's date (UTC), for the reports.
+fn today() -> Result<String> {
+    let out = Command::new("date").args(["-u", "+%Y-%m-%d"]).output().context("run date")?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The rows of docs/mutants/kernel.md, as [`write_kernel_report`] wrote them.
+fn read_kernel_report() -> Result<Vec<Verdict>> {
+    let path = workspace_root().join("docs/mutants/kernel.md");
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("read {} (run a full `--kernel` first)", path.display()))?;
+    Ok(text.lines().filter_map(parse_kernel_row).collect())
+}
+
+fn parse_kernel_row(line: &str) -> Option<Verdict> {
+    let cells: Vec<&str> = line.strip_prefix("| `")?.strip_suffix(" |")?.split(" | ").collect();
+    let [name, planted, by, stage, took] = cells[..] else { return None };
+    let took = took.strip_suffix(" s")?.parse::<f64>().ok()?;
+    Some(Verdict {
+        name: name.strip_suffix('`')?.to_owned(),
+        planted: planted.to_owned(),
+        caught_by: Vec::new(),
+        stage: stage.to_owned(),
+        took: Duration::from_secs_f64(took),
+        shown: Some(by.to_owned()),
+    })
+}
+
 fn write_kernel_report(verdicts: &[Verdict]) -> Result<()> {
-    let caught = verdicts.iter().filter(|v| !v.caught_by.is_empty()).count();
+    let caught = verdicts.iter().filter(|v| v.stage != "missed").count();
     let mut md = String::new();
     writeln!(md, "# Kernel faults (`cargo xtask mutants --kernel`)\n")?;
     writeln!(
@@ -192,11 +238,15 @@ fn write_kernel_report(verdicts: &[Verdict]) -> Result<()> {
          ({}) and, only if they all pass, the end-to-end tests. Generated; re-run whenever the kernel code changes.\n",
         PROGRAM_TESTS.join(", ")
     )?;
-    writeln!(md, "**{caught} of {} faults caught.**\n", verdicts.len())?;
+    writeln!(md, "**{caught} of {} faults caught** (run of {}).\n", verdicts.len(), today()?)?;
     writeln!(md, "| fault | what it plants | caught by | stage | time |")?;
     writeln!(md, "|---|---|---|---|---|")?;
     for v in verdicts {
-        let by = if v.caught_by.is_empty() { "**missed**".to_owned() } else { first_few(&v.caught_by) };
+        let by = match (&v.shown, v.caught_by.is_empty()) {
+            (Some(shown), _) => shown.clone(),
+            (None, true) => "**missed**".to_owned(),
+            (None, false) => first_few(&v.caught_by),
+        };
         writeln!(md, "| `{}` | {} | {} | {} | {:.0} s |", v.name, v.planted, by, v.stage, v.took.as_secs_f64())?;
     }
     write_doc("kernel.md", &md)
@@ -262,7 +312,7 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
         )?;
         writeln!(
             md,
-            "**{score:.1}% of {viable} viable mutants caught** ({} caught{}, {} timed out (caught), {} missed; {} unviable).\n",
+            "**{score:.1}% of {viable} viable mutants caught** ({} caught{}, {} timed out (caught), {} missed; {} unviable; run of {}).\n",
             caught.len(),
             if earlier > 0 {
                 format!(", {earlier} of them in the run before, this one re-testing the rest")
@@ -271,7 +321,8 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
             },
             timeout.len(),
             missed.len(),
-            unviable.len()
+            unviable.len(),
+            today()?
         )?;
         writeln!(md, "Equivalent mutants, excluded with their reasons: `.cargo/mutants.toml`.\n")?;
         if !missed.is_empty() {
@@ -321,6 +372,16 @@ mod tests {
             }
         }
         files
+    }
+
+    #[test]
+    fn a_kernel_report_row_reads_back_as_written() {
+        let row = "| `share_ignored` | a tier's share of the limit is not checked | `kernel_and_model_agree_on_every_frame` | program tests | 5 s |";
+        let v = parse_kernel_row(row).expect("a row");
+        assert_eq!((v.name.as_str(), v.stage.as_str(), v.took.as_secs()), ("share_ignored", "program tests", 5));
+        assert_eq!(v.planted, "a tier's share of the limit is not checked");
+        assert_eq!(v.shown.as_deref(), Some("`kernel_and_model_agree_on_every_frame`"));
+        assert!(parse_kernel_row("| fault | what it plants | caught by | stage | time |").is_none());
     }
 
     /// An exclusion anchored by line and column (`file:line:col: replace OP with ...`)

@@ -87,7 +87,10 @@ fn changelog(version: &str) -> Result<String> {
 /// programs embedded in shedctl under MIT or GPL-2.0.
 fn copyright(mit: &str) -> String {
     let indent = |text: &str| {
-        text.lines().map(|l| if l.trim().is_empty() { " .".to_owned() } else { format!(" {l}") }).collect::<Vec<_>>().join("\n")
+        text.lines()
+            .map(|l| if l.trim().is_empty() { " .".to_owned() } else { format!(" {l}") })
+            .collect::<Vec<_>>()
+            .join("\n")
     };
     format!(
         "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: shed\nSource: https://github.com/shed/shed\n\nFiles: *\nCopyright: 2026 the shed developers\nLicense: MIT or Apache-2.0\n\nFiles: shed-ebpf/*\nCopyright: 2026 the shed developers\nComment: the kernel programs, embedded in /usr/bin/shedctl and loaded into the kernel\nLicense: MIT or GPL-2\n\nLicense: MIT\n{}\n\nLicense: Apache-2.0\n On Debian systems the full text of the Apache License 2.0 is in\n /usr/share/common-licenses/Apache-2.0.\n\nLicense: GPL-2\n On Debian systems the full text of the GNU General Public License\n version 2 is in /usr/share/common-licenses/GPL-2.\n",

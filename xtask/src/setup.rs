@@ -37,7 +37,8 @@ fn output(cmd: &mut Command) -> Option<String> {
 /// -Z build-std=core) and clippy (`cargo xtask test` lints the workspace).
 fn toolchain_components() -> Result<()> {
     let installed = output(Command::new("rustup").args(["component", "list", "--installed"])).unwrap_or_default();
-    for (component, why) in [("rust-src", "needed for -Z build-std=core"), ("clippy", "cargo xtask test lints with it")] {
+    for (component, why) in [("rust-src", "needed for -Z build-std=core"), ("clippy", "cargo xtask test lints with it")]
+    {
         if installed.lines().any(|l| l.starts_with(component)) {
             println!("setup: {component} present");
             continue;
@@ -128,7 +129,9 @@ fn debian_packages() -> Result<()> {
     };
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
-        println!("setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, lintian, urllib3 and fonts-dejavu-core present");
+        println!(
+            "setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, lintian, urllib3 and fonts-dejavu-core present"
+        );
         return Ok(());
     }
     let mut missing = missing;

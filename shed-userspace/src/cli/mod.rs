@@ -15,8 +15,9 @@ use shed_common::ControlConfig;
 
 use crate::{
     cli::input::{
-        Switch, http_count, http_port, named, parse_client_cap, parse_client_share, parse_handshake_window, parse_interface, parse_limit, parse_listen_addr,
-        parse_map_size, parse_millis, parse_netns, parse_percentile, parse_port, parse_prefix_v6, parse_retry_after, parse_seconds,
+        Switch, http_count, http_port, named, parse_client_cap, parse_client_share, parse_handshake_window,
+        parse_interface, parse_limit, parse_listen_addr, parse_map_size, parse_millis, parse_netns, parse_percentile,
+        parse_port, parse_prefix_v6, parse_retry_after, parse_seconds,
     },
     cli::tiers::{parse_assignment, parse_cidr, parse_share, parse_tier, parse_tier_action},
     control::{Algo, Settings},
@@ -628,11 +629,14 @@ mod tests {
     #[test]
     fn the_http_action_is_refused_on_tls_ports_and_takes_a_retry_after() {
         let attach = |args: &[&str]| {
-            let Command::Attach(a) = parse(&[&["attach"], args].concat()).unwrap().command else { unreachable!("attach") };
+            let Command::Attach(a) = parse(&[&["attach"], args].concat()).unwrap().command else {
+                unreachable!("attach")
+            };
             a
         };
         let (spec, _) = attach(&["--port", "8080", "--action", "http", "--retry-after", "30"]).plan().unwrap();
-        let e = attach(&["--port", "8080", "--action", "http", "--count", "multiplexed"]).plan().unwrap_err().to_string();
+        let e =
+            attach(&["--port", "8080", "--action", "http", "--count", "multiplexed"]).plan().unwrap_err().to_string();
         assert!(e.contains("HTTP/2") && e.contains("--action rst"), "{e}");
         assert_eq!((spec.action, spec.retry_after_s), (shed_common::action::HTTP, 30));
         let e = attach(&["--port", "8080", "--port", "443", "--action", "http"]).plan().unwrap_err().to_string();

@@ -7,13 +7,7 @@ use proptest::prelude::*;
 
 fn gradient(limit: u32, baseline_us: u64) -> Controller {
     let mut c = Controller::new(
-        Settings {
-            algo: Algo::Gradient,
-            initial_limit: limit,
-            min_limit: 10,
-            max_limit: 500,
-            ..Settings::default()
-        },
+        Settings { algo: Algo::Gradient, initial_limit: limit, min_limit: 10, max_limit: 500, ..Settings::default() },
         0,
     );
     // Establish the baseline with one window at it, without moving the limit.
@@ -66,10 +60,7 @@ fn rising_latency_never_raises_the_limit_past_the_tolerance() {
             }
             last = d.limit;
         }
-        assert!(
-            last < start / 2,
-            "{algo}: latency 10x the baseline must bring the limit well down: {start} -> {last}"
-        );
+        assert!(last < start / 2, "{algo}: latency 10x the baseline must bring the limit well down: {start} -> {last}");
     }
 }
 
@@ -307,11 +298,7 @@ fn rejections_show_the_limit_pressed_when_in_flight_has_drained() {
         c.on_window(&window(10_000, 100));
     }
     let before = c.limit();
-    assert_eq!(
-        c.on_window(&burst_window(10_000, 0)).reason,
-        Reason::AppLimited,
-        "nothing turned away: app-limited"
-    );
+    assert_eq!(c.on_window(&burst_window(10_000, 0)).reason, Reason::AppLimited, "nothing turned away: app-limited");
     let d = c.on_window(&burst_window(10_000, 30));
     assert_eq!(d.reason, Reason::Grow, "turned clients away with latency at the baseline: grow");
     assert!(d.limit > before);
@@ -446,11 +433,7 @@ const SCENARIOS: [(&str, Algo, &str); 9] = [
     ("a_steady", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/a_steady_gradient2.csv")),
     ("b_step", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/b_step_gradient2.csv")),
     ("c_drops", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/c_drops_gradient2.csv")),
-    (
-        "d_applimited",
-        Algo::Gradient2,
-        include_str!("../../../tests/data/netflix-limits/d_applimited_gradient2.csv"),
-    ),
+    ("d_applimited", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/d_applimited_gradient2.csv")),
     ("e_longstep", Algo::Gradient2, include_str!("../../../tests/data/netflix-limits/e_longstep_gradient2.csv")),
     ("a_steady", Algo::Aimd, include_str!("../../../tests/data/netflix-limits/a_steady_aimd.csv")),
     ("b_step", Algo::Aimd, include_str!("../../../tests/data/netflix-limits/b_step_aimd.csv")),
@@ -560,10 +543,6 @@ fn a_probe_ends_on_thin_windows_and_keeps_a_cut_that_lands_in_it() {
     assert_eq!(c.on_window(&thin).reason, Reason::Probe);
     let end = c.on_window(&thin);
     assert_eq!(end.reason, Reason::Probe);
-    assert_eq!(
-        end.limit,
-        (before * settings.backoff).round() as u32,
-        "the probe ended after 3 windows, the cut kept"
-    );
+    assert_eq!(end.limit, (before * settings.backoff).round() as u32, "the probe ended after 3 windows, the cut kept");
     assert_ne!(c.on_window(&thin).reason, Reason::Probe, "and is over");
 }

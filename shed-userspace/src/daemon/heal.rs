@@ -265,7 +265,8 @@ impl Healer {
             // The kernel's counts as they were when the entries were read (the
             // adjustments are the healer's own, unchanged since).
             let Some(&[opened, closed, busy_enter, busy_exit]) = counts_read.get(&port) else { continue };
-            let at_read = shed_common::PortState { opened, closed, busy_enter, busy_exit, ..shed_common::PortState::default() };
+            let at_read =
+                shed_common::PortState { opened, closed, busy_enter, busy_exit, ..shed_common::PortState::default() };
             let drift = (
                 shed_common::established(&at_read, &snapshot.user) as i64 - open,
                 shed_common::busy(&at_read, &snapshot.user) as i64 - busy,
@@ -396,7 +397,11 @@ mod tests {
         let quiet = |d: (i64, i64)| Drift { seen: d, certain: d };
         assert_eq!(drift_to_correct(None, &quiet((2, 1))), None, "a drift seen once waits");
         assert_eq!(drift_to_correct(Some(&quiet((2, 1))), &quiet((2, 1))), Some((2, 1)), "seen twice: corrected");
-        assert_eq!(drift_to_correct(Some(&quiet((2, -1))), &quiet((-3, -1))), Some((0, -1)), "directions that disagree wait");
+        assert_eq!(
+            drift_to_correct(Some(&quiet((2, -1))), &quiet((-3, -1))),
+            Some((0, -1)),
+            "directions that disagree wait"
+        );
         // Busy: +5 seen twice, one read overlapping 3 opens (certain +2), the other 1 (certain +4).
         let busy = |seen: i64, certain: i64| Drift { seen: (seen, 0), certain: (certain, 0) };
         assert_eq!(drift_to_correct(Some(&busy(5, 2)), &busy(5, 4)), Some((4, 0)), "the tighter bound of the two");
@@ -407,7 +412,11 @@ mod tests {
         assert_eq!(beyond(-5, 9, 3), -2);
         assert_eq!(beyond(2, 3, 0), 0, "within what concurrent opens explain: nothing certain");
         assert_eq!(beyond(0, 3, 3), 0);
-        assert_eq!(drift_to_correct(Some(&quiet((-1, 0))), &quiet((-1, 0))), Some((-1, 0)), "an over-count is corrected too");
+        assert_eq!(
+            drift_to_correct(Some(&quiet((-1, 0))), &quiet((-1, 0))),
+            Some((-1, 0)),
+            "an over-count is corrected too"
+        );
         assert_eq!(drift_to_correct(Some(&quiet((0, 0))), &quiet((0, 0))), None, "no drift, nothing to do");
     }
 

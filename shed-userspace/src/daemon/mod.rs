@@ -22,7 +22,6 @@ use std::{
 };
 
 use crate::{
-    observe::report::Decisions,
     error::Error,
     host::{paths, system},
     kernel::{
@@ -30,6 +29,7 @@ use crate::{
         options::{Hook, XdpAttachMode},
         programs::{Loaded, default_hook},
     },
+    observe::report::Decisions,
 };
 
 /// How often live changes are looked for, to log each (see [`crate::daemon::audit`]).

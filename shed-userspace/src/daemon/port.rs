@@ -17,13 +17,13 @@ use crate::{
         reserve::TierHoldBack,
         window::{Signals, Window, histogram_percentile},
     },
-    observe::report::Decisions,
     error::Error,
     host::{
         netstat, paths,
         sockdiag::{AcceptQueue, SocketTable},
     },
     kernel::maps::{self, GateMaps},
+    observe::report::Decisions,
 };
 
 /// One port's controller and what it remembers between windows.

@@ -178,13 +178,24 @@ mod tests {
     fn nft_statements_that_end_at_a_local_listener() {
         let found = from_nft_json(RULESET, &local());
         assert_eq!(found.len(), 2, "the DNAT to another host and the filter rule are not local NAT: {found:?}");
-        assert_eq!(found[0], LocalNat { place: "nftables table ip nat chain prerouting".into(), from_ports: vec![80], to_port: Some(8080) });
+        assert_eq!(
+            found[0],
+            LocalNat {
+                place: "nftables table ip nat chain prerouting".into(),
+                from_ports: vec![80],
+                to_port: Some(8080)
+            }
+        );
         assert_eq!((found[1].from_ports.clone(), found[1].to_port), (vec![443, 8443], None));
         assert_eq!(found[0].bypasses(&[8080]), Some(8080), "port 80 reaches 8080 unjudged");
         assert_eq!(found[0].bypasses(&[80]), Some(80), "port 80's segments go to another port");
         assert_eq!(found[0].bypasses(&[9090]), None);
         assert_eq!(found[1].bypasses(&[8080]), None, "it rewrites other ports only");
-        assert_eq!(found[1].bypasses(&[8443]), Some(8443), "a new destination address: the lookup misses the handshake");
+        assert_eq!(
+            found[1].bypasses(&[8443]),
+            Some(8443),
+            "a new destination address: the lookup misses the handshake"
+        );
         assert!(found[0].describe().contains("port 80 to local port 8080"), "{}", found[0].describe());
         assert!(from_nft_json("not json", &local()).is_empty());
     }

@@ -317,7 +317,11 @@ impl LinkWatch {
         const RTMGRP_IPV6_IFADDR: u32 = 0x100;
         // SAFETY: a plain socket call; the fd is owned below.
         let fd = unsafe {
-            libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, libc::NETLINK_ROUTE)
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
         };
         if fd < 0 {
             return None;
@@ -347,7 +351,12 @@ impl LinkWatch {
         loop {
             // SAFETY: reading into our buffer from our non-blocking socket.
             let n = unsafe {
-                libc::recv(std::os::fd::AsRawFd::as_raw_fd(&self.fd), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                libc::recv(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
             };
             if n > 0 {
                 any = true;

@@ -8,9 +8,9 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key},
 };
 use shed_common::{
-    ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr, NetnsFilter,
-    PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState, capacity::MAX_PORTS,
-    gate_counter, handshake, map,
+    ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr,
+    NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+    capacity::MAX_PORTS, gate_counter, handshake, map,
 };
 
 use crate::{error::Error, host::paths, kernel::options::Cidr};
@@ -334,20 +334,7 @@ impl GateMaps {
                 *sum = sum.wrapping_add(v);
             }
         }
-        Ok(PortSnapshot {
-            port,
-            config,
-            limit,
-            control,
-            status,
-            reserve,
-            state,
-            user,
-            ring,
-            silent,
-            now_ns,
-            counters,
-        })
+        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, ring, silent, now_ns, counters })
     }
 
     /// Snapshots of every protected port (or just `only`), by port.
@@ -413,7 +400,8 @@ impl GateMaps {
     /// shared connection and client maps ([`shed_common::map_quota`]).
     pub fn set_quotas(&mut self, slots: &[u32]) -> Result<(), Error> {
         use aya::maps::IterableMap as _;
-        let capacity = |map: &MapData| map.info().map(|info| info.max_entries()).map_err(|e| Error::map("read map size", e));
+        let capacity =
+            |map: &MapData| map.info().map(|info| info.max_entries()).map_err(|e| Error::map("read map size", e));
         let (connections, clients) = (capacity(self.socks.map())?, capacity(self.clients.map())?);
         let quotas = (shed_common::map_quota(connections, slots.len()), shed_common::map_quota(clients, slots.len()));
         for &slot in slots {

@@ -16,9 +16,9 @@ use std::{
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 
 use crate::{
-    observe::report::{Decisions, HEALTHY_WITHIN, HealReport, Heartbeat, TaskErrors},
     kernel::maps::GateMaps,
     observe::metrics::{CONTENT_TYPE, GateSource, Scrape},
+    observe::report::{Decisions, HEALTHY_WITHIN, HealReport, Heartbeat, TaskErrors},
     observe::stats::PortStats,
 };
 

@@ -60,7 +60,11 @@ impl Rates {
             syn: per_sec(now.syn_seen, before.syn_seen),
             admitted: per_sec(now.admitted, before.admitted),
             shed: per_sec(now.rejected, before.rejected),
-            by_reason: [per_sec(r.limit, rb.limit), per_sec(r.share, rb.share), per_sec(r.client_cap + r.client_share, rb.client_cap + rb.client_share)],
+            by_reason: [
+                per_sec(r.limit, rb.limit),
+                per_sec(r.share, rb.share),
+                per_sec(r.client_cap + r.client_share, rb.client_cap + rb.client_share),
+            ],
             tier_admitted: std::array::from_fn(|t| tier(t, |s| s.admitted)),
             tier_shed: std::array::from_fn(|t| tier(t, |s| s.rejected)),
         }
