@@ -20,7 +20,7 @@ pub mod daemon;
 pub mod error;
 pub mod host;
 pub mod kernel;
-pub mod named;
+pub(crate) mod named;
 pub mod observe;
 
 pub use error::Error;

@@ -5,7 +5,7 @@
 //! only the CLI layer knows clap.
 
 /// A value of a fixed set, each with its name and a line of help.
-pub trait Named: Copy + PartialEq + Send + Sync + 'static {
+pub(crate) trait Named: Copy + PartialEq + Send + Sync + 'static {
     /// Every value, in the order help lists them.
     const ALL: &'static [Self];
     fn name(self) -> &'static str;

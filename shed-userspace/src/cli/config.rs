@@ -247,7 +247,7 @@ fn clap_reason(e: &clap::Error) -> String {
 }
 
 /// The config file that says what `args` say (for `--print-config`).
-pub fn render(args: &AttachArgs) -> String {
+pub(crate) fn render(args: &AttachArgs) -> String {
     let mut t = toml::Table::new();
     let int = |n: u64| Value::Integer(n as i64);
     let s = |v: &dyn std::fmt::Display| Value::String(v.to_string());

@@ -8,7 +8,7 @@ use shed_common::MAX_LIMIT;
 use crate::named::Named;
 
 /// A TCP port an operator asked to protect (1-65535).
-pub fn parse_port(s: &str) -> Result<u16, String> {
+pub(crate) fn parse_port(s: &str) -> Result<u16, String> {
     let n: i64 = s.trim().parse().map_err(|_| format!("{s:?} is not a port number: give a number from 1 to 65535"))?;
     match u16::try_from(n) {
         Ok(0) => Err("port 0 cannot be protected: give a port from 1 to 65535".into()),
@@ -18,14 +18,14 @@ pub fn parse_port(s: &str) -> Result<u16, String> {
 }
 
 /// An address to listen on, IP and port (`127.0.0.1:9464`, `[::1]:9464`).
-pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+pub(crate) fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     s.trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a listen address: give IP:PORT, e.g. 127.0.0.1:9464 or [::]:9464"))
 }
 
 /// A concurrency limit (1..=MAX_LIMIT).
-pub fn parse_limit(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_limit(s: &str) -> Result<u32, String> {
     let n: u64 =
         s.trim().parse().map_err(|_| format!("{s:?} is not a limit: give a whole number from 1 to {MAX_LIMIT}"))?;
     if n == 0 {
@@ -38,7 +38,7 @@ pub fn parse_limit(s: &str) -> Result<u32, String> {
 }
 
 /// A per-client cap: 0 (none) up to the highest limit.
-pub fn parse_client_cap(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_client_cap(s: &str) -> Result<u32, String> {
     if s.trim() == "0" {
         return Ok(0);
     }
@@ -46,7 +46,7 @@ pub fn parse_client_cap(s: &str) -> Result<u32, String> {
 }
 
 /// A client's share of the limit, in percent: 0 (none) to 100.
-pub fn parse_client_share(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_client_share(s: &str) -> Result<u8, String> {
     match s.trim().trim_end_matches('%').parse::<u8>() {
         Ok(n) if n <= 100 => Ok(n),
         _ => Err(format!(
@@ -57,7 +57,7 @@ pub fn parse_client_share(s: &str) -> Result<u8, String> {
 }
 
 /// Seconds for the `http` action's Retry-After: 0 (derived) or 1 to 999.
-pub fn parse_retry_after(s: &str) -> Result<u16, String> {
+pub(crate) fn parse_retry_after(s: &str) -> Result<u16, String> {
     match s.trim().trim_end_matches('s').parse::<u32>() {
         Ok(n) if n <= shed_common::http::MAX_RETRY_AFTER => Ok(n as u16),
         _ => Err(format!(
@@ -68,11 +68,11 @@ pub fn parse_retry_after(s: &str) -> Result<u16, String> {
 }
 
 /// Ports served over TLS by convention: the `http` action cannot answer them.
-pub const TLS_PORTS: [u16; 4] = [443, 465, 993, 8443];
+pub(crate) const TLS_PORTS: [u16; 4] = [443, 465, 993, 8443];
 
 /// Whether `port` may take the `http` action: not a TLS port (a TLS
 /// handshake cannot be answered without state the gate does not keep).
-pub fn http_port(port: u16) -> Result<(), String> {
+pub(crate) fn http_port(port: u16) -> Result<(), String> {
     if TLS_PORTS.contains(&port) {
         return Err(format!(
             "port {port} is served over TLS by convention, and the http action answers plaintext HTTP/1.x only \
@@ -85,7 +85,7 @@ pub fn http_port(port: u16) -> Result<(), String> {
 /// Whether a port counted as `count` may take the `http` action: not a
 /// multiplexed one (HTTP/2 with prior knowledge, gRPC), whose clients expect
 /// a SETTINGS frame and stream state no stateless answer can give.
-pub fn http_count(count: crate::kernel::options::Count) -> Result<(), String> {
+pub(crate) fn http_count(count: crate::kernel::options::Count) -> Result<(), String> {
     if count == crate::kernel::options::Count::Multiplexed {
         return Err("--count multiplexed is for HTTP/2 and gRPC, and the http action answers HTTP/1.x only \
              (an HTTP/2 client needs the server's SETTINGS and a GOAWAY on its own stream state, which the gate \
@@ -96,7 +96,7 @@ pub fn http_count(count: crate::kernel::options::Count) -> Result<(), String> {
 }
 
 /// An IPv6 prefix length for counting clients (1-128).
-pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_prefix_v6(s: &str) -> Result<u8, String> {
     let n: u8 = s
         .trim()
         .trim_start_matches('/')
@@ -109,7 +109,7 @@ pub fn parse_prefix_v6(s: &str) -> Result<u8, String> {
 }
 
 /// Whole seconds, 1 to 3600 (`--heal-interval`, `--ready-window`).
-pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: u64 = s
         .trim()
         .trim_end_matches('s')
@@ -122,10 +122,10 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
 }
 
 /// Smallest and largest `--max-connections` / `--max-clients`.
-pub const MAP_SIZE_RANGE: std::ops::RangeInclusive<u32> = 1024..=16_777_216;
+pub(crate) const MAP_SIZE_RANGE: std::ops::RangeInclusive<u32> = 1024..=16_777_216;
 
 /// `--max-connections`, `--max-clients`: a map size within [`MAP_SIZE_RANGE`].
-pub fn parse_map_size(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_map_size(s: &str) -> Result<u32, String> {
     let n: u32 =
         s.trim().replace('_', "").parse().map_err(|_| format!("{s:?} is not a number of entries: give e.g. 262144"))?;
     if !MAP_SIZE_RANGE.contains(&n) {
@@ -140,7 +140,7 @@ pub fn parse_map_size(s: &str) -> Result<u32, String> {
 
 /// A network namespace for `--netns`: an `ip netns` name or a path to a
 /// namespace file (/proc/PID/ns/net).
-pub fn parse_netns(s: &str) -> Result<String, String> {
+pub(crate) fn parse_netns(s: &str) -> Result<String, String> {
     let name = s.trim();
     if name.is_empty() || name.trim_matches('/').is_empty() {
         return Err("empty namespace: give a name from `ip netns list` or a path such as /proc/PID/ns/net".into());
@@ -152,7 +152,7 @@ pub fn parse_netns(s: &str) -> Result<String, String> {
 }
 
 /// A duration in milliseconds within `[min_ms, max_ms]`.
-pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
+pub(crate) fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
     let ms: u64 = s
         .trim()
         .trim_end_matches("ms")
@@ -165,7 +165,7 @@ pub fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, Strin
 }
 
 /// `--handshake-window`: 0 (measured) or 1 to 2000 ms.
-pub fn parse_handshake_window(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_handshake_window(s: &str) -> Result<Duration, String> {
     if s.trim().trim_end_matches("ms") == "0" {
         return Ok(Duration::ZERO);
     }
@@ -173,7 +173,7 @@ pub fn parse_handshake_window(s: &str) -> Result<Duration, String> {
 }
 
 /// A latency percentile (1-99).
-pub fn parse_percentile(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_percentile(s: &str) -> Result<u8, String> {
     let p: u8 = s
         .trim()
         .trim_start_matches('p')
@@ -201,7 +201,7 @@ impl FromStr for Switch {
 }
 
 /// Interface names as the kernel accepts them (IFNAMSIZ - 1 bytes, no '/' or whitespace).
-pub fn parse_interface(s: &str) -> Result<String, String> {
+pub(crate) fn parse_interface(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > 15 || s.contains(['/', ' ', '\t', '\n', '\0']) || s == "." || s == ".." {
         return Err(format!("{s:?} is not a valid interface name (1-15 characters, no '/' or spaces)"));
     }
@@ -210,7 +210,7 @@ pub fn parse_interface(s: &str) -> Result<String, String> {
 
 /// A clap parser for a [`Named`] option: its names as the possible values
 /// (with help, for `--help`, completions and man pages).
-pub fn named<T: Named>() -> impl clap::builder::TypedValueParser<Value = T> {
+pub(crate) fn named<T: Named>() -> impl clap::builder::TypedValueParser<Value = T> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
     PossibleValuesParser::new(T::ALL.iter().map(|v| PossibleValue::new(v.name()).help(v.help())))
         .map(|name| T::from_name(&name).expect("clap accepted one of the names"))

@@ -4,7 +4,7 @@
 
 pub mod commands;
 pub mod config;
-pub mod input;
+pub(crate) mod input;
 pub mod tiers;
 
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
@@ -294,7 +294,7 @@ pub struct AttachArgs {
 impl AttachArgs {
     /// What the arguments ask of every port, and the client tiers, checked
     /// (the same for `attach` and a SIGHUP reload).
-    pub fn plan(&self) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
+    pub(crate) fn plan(&self) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
         let mut ports = self.ports.clone();
         ports.sort_unstable();
         ports.dedup();
@@ -353,7 +353,7 @@ impl AttachArgs {
 }
 
 /// Whether a limiter can run on what a port's count mode measures.
-pub fn check_count_algo(count: Count, algo: Algo) -> Result<(), String> {
+pub(crate) fn check_count_algo(count: Count, algo: Algo) -> Result<(), String> {
     if count == Count::Multiplexed && algo.follows_turns() {
         return Err(format!(
             "--algo {algo} follows request latency (arrival to answer), which a multiplexed connection (--count multiplexed) does not show: use --algo queue, a fixed --limit, or --count connections"
@@ -363,7 +363,7 @@ pub fn check_count_algo(count: Count, algo: Algo) -> Result<(), String> {
 }
 
 /// Controller settings as the daemon reads them from the map.
-pub fn control_config(
+pub(crate) fn control_config(
     algo: Algo,
     min_limit: u32,
     max_limit: u32,

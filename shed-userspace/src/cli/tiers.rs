@@ -53,7 +53,7 @@ fn mask(mut bytes: [u8; 16], prefix_len: u32) -> [u8; 16] {
 }
 
 /// A tier name.
-pub fn parse_tier(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_tier(s: &str) -> Result<u8, String> {
     let s = s.trim().to_ascii_lowercase();
     tier::NAMES
         .iter()
@@ -63,13 +63,13 @@ pub fn parse_tier(s: &str) -> Result<u8, String> {
 }
 
 /// `CIDR=TIER`, as given to `attach --tier`.
-pub fn parse_assignment(s: &str) -> Result<(Cidr, u8), String> {
+pub(crate) fn parse_assignment(s: &str) -> Result<(Cidr, u8), String> {
     let (cidr, t) = s.split_once('=').ok_or_else(|| format!("{s:?} is not CIDR=TIER (e.g. 10.0.0.0/8=critical)"))?;
     Ok((parse_cidr(cidr)?, parse_tier(t)?))
 }
 
 /// `TIER=FRACTION` with the fraction in (0, 1], as given to `set --share`; returns permille.
-pub fn parse_share(s: &str) -> Result<(u8, u16), String> {
+pub(crate) fn parse_share(s: &str) -> Result<(u8, u16), String> {
     let (t, f) = s.split_once('=').ok_or_else(|| format!("{s:?} is not TIER=FRACTION (e.g. low=0.6)"))?;
     let t = parse_tier(t)?;
     if t == tier::EXEMPT {
@@ -83,7 +83,7 @@ pub fn parse_share(s: &str) -> Result<(u8, u16), String> {
 }
 
 /// `TIER=ACTION`, as given to `set --tier-action`.
-pub fn parse_tier_action(s: &str) -> Result<(u8, Action), String> {
+pub(crate) fn parse_tier_action(s: &str) -> Result<(u8, Action), String> {
     let (t, a) = s.split_once('=').ok_or_else(|| format!("{s:?} is not TIER=ACTION (e.g. low=drop)"))?;
     let action = match a.trim() {
         "drop" => Action::Drop,
@@ -95,7 +95,7 @@ pub fn parse_tier_action(s: &str) -> Result<(u8, Action), String> {
 }
 
 /// Merges assignments, refusing one CIDR given two different tiers.
-pub fn merge(assignments: impl IntoIterator<Item = (Cidr, u8)>) -> Result<BTreeMap<Cidr, u8>, String> {
+pub(crate) fn merge(assignments: impl IntoIterator<Item = (Cidr, u8)>) -> Result<BTreeMap<Cidr, u8>, String> {
     let mut out = BTreeMap::new();
     for (cidr, t) in assignments {
         if let Some(&old) = out.get(&cidr)
@@ -121,13 +121,13 @@ struct TierFile {
 /// "10.0.0.0/8" = "critical"
 /// "2001:db8::/32" = "low"
 /// ```
-pub fn load_tier_file(path: &Path) -> Result<Vec<(Cidr, u8)>, String> {
+pub(crate) fn load_tier_file(path: &Path) -> Result<Vec<(Cidr, u8)>, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("cannot read the tier file {}: {e}", path.display()))?;
     parse_tier_file(&text).map_err(|e| format!("tier file {}: {e}", path.display()))
 }
 
-pub fn parse_tier_file(text: &str) -> Result<Vec<(Cidr, u8)>, String> {
+pub(crate) fn parse_tier_file(text: &str) -> Result<Vec<(Cidr, u8)>, String> {
     let file: TierFile = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
     file.tiers
         .iter()

@@ -18,7 +18,7 @@ const HANDSHAKE_PERIOD: Duration = Duration::from_secs(1);
 
 /// The window's policy for one port.
 #[derive(Clone, Debug)]
-pub struct HandshakeWindow {
+pub(crate) struct HandshakeWindow {
     /// The epoch shift that gives the window (`--handshake-window`, or the default).
     shift: u32,
     written: bool,
@@ -30,7 +30,7 @@ pub struct HandshakeWindow {
 
 /// What a control window asks of the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HandshakeStep {
+pub(crate) struct HandshakeStep {
     /// The epoch shift to write to the port, if the map does not hold it yet.
     pub write_shift: Option<u32>,
     /// Admission-to-established p50/p99 (us) of the last full period.
@@ -39,7 +39,7 @@ pub struct HandshakeStep {
 
 impl HandshakeWindow {
     /// `fixed`: `--handshake-window`, or zero for the default.
-    pub fn new(fixed: Duration) -> Self {
+    pub(crate) fn new(fixed: Duration) -> Self {
         let shift = if fixed.is_zero() {
             handshake::DEFAULT_SHIFT
         } else {
@@ -50,7 +50,12 @@ impl HandshakeWindow {
 
     /// One control window: `current_shift` is what the port's map holds,
     /// `hist` the port's cumulative admission-to-established histogram.
-    pub fn on_window(&mut self, current_shift: u32, hist: &[u64; latency::BUCKETS], now: Instant) -> HandshakeStep {
+    pub(crate) fn on_window(
+        &mut self,
+        current_shift: u32,
+        hist: &[u64; latency::BUCKETS],
+        now: Instant,
+    ) -> HandshakeStep {
         let write_shift = (!self.written || current_shift != self.shift).then_some(self.shift);
         self.written = true;
         let (start, before) = *self.period_start.get_or_insert((now, *hist));

@@ -66,10 +66,10 @@ mod aimd;
 mod gradient;
 mod gradient2;
 mod guards;
-pub mod handshake;
+pub(crate) mod handshake;
 mod queue;
-pub mod reserve;
-pub mod retry;
+pub(crate) mod reserve;
+pub(crate) mod retry;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -82,7 +82,7 @@ use serde::Serialize;
 use shed_common::ControlConfig;
 
 use guards::{ServedRate, WindowedMin};
-pub use queue::QUEUE_TARGET_US;
+pub(crate) use queue::QUEUE_TARGET_US;
 
 /// Which limiter runs a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -203,7 +203,7 @@ impl Reason {
 
 /// Controller settings; defaults are the ones documented in the module docs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub algo: Algo,
     pub initial_limit: u32,
     pub min_limit: u32,
@@ -273,7 +273,7 @@ impl Default for Settings {
 
 impl Settings {
     /// The settings an operator gave a port (`SHED_CONTROL`), its limit the initial one.
-    pub fn from_config(config: &ControlConfig, limit: u32) -> Self {
+    pub(crate) fn from_config(config: &ControlConfig, limit: u32) -> Self {
         let algo = Algo::from_raw(config.algo);
         // The adaptive bounds do not apply to an operator's fixed limit.
         let (min_limit, max_limit) = if algo == Algo::Fixed {
@@ -307,7 +307,7 @@ impl Settings {
 
 /// What the controller sees of one window.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct WindowSample {
+pub(crate) struct WindowSample {
     /// In-flight at the end of the window.
     pub in_flight: u64,
     /// Requests completed in the window.
@@ -334,14 +334,14 @@ pub struct WindowSample {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Decision {
+pub(crate) struct Decision {
     pub limit: u32,
     pub reason: Reason,
 }
 
 /// One port's limiter.
 #[derive(Clone, Debug)]
-pub struct Controller {
+pub(crate) struct Controller {
     settings: Settings,
     limit: f64,
     baseline: WindowedMin,
@@ -373,7 +373,7 @@ pub struct Controller {
 
 impl Controller {
     /// `seed` jitters the baseline span (use the port, so ports differ).
-    pub fn new(settings: Settings, seed: u64) -> Self {
+    pub(crate) fn new(settings: Settings, seed: u64) -> Self {
         let jitter = (splitmix(seed) % 21) as f64 / 100.0 - 0.10; // -10% ..= +10%
         let span = ((settings.baseline_windows as f64) * (1.0 + jitter)).round().max(1.0) as usize;
         Self {
@@ -397,26 +397,26 @@ impl Controller {
         }
     }
 
-    pub fn settings(&self) -> &Settings {
+    pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
 
-    pub fn limit(&self) -> u32 {
+    pub(crate) fn limit(&self) -> u32 {
         self.limit.round() as u32
     }
 
     /// The latency the controller treats as "no queue", microseconds.
-    pub fn baseline_us(&self) -> u64 {
+    pub(crate) fn baseline_us(&self) -> u64 {
         if self.settings.algo == Algo::Gradient2 { self.long_us as u64 } else { self.baseline_us as u64 }
     }
 
     /// The operator set the limit: continue from it.
-    pub fn set_limit(&mut self, limit: u32) {
+    pub(crate) fn set_limit(&mut self, limit: u32) {
         self.limit = f64::from(limit.clamp(self.settings.min_limit, self.settings.max_limit));
     }
 
     /// New settings; the current limit is kept (clamped to the new bounds).
-    pub fn reconfigure(&mut self, settings: Settings) {
+    pub(crate) fn reconfigure(&mut self, settings: Settings) {
         let limit = self.limit();
         let algo_changed = settings.algo != self.settings.algo;
         self.settings = settings;
@@ -429,7 +429,7 @@ impl Controller {
     }
 
     /// One window: the steps every limiter takes, its own proposal among them.
-    pub fn on_window(&mut self, s: &WindowSample) -> Decision {
+    pub(crate) fn on_window(&mut self, s: &WindowSample) -> Decision {
         let st = self.settings;
         if st.algo == Algo::Fixed {
             return Decision { limit: self.limit(), reason: Reason::Operator };
@@ -464,7 +464,7 @@ impl Controller {
 }
 
 /// A small deterministic mixer (SplitMix64) for jitter and the simulation.
-pub fn splitmix(mut x: u64) -> u64 {
+pub(crate) fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = x;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -7,7 +7,7 @@ use super::{Controller, WindowSample, guards::Objective};
 /// The default target queue wait, 5 ms: CoDel's and Meta's adaptive LIFO
 /// target, short against any request a user waits for, and long enough that
 /// a busy server's normal jitter (a few ms of scheduling) is not overload.
-pub const QUEUE_TARGET_US: f64 = 5_000.0;
+pub(crate) const QUEUE_TARGET_US: f64 = 5_000.0;
 
 /// The share of the excess queue (Little's law) removed per window.
 const QUEUE_GAIN: f64 = 0.25;

@@ -13,13 +13,13 @@ use shed_common::tier;
 /// decays by a fifth. A tier is never held below one slot of its share, and
 /// the kernel's trickle still lets it through now and then.
 #[derive(Clone, Debug, Default)]
-pub struct TierHoldBack {
+pub(crate) struct TierHoldBack {
     held: [f64; tier::COUNT],
 }
 
 impl TierHoldBack {
     /// `rejected`: rejections by tier in the window. Returns the slots held back by tier.
-    pub fn on_window(
+    pub(crate) fn on_window(
         &mut self,
         rejected: [u64; tier::COUNT],
         limit: u32,

@@ -7,7 +7,7 @@ use shed_common::http::MAX_RETRY_AFTER;
 
 /// Seconds to tell a refused client: the window's p99 queue wait rounded up,
 /// at least 1 (the header's unit), at most [`MAX_RETRY_AFTER`].
-pub fn retry_after_seconds(queue_wait_p99_us: u64) -> u32 {
+pub(crate) fn retry_after_seconds(queue_wait_p99_us: u64) -> u32 {
     queue_wait_p99_us.div_ceil(1_000_000).clamp(1, u64::from(MAX_RETRY_AFTER)) as u32
 }
 

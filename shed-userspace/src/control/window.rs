@@ -10,7 +10,7 @@ type Histogram = [u64; latency::BUCKETS];
 
 /// A port's latency histograms over one window: the later snapshot minus the earlier.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Window {
+pub(crate) struct Window {
     /// Arrival in the socket to pick-up by the application.
     pub queue_wait: Histogram,
     /// Pick-up to the first answer byte.
@@ -21,7 +21,7 @@ pub struct Window {
 
 /// What the window saw besides latency: the listener's and the gate's signals.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Signals {
+pub(crate) struct Signals {
     /// In-flight at the window's end.
     pub in_flight: u64,
     /// Listen-queue drops counted against the port in the window.
@@ -37,7 +37,7 @@ pub struct Signals {
 impl Window {
     /// The window between two snapshots of the same port's histograms (the
     /// kernel's counters only grow; a wrap reads as a difference all the same).
-    pub fn between(before: &PortLatency, now: &PortLatency) -> Self {
+    pub(crate) fn between(before: &PortLatency, now: &PortLatency) -> Self {
         let delta = |now: &Histogram, before: &Histogram| -> Histogram {
             std::array::from_fn(|i| now[i].wrapping_sub(before[i]))
         };
@@ -52,7 +52,7 @@ impl Window {
     /// wait), the median service time, and the count of requests judged:
     /// queue waits for the queue limiter (a multiplexed port records nothing
     /// else), whole requests for the others.
-    pub fn sample(&self, signals: Signals, percentile: f64, judge_queue_waits: bool) -> WindowSample {
+    pub(crate) fn sample(&self, signals: Signals, percentile: f64, judge_queue_waits: bool) -> WindowSample {
         let judged = if judge_queue_waits { &self.queue_wait } else { &self.sojourn };
         WindowSample {
             in_flight: signals.in_flight,
@@ -70,7 +70,7 @@ impl Window {
 
 /// The `p`th percentile (0-100) of a latency histogram, microseconds: the
 /// midpoint of the bucket holding that rank (0 when the histogram is empty).
-pub fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {
+pub(crate) fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {
     let total: u64 = buckets.iter().sum();
     if total == 0 {
         return 0;

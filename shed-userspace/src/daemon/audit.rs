@@ -19,7 +19,7 @@ use crate::{
 
 /// Notes the operator's request for the daemon's audit line (best effort: a
 /// change is never refused because it could not be noted).
-pub fn note_request() {
+pub(crate) fn note_request() {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let command: Vec<String> = std::env::args().collect();
@@ -28,7 +28,7 @@ pub fn note_request() {
 }
 
 /// The last request noted (or that none was: a change by another tool).
-pub fn last_request() -> String {
+pub(crate) fn last_request() -> String {
     fs::read_to_string(paths::REQUEST_NOTE)
         .ok()
         .filter(|n| !n.is_empty())
@@ -36,7 +36,7 @@ pub fn last_request() -> String {
 }
 
 /// Reads what the audit compares (ports with their settings, and tiers).
-pub fn read(maps: &crate::kernel::maps::GateMaps) -> Result<Settings, crate::error::Error> {
+pub(crate) fn read(maps: &crate::kernel::maps::GateMaps) -> Result<Settings, crate::error::Error> {
     let mut ports = BTreeMap::new();
     for (port, config) in maps.port_configs()? {
         ports.insert(port, (config, maps.control(config.slot)?));
@@ -46,14 +46,14 @@ pub fn read(maps: &crate::kernel::maps::GateMaps) -> Result<Settings, crate::err
 
 /// The settings the daemon compares between ticks.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub ports: BTreeMap<u16, (PortConfig, ControlConfig)>,
     pub tiers: BTreeMap<Cidr, u8>,
 }
 
 /// What changed from `old` to `new`, one entry per port or tier network
 /// (subject, "field old -> new, ..."); empty when nothing did.
-pub fn changes(old: &Settings, new: &Settings) -> Vec<(String, String)> {
+pub(crate) fn changes(old: &Settings, new: &Settings) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (port, (config, control)) in &new.ports {
         let Some((was, was_control)) = old.ports.get(port) else { continue };
@@ -103,7 +103,7 @@ pub fn changes(old: &Settings, new: &Settings) -> Vec<(String, String)> {
 }
 
 /// Logs each change with who asked for it.
-pub fn log_changes(old: &Settings, new: &Settings) {
+pub(crate) fn log_changes(old: &Settings, new: &Settings) {
     let changes = changes(old, new);
     if changes.is_empty() {
         return;

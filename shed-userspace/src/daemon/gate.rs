@@ -22,7 +22,7 @@ use crate::{
 const TICK: Duration = Duration::from_millis(100);
 
 /// What `attach` decided and checked: everything the daemon runs its gates with.
-pub struct Plan {
+pub(crate) struct Plan {
     /// The ports to protect (a port given twice is protected once).
     pub ports: Vec<u16>,
     pub spec: PortSpec,

@@ -42,10 +42,7 @@ use crate::{
 const ADOPTED_KEY_BASE: u64 = 0x0000_5eed_0000_0000;
 
 /// How soon a pass that found something looks again to confirm it.
-pub const CONFIRM_AFTER: Duration = Duration::from_secs(1);
-
-/// The default time between routine passes (`--heal-interval`).
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const CONFIRM_AFTER: Duration = Duration::from_secs(1);
 
 /// A pass brought forward waits at least this many times the last pass's duration.
 const GAP_PER_PASS_TIME: u32 = 10;
@@ -57,7 +54,7 @@ const ROUTINE_PER_PASS_TIME: u32 = 100;
 
 /// When the next pass runs.
 #[derive(Debug)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     /// Between routine passes.
     interval: Duration,
     /// When the last pass ended, how long it took, and whether it left something to confirm.
@@ -65,13 +62,13 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         Self { interval, last: None }
     }
 
     /// Whether a pass is due at `now`, and why; `evidence`: the cheap check saw
     /// a reason to look now.
-    pub fn due(&self, now: Instant, evidence: bool) -> Option<PassReason> {
+    pub(crate) fn due(&self, now: Instant, evidence: bool) -> Option<PassReason> {
         let Some((ended, took, pending)) = self.last else { return Some(PassReason::Start) };
         let since = now.saturating_duration_since(ended);
         let gap = CONFIRM_AFTER.max(took * GAP_PER_PASS_TIME);
@@ -90,7 +87,7 @@ impl Schedule {
 
     /// Records a pass that ended at `now` after `took`, leaving something to
     /// confirm (`pending`) or not.
-    pub fn passed(&mut self, now: Instant, took: Duration, pending: bool) {
+    pub(crate) fn passed(&mut self, now: Instant, took: Duration, pending: bool) {
         self.last = Some((now, took, pending));
     }
 }

@@ -57,7 +57,7 @@ pub fn ready() -> bool {
 }
 
 /// Fails unless a daemon is running; used by every verb that reads or tunes the gate.
-pub fn require_running() -> Result<String, Error> {
+pub(crate) fn require_running() -> Result<String, Error> {
     match liveness() {
         Liveness::Running { pid } => Ok(pid),
         Liveness::Stale { pid } => Err(Error::StaleGate { pin_dir: paths::PIN_DIR.into(), pid }),
@@ -70,13 +70,13 @@ pub fn require_running() -> Result<String, Error> {
 /// it back, and a `tier add` between the read and the write would otherwise
 /// be undone (turning tier judging, and so the exempt tier, off). Held until
 /// dropped.
-pub struct ConfigLock {
+pub(crate) struct ConfigLock {
     _file: File,
 }
 
 impl ConfigLock {
     /// Waits for and takes the lock.
-    pub fn take() -> Result<Self, Error> {
+    pub(crate) fn take() -> Result<Self, Error> {
         let path = Path::new(paths::CONFIG_LOCK);
         let dir = path.parent().expect("lock file has a parent");
         fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
@@ -95,13 +95,13 @@ impl ConfigLock {
 }
 
 /// The exclusive lock a running daemon holds for its whole life.
-pub struct DaemonLock {
+pub(crate) struct DaemonLock {
     file: File,
 }
 
 impl DaemonLock {
     /// Takes the lock, or says who holds it.
-    pub fn acquire() -> Result<Self, Error> {
+    pub(crate) fn acquire() -> Result<Self, Error> {
         let dir = Path::new(paths::PID_FILE).parent().expect("pid file has a parent");
         fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
         fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
@@ -133,7 +133,7 @@ impl DaemonLock {
 
     /// Records our pid for `shedctl detach` and for messages; call once every
     /// program is attached (readers take a pid as "ready").
-    pub fn write_pid(&mut self) -> Result<(), Error> {
+    pub(crate) fn write_pid(&mut self) -> Result<(), Error> {
         let write = |f: &mut File| -> std::io::Result<()> {
             f.set_len(0)?;
             f.rewind()?;
@@ -152,7 +152,7 @@ impl Drop for DaemonLock {
 }
 
 /// Removes the pin folder when dropped: pins exist only while a daemon owns them.
-pub struct PinGuard;
+pub(crate) struct PinGuard;
 
 impl Drop for PinGuard {
     fn drop(&mut self) {

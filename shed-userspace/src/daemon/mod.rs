@@ -6,14 +6,15 @@
 //! that runs the controllers, sizes each port's handshake window, and keeps
 //! the namespace's addresses and interfaces covered.
 
-pub mod audit;
-pub mod gate;
+pub(crate) mod audit;
+pub(crate) mod gate;
 pub mod heal;
 mod lock;
 mod port;
-pub mod process;
+pub(crate) mod process;
 
-pub use lock::{ConfigLock, DaemonLock, Liveness, PinGuard, liveness, ready, require_running};
+pub(crate) use lock::{ConfigLock, DaemonLock, PinGuard, require_running};
+pub use lock::{Liveness, liveness, ready};
 use port::{AcceptQueues, PortControl};
 
 use std::{
@@ -73,7 +74,7 @@ pub struct LoopSettings {
 }
 
 /// Applies a reloaded config; returns the changed settings that take a restart.
-pub type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, String> + Send>;
+pub(crate) type Reloader = Box<dyn FnMut(&mut GateMaps) -> Result<Vec<&'static str>, String> + Send>;
 
 /// Gates interfaces as they appear (no `--iface`: the whole namespace).
 #[derive(Clone, Debug)]
@@ -88,7 +89,7 @@ pub struct FollowInterfaces {
 
 impl FollowInterfaces {
     /// Attaches to every interface not seen before; a failure is logged, not fatal.
-    pub fn attach_new(&mut self, loaded: &mut Loaded) {
+    pub(crate) fn attach_new(&mut self, loaded: &mut Loaded) {
         let now = system::interfaces_indexed();
         // Forget interfaces that are gone, so their names can come back.
         self.seen.retain(|s| now.contains(s));
@@ -115,7 +116,7 @@ pub struct LocalAddrs {
 impl LocalAddrs {
     /// Asks the kernel for the addresses and rewrites the gate's table only when
     /// they changed (the table has thousands of slots to compare).
-    pub fn refresh(&mut self, maps: &mut GateMaps) -> Result<(), Error> {
+    pub(crate) fn refresh(&mut self, maps: &mut GateMaps) -> Result<(), Error> {
         let addrs = system::local_addresses()?;
         if self.written.as_ref() == Some(&addrs) {
             return Ok(());

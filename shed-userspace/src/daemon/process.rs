@@ -26,7 +26,7 @@ use crate::{
 /// the host's lock and the pin folder, sets every namespace's gate up, and
 /// leaves nothing attached or pinned on the way out. Refuses, changing
 /// nothing, too many ports or a metrics address it cannot listen on.
-pub fn run(mut plan: Plan) -> anyhow::Result<()> {
+pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
     plan.ports = dedup(&plan.ports);
     // `attach` refused more already (AttachArgs::plan); a plan built elsewhere is held to it too.
     if plan.ports.len() > shed_common::capacity::MAX_PORTS as usize {
@@ -264,7 +264,7 @@ impl Drop for GateEnd {
 }
 
 /// The namespaces to gate (None: the daemon's own), each once.
-pub fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
+pub(crate) fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>> {
     use std::os::unix::fs::MetadataExt as _;
     if netns.is_empty() {
         return Ok(vec![None]);

@@ -28,7 +28,7 @@ struct Type {
     members: Vec<Member>,
 }
 
-pub struct Btf {
+pub(crate) struct Btf {
     types: Vec<Type>, // index = type id - 1
     strings: Vec<u8>,
     by_name: HashMap<String, Vec<u32>>,
@@ -39,11 +39,11 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
 }
 
 impl Btf {
-    pub fn from_sys_fs() -> Option<Self> {
+    pub(crate) fn from_sys_fs() -> Option<Self> {
         Self::parse(&std::fs::read("/sys/kernel/btf/vmlinux").ok()?)
     }
 
-    pub fn parse(data: &[u8]) -> Option<Self> {
+    pub(crate) fn parse(data: &[u8]) -> Option<Self> {
         if u16::from_le_bytes(data.get(0..2)?.try_into().ok()?) != BTF_MAGIC {
             return None;
         }
@@ -132,7 +132,7 @@ impl Btf {
     }
 
     /// Byte offset of `path` (member names, nested structs) inside struct `root`.
-    pub fn offset_of(&self, root: &str, path: &[&str]) -> Option<u32> {
+    pub(crate) fn offset_of(&self, root: &str, path: &[&str]) -> Option<u32> {
         self.by_name.get(root)?.iter().find_map(|&id| {
             let (mut id, mut bits) = (id, 0);
             for name in path {

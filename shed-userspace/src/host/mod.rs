@@ -5,9 +5,9 @@
 //! paths where the gate keeps its state.
 //! Nothing here knows the gate's maps or programs.
 
-pub mod btf;
-pub mod nat;
+pub(crate) mod btf;
+pub(crate) mod nat;
 pub mod netstat;
 pub mod paths;
-pub mod sockdiag;
+pub(crate) mod sockdiag;
 pub mod system;

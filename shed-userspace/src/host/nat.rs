@@ -11,7 +11,7 @@ use std::{collections::BTreeSet, net::IpAddr, process::Command};
 
 /// One NAT statement that ends at a local listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalNat {
+pub(crate) struct LocalNat {
     /// Where it is: `nftables table ip nat chain prerouting`, `iptables-legacy nat PREROUTING`.
     pub place: String,
     /// The destination ports it matches (empty: every port).
@@ -26,7 +26,7 @@ impl LocalNat {
     /// (the kernel's socket lookup, made with the port and address on the
     /// wire, then misses the handshake), or sends another port's to a
     /// protected listener (whose port the gate never sees on the wire).
-    pub fn bypasses(&self, ports: &[u16]) -> Option<u16> {
+    pub(crate) fn bypasses(&self, ports: &[u16]) -> Option<u16> {
         let matches = |p: u16| self.from_ports.is_empty() || self.from_ports.contains(&p);
         ports.iter().copied().find(|&p| {
             matches(p)
@@ -35,7 +35,7 @@ impl LocalNat {
     }
 
     /// The statement as an operator would write it.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let from = match self.from_ports.as_slice() {
             [] => "every port".to_owned(),
             [one] => format!("port {one}"),
@@ -50,7 +50,7 @@ impl LocalNat {
 
 /// Reads every NAT statement of this namespace that ends at a local
 /// listener; a tool that is not installed contributes nothing.
-pub fn local_nat(local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
+pub(crate) fn local_nat(local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
     let mut found = Vec::new();
     if let Some(json) = run("nft", &["-j", "list", "ruleset"]) {
         found.extend(from_nft_json(&json, local));
@@ -73,7 +73,7 @@ fn is_local(addr: &str, local: &BTreeSet<IpAddr>) -> bool {
 }
 
 /// The statements of `nft -j list ruleset` output.
-pub fn from_nft_json(json: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
+pub(crate) fn from_nft_json(json: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else { return Vec::new() };
     let Some(items) = value["nftables"].as_array() else { return Vec::new() };
     let mut found = Vec::new();
@@ -114,7 +114,7 @@ pub fn from_nft_json(json: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
 
 /// The statements of `iptables-save -t nat` output (`-j REDIRECT --to-ports`,
 /// `-j DNAT --to-destination ADDR[:PORT]`).
-pub fn from_iptables_save(text: &str, tool: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
+pub(crate) fn from_iptables_save(text: &str, tool: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
     let mut found = Vec::new();
     for line in text.lines().filter(|l| l.starts_with("-A ")) {
         let words: Vec<&str> = line.split_whitespace().collect();

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 /// bpffs mount point.
-pub const BPFFS: &str = "/sys/fs/bpf";
+pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 /// The gate's pin folder. A gate of the daemon's own network namespace pins
 /// its maps here; a gate of a namespace
 /// named with `--netns` pins them in [`NETNS_PIN_DIR`]`/<label>` instead.
@@ -11,16 +11,16 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/shed";
 /// Pin folders of the gates of namespaces named with `--netns`, one per namespace.
 pub const NETNS_PIN_DIR: &str = "/sys/fs/bpf/shed/netns";
 /// The `netns` label of the daemon's own network namespace (no `--netns`).
-pub const OWN_NETNS_LABEL: &str = "host";
+pub(crate) const OWN_NETNS_LABEL: &str = "host";
 /// tracefs mount point (tracepoint ids and formats).
-pub const TRACEFS: &str = "/sys/kernel/tracing";
+pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 /// The running daemon's lock and pid file (flock held for the daemon's life).
 pub const PID_FILE: &str = "/run/shed/shedctl.pid";
 /// Held (flock) around every read-modify-write of the gate's port configs and
 /// tiers (`set`, `tier`, a reload), so two of them cannot undo each other.
-pub const CONFIG_LOCK: &str = "/run/shed/config.lock";
+pub(crate) const CONFIG_LOCK: &str = "/run/shed/config.lock";
 /// The gated namespace's TCP counters (listen-queue overflows), as the daemon's thread sees them.
-pub const NETSTAT: &str = "/proc/thread-self/net/netstat";
+pub(crate) const NETSTAT: &str = "/proc/thread-self/net/netstat";
 
 /// Where the gate of `netns` (None: the daemon's own namespace) pins its maps.
 pub fn gate_pin_dir(netns: Option<&str>) -> PathBuf {
@@ -33,16 +33,16 @@ pub fn gate_pin_dir(netns: Option<&str>) -> PathBuf {
 /// The name a namespace goes by in stats, metrics, top and logs: its `ip netns`
 /// name, a path with its slashes made underscores (`/proc/42/ns/net` is
 /// `proc_42_ns_net`), or [`OWN_NETNS_LABEL`] for the daemon's own.
-pub fn netns_label(netns: Option<&str>) -> String {
+pub(crate) fn netns_label(netns: Option<&str>) -> String {
     match netns {
         None => OWN_NETNS_LABEL.to_owned(),
         Some(ns) => ns.trim_matches('/').replace('/', "_"),
     }
 }
 /// Where `ip netns` keeps its named network namespaces.
-pub const NETNS_DIR: &str = "/run/netns";
+pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// The last live change's requester (uid, pid, command), for the daemon's audit line.
-pub const REQUEST_NOTE: &str = "/run/shed/last-request";
+pub(crate) const REQUEST_NOTE: &str = "/run/shed/last-request";
 
 #[cfg(test)]
 mod tests {

@@ -34,7 +34,7 @@ const REQ_LEN: usize = 8 + SOCKID_LEN;
 const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
 
 /// A netlink socket for dumping the namespace's TCP connections.
-pub struct SocketTable {
+pub(crate) struct SocketTable {
     fd: OwnedFd,
     buf: Vec<u8>,
     seq: u32,
@@ -43,7 +43,7 @@ pub struct SocketTable {
 impl SocketTable {
     /// Opens the socket in the calling thread's network namespace (it stays
     /// there, whatever namespace later calls run in).
-    pub fn open() -> io::Result<Self> {
+    pub(crate) fn open() -> io::Result<Self> {
         // SAFETY: plain socket(2); the fd is owned below.
         let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
         if fd < 0 {
@@ -57,7 +57,7 @@ impl SocketTable {
     /// Appends the connections held on `ports` (IPv4 and IPv6) to `out`;
     /// returns how many records the kernel sent (every held connection of
     /// the namespace, whatever its port: the cost of one call).
-    pub fn held(&mut self, ports: &BTreeSet<u16>, out: &mut Vec<FlowKey>) -> io::Result<usize> {
+    pub(crate) fn held(&mut self, ports: &BTreeSet<u16>, out: &mut Vec<FlowKey>) -> io::Result<usize> {
         let states = HELD_STATES.iter().map(|s| 1u32 << s).sum();
         self.dump(states, |msg| {
             if let Some(flow) = flow_of(msg, ports) {
@@ -68,7 +68,7 @@ impl SocketTable {
 
     /// The accept queues of the listeners on `ports`, summed per port over its
     /// listeners (IPv4, IPv6, SO_REUSEPORT groups).
-    pub fn accept_queues(&mut self, ports: &BTreeSet<u16>) -> io::Result<BTreeMap<u16, AcceptQueue>> {
+    pub(crate) fn accept_queues(&mut self, ports: &BTreeSet<u16>) -> io::Result<BTreeMap<u16, AcceptQueue>> {
         let mut out: BTreeMap<u16, AcceptQueue> = BTreeMap::new();
         self.dump(1 << TCP_LISTEN, |msg| {
             if let Some((port, queue)) = accept_queue_of(msg).filter(|(p, _)| ports.contains(p)) {
@@ -127,14 +127,14 @@ impl SocketTable {
 /// A listener's accept queue: connections established and waiting for
 /// `accept()`, and how many it may hold.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AcceptQueue {
+pub(crate) struct AcceptQueue {
     pub waiting: u32,
     pub backlog: u32,
 }
 
 impl AcceptQueue {
     /// At least half full: the state in which its listener can overflow.
-    pub fn pressed(&self) -> bool {
+    pub(crate) fn pressed(&self) -> bool {
         self.backlog > 0 && self.waiting * 2 >= self.backlog
     }
 }

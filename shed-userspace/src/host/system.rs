@@ -23,7 +23,7 @@ const TRACEFS_MAGIC: i64 = 0x7472_6163;
 
 /// What an operation needs from the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Need {
+pub(crate) enum Need {
     /// Reading and writing pinned maps.
     Maps,
     /// Loading and attaching programs (maps, XDP/TC, tracepoints).
@@ -35,7 +35,7 @@ pub enum Need {
 /// Checks that this process can do `need` from where it runs: not inside
 /// `ip netns exec` (see [`check_not_in_ip_netns_exec`]), with the effective
 /// capabilities it takes.
-pub fn check_privileges(need: Need) -> Result<(), Error> {
+pub(crate) fn check_privileges(need: Need) -> Result<(), Error> {
     check_not_in_ip_netns_exec()?;
     let status = fs::read_to_string("/proc/self/status").map_err(|e| Error::io("read", "/proc/self/status", e))?;
     let effective = status
@@ -48,7 +48,7 @@ pub fn check_privileges(need: Need) -> Result<(), Error> {
 }
 
 /// The capabilities `need` requires that `effective` lacks (CAP_SYS_ADMIN stands in for BPF and PERFMON).
-pub fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
+pub(crate) fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
     let has = |cap: u32| effective & (1 << cap) != 0;
     let admin = has(CAP_SYS_ADMIN);
     let mut missing = Vec::new();
@@ -77,7 +77,7 @@ pub fn missing_capabilities(effective: u64, need: Need) -> Vec<&'static str> {
 /// it and the mount namespace differ from those of a process outside: the
 /// parent (`ip netns exec NS shedctl`) or init (a shell started by `ip netns
 /// exec`). Where neither can be read, nothing is refused.
-pub fn check_not_in_ip_netns_exec() -> Result<(), Error> {
+pub(crate) fn check_not_in_ip_netns_exec() -> Result<(), Error> {
     use std::os::unix::fs::MetadataExt as _;
     let id = |path: &Path| fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
     let ns = |pid: &str, kind: &str| id(&Path::new("/proc").join(pid).join("ns").join(kind));
@@ -109,11 +109,11 @@ fn fs_magic(path: &str) -> Option<i64> {
     (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
 }
 
-pub fn check_bpffs() -> Result<(), Error> {
+pub(crate) fn check_bpffs() -> Result<(), Error> {
     if fs_magic(paths::BPFFS) == Some(BPF_FS_MAGIC) { Ok(()) } else { Err(Error::BpffsMissing { path: paths::BPFFS }) }
 }
 
-pub fn check_tracefs() -> Result<(), Error> {
+pub(crate) fn check_tracefs() -> Result<(), Error> {
     if fs_magic(paths::TRACEFS) == Some(TRACEFS_MAGIC) {
         Ok(())
     } else {
@@ -122,7 +122,7 @@ pub fn check_tracefs() -> Result<(), Error> {
 }
 
 /// Checks that the socket tracepoints have the field offsets compiled into the kernel programs.
-pub fn check_tracepoint_layouts() -> Result<(), Error> {
+pub(crate) fn check_tracepoint_layouts() -> Result<(), Error> {
     let read = |event: &str| {
         let path = Path::new(paths::TRACEFS).join("events/sock").join(event).join("format");
         fs::read_to_string(&path).map_err(|e| Error::io("read tracepoint format", path, e))
@@ -147,7 +147,11 @@ const SOCK_STATE_FIELDS: [(&str, usize); 8] = [
 ];
 
 /// Compares a tracepoint `format` text with the compiled offsets.
-pub fn check_layout(format: &str, tracepoint: &'static str, expected: &[(&'static str, usize)]) -> Result<(), Error> {
+pub(crate) fn check_layout(
+    format: &str,
+    tracepoint: &'static str,
+    expected: &[(&'static str, usize)],
+) -> Result<(), Error> {
     for &(field, offset) in expected {
         let found = field_offset(format, field);
         if found != Some(offset) {
@@ -183,7 +187,7 @@ pub fn interfaces() -> Vec<String> {
 
 /// The namespace's interfaces with their indices (an interface deleted and
 /// created again under its name gets a new index).
-pub fn interfaces_indexed() -> Vec<(String, u32)> {
+pub(crate) fn interfaces_indexed() -> Vec<(String, u32)> {
     let mut names = Vec::new();
     // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
     unsafe {
@@ -204,7 +208,7 @@ pub fn interfaces_indexed() -> Vec<(String, u32)> {
 /// Fails with a clear error for an interface that does not exist here, or
 /// whose frames do not start with an Ethernet header (the parser would not
 /// find the SYNs in them: they would pass unjudged).
-pub fn check_interface(name: &str) -> Result<(), Error> {
+pub(crate) fn check_interface(name: &str) -> Result<(), Error> {
     let c = CString::new(name).map_err(|_| Error::UnknownInterface { name: name.to_owned() })?;
     // SAFETY: valid C string.
     if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
@@ -222,7 +226,7 @@ const ARPHRD_LOOPBACK: u32 = 772;
 /// The interface's ARPHRD link type (`None` if it cannot be read). Asked of
 /// the kernel (SIOCGIFHWADDR) rather than sysfs: /sys shows the namespace it
 /// was mounted in, not the one `--netns` entered.
-pub fn link_type(name: &str) -> Option<u32> {
+pub(crate) fn link_type(name: &str) -> Option<u32> {
     const SIOCGIFHWADDR: libc::c_ulong = 0x8927;
     #[repr(C)]
     struct IfReq {
@@ -250,7 +254,7 @@ pub fn link_type(name: &str) -> Option<u32> {
 
 /// The namespace's own addresses, as the gate keys them (IPv4-mapped for IPv4):
 /// every interface address, and the IPv4 broadcast addresses.
-pub fn local_addresses() -> Result<BTreeMap<[u8; 16], u32>, Error> {
+pub(crate) fn local_addresses() -> Result<BTreeMap<[u8; 16], u32>, Error> {
     use shed_common::local_addr::{BROADCAST, UNICAST};
     let mut out = BTreeMap::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
@@ -304,13 +308,13 @@ unsafe fn sockaddr_bytes(sa: *const libc::sockaddr) -> Option<[u8; 16]> {
 /// Notifications of the calling thread's namespace's links and addresses
 /// (rtnetlink multicast groups), so a new interface or address is seen within
 /// a control tick instead of at the next once-a-second look.
-pub struct LinkWatch {
+pub(crate) struct LinkWatch {
     fd: std::os::fd::OwnedFd,
 }
 
 impl LinkWatch {
     /// Subscribes; `None` if the kernel refuses (the once-a-second look remains).
-    pub fn open() -> Option<Self> {
+    pub(crate) fn open() -> Option<Self> {
         use std::os::fd::FromRawFd as _;
         const RTMGRP_LINK: u32 = 0x1;
         const RTMGRP_IPV4_IFADDR: u32 = 0x10;
@@ -345,7 +349,7 @@ impl LinkWatch {
 
     /// Whether anything changed since the last call (drains what is queued;
     /// an overflowed queue counts as a change).
-    pub fn changed(&self) -> bool {
+    pub(crate) fn changed(&self) -> bool {
         let mut buf = [0u8; 8192];
         let mut any = false;
         loop {
@@ -373,7 +377,7 @@ impl LinkWatch {
 
 /// `net.ipv4.tcp_fastopen` of the calling thread's namespace, if it lets
 /// servers accept TCP Fast Open (bit 0x2), else `None` (also when unreadable).
-pub fn fast_open_for_servers() -> Option<u32> {
+pub(crate) fn fast_open_for_servers() -> Option<u32> {
     let text = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_fastopen").ok()?;
     fast_open_server_bit(&text)
 }
@@ -384,7 +388,7 @@ fn fast_open_server_bit(text: &str) -> Option<u32> {
 }
 
 /// The kernel driver behind an interface ("veth", "virtio_net", ...), from ETHTOOL_GDRVINFO.
-pub fn driver(iface: &str) -> Option<String> {
+pub(crate) fn driver(iface: &str) -> Option<String> {
     const SIOCETHTOOL: libc::c_ulong = 0x8946;
     const ETHTOOL_GDRVINFO: u32 = 3;
     #[repr(C)]
@@ -423,7 +427,7 @@ pub fn driver(iface: &str) -> Option<String> {
 }
 
 /// The namespace file of an `ip netns` name, or the path itself.
-pub fn netns_path(name_or_path: &str) -> std::path::PathBuf {
+pub(crate) fn netns_path(name_or_path: &str) -> std::path::PathBuf {
     if name_or_path.contains('/') {
         Path::new(name_or_path).to_path_buf()
     } else {
@@ -433,7 +437,7 @@ pub fn netns_path(name_or_path: &str) -> std::path::PathBuf {
 
 /// Moves this thread into a network namespace, by `ip netns` name or by path
 /// (threads it starts later inherit it).
-pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
+pub(crate) fn enter_netns(name_or_path: &str) -> Result<(), Error> {
     let path = netns_path(name_or_path);
     let file = fs::File::open(&path).map_err(|e| Error::io("open network namespace", &path, e))?;
     // SAFETY: a valid namespace fd.
@@ -445,7 +449,7 @@ pub fn enter_netns(name_or_path: &str) -> Result<(), Error> {
 
 /// The namespace filter for the current thread's network namespace, or a
 /// disabled one (with the reason) when the kernel's BTF lacks the fields.
-pub fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
+pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
     use std::os::unix::fs::MetadataExt as _;
     let inum =
         fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
@@ -467,13 +471,6 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ impl PortSnapshot {
         self.now_ns >> self.user.shift()
     }
     /// The longest a reservation lives: [`handshake::LIVE_EPOCHS`] epochs.
-    pub fn handshake_window_us(&self) -> u64 {
+    pub(crate) fn handshake_window_us(&self) -> u64 {
         (handshake::LIVE_EPOCHS << self.user.shift()) / 1000
     }
     /// Admissions that lapsed without completing, folded or not yet.
@@ -94,7 +94,7 @@ impl PortSnapshot {
         self.silent.lapsed + self.silent.lapsed_unfolded(self.silent_epoch())
     }
     /// How long a silent connection counts at least (ms): three silent epochs.
-    pub fn idle_grace_ms(&self) -> u64 {
+    pub(crate) fn idle_grace_ms(&self) -> u64 {
         ((handshake::LIVE_EPOCHS - 1) << self.user.silent_shift()) / 1_000_000
     }
     pub fn in_flight(&self) -> u64 {
@@ -114,7 +114,7 @@ where
 
 impl GateMaps {
     /// Takes the maps out of a freshly loaded object, pinning each under `pin_dir` if given.
-    pub fn from_ebpf(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
+    pub(crate) fn from_ebpf(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
         Self::build(|name| {
             let map = ebpf.take_map(name).ok_or_else(|| {
                 Error::map(format!("find map {name}"), aya::maps::MapError::InvalidName { name: name.into() })
@@ -144,7 +144,7 @@ impl GateMaps {
 
     /// Opens the pinned maps of every namespace the running gate protects, by
     /// label (`only`: just that namespace's), in label order.
-    pub fn open_gates(only: Option<&str>) -> Result<Vec<PinnedGate>, Error> {
+    pub(crate) fn open_gates(only: Option<&str>) -> Result<Vec<PinnedGate>, Error> {
         let mut gates = Vec::new();
         for (netns, dir) in pinned_gate_dirs() {
             if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
@@ -169,7 +169,7 @@ impl GateMaps {
     }
 
     /// Opens the maps pinned in `dir` (one gate's folder).
-    pub fn open_pinned_at(dir: &Path) -> Result<Self, Error> {
+    pub(crate) fn open_pinned_at(dir: &Path) -> Result<Self, Error> {
         if !dir.join(map::PORTS).exists() {
             return Err(Error::NoGate { pin_dir: dir.into() });
         }
@@ -208,7 +208,7 @@ impl GateMaps {
     }
 
     /// Protected ports and their configuration, by port.
-    pub fn port_configs(&self) -> Result<BTreeMap<u16, PortConfig>, Error> {
+    pub(crate) fn port_configs(&self) -> Result<BTreeMap<u16, PortConfig>, Error> {
         self.ports.iter().collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| Error::map("read protected ports", e))
     }
 
@@ -219,7 +219,7 @@ impl GateMaps {
     }
 
     /// "8080, 9090" for messages.
-    pub fn port_list(&self) -> Result<String, Error> {
+    pub(crate) fn port_list(&self) -> Result<String, Error> {
         let ports: Vec<String> = self.port_configs()?.keys().map(u16::to_string).collect();
         Ok(if ports.is_empty() { "none".into() } else { ports.join(", ") })
     }
@@ -267,15 +267,15 @@ impl GateMaps {
         self.limits.set(slot, limit, 0).map_err(|e| Error::map("write limit", e))
     }
 
-    pub fn write_control(&mut self, slot: u32, control: ControlConfig) -> Result<(), Error> {
+    pub(crate) fn write_control(&mut self, slot: u32, control: ControlConfig) -> Result<(), Error> {
         self.control.set(slot, control, 0).map_err(|e| Error::map("write controller settings", e))
     }
 
-    pub fn write_reserve(&mut self, slot: u32, reserve: TierReserve) -> Result<(), Error> {
+    pub(crate) fn write_reserve(&mut self, slot: u32, reserve: TierReserve) -> Result<(), Error> {
         self.reserve.set(slot, reserve, 0).map_err(|e| Error::map("write tier reserve", e))
     }
 
-    pub fn write_status(&mut self, slot: u32, status: ControlStatus) -> Result<(), Error> {
+    pub(crate) fn write_status(&mut self, slot: u32, status: ControlStatus) -> Result<(), Error> {
         self.status.set(slot, status, 0).map_err(|e| Error::map("write controller status", e))
     }
 
@@ -305,7 +305,7 @@ impl GateMaps {
     }
 
     /// Stops protecting `port`. Its sockets still release their counts as they close.
-    pub fn unprotect(&mut self, port: u16) -> Result<(), Error> {
+    pub(crate) fn unprotect(&mut self, port: u16) -> Result<(), Error> {
         // The slot first: the gate stops judging the port before its config goes.
         self.port_slots.set(u32::from(port), 0, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
         self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
@@ -348,7 +348,7 @@ impl GateMaps {
     }
 
     /// Every client network with a tier.
-    pub fn tier_entries(&self) -> Result<BTreeMap<Cidr, u8>, Error> {
+    pub(crate) fn tier_entries(&self) -> Result<BTreeMap<Cidr, u8>, Error> {
         self.tiers
             .iter()
             .map(|r| r.map(|(k, t)| (Cidr { prefix_len: k.prefix_len(), addr: k.data() }, t as u8)))
@@ -377,7 +377,7 @@ impl GateMaps {
     }
 
     /// Tier shares apply on every port exactly while some client has a tier.
-    pub fn sync_tiered(&mut self) -> Result<(), Error> {
+    pub(crate) fn sync_tiered(&mut self) -> Result<(), Error> {
         let tiered = u8::from(self.any_tier()?);
         for (port, mut config) in self.port_configs()? {
             if config.tiered != tiered {
@@ -398,7 +398,7 @@ impl GateMaps {
 
     /// Bounds each of `slots` (every port of the gate) to its quota of the
     /// shared connection and client maps ([`shed_common::map_quota`]).
-    pub fn set_quotas(&mut self, slots: &[u32]) -> Result<(), Error> {
+    pub(crate) fn set_quotas(&mut self, slots: &[u32]) -> Result<(), Error> {
         use aya::maps::IterableMap as _;
         let capacity =
             |map: &MapData| map.info().map(|info| info.max_entries()).map_err(|e| Error::map("read map size", e));
@@ -418,7 +418,7 @@ impl GateMaps {
     /// so the maps shrink back when clients go away. Returns the idle clients now.
     /// (A client seen idle twice in a row cannot be mid-admission except in a
     /// microsecond race; losing that one count only loosens its cap by one.)
-    pub fn forget_idle_clients(
+    pub(crate) fn forget_idle_clients(
         &mut self,
         idle_before: &std::collections::HashSet<ClientKey>,
     ) -> Result<std::collections::HashSet<ClientKey>, Error> {
@@ -452,7 +452,7 @@ impl GateMaps {
     /// Every tracked socket, read in batches (one syscall per few thousand
     /// entries; the per-entry iterator costs two syscalls an entry, which at
     /// 100,000 connections is most of a healing pass).
-    pub fn tracked_sockets(&self) -> Result<std::collections::HashMap<u64, SockEntry>, Error> {
+    pub(crate) fn tracked_sockets(&self) -> Result<std::collections::HashMap<u64, SockEntry>, Error> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
 
         use aya::maps::IterableMap as _;
@@ -499,7 +499,7 @@ impl GateMaps {
         fds.iter().filter_map(|fd| memlock_of(*fd)).sum()
     }
 
-    pub fn set_netns_filter(&mut self, filter: NetnsFilter) -> Result<(), Error> {
+    pub(crate) fn set_netns_filter(&mut self, filter: NetnsFilter) -> Result<(), Error> {
         self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
     }
 
@@ -543,7 +543,7 @@ impl GateMaps {
     }
 
     /// Sets the Retry-After a port's `http` answers give when it sets none.
-    pub fn set_retry_after(&mut self, slot: u32, seconds: u32) -> Result<(), Error> {
+    pub(crate) fn set_retry_after(&mut self, slot: u32, seconds: u32) -> Result<(), Error> {
         self.update_user_state(slot, "write retry-after", |user| {
             std::mem::replace(&mut user.retry_after_s, seconds) != seconds
         })
@@ -588,7 +588,7 @@ impl GateMaps {
 /// Lays addresses out in the two-choice table: each in one of its two slots,
 /// moving earlier ones to their other slot when both are taken (a few rounds,
 /// as cuckoo hashing does). Returns the table and the addresses left out.
-pub fn local_addr_table(addrs: &BTreeMap<[u8; 16], u32>) -> (Vec<LocalAddr>, Vec<[u8; 16]>) {
+pub(crate) fn local_addr_table(addrs: &BTreeMap<[u8; 16], u32>) -> (Vec<LocalAddr>, Vec<[u8; 16]>) {
     use shed_common::local_addr::{SLOTS, slots};
     let mut table = vec![LocalAddr::default(); SLOTS as usize];
     let mut left_out = Vec::new();
@@ -660,7 +660,7 @@ impl PortSpec {
 
 /// Removes the pin folder and everything in it.
 /// One namespace's gate, opened from its pins.
-pub struct PinnedGate {
+pub(crate) struct PinnedGate {
     /// The namespace's label (see [`paths::netns_label`]).
     pub netns: String,
     pub maps: GateMaps,
@@ -668,7 +668,7 @@ pub struct PinnedGate {
 
 /// The gates among `gates` that protect `port`; when none does, the error
 /// that names the port and what is protected.
-pub fn protecting(gates: Vec<PinnedGate>, port: u16) -> Result<Vec<PinnedGate>, Error> {
+pub(crate) fn protecting(gates: Vec<PinnedGate>, port: u16) -> Result<Vec<PinnedGate>, Error> {
     let (with, without): (Vec<_>, Vec<_>) = gates.into_iter().partition(|g| g.maps.config(port).is_ok());
     match (with.is_empty(), without.first()) {
         (true, Some(gate)) => Err(gate.maps.config(port).expect_err("no gate protects the port")),
@@ -679,7 +679,7 @@ pub fn protecting(gates: Vec<PinnedGate>, port: u16) -> Result<Vec<PinnedGate>, 
 /// The pin folders of the running gate, by namespace label, in label order:
 /// the daemon's own namespace in [`paths::PIN_DIR`], each `--netns` in
 /// [`paths::NETNS_PIN_DIR`].
-pub fn pinned_gate_dirs() -> Vec<(String, std::path::PathBuf)> {
+pub(crate) fn pinned_gate_dirs() -> Vec<(String, std::path::PathBuf)> {
     let mut dirs = Vec::new();
     if Path::new(paths::PIN_DIR).join(map::PORTS).exists() {
         dirs.push((paths::OWN_NETNS_LABEL.to_owned(), Path::new(paths::PIN_DIR).to_path_buf()));

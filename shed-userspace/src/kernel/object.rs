@@ -117,6 +117,6 @@ pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
 
 /// Loads an object file from disk instead (another build's object, such as
 /// the benchmarks' `SHED_BENCH_OBJECT` for an A/B of two builds in one run).
-pub fn load_file(path: &Path) -> Result<Ebpf, Error> {
+pub(crate) fn load_file(path: &Path) -> Result<Ebpf, Error> {
     loader(LoadOptions::default(), false).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
 }

@@ -194,6 +194,6 @@ impl fmt::Display for Cidr {
 }
 
 /// A tier's name (`normal` for a value out of range).
-pub fn tier_name(t: u8) -> &'static str {
+pub(crate) fn tier_name(t: u8) -> &'static str {
     tier::NAMES.get(t as usize).copied().unwrap_or("normal")
 }

@@ -100,7 +100,7 @@ impl Loaded {
 
     /// Starts in-flight accounting and latency measurement. Attach before any
     /// gate so no admitted connection is established unseen.
-    pub fn attach_accounting(&mut self) -> Result<(), Error> {
+    pub(crate) fn attach_accounting(&mut self) -> Result<(), Error> {
         Self::program::<TracePoint>(&mut self.ebpf, program::SOCK_STATE)?
             .attach("sock", "inet_sock_set_state")
             .map_err(|e| Error::program("attach tracepoint sock:inet_sock_set_state", e))?;
@@ -115,7 +115,7 @@ impl Loaded {
     /// Attaches the gate to `iface`. Links are owned by this process: when it
     /// exits, however it exits, the kernel detaches them and traffic flows
     /// ungated (fail-open).
-    pub fn attach_gate(&mut self, iface: &str, hook: Hook, xdp_mode: XdpAttachMode) -> Result<(), Error> {
+    pub(crate) fn attach_gate(&mut self, iface: &str, hook: Hook, xdp_mode: XdpAttachMode) -> Result<(), Error> {
         system::check_interface(iface)?;
         let mode = match xdp_mode {
             XdpAttachMode::Auto => XdpMode::Default,
@@ -150,7 +150,7 @@ impl Loaded {
 /// it runs before the stack; TC on loopback (generic XDP there sees the skb
 /// anyway) and on veth (XDP_TX replies reach the peer only if the peer runs
 /// an XDP program, which shed cannot promise).
-pub fn default_hook(iface: &str) -> Hook {
+pub(crate) fn default_hook(iface: &str) -> Hook {
     let driver = system::driver(iface);
     if iface == "lo" || driver.as_deref() == Some("veth") { Hook::Tc } else { Hook::Xdp }
 }

@@ -24,7 +24,7 @@ use crate::{
 
 /// When `/readyz` says not ready.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ReadinessRule {
+pub(crate) struct ReadinessRule {
     /// Shed share of new connections (percent) above which the gate is not ready; 100: never.
     pub max_shed_percent: u8,
     /// Over this long.
@@ -36,12 +36,12 @@ const READY_MIN_ATTEMPTS: u64 = 20;
 
 /// Admitted and rejected totals over time, sampled every second.
 #[derive(Debug, Default)]
-pub struct ShedHistory {
+pub(crate) struct ShedHistory {
     samples: VecDeque<(Instant, u64, u64)>,
 }
 
 impl ShedHistory {
-    pub fn push(&mut self, at: Instant, admitted: u64, rejected: u64, keep: Duration) {
+    pub(crate) fn push(&mut self, at: Instant, admitted: u64, rejected: u64, keep: Duration) {
         self.samples.push_back((at, admitted, rejected));
         while self.samples.len() > 2 && self.samples.front().is_some_and(|s| at.duration_since(s.0) > keep) {
             self.samples.pop_front();
@@ -49,7 +49,7 @@ impl ShedHistory {
     }
 
     /// Why the gate is not ready under `rule`, if it is not.
-    pub fn not_ready(&self, rule: ReadinessRule) -> Option<String> {
+    pub(crate) fn not_ready(&self, rule: ReadinessRule) -> Option<String> {
         let (first, last) = (self.samples.front()?, self.samples.back()?);
         let (admitted, rejected) = (last.1.saturating_sub(first.1), last.2.saturating_sub(first.2));
         let attempts = admitted + rejected;
@@ -66,14 +66,14 @@ impl ShedHistory {
 
 /// What the endpoint serves: every namespace's gate, and the readiness rule.
 #[derive(Clone, Debug)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub gates: Vec<EndpointGate>,
     pub readiness: ReadinessRule,
 }
 
 /// One namespace's gate as the endpoint reads it.
 #[derive(Clone, Debug)]
-pub struct EndpointGate {
+pub(crate) struct EndpointGate {
     /// The namespace's label (see [`crate::host::paths::netns_label`]).
     pub netns: String,
     /// Where its maps are pinned.
@@ -118,7 +118,7 @@ struct Shared {
 }
 
 /// Serves the endpoint on its own thread until the process exits.
-pub fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
+pub(crate) fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
     std::thread::Builder::new()
         .name("shed-http".into())
         .spawn(move || {

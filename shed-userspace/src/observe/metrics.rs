@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// The Content-Type of the Prometheus text exposition format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Histogram bucket edges in microseconds: powers of two from 16 us to 33.5 s.
 /// Each is an edge of the kernel's log-linear buckets, so the counts are exact.
@@ -31,7 +31,7 @@ const EDGES_US: std::ops::RangeInclusive<u32> = 4..=25;
 
 /// One port as a scrape sees it.
 #[derive(Debug)]
-pub struct PortMetrics {
+pub(crate) struct PortMetrics {
     pub stats: PortStats,
     pub latency: PortLatency,
     pub decisions: Vec<(Reason, u64)>,
@@ -39,7 +39,7 @@ pub struct PortMetrics {
 
 /// Everything one scrape reports; a [`Collector`] built anew per scrape.
 #[derive(Debug)]
-pub struct Scrape {
+pub(crate) struct Scrape {
     /// Every protected port of every namespace.
     pub ports: Vec<PortMetrics>,
     /// What is counted once per namespace's gate.
@@ -49,7 +49,7 @@ pub struct Scrape {
 
 /// One namespace's gate, beyond its ports.
 #[derive(Debug)]
-pub struct GateMetrics {
+pub(crate) struct GateMetrics {
     /// The namespace's label (see [`crate::host::paths::netns_label`]).
     pub netns: String,
     /// Gate-wide counters, by [`shed_common::gate_counter`] index.
@@ -63,7 +63,7 @@ pub struct GateMetrics {
 }
 
 /// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
-pub struct GateSource<'a> {
+pub(crate) struct GateSource<'a> {
     pub netns: &'a str,
     pub maps: &'a GateMaps,
     pub decisions: &'a Decisions,
@@ -73,7 +73,7 @@ pub struct GateSource<'a> {
 
 /// The daemon process as Prometheus' process metrics name it, from /proc/self.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ProcessStats {
+pub(crate) struct ProcessStats {
     pub cpu_seconds: f64,
     pub resident_bytes: u64,
     pub open_fds: u64,
@@ -81,7 +81,7 @@ pub struct ProcessStats {
 }
 
 impl ProcessStats {
-    pub fn read() -> Self {
+    pub(crate) fn read() -> Self {
         // SAFETY: sysconf has no preconditions.
         let (ticks, page) = unsafe { (libc::sysconf(libc::_SC_CLK_TCK), libc::sysconf(libc::_SC_PAGESIZE)) };
         let (ticks, page) = (ticks.max(1) as f64, page.max(1) as u64);
@@ -106,7 +106,7 @@ impl ProcessStats {
 
 impl Scrape {
     /// Reads every protected port of every namespace's gate.
-    pub fn read(sources: &[GateSource]) -> Result<Self, Error> {
+    pub(crate) fn read(sources: &[GateSource]) -> Result<Self, Error> {
         let (mut ports, mut gates) = (Vec::new(), Vec::new());
         for source in sources {
             let maps = source.maps;
@@ -131,7 +131,7 @@ impl Scrape {
     }
 
     /// The Prometheus text exposition.
-    pub fn encode(self) -> String {
+    pub(crate) fn encode(self) -> String {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(self));
         let mut out = String::new();
@@ -323,7 +323,7 @@ where
 
 /// Cumulative-ready buckets `(upper edge in seconds, count)` and the
 /// estimated sum (bucket midpoints: the kernel keeps counts only).
-pub fn histogram(buckets: &[u64; latency::BUCKETS]) -> (Vec<(f64, u64)>, f64, u64) {
+pub(crate) fn histogram(buckets: &[u64; latency::BUCKETS]) -> (Vec<(f64, u64)>, f64, u64) {
     let mut out: Vec<(f64, u64)> = EDGES_US.map(|e| (micros(1 << e), 0)).collect();
     out.push((f64::INFINITY, 0));
     let mut sum = 0.0;
@@ -624,7 +624,7 @@ impl Collector for Scrape {
 
 /// Binds the endpoint; done before anything is attached, so a bad or busy
 /// address refuses the attach.
-pub fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+pub(crate) fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
     TcpListener::bind(addr).map_err(|e| Error::io("listen for metrics on", addr.to_string(), e))
 }
 

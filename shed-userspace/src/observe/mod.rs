@@ -6,10 +6,10 @@
 //! [`top`] and [`table`] (terminal views), and [`vocabulary`] (one name per
 //! setting and counter everywhere).
 
-pub mod endpoint;
-pub mod metrics;
+pub(crate) mod endpoint;
+pub(crate) mod metrics;
 pub mod report;
-pub mod stats;
-pub mod table;
-pub mod top;
+pub(crate) mod stats;
+pub(crate) mod table;
+pub(crate) mod top;
 pub mod vocabulary;

@@ -18,7 +18,7 @@ use crate::control::Reason;
 pub struct Decisions(Arc<Mutex<BTreeMap<(u16, Reason), u64>>>);
 
 impl Decisions {
-    pub fn record(&self, port: u16, reason: Reason) {
+    pub(crate) fn record(&self, port: u16, reason: Reason) {
         let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry((port, reason)).or_default() += 1;
     }
@@ -37,7 +37,7 @@ pub struct TaskErrors(Arc<Mutex<BTreeMap<&'static str, u64>>>);
 impl TaskErrors {
     /// Counts a failure of `task`; logs the first and then every hundredth, so
     /// a task that fails every second does not flood the log.
-    pub fn record(&self, task: &'static str, error: &dyn std::fmt::Display) {
+    pub(crate) fn record(&self, task: &'static str, error: &dyn std::fmt::Display) {
         let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = counts.entry(task).or_default();
         *n += 1;
@@ -58,15 +58,15 @@ impl TaskErrors {
 pub struct Heartbeat(Arc<AtomicU64>);
 
 /// A control loop silent this long is not healthy (it ticks every window, 100 ms by default).
-pub const HEALTHY_WITHIN: Duration = Duration::from_secs(5);
+pub(crate) const HEALTHY_WITHIN: Duration = Duration::from_secs(5);
 
 impl Heartbeat {
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.0.store(unix_ms(), Ordering::Relaxed);
     }
 
     /// Time since the last beat; None before the first.
-    pub fn age(&self) -> Option<Duration> {
+    pub(crate) fn age(&self) -> Option<Duration> {
         match self.0.load(Ordering::Relaxed) {
             0 => None,
             at => Some(Duration::from_millis(unix_ms().saturating_sub(at))),

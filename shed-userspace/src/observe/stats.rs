@@ -14,7 +14,7 @@ use crate::{
 
 /// Rejections by reason (each also counted in `rejected`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct RejectedByReason {
+pub(crate) struct RejectedByReason {
     /// In-flight had reached the limit.
     pub limit: u64,
     /// In-flight had reached the client tier's share of the limit.
@@ -27,7 +27,7 @@ pub struct RejectedByReason {
 
 /// A client and what it holds against the cap.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ClientStats {
+pub(crate) struct ClientStats {
     /// Address, or IPv6 prefix.
     pub client: String,
     pub in_flight: i64,
@@ -35,7 +35,7 @@ pub struct ClientStats {
 
 /// One client tier of a port.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TierStats {
+pub(crate) struct TierStats {
     pub admitted: u64,
     pub rejected: u64,
     /// Share of the limit the tier may fill (exempt: always admitted; every
@@ -49,7 +49,7 @@ pub struct TierStats {
 
 /// One protected port.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PortStats {
+pub(crate) struct PortStats {
     pub port: u16,
     /// The network namespace the port is gated in (see [`crate::host::paths::netns_label`]).
     pub netns: String,
@@ -191,7 +191,7 @@ pub struct PortStats {
 
 impl PortStats {
     /// Stats of `now`, with rates against `before` taken `elapsed` earlier.
-    pub fn new(now: &PortSnapshot, before: Option<(&PortSnapshot, Duration)>) -> Self {
+    pub(crate) fn new(now: &PortSnapshot, before: Option<(&PortSnapshot, Duration)>) -> Self {
         let rate = |index: usize| {
             before.and_then(|(b, elapsed)| {
                 let secs = elapsed.as_secs_f64();
@@ -308,7 +308,7 @@ const REJECTIONS: [usize; 4] =
 
 /// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
 /// its label in the metrics and its text in `top`.
-pub fn json_name(value: &impl Serialize) -> String {
+pub(crate) fn json_name(value: &impl Serialize) -> String {
     serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 

@@ -9,7 +9,7 @@ fn rate(r: Option<f64>) -> String {
 }
 
 /// One line per port under a header.
-pub fn stats_table(stats: &[PortStats]) -> String {
+pub(crate) fn stats_table(stats: &[PortStats]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

@@ -33,7 +33,7 @@ struct PortView {
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Rates {
+pub(crate) struct Rates {
     pub syn: f64,
     pub admitted: f64,
     pub shed: f64,
@@ -73,18 +73,18 @@ impl Rates {
 
 /// What `top` shows; fed one sample of every port per refresh.
 #[derive(Debug, Default)]
-pub struct Top {
+pub(crate) struct Top {
     ports: Vec<PortView>,
     pub interval: Duration,
 }
 
 impl Top {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         Self { ports: Vec::new(), interval }
     }
 
     /// Adds a sample of every port, taken `elapsed` after the previous one.
-    pub fn update(&mut self, sample: Vec<PortStats>, elapsed: Duration) {
+    pub(crate) fn update(&mut self, sample: Vec<PortStats>, elapsed: Duration) {
         self.ports.retain(|v| sample.iter().any(|s| s.port == v.port && s.netns == v.netns));
         for stats in sample {
             let view = match self.ports.iter_mut().find(|v| v.port == stats.port && v.netns == stats.netns) {
@@ -112,7 +112,7 @@ impl Top {
     }
 
     /// Draws every port, stacked.
-    pub fn draw(&self, frame: &mut Frame) {
+    pub(crate) fn draw(&self, frame: &mut Frame) {
         let area = frame.area();
         let [body, footer] = Layout::vertical([Constraint::Min(1), Constraint::Length(1)]).areas(area);
         if self.ports.is_empty() {
@@ -248,7 +248,7 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
 }
 
 /// The screen as plain text, one line per row, trailing spaces trimmed.
-pub fn screen_text(buffer: &Buffer) -> String {
+pub(crate) fn screen_text(buffer: &Buffer) -> String {
     let area = buffer.area;
     let mut out = String::new();
     for y in area.top()..area.bottom() {
@@ -260,7 +260,7 @@ pub fn screen_text(buffer: &Buffer) -> String {
 }
 
 /// Renders one frame of `top` into a `width` x `height` text screen.
-pub fn render_text(top: &Top, width: u16, height: u16) -> String {
+pub(crate) fn render_text(top: &Top, width: u16, height: u16) -> String {
     let mut terminal =
         ratatui::Terminal::new(ratatui::backend::TestBackend::new(width, height)).expect("a test backend never fails");
     terminal.draw(|f| top.draw(f)).expect("a test backend never fails");

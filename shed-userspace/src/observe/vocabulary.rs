@@ -128,6 +128,7 @@ pub const TERMS: &[Term] = &[
 ];
 
 /// Counters whose metric is a family of their breakdown, not `shed_<json>_total`.
+#[cfg(test)]
 const BREAKDOWNS: &[&str] = &["rejected_by_reason", "tiers"];
 
 /// The flag (and config key) of a setting's JSON name.
@@ -136,7 +137,8 @@ pub fn flag(json: &str) -> String {
 }
 
 /// Why `term` breaks the naming rules, if it does.
-pub fn rule_broken(term: &Term) -> Option<String> {
+#[cfg(test)]
+pub(crate) fn rule_broken(term: &Term) -> Option<String> {
     let expected = match term.kind {
         Kind::Counter if BREAKDOWNS.contains(&term.json) => return None,
         Kind::Counter => Some(format!("shed_{}_total", term.json)),

@@ -66,7 +66,7 @@ fn trusted_mode(uid: u32, gid: u32, mode: u32) -> Result<(), &'static str> {
 
 /// With a config file: what makes each gate's SIGHUP reloader, re-reading
 /// attach's own command line (`argv`) against what it started with.
-pub fn reloader(args: &AttachArgs) -> Option<Box<dyn Fn() -> Reloader + Send + Sync>> {
+pub(crate) fn reloader(args: &AttachArgs) -> Option<Box<dyn Fn() -> Reloader + Send + Sync>> {
     args.config.as_ref()?;
     let argv: Vec<OsString> = std::env::args_os().collect();
     let running = args.clone();
