@@ -23,20 +23,22 @@ fn main() {
         println!("cargo:rerun-if-changed={}", git.join(branch).display());
     }
     println!("cargo:rerun-if-env-changed=SHED_EBPF_OBJECT");
-    let object = env::var_os("SHED_EBPF_OBJECT").map(PathBuf::from).unwrap_or_else(|| {
-        let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-        manifest.join("../target/bpfel-unknown-none/release/shed")
-    });
+    let object = env::var_os("SHED_EBPF_OBJECT").map_or_else(
+        || {
+            let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+            manifest.join("../target/bpfel-unknown-none/release/shed")
+        },
+        PathBuf::from,
+    );
     println!("cargo:rerun-if-changed={}", object.display());
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join("shed.bpf.o");
-    match fs::read(&object) {
-        Ok(bytes) => fs::write(&out, bytes).expect("write embedded eBPF object"),
-        Err(_) => {
-            println!(
-                "cargo:warning=eBPF object {} not found; embedding an empty placeholder (run `cargo xtask build-ebpf`)",
-                object.display()
-            );
-            fs::write(&out, []).expect("write placeholder eBPF object");
-        }
+    if let Ok(bytes) = fs::read(&object) {
+        fs::write(&out, bytes).expect("write embedded eBPF object")
+    } else {
+        println!(
+            "cargo:warning=eBPF object {} not found; embedding an empty placeholder (run `cargo xtask build-ebpf`)",
+            object.display()
+        );
+        fs::write(&out, []).expect("write placeholder eBPF object");
     }
 }

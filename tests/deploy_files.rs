@@ -82,7 +82,7 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("shed.toml: |"))
         .skip(1)
-        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .flat_map(|l| [l.strip_prefix("    ").unwrap_or(l), "\n"])
         .collect();
     let flags = config_flags("configmap.yaml:shed.toml", &toml);
     let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());

@@ -25,7 +25,7 @@ const PORT: u16 = 8080;
 /// CPU still adding to the old epoch's cell and one already in the new one can
 /// each take the last slot (at most one extra per other CPU).
 fn documented_overshoot() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) - 1
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
 }
 
 /// Runs shed_xdp_pass on the client end of the veth: veth delivers XDP_TX

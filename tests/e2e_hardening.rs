@@ -9,6 +9,7 @@
 mod support;
 
 use std::{
+    fmt::Write as _,
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, TcpStream},
     process::Command,
@@ -153,9 +154,10 @@ fn one_port_cannot_fill_the_shared_maps_for_the_others() {
     let _held_b = Backend::start(&bed.server_ns, b, Service::Hold).expect("backend");
     // 1,100 client addresses in 10.201.0.0/16, routed back by the server through
     // the client's own address (one neighbour entry, not 1,100: the table holds 1,024).
-    let batch: String = (0..1_100u32)
-        .map(|i| format!("addr add 10.201.{}.{}/32 dev {}\n", i / 250, 1 + i % 250, bed.client_if))
-        .collect();
+    let batch = (0..1_100u32).fold(String::new(), |mut batch, i| {
+        let _ = writeln!(batch, "addr add 10.201.{}.{}/32 dev {}", i / 250, 1 + i % 250, bed.client_if);
+        batch
+    });
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), batch).unwrap();
     ip(&["-n", &bed.client_ns, "-batch", file.path().to_str().unwrap()]);
@@ -183,7 +185,7 @@ fn one_port_cannot_fill_the_shared_maps_for_the_others() {
     assert_eq!((field(&quotas, "connection_quota"), field(&quotas, "client_quota")), (512, 512), "{quotas}");
     let limit = libc::rlimit { rlim_cur: 8192, rlim_max: 8192 };
     // SAFETY: a valid rlimit; raising our own limit as root (the backends hold the other ends).
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0, "raise this test's file limit");
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) }, 0, "raise this test's file limit");
     let flood: Vec<_> = testbed::run_in(&bed.client_ns, move || {
         (0..1_100u32)
             .filter_map(|i| {
@@ -252,7 +254,7 @@ fn the_endpoint_outlives_more_idle_clients_than_the_daemon_has_files() {
     // open); this process needs the files for them.
     let limit = libc::rlimit { rlim_cur: 8192, rlim_max: 8192 };
     // SAFETY: a valid rlimit; raising our own limit as root.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0, "raise this test's file limit");
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) }, 0, "raise this test's file limit");
     let mut idle = Vec::new();
     for _ in 0..1_100 {
         if let Ok(c) = TcpStream::connect_timeout(&endpoint.parse().unwrap(), Duration::from_secs(1)) {
@@ -303,7 +305,7 @@ fn ten_thousand_tiers_load_at_once() {
     let mut text = String::from("[tiers]\n");
     for i in 0..10_000u32 {
         let a = Ipv4Addr::from(0x0a00_0000 | (i << 8));
-        text.push_str(&format!("\"{a}/24\" = \"{}\"\n", if i % 2 == 0 { "critical" } else { "low" }));
+        let _ = writeln!(text, "\"{a}/24\" = \"{}\"", if i % 2 == 0 { "critical" } else { "low" });
     }
     std::fs::write(&file, text).unwrap();
     let started = Instant::now();

@@ -61,7 +61,7 @@ impl Server {
 
 fn answer(mut conn: TcpStream) {
     let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let _ = conn.set_read_timeout(Some(Duration::from_mins(1)));
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -317,12 +317,12 @@ fn forwarded_connections_are_never_judged() {
     let s = stats(PORT);
     println!(
         "forwarding: {ok} of 6 forwarded connections made; own service {:?}; {s}",
-        own.iter().map(|r| r.is_ok()).collect::<Vec<_>>()
+        own.iter().map(std::result::Result::is_ok).collect::<Vec<_>>()
     );
     assert_eq!(ok, 6, "forwarded connections are not the router's to judge");
     assert!(own[0].is_ok(), "the router's own service admits up to its limit");
     assert_eq!(
-        own[1].as_ref().err().map(|e| e.kind()),
+        own[1].as_ref().err().map(std::io::Error::kind),
         Some(std::io::ErrorKind::ConnectionRefused),
         "and refuses past it"
     );

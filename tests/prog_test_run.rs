@@ -805,7 +805,7 @@ fn no_reset_to_addresses_that_cannot_be_clients() {
 #[test]
 fn rst_caps_hold_when_cpus_race() {
     // Both CPUs flood forged SYNs (a new /24 each time, so only the port's cap binds).
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(4);
     let h = std::sync::Mutex::new(Harness::new(0, action::RST, false));
     {
         let mut h = h.lock().unwrap();
@@ -938,7 +938,7 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
     const ROUNDS: u64 = 3000;
     // Rounds this many epochs apart: a round's reservation and stamp have lapsed by the next.
     const EPOCHS_PER_ROUND: u64 = 2 * LIVE_EPOCHS;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     assert!(cpus >= 2, "a race needs two CPUs");
     let _all = CPUS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (bed, _ifindex) = support::outside::enter("shedpt6");

@@ -153,9 +153,8 @@ fn run_once(shedctl: &Path, config: &Config, load: f64, seconds: u64) -> Result<
 
 pub(crate) fn b11(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
     let (seconds, repeats) = scale.pick((10, 3), (6, 1), (3, 1));
-    let smoke = |c: &Config, load: f64| {
-        scale != Scale::Smoke || (load == LOADS[0] && matches!(c.action, Some("rst") | Some("http")))
-    };
+    let smoke =
+        |c: &Config, load: f64| scale != Scale::Smoke || (load == LOADS[0] && matches!(c.action, Some("rst" | "http")));
     let mut json = Vec::new();
     let mut rows = Vec::new();
     let mut series: Vec<plot::Series> = Vec::new();

@@ -34,7 +34,7 @@ const RESPONSE_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length
 fn thread_cpu() -> Duration {
     // SAFETY: getrusage fills the struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
@@ -70,7 +70,7 @@ fn open(addr: &libc::sockaddr_in) -> Option<Attempt> {
         }
         let start = Instant::now();
         let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        libc::connect(fd, (addr as *const libc::sockaddr_in).cast(), len);
+        libc::connect(fd, std::ptr::from_ref::<libc::sockaddr_in>(addr).cast(), len);
         Some(Attempt { fd, start, phase: Phase::Connecting })
     }
 }
@@ -129,7 +129,7 @@ fn clients(addr: SocketAddr, duration: Duration, expect_503: bool, send_request:
                     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
                     // SAFETY: reading an int socket option.
                     unsafe {
-                        libc::getsockopt(a.fd, libc::SOL_SOCKET, libc::SO_ERROR, (&raw mut err).cast(), &mut len)
+                        libc::getsockopt(a.fd, libc::SOL_SOCKET, libc::SO_ERROR, (&raw mut err).cast(), &raw mut len)
                     };
                     if err == libc::ECONNREFUSED {
                         run.rejected += 1;
@@ -231,7 +231,14 @@ pub(crate) fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, Str
     let mut samples: [Vec<[f64; 6]>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for r in 0..runs {
         for (i, name) in NAMES.iter().enumerate() {
-            let (run, total, process_cpu) = if i != 1 {
+            let (run, total, process_cpu) = if i == 1 {
+                let server = Server503::start(&bed.server_ns, addr)?;
+                let total_before = busy_cpu()?;
+                let run = testbed::run_in(&bed.client_ns, move || clients(addr, duration, true, false))?;
+                let total = busy_cpu()?.saturating_sub(total_before);
+                let process = server.stop()?;
+                (run, total, Some(process))
+            } else {
                 let http = i == 2;
                 let backend = Backend::start(&bed.server_ns, addr, Service::Echo)?;
                 // One held connection fills limit 1 (counting open connections): every later SYN is refused.
@@ -259,13 +266,6 @@ pub(crate) fn b3(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, Str
                 drop(gate);
                 drop(backend);
                 (run, total, None)
-            } else {
-                let server = Server503::start(&bed.server_ns, addr)?;
-                let total_before = busy_cpu()?;
-                let run = testbed::run_in(&bed.client_ns, move || clients(addr, duration, true, false))?;
-                let total = busy_cpu()?.saturating_sub(total_before);
-                let process = server.stop()?;
-                (run, total, Some(process))
             };
             if run.rejected == 0 {
                 bail!("{name}: no attempt was rejected ({} attempts, {} other)", run.attempts, run.other);

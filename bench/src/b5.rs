@@ -289,7 +289,7 @@ pub(crate) fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde
                 }
                 let n = v.len();
                 let (m, lo, hi) = median_min_max(v);
-                let missing = if n < runs { format!(" ({} of {runs} runs)", n) } else { String::new() };
+                let missing = if n < runs { format!(" ({n} of {runs} runs)") } else { String::new() };
                 (format!("{m:.1} ({lo:.1}-{hi:.1}){missing}"), Some(m))
             };
             let (mut shed, shed_m) = stat(pick(|r| r.first_shed_s));

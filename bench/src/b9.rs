@@ -155,7 +155,7 @@ fn heal_pass(ns: &str) -> Result<(f64, u64)> {
         let mut maps = GateMaps::open_pinned()?;
         let report = HealReport::default();
         // A fresh healer's first check is a full pass (and acts on nothing: it has no pass to confirm).
-        let mut healer = Healer::new(Duration::from_secs(3600), report.clone());
+        let mut healer = Healer::new(Duration::from_hours(1), report.clone());
         let start = Instant::now();
         healer.check(&mut maps, Instant::now())?;
         Ok((start.elapsed().as_secs_f64(), report.read().records_read))
@@ -206,7 +206,7 @@ fn measure(shedctl: &Path, scale: Scale, levels: &[usize], ours: bool) -> Result
             held += per_port * ports.len();
             let start = Instant::now();
             while established(shedctl)? != held as u64 {
-                if start.elapsed() > Duration::from_secs(120) {
+                if start.elapsed() > Duration::from_mins(2) {
                     bail!("B9: {} of {held} connections counted after 120 s", established(shedctl)?);
                 }
                 thread::sleep(Duration::from_millis(200));
@@ -231,8 +231,8 @@ fn measure(shedctl: &Path, scale: Scale, levels: &[usize], ours: bool) -> Result
             println!(
                 "B9 {} {held:>7} connections: daemon CPU {cpu:5.2}% of a core, RSS {:.1} MiB, BPF maps {}, heal pass {}, counted {counted}",
                 shedctl.display(),
-                rss as f64 / 1048576.0,
-                bpf.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+                rss as f64 / 1_048_576.0,
+                bpf.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / 1_048_576.0)),
                 pass.map_or("-".into(), |((m, _, _), r)| format!("{:.1} ms ({r} records)", m * 1e3)),
             );
             out.push(Level { held, cpu, rss, bpf, pass, counted });
@@ -283,8 +283,8 @@ pub(crate) fn b9(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json
                 "| {name} | {} | {:.2}% | {:.1} | {} | {} | {} | {} |",
                 l.held,
                 l.cpu,
-                l.rss as f64 / 1048576.0,
-                l.bpf.map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0)),
+                l.rss as f64 / 1_048_576.0,
+                l.bpf.map_or("-".into(), |b| format!("{:.1}", b as f64 / 1_048_576.0)),
                 l.pass.map_or("-".into(), |((m, lo, hi), _)| format!(
                     "{:.1} ({:.1}-{:.1})",
                     m * 1e3,

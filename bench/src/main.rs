@@ -91,7 +91,7 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
         "Measured {} on {} ({} CPUs), kernel {}{}.\n\n",
         chrono_free_date(),
         std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim(),
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         if quick { " (--quick)" } else { "" }
     );

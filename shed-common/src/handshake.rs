@@ -327,6 +327,7 @@ mod tests {
     }
 
     #[test]
+    #[expect(clippy::decimal_bitwise_operands, reason = "port numbers read as ports")]
     fn every_bit_of_the_four_tuple_changes_the_hash() {
         let client: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
         let server: [u8; 16] = [0x20, 1, 0xd, 0xb8, 9, 9, 9, 9, 1, 2, 3, 4, 5, 6, 7, 8];

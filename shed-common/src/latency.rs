@@ -9,7 +9,7 @@ pub const BUCKETS: usize = 128;
 /// Bucket of a latency in microseconds.
 #[inline(always)]
 pub fn bucket(us: u64) -> usize {
-    let v = if us > u32::MAX as u64 { u32::MAX } else { us as u32 };
+    let v = if us > u64::from(u32::MAX) { u32::MAX } else { us as u32 };
     if v < 4 {
         return v as usize;
     }

@@ -210,7 +210,7 @@ impl PortConfig {
         }
         // Two 64-bit masks, not a loop over bytes: a data-dependent branch per
         // byte multiplies the paths the verifier must walk.
-        let prefix = if self.client_prefix_v6 > 128 { 128 } else { self.client_prefix_v6 as u32 };
+        let prefix = if self.client_prefix_v6 > 128 { 128 } else { u32::from(self.client_prefix_v6) };
         let hi_bits = if prefix > 64 { 64 } else { prefix };
         let lo_bits = prefix - hi_bits;
         let hi = u64::from_be_bytes([addr[0], addr[1], addr[2], addr[3], addr[4], addr[5], addr[6], addr[7]]);
@@ -248,7 +248,7 @@ impl PortConfig {
             3 => self.tier_action[3],
             _ => tier::ACTION_DEFAULT,
         };
-        if own != tier::ACTION_DEFAULT { own } else { self.action }
+        if own == tier::ACTION_DEFAULT { self.action } else { own }
     }
 
     /// In-flight below which `tier` is admitted: its share of `limit` (all of it while untiered).
@@ -587,7 +587,10 @@ pub fn is_ipv4_mapped(addr: &[u8; 16]) -> bool {
 
 #[cfg(feature = "user")]
 mod user {
-    use super::*;
+    use super::{
+        ClientKey, Contention, ControlConfig, ControlStatus, FlowKey, GateCounters, LocalAddr, NetnsFilter, PortConfig,
+        PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+    };
     use crate::{HandshakeRing, HandshakeStamp};
     // SAFETY: all are #[repr(C)], Copy, made of fixed-width integers and byte arrays, with no padding.
     unsafe impl aya::Pod for PortConfig {}

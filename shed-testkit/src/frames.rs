@@ -152,7 +152,7 @@ pub fn frame(s: &Spec) -> Vec<u8> {
         f.extend_from_slice(&s.server_v4);
         // NOPs then EOL: valid options of the requested length.
         for i in 0..s.ip_options {
-            f.push(if i + 1 == s.ip_options { 0 } else { 1 });
+            f.push(u8::from(i + 1 != s.ip_options));
         }
     }
     f.extend_from_slice(&tcp);

@@ -38,7 +38,7 @@ pub fn shedctl_path() -> String {
 static ONE_GATE: Mutex<()> = Mutex::new(());
 
 pub fn exclusive() -> MutexGuard<'static, ()> {
-    let guard = ONE_GATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let guard = ONE_GATE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     // A gate left by an earlier, crashed run would make every attach fail.
     if let daemon::Liveness::Stale { .. } = daemon::liveness() {
         let _ = maps::remove_pins(Path::new(paths::PIN_DIR));

@@ -38,7 +38,8 @@ fn queue_seq(fd: std::os::fd::RawFd, queue: libc::c_int) -> u32 {
     let mut seq: u32 = 0;
     let mut len = size_of::<u32>() as libc::socklen_t;
     // SAFETY: getsockopt into a u32 of `len` bytes.
-    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, (&raw mut seq).cast(), &mut len) };
+    let rc =
+        unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, (&raw mut seq).cast(), &raw mut len) };
     assert_eq!(rc, 0, "TCP_QUEUE_SEQ: {}", std::io::Error::last_os_error());
     seq
 }

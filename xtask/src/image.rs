@@ -78,7 +78,7 @@ mod tests {
     fn hard_limit(resource: libc::__rlimit_resource_t) -> u64 {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit writes the struct it is given.
-        unsafe { libc::getrlimit(resource, &mut limit) };
+        unsafe { libc::getrlimit(resource, &raw mut limit) };
         limit.rlim_max.min(1 << 20)
     }
 

@@ -46,7 +46,7 @@ pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
 
 fn mask(mut bytes: [u8; 16], prefix_len: u32) -> [u8; 16] {
     for (i, b) in bytes.iter_mut().enumerate() {
-        let bits = (prefix_len as i64 - 8 * i as i64).clamp(0, 8) as u32;
+        let bits = (i64::from(prefix_len) - 8 * i as i64).clamp(0, 8) as u32;
         *b &= if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
     }
     bytes

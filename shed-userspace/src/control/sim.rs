@@ -283,6 +283,8 @@ mod tests {
 
     const ADAPTIVE: [Algo; 4] = [Algo::Gradient, Algo::Gradient2, Algo::Aimd, Algo::Queue];
 
+    /// A gate running `algo` (as `SimConfig` takes it: `None` runs no gate).
+    #[expect(clippy::unnecessary_wraps, reason = "SimConfig::new takes an optional gate")]
     fn gate(algo: Algo) -> Option<Settings> {
         Some(Settings { algo, initial_limit: 100, min_limit: 4, ..Settings::default() })
     }

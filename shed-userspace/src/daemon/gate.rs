@@ -167,7 +167,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
         loaded.attach_gate(iface, *hook, plan.xdp_mode)?;
         match hook {
             Hook::Xdp => {
-                tracing::info!(iface = %iface, hook = %hook, xdp_mode = %plan.xdp_mode, "gate attached")
+                tracing::info!(iface = %iface, hook = %hook, xdp_mode = %plan.xdp_mode, "gate attached");
             }
             Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
         }

@@ -118,12 +118,13 @@ impl DaemonLock {
             .map_err(|e| Error::io("restrict", paths::PID_FILE, e))?;
         if !try_flock(&file, libc::LOCK_EX) {
             let pid = read_pid(&mut file);
-            let ports = maps::GateMaps::open_gates(None)
-                .map(|gates| {
+            let ports = maps::GateMaps::open_gates(None).map_or_else(
+                |_| "unknown".into(),
+                |gates| {
                     let lists: Vec<String> = gates.iter().filter_map(|g| g.maps.port_list().ok()).collect();
                     lists.join(", ")
-                })
-                .unwrap_or_else(|_| "unknown".into());
+                },
+            );
             return Err(Error::AlreadyRunning { pid, ports });
         }
         // Empty until `write_pid`: a pid in the file means the gate is fully attached.

@@ -56,6 +56,7 @@ pub(super) struct PortControl {
 }
 
 impl PortControl {
+    #[expect(clippy::large_types_passed_by_value, reason = "kept whole: the first window's start")]
     pub(super) fn new(
         port: u16,
         slot: u32,
@@ -124,10 +125,10 @@ impl PortControl {
             maps.set_limit(self.slot, decision.limit)?;
         }
         // Written: only now is the decision logged and counted.
-        self.close_window(&decision, &reading, now);
-        self.log_decision(&decision, &reading, &sample);
+        self.close_window(decision, &reading, now);
+        self.log_decision(decision, &reading, &sample);
         decisions.record(self.port, decision.reason);
-        let status = self.status(&decision, &reading, &window, &sample, handshake_times);
+        let status = self.status(decision, &reading, &window, &sample, handshake_times);
         let retry_after = crate::control::retry::retry_after_seconds(status.queue_wait_p99_us);
         if snapshot.config.answers_http() && snapshot.user.retry_after_s != retry_after {
             maps.set_retry_after(self.slot, retry_after)?;
@@ -182,7 +183,7 @@ impl PortControl {
         // while its own accept queue is (or just was) at least half full. Without
         // sock_diag, every drop counts, as before.
         let accept = accept_queues.of(self.port, ports, now);
-        let pressed = accept.is_none_or(|q| q.pressed());
+        let pressed = accept.is_none_or(AcceptQueue::pressed);
         let listen_drops = if pressed || self.pressed_before { namespace_drops } else { 0 };
         self.pressed_before = pressed;
         self.listen_drops_total += listen_drops;
@@ -231,7 +232,7 @@ impl PortControl {
     }
 
     /// Ends the window, or, when it was too thin to judge, keeps its requests for the next one.
-    fn close_window(&mut self, decision: &Decision, reading: &Reading, now: Instant) {
+    fn close_window(&mut self, decision: Decision, reading: &Reading, now: Instant) {
         self.windows += 1;
         if decision.reason == Reason::TooFewSamples {
             self.carried += 1;
@@ -247,7 +248,7 @@ impl PortControl {
     /// every other judged window (a new reason, a held limit, a change within
     /// the second) at DEBUG. Every window is counted in the metrics anyway. A
     /// window too thin to judge is not logged.
-    fn log_decision(&mut self, decision: &Decision, reading: &Reading, sample: &WindowSample) {
+    fn log_decision(&mut self, decision: Decision, reading: &Reading, sample: &WindowSample) {
         if decision.reason == Reason::TooFewSamples {
             return;
         }
@@ -280,7 +281,7 @@ impl PortControl {
     /// What `shedctl stats` shows of the window just judged.
     fn status(
         &self,
-        decision: &Decision,
+        decision: Decision,
         reading: &Reading,
         window: &Window,
         sample: &WindowSample,
@@ -337,7 +338,9 @@ impl AcceptQueues {
         if self.read.as_ref().is_none_or(|(at, _)| *at != now) {
             let table = self.table.get_or_insert_with(|| {
                 SocketTable::open().map_err(|e| {
-                    tracing::warn!("no accept-queue signal (sock_diag: {e}): every listen drop in the namespace counts")
+                    tracing::warn!(
+                        "no accept-queue signal (sock_diag: {e}): every listen drop in the namespace counts"
+                    );
                 })
             });
             let queues = table

@@ -88,7 +88,7 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
             heal: crate::observe::report::HealReport::default(),
             heartbeat: crate::observe::report::Heartbeat::default(),
             task_errors: crate::observe::report::TaskErrors::default(),
-            ended: Default::default(),
+            ended: Arc::default(),
         };
         let (setup, ready, plan) = (gate.clone(), ready_tx.clone(), plan.clone());
         let loop_signals = LoopSignals { stop: stopped.clone(), reload: reloads.clone() };

@@ -20,6 +20,7 @@ struct Member {
     bit_offset: u32,
 }
 
+#[expect(clippy::struct_field_names, reason = "BTF's own name for the field (size, or the type referred to)")]
 struct Type {
     kind: u32,
     name: u32,

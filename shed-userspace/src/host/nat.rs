@@ -86,7 +86,12 @@ pub(crate) fn from_nft_json(json: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNa
                 match &m["right"] {
                     serde_json::Value::Number(n) => from_ports.extend(n.as_u64().map(|p| p as u16)),
                     right => from_ports.extend(
-                        right["set"].as_array().into_iter().flatten().filter_map(|p| p.as_u64()).map(|p| p as u16),
+                        right["set"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(serde_json::Value::as_u64)
+                            .map(|p| p as u16),
                     ),
                 }
             }

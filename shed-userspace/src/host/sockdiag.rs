@@ -134,7 +134,7 @@ pub(crate) struct AcceptQueue {
 
 impl AcceptQueue {
     /// At least half full: the state in which its listener can overflow.
-    pub(crate) fn pressed(&self) -> bool {
+    pub(crate) fn pressed(self) -> bool {
         self.backlog > 0 && self.waiting * 2 >= self.backlog
     }
 }

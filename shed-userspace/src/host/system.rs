@@ -106,7 +106,7 @@ fn fs_magic(path: &str) -> Option<i64> {
     // SAFETY: statfs is plain integers, for which all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and out-pointer.
-    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+    (unsafe { libc::statfs(c.as_ptr(), &raw mut st) } == 0).then_some(st.f_type as i64)
 }
 
 pub(crate) fn check_bpffs() -> Result<(), Error> {
@@ -259,7 +259,7 @@ pub(crate) fn local_addresses() -> Result<BTreeMap<[u8; 16], u32>, Error> {
     let mut out = BTreeMap::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the list is freed below.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
         return Err(Error::io("list addresses", "getifaddrs", std::io::Error::last_os_error()));
     }
     let mut entry = list;
@@ -295,11 +295,12 @@ unsafe fn sockaddr_bytes(sa: *const libc::sockaddr) -> Option<[u8; 16]> {
     // SAFETY: the caller's contract; the family says which struct it is.
     unsafe {
         match i32::from((*sa).sa_family) {
+            // Read unaligned: a sockaddr promises only 2-byte alignment.
             libc::AF_INET => {
-                let v4 = &*sa.cast::<libc::sockaddr_in>();
+                let v4 = sa.cast::<libc::sockaddr_in>().read_unaligned();
                 Some(shed_common::ipv4_mapped(v4.sin_addr.s_addr.to_ne_bytes()))
             }
-            libc::AF_INET6 => Some((*sa.cast::<libc::sockaddr_in6>()).sin6_addr.s6_addr),
+            libc::AF_INET6 => Some(sa.cast::<libc::sockaddr_in6>().read_unaligned().sin6_addr.s6_addr),
             _ => None,
         }
     }
@@ -404,7 +405,7 @@ pub(crate) fn driver(iface: &str) -> Option<String> {
         _pad: [u8; 16],
     }
     let mut info = DrvInfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 160] };
-    let mut req = IfReq { name: [0; 16], data: &mut info, _pad: [0; 16] };
+    let mut req = IfReq { name: [0; 16], data: &raw mut info, _pad: [0; 16] };
     let bytes = iface.as_bytes();
     if bytes.len() >= req.name.len() {
         return None;
@@ -469,7 +470,7 @@ pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

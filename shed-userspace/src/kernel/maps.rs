@@ -149,7 +149,7 @@ impl GateMaps {
         for (netns, dir) in pinned_gate_dirs() {
             if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
                 match Self::open_pinned_at(&dir) {
-                    Ok(maps) => gates.push(PinnedGate { maps, netns }),
+                    Ok(maps) => gates.push(PinnedGate { netns, maps }),
                     // That namespace's gate ended while we looked (its pins go with it).
                     Err(_) if !dir.join(map::PORTS).exists() => {}
                     Err(e) => return Err(e),

@@ -187,7 +187,7 @@ const MAX_CONNECTIONS: usize = 128;
 /// A connection must send a whole request head within this long.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest life of one connection, keep-alive included.
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+const CONNECTION_LIFETIME: Duration = Duration::from_mins(1);
 
 /// The endpoint's open connections, each with when it last sent a request.
 struct LiveConnections {
@@ -308,7 +308,7 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
 
 /// A lock whose holder panicked still guards usable data (counters, a history).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -112,7 +112,7 @@ impl Scrape {
             let maps = source.maps;
             for snapshot in maps.snapshots(None)? {
                 let mut stats = PortStats::new(&snapshot, None);
-                stats.netns = source.netns.to_owned();
+                source.netns.clone_into(&mut stats.netns);
                 ports.push(PortMetrics {
                     stats,
                     latency: maps.latency(snapshot.config.slot)?,

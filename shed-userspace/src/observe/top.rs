@@ -87,13 +87,12 @@ impl Top {
     pub(crate) fn update(&mut self, sample: Vec<PortStats>, elapsed: Duration) {
         self.ports.retain(|v| sample.iter().any(|s| s.port == v.port && s.netns == v.netns));
         for stats in sample {
-            let view = match self.ports.iter_mut().find(|v| v.port == stats.port && v.netns == stats.netns) {
-                Some(view) => {
+            let view =
+                if let Some(view) = self.ports.iter_mut().find(|v| v.port == stats.port && v.netns == stats.netns) {
                     view.rates = Rates::between(&view.now, &stats, elapsed);
                     view.now = stats;
                     view
-                }
-                None => {
+                } else {
                     self.ports.push(PortView {
                         port: stats.port,
                         netns: stats.netns.clone(),
@@ -103,8 +102,7 @@ impl Top {
                         rates: Rates::default(),
                     });
                     self.ports.last_mut().expect("just pushed")
-                }
-            };
+                };
             push_bounded(&mut view.limits, view.now.limit.into());
             push_bounded(&mut view.in_flight, view.now.in_flight);
         }

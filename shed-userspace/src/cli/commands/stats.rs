@@ -34,7 +34,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         for ((gate, now), before) in gates.iter().zip(&now).zip(&before) {
             for n in now {
                 let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
-                s.netns = gate.netns.clone();
+                s.netns.clone_from(&gate.netns);
                 if n.config.counts_clients() {
                     s.top_clients = gate
                         .maps

@@ -27,7 +27,7 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
         for gate in &gates {
             for snapshot in gate.maps.snapshots(args.port)? {
                 let mut s = PortStats::new(&snapshot, None);
-                s.netns = gate.netns.clone();
+                s.netns.clone_from(&gate.netns);
                 stats.push(s);
             }
         }
