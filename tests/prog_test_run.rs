@@ -884,6 +884,15 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
         assert_eq!(h.run_on(hook, &real.ack, ifindex).0, pass(hook), "{hook:?}");
         let s = h.snapshot();
         assert_eq!((s.pending(), s.counter(counter::ADMITTED)), (1, 1), "{hook:?}: the real handshake is judged");
+        // Its duplicate, and the request right behind it (what completes a deferred
+        // accept), ride on the first one's reservation: judged once, held once.
+        let request =
+            frame(&Spec { flags: ACK | PSH, payload: b"GET / HTTP/1.1\r\n\r\n".to_vec(), ..real.spec.clone() });
+        for again in [&real.ack, &request] {
+            assert_eq!(h.run_on(hook, again, ifindex).0, pass(hook), "{hook:?}");
+        }
+        let s = h.snapshot();
+        assert_eq!((s.pending(), s.counter(counter::ADMITTED)), (1, 1), "{hook:?}: one handshake, one reservation");
         h.loaded.maps.clear_handshakes();
         // And a SYN still passes.
         assert_eq!(h.run_on(hook, &frame(&Spec { server_v4, ..Spec::default() }), ifindex).0, pass(hook), "{hook:?}");
