@@ -37,3 +37,31 @@ pub const fn busy(state: &PortState, user: &UserPortState) -> u64 {
 pub const fn established(state: &PortState, user: &UserPortState) -> u64 {
     adjusted(state.opened, state.closed, user.established_adjust)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::adjusted;
+
+    #[test]
+    fn a_count_is_what_opened_less_what_closed_plus_the_adjustment_never_below_zero() {
+        for (opened, closed, adjust, held) in [
+            (5, 3, 0, 2),
+            (5, 3, 2, 4),
+            (5, 3, -2, 0),
+            (5, 3, -3, 0),
+            (5, 5, 0, 0),
+            (5, 5, -1, 0),
+            (5, 5, 1, 1),
+            // More closed than opened (a close counted before its open): zero, unless the healer adds.
+            (3, 5, 0, 0),
+            (3, 5, -1, 0),
+            (3, 5, 2, 0),
+            (3, 5, 3, 1),
+            // A difference past i64's range reads negative however it wraps: still zero.
+            (0, u64::MAX / 2 + 2, 0, 0),
+            (0, u64::MAX / 2 + 2, -1, 0),
+        ] {
+            assert_eq!(adjusted(opened, closed, adjust), held, "{opened} - {closed} + {adjust}");
+        }
+    }
+}

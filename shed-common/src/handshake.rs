@@ -308,6 +308,19 @@ mod tests {
         assert!(moved > 990, "flows that collide unkeyed scatter under a secret: {moved} of 1000 moved");
     }
 
+    /// Every bit of the secret counts: one a forger could ignore halves its work.
+    #[test]
+    fn every_bit_of_the_secret_changes_the_hash() {
+        let v4 = |last: u8| crate::ipv4_mapped([10, 0, 0, last]);
+        for key in [0u64, u64::MAX, 0x1234_5678_9abc_def0] {
+            let base = keyed_flow_hash(key, &v4(1), &v4(2), 40_000, 80);
+            for bit in 0..64 {
+                let flipped = keyed_flow_hash(key ^ (1 << bit), &v4(1), &v4(2), 40_000, 80);
+                assert_ne!(flipped, base, "key {key:#x} bit {bit}");
+            }
+        }
+    }
+
     #[test]
     fn flow_hashes_spread_and_are_never_zero() {
         let v4 = |last: u8| crate::ipv4_mapped([10, 0, 0, last]);

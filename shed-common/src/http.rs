@@ -301,6 +301,60 @@ mod tests {
     use proptest::prelude::*;
     use std::string::String;
 
+    /// SipHash-1-3 from the `siphasher` crate, over the message as bytes.
+    fn reference_siphash13(key: [u64; 2], message: &[u8]) -> u64 {
+        use core::hash::Hasher as _;
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(key[0], key[1]);
+        h.write(message);
+        h.finish()
+    }
+
+    proptest! {
+        /// The six words are the message's 48 bytes, each word little-endian, as SipHash reads them.
+        #[test]
+        fn siphash13_is_the_reference_siphash(key in any::<[u64; 2]>(), words in any::<[u64; 6]>()) {
+            let message: std::vec::Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            prop_assert_eq!(siphash13(key, &words), reference_siphash13(key, &message));
+        }
+
+        /// The cookie as DESIGN.md lays it out, built here from the flow's bytes:
+        /// the slot's parity in bit 31, 20 bits of the keyed hash of (client,
+        /// server, ports and reason, slot) in 11-30, the reason in 9-10, 0 below.
+        #[test]
+        fn a_cookie_is_parity_hash_and_reason(
+            key in any::<[u64; 2]>(),
+            client in any::<[u8; 16]>(),
+            server in any::<[u8; 16]>(),
+            ports in any::<(u16, u16)>(),
+            why in 0..reason::COUNT as u32,
+            slot in any::<u64>(),
+        ) {
+            let flow = Flow { client: &client, server: &server, client_port: ports.0, server_port: ports.1 };
+            let mut message = std::vec::Vec::new();
+            for half in [&client[..8], &client[8..], &server[..8], &server[8..]] {
+                // Each 8 address bytes are one word, read big-endian, hashed as SipHash words.
+                message.extend(half.iter().rev());
+            }
+            // The ports word: the reason in its low 32 bits, the server port, the client port.
+            message.extend_from_slice(&why.to_le_bytes());
+            message.extend_from_slice(&ports.1.to_le_bytes());
+            message.extend_from_slice(&ports.0.to_le_bytes());
+            message.extend_from_slice(&slot.to_le_bytes());
+            let hash = reference_siphash13(key, &message) as u32;
+            let expected = ((slot as u32 & 1) << 31) | (hash & 0x7fff_f800) | (why << 9);
+            prop_assert_eq!(cookie_in_slot(key, flow, why, slot), expected);
+        }
+    }
+
+    #[test]
+    fn retry_digits_are_the_seconds_held_to_one_through_999() {
+        for (seconds, digits) in
+            [(0, b"001"), (1, b"001"), (7, b"007"), (42, b"042"), (999, b"999"), (1000, b"999"), (u32::MAX, b"999")]
+        {
+            assert_eq!(&retry_digits(seconds), digits, "{seconds}");
+        }
+    }
+
     fn text(a: &HttpAnswer) -> String {
         String::from_utf8(a.bytes[..a.len as usize].to_vec()).unwrap()
     }
