@@ -33,7 +33,7 @@ fn main() {
     println!("cargo:rerun-if-changed={}", object.display());
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join("shed.bpf.o");
     if let Ok(bytes) = fs::read(&object) {
-        fs::write(&out, bytes).expect("write embedded eBPF object")
+        fs::write(&out, bytes).expect("write embedded eBPF object");
     } else {
         println!(
             "cargo:warning=eBPF object {} not found; embedding an empty placeholder (run `cargo xtask build-ebpf`)",
