@@ -173,6 +173,7 @@ print(r.status, time.monotonic() - started, len(r.retries.history))
         (words[0].parse().unwrap(), words[1].parse().unwrap(), words[2].parse().unwrap());
     eprintln!("urllib3: status, seconds, retries: {said}");
     assert_eq!(status, 200, "urllib3 ends with the real answer: {said}");
+    // At least one: its first attempt was shed; how many more depends on when the held slot frees.
     assert!(retries >= 1, "urllib3 was shed first: {said}");
     assert!(took >= RETRY_AFTER as f64 * 0.95, "urllib3 waited the Retry-After ({RETRY_AFTER} s): {said}");
     let s = stats(PORT);

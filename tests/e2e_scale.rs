@@ -82,6 +82,7 @@ fn healing_reads_no_connection_table_while_the_counters_agree() {
     });
     let read = value(&m, "shed_heal_records_read_total", &[]) - reads;
     assert!(read >= HELD as f64, "the pass read the socket table and the tracked sockets: {read} records");
+    // A pass's duration and the maps' size vary by machine and kernel: present and positive.
     assert!(value(&m, "shed_heal_last_pass_seconds", &[]) > 0.0);
     assert!(value(&m, "shed_bpf_memory_bytes", &[]) > 0.0);
     let s = stats(PORT);
