@@ -446,6 +446,23 @@ fn truncated_frames_pass_at_every_length() {
     }
 }
 
+/// The verifier walks at most 1,000,000 instructions of a program before it
+/// refuses it; a program close to that breaks on a small change (an inlined
+/// helper, a new branch) with an error far from its cause. Each judging
+/// program must leave at least a fifth of the budget.
+#[test]
+fn the_judging_programs_leave_the_verifier_a_fifth_of_its_budget() {
+    const BUDGET: u32 = 1_000_000;
+    let mut loaded = Loaded::new(None).expect("load the kernel object");
+    let xdp = loaded.xdp().unwrap().info().unwrap().verified_instruction_count();
+    let tc = loaded.tc().unwrap().info().unwrap().verified_instruction_count();
+    println!("verified instructions: xdp {xdp:?}, tc {tc:?} (budget {BUDGET})");
+    for (hook, walked) in [("xdp", xdp), ("tc", tc)] {
+        let walked = walked.expect("the kernel reports the verifier's instruction count");
+        assert!(walked <= BUDGET / 5 * 4, "{hook}: the verifier walked {walked} instructions of {BUDGET}");
+    }
+}
+
 #[test]
 fn object_has_every_map_the_userspace_expects() {
     let mut ebpf = shed::kernel::object::load(shed::kernel::object::LoadOptions::default()).expect("load object");
