@@ -14,8 +14,8 @@ use aya::{
 use proptest::{prelude::*, test_runner::TestRunner};
 use shed::{cli::tiers::parse_cidr, kernel::maps::PortSpec, kernel::programs::Loaded};
 use shed_common::{
-    ClientKey, ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortCounters, PortState, TierReserve,
-    UserPortState, action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map,
+    ClientKey, ControlConfig, GateCounters, HandshakeCell, HandshakeRing, PortConfig, PortCounters, PortState,
+    TierReserve, UserPortState, action, count_mode, counter, gate_counter, handshake, ipv4_mapped, local_addr, map,
     ratelimit::prefix_bucket_index, tier,
 };
 use shed_testkit::{
@@ -375,6 +375,64 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
         )
 }
 
+impl StateSpec {
+    /// Writes the generated state for the port at `slot` (into `config` too) and
+    /// what `client` holds, keyed by the model's own derivation of the client
+    /// (not shed-common's); returns that key, to remove after the case.
+    fn write(&self, loaded: &mut Loaded, slot: u32, config: &mut PortConfig, client: &[u8; 16]) -> ClientKey {
+        config.action = self.act;
+        config.dry_run = u8::from(self.dry_run);
+        config.tiered = u8::from(self.tiered);
+        config.share_permille = self.shares;
+        config.tier_action = self.tier_action;
+        config.client_cap = self.client_cap;
+        config.count_mode = self.books.count_mode;
+        (config.rst_per_prefix_per_sec, config.rst_per_sec) = self.rst_rates;
+        loaded.maps.write_config(PORT, *config).unwrap();
+        loaded.maps.set_limit(slot, self.limit).unwrap();
+        loaded.maps.reserve.set(slot, TierReserve { held_back: self.held_back }, 0).unwrap();
+        self.books.write(&mut loaded.maps, slot);
+        // What the client holds, as the socket tracepoint would have counted it.
+        let client_key = ClientKey { slot, addr: model::reference::client_addr(client, config.client_prefix_v6) };
+        loaded.maps.clients.insert(client_key, self.client_held, 0).unwrap();
+        let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
+        let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(client));
+        let mut port_buckets: Array<_, u64> = Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
+        port_buckets.set(slot, bucket(self.rst_budget.1), 0).unwrap();
+        let mut prefix_buckets: Array<_, u64> =
+            Array::try_from(loaded.ebpf.map_mut(map::RST_PREFIX_BUCKETS).unwrap()).unwrap();
+        prefix_buckets.set(prefix_index, bucket(self.rst_budget.0), 0).unwrap();
+        client_key
+    }
+}
+
+/// One test run of `hook`'s program.
+fn run_on(
+    loaded: &mut Loaded,
+    hook: &str,
+    opts: TestRunOptions<'_>,
+) -> Result<aya::programs::TestRunResult, aya::programs::ProgramError> {
+    if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) }
+}
+
+/// What a run did with its frame (`out`, cut to the bytes it sent out).
+fn verdict_of(hook: &str, run: &aya::programs::TestRunResult, out: &mut Vec<u8>) -> Expected {
+    out.truncate(run.data_size_out as usize);
+    match (hook, run.return_value) {
+        ("xdp", 2) | ("tc", 0) => Expected::Pass,
+        ("xdp", 1) | ("tc", 2) => Expected::Drop,
+        ("xdp", 3) | ("tc", 7) => Expected::Rst(out.clone()),
+        (_, other) => panic!("{hook}: unexpected verdict {other}"),
+    }
+}
+
+/// Every named counter moved in at least `floor` cases.
+fn assert_reached(reached: &[u64], floor: u64, names: &[(&str, usize)]) {
+    for &(name, index) in names {
+        assert!(reached[index] >= floor, "the generator reached {name} only {} times (floor {floor})", reached[index]);
+    }
+}
+
 /// The client address of a generated frame, as the gate keys it (IPv4-mapped for IPv4).
 fn client_of(fs: &FrameSpec) -> [u8; 16] {
     if fs.family == 1 { fs.client_v6 } else { ipv4_mapped(fs.client_v4) }
@@ -449,31 +507,7 @@ fn kernel_and_model_agree_on_every_frame() {
             let frame = build(&fs);
             // The kernel state the model is told about.
             let mut config = loaded.maps.config(PORT).unwrap();
-            config.action = ss.act;
-            config.dry_run = u8::from(ss.dry_run);
-            config.tiered = u8::from(ss.tiered);
-            config.share_permille = ss.shares;
-            config.tier_action = ss.tier_action;
-            config.client_cap = ss.client_cap;
-            config.count_mode = ss.books.count_mode;
-            (config.rst_per_prefix_per_sec, config.rst_per_sec) = ss.rst_rates;
-            loaded.maps.write_config(PORT, config).unwrap();
-            loaded.maps.set_limit(slot, ss.limit).unwrap();
-            loaded.maps.reserve.set(slot, TierReserve { held_back: ss.held_back }, 0).unwrap();
-            ss.books.write(&mut loaded.maps, slot);
-            // What the frame's client holds, as the socket tracepoint would have counted it.
-            // Keyed by the model's own derivation of the client (not shed-common's).
-            let client_key =
-                ClientKey { slot, addr: model::reference::client_addr(&client_of(&fs), config.client_prefix_v6) };
-            loaded.maps.clients.insert(client_key, ss.client_held, 0).unwrap();
-            let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
-            let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(&client_of(&fs)));
-            let mut port_buckets: Array<_, u64> =
-                Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
-            port_buckets.set(slot, bucket(ss.rst_budget.1), 0).unwrap();
-            let mut prefix_buckets: Array<_, u64> =
-                Array::try_from(loaded.ebpf.map_mut(map::RST_PREFIX_BUCKETS).unwrap()).unwrap();
-            prefix_buckets.set(prefix_index, bucket(ss.rst_budget.0), 0).unwrap();
+            let client_key = ss.write(&mut loaded, slot, &mut config, &client_of(&fs));
             let state = ModelState {
                 port: PORT,
                 config,
@@ -503,9 +537,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 ctx_in: Some(ctx),
                 ..Default::default()
             };
-            let run =
-                if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
-            let run = match run {
+            let run = match run_on(&mut loaded, hook, opts) {
                 Ok(run) => run,
                 // The skb test runner refuses frames that end inside the Ethernet or IP header
                 // (EINVAL, before the program runs); the XDP run of the same case set judges
@@ -517,13 +549,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 }
                 Err(e) => panic!("{hook}: test run failed on {frame:02x?}: {e:?}"),
             };
-            out.truncate(run.data_size_out as usize);
-            let verdict = match (hook, run.return_value) {
-                ("xdp", 2) | ("tc", 0) => Expected::Pass,
-                ("xdp", 1) | ("tc", 2) => Expected::Drop,
-                ("xdp", 3) | ("tc", 7) => Expected::Rst(out.clone()),
-                (_, other) => panic!("{hook}: unexpected verdict {other}"),
-            };
+            let verdict = verdict_of(hook, &run, &mut out);
             loaded.maps.clients.remove(&client_key).unwrap();
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
@@ -574,31 +600,31 @@ fn kernel_and_model_agree_on_every_frame() {
     assert_eq!(disagreements, 0, "kernel and model disagree (see above)");
     // Every branch of the policy is exercised, each by a share of the cases.
     let floor = u64::from(cases) / 200;
-    for (name, index) in [
-        ("passed (holding nothing)", counter::SYN_PASSED),
-        ("rejected at the limit", counter::REJECTED_LIMIT),
-        ("rejected at a share", counter::REJECTED_SHARE),
-        ("RST sent", counter::RST_SENT),
-        ("exempt", counter::EXEMPT),
-        ("not local", counter::NOT_LOCAL),
-        ("RST suppressed", counter::RST_SUPPRESSED),
-        ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
-        ("RST rate-limited", counter::RST_RATE_LIMITED),
-    ] {
-        assert!(reached[index] >= floor, "the generator reached {name} only {} times (floor {floor})", reached[index]);
-    }
-    for (name, index) in [
-        ("tiny fragment", gate_counter::TINY_FRAGMENT),
-        ("overlapping fragment", gate_counter::OVERLAP_FRAGMENT),
-        ("long IPv6 chain", gate_counter::IPV6_CHAIN_UNPARSED),
-        ("later fragment", gate_counter::LATER_FRAGMENT),
-    ] {
-        assert!(
-            reached_gate[index] >= floor,
-            "the generator reached {name} only {} times (floor {floor})",
-            reached_gate[index]
-        );
-    }
+    assert_reached(
+        &reached,
+        floor,
+        &[
+            ("passed (holding nothing)", counter::SYN_PASSED),
+            ("rejected at the limit", counter::REJECTED_LIMIT),
+            ("rejected at a share", counter::REJECTED_SHARE),
+            ("RST sent", counter::RST_SENT),
+            ("exempt", counter::EXEMPT),
+            ("not local", counter::NOT_LOCAL),
+            ("RST suppressed", counter::RST_SUPPRESSED),
+            ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
+            ("RST rate-limited", counter::RST_RATE_LIMITED),
+        ],
+    );
+    assert_reached(
+        &reached_gate,
+        floor,
+        &[
+            ("tiny fragment", gate_counter::TINY_FRAGMENT),
+            ("overlapping fragment", gate_counter::OVERLAP_FRAGMENT),
+            ("long IPv6 chain", gate_counter::IPV6_CHAIN_UNPARSED),
+            ("later fragment", gate_counter::LATER_FRAGMENT),
+        ],
+    );
     assert!(judged[1] > 0 && judged[2] > 0, "the generator must reach drops and RSTs: {judged:?}");
     // One share rejection in 16 becomes the trickle.
     assert!(
@@ -711,32 +737,15 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                 }
             }
             let mut config = loaded.maps.config(PORT).unwrap();
-            config.action = if a.http { action::HTTP } else { ss.act };
-            config.dry_run = u8::from(ss.dry_run);
-            config.tiered = u8::from(ss.tiered);
-            config.share_permille = ss.shares;
-            config.tier_action = ss.tier_action;
-            config.client_cap = ss.client_cap;
             config.client_share = a.client_share;
-            config.count_mode = ss.books.count_mode;
-            (config.rst_per_prefix_per_sec, config.rst_per_sec) = ss.rst_rates;
-            loaded.maps.write_config(PORT, config).unwrap();
-            loaded.maps.set_limit(slot, ss.limit).unwrap();
-            loaded.maps.reserve.set(slot, TierReserve { held_back: ss.held_back }, 0).unwrap();
-            ss.books.write(&mut loaded.maps, slot);
+            let client_key = ss.write(&mut loaded, slot, &mut config, &client);
+            if a.http {
+                config.action = action::HTTP;
+                loaded.maps.write_config(PORT, config).unwrap();
+            }
             let now = shed::host::system::monotonic_ns();
             let contention = Contention { refused_ns: if a.contended { now } else { 0 }, ..Contention::default() };
             loaded.maps.contention.set(slot, contention, 0).unwrap();
-            let client_key = ClientKey { slot, addr: model::reference::client_addr(&client, config.client_prefix_v6) };
-            loaded.maps.clients.insert(client_key, ss.client_held, 0).unwrap();
-            let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
-            let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(&client));
-            let mut port_buckets: Array<_, u64> =
-                Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
-            port_buckets.set(slot, bucket(ss.rst_budget.1), 0).unwrap();
-            let mut prefix_buckets: Array<_, u64> =
-                Array::try_from(loaded.ebpf.map_mut(map::RST_PREFIX_BUCKETS).unwrap()).unwrap();
-            prefix_buckets.set(prefix_index, bucket(ss.rst_budget.0), 0).unwrap();
             for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
                 loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
             }
@@ -767,16 +776,8 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                 ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
                 ..Default::default()
             };
-            let run =
-                if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) };
-            let run = run.unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
-            out.truncate(run.data_size_out as usize);
-            let verdict = match (hook, run.return_value) {
-                ("xdp", 2) | ("tc", 0) => Expected::Pass,
-                ("xdp", 1) | ("tc", 2) => Expected::Drop,
-                ("xdp", 3) | ("tc", 7) => Expected::Rst(out.clone()),
-                (_, other) => panic!("{hook}: unexpected verdict {other}"),
-            };
+            let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
+            let verdict = verdict_of(hook, &run, &mut out);
             loaded.maps.clients.remove(&client_key).unwrap();
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
@@ -815,18 +816,20 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     assert_eq!(disagreements, 0, "kernel and model disagree on an ACK (see above)");
     // Every rule of the ACK is exercised.
     let floor = u64::from(cases) / 100;
-    for (name, index) in [
-        ("admitted", counter::ADMITTED),
-        ("refused at the ACK", counter::REFUSED_AT_ACK),
-        ("rejected at the limit", counter::REJECTED_LIMIT),
-        ("rejected at a share", counter::REJECTED_SHARE),
-        ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
-        ("rejected at the client share", counter::REJECTED_CLIENT_SHARE),
-        ("dry run", counter::DRY_RUN_WOULD_REJECT),
-        ("RST sent", counter::RST_SENT),
-        ("RST rate-limited", counter::RST_RATE_LIMITED),
-        ("exempt", counter::ADMITTED_BY_TIER + tier::EXEMPT as usize),
-    ] {
-        assert!(reached[index] >= floor, "the generator reached {name} only {} times (floor {floor})", reached[index]);
-    }
+    assert_reached(
+        &reached,
+        floor,
+        &[
+            ("admitted", counter::ADMITTED),
+            ("refused at the ACK", counter::REFUSED_AT_ACK),
+            ("rejected at the limit", counter::REJECTED_LIMIT),
+            ("rejected at a share", counter::REJECTED_SHARE),
+            ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
+            ("rejected at the client share", counter::REJECTED_CLIENT_SHARE),
+            ("dry run", counter::DRY_RUN_WOULD_REJECT),
+            ("RST sent", counter::RST_SENT),
+            ("RST rate-limited", counter::RST_RATE_LIMITED),
+            ("exempt", counter::ADMITTED_BY_TIER + tier::EXEMPT as usize),
+        ],
+    );
 }
