@@ -83,6 +83,9 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
             let start = Instant::now();
             println!("fault {name}: {planted}");
             build_ebpf_with(Some(name))?;
+            // The end-to-end tests run the shedctl beside them, which cargo does not
+            // rebuild for another package's tests: built here, it embeds this fault.
+            build_shedctl()?;
             let log = logs.join(format!("{name}.log"));
             let mut verdict = Verdict {
                 name: name.clone(),
@@ -111,8 +114,9 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
         }
         Ok(())
     })();
-    // Whatever happened, leave the real object behind.
+    // Whatever happened, leave the real object (and a shedctl that embeds it) behind.
     build_ebpf_with(None)?;
+    build_shedctl()?;
     result?;
     let missed: Vec<_> = verdicts.iter().filter(|v| v.stage == "missed").map(|v| v.name.clone()).collect();
     if only.is_empty() {
@@ -126,6 +130,10 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
         bail!("faults no test caught: {missed:?} (logs in {})", logs.display());
     }
     Ok(())
+}
+
+fn build_shedctl() -> Result<()> {
+    run(cargo_command().args(["build", "--bin", "shedctl"])).context("build shedctl")
 }
 
 /// The fault list, read from the kernel crate's `fault.rs` (one `("name", "what"),` per line).
