@@ -67,6 +67,15 @@ mod tests {
         );
         assert_eq!(bucket(u64::from(u32::MAX)), 123);
         assert_eq!(bucket(u64::MAX), 123);
+        // Past u32 (71 minutes) everything is the last bucket used, not a wrapped value.
+        assert_eq!(bucket((1 << 32) + 5), 123);
+    }
+
+    #[test]
+    fn the_last_bucket_has_no_upper_bound() {
+        assert_eq!(upper_bound(BUCKETS - 1), u64::MAX);
+        assert_eq!(upper_bound(BUCKETS - 2), lower_bound(BUCKETS - 1) - 1);
+        assert_eq!([upper_bound(0), upper_bound(3), upper_bound(4), upper_bound(7)], [0, 3, 4, 7]);
     }
 
     proptest! {
