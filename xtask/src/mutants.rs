@@ -66,7 +66,11 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
     let kept: Vec<Verdict> = if again {
         read_kernel_report()?
             .into_iter()
-            .filter(|v| v.stage != "missed" && faults.iter().any(|(n, _)| *n == v.name))
+            .filter(|v| v.stage != "missed")
+            // What it plants as fault.rs says it now.
+            .filter_map(|v| {
+                faults.iter().find(|(n, _)| *n == v.name).map(|(_, planted)| Verdict { planted: planted.clone(), ..v })
+            })
             .collect()
     } else {
         Vec::new()
@@ -83,9 +87,6 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
             let start = Instant::now();
             println!("fault {name}: {planted}");
             build_ebpf_with(Some(name))?;
-            // The end-to-end tests run the shedctl beside them, which cargo does not
-            // rebuild for another package's tests: built here, it embeds this fault.
-            build_shedctl()?;
             let log = logs.join(format!("{name}.log"));
             let mut verdict = Verdict {
                 name: name.clone(),
@@ -96,6 +97,11 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
                 shown: None,
             };
             for (stage, tests) in [("program tests", PROGRAM_TESTS), ("end-to-end tests", END_TO_END_TESTS)] {
+                if tests == END_TO_END_TESTS {
+                    // They run the shedctl beside them, which cargo does not rebuild for
+                    // another package's tests: built here, it embeds this fault.
+                    build_shedctl()?;
+                }
                 let failed = run_tests(tests, &log)?;
                 if !failed.is_empty() {
                     verdict.caught_by = failed;
@@ -119,12 +125,15 @@ pub(crate) fn kernel(only: &[String], again: bool) -> Result<()> {
     build_shedctl()?;
     result?;
     let missed: Vec<_> = verdicts.iter().filter(|v| v.stage == "missed").map(|v| v.name.clone()).collect();
+    let verdicts_len = verdicts.len();
     if only.is_empty() {
         // In the order of fault.rs.
         let mut all: Vec<Verdict> = kept.into_iter().chain(verdicts).collect();
         all.sort_by_key(|v| faults.iter().position(|(n, _)| *n == v.name));
         write_kernel_report(&all)?;
         println!("{} of {} kernel faults caught", all.len() - missed.len(), all.len());
+    } else {
+        println!("{} of {} faults chosen caught", verdicts_len - missed.len(), verdicts_len);
     }
     if !missed.is_empty() {
         bail!("faults no test caught: {missed:?} (logs in {})", logs.display());
@@ -136,18 +145,17 @@ fn build_shedctl() -> Result<()> {
     run(cargo_command().args(["build", "--bin", "shedctl"])).context("build shedctl")
 }
 
-/// The fault list, read from the kernel crate's `fault.rs` (one `("name", "what"),` per line).
+/// The fault list, read from the kernel crate's `fault.rs`: each entry a
+/// `("name", "what"),`, on one line or (as rustfmt wraps a long one) on several.
 fn faults() -> Result<Vec<(String, String)>> {
     let path = workspace_root().join("shed-ebpf/src/fault.rs");
     let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    let faults: Vec<_> = text
-        .lines()
-        .filter_map(|line| {
-            let rest = line.trim().strip_prefix("(\"")?.strip_suffix("\"),")?;
-            let (name, planted) = rest.split_once("\", \"")?;
-            Some((name.to_owned(), planted.to_owned()))
-        })
-        .collect();
+    let list = text
+        .split_once("FAULTS: &[(&str, &str)] = &[")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .map(|(list, _)| list)
+        .with_context(|| format!("no FAULTS list in {}", path.display()))?;
+    let faults = parse_faults(list);
     if faults.len() < 20 {
         bail!(
             "read only {} faults from {} (expected one `(\"name\", \"what\"),` per line)",
@@ -156,6 +164,21 @@ fn faults() -> Result<Vec<(String, String)>> {
         );
     }
     Ok(faults)
+}
+
+/// The `("name", "what")` entries of a fault list, whatever their line breaks.
+fn parse_faults(list: &str) -> Vec<(String, String)> {
+    let joined: String = list.lines().map(str::trim).filter(|l| !l.starts_with("//")).collect::<Vec<_>>().join(" ");
+    joined
+        .split("),")
+        .filter_map(|entry| {
+            let entry = entry.trim().strip_prefix('(')?.trim();
+            let (name, what) = entry.strip_prefix('"')?.split_once('"')?;
+            let what = what.trim().strip_prefix(',')?.trim().trim_end_matches(',').trim_end();
+            let what = what.strip_prefix('"')?.strip_suffix('"')?;
+            Some((name.to_owned(), what.to_owned()))
+        })
+        .collect()
 }
 
 /// Runs test binaries in the order given, one test at a time, up to the first
@@ -380,6 +403,38 @@ mod tests {
             }
         }
         files
+    }
+
+    #[test]
+    fn faults_are_read_whether_or_not_rustfmt_wrapped_them() {
+        let list = r#"
+    ("limit_off_by_one", "a SYN at the limit is admitted"),
+    // a comment
+    (
+        "reservation_unchecked",
+        "a reservation is not checked against the limit once taken (two CPUs racing)",
+    ),
+    ("rst_macs_kept", "the reset keeps the frame's MAC addresses"),
+"#;
+        let names: Vec<String> = parse_faults(list).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["limit_off_by_one", "reservation_unchecked", "rst_macs_kept"]);
+        assert_eq!(
+            parse_faults(list)[1].1,
+            "a reservation is not checked against the limit once taken (two CPUs racing)"
+        );
+        // Every fault! site of the kernel crate names a listed fault, and every listed fault has a site.
+        let listed: Vec<String> = faults().unwrap().into_iter().map(|(n, _)| n).collect();
+        let mut sites = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir(workspace_root().join("shed-ebpf/src")).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            for site in text.split("fault!(\"").skip(1) {
+                sites.insert(site.split('"').next().unwrap().to_owned());
+            }
+        }
+        sites.remove("name"); // the macro's own doc
+        let listed_set: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
+        assert_eq!(sites, listed_set, "fault! sites vs shed-ebpf/src/fault.rs");
+        assert_eq!(listed.len(), listed_set.len(), "a fault listed twice");
     }
 
     #[test]
