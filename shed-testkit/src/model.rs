@@ -77,6 +77,10 @@ pub struct ModelState {
     /// Whether a verified client holding less than its share was refused within
     /// the last second (the client share binds at the ACK).
     pub contended: bool,
+    /// What the port's largest client holds, and whether the port may still pass
+    /// SYNs to be judged at their ACK this second (100 a second).
+    pub largest_held: u64,
+    pub deferral_budget: bool,
     /// The namespace's own addresses (IPv4-mapped for IPv4); loopback is always local.
     pub local: Vec<[u8; 16]>,
     /// Longest-prefix tiers: (prefix length over the mapped address, address, tier).
@@ -344,7 +348,11 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     }
-    let Some(reason) = judged(state, t, Step::Syn, &mut counters) else {
+    let reason = judged(state, t, Step::Syn, &mut counters);
+    // A full port may be full of one client: a SYN it refuses at the limit from
+    // a client under its share, while the largest client holds its share, is
+    // passed (within a budget) to be judged at its ACK, where its refusal counts.
+    let Some(reason) = reason.filter(|&r| !(r == counter::REJECTED_LIMIT && deferred_to_its_ack(state))) else {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     };
@@ -494,6 +502,15 @@ fn refusal(state: &ModelState, t: u8, step: Step) -> Refusal {
     rules.into_iter().find(|(broken, _)| *broken).map_or(Refusal::None, |(_, why)| why)
 }
 
+/// Whether a SYN refused at the limit passes instead, to be judged at its ACK
+/// (an untiered port: on a tiered one critical and normal are judged there already).
+fn deferred_to_its_ack(state: &ModelState) -> bool {
+    state.config.tiered == 0
+        && state.deferral_budget
+        && client_share_cap(state.config.client_share, state.limit)
+            .is_some_and(|cap| state.largest_held >= cap as u64 && state.client_held < cap)
+}
+
 /// What one client may hold while others are refused (`--client-share`, a
 /// percentage of the limit): at least one connection, and no bound at all if
 /// that is the whole limit, or the share is 0 (off).
@@ -558,6 +575,8 @@ mod rules {
             rst_budget: RstBudget { prefix: true, port: true },
             trickle_seen: 0,
             contended: false,
+            largest_held: 0,
+            deferral_budget: false,
             local: Vec::new(),
             tiers: Vec::new(),
         }
