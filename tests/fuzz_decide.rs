@@ -741,6 +741,8 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     let (admitted, refused) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
     // Disagreements that a second run of the same case did not repeat (at most this many).
     const MAX_TRANSIENTS: u32 = 2;
+    // Refusals of an `http` port at the ACK, answered with a reset.
+    let http_resets = std::cell::Cell::new(0u64);
     let transients = std::cell::Cell::new(0u32);
     let mut disagreements = 0u32;
     let loaded = std::cell::RefCell::new(loaded);
@@ -845,6 +847,9 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                     reached.borrow_mut()[i] += 1;
                 }
             }
+            if a.http && matches!(expected.verdict, Expected::Rst(_)) {
+                http_resets.set(http_resets.get() + 1);
+            }
             admitted.set(admitted.get() + expected.reserved);
             refused.set(refused.get() + expected.counters[counter::REFUSED_AT_ACK]);
             Ok(())
@@ -880,4 +885,6 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
             ("exempt", counter::ADMITTED_BY_TIER + tier::EXEMPT as usize),
         ],
     );
+    assert_reached(&reached, (floor / 16).max(1), &[("the trickle at the ACK", counter::TRICKLE)]);
+    assert!(http_resets.get() >= floor, "an http port reset {} refused ACKs (floor {floor})", http_resets.get());
 }

@@ -34,7 +34,7 @@
 //!   rejected unless it is the trickle (one in 16 such rejections on a CPU is
 //!   admitted instead); a client holding its cap of connections is rejected;
 //!   else it passes (`SYN_PASSED`). Dry-run passes what it would reject (and
-//!   counts it at the ACK, not modelled).
+//!   counts it at the ACK: [`decide_ack`]).
 //! - A rejection takes the tier's action, else the port's. A reset goes only to
 //!   an address that can be a client (not multicast, broadcast, unspecified, nor
 //!   this host's own unless it arrived on loopback), and only while the
@@ -356,7 +356,7 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     };
-    // Dry run: passes what it would refuse (counted at the handshake-completing ACK, not modelled).
+    // Dry run: passes what it would refuse (counted at the handshake-completing ACK: decide_ack).
     if c.dry_run != 0 {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);

@@ -12,7 +12,7 @@
 //! - [`cli`]: `shedctl`'s command line, config file and verbs (the only layer
 //!   that knows clap).
 //!
-//! [`error`] and [`named`] are leaves every layer may use.
+//! [`error`] and `named` are leaves every layer may use.
 
 pub mod cli;
 pub mod control;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The daemon's life: [`process`] (one per host, guarded by a lock file: its
+//! The daemon's life: `process` (one per host, guarded by a lock file: its
 //! pins, signals, a thread per network namespace, the ready barrier, the
 //! metrics endpoint, a clean exit that leaves nothing attached or pinned);
-//! [`gate`] (one namespace: set up, run, detach); and here the control loop
+//! `gate` (one namespace: set up, run, detach); and here the control loop
 //! that runs the controllers, sizes each port's handshake window, and keeps
 //! the namespace's addresses and interfaces covered.
 
@@ -133,7 +133,7 @@ impl LocalAddrs {
 /// periodic task (the address refresh, a port's window, healing ...) is
 /// logged, counted in `settings.task_errors` and tried again on the next
 /// round with the last good state: the gate keeps judging meanwhile.
-pub async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Error> {
+pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Error> {
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut settings = settings;

@@ -46,7 +46,7 @@ pub(crate) fn stats_table(stats: &[PortStats]) -> String {
             s.accept_queue,
             s.accept_backlog,
             s.listen_drops,
-            s.last_decision.map_or_else(|| "none yet".to_owned(), super::super::control::Reason::name),
+            s.last_decision.map_or_else(|| "none yet".to_owned(), crate::control::Reason::name),
             s.previous_limit
         );
         let mode = if s.dry_run {
