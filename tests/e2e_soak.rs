@@ -79,8 +79,17 @@ fn churn_returns_every_count_to_zero() {
                             s.read_exact(&mut buf)?;
                             s.shutdown(Shutdown::Both)
                         }),
-                        // Reset by the client (linger 0).
-                        1 => count(0, TcpStream::connect(addr)).and_then(|s| {
+                        // Reset by the client (linger 0), after one round trip: the
+                        // handshake's last ACK leaves from the softirq that took the
+                        // SYN-ACK, the RST from this thread, possibly on the other CPU,
+                        // and a veth queues each on its sender's CPU; an RST that
+                        // overtakes the ACK kills the request socket before it is a
+                        // connection (seen once in a fresh-clone run), which no gate
+                        // could count. The echo proves the connection exists.
+                        1 => count(0, TcpStream::connect(addr)).and_then(|mut s| {
+                            s.write_all(b"hi")?;
+                            let mut buf = [0u8; 2];
+                            s.read_exact(&mut buf)?;
                             socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO))?;
                             drop(s);
                             Ok(())
