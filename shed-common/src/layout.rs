@@ -611,3 +611,72 @@ mod user {
     unsafe impl aya::Pod for ClientKey {}
     unsafe impl aya::Pod for NetnsFilter {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_is_recent_for_a_second_after_it_was_seen() {
+        assert!(!Contention::recent(0, 5), "never set: no contention");
+        assert!(Contention::recent(10, 10));
+        assert!(Contention::recent(10, 10 + CONTENDED_FOR_NS - 1));
+        assert!(!Contention::recent(10, 10 + CONTENDED_FOR_NS), "a second on, it is over");
+        assert!(!Contention::recent(10, 10 + 3 * CONTENDED_FOR_NS));
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_prefix_and_a_prefix_past_128_is_the_address() {
+        let addr = [0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+        let key = |prefix: u8| {
+            let config = PortConfig { client_prefix_v6: prefix, ..PortConfig::new(3, action::DROP, false, 0) };
+            config.client_key(&addr)
+        };
+        assert_eq!(key(64).slot, 3);
+        assert_eq!(key(64).addr, [0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(key(72).addr, [0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(key(12).addr[..2], [0x20, 0x00]);
+        assert_eq!(key(128).addr, addr);
+        assert_eq!(key(200).addr, addr, "a map value past 128 bits keys the whole address");
+        let v4 = ipv4_mapped([10, 1, 2, 3]);
+        let config = PortConfig { client_prefix_v6: 8, ..PortConfig::new(3, action::DROP, false, 0) };
+        assert_eq!(config.client_key(&v4).addr, v4, "IPv4 clients are keyed by their address");
+    }
+
+    #[test]
+    fn each_tier_takes_its_own_action_or_the_ports() {
+        let mut config = PortConfig::new(0, action::RST, false, 0);
+        assert!(!config.answers_http());
+        for t in 0..tier::COUNT as u8 {
+            assert_eq!(config.action_for(t), action::RST, "tier {t} follows the port");
+        }
+        assert_eq!(config.action_for(9), action::RST, "an unknown tier follows the port");
+        for t in 0..tier::COUNT {
+            let mut one = config;
+            one.tier_action[t] = action::HTTP;
+            assert!(one.answers_http(), "tier {t} answers HTTP");
+            for u in 0..tier::COUNT {
+                let want = if u == t { action::HTTP } else { action::RST };
+                assert_eq!(one.action_for(u as u8), want, "tier {u} with tier {t} set");
+            }
+            one.tier_action[t] = action::DROP;
+            assert!(!one.answers_http());
+            assert_eq!(one.action_for(t as u8), action::DROP);
+        }
+        config.action = action::HTTP;
+        assert!(config.answers_http(), "the port's own action");
+    }
+
+    #[test]
+    fn ring_shifts_are_held_to_their_range() {
+        let user = |handshake_shift, silent_shift| UserPortState { handshake_shift, silent_shift, ..Default::default() };
+        assert_eq!(user(0, 0).shift(), handshake::DEFAULT_SHIFT, "0: the default");
+        assert_eq!(user(1, 0).shift(), handshake::MIN_SHIFT);
+        assert_eq!(user(handshake::MIN_SHIFT + 1, 0).shift(), handshake::MIN_SHIFT + 1);
+        assert_eq!(user(99, 0).shift(), handshake::MAX_SHIFT);
+        assert_eq!(user(0, 0).silent_shift(), handshake::DEFAULT_SILENT_SHIFT);
+        assert_eq!(user(0, 1).silent_shift(), handshake::MIN_SILENT_SHIFT);
+        assert_eq!(user(0, 99).silent_shift(), handshake::MAX_SILENT_SHIFT);
+        assert_eq!(user(0, handshake::MAX_SILENT_SHIFT - 1).silent_shift(), handshake::MAX_SILENT_SHIFT - 1);
+    }
+}

@@ -279,6 +279,28 @@ mod tests {
         assert!(header_cases > 0 && tcp_cases[0] > 0 && tcp_cases[1] > 0, "{header_cases} {tcp_cases:?}");
     }
 
+    #[test]
+    fn reply_headers_carry_version_lengths_protocol_ttl_and_addresses() {
+        let (src, dst) = ([192, 0, 2, 10], [198, 51, 100, 7]);
+        let h = ipv4_header(src, dst);
+        assert_eq!(h[0], 0x45, "IPv4, five words");
+        assert_eq!(u16::from_be_bytes([h[2], h[3]]), 40, "total length: 20 of IP, 20 of TCP");
+        assert_eq!((h[6], h[8], h[9]), (0x40, REPLY_TTL, 6), "DF, TTL, TCP");
+        assert_eq!((&h[12..16], &h[16..20]), (&src[..], &dst[..]));
+        assert_eq!(u16::from_be_bytes([ipv4_header_len(src, dst, 300)[2], ipv4_header_len(src, dst, 300)[3]]), 320);
+
+        let (src, dst) = ([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], [0xfe; 16]);
+        let h = ipv6_header(src, dst);
+        assert_eq!(h[0], 0x60, "IPv6, traffic class 0");
+        assert_eq!(&h[1..4], &[0, 0, 0], "flow label 0");
+        assert_eq!(u16::from_be_bytes([h[4], h[5]]), 20, "payload length: the TCP header");
+        assert_eq!((h[6], h[7]), (6, REPLY_TTL), "next header TCP, hop limit");
+        assert_eq!((&h[8..24], &h[24..40]), (&src[..], &dst[..]));
+        let h = ipv6_header_len(src, dst, 300);
+        assert_eq!(u16::from_be_bytes([h[4], h[5]]), 300);
+        assert_eq!((&h[8..24], &h[24..40]), (&src[..], &dst[..]));
+    }
+
     proptest! {
         #[test]
         fn ipv4_header_checksum_verifies(src: [u8; 4], dst: [u8; 4]) {

@@ -426,6 +426,12 @@ mod tests {
     ];
 
     #[test]
+    fn only_the_files_own_keys_are_keys() {
+        assert!(has_key("limit") && has_key("ready-window"));
+        assert!(!has_key("no-such-key") && !has_key("") && !has_key("Limit"));
+    }
+
+    #[test]
     fn every_field_round_trips_through_a_file() {
         let from_flags = attach(parse_cli(EVERY_FLAG.iter().copied()).unwrap());
         let text = render(&from_flags);

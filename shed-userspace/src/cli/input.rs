@@ -270,6 +270,19 @@ mod tests {
     }
 
     #[test]
+    fn namespaces_are_a_name_or_a_path() {
+        assert_eq!(parse_netns(" blue "), Ok("blue".to_owned()));
+        assert_eq!(parse_netns("/proc/1/ns/net"), Ok("/proc/1/ns/net".to_owned()));
+        assert_eq!(parse_netns("./ns"), Ok("./ns".to_owned()), "a relative path");
+        for empty in ["", "  ", "/", "//"] {
+            assert!(parse_netns(empty).unwrap_err().contains("empty namespace"), "{empty:?}");
+        }
+        for bad in [".", "..", "a\tb", "x\u{7f}"] {
+            assert!(parse_netns(bad).unwrap_err().contains("is not a namespace name"), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn millis() {
         assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
         assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));

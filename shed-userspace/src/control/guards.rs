@@ -53,7 +53,7 @@ pub(super) struct ServedRate {
 }
 
 impl ServedRate {
-    fn push(&mut self, rate: f64) {
+    pub(super) fn push(&mut self, rate: f64) {
         self.rates.push_back(rate);
         if self.rates.len() > self.span {
             self.rates.pop_front();
@@ -61,7 +61,7 @@ impl ServedRate {
     }
 
     /// 0 until a queued window is seen.
-    fn rate(&self) -> f64 {
+    pub(super) fn rate(&self) -> f64 {
         let mut sorted: Vec<f64> = self.rates.iter().copied().collect();
         sorted.sort_by(f64::total_cmp);
         sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)

@@ -262,6 +262,12 @@ fn queue_cuts_the_excess_queue_and_grows_gently_below_its_target() {
     let mut c = Controller::new(settings, 0);
     let slow = WindowSample { service_us: 60_000, ..sample(25_000, 40) };
     assert_eq!(c.on_window(&slow).reason, Reason::Grow);
+    // And no higher: for a 30 ms service the target is 22.5 ms, so 25 ms is 2.5 ms
+    // of excess at 1,000/s, 2.5 requests, a quarter of them off.
+    let mut c = Controller::new(settings, 0);
+    let d = c.on_window(&WindowSample { service_us: 30_000, ..sample(25_000, 40) });
+    assert_eq!(d.reason, Reason::LatencyRising, "{d:?}");
+    assert!((c.limit - (40.0 - 0.25 * 2.5)).abs() < 1e-9, "{}", c.limit);
     // At the target or under, with in-flight pressing the limit: + sqrt(limit) / 2, at least 1.
     let mut c = Controller::new(Settings { initial_limit: 16, ..settings }, 0);
     assert_eq!(c.on_window(&sample(5_000, 16)), Decision { limit: 18, reason: Reason::Grow });
@@ -545,4 +551,128 @@ fn a_probe_ends_on_thin_windows_and_keeps_a_cut_that_lands_in_it() {
     assert_eq!(end.reason, Reason::Probe);
     assert_eq!(end.limit, (before * settings.backoff).round() as u32, "the probe ended after 3 windows, the cut kept");
     assert_ne!(c.on_window(&thin).reason, Reason::Probe, "and is over");
+}
+
+#[test]
+fn settings_come_from_the_operators_config_and_zero_keeps_the_default() {
+    let d = Settings::default();
+    let given = ControlConfig {
+        algo: Algo::Gradient2.to_raw(),
+        min_limit: 7,
+        max_limit: 700,
+        window_ms: 250,
+        min_samples: 33,
+        cooldown_windows: 4,
+        baseline_windows: 50,
+        probe_windows: 6,
+        queue_target_us: 1_500,
+        target_latency_ms: 80,
+        ..ControlConfig::default()
+    };
+    let s = Settings::from_config(&given, 42);
+    assert_eq!((s.algo, s.initial_limit, s.min_limit, s.max_limit), (Algo::Gradient2, 42, 7, 700));
+    assert_eq!((s.min_samples, s.cooldown_windows, s.baseline_windows, s.probe_windows), (33, 4, 50, 6));
+    assert_eq!((s.window_s, s.objective_us, s.queue_target_us), (0.25, 80_000.0, 1_500.0));
+    assert_eq!((s.smoothing, s.backoff), (d.smoothing, d.backoff), "what the map does not carry: the defaults");
+
+    // A map written before a field existed holds 0 there: the default, not 0.
+    let s = Settings::from_config(&ControlConfig { algo: Algo::Aimd.to_raw(), ..ControlConfig::default() }, 9);
+    assert_eq!((s.min_samples, s.baseline_windows, s.queue_target_us), (d.min_samples, d.baseline_windows, d.queue_target_us));
+    assert_eq!((s.min_limit, s.max_limit), (1, 1), "bounds are at least 1, the maximum at least the minimum");
+    assert_eq!((s.window_s, s.objective_us, s.cooldown_windows, s.probe_windows), (0.001, 0.0, 0, 0));
+    let crossed = ControlConfig { algo: Algo::Queue.to_raw(), min_limit: 20, max_limit: 5, ..ControlConfig::default() };
+    assert_eq!((Settings::from_config(&crossed, 9).min_limit, Settings::from_config(&crossed, 9).max_limit), (20, 20));
+
+    // The adaptive bounds do not hold an operator's fixed limit.
+    let fixed = Settings::from_config(&ControlConfig { algo: Algo::Fixed.to_raw(), ..given }, 5_000);
+    assert_eq!((fixed.algo, fixed.min_limit, fixed.max_limit), (Algo::Fixed, 1, shed_common::MAX_LIMIT));
+}
+
+#[test]
+fn every_reason_and_algorithm_has_its_own_name_and_help() {
+    assert_eq!(Reason::LatencyRising.name(), "latency_rising");
+    assert_eq!(Reason::TooFewSamples.name(), "too_few_samples");
+    let names: std::collections::BTreeSet<String> = (0..9).map(|r| Reason::from_raw(r).name()).collect();
+    assert_eq!(names.len(), 9, "{names:?}");
+    let helps: std::collections::BTreeSet<&str> =
+        <Algo as crate::named::Named>::ALL.iter().map(|a| crate::named::Named::help(*a)).collect();
+    assert_eq!(helps.len(), <Algo as crate::named::Named>::ALL.len(), "{helps:?}");
+    assert!(helps.iter().all(|h| h.len() > 20), "{helps:?}");
+    assert!(crate::named::Named::help(Algo::Queue).contains("queue"), "{}", crate::named::Named::help(Algo::Queue));
+}
+
+#[test]
+fn jitter_comes_from_splitmix64() {
+    // SplitMix64's published first outputs from state 0.
+    assert_eq!(splitmix(0), 0xe220_a839_7b1d_cdaf);
+    assert_eq!(splitmix(0x9e37_79b9_7f4a_7c15), 0x6e78_9e6a_a1b9_65f4);
+    assert_eq!(splitmix(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(2)), 0x06c4_5d18_8009_454f);
+}
+
+#[test]
+fn gradient2_averages_its_first_ten_samples_then_decays_exponentially() {
+    let settings =
+        Settings { algo: Algo::Gradient2, gradient2_long_at_most_baseline: false, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    for _ in 0..10 {
+        c.propose_gradient2(100.0);
+    }
+    assert!((c.long_us - 100.0).abs() < 1e-9, "{}", c.long_us);
+    c.propose_gradient2(1_100.0);
+    let factor = 2.0 / (settings.gradient2_long_window + 1.0);
+    let want = 100.0 * (1.0 - factor) + 1_100.0 * factor;
+    assert!((c.long_us - want).abs() < 1e-9, "the eleventh sample is exponential: {} vs {want}", c.long_us);
+}
+
+#[test]
+fn the_served_rate_is_the_median_of_its_last_span_windows() {
+    let mut rate = guards::ServedRate { span: 3, rates: std::collections::VecDeque::new() };
+    assert_eq!(rate.rate(), 0.0, "nothing seen yet");
+    for r in [50.0, 1.0, 2.0, 3.0, 40.0] {
+        rate.push(r);
+    }
+    assert_eq!(rate.rates, [2.0, 3.0, 40.0], "exactly the last three");
+    assert_eq!(rate.rate(), 3.0);
+}
+
+#[test]
+fn the_objective_measures_the_served_rate_only_over_queued_busy_windows() {
+    let settings = Settings { algo: Algo::Queue, objective_us: 100_000.0, ..Settings::default() };
+    let sample = |queue_wait_us: u64, in_flight: u64| WindowSample {
+        in_flight,
+        samples: 200,
+        latency_us: 150_000,
+        queue_wait_us,
+        service_us: 10_000,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 200_000,
+    };
+    let wait_us = 0.97 * 100_000.0 - 10_000.0;
+    // 200 requests in 0.2 s (not the 0.1 s window): 1,000/s; 87 ms of wait: 87.
+    let mut c = Controller::new(settings, 0);
+    c.objective(&sample(5_000, 3), 1);
+    let o = c.objective(&sample(5_000, 3), 1).unwrap();
+    assert_eq!((o.wait_us, o.limit), (wait_us, 87.0), "queued (wait at half the service time), busy at both ends");
+    assert!(o.met, "queue's objective is the queue wait, not the latency");
+
+    let mut c = Controller::new(settings, 0);
+    c.objective(&sample(5_000, 3), 1);
+    assert_eq!(c.objective(&sample(4_999, 3), 1).unwrap().limit, 0.0, "a wait under half the service: not queued");
+    let mut c = Controller::new(settings, 0);
+    c.objective(&sample(5_000, 0), 1);
+    assert_eq!(c.objective(&sample(5_000, 3), 1).unwrap().limit, 0.0, "idle when the window began");
+    let mut c = Controller::new(settings, 0);
+    c.objective(&sample(5_000, 3), 1);
+    assert_eq!(c.objective(&sample(5_000, 0), 1).unwrap().limit, 0.0, "idle when it ended");
+    assert!(!c.objective(&sample(90_000, 3), 1).unwrap().met, "a wait past the objective's");
+
+    let mut other = Controller::new(Settings { algo: Algo::Gradient, ..settings }, 0);
+    assert!(!other.objective(&sample(0, 3), 1).unwrap().met, "the others follow the latency: 150 ms > 97 ms");
+    let on_time = WindowSample { latency_us: 97_000, ..sample(0, 3) };
+    assert!(other.objective(&on_time, 1).unwrap().met, "97% of the objective is in time");
+    assert!(!other.objective(&WindowSample { latency_us: 97_001, ..on_time }, 1).unwrap().met);
+    let none = Controller::new(Settings { objective_us: 0.0, ..settings }, 0).objective(&sample(0, 3), 1);
+    assert!(none.is_none(), "no objective set");
 }

@@ -261,14 +261,9 @@ impl Healer {
             let snapshot = maps.snapshot(port, *config)?;
             // The kernel's counts as they were when the entries were read (the
             // adjustments are the healer's own, unchanged since).
-            let Some(&[opened, closed, busy_enter, busy_exit]) = counts_read.get(&port) else { continue };
-            let at_read =
-                shed_common::PortState { opened, closed, busy_enter, busy_exit, ..shed_common::PortState::default() };
-            let drift = (
-                shed_common::established(&at_read, &snapshot.user) as i64 - open,
-                shed_common::busy(&at_read, &snapshot.user) as i64 - busy,
-            );
-            let (opens, closes, enters, exits) = events_since(counts_before.get(&port), &at_read);
+            let Some(at_read) = counts_read.get(&port) else { continue };
+            let drift = drift_at_read(at_read, &snapshot.user, open, busy);
+            let (opens, closes, enters, exits) = events_since(counts_before.get(&port), at_read);
             let certain = (beyond(drift.0, opens, closes), beyond(drift.1, enters, exits));
             let now = Drift { seen: drift, certain };
             if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), &now) {
@@ -324,12 +319,23 @@ fn confirmed<'a, T: Eq + std::hash::Hash>(now: &'a HashSet<T>, before: &'a HashS
     now.intersection(before)
 }
 
-/// Events of a port since `before`: opens, closes, busy enters, busy exits.
-fn events_since(before: Option<&[u64; 4]>, now: &shed_common::PortState) -> (i64, i64, i64, i64) {
+/// A port's drift (established, busy) when its tracked sockets were read:
+/// the kernel's counts at that moment (opens, closes, busy enters, busy
+/// exits), with the healer's own adjustments, less the `open` and `busy`
+/// entries the read found.
+fn drift_at_read(counts: &[u64; 4], user: &shed_common::UserPortState, open: i64, busy: i64) -> (i64, i64) {
+    let [opened, closed, busy_enter, busy_exit] = *counts;
+    let at_read = shed_common::PortState { opened, closed, busy_enter, busy_exit, ..shed_common::PortState::default() };
+    (shed_common::established(&at_read, user) as i64 - open, shed_common::busy(&at_read, user) as i64 - busy)
+}
+
+/// Events of a port between two reads of its counts (opens, closes, busy
+/// enters, busy exits); without an earlier read, more than any drift.
+fn events_since(before: Option<&[u64; 4]>, now: &[u64; 4]) -> (i64, i64, i64, i64) {
     let far = i64::MAX / 4;
     let Some(b) = before else { return (far, far, far, far) };
-    let moved = |now: u64, then: u64| now.abs_diff(then).min(far as u64) as i64;
-    (moved(now.opened, b[0]), moved(now.closed, b[1]), moved(now.busy_enter, b[2]), moved(now.busy_exit, b[3]))
+    let moved = |i: usize| now[i].abs_diff(b[i]).min(far as u64) as i64;
+    (moved(0), moved(1), moved(2), moved(3))
 }
 
 /// The part of a drift `d` (the kernel's count at the end of the read, less
@@ -415,6 +421,28 @@ mod tests {
             "an over-count is corrected too"
         );
         assert_eq!(drift_to_correct(Some(&quiet((0, 0))), &quiet((0, 0))), None, "no drift, nothing to do");
+    }
+
+    #[test]
+    fn drift_is_the_adjusted_counts_less_the_entries_read() {
+        let user = shed_common::UserPortState { established_adjust: -2, busy_adjust: 1, ..Default::default() };
+        // 10 opened, 3 closed, 9 busy spells begun, 7 ended: 7 established
+        // (5 after the healer's -2), 2 busy (3 after its +1).
+        assert_eq!(drift_at_read(&[10, 3, 9, 7], &user, 4, 1), (1, 2), "one phantom connection, two phantom busy");
+        assert_eq!(drift_at_read(&[10, 3, 9, 7], &user, 5, 3), (0, 0), "the entries agree with the counts");
+        assert_eq!(drift_at_read(&[10, 3, 9, 7], &user, 6, 3), (-1, 0), "an entry the counts lost");
+        assert_eq!(drift_at_read(&[3, 10, 7, 9], &shed_common::UserPortState::default(), 0, 0), (0, 0), "never below 0");
+    }
+
+    #[test]
+    fn events_between_two_reads_are_counted_per_kind() {
+        assert_eq!(events_since(Some(&[1, 2, 3, 4]), &[11, 22, 33, 44]), (10, 20, 30, 40));
+        assert_eq!(events_since(Some(&[5, 5, 5, 5]), &[5, 6, 5, 7]), (0, 1, 0, 2));
+        let far = i64::MAX / 4;
+        assert_eq!(events_since(None, &[1, 2, 3, 4]), (far, far, far, far), "no earlier read: anything could have moved");
+        assert_eq!(events_since(Some(&[0, 0, 0, 0]), &[u64::MAX, 0, 0, 1]).0, far, "capped, never negative");
+        assert_eq!(beyond(1, 0, 0), 1, "a drift of one with nothing under way is certain");
+        assert_eq!(beyond(-1, 0, 0), -1);
     }
 
     #[test]

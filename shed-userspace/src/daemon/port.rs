@@ -126,7 +126,7 @@ impl PortControl {
         }
         // Written: only now is the decision logged and counted.
         self.close_window(decision, &reading, now);
-        self.log_decision(decision, &reading, &sample);
+        self.log_decision(decision, &reading, &sample, now);
         decisions.record(self.port, decision.reason);
         let status = self.status(decision, &reading, &window, &sample, handshake_times);
         let retry_after = crate::control::retry::retry_after_seconds(status.queue_wait_p99_us);
@@ -248,14 +248,8 @@ impl PortControl {
     /// every other judged window (a new reason, a held limit, a change within
     /// the second) at DEBUG. Every window is counted in the metrics anyway. A
     /// window too thin to judge is not logged.
-    fn log_decision(&mut self, decision: Decision, reading: &Reading, sample: &WindowSample) {
-        if decision.reason == Reason::TooFewSamples {
-            return;
-        }
-        let changed = decision.limit != reading.snapshot.limit;
-        let quiet = self.last_info.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
-        let new_reason = self.last_reason != Some(decision.reason);
-        self.last_reason = Some(decision.reason);
+    fn log_decision(&mut self, decision: Decision, reading: &Reading, sample: &WindowSample, now: Instant) {
+        let Some(level) = self.log_level(decision, reading.snapshot.limit, now) else { return };
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
@@ -270,11 +264,27 @@ impl PortControl {
                 )
             };
         }
-        if changed && !quiet {
-            self.last_info = Some(Instant::now());
+        if level == tracing::Level::INFO {
             line!(info);
-        } else if changed || new_reason {
+        } else {
             line!(debug);
+        }
+    }
+
+    /// The level a decision is logged at (see [`Self::log_decision`]), if at all.
+    fn log_level(&mut self, decision: Decision, previous: u32, now: Instant) -> Option<tracing::Level> {
+        if decision.reason == Reason::TooFewSamples {
+            return None;
+        }
+        let changed = decision.limit != previous;
+        let quiet = self.last_info.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1));
+        let new_reason = self.last_reason != Some(decision.reason);
+        self.last_reason = Some(decision.reason);
+        if changed && !quiet {
+            self.last_info = Some(now);
+            Some(tracing::Level::INFO)
+        } else {
+            (changed || new_reason).then_some(tracing::Level::DEBUG)
         }
     }
 
@@ -351,5 +361,87 @@ impl AcceptQueues {
         }
         let (_, queues) = self.read.as_ref()?;
         Some(queues.as_ref()?.get(&port).copied().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::handshake::HandshakeWindow;
+
+    fn port_control(window_ms: u32) -> PortControl {
+        let config = ControlConfig { window_ms, ..ControlConfig::default() };
+        PortControl::new(8080, 2, 100, &config, PortLatency::default(), HandshakeWindow::new(Duration::ZERO))
+    }
+
+    #[test]
+    fn windows_fall_due_on_their_own_schedule_and_a_stall_brings_no_burst() {
+        let mut p = port_control(100);
+        let t0 = p.next_run;
+        let ms = |n: u64| Duration::from_millis(n);
+        assert!(!p.due(t0 - ms(1)), "not before its time");
+        assert!(p.due(t0));
+        assert_eq!(p.next_run, t0 + ms(100), "the next from the due time");
+        assert!(!p.due(t0 + ms(50)));
+        assert!(p.due(t0 + ms(103)), "a tick a hair late");
+        assert_eq!(p.next_run, t0 + ms(200), "still on the schedule, not 100 ms after the late tick");
+        assert!(p.due(t0 + ms(200)), "exactly due: the next window");
+        assert!(p.due(t0 + ms(1_000)), "after a stall, one window");
+        assert_eq!(p.next_run, t0 + ms(1_100), "and the next a window after now: no catch-up burst");
+        assert!(!p.due(t0 + ms(1_050)));
+    }
+
+    #[test]
+    fn a_changed_limit_is_logged_at_info_at_most_once_a_second() {
+        let mut p = port_control(100);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let d = |limit: u32, reason: Reason| Decision { limit, reason };
+        let (info, debug) = (Some(tracing::Level::INFO), Some(tracing::Level::DEBUG));
+        assert_eq!(p.log_level(d(90, Reason::LatencyRising), 100, at(0)), info);
+        assert_eq!(p.log_level(d(80, Reason::LatencyRising), 90, at(500)), debug, "a change within the second");
+        assert_eq!(p.log_level(d(80, Reason::LatencyRising), 80, at(600)), None, "held, same reason: nothing");
+        assert_eq!(p.log_level(d(80, Reason::Steady), 80, at(700)), debug, "a new reason");
+        assert_eq!(p.log_level(d(70, Reason::LatencyRising), 80, at(1_000)), info, "a second on: INFO again");
+        assert_eq!(p.log_level(d(70, Reason::TooFewSamples), 60, at(3_000)), None, "too thin to judge: never");
+        assert_eq!(p.log_level(d(75, Reason::Grow), 70, at(3_000)), info);
+    }
+
+    #[test]
+    fn tiers_below_a_rejected_one_hold_back_from_this_windows_rejections_only() {
+        let mut p = port_control(100);
+        let mut counters = shed_common::PortCounters::default();
+        let reading = |counters: shed_common::PortCounters| Reading {
+            snapshot: maps::PortSnapshot {
+                port: 8080,
+                config: shed_common::PortConfig::new(2, shed_common::action::DROP, false, 0),
+                limit: 100,
+                control: ControlConfig::default(),
+                status: ControlStatus::default(),
+                reserve: shed_common::TierReserve::default(),
+                state: shed_common::PortState::default(),
+                user: shed_common::UserPortState::default(),
+                ring: shed_common::HandshakeRing::default(),
+                silent: shed_common::HandshakeRing::default(),
+                now_ns: 0,
+                counters,
+            },
+            hist: PortLatency::default(),
+            listen_drops: 0,
+            accept: AcceptQueue::default(),
+            limit_rejected: 0,
+        };
+        assert_eq!(p.hold_back(&reading(counters)), [0; tier::COUNT], "nothing rejected, nothing held");
+        counters.values[counter::VERIFIED_REJECTED_BY_TIER + usize::from(tier::CRITICAL)] = 7;
+        let held = p.hold_back(&reading(counters));
+        let mut fresh = TierHoldBack::default();
+        let mut rejected = [0; tier::COUNT];
+        rejected[usize::from(tier::CRITICAL)] = 7;
+        let want = fresh.on_window(rejected, 100, shed_common::tier::DEFAULT_SHARE_PERMILLE);
+        assert_eq!(held, want, "the critical tier's rejections, read from its own counter");
+        assert!(held[usize::from(tier::LOW)] > 0, "{held:?}");
+        // The counters are cumulative: the next window, unchanged, brings no new rejection.
+        let next = p.hold_back(&reading(counters));
+        assert_eq!(next, fresh.on_window([0; tier::COUNT], 100, shed_common::tier::DEFAULT_SHARE_PERMILLE));
     }
 }

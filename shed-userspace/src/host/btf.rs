@@ -150,6 +150,56 @@ impl Btf {
 mod tests {
     use super::*;
 
+    /// A BTF blob of `types` (each as its words) and `strings`, with `gap`
+    /// bytes between the header and the types (the header allows it).
+    fn blob(types: &[&[u32]], strings: &[u8], gap: usize) -> Vec<u8> {
+        let types: Vec<u8> = types.iter().flat_map(|t| t.iter()).flat_map(|w| w.to_le_bytes()).collect();
+        let mut b = vec![0x9f, 0xeb, 1, 0];
+        for w in [24, gap as u32, types.len() as u32, (gap + types.len()) as u32, strings.len() as u32] {
+            b.extend(w.to_le_bytes());
+        }
+        b.extend(vec![0xaa; gap]);
+        b.extend(types);
+        b.extend(strings);
+        b
+    }
+
+    #[test]
+    fn members_are_found_through_anonymous_unions_and_bitfield_offsets() {
+        // Strings: 1 int, 5 b, 7 outer, 13 a, 15 flags, 21 x, 23 y, 25 outer_t.
+        let strings = b"\0int\0b\0outer\0a\0flags\0x\0y\0outer_t\0";
+        let info = |kind: u32, vlen: u32, kind_flag: u32| kind_flag << 31 | kind << 24 | vlen;
+        let types: [&[u32]; 6] = [
+            // 1: int, 4 bytes.
+            &[1, info(1, 0, 0), 4, 32],
+            // 2: union { int b; }, anonymous.
+            &[0, info(KIND_UNION, 1, 0), 4, 5, 1, 0],
+            // 3: struct outer { int a; union { int b; }; } (the union at bit 32).
+            &[7, info(KIND_STRUCT, 2, 0), 8, 13, 1, 0, 0, 2, 32],
+            // 4: struct flags { int x:3; int y:5; }, bitfield sizes in the top byte.
+            &[15, info(KIND_STRUCT, 2, 1), 8, 21, 1, 3 << 24, 23, 1, 5 << 24 | 32],
+            // 5: typedef outer_t -> 3; 6: struct outer_t's holder would follow it.
+            &[25, info(KIND_TYPEDEF, 0, 0), 3],
+            // 6: struct outer again, a second definition (modules repeat names).
+            &[7, info(KIND_STRUCT, 1, 0), 4, 13, 1, 0],
+        ];
+        for gap in [0, 8] {
+            let btf = Btf::parse(&blob(&types, strings, gap)).expect("parses");
+            assert_eq!(btf.offset_of("outer", &["a"]), Some(0), "gap {gap}");
+            assert_eq!(btf.offset_of("outer", &["b"]), Some(4), "through the anonymous union at 4 bytes");
+            assert_eq!(btf.offset_of("flags", &["x"]), Some(0), "a bitfield's size is not its offset");
+            assert_eq!(btf.offset_of("flags", &["y"]), Some(4));
+            assert_eq!(btf.offset_of("outer", &["c"]), None);
+            assert_eq!(btf.offset_of("outer_t", &["a"]), None, "typedefs are not structs by name");
+            assert_eq!(btf.offset_of("int", &["a"]), None);
+        }
+        let mut bad = blob(&types, strings, 0);
+        bad[0] = 0;
+        assert!(Btf::parse(&bad).is_none(), "no magic");
+        let truncated = blob(&types, strings, 0);
+        assert!(Btf::parse(&truncated[..truncated.len() - 3]).is_none(), "strings cut short");
+    }
+
     #[test]
     fn finds_socket_netns_fields_on_this_kernel() {
         let Some(btf) = Btf::from_sys_fs() else {
