@@ -19,7 +19,7 @@ use crate::{
     error::Error,
     kernel::maps::GateMaps,
     observe::report::{Decisions, HealCounts, HealReport, PassReason, TaskErrors},
-    observe::stats::{PortStats, json_name},
+    observe::stats::{PortStats, TierStats, json_name},
 };
 
 /// The Content-Type of the Prometheus text exposition format.
@@ -163,12 +163,13 @@ fn micros(us: u64) -> f64 {
     us as f64 / 1e6
 }
 
-/// A per-port family that is one figure of [`PortStats`]: name, help, type, the figure.
-type PortFigure = (&'static str, &'static str, MetricType, fn(&PortStats) -> u64);
+/// A family of one figure per series: name, help, type, and the figure of
+/// each source (a port's stats, a gate's, a tier's, the process's).
+type Figure<T, V> = (&'static str, &'static str, MetricType, fn(&T) -> V);
 
 /// The per-port families of one figure each, in the order they are written
 /// (the families with labels of their own follow them in [`Scrape::encode`]).
-const PORT_FAMILIES: &[PortFigure] = &[
+const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
     ("shed_limit", "Current concurrency limit of the port.", MetricType::Gauge, |s| s.limit.into()),
     ("shed_min_limit", "Lowest limit the adaptive controller may set (--min-limit).", MetricType::Gauge, |s| {
         s.min_limit.into()
@@ -297,7 +298,126 @@ const PORT_FAMILIES: &[PortFigure] = &[
         MetricType::Counter,
         |s| s.listen_drops,
     ),
+    (
+        "shed_accept_queue",
+        "Connections waiting in the port's accept queues (its listeners' Recv-Q) at the last window's end.",
+        MetricType::Gauge,
+        |s| s.accept_queue.into(),
+    ),
+    ("shed_accept_backlog", "Capacity of the port's accept queues (the listeners' backlog).", MetricType::Gauge, |s| {
+        s.accept_backlog.into()
+    }),
 ];
+
+/// The per-port families of one duration each, in seconds (kept in microseconds).
+const PORT_SECONDS: &[Figure<PortStats, u64>] = &[
+    (
+        "shed_handshake_window_seconds",
+        "How long an admitted SYN holds its slot at most while its handshake is under way.",
+        MetricType::Gauge,
+        |s| s.handshake_window_us,
+    ),
+    ("shed_baseline_seconds", "Request latency the controller treats as 'no queue'.", MetricType::Gauge, |s| {
+        s.baseline_us
+    }),
+    (
+        "shed_observed_seconds",
+        "The latency percentile the controller follows, in its last window.",
+        MetricType::Gauge,
+        |s| s.observed_us,
+    ),
+];
+
+/// The per-tier families of each port (a `tier` label).
+const TIER_FAMILIES: &[Figure<TierStats, u64>] = &[
+    ("shed_tier_admitted", "SYNs admitted, by client tier.", MetricType::Counter, |t| t.admitted),
+    ("shed_tier_rejected", "SYNs shed (every reason), by client tier.", MetricType::Counter, |t| t.rejected),
+    (
+        "shed_tier_held_back",
+        "Slots held back from the tier while a tier above it is shed.",
+        MetricType::Gauge,
+        |t| t.held_back.into(),
+    ),
+];
+
+/// The per-gate families of one figure each (a `netns` label).
+const GATE_FAMILIES: &[Figure<GateMetrics, u64>] = &[
+    (
+        "shed_heal_checks",
+        "Cheap checks of the counters between healing passes (about one a second).",
+        MetricType::Counter,
+        |g| g.heal.checks,
+    ),
+    (
+        "shed_heal_records_read",
+        "Per-connection records healing passes read (socket-table records and tracked sockets).",
+        MetricType::Counter,
+        |g| g.heal.records_read,
+    ),
+    (
+        "shed_heal_adopt_failed",
+        "Untracked connections a healing pass could not adopt because the connection map was full.",
+        MetricType::Counter,
+        |g| g.heal.adopt_failed,
+    ),
+    (
+        "shed_bpf_memory_bytes",
+        "Kernel memory held by the gate's maps (memlock as the kernel reports it; the connection and client maps grow with use).",
+        MetricType::Gauge,
+        |g| g.bpf_memory_bytes,
+    ),
+    (
+        "shed_later_fragments",
+        "Later fragments passed (the first fragment carries the TCP header and is judged).",
+        MetricType::Counter,
+        |g| g.gate[shed_common::gate_counter::LATER_FRAGMENT],
+    ),
+    (
+        "shed_unproven_acks",
+        "ACKs on the 4-tuple of a handshake under way that did not acknowledge its SYN-ACK (blind forged, or stale): passed unjudged, holding nothing.",
+        MetricType::Counter,
+        |g| g.gate[shed_common::gate_counter::UNPROVEN_ACK],
+    ),
+];
+
+/// The per-gate families of one duration each, in seconds.
+const GATE_SECONDS: &[Figure<GateMetrics, f64>] =
+    &[("shed_heal_last_pass_seconds", "How long the last healing pass took.", MetricType::Gauge, |g| {
+        g.heal.last_pass.as_secs_f64()
+    })];
+
+/// The daemon process's own families (no labels), as Prometheus' client libraries name them.
+const PROCESS_FAMILIES: &[Figure<ProcessStats, u64>] = &[
+    ("process_resident_memory_bytes", "Resident memory of the daemon.", MetricType::Gauge, |p| p.resident_bytes),
+    ("process_open_fds", "File descriptors the daemon holds open.", MetricType::Gauge, |p| p.open_fds),
+];
+
+/// The daemon process's times, in seconds.
+const PROCESS_SECONDS: &[Figure<ProcessStats, f64>] = &[
+    ("process_cpu_seconds", "CPU time of the daemon, user and system.", MetricType::Counter, |p| p.cpu_seconds),
+    (
+        "process_start_time_seconds",
+        "When the daemon started, seconds since the epoch.",
+        MetricType::Gauge,
+        |p| p.start_time_seconds,
+    ),
+];
+
+/// Writes each family of `table`, one series per source of `sources`.
+fn figures<'a, T: 'a, V>(
+    encoder: &mut DescriptorEncoder,
+    table: &[Figure<T, V>],
+    sources: impl Iterator<Item = (Labels, &'a T)> + Clone,
+) -> Result<(), std::fmt::Error>
+where
+    V: Copy + prometheus_client::encoding::EncodeGaugeValue + prometheus_client::encoding::EncodeCounterValue,
+{
+    for &(name, help, kind, figure) in table {
+        family(encoder, name, help, kind, sources.clone().map(|(labels, source)| (labels, figure(source))))?;
+    }
+    Ok(())
+}
+
 
 /// Writes one metric family: `rows` gives each series' labels and value.
 fn family<V>(
@@ -339,242 +459,119 @@ pub(crate) fn histogram(buckets: &[u64; latency::BUCKETS]) -> (Vec<(f64, u64)>, 
 
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use MetricType::{Counter, Gauge};
-        let ports = &self.ports;
-        {
-            use shed_common::gate_counter as g;
-            let dropped: Vec<(Labels, u64)> = [
-                ("tiny_fragment", g::TINY_FRAGMENT),
-                ("overlapping_fragment", g::OVERLAP_FRAGMENT),
-                ("ipv6_chain_unparsed", g::IPV6_CHAIN_UNPARSED),
-            ]
-            .iter()
-            .flat_map(|&(reason, i)| {
-                self.gates.iter().map(move |g| (with(netns_label(g), "reason", reason), g.gate[i]))
+        let gates = || self.gates.iter().map(|g| (netns_label(g), g));
+        self.encode_gate_breakdowns(&mut e)?;
+        figures(&mut e, GATE_FAMILIES, gates())?;
+        figures(&mut e, GATE_SECONDS, gates())?;
+        let build =
+            vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("commit", env!("SHED_GIT_COMMIT").to_owned())];
+        family(&mut e, "shed_build_info", "1, with the build's version and commit as labels.", MetricType::Gauge, [(
+            build, 1u64,
+        )])?;
+        let process = || std::iter::once((Labels::new(), &self.process));
+        figures(&mut e, PROCESS_FAMILIES, process())?;
+        figures(&mut e, PROCESS_SECONDS, process())?;
+
+        let ports = || self.ports.iter().map(|p| (port_label(&p.stats), &p.stats));
+        figures(&mut e, PORT_FAMILIES, ports())?;
+        self.encode_port_breakdowns(&mut e)?;
+        let tiers = || {
+            self.ports.iter().flat_map(|p| {
+                tier::NAMES.iter().map(move |t| (with(port_label(&p.stats), "tier", t), &p.stats.tiers[t]))
             })
-            .collect();
-            family(
-                &mut e,
-                "shed_gate_dropped",
-                "Packets dropped before any port was known, because their headers could hide a SYN: tiny_fragment (first fragment without the TCP header), overlapping_fragment (TCP fragment at offset 8), ipv6_chain_unparsed (extension-header chain too long).",
-                Counter,
-                dropped,
-            )?;
-            let passes: Vec<(Labels, u64)> = PassReason::ALL
-                .iter()
-                .flat_map(|r| {
-                    self.gates.iter().map(move |g| {
-                        (with(netns_label(g), "reason", r.name()), g.heal.passes.get(r).copied().unwrap_or(0))
-                    })
-                })
-                .collect();
-            family(
-                &mut e,
-                "shed_heal_passes",
-                "Healing passes (each reads every held connection), by reason: start, evidence (ports changed or the connection map was full), confirm, routine (--heal-interval).",
-                Counter,
-                passes,
-            )?;
-            let task_errors: Vec<(Labels, u64)> = self
-                .gates
-                .iter()
-                .flat_map(|g| g.task_errors.iter().map(move |(task, n)| (with(netns_label(g), "task", task), *n)))
-                .collect();
-            family(
-                &mut e,
-                "shed_task_errors",
-                "Failures of the daemon's periodic tasks (addresses, ports, control, heal, clients), by task: each is logged, retried with the last good state, and never ends the gate.",
-                Counter,
-                task_errors,
-            )?;
-            family(
-                &mut e,
-                "shed_heal_checks",
-                "Cheap checks of the counters between healing passes (about one a second).",
-                Counter,
-                self.gates.iter().map(|g| (netns_label(g), g.heal.checks)).collect::<Vec<_>>(),
-            )?;
-            family(
-                &mut e,
-                "shed_heal_records_read",
-                "Per-connection records healing passes read (socket-table records and tracked sockets).",
-                Counter,
-                self.gates.iter().map(|g| (netns_label(g), g.heal.records_read)).collect::<Vec<_>>(),
-            )?;
-            family(
-                &mut e,
-                "shed_heal_adopt_failed",
-                "Untracked connections a healing pass could not adopt because the connection map was full.",
-                Counter,
-                self.gates.iter().map(|g| (netns_label(g), g.heal.adopt_failed)).collect::<Vec<_>>(),
-            )?;
-            family(
-                &mut e,
-                "shed_heal_last_pass_seconds",
-                "How long the last healing pass took.",
-                Gauge,
-                self.gates.iter().map(|g| (netns_label(g), g.heal.last_pass.as_secs_f64())).collect::<Vec<_>>(),
-            )?;
-            let build =
-                vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("commit", env!("SHED_GIT_COMMIT").to_owned())];
-            family(
-                &mut e,
-                "shed_build_info",
-                "1, with the build's version and commit as labels.",
-                Gauge,
-                [(build, 1u64)],
-            )?;
-            let p = self.process;
-            family(
-                &mut e,
-                "process_cpu_seconds",
-                "CPU time of the daemon, user and system.",
-                Counter,
-                [(Labels::new(), p.cpu_seconds)],
-            )?;
-            family(
-                &mut e,
-                "process_resident_memory_bytes",
-                "Resident memory of the daemon.",
-                Gauge,
-                [(Labels::new(), p.resident_bytes)],
-            )?;
-            family(
-                &mut e,
-                "process_open_fds",
-                "File descriptors the daemon holds open.",
-                Gauge,
-                [(Labels::new(), p.open_fds)],
-            )?;
-            family(
-                &mut e,
-                "process_start_time_seconds",
-                "When the daemon started, seconds since the epoch.",
-                Gauge,
-                [(Labels::new(), p.start_time_seconds)],
-            )?;
-            family(
-                &mut e,
-                "shed_bpf_memory_bytes",
-                "Kernel memory held by the gate's maps (memlock as the kernel reports it; the connection and client maps grow with use).",
-                Gauge,
-                self.gates.iter().map(|g| (netns_label(g), g.bpf_memory_bytes)).collect::<Vec<_>>(),
-            )?;
-            family(
-                &mut e,
-                "shed_later_fragments",
-                "Later fragments passed (the first fragment carries the TCP header and is judged).",
-                Counter,
-                self.gates.iter().map(|g| (netns_label(g), g.gate[g::LATER_FRAGMENT])).collect::<Vec<_>>(),
-            )?;
-            family(
-                &mut e,
-                "shed_unproven_acks",
-                "ACKs on the 4-tuple of a handshake under way that did not acknowledge its SYN-ACK (blind forged, or stale): passed unjudged, holding nothing.",
-                Counter,
-                self.gates.iter().map(|g| (netns_label(g), g.gate[g::UNPROVEN_ACK])).collect::<Vec<_>>(),
-            )?;
-        }
-        let per_port = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, u64)> {
-            ports.iter().map(|p| (port_label(&p.stats), f(&p.stats))).collect()
         };
-        let per_tier = |f: &dyn Fn(&crate::observe::stats::TierStats) -> u64| -> Vec<(Labels, u64)> {
-            ports
-                .iter()
-                .flat_map(|p| {
-                    tier::NAMES.iter().map(move |t| (with(port_label(&p.stats), "tier", t), f(&p.stats.tiers[t])))
-                })
-                .collect()
-        };
-        for &(name, help, kind, figure) in PORT_FAMILIES {
-            family(&mut e, name, help, kind, per_port(&figure))?;
+        figures(&mut e, TIER_FAMILIES, tiers())?;
+        for &(name, help, kind, micros_of) in PORT_SECONDS {
+            family(&mut e, name, help, kind, ports().map(|(labels, s)| (labels, micros(micros_of(s)))))?;
         }
-        let states: Vec<(Labels, u64)> = ports
-            .iter()
-            .flat_map(|p| {
-                let s = &p.stats;
-                [("established", s.established), ("busy", s.busy), ("pending", s.pending), ("silent", s.silent)]
-                    .map(|(state, n)| (with(port_label(s), "state", state), n))
-            })
-            .collect();
+        self.encode_histograms(&mut e)?;
+        self.encode_port_info(&mut e)
+    }
+}
+
+impl Scrape {
+    /// The gate-wide families with a label of their own (a reason, a task).
+    fn encode_gate_breakdowns(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use shed_common::gate_counter as g;
+        let dropped = [
+            ("tiny_fragment", g::TINY_FRAGMENT),
+            ("overlapping_fragment", g::OVERLAP_FRAGMENT),
+            ("ipv6_chain_unparsed", g::IPV6_CHAIN_UNPARSED),
+        ]
+        .into_iter()
+        .flat_map(|(reason, i)| self.gates.iter().map(move |g| (with(netns_label(g), "reason", reason), g.gate[i])));
         family(
-            &mut e,
+            e,
+            "shed_gate_dropped",
+            "Packets dropped before any port was known, because their headers could hide a SYN: tiny_fragment (first fragment without the TCP header), overlapping_fragment (TCP fragment at offset 8), ipv6_chain_unparsed (extension-header chain too long).",
+            MetricType::Counter,
+            dropped,
+        )?;
+        let passes = PassReason::ALL.iter().flat_map(|r| {
+            self.gates
+                .iter()
+                .map(move |g| (with(netns_label(g), "reason", r.name()), g.heal.passes.get(r).copied().unwrap_or(0)))
+        });
+        family(
+            e,
+            "shed_heal_passes",
+            "Healing passes (each reads every held connection), by reason: start, evidence (ports changed or the connection map was full), confirm, routine (--heal-interval).",
+            MetricType::Counter,
+            passes,
+        )?;
+        let task_errors = self
+            .gates
+            .iter()
+            .flat_map(|g| g.task_errors.iter().map(move |(task, n)| (with(netns_label(g), "task", task), *n)));
+        family(
+            e,
+            "shed_task_errors",
+            "Failures of the daemon's periodic tasks (addresses, ports, control, heal, clients), by task: each is logged, retried with the last good state, and never ends the gate.",
+            MetricType::Counter,
+            task_errors,
+        )
+    }
+
+    /// The per-port families with a label of their own (a state, a reason).
+    fn encode_port_breakdowns(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let states = self.ports.iter().flat_map(|p| {
+            let s = &p.stats;
+            [("established", s.established), ("busy", s.busy), ("pending", s.pending), ("silent", s.silent)]
+                .map(|(state, n)| (with(port_label(s), "state", state), n))
+        });
+        family(
+            e,
             "shed_connections",
             "Connections by state: established (open), busy (owing an answer), pending (handshakes under way), silent (accepted within the idle grace, nothing sent yet).",
-            Gauge,
+            MetricType::Gauge,
             states,
         )?;
-        let reasons: Vec<(Labels, u64)> = ports
-            .iter()
-            .flat_map(|p| {
-                let r = &p.stats.rejected_by_reason;
-                [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("client_share", r.client_share)]
-                    .map(|(reason, n)| (with(port_label(&p.stats), "reason", reason), n))
-            })
-            .collect();
+        let reasons = self.ports.iter().flat_map(|p| {
+            let r = &p.stats.rejected_by_reason;
+            [("limit", r.limit), ("share", r.share), ("client_cap", r.client_cap), ("client_share", r.client_share)]
+                .map(|(reason, n)| (with(port_label(&p.stats), "reason", reason), n))
+        });
         family(
-            &mut e,
+            e,
             "shed_rejected",
             "Connections shed (at the SYN or the handshake-completing ACK) by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), client_share (client at its share of the limit while clients holding less were refused). Sheds, not errors.",
-            Counter,
+            MetricType::Counter,
             reasons,
         )?;
-        family(&mut e, "shed_tier_admitted", "SYNs admitted, by client tier.", Counter, per_tier(&|t| t.admitted))?;
+        let decisions = self.ports.iter().flat_map(|p| {
+            p.decisions.iter().map(|(r, n)| (with(port_label(&p.stats), "reason", json_name(r)), *n))
+        });
         family(
-            &mut e,
-            "shed_tier_rejected",
-            "SYNs shed (every reason), by client tier.",
-            Counter,
-            per_tier(&|t| t.rejected),
-        )?;
-        family(
-            &mut e,
-            "shed_tier_held_back",
-            "Slots held back from the tier while a tier above it is shed.",
-            Gauge,
-            per_tier(&|t| t.held_back.into()),
-        )?;
-        family(
-            &mut e,
-            "shed_handshake_window_seconds",
-            "How long an admitted SYN holds its slot at most while its handshake is under way.",
-            Gauge,
-            ports
-                .iter()
-                .map(|p| (port_label(&p.stats), micros(p.stats.handshake_window_us)))
-                .collect::<Vec<(Labels, f64)>>(),
-        )?;
-        let seconds = |f: &dyn Fn(&PortStats) -> u64| -> Vec<(Labels, f64)> {
-            ports.iter().map(|p| (port_label(&p.stats), micros(f(&p.stats)))).collect()
-        };
-        family(
-            &mut e,
-            "shed_baseline_seconds",
-            "Request latency the controller treats as 'no queue'.",
-            Gauge,
-            seconds(&|s| s.baseline_us),
-        )?;
-        family(
-            &mut e,
-            "shed_accept_queue",
-            "Connections waiting in the port's accept queues (its listeners' Recv-Q) at the last window's end.",
-            Gauge,
-            ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_queue))).collect::<Vec<_>>(),
-        )?;
-        family(
-            &mut e,
-            "shed_accept_backlog",
-            "Capacity of the port's accept queues (the listeners' backlog).",
-            Gauge,
-            ports.iter().map(|p| (port_label(&p.stats), u64::from(p.stats.accept_backlog))).collect::<Vec<_>>(),
-        )?;
-        family(
-            &mut e,
-            "shed_observed_seconds",
-            "The latency percentile the controller follows, in its last window.",
-            Gauge,
-            seconds(&|s| s.observed_us),
-        )?;
+            e,
+            "shed_limit_decisions",
+            "Controller windows by the reason for the limit they set.",
+            MetricType::Counter,
+            decisions,
+        )
+    }
+
+    /// The three latency histograms of every port.
+    fn encode_histograms(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let histograms: [(&str, &str, Buckets); 3] = [
             (
                 "shed_queue_wait_seconds",
@@ -592,33 +589,30 @@ impl Collector for Scrape {
         ];
         for (name, help, of) in histograms {
             let mut metric = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
-            for p in ports {
+            for p in &self.ports {
                 let (buckets, sum, count) = histogram(of(&p.latency));
                 let labels = port_label(&p.stats);
                 metric.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
             }
         }
-        let decisions: Vec<(Labels, u64)> = ports
-            .iter()
-            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(&p.stats), "reason", json_name(r)), *n)))
-            .collect();
+        Ok(())
+    }
+
+    /// What each port runs, as labels of a constant 1.
+    fn encode_port_info(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let info = self.ports.iter().map(|p| {
+            let s = &p.stats;
+            let labels =
+                with(with(with(port_label(s), "algo", s.algo), "action", s.action), "count", json_name(&s.count));
+            (labels, 1u64)
+        });
         family(
-            &mut e,
-            "shed_limit_decisions",
-            "Controller windows by the reason for the limit they set.",
-            Counter,
-            decisions,
-        )?;
-        let info: Vec<(Labels, u64)> = ports
-            .iter()
-            .map(|p| {
-                let s = &p.stats;
-                let labels =
-                    with(with(with(port_label(s), "algo", s.algo), "action", s.action), "count", json_name(&s.count));
-                (labels, 1)
-            })
-            .collect();
-        family(&mut e, "shed_port_info", "The port's limiter, reject action and what in-flight counts.", Gauge, info)
+            e,
+            "shed_port_info",
+            "The port's limiter, reject action and what in-flight counts.",
+            MetricType::Gauge,
+            info,
+        )
     }
 }
 
@@ -638,6 +632,80 @@ mod tests {
         let addr = first.local_addr().unwrap();
         let err = bind(addr).unwrap_err().to_string();
         assert!(err.contains(&addr.to_string()), "{err}");
+    }
+
+    fn scrape() -> Scrape {
+        let snapshot = crate::kernel::maps::PortSnapshot {
+            port: 8080,
+            config: shed_common::PortConfig::new(4, shed_common::action::RST, false, 0),
+            limit: 77,
+            control: shed_common::ControlConfig::default(),
+            status: shed_common::ControlStatus::default(),
+            reserve: shed_common::TierReserve::default(),
+            state: shed_common::PortState { opened: 9, closed: 4, ..Default::default() },
+            user: shed_common::UserPortState::default(),
+            ring: shed_common::HandshakeRing::default(),
+            silent: shed_common::HandshakeRing::default(),
+            now_ns: 0,
+            counters: shed_common::PortCounters::default(),
+        };
+        let mut stats = PortStats::new(&snapshot, None);
+        "blue".clone_into(&mut stats.netns);
+        let mut gate = [0; shed_common::gate_counter::COUNT];
+        gate[shed_common::gate_counter::LATER_FRAGMENT] = 11;
+        gate[shed_common::gate_counter::TINY_FRAGMENT] = 12;
+        Scrape {
+            ports: vec![PortMetrics { stats, latency: PortLatency::default(), decisions: vec![(Reason::Grow, 3)] }],
+            gates: vec![GateMetrics {
+                netns: "blue".into(),
+                gate,
+                heal: HealCounts { checks: 5, last_pass: std::time::Duration::from_millis(250), ..Default::default() },
+                task_errors: vec![("heal", 2)],
+                bpf_memory_bytes: 4096,
+            }],
+            process: ProcessStats { cpu_seconds: 1.5, resident_bytes: 10, open_fds: 7, start_time_seconds: 100.0 },
+        }
+    }
+
+    #[test]
+    fn every_family_is_written_once_with_its_type_and_each_series_its_value() {
+        let text = scrape().encode();
+        fn names<T, V>(table: &[Figure<T, V>]) -> impl Iterator<Item = (&'static str, MetricType)> + '_ {
+            table.iter().map(|f| (f.0, f.2))
+        }
+        let tables = names(PORT_FAMILIES)
+            .chain(names(PORT_SECONDS))
+            .chain(names(TIER_FAMILIES))
+            .chain(names(GATE_FAMILIES))
+            .chain(names(GATE_SECONDS))
+            .chain(names(PROCESS_FAMILIES))
+            .chain(names(PROCESS_SECONDS));
+        for (name, kind) in tables {
+            let typed = if kind == MetricType::Counter { format!("{name}_total counter") } else { format!("{name} gauge") };
+            assert_eq!(text.matches(&format!("# TYPE {typed}\n")).count(), 1, "{typed}:\n{text}");
+        }
+        for line in [
+            "shed_limit{netns=\"blue\",port=\"8080\"} 77",
+            "shed_connections{netns=\"blue\",port=\"8080\",state=\"established\"} 5",
+            "shed_heal_checks_total{netns=\"blue\"} 5",
+            "shed_heal_last_pass_seconds{netns=\"blue\"} 0.25",
+            "shed_later_fragments_total{netns=\"blue\"} 11",
+            "shed_gate_dropped_total{netns=\"blue\",reason=\"tiny_fragment\"} 12",
+            "shed_bpf_memory_bytes{netns=\"blue\"} 4096",
+            "shed_task_errors_total{netns=\"blue\",task=\"heal\"} 2",
+            "shed_limit_decisions_total{netns=\"blue\",port=\"8080\",reason=\"grow\"} 3",
+            "shed_tier_admitted_total{netns=\"blue\",port=\"8080\",tier=\"critical\"} 0",
+            "process_open_fds 7",
+            "process_cpu_seconds_total 1.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+        // Every metric `stats --json` names is served.
+        for term in crate::observe::vocabulary::TERMS {
+            if let Some(metric) = term.metric {
+                assert!(text.contains(&format!("# TYPE {metric} ")), "{} names {metric}, not written", term.json);
+            }
+        }
     }
 
     #[test]
