@@ -322,13 +322,28 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
     let read = |name: &str| -> Vec<String> {
         fs::read_to_string(results.join(name)).unwrap_or_default().lines().map(str::to_owned).collect()
     };
-    let (mut caught, missed, timeout, unviable) =
+    let (mut caught, missed, timeout, mut unviable) =
         (read("caught.txt"), read("missed.txt"), read("timeout.txt"), read("unviable.txt"));
-    // With --iterate, what earlier runs caught is listed apart; a mutant the
-    // code no longer has (its line moved, its code changed) counts for nothing.
+    // With --iterate, what earlier runs caught or found unviable is listed apart,
+    // in one list (`previously_caught.txt`); the unviable ones are kept here, in
+    // `all_unviable.txt`, across runs. A mutant the code no longer has (its line
+    // moved, its code changed) counts for nothing.
     let current = current_mutants()?;
-    let earlier_caught: Vec<String> =
-        read("previously_caught.txt").into_iter().filter(|m| current.contains(m) && !caught.contains(m)).collect();
+    if again {
+        let before = out.join("mutants.out.old");
+        let earlier_unviable = fs::read_to_string(before.join("all_unviable.txt"))
+            .or_else(|_| fs::read_to_string(before.join("unviable.txt")))
+            .unwrap_or_default();
+        unviable.extend(earlier_unviable.lines().map(str::to_owned));
+        unviable.sort();
+        unviable.dedup();
+    }
+    fs::write(results.join("all_unviable.txt"), unviable.iter().map(|m| m.clone() + "\n").collect::<String>())?;
+    unviable.retain(|m| current.contains(m));
+    let earlier_caught: Vec<String> = read("previously_caught.txt")
+        .into_iter()
+        .filter(|m| current.contains(m) && !caught.contains(m) && !unviable.contains(m))
+        .collect();
     let earlier = earlier_caught.len();
     caught.extend(earlier_caught);
     if caught.is_empty() && missed.is_empty() {
