@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! What shed's integration tests, benchmarks and demo share, kept out of the
 //! shipped library: throwaway network namespaces with backends and clients
-//! ([`testbed`]), a link with a round-trip time ([`delay`]), the reference model of the SYN policy ([`model`]), one
+//! ([`testbed`]), a link with a round-trip time ([`delay`]), a private container
+//! runtime with pod sandboxes ([`cri`]), the reference model of the SYN policy ([`model`]), one
 //! frame builder ([`frames`]), one launcher for the real `shedctl` ([`gate`]),
 //! and a reader of its Prometheus endpoint ([`metrics`]).
 
+pub mod cri;
 pub mod delay;
 pub mod frames;
 pub mod gate;

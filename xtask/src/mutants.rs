@@ -40,6 +40,7 @@ const END_TO_END_TESTS: &[&str] = &[
     "e2e_scale",
     "e2e_multiplexed",
     "e2e_namespaces",
+    "e2e_pods",
 ];
 /// A fault can turn a bounded wait into a long one; past this a stage counts as caught.
 const STAGE_TIMEOUT: Duration = Duration::from_mins(20);

@@ -103,6 +103,8 @@ fn debian_packages() -> Result<()> {
     // curl and python3-urllib3 (for the system python3): real HTTP clients of the `http` action's
     // test and of its retry-storm benchmark (B11).
     // lintian and binutils (strip): Debian's checks of the package (`cargo xtask package`), run by xtask's tests.
+    // containerd, the CNI plugins and busybox-static (the pause image's one binary): real pod
+    // sandboxes for e2e_pods; protobuf-compiler (protoc): the CRI bindings' build (k8s-cri).
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -117,6 +119,11 @@ fn debian_packages() -> Result<()> {
         ("curl", "curl"),
         ("lintian", "lintian"),
         ("strip", "binutils"),
+        ("containerd", "containerd"),
+        ("ctr", "containerd"),
+        ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+        ("/usr/share/doc/busybox-static", "busybox-static"),
+        ("protoc", "protobuf-compiler"),
         ("/usr/lib/python3/dist-packages/urllib3/__init__.py", "python3-urllib3"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
@@ -130,7 +137,7 @@ fn debian_packages() -> Result<()> {
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
         println!(
-            "setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, lintian, urllib3 and fonts-dejavu-core present"
+            "setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, lintian, containerd, CNI, busybox, protoc, urllib3 and fonts-dejavu-core present"
         );
         return Ok(());
     }

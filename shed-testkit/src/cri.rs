@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A container runtime of the test's own, driven as the kubelet drives one:
+//! a private containerd (its socket, root and state in a temporary folder, a
+//! CNI bridge of its own; nothing of the host's containerd is touched), a
+//! pause image built here from a static busybox (no registry is reachable),
+//! and pod sandboxes made, inspected and removed through the CRI API.
+//!
+//! What it took to run here is in shared/research/cri.md: `restrict_oom_score_adj`
+//! (the pause container asks for an OOM score this sandbox may not set) and
+//! cgroupfs rather than systemd.
+use std::{
+    fs, io,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::{
+    ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StopPodSandboxRequest, VersionRequest, runtime_service_client::RuntimeServiceClient,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The pause image's name in the runtime.
+const PAUSE_IMAGE: &str = "localhost/shed-pause:1";
+
+/// A pod sandbox the runtime made.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub id: String,
+    /// Its network namespace's name under /run/netns (`--netns` takes it).
+    pub netns: String,
+    /// Its address on the runtime's bridge.
+    pub ip: Ipv4Addr,
+}
+
+/// A private containerd. Dropping it removes its pods, stops it and removes
+/// its bridge and folder.
+pub struct Runtime {
+    dir: tempfile::TempDir,
+    containerd: Child,
+    bridge: String,
+    tokio: tokio::runtime::Runtime,
+    client: RuntimeServiceClient<Channel>,
+}
+
+impl Runtime {
+    /// Starts containerd with a CNI bridge `bridge` on `subnet` (a /24 such as
+    /// `10.233.7.0/24`) and imports the pause image; ready for pods.
+    pub fn start(bridge: &str, subnet: &str) -> io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("shed-cri").tempdir()?;
+        let root = dir.path();
+        for sub in ["root", "state", "cni"] {
+            fs::create_dir(root.join(sub))?;
+        }
+        fs::write(
+            root.join("cni/10-shed-test.conflist"),
+            format!(
+                r#"{{"cniVersion":"0.4.0","name":"shed-test","plugins":[{{"type":"bridge","bridge":"{bridge}","isGateway":true,"ipMasq":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{subnet}"}}]],"dataDir":"{}"}}}},{{"type":"loopback"}}]}}"#,
+                root.join("ipam").display()
+            ),
+        )?;
+        let socket = root.join("containerd.sock");
+        fs::write(
+            root.join("config.toml"),
+            format!(
+                r#"version = 2
+root = "{root}/root"
+state = "{root}/state"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{root}/cni"
+"#,
+                root = root.display(),
+                socket = socket.display(),
+            ),
+        )?;
+        let log = fs::File::create(root.join("containerd.log"))?;
+        let containerd = Command::new("containerd")
+            .arg("--config")
+            .arg(root.join("config.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io::Error::other(format!("start containerd (cargo xtask setup installs it): {e}")))?;
+        let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let client = loop {
+            match tokio.block_on(connect(&socket)) {
+                Ok(client) => break client,
+                Err(e) if Instant::now() > deadline => {
+                    let log = fs::read_to_string(root.join("containerd.log")).unwrap_or_default();
+                    return Err(io::Error::other(format!("containerd did not answer in 15 s ({e}):\n{log}")));
+                }
+                Err(_) => thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        let mut runtime = Self { dir, containerd, bridge: bridge.to_owned(), tokio, client };
+        runtime.import_pause_image(&socket)?;
+        Ok(runtime)
+    }
+
+    /// The pause image: a static busybox that sleeps, built with podman and
+    /// imported into the runtime's `k8s.io` namespace.
+    fn import_pause_image(&mut self, socket: &Path) -> io::Result<()> {
+        let context = self.dir.path().join("pause");
+        fs::create_dir(&context)?;
+        fs::copy("/bin/busybox", context.join("busybox"))
+            .map_err(|e| io::Error::other(format!("copy /bin/busybox (busybox-static): {e}")))?;
+        fs::write(
+            context.join("Containerfile"),
+            "FROM scratch\nCOPY busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"sleep\", \"2147483647\"]\n",
+        )?;
+        let archive = self.dir.path().join("pause.tar");
+        run(Command::new("podman").args(["build", "-q", "-t", PAUSE_IMAGE]).arg(&context))?;
+        let saved = run(Command::new("podman").args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&archive).arg(PAUSE_IMAGE));
+        let _ = run(Command::new("podman").args(["rmi", "-f", PAUSE_IMAGE]));
+        saved?;
+        run(Command::new("ctr").arg("--address").arg(socket).args(["-n", "k8s.io", "images", "import"]).arg(&archive))
+    }
+
+    /// Runs a pod sandbox named `name` (in Kubernetes namespace `default`) with
+    /// `annotations`, as the kubelet would; returns once it is ready.
+    pub fn run_pod(&mut self, name: &str, annotations: &[(&str, &str)]) -> io::Result<Pod> {
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.to_owned(),
+                uid: format!("uid-{name}"),
+                namespace: "default".to_owned(),
+                attempt: 0,
+            }),
+            annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            ..PodSandboxConfig::default()
+        };
+        let request = RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        let id = self
+            .tokio
+            .block_on(self.client.run_pod_sandbox(request))
+            .map_err(|e| io::Error::other(format!("run pod sandbox {name}: {e}")))?
+            .into_inner()
+            .pod_sandbox_id;
+        let status = self
+            .tokio
+            .block_on(self.client.pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true }))
+            .map_err(|e| io::Error::other(format!("status of pod sandbox {name}: {e}")))?
+            .into_inner();
+        let ip = status
+            .status
+            .as_ref()
+            .and_then(|s| s.network.as_ref())
+            .and_then(|n| n.ip.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("pod {name} has no IPv4 address: {status:?}")))?;
+        let netns = netns_of(status.info.get("info").map_or("", String::as_str))
+            .ok_or_else(|| io::Error::other(format!("pod {name}: no network namespace in its status")))?;
+        Ok(Pod { id, netns, ip })
+    }
+
+    /// Stops and removes a pod sandbox (its network namespace goes with it).
+    pub fn remove_pod(&mut self, id: &str) -> io::Result<()> {
+        let pod_sandbox_id = id.to_owned();
+        self.tokio
+            .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_sandbox_id.clone() }))
+            .map_err(|e| io::Error::other(format!("stop pod sandbox {id}: {e}")))?;
+        self.tokio
+            .block_on(self.client.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id }))
+            .map_err(|e| io::Error::other(format!("remove pod sandbox {id}: {e}")))?;
+        Ok(())
+    }
+
+    /// The ids of the runtime's pod sandboxes.
+    pub fn pods(&mut self) -> io::Result<Vec<String>> {
+        let list = self
+            .tokio
+            .block_on(self.client.list_pod_sandbox(ListPodSandboxRequest { filter: None }))
+            .map_err(|e| io::Error::other(format!("list pod sandboxes: {e}")))?;
+        Ok(list.into_inner().items.into_iter().map(|p| p.id).collect())
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        for id in self.pods().unwrap_or_default() {
+            let _ = self.remove_pod(&id);
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.containerd.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.containerd.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.containerd.kill();
+        let _ = self.containerd.wait();
+        // Shims outlive containerd by design; ours serve only our state folder.
+        let _ = Command::new("pkill").arg("-f").arg(self.dir.path().join("state")).status();
+        let _ = crate::testbed::ip(&["link", "del", &self.bridge]);
+        // Mounts left under the root (a shim killed mid-way) would keep the folder.
+        let _ = Command::new("umount").arg("-R").arg(self.dir.path().join("state")).stderr(Stdio::null()).status();
+    }
+}
+
+async fn connect(socket: &Path) -> Result<RuntimeServiceClient<Channel>, Box<dyn std::error::Error>> {
+    let socket: PathBuf = socket.to_owned();
+    let channel = Endpoint::try_from("http://[::]")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+        }))
+        .await?;
+    let mut client = RuntimeServiceClient::new(channel);
+    client.version(VersionRequest { version: "v1".to_owned() }).await?;
+    Ok(client)
+}
+
+/// The network namespace's name in a verbose sandbox status (`info`: the
+/// runtime's JSON, whose OCI spec lists the pod's namespaces by path).
+fn netns_of(info: &str) -> Option<String> {
+    let info: serde_json::Value = serde_json::from_str(info).ok()?;
+    let namespaces = info["runtimeSpec"]["linux"]["namespaces"].as_array()?;
+    let path = namespaces.iter().find(|n| n["type"] == "network")?["path"].as_str()?;
+    Some(Path::new(path).file_name()?.to_str()?.to_owned())
+}
+
+fn run(cmd: &mut Command) -> io::Result<()> {
+    let out = cmd.output().map_err(|e| io::Error::other(format!("{cmd:?}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::netns_of;
+
+    #[test]
+    fn the_network_namespace_is_read_from_the_runtime_spec() {
+        let info = r#"{"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1234"}]}}}"#;
+        assert_eq!(netns_of(info).as_deref(), Some("cni-1234"));
+        assert_eq!(netns_of(r#"{"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"}]}}}"#), None);
+        assert_eq!(netns_of("not json"), None);
+    }
+}

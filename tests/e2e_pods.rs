@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Real pods: sandboxes that a private containerd makes through the CRI API,
+//! as the kubelet makes them, each in a network namespace of its own (CNI's
+//! bridge and address). A gate attached to one pod's namespace (`--netns`
+//! with the name the runtime reports) holds that pod's port to its limit,
+//! and a second pod serving the same port is untouched. Needs root,
+//! containerd, podman and a static busybox (`cargo xtask setup`).
+use std::{
+    io::{ErrorKind, Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    time::Duration,
+};
+
+use shed_testkit::{
+    cri::Runtime,
+    gate::{Gate, exclusive, field, wait_for_stats},
+    testbed::{self, Backend, Service},
+};
+
+const PORT: u16 = 8080;
+
+fn echo(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let mut s = testbed::connect(addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(b"hi")?;
+    let mut buf = [0u8; 2];
+    s.read_exact(&mut buf)?;
+    Ok(s)
+}
+
+#[test]
+fn a_gate_in_one_pods_namespace_holds_its_limit_and_leaves_another_pod_alone() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod0", "10.233.71.0/24").expect("a private containerd");
+    let gated = runtime.run_pod("gated", &[]).expect("pod");
+    let other = runtime.run_pod("other", &[]).expect("pod");
+    assert_ne!(gated.netns, other.netns, "a namespace per pod");
+    let (gated_addr, other_addr) = (SocketAddr::from((gated.ip, PORT)), SocketAddr::from((other.ip, PORT)));
+    let _servers = [
+        Backend::start(&gated.netns, gated_addr, Service::Echo).expect("server in the gated pod"),
+        Backend::start(&other.netns, other_addr, Service::Echo).expect("server in the other pod"),
+    ];
+    let _gate = Gate::attach(&[
+        "--netns",
+        &gated.netns,
+        "--port",
+        "8080",
+        "--limit",
+        "1",
+        "--count",
+        "connections",
+        "--action",
+        "rst",
+    ]);
+    // From the node, over the runtime's bridge, as a Service's traffic arrives.
+    let held = echo(gated_addr).expect("the first connection to the gated pod");
+    wait_for_stats(PORT, Duration::from_secs(5), "the held connection counted", |s| field(s, "established") == 1);
+    let refused = testbed::connect(gated_addr, Duration::from_secs(2)).map(drop);
+    assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "over the gated pod's limit: reset");
+    // The other pod's port is not the gated one's: both connections are served.
+    let both = (echo(other_addr), echo(other_addr));
+    assert!(both.0.is_ok() && both.1.is_ok(), "the other pod is untouched: {both:?}");
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "the refusal counted", |s| field(s, "rejected") == 1);
+    assert_eq!((field(&s, "admitted"), field(&s, "syn_seen")), (1, 2), "only the gated pod's SYNs are judged: {s}");
+    drop(held);
+}
