@@ -3,8 +3,10 @@
 //! as the kubelet makes them, each in a network namespace of its own (CNI's
 //! bridge and address). A gate attached to one pod's namespace (`--netns`
 //! with the name the runtime reports) holds that pod's port to its limit,
-//! and a second pod serving the same port is untouched. Needs root,
-//! containerd, podman and a static busybox (`cargo xtask setup`).
+//! and a second pod serving the same port is untouched. `shedctl pods` reads
+//! the same runtime as the kubelet's would be read: each pod with what its
+//! `shed.io/*` annotations ask for, or the annotation it cannot use. Needs
+//! root, containerd, podman and a static busybox (`cargo xtask setup`).
 use std::{
     io::{ErrorKind, Read as _, Write as _},
     net::{SocketAddr, TcpStream},
@@ -13,7 +15,7 @@ use std::{
 
 use shed_testkit::{
     cri::Runtime,
-    gate::{Gate, exclusive, field, wait_for_stats},
+    gate::{Gate, exclusive, field, shedctl, wait_for_stats},
     testbed::{self, Backend, Service},
 };
 
@@ -63,4 +65,32 @@ fn a_gate_in_one_pods_namespace_holds_its_limit_and_leaves_another_pod_alone() {
     let s = wait_for_stats(PORT, Duration::from_secs(5), "the refusal counted", |s| field(s, "rejected") == 1);
     assert_eq!((field(&s, "admitted"), field(&s, "syn_seen")), (1, 2), "only the gated pod's SYNs are judged: {s}");
     drop(held);
+}
+
+#[test]
+fn shedctl_pods_shows_what_each_pods_annotations_ask_for() {
+    let mut runtime = Runtime::start("shedpod1", "10.233.72.0/24").expect("a private containerd");
+    runtime.run_pod("web", &[("shed.io/ports", "8080,9090"), ("shed.io/limit", "50"), ("app", "web")]).unwrap();
+    runtime.run_pod("plain", &[("app", "plain")]).unwrap();
+    runtime.run_pod("typo", &[("shed.io/ports", "8080"), ("shed.io/limt", "5")]).unwrap();
+    let socket = runtime.socket().display().to_string();
+    let out = shedctl(&["pods", "--cri-socket", &socket, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pods: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let pod = |name: &str| pods.as_array().unwrap().iter().find(|p| p["name"] == name).cloned().expect(name);
+    assert_eq!(pods.as_array().map(Vec::len), Some(3), "{pods}");
+    let web = pod("web");
+    assert_eq!((web["namespace"].as_str(), web["asks"].as_str()), (Some("default"), Some("gated")), "{web}");
+    assert_eq!(web["ports"], serde_json::json!([8080, 9090]));
+    assert!(web["netns"].as_str().is_some_and(|p| p.contains("/netns/cni-")), "{web}");
+    assert_eq!(web["annotations"].as_object().map(serde_json::Map::len), Some(2), "only shed's: {web}");
+    assert_eq!(pod("plain")["asks"], "none");
+    let typo = pod("typo");
+    assert_eq!(typo["asks"], "refused");
+    assert!(typo["error"].as_str().is_some_and(|e| e.starts_with("shed.io/limt: unknown key")), "{typo}");
+
+    // A runtime that is not there: a clear error naming the socket, nothing else.
+    let out = shedctl(&["pods", "--cri-socket", "/nonexistent/cri.sock"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("/nonexistent/cri.sock"), "{err}");
 }

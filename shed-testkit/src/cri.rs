@@ -17,12 +17,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
     ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StopPodSandboxRequest, VersionRequest, runtime_service_client::RuntimeServiceClient,
+    RunPodSandboxRequest, StopPodSandboxRequest,
 };
-use tonic::transport::{Channel, Endpoint, Uri};
+use shed::host::cri::{Client, connect, netns_path};
 
 /// The pause image's name in the runtime.
 const PAUSE_IMAGE: &str = "localhost/shed-pause:1";
@@ -44,10 +43,16 @@ pub struct Runtime {
     containerd: Child,
     bridge: String,
     tokio: tokio::runtime::Runtime,
-    client: RuntimeServiceClient<Channel>,
+    client: Client,
+    socket: PathBuf,
 }
 
 impl Runtime {
+    /// The runtime's CRI socket (`shedctl pods --cri-socket`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Starts containerd with a CNI bridge `bridge` on `subnet` (a /24 such as
     /// `10.233.7.0/24`) and imports the pause image; ready for pods.
     pub fn start(bridge: &str, subnet: &str) -> io::Result<Self> {
@@ -109,14 +114,14 @@ state = "{root}/state"
                 Err(_) => thread::sleep(Duration::from_millis(100)),
             }
         };
-        let mut runtime = Self { dir, containerd, bridge: bridge.to_owned(), tokio, client };
-        runtime.import_pause_image(&socket)?;
+        let mut runtime = Self { dir, containerd, bridge: bridge.to_owned(), tokio, client, socket };
+        runtime.import_pause_image()?;
         Ok(runtime)
     }
 
     /// The pause image: a static busybox that sleeps, built with podman and
     /// imported into the runtime's `k8s.io` namespace.
-    fn import_pause_image(&mut self, socket: &Path) -> io::Result<()> {
+    fn import_pause_image(&mut self) -> io::Result<()> {
         let context = self.dir.path().join("pause");
         fs::create_dir(&context)?;
         fs::copy("/bin/busybox", context.join("busybox"))
@@ -126,11 +131,15 @@ state = "{root}/state"
             "FROM scratch\nCOPY busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"sleep\", \"2147483647\"]\n",
         )?;
         let archive = self.dir.path().join("pause.tar");
+        // One build at a time in this process: runtimes of tests running side by
+        // side build the same tag, and one's clean-up would remove the other's.
+        static PODMAN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = PODMAN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         run(Command::new("podman").args(["build", "-q", "-t", PAUSE_IMAGE]).arg(&context))?;
         let saved = run(Command::new("podman").args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&archive).arg(PAUSE_IMAGE));
         let _ = run(Command::new("podman").args(["rmi", "-f", PAUSE_IMAGE]));
         saved?;
-        run(Command::new("ctr").arg("--address").arg(socket).args(["-n", "k8s.io", "images", "import"]).arg(&archive))
+        run(Command::new("ctr").arg("--address").arg(&self.socket).args(["-n", "k8s.io", "images", "import"]).arg(&archive))
     }
 
     /// Runs a pod sandbox named `name` (in Kubernetes namespace `default`) with
@@ -164,7 +173,11 @@ state = "{root}/state"
             .and_then(|s| s.network.as_ref())
             .and_then(|n| n.ip.parse().ok())
             .ok_or_else(|| io::Error::other(format!("pod {name} has no IPv4 address: {status:?}")))?;
-        let netns = netns_of(status.info.get("info").map_or("", String::as_str))
+        let netns = status
+            .info
+            .get("info")
+            .and_then(|info| netns_path(info))
+            .and_then(|path| Some(path.file_name()?.to_str()?.to_owned()))
             .ok_or_else(|| io::Error::other(format!("pod {name}: no network namespace in its status")))?;
         Ok(Pod { id, netns, ip })
     }
@@ -212,46 +225,11 @@ impl Drop for Runtime {
     }
 }
 
-async fn connect(socket: &Path) -> Result<RuntimeServiceClient<Channel>, Box<dyn std::error::Error>> {
-    let socket: PathBuf = socket.to_owned();
-    let channel = Endpoint::try_from("http://[::]")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-        }))
-        .await?;
-    let mut client = RuntimeServiceClient::new(channel);
-    client.version(VersionRequest { version: "v1".to_owned() }).await?;
-    Ok(client)
-}
-
-/// The network namespace's name in a verbose sandbox status (`info`: the
-/// runtime's JSON, whose OCI spec lists the pod's namespaces by path).
-fn netns_of(info: &str) -> Option<String> {
-    let info: serde_json::Value = serde_json::from_str(info).ok()?;
-    let namespaces = info["runtimeSpec"]["linux"]["namespaces"].as_array()?;
-    let path = namespaces.iter().find(|n| n["type"] == "network")?["path"].as_str()?;
-    Some(Path::new(path).file_name()?.to_str()?.to_owned())
-}
-
 fn run(cmd: &mut Command) -> io::Result<()> {
     let out = cmd.output().map_err(|e| io::Error::other(format!("{cmd:?}: {e}")))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(io::Error::other(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr))))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::netns_of;
-
-    #[test]
-    fn the_network_namespace_is_read_from_the_runtime_spec() {
-        let info = r#"{"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1234"}]}}}"#;
-        assert_eq!(netns_of(info).as_deref(), Some("cni-1234"));
-        assert_eq!(netns_of(r#"{"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"}]}}}"#), None);
-        assert_eq!(netns_of("not json"), None);
     }
 }

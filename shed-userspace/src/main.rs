@@ -26,6 +26,7 @@ fn main() {
     let result = match cli.command {
         Command::Attach(args) => commands::attach::execute(args),
         Command::Stats(args) => commands::stats::execute(args),
+        Command::Pods(args) => commands::pods::execute(&args),
         Command::Top(args) => commands::top::execute(args),
         Command::Set(args) => commands::set::execute(args),
         Command::Detach(args) => commands::detach::execute(args),

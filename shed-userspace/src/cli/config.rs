@@ -155,38 +155,83 @@ pub fn file_args(path: &Path, text: &str, given: &dyn Fn(&str) -> bool) -> Resul
             return Err(at(key.span(), format!("unknown key `{}`: the keys are {}", key.get_ref(), known.join(", "))));
         };
         let arg = attach.get_arguments().find(|a| a.get_long() == Some(flag)).expect("every key names a flag");
-        // The flag's own parser: `shedctl attach --config - --<flag> <value>`.
-        let check = |raw: &str| -> Result<(), String> {
-            if kind == Kind::Bool {
-                return Ok(());
-            }
-            let long = format!("--{flag}");
-            let probe = ["shedctl", "attach", "--config", "-", &long, raw].map(OsStr::new);
-            Cli::command().try_get_matches_from(probe).map(drop).map_err(|e| clap_reason(&e))
-        };
         let mut raw = raw_values(kind, value.get_ref())
             .map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
         if flag == "tier-file" {
             raw = raw.into_iter().map(|f| resolve_relative(path, f.into()).display().to_string()).collect();
         }
-        for r in &raw {
-            check(r).map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
-        }
+        let flags = flag_args(flag, kind, raw).map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
         if given(arg.get_id().as_str()) || overridden(key.get_ref(), given) {
             continue; // the command line wins
         }
-        for r in raw {
-            if kind == Kind::Bool {
-                if r == "true" {
-                    args.push(format!("--{flag}").into());
-                }
-            } else {
-                args.push(format!("--{flag}").into());
-                args.push(r.into());
-            }
-        }
+        args.extend(flags);
     }
     Ok(args)
+}
+
+/// The flags that `raw` values of a key stand for, each checked by the
+/// flag's own parser (`shedctl attach --config - --<flag> <value>`).
+fn flag_args(flag: &str, kind: Kind, raw: Vec<String>) -> Result<Vec<OsString>, String> {
+    let mut args = Vec::new();
+    for r in raw {
+        if kind == Kind::Bool {
+            if r == "true" {
+                args.push(format!("--{flag}").into());
+            }
+            continue;
+        }
+        let long = format!("--{flag}");
+        let probe = ["shedctl", "attach", "--config", "-", &long, &r].map(OsStr::new);
+        Cli::command().try_get_matches_from(probe).map_err(|e| clap_reason(&e))?;
+        args.push(long.into());
+        args.push(r.into());
+    }
+    Ok(args)
+}
+
+/// Keys that are the node's, not a pod's: where and how the gate attaches,
+/// the daemon's endpoint, healing, map sizes and logging, and files on the
+/// node's disk.
+const NODE_KEYS: &[&str] = &[
+    "ifaces",
+    "hook",
+    "xdp-mode",
+    "netns",
+    "metrics",
+    "heal-interval",
+    "max-connections",
+    "max-clients",
+    "kernel-log",
+    "allow-nat",
+    "ready-max-shed",
+    "ready-window",
+    "tier-file",
+];
+
+/// The flags a pod's annotation stands for: `key` a config key that concerns
+/// the pod's own ports, `value` as an annotation holds it (a string; lists
+/// comma-separated, tiers as `CIDR=tier` pairs, switches `true` or `false`).
+pub(crate) fn annotation_args(key: &str, value: &str) -> Result<Vec<OsString>, String> {
+    if NODE_KEYS.contains(&key) {
+        return Err(format!("`{key}` is the node's setting (the agent's config file), not a pod's"));
+    }
+    let Some(&(_, flag, kind)) = KEYS.iter().find(|(k, _, _)| *k == key) else {
+        let known: Vec<&str> = KEYS.iter().map(|k| k.0).filter(|k| !NODE_KEYS.contains(k)).collect();
+        return Err(format!("unknown key `{key}`: a pod's keys are {}", known.join(", ")));
+    };
+    let list = || value.split(',').map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned).collect::<Vec<_>>();
+    let raw = match kind {
+        Kind::Int | Kind::Str => vec![value.trim().to_owned()],
+        Kind::Bool => match value.trim() {
+            v @ ("true" | "false") => vec![v.to_owned()],
+            other => return Err(format!("expected true or false, found `{other}`")),
+        },
+        Kind::IntList | Kind::StrList | Kind::StrOrList | Kind::TierTable => list(),
+    };
+    if raw.is_empty() {
+        return Err("empty: give a value".to_owned());
+    }
+    flag_args(flag, kind, raw)
 }
 
 /// Stands for "an adaptive `--algo` was given on the command line" in `given`.
@@ -240,7 +285,7 @@ fn raw_values(kind: Kind, value: &Value) -> Result<Vec<String>, String> {
 }
 
 /// The reason of a clap error, without its usage lines.
-fn clap_reason(e: &clap::Error) -> String {
+pub(crate) fn clap_reason(e: &clap::Error) -> String {
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default();
     first.trim_start_matches("error: ").to_owned()

@@ -2,6 +2,7 @@
 //! The `shedctl` command line (clap derive). Every flag documents itself and
 //! validates its value before anything is changed.
 
+pub mod annotations;
 pub mod commands;
 pub mod config;
 pub(crate) mod input;
@@ -60,6 +61,11 @@ pub enum Command {
     ///
     /// Example: shedctl detach --port 8080
     Detach(DetachArgs),
+    /// The node's pods as the container runtime reports them, with the gate
+    /// each one's `shed.io/*` annotations ask for (or why they cannot).
+    ///
+    /// Example: shedctl pods --cri-socket /run/containerd/containerd.sock
+    Pods(PodsArgs),
     /// Client tiers by source network: add, remove, list (live; the next SYN sees a change).
     ///
     /// Example: shedctl tier add 10.0.0.0/8 critical
@@ -421,6 +427,17 @@ pub struct GuardArgs {
     /// can finish in time get in; the limiters cut only past it (--target-latency 1000). Default: none.
     #[arg(long, value_parser = |s: &str| parse_millis(s, 1, 600_000))]
     pub target_latency: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct PodsArgs {
+    /// The container runtime's CRI socket (--cri-socket /run/containerd/containerd.sock).
+    #[arg(long, default_value = crate::host::cri::DEFAULT_SOCKET)]
+    pub cri_socket: PathBuf,
+
+    /// Print a JSON list, one object per pod (--json).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@ pub mod attach;
 pub mod config_save;
 pub mod detach;
 pub mod docs;
+pub mod pods;
 pub mod reload;
 pub mod set;
 pub mod stats;

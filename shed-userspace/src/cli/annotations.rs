@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A pod's `shed.io/*` annotations: what its gate would be, named as the
+//! config file names it (`shed.io/ports: "8080,9090"`, `shed.io/limit: "50"`,
+//! `shed.io/tiers: "10.0.0.0/8=critical"`). Every value goes through the
+//! flag's own parser, as a config file's does, so a pod, a file and the
+//! command line accept the same values and give the same reasons; a bad one
+//! is that pod's error, naming the annotation.
+use std::collections::BTreeMap;
+
+use crate::cli::{AttachArgs, Cli, Command, config};
+
+/// Every annotation of shed's starts with this.
+pub const PREFIX: &str = "shed.io/";
+
+/// Why a pod's annotations do not make a gate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {key}: {reason}")]
+pub struct AnnotationError {
+    /// The annotation (`shed.io/limit`), or `shed.io/*` for a conflict between several.
+    pub key: String,
+    pub reason: String,
+}
+
+/// The `attach` settings a pod's annotations ask for; `None` when it asks
+/// for nothing (no `shed.io/` annotation at all).
+pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<AttachArgs>, AnnotationError> {
+    let ours: BTreeMap<&str, &str> =
+        annotations.iter().filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str()))).collect();
+    if ours.is_empty() {
+        return Ok(None);
+    }
+    if !ours.contains_key("ports") {
+        return Err(AnnotationError {
+            key: format!("{PREFIX}ports"),
+            reason: "missing: the pod's other shed.io settings apply to its ports (shed.io/ports: \"8080\")".into(),
+        });
+    }
+    let mut argv: Vec<std::ffi::OsString> = vec!["shedctl".into(), "attach".into()];
+    for (key, value) in &ours {
+        let args = config::annotation_args(key, value)
+            .map_err(|reason| AnnotationError { key: format!("{PREFIX}{key}"), reason })?;
+        argv.extend(args);
+    }
+    let all = || AnnotationError { key: format!("{PREFIX}*"), reason: String::new() };
+    let cli = <Cli as clap::Parser>::try_parse_from(argv)
+        .map_err(|e| AnnotationError { reason: config::clap_reason(&e), ..all() })?;
+    let Command::Attach(args) = cli.command else { unreachable!("parsed as attach") };
+    // The checks across settings (a limiter's bounds, the http action's ports, ...).
+    args.plan().map_err(|e| AnnotationError { reason: format!("{e:#}"), ..all() })?;
+    Ok(Some(args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::options::Action;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn a_pod_without_shed_annotations_asks_for_nothing() {
+        let other = annotations(&[("kubernetes.io/config.source", "api"), ("shed.iox/limit", "5")]);
+        assert!(matches!(pod_attach_args(&other), Ok(None)));
+    }
+
+    #[test]
+    fn annotations_are_the_config_files_keys() {
+        let pod = annotations(&[
+            ("shed.io/ports", "8080, 9090"),
+            ("shed.io/limit", "50"),
+            ("shed.io/action", "rst"),
+            ("shed.io/count", "connections"),
+            ("shed.io/tiers", "10.0.0.0/8=critical, 192.168.0.0/16=low"),
+            ("shed.io/dry-run", "true"),
+            ("shed.io/client-cap", "7"),
+            ("app", "web"),
+        ]);
+        let args = pod_attach_args(&pod).unwrap().expect("asks for a gate");
+        assert_eq!(args.ports, [8080, 9090]);
+        assert_eq!(args.action, Action::Rst);
+        assert!(args.dry_run);
+        let (spec, tiers) = args.plan().unwrap();
+        assert_eq!(spec.limit, 50);
+        assert_eq!(tiers.len(), 2);
+        assert_eq!(spec.client_cap, 7);
+        let adaptive = annotations(&[("shed.io/ports", "8080"), ("shed.io/algo", "gradient2"), ("shed.io/target-latency", "200")]);
+        assert!(pod_attach_args(&adaptive).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_bad_annotation_is_named_with_its_reason() {
+        let error = |pairs: &[(&str, &str)]| pod_attach_args(&annotations(pairs)).unwrap_err();
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/limit", "lots")]);
+        assert_eq!(e.key, "shed.io/limit");
+        assert!(e.reason.contains("lots"), "{e}");
+        let e = error(&[("shed.io/ports", "80800")]);
+        assert_eq!(e.key, "shed.io/ports", "{e}");
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/limt", "5")]);
+        assert!(e.reason.contains("unknown key `limt`") && e.reason.contains("limit"), "{e}");
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/iface", "eth0")]);
+        assert!(e.reason.contains("unknown key"), "{e}");
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/hook", "xdp")]);
+        assert!(e.reason.contains("the node's setting"), "{e}");
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/dry-run", "yes")]);
+        assert_eq!((e.key.as_str(), e.reason.contains("true or false")), ("shed.io/dry-run", true), "{e}");
+        let e = error(&[("shed.io/limit", "5")]);
+        assert_eq!(e.key, "shed.io/ports", "settings without ports: {e}");
+        let e = error(&[("shed.io/ports", "")]);
+        assert_eq!(e.key, "shed.io/ports", "{e}");
+        assert!(e.to_string().starts_with("annotation shed.io/ports: "), "{e}");
+    }
+
+    #[test]
+    fn settings_that_conflict_are_the_pods_error_too() {
+        let e = pod_attach_args(&annotations(&[
+            ("shed.io/ports", "8080"),
+            ("shed.io/limit", "50"),
+            ("shed.io/algo", "gradient"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.key, "shed.io/*", "{e}");
+        assert!(!e.reason.is_empty(), "{e}");
+    }
+}

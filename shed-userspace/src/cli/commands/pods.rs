@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `shedctl pods`: the node's ready pods as the container runtime reports
+//! them, and what each one's `shed.io/*` annotations ask for: the ports and
+//! settings of its gate, nothing, or the annotation that cannot be used and why.
+use std::fmt::Write as _;
+
+use crate::{
+    cli::{
+        PodsArgs,
+        annotations::{AnnotationError, pod_attach_args},
+    },
+    host::cri::{self, PodSandbox},
+};
+
+/// One pod and what it asks of shed.
+#[derive(Debug, serde::Serialize)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    pub id: String,
+    /// Its network namespace's path (null: none of its own).
+    pub netns: Option<std::path::PathBuf>,
+    /// `gated` (its annotations ask for a gate), `none` (they do not), `refused` (they cannot be used).
+    pub asks: &'static str,
+    /// The ports its annotations name.
+    pub ports: Vec<u16>,
+    /// Its `shed.io/*` annotations, as written.
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// Why they cannot be used (`asks` = `refused`).
+    pub error: Option<String>,
+}
+
+impl PodView {
+    fn of(pod: PodSandbox) -> Self {
+        let (asks, ports, error) = match (pod_attach_args(&pod.annotations), &pod.netns) {
+            (Ok(None), _) => ("none", Vec::new(), None),
+            (Ok(Some(_)), None) => {
+                ("refused", Vec::new(), Some("the pod has no network namespace of its own (host network)".to_owned()))
+            }
+            (Ok(Some(args)), Some(_)) => ("gated", args.ports, None),
+            (Err(AnnotationError { key, reason }), _) => ("refused", Vec::new(), Some(format!("{key}: {reason}"))),
+        };
+        let annotations =
+            pod.annotations.into_iter().filter(|(k, _)| k.starts_with(crate::cli::annotations::PREFIX)).collect();
+        Self { namespace: pod.namespace, name: pod.name, id: pod.id, netns: pod.netns, asks, ports, annotations, error }
+    }
+}
+
+pub fn execute(args: &PodsArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let pods = runtime.block_on(async {
+        let mut client = cri::connect(&args.cri_socket).await?;
+        cri::pod_sandboxes(&mut client, &args.cri_socket).await
+    })?;
+    let views: Vec<PodView> = pods.into_iter().map(PodView::of).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&views)?);
+    } else {
+        print!("{}", table(&views));
+    }
+    Ok(())
+}
+
+fn table(views: &[PodView]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<40}  {:<8}  {:<12}  NETNS", "POD", "ASKS", "PORTS");
+    for v in views {
+        let ports = if v.ports.is_empty() {
+            "-".to_owned()
+        } else {
+            v.ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+        };
+        let netns = v.netns.as_ref().map_or_else(|| "-".to_owned(), |p| p.display().to_string());
+        let _ = writeln!(out, "{:<40}  {:<8}  {:<12}  {netns}", format!("{}/{}", v.namespace, v.name), v.asks, ports);
+        if let Some(error) = &v.error {
+            let _ = writeln!(out, "    {error}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, annotations: &[(&str, &str)], netns: bool) -> PodSandbox {
+        PodSandbox {
+            id: format!("id-{name}"),
+            namespace: "default".into(),
+            name: name.into(),
+            annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            netns: netns.then(|| format!("/var/run/netns/cni-{name}").into()),
+        }
+    }
+
+    #[test]
+    fn each_pod_shows_what_it_asks_for_or_why_not() {
+        let views: Vec<PodView> = [
+            pod("web", &[("shed.io/ports", "8080,9090"), ("shed.io/limit", "50"), ("app", "web")], true),
+            pod("plain", &[("app", "plain")], true),
+            pod("bad", &[("shed.io/ports", "8080"), ("shed.io/limit", "lots")], true),
+            pod("host", &[("shed.io/ports", "8080")], false),
+        ]
+        .into_iter()
+        .map(PodView::of)
+        .collect();
+        assert_eq!((views[0].asks, views[0].ports.as_slice(), views[0].error.as_deref()), ("gated", &[8080, 9090][..], None));
+        assert_eq!(views[0].annotations.len(), 2, "only shed's annotations: {:?}", views[0].annotations);
+        assert_eq!((views[1].asks, views[1].ports.is_empty()), ("none", true));
+        assert_eq!(views[2].asks, "refused");
+        assert!(views[2].error.as_deref().is_some_and(|e| e.starts_with("shed.io/limit: ")), "{:?}", views[2].error);
+        assert_eq!(views[3].asks, "refused", "a host-network pod");
+        let text = table(&views);
+        assert!(text.contains("default/web") && text.contains("8080,9090") && text.contains("    shed.io/limit: "), "{text}");
+    }
+}
