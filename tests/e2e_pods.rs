@@ -93,4 +93,5 @@ fn shedctl_pods_shows_what_each_pods_annotations_ask_for() {
     let out = shedctl(&["pods", "--cri-socket", "/nonexistent/cri.sock"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("/nonexistent/cri.sock"), "{err}");
+    assert!(err.contains("no such socket") && err.contains("--cri-socket"), "the fix is named: {err}");
 }

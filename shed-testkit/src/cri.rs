@@ -45,6 +45,8 @@ pub struct Runtime {
     tokio: tokio::runtime::Runtime,
     client: Client,
     socket: PathBuf,
+    /// The network namespaces of the pods it made (removed on drop if a pod's removal failed).
+    netns: Vec<String>,
 }
 
 impl Runtime {
@@ -95,26 +97,30 @@ state = "{root}/state"
             ),
         )?;
         let log = fs::File::create(root.join("containerd.log"))?;
-        let containerd = Command::new("containerd")
+        let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let mut containerd = Command::new("containerd")
             .arg("--config")
             .arg(root.join("config.toml"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .map_err(|e| io::Error::other(format!("start containerd (cargo xtask setup installs it): {e}")))?;
-        let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let deadline = Instant::now() + Duration::from_secs(15);
         let client = loop {
             match tokio.block_on(connect(&socket)) {
                 Ok(client) => break client,
                 Err(e) if Instant::now() > deadline => {
+                    let _ = containerd.kill();
+                    let _ = containerd.wait();
                     let log = fs::read_to_string(root.join("containerd.log")).unwrap_or_default();
                     return Err(io::Error::other(format!("containerd did not answer in 15 s ({e}):\n{log}")));
                 }
                 Err(_) => thread::sleep(Duration::from_millis(100)),
             }
         };
-        let mut runtime = Self { dir, containerd, bridge: bridge.to_owned(), tokio, client, socket };
+        // From here on, dropping the runtime cleans up whatever went wrong.
+        let mut runtime =
+            Self { dir, containerd, bridge: bridge.to_owned(), tokio, client, socket, netns: Vec::new() };
         runtime.import_pause_image()?;
         Ok(runtime)
     }
@@ -131,15 +137,19 @@ state = "{root}/state"
             "FROM scratch\nCOPY busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"sleep\", \"2147483647\"]\n",
         )?;
         let archive = self.dir.path().join("pause.tar");
-        // One build at a time in this process: runtimes of tests running side by
-        // side build the same tag, and one's clean-up would remove the other's.
-        static PODMAN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = PODMAN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        run(Command::new("podman").args(["build", "-q", "-t", PAUSE_IMAGE]).arg(&context))?;
-        let saved = run(Command::new("podman").args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&archive).arg(PAUSE_IMAGE));
-        let _ = run(Command::new("podman").args(["rmi", "-f", PAUSE_IMAGE]));
+        // A tag of this runtime's own in podman's store (shared by every process on
+        // the host), named as the sandbox image only inside this runtime.
+        let build_tag = format!(
+            "localhost/shed-pause-{}:1",
+            self.dir.path().file_name().and_then(|n| n.to_str()).unwrap_or("x").to_ascii_lowercase()
+        );
+        run(Command::new("podman").args(["build", "-q", "-t", &build_tag]).arg(&context))?;
+        let saved = run(Command::new("podman").args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&archive).arg(&build_tag));
+        let _ = run(Command::new("podman").args(["rmi", "-f", &build_tag]));
         saved?;
-        run(Command::new("ctr").arg("--address").arg(&self.socket).args(["-n", "k8s.io", "images", "import"]).arg(&archive))
+        let ctr = |args: &[&str]| run(Command::new("ctr").arg("--address").arg(&self.socket).args(["-n", "k8s.io"]).args(args));
+        ctr(&["images", "import", &archive.display().to_string()])?;
+        ctr(&["images", "tag", &build_tag, PAUSE_IMAGE])
     }
 
     /// Runs a pod sandbox named `name` (in Kubernetes namespace `default`) with
@@ -179,6 +189,7 @@ state = "{root}/state"
             .and_then(|info| netns_path(info))
             .and_then(|path| Some(path.file_name()?.to_str()?.to_owned()))
             .ok_or_else(|| io::Error::other(format!("pod {name}: no network namespace in its status")))?;
+        self.netns.push(netns.clone());
         Ok(Pod { id, netns, ip })
     }
 
@@ -217,11 +228,26 @@ impl Drop for Runtime {
         }
         let _ = self.containerd.kill();
         let _ = self.containerd.wait();
-        // Shims outlive containerd by design; ours serve only our state folder.
-        let _ = Command::new("pkill").arg("-f").arg(self.dir.path().join("state")).status();
+        // Shims (and their pause processes) outlive containerd by design; ours are
+        // the ones given our socket's address.
+        let _ = Command::new("pkill").args(["-f", "--"]).arg(format!("-address {}", self.socket.display())).status();
         let _ = crate::testbed::ip(&["link", "del", &self.bridge]);
-        // Mounts left under the root (a shim killed mid-way) would keep the folder.
-        let _ = Command::new("umount").arg("-R").arg(self.dir.path().join("state")).stderr(Stdio::null()).status();
+        for netns in &self.netns {
+            if Path::new("/run/netns").join(netns).exists() {
+                let _ = crate::testbed::ip(&["netns", "del", netns]);
+            }
+        }
+        // Mounts left under the folder (a rootfs, a shm) would keep it: deepest first.
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| Path::new(m).starts_with(self.dir.path()))
+            .collect();
+        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in under {
+            let _ = Command::new("umount").args(["-l", mount]).stderr(Stdio::null()).status();
+        }
     }
 }
 

@@ -98,6 +98,9 @@ pub enum Error {
         source: Box<aya::maps::MapError>,
     },
 
+    #[error("the container runtime (CRI) at {}: {reason}", socket.display())]
+    Cri { socket: PathBuf, reason: String },
+
     #[error("{op} {}: {source}", path.display())]
     Io {
         op: &'static str,

@@ -327,19 +327,20 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
         (read("caught.txt"), read("missed.txt"), read("timeout.txt"), read("unviable.txt"));
     // With --iterate, what earlier runs caught or found unviable is listed apart,
     // in one list (`previously_caught.txt`); the unviable ones are kept here, in
-    // `all_unviable.txt`, across runs. A mutant the code no longer has (its line
-    // moved, its code changed) counts for nothing.
-    let current = current_mutants()?;
+    // `all_unviable.txt` beside the output folder cargo-mutants rotates, across
+    // runs (the first --again reads the full run's own list). A mutant the code
+    // no longer has (its line moved, its code changed) counts for nothing.
+    let all_unviable = out.join("all_unviable.txt");
     if again {
-        let before = out.join("mutants.out.old");
-        let earlier_unviable = fs::read_to_string(before.join("all_unviable.txt"))
-            .or_else(|_| fs::read_to_string(before.join("unviable.txt")))
+        let earlier = fs::read_to_string(&all_unviable)
+            .or_else(|_| fs::read_to_string(out.join("mutants.out.old/unviable.txt")))
             .unwrap_or_default();
-        unviable.extend(earlier_unviable.lines().map(str::to_owned));
+        unviable.extend(earlier.lines().map(str::to_owned));
         unviable.sort();
         unviable.dedup();
     }
-    fs::write(results.join("all_unviable.txt"), unviable.iter().map(|m| m.clone() + "\n").collect::<String>())?;
+    fs::write(&all_unviable, unviable.iter().map(|m| m.clone() + "\n").collect::<String>())?;
+    let current = current_mutants(only)?;
     unviable.retain(|m| current.contains(m));
     let earlier_caught: Vec<String> = read("previously_caught.txt")
         .into_iter()
@@ -394,9 +395,14 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
 /// The share of viable logic mutants a run must catch (the rest named in its report).
 const MIN_SCORE: f64 = 95.0;
 
-/// Every mutant cargo-mutants would make of the code as it is now.
-fn current_mutants() -> Result<std::collections::HashSet<String>> {
-    let out = cargo_command().args(["mutants", "--list"]).output().context("cargo mutants --list")?;
+/// Every mutant cargo-mutants would make of the code as it is now (of `only`, when given).
+fn current_mutants(only: &[String]) -> Result<std::collections::HashSet<String>> {
+    let mut cmd = cargo_command();
+    cmd.args(["mutants", "--list"]);
+    for file in only {
+        cmd.args(["--file", file]);
+    }
+    let out = cmd.output().context("cargo mutants --list")?;
     if !out.status.success() {
         bail!("cargo mutants --list failed: {}", String::from_utf8_lossy(&out.stderr));
     }

@@ -42,11 +42,11 @@ pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<
         argv.extend(args);
     }
     let all = || AnnotationError { key: format!("{PREFIX}*"), reason: String::new() };
-    let cli = <Cli as clap::Parser>::try_parse_from(argv)
-        .map_err(|e| AnnotationError { reason: config::clap_reason(&e), ..all() })?;
+    let refused = |reason: String| AnnotationError { reason: config::in_annotation_terms(&reason), ..all() };
+    let cli = <Cli as clap::Parser>::try_parse_from(argv).map_err(|e| refused(config::clap_reason(&e)))?;
     let Command::Attach(args) = cli.command else { unreachable!("parsed as attach") };
     // The checks across settings (a limiter's bounds, the http action's ports, ...).
-    args.plan().map_err(|e| AnnotationError { reason: format!("{e:#}"), ..all() })?;
+    args.plan().map_err(|e| refused(format!("{e:#}")))?;
     Ok(Some(args))
 }
 
@@ -100,7 +100,12 @@ mod tests {
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/limt", "5")]);
         assert!(e.reason.contains("unknown key `limt`") && e.reason.contains("limit"), "{e}");
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/iface", "eth0")]);
-        assert!(e.reason.contains("unknown key"), "{e}");
+        assert!(e.reason.contains("unknown key `iface`") && !e.reason.contains("ifaces"), "node keys are not offered: {e}");
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/limit", "-5")]);
+        assert_eq!(e.key, "shed.io/limit", "a negative value is the value, not a flag: {e}");
+        assert!(!e.reason.contains("--"), "named as annotations, not flags: {e}");
+        let e = error(&[("shed.io/ports", "8080"), ("shed.io/limit", " ")]);
+        assert_eq!((e.key.as_str(), e.reason.as_str()), ("shed.io/limit", "empty: give a value"));
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/hook", "xdp")]);
         assert!(e.reason.contains("the node's setting"), "{e}");
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/dry-run", "yes")]);
@@ -121,6 +126,6 @@ mod tests {
         ]))
         .unwrap_err();
         assert_eq!(e.key, "shed.io/*", "{e}");
-        assert!(!e.reason.is_empty(), "{e}");
+        assert!(e.reason.contains("shed.io/limit") && !e.reason.contains("--"), "in annotation terms: {e}");
     }
 }

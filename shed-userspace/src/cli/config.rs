@@ -180,13 +180,36 @@ fn flag_args(flag: &str, kind: Kind, raw: Vec<String>) -> Result<Vec<OsString>, 
             }
             continue;
         }
-        let long = format!("--{flag}");
-        let probe = ["shedctl", "attach", "--config", "-", &long, &r].map(OsStr::new);
+        // One word, `--flag=value`: a value that starts with `-` is the flag's value, not another flag.
+        let arg = format!("--{flag}={r}");
+        let probe = ["shedctl", "attach", "--config", "-", &arg].map(OsStr::new);
         Cli::command().try_get_matches_from(probe).map_err(|e| clap_reason(&e))?;
-        args.push(long.into());
-        args.push(r.into());
+        args.push(arg.into());
     }
     Ok(args)
+}
+
+/// `reason` (a flag's refusal) as a pod author reads it: each `--flag` named
+/// as the annotation that stands for it (`--limit` is `shed.io/limit`).
+pub(crate) fn in_annotation_terms(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len());
+    let mut rest = reason;
+    while let Some(at) = rest.find("--") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let len = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).unwrap_or(after.len());
+        let flag = &after[..len];
+        match KEYS.iter().find(|(_, f, _)| *f == flag) {
+            Some((key, _, _)) => {
+                out.push_str(crate::cli::annotations::PREFIX);
+                out.push_str(key);
+            }
+            None => out.push_str(&rest[at..at + 2 + len]),
+        }
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Keys that are the node's, not a pod's: where and how the gate attaches,
@@ -221,7 +244,7 @@ pub(crate) fn annotation_args(key: &str, value: &str) -> Result<Vec<OsString>, S
     };
     let list = || value.split(',').map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned).collect::<Vec<_>>();
     let raw = match kind {
-        Kind::Int | Kind::Str => vec![value.trim().to_owned()],
+        Kind::Int | Kind::Str => Some(value.trim().to_owned()).filter(|v| !v.is_empty()).into_iter().collect(),
         Kind::Bool => match value.trim() {
             v @ ("true" | "false") => vec![v.to_owned()],
             other => return Err(format!("expected true or false, found `{other}`")),
@@ -231,7 +254,7 @@ pub(crate) fn annotation_args(key: &str, value: &str) -> Result<Vec<OsString>, S
     if raw.is_empty() {
         return Err("empty: give a value".to_owned());
     }
-    flag_args(flag, kind, raw)
+    flag_args(flag, kind, raw).map_err(|reason| in_annotation_terms(&reason))
 }
 
 /// Stands for "an adaptive `--algo` was given on the command line" in `given`.

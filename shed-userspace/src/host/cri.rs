@@ -7,11 +7,12 @@ use std::{
     collections::BTreeMap,
     io,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
-    ListPodSandboxRequest, PodSandboxState, PodSandboxStatusRequest, VersionRequest,
+    ListPodSandboxRequest, NamespaceMode, PodSandboxState, PodSandboxStatusRequest, VersionRequest,
     runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -32,46 +33,88 @@ pub struct PodSandbox {
     pub namespace: String,
     pub name: String,
     pub annotations: BTreeMap<String, String>,
-    /// Its network namespace's path (None: the runtime did not say, e.g. a host-network pod).
+    /// Its network namespace's path (None: the runtime did not report one).
     pub netns: Option<PathBuf>,
+    /// Whether it shares the node's network namespace (`hostNetwork: true`).
+    pub host_network: bool,
 }
+
+/// How long one call to the runtime may take: a stuck runtime is an error, not a hang.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to the runtime at `socket` and checks that it speaks CRI v1.
 pub async fn connect(socket: &Path) -> Result<Client, Error> {
-    let failed = |e: &dyn std::fmt::Display| {
-        Error::io("connect to the container runtime (CRI) at", socket, io::Error::other(e.to_string()))
-    };
+    let cri = |reason: String| Error::Cri { socket: socket.to_owned(), reason };
     let path = socket.to_owned();
-    let channel = Endpoint::try_from("http://[::]")
-        .map_err(|e| failed(&e))?
+    let channel = Endpoint::from_static("http://[::]")
+        .connect_timeout(CALL_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move { Ok::<_, io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
-        .map_err(|e| failed(&format!("{e}: {}", std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default())))?;
+        .map_err(|e| cri(connect_reason(&e)))?;
     let mut client = RuntimeServiceClient::new(channel);
-    client.version(VersionRequest { version: "v1".to_owned() }).await.map_err(|e| failed(&e.message()))?;
+    client.version(VersionRequest { version: "v1".to_owned() }).await.map_err(|e| cri(call_reason("ask its version", &e)))?;
     Ok(client)
+}
+
+/// Why the socket could not be reached, and what to do about it.
+fn connect_reason(e: &tonic::transport::Error) -> String {
+    let io = std::iter::successors(std::error::Error::source(e), |e| e.source())
+        .find_map(|e| e.downcast_ref::<io::Error>())
+        .map(io::Error::kind);
+    match io {
+        Some(io::ErrorKind::NotFound) => "no such socket: give the runtime's CRI socket with --cri-socket \
+             (containerd: /run/containerd/containerd.sock; CRI-O: /var/run/crio/crio.sock)"
+            .to_owned(),
+        Some(io::ErrorKind::PermissionDenied) => "permission denied: run as root (sudo)".to_owned(),
+        Some(io::ErrorKind::ConnectionRefused) => "nothing listens there: is the runtime running?".to_owned(),
+        _ => std::iter::successors(Some(e as &dyn std::error::Error), |e| e.source())
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(": "),
+    }
+}
+
+/// Why a CRI call failed, and what to do about it.
+fn call_reason(what: &str, status: &tonic::Status) -> String {
+    match status.code() {
+        tonic::Code::Unimplemented => format!(
+            "cannot {what}: it does not serve CRI v1 (runtime.v1.RuntimeService); containerd serves it unless its \
+             cri plugin is disabled in /etc/containerd/config.toml (disabled_plugins = [\"cri\"], Docker's default)"
+        ),
+        tonic::Code::DeadlineExceeded => format!("cannot {what}: no answer in {} s", CALL_TIMEOUT.as_secs()),
+        _ => format!("cannot {what}: {} ({:?})", status.message(), status.code()),
+    }
 }
 
 /// The runtime's ready pod sandboxes, each with its network namespace.
 pub async fn pod_sandboxes(client: &mut Client, socket: &Path) -> Result<Vec<PodSandbox>, Error> {
-    let failed = |what: &'static str, e: tonic::Status| Error::io(what, socket, io::Error::other(e.message().to_owned()));
+    let cri = |reason: String| Error::Cri { socket: socket.to_owned(), reason };
     let list = client
         .list_pod_sandbox(ListPodSandboxRequest { filter: None })
         .await
-        .map_err(|e| failed("list pod sandboxes from", e))?
+        .map_err(|e| cri(call_reason("list pod sandboxes", &e)))?
         .into_inner();
     let mut pods = Vec::new();
     for pod in list.items.into_iter().filter(|p| p.state == PodSandboxState::SandboxReady as i32) {
-        let status = client
+        let status = match client
             .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: pod.id.clone(), verbose: true })
-            .await;
-        // A pod removed between the list and its status is simply gone.
-        let Ok(status) = status else { continue };
-        let status = status.into_inner();
+            .await
+        {
+            Ok(status) => status.into_inner(),
+            // Removed between the list and its status: simply gone.
+            Err(e) if e.code() == tonic::Code::NotFound => continue,
+            Err(e) => return Err(cri(call_reason(&format!("read the status of pod sandbox {}", pod.id), &e))),
+        };
         let netns = status.info.get("info").and_then(|info| netns_path(info));
+        let host_network = status
+            .status
+            .as_ref()
+            .and_then(|s| s.linux.as_ref()?.namespaces.as_ref()?.options.as_ref())
+            .is_some_and(|o| o.network == NamespaceMode::Node as i32);
         let metadata = pod.metadata.unwrap_or_default();
         pods.push(PodSandbox {
             id: pod.id,
@@ -79,6 +122,7 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path) -> Result<Vec<Pod
             name: metadata.name,
             annotations: pod.annotations.into_iter().collect(),
             netns,
+            host_network,
         });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

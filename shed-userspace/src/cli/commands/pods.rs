@@ -32,14 +32,18 @@ pub struct PodView {
 
 impl PodView {
     fn of(pod: PodSandbox) -> Self {
-        let (asks, ports, error) = match (pod_attach_args(&pod.annotations), &pod.netns) {
+        let refused = |why: &str| ("refused", Vec::new(), Some(why.to_owned()));
+        let (asks, mut ports, error) = match (pod_attach_args(&pod.annotations), &pod.netns) {
             (Ok(None), _) => ("none", Vec::new(), None),
-            (Ok(Some(_)), None) => {
-                ("refused", Vec::new(), Some("the pod has no network namespace of its own (host network)".to_owned()))
-            }
+            (Ok(Some(_)), _) if pod.host_network => refused(
+                "a host-network pod shares the node's namespace: gate its ports with the node's own `attach --port`",
+            ),
+            (Ok(Some(_)), None) => refused("the runtime reports no network namespace for the pod"),
             (Ok(Some(args)), Some(_)) => ("gated", args.ports, None),
             (Err(AnnotationError { key, reason }), _) => ("refused", Vec::new(), Some(format!("{key}: {reason}"))),
         };
+        ports.sort_unstable();
+        ports.dedup();
         let annotations =
             pod.annotations.into_iter().filter(|(k, _)| k.starts_with(crate::cli::annotations::PREFIX)).collect();
         Self { namespace: pod.namespace, name: pod.name, id: pod.id, netns: pod.netns, asks, ports, annotations, error }
@@ -90,13 +94,14 @@ mod tests {
             name: name.into(),
             annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             netns: netns.then(|| format!("/var/run/netns/cni-{name}").into()),
+            host_network: !netns,
         }
     }
 
     #[test]
     fn each_pod_shows_what_it_asks_for_or_why_not() {
         let views: Vec<PodView> = [
-            pod("web", &[("shed.io/ports", "8080,9090"), ("shed.io/limit", "50"), ("app", "web")], true),
+            pod("web", &[("shed.io/ports", "9090,8080,8080"), ("shed.io/limit", "50"), ("app", "web")], true),
             pod("plain", &[("app", "plain")], true),
             pod("bad", &[("shed.io/ports", "8080"), ("shed.io/limit", "lots")], true),
             pod("host", &[("shed.io/ports", "8080")], false),
@@ -110,6 +115,7 @@ mod tests {
         assert_eq!(views[2].asks, "refused");
         assert!(views[2].error.as_deref().is_some_and(|e| e.starts_with("shed.io/limit: ")), "{:?}", views[2].error);
         assert_eq!(views[3].asks, "refused", "a host-network pod");
+        assert!(views[3].error.as_deref().is_some_and(|e| e.contains("host-network")), "{:?}", views[3].error);
         let text = table(&views);
         assert!(text.contains("default/web") && text.contains("8080,9090") && text.contains("    shed.io/limit: "), "{text}");
     }
