@@ -669,7 +669,8 @@ mod tests {
 
     #[test]
     fn ring_shifts_are_held_to_their_range() {
-        let user = |handshake_shift, silent_shift| UserPortState { handshake_shift, silent_shift, ..Default::default() };
+        let user =
+            |handshake_shift, silent_shift| UserPortState { handshake_shift, silent_shift, ..Default::default() };
         assert_eq!(user(0, 0).shift(), handshake::DEFAULT_SHIFT, "0: the default");
         assert_eq!(user(1, 0).shift(), handshake::MIN_SHIFT);
         assert_eq!(user(handshake::MIN_SHIFT + 1, 0).shift(), handshake::MIN_SHIFT + 1);

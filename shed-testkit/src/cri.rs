@@ -119,8 +119,7 @@ state = "{root}/state"
             }
         };
         // From here on, dropping the runtime cleans up whatever went wrong.
-        let mut runtime =
-            Self { dir, containerd, bridge: bridge.to_owned(), tokio, client, socket, netns: Vec::new() };
+        let mut runtime = Self { dir, containerd, bridge: bridge.to_owned(), tokio, client, socket, netns: Vec::new() };
         runtime.import_pause_image()?;
         Ok(runtime)
     }
@@ -144,10 +143,15 @@ state = "{root}/state"
             self.dir.path().file_name().and_then(|n| n.to_str()).unwrap_or("x").to_ascii_lowercase()
         );
         run(Command::new("podman").args(["build", "-q", "-t", &build_tag]).arg(&context))?;
-        let saved = run(Command::new("podman").args(["save", "-q", "--format", "oci-archive", "-o"]).arg(&archive).arg(&build_tag));
+        let saved = run(Command::new("podman")
+            .args(["save", "-q", "--format", "oci-archive", "-o"])
+            .arg(&archive)
+            .arg(&build_tag));
         let _ = run(Command::new("podman").args(["rmi", "-f", &build_tag]));
         saved?;
-        let ctr = |args: &[&str]| run(Command::new("ctr").arg("--address").arg(&self.socket).args(["-n", "k8s.io"]).args(args));
+        let ctr = |args: &[&str]| {
+            run(Command::new("ctr").arg("--address").arg(&self.socket).args(["-n", "k8s.io"]).args(args))
+        };
         ctr(&["images", "import", &archive.display().to_string()])?;
         ctr(&["images", "tag", &build_tag, PAUSE_IMAGE])
     }
@@ -174,7 +178,9 @@ state = "{root}/state"
             .pod_sandbox_id;
         let status = self
             .tokio
-            .block_on(self.client.pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true }))
+            .block_on(
+                self.client.pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true }),
+            )
             .map_err(|e| io::Error::other(format!("status of pod sandbox {name}: {e}")))?
             .into_inner();
         let ip = status

@@ -46,6 +46,15 @@ pub(crate) fn build() -> Result<String> {
     fs::copy(root.join("deploy/shed.toml"), context.join("shed.toml")).context("stage shed.toml")?;
     let containerfile: PathBuf = root.join("deploy/image/Containerfile");
     let tag = tag();
+    let image_id = || {
+        podman()
+            .args(["image", "inspect", "--format", "{{.Id}}", &tag])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let before = image_id();
     let status = podman()
         .args(["build", "--tag", &tag, "--file"])
         .arg(&containerfile)
@@ -54,6 +63,11 @@ pub(crate) fn build() -> Result<String> {
         .context("run podman (apt-get install podman runc, or cargo xtask setup)")?;
     if !status.success() {
         bail!("podman build failed");
+    }
+    // The image the tag named before is now nameless: remove it rather than
+    // leave one more dangling image per rebuild (unless a container still uses it).
+    if let Some(old) = before.filter(|old| Some(old) != image_id().as_ref()) {
+        let _ = podman().args(["rmi", &old]).output();
     }
     Ok(tag)
 }

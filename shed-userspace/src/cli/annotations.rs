@@ -85,7 +85,8 @@ mod tests {
         assert_eq!(spec.limit, 50);
         assert_eq!(tiers.len(), 2);
         assert_eq!(spec.client_cap, 7);
-        let adaptive = annotations(&[("shed.io/ports", "8080"), ("shed.io/algo", "gradient2"), ("shed.io/target-latency", "200")]);
+        let adaptive =
+            annotations(&[("shed.io/ports", "8080"), ("shed.io/algo", "gradient2"), ("shed.io/target-latency", "200")]);
         assert!(pod_attach_args(&adaptive).unwrap().is_some());
     }
 
@@ -100,7 +101,10 @@ mod tests {
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/limt", "5")]);
         assert!(e.reason.contains("unknown key `limt`") && e.reason.contains("limit"), "{e}");
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/iface", "eth0")]);
-        assert!(e.reason.contains("unknown key `iface`") && !e.reason.contains("ifaces"), "node keys are not offered: {e}");
+        assert!(
+            e.reason.contains("unknown key `iface`") && !e.reason.contains("ifaces"),
+            "node keys are not offered: {e}"
+        );
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/limit", "-5")]);
         assert_eq!(e.key, "shed.io/limit", "a negative value is the value, not a flag: {e}");
         assert!(!e.reason.contains("--"), "named as annotations, not flags: {e}");

@@ -160,7 +160,8 @@ pub fn file_args(path: &Path, text: &str, given: &dyn Fn(&str) -> bool) -> Resul
         if flag == "tier-file" {
             raw = raw.into_iter().map(|f| resolve_relative(path, f.into()).display().to_string()).collect();
         }
-        let flags = flag_args(flag, kind, raw).map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
+        let flags =
+            flag_args(flag, kind, raw).map_err(|reason| at(value.span(), format!("`{}`: {reason}", key.get_ref())))?;
         if given(arg.get_id().as_str()) || overridden(key.get_ref(), given) {
             continue; // the command line wins
         }

@@ -577,7 +577,10 @@ fn settings_come_from_the_operators_config_and_zero_keeps_the_default() {
 
     // A map written before a field existed holds 0 there: the default, not 0.
     let s = Settings::from_config(&ControlConfig { algo: Algo::Aimd.to_raw(), ..ControlConfig::default() }, 9);
-    assert_eq!((s.min_samples, s.baseline_windows, s.queue_target_us), (d.min_samples, d.baseline_windows, d.queue_target_us));
+    assert_eq!(
+        (s.min_samples, s.baseline_windows, s.queue_target_us),
+        (d.min_samples, d.baseline_windows, d.queue_target_us)
+    );
     assert_eq!((s.min_limit, s.max_limit), (1, 1), "bounds are at least 1, the maximum at least the minimum");
     assert_eq!((s.window_s, s.objective_us, s.cooldown_windows, s.probe_windows), (0.001, 0.0, 0, 0));
     let crossed = ControlConfig { algo: Algo::Queue.to_raw(), min_limit: 20, max_limit: 5, ..ControlConfig::default() };
@@ -611,8 +614,7 @@ fn jitter_comes_from_splitmix64() {
 
 #[test]
 fn gradient2_averages_its_first_ten_samples_then_decays_exponentially() {
-    let settings =
-        Settings { algo: Algo::Gradient2, gradient2_long_at_most_baseline: false, ..Settings::default() };
+    let settings = Settings { algo: Algo::Gradient2, gradient2_long_at_most_baseline: false, ..Settings::default() };
     let mut c = Controller::new(settings, 0);
     for _ in 0..10 {
         c.propose_gradient2(100.0);

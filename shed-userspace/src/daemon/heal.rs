@@ -431,7 +431,11 @@ mod tests {
         assert_eq!(drift_at_read(&[10, 3, 9, 7], &user, 4, 1), (1, 2), "one phantom connection, two phantom busy");
         assert_eq!(drift_at_read(&[10, 3, 9, 7], &user, 5, 3), (0, 0), "the entries agree with the counts");
         assert_eq!(drift_at_read(&[10, 3, 9, 7], &user, 6, 3), (-1, 0), "an entry the counts lost");
-        assert_eq!(drift_at_read(&[3, 10, 7, 9], &shed_common::UserPortState::default(), 0, 0), (0, 0), "never below 0");
+        assert_eq!(
+            drift_at_read(&[3, 10, 7, 9], &shed_common::UserPortState::default(), 0, 0),
+            (0, 0),
+            "never below 0"
+        );
     }
 
     #[test]
@@ -439,7 +443,11 @@ mod tests {
         assert_eq!(events_since(Some(&[1, 2, 3, 4]), &[11, 22, 33, 44]), (10, 20, 30, 40));
         assert_eq!(events_since(Some(&[5, 5, 5, 5]), &[5, 6, 5, 7]), (0, 1, 0, 2));
         let far = i64::MAX / 4;
-        assert_eq!(events_since(None, &[1, 2, 3, 4]), (far, far, far, far), "no earlier read: anything could have moved");
+        assert_eq!(
+            events_since(None, &[1, 2, 3, 4]),
+            (far, far, far, far),
+            "no earlier read: anything could have moved"
+        );
         assert_eq!(events_since(Some(&[0, 0, 0, 0]), &[u64::MAX, 0, 0, 1]).0, far, "capped, never negative");
         assert_eq!(beyond(1, 0, 0), 1, "a drift of one with nothing under way is certain");
         assert_eq!(beyond(-1, 0, 0), -1);

@@ -56,7 +56,10 @@ pub async fn connect(socket: &Path) -> Result<Client, Error> {
         .await
         .map_err(|e| cri(connect_reason(&e)))?;
     let mut client = RuntimeServiceClient::new(channel);
-    client.version(VersionRequest { version: "v1".to_owned() }).await.map_err(|e| cri(call_reason("ask its version", &e)))?;
+    client
+        .version(VersionRequest { version: "v1".to_owned() })
+        .await
+        .map_err(|e| cri(call_reason("ask its version", &e)))?;
     Ok(client)
 }
 
@@ -150,5 +153,18 @@ mod tests {
         assert_eq!(netns_path(host_network), None, "a host-network pod has no namespace of its own");
         assert_eq!(netns_path("not json"), None);
         assert_eq!(netns_path(r#"{"runtimeSpec":{"linux":{"namespaces":[{"type":"network"}]}}}"#), None);
+    }
+
+    #[test]
+    fn a_failed_call_says_what_to_do() {
+        let unimplemented = call_reason("ask its version", &tonic::Status::unimplemented("unknown service"));
+        assert!(
+            unimplemented.contains("cri plugin") && unimplemented.contains("/etc/containerd/config.toml"),
+            "{unimplemented}"
+        );
+        let slow = call_reason("list pod sandboxes", &tonic::Status::deadline_exceeded("late"));
+        assert_eq!(slow, "cannot list pod sandboxes: no answer in 10 s");
+        let other = call_reason("list pod sandboxes", &tonic::Status::permission_denied("no"));
+        assert_eq!(other, "cannot list pod sandboxes: no (PermissionDenied)");
     }
 }

@@ -332,12 +332,9 @@ const PORT_SECONDS: &[Figure<PortStats, u64>] = &[
 const TIER_FAMILIES: &[Figure<TierStats, u64>] = &[
     ("shed_tier_admitted", "SYNs admitted, by client tier.", MetricType::Counter, |t| t.admitted),
     ("shed_tier_rejected", "SYNs shed (every reason), by client tier.", MetricType::Counter, |t| t.rejected),
-    (
-        "shed_tier_held_back",
-        "Slots held back from the tier while a tier above it is shed.",
-        MetricType::Gauge,
-        |t| t.held_back.into(),
-    ),
+    ("shed_tier_held_back", "Slots held back from the tier while a tier above it is shed.", MetricType::Gauge, |t| {
+        t.held_back.into()
+    }),
 ];
 
 /// The per-gate families of one figure each (a `netns` label).
@@ -395,12 +392,9 @@ const PROCESS_FAMILIES: &[Figure<ProcessStats, u64>] = &[
 /// The daemon process's times, in seconds.
 const PROCESS_SECONDS: &[Figure<ProcessStats, f64>] = &[
     ("process_cpu_seconds", "CPU time of the daemon, user and system.", MetricType::Counter, |p| p.cpu_seconds),
-    (
-        "process_start_time_seconds",
-        "When the daemon started, seconds since the epoch.",
-        MetricType::Gauge,
-        |p| p.start_time_seconds,
-    ),
+    ("process_start_time_seconds", "When the daemon started, seconds since the epoch.", MetricType::Gauge, |p| {
+        p.start_time_seconds
+    }),
 ];
 
 /// Writes each family of `table`, one series per source of `sources`.
@@ -417,7 +411,6 @@ where
     }
     Ok(())
 }
-
 
 /// Writes one metric family: `rows` gives each series' labels and value.
 fn family<V>(
@@ -465,9 +458,13 @@ impl Collector for Scrape {
         figures(&mut e, GATE_SECONDS, gates())?;
         let build =
             vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("commit", env!("SHED_GIT_COMMIT").to_owned())];
-        family(&mut e, "shed_build_info", "1, with the build's version and commit as labels.", MetricType::Gauge, [(
-            build, 1u64,
-        )])?;
+        family(
+            &mut e,
+            "shed_build_info",
+            "1, with the build's version and commit as labels.",
+            MetricType::Gauge,
+            [(build, 1u64)],
+        )?;
         let process = || std::iter::once((Labels::new(), &self.process));
         figures(&mut e, PROCESS_FAMILIES, process())?;
         figures(&mut e, PROCESS_SECONDS, process())?;
@@ -558,9 +555,10 @@ impl Scrape {
             MetricType::Counter,
             reasons,
         )?;
-        let decisions = self.ports.iter().flat_map(|p| {
-            p.decisions.iter().map(|(r, n)| (with(port_label(&p.stats), "reason", json_name(r)), *n))
-        });
+        let decisions = self
+            .ports
+            .iter()
+            .flat_map(|p| p.decisions.iter().map(|(r, n)| (with(port_label(&p.stats), "reason", json_name(r)), *n)));
         family(
             e,
             "shed_limit_decisions",
@@ -681,7 +679,8 @@ mod tests {
             .chain(names(PROCESS_FAMILIES))
             .chain(names(PROCESS_SECONDS));
         for (name, kind) in tables {
-            let typed = if kind == MetricType::Counter { format!("{name}_total counter") } else { format!("{name} gauge") };
+            let typed =
+                if kind == MetricType::Counter { format!("{name}_total counter") } else { format!("{name} gauge") };
             assert_eq!(text.matches(&format!("# TYPE {typed}\n")).count(), 1, "{typed}:\n{text}");
         }
         for line in [
@@ -700,6 +699,10 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }
+        // No family twice, whether from a table or written apart.
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let distinct: std::collections::BTreeSet<&str> = types.iter().filter_map(|l| l.split(' ').nth(2)).collect();
+        assert_eq!(distinct.len(), types.len(), "a family written twice:\n{text}");
         // Every metric `stats --json` names is served.
         for term in crate::observe::vocabulary::TERMS {
             if let Some(metric) = term.metric {

@@ -109,7 +109,10 @@ mod tests {
         .into_iter()
         .map(PodView::of)
         .collect();
-        assert_eq!((views[0].asks, views[0].ports.as_slice(), views[0].error.as_deref()), ("gated", &[8080, 9090][..], None));
+        assert_eq!(
+            (views[0].asks, views[0].ports.as_slice(), views[0].error.as_deref()),
+            ("gated", &[8080, 9090][..], None)
+        );
         assert_eq!(views[0].annotations.len(), 2, "only shed's annotations: {:?}", views[0].annotations);
         assert_eq!((views[1].asks, views[1].ports.is_empty()), ("none", true));
         assert_eq!(views[2].asks, "refused");
@@ -117,6 +120,9 @@ mod tests {
         assert_eq!(views[3].asks, "refused", "a host-network pod");
         assert!(views[3].error.as_deref().is_some_and(|e| e.contains("host-network")), "{:?}", views[3].error);
         let text = table(&views);
-        assert!(text.contains("default/web") && text.contains("8080,9090") && text.contains("    shed.io/limit: "), "{text}");
+        assert!(
+            text.contains("default/web") && text.contains("8080,9090") && text.contains("    shed.io/limit: "),
+            "{text}"
+        );
     }
 }
