@@ -95,3 +95,66 @@ fn shedctl_pods_shows_what_each_pods_annotations_ask_for() {
     assert!(!out.status.success() && err.contains("/nonexistent/cri.sock"), "{err}");
     assert!(err.contains("no such socket") && err.contains("--cri-socket"), "the fix is named: {err}");
 }
+
+/// Waits until the agent says `pod`'s gate is set up (its programs attached), for at most 10 s.
+fn wait_gated(gate: &Gate, netns: &str) {
+    let line = format!("netns={netns}}}: shed::daemon::process: gate set up");
+    shed_testkit::gate::poll(Duration::from_secs(10), &format!("{netns} gated"), || gate.log(), |log| log.contains(&line));
+}
+
+/// `shedctl stats --json --netns <ns>`: the ports gated in one namespace, if it is gated.
+fn stats_of(netns: &str) -> Option<serde_json::Value> {
+    let out = shedctl(&["stats", "--json", "--interval", "50", "--netns", netns]);
+    out.status.success().then(|| serde_json::from_slice(&out.stdout).expect("stats --json is JSON"))
+}
+
+#[test]
+fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod2", "10.233.73.0/24").expect("a private containerd");
+    let limited =
+        [("shed.io/ports", "8080"), ("shed.io/limit", "1"), ("shed.io/count", "connections"), ("shed.io/action", "rst")];
+    let web = runtime.run_pod("web", &limited).expect("pod");
+    let plain = runtime.run_pod("plain", &[]).expect("pod");
+    let typo = runtime.run_pod("typo", &[("shed.io/ports", "8080"), ("shed.io/limt", "1")]).expect("pod");
+    let addr = |pod: &shed_testkit::cri::Pod| SocketAddr::from((pod.ip, PORT));
+    let mut servers: Vec<Backend> = [&web, &plain, &typo]
+        .iter()
+        .map(|p| Backend::start(&p.netns, addr(p), Service::Echo).expect("server in the pod"))
+        .collect();
+    let socket = runtime.socket().display().to_string();
+    // The agent alone: no port of the node's own, only the pods that ask.
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
+    wait_gated(&gate, &web.netns);
+    let web_stats = stats_of(&web.netns).expect("the annotated pod is gated");
+    assert_eq!(web_stats[0]["port"], 8080, "{web_stats}");
+    assert_eq!(web_stats[0]["limit"], 1, "its annotations' limit: {web_stats}");
+    assert!(stats_of(&plain.netns).is_none() && stats_of(&typo.netns).is_none(), "the others are not gated");
+    assert!(gate.log().contains("shed.io/limt: unknown key"), "the bad annotation is said: {}", gate.log());
+
+    let held = echo(addr(&web)).expect("the first connection to the gated pod");
+    let refused = testbed::connect(addr(&web), Duration::from_secs(2)).map(drop);
+    assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "over its limit: reset");
+    for pod in [&plain, &typo] {
+        let both = (echo(addr(pod)), echo(addr(pod)));
+        assert!(both.0.is_ok() && both.1.is_ok(), "{}: ungated, untouched: {both:?}", pod.netns);
+    }
+
+    // A pod that comes later is gated once its sandbox is ready.
+    let later = runtime.run_pod("later", &limited).expect("pod");
+    servers.push(Backend::start(&later.netns, addr(&later), Service::Echo).expect("server"));
+    let ready = std::time::Instant::now();
+    wait_gated(&gate, &later.netns);
+    println!("a new pod was gated {:?} after its sandbox was ready", ready.elapsed());
+    let _later_held = echo(addr(&later)).expect("the new pod's first connection");
+    let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
+    assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "the new pod's limit holds");
+
+    // A pod removed takes its gate and pins; the agent and the other pods go on.
+    drop(held);
+    runtime.remove_pod(&web.id).expect("remove the pod");
+    let pins = shed::host::paths::gate_pin_dir(Some(&web.netns));
+    shed_testkit::gate::poll(Duration::from_secs(10), "the removed pod's pins gone", || pins.exists(), |e| !e);
+    assert!(stats_of(&later.netns).is_some(), "the other pod's gate runs on");
+    assert!(gate.log().contains("the pod is gone"), "{}", gate.log());
+}

@@ -50,6 +50,25 @@ pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<
     Ok(Some(args))
 }
 
+/// [`pod_attach_args`] as the daemon reads a pod (`attach --pods`): the
+/// settings of its gate, or why it cannot have one.
+pub(crate) fn pod_settings(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<crate::daemon::gate::PodSettings>, String> {
+    let Some(args) = pod_attach_args(annotations).map_err(|e| e.to_string())? else { return Ok(None) };
+    let (spec, tiers) = args.plan().map_err(|e| format!("annotations: {e:#}"))?;
+    Ok(Some(crate::daemon::gate::PodSettings {
+        ports: args.ports,
+        spec,
+        tiers,
+        action: args.action,
+        count: args.count,
+        dry_run: args.dry_run,
+        window: args.window,
+        handshake_window: args.handshake_window,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,8 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("allow-nat", "allow-nat", Kind::Bool),
     ("ready-max-shed", "ready-max-shed", Kind::Int),
     ("ready-window", "ready-window", Kind::Int),
+    ("pods", "pods", Kind::Bool),
+    ("cri-socket", "cri-socket", Kind::Str),
 ];
 
 /// Whether the config file has a key of this name.
@@ -230,6 +232,8 @@ const NODE_KEYS: &[&str] = &[
     "ready-max-shed",
     "ready-window",
     "tier-file",
+    "pods",
+    "cri-socket",
 ];
 
 /// The flags a pod's annotation stands for: `key` a config key that concerns
@@ -385,6 +389,10 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     t.insert("allow-nat".into(), Value::Boolean(args.allow_nat));
     t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
     t.insert("ready-window".into(), int(args.ready_window.as_secs()));
+    if args.pods {
+        t.insert("pods".into(), Value::Boolean(true));
+        t.insert("cri-socket".into(), s(&args.cri_socket.display()));
+    }
     toml::to_string(&t).expect("a table always serializes")
 }
 
@@ -492,6 +500,9 @@ mod tests {
         "80",
         "--ready-window",
         "30",
+        "--pods",
+        "--cri-socket",
+        "/run/k3s/containerd/containerd.sock",
     ];
 
     #[test]

@@ -149,8 +149,18 @@ pub struct AttachArgs {
     pub print_config: bool,
 
     /// Port to protect; repeat for several (--port 8080 --port 8443).
-    #[arg(long = "port", required_unless_present = "config", allow_negative_numbers = true, value_parser = parse_port)]
+    #[arg(long = "port", required_unless_present_any = ["config", "pods"], allow_negative_numbers = true, value_parser = parse_port)]
     pub ports: Vec<u16>,
+
+    /// Also gate every pod of the node whose `shed.io/ports` annotation asks for it, each in its
+    /// own network namespace with the settings its `shed.io/*` annotations give, found through the
+    /// container runtime (CRI) and followed as pods come and go (--pods).
+    #[arg(long)]
+    pub pods: bool,
+
+    /// The container runtime's CRI socket, for --pods (--cri-socket /run/containerd/containerd.sock).
+    #[arg(long, default_value = crate::host::cri::DEFAULT_SOCKET)]
+    pub cri_socket: PathBuf,
 
     /// Interface to gate; repeat for several (--iface eth0 --iface lo).
     /// Default: every interface of the namespace, loopback included.

@@ -53,6 +53,31 @@ pub(crate) struct Plan {
     pub ready_window: Duration,
     /// Makes a gate's reloader of the config file (SIGHUP), if one was given.
     pub reloader: Option<Box<dyn Fn() -> Reloader + Send + Sync>>,
+    /// `--pods`: where the pods that ask for a gate are found, and how their asking is read.
+    pub pods: Option<PodSource>,
+}
+
+/// `--pods`: the container runtime's CRI socket, and the reader of a pod's annotations.
+pub(crate) struct PodSource {
+    pub socket: std::path::PathBuf,
+    pub read: PodReader,
+}
+
+/// Reads a pod's annotations: the settings of the gate it asks for, `None`
+/// when it asks for none, or why it cannot have one.
+pub(crate) type PodReader = Box<dyn Fn(&BTreeMap<String, String>) -> Result<Option<PodSettings>, String> + Send + Sync>;
+
+/// What a pod's annotations set for its gate (the node's plan gives the rest).
+#[derive(Debug)]
+pub(crate) struct PodSettings {
+    pub ports: Vec<u16>,
+    pub spec: PortSpec,
+    pub tiers: BTreeMap<Cidr, u8>,
+    pub action: Action,
+    pub count: Count,
+    pub dry_run: bool,
+    pub window: Duration,
+    pub handshake_window: Duration,
 }
 
 impl Plan {
@@ -76,6 +101,22 @@ pub(super) struct Gate {
     pub(super) task_errors: crate::observe::report::TaskErrors,
     /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
     pub(super) ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gate {
+    /// The gate of `netns` (None: the daemon's own), before it is set up.
+    pub(super) fn new(netns: Option<String>) -> Self {
+        Self {
+            label: crate::host::paths::netns_label(netns.as_deref()),
+            pin_dir: crate::host::paths::gate_pin_dir(netns.as_deref()),
+            netns,
+            decisions: crate::observe::report::Decisions::default(),
+            heal: crate::observe::report::HealReport::default(),
+            heartbeat: crate::observe::report::Heartbeat::default(),
+            task_errors: crate::observe::report::TaskErrors::default(),
+            ended: std::sync::Arc::default(),
+        }
+    }
 }
 
 /// What a gate's loop hears from the daemon: stop, and reload the config.

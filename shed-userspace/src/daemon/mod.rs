@@ -10,6 +10,7 @@ pub(crate) mod audit;
 pub(crate) mod gate;
 pub mod heal;
 mod lock;
+mod pods;
 mod port;
 pub(crate) mod process;
 

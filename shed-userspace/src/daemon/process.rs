@@ -12,6 +12,7 @@ use crate::{
     daemon::{
         DaemonLock, PinGuard,
         gate::{self, Gate, Instance, LoopSignals, Plan},
+        pods::Pods,
     },
     error::Error,
     host::{paths, system},
@@ -80,46 +81,19 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
     let mut gates = Vec::new();
     for netns in &plan.namespaces {
         let (go_tx, go_rx) = std::sync::mpsc::channel::<Instance>();
-        let gate = Gate {
-            netns: netns.clone(),
-            label: paths::netns_label(netns.as_deref()),
-            pin_dir: paths::gate_pin_dir(netns.as_deref()),
-            decisions: crate::observe::report::Decisions::default(),
-            heal: crate::observe::report::HealReport::default(),
-            heartbeat: crate::observe::report::Heartbeat::default(),
-            task_errors: crate::observe::report::TaskErrors::default(),
-            ended: Arc::default(),
-        };
-        let (setup, ready, plan) = (gate.clone(), ready_tx.clone(), plan.clone());
+        let gate = Gate::new(netns.clone());
         let loop_signals = LoopSignals { stop: stopped.clone(), reload: reloads.clone() };
-        let mut end =
-            GateEnd { done: done_tx.clone(), label: gate.label.clone(), ended: gate.ended.clone(), told: false };
-        let thread = std::thread::Builder::new()
-            .name(format!("shed-{}", gate.label))
-            .spawn(move || {
-                let _span = tracing::info_span!("gate", netns = %setup.label).entered();
-                let loaded = gate::set_up(&setup, &plan).with_context(|| format!("network namespace {}", setup.label));
-                let (result, loaded) = match loaded {
-                    Ok((loaded, local_addrs, seen)) => (Ok(()), Some((loaded, local_addrs, seen))),
-                    Err(e) => (Err(e), None),
-                };
-                let _ = ready.send(result);
-                drop(ready); // a set-up that panics instead ends the wait all the same
-                // Every namespace answered: run, or (one of them failed) detach.
-                let (Some((mut loaded, local_addrs, seen)), Ok(instance)) = (loaded, go_rx.recv()) else {
-                    return end.tell(Ok(()));
-                };
-                let result = gate::run(&setup, &mut loaded, (local_addrs, seen), instance, &plan, loop_signals);
-                drop(loaded); // detaches its links, inside the namespace
-                if setup.netns.is_some() {
-                    // The namespace's ports are gone (or the daemon stops): so are its pins.
-                    let _ = maps::remove_pins(&setup.pin_dir);
-                }
-                end.tell(result.with_context(|| format!("network namespace {}", setup.label)));
-            })
-            .context("starting a gate thread")?;
+        let end = GateEnd::new(done_tx.clone(), gate.label.clone(), &gate);
+        let thread = spawn_gate(gate.clone(), plan.clone(), loop_signals, Some((ready_tx.clone(), go_rx)), end)?;
         gates.push((gate, go_tx, thread));
     }
+    // `attach --pods`: each pod that asks gets a gate of its own, found and followed here.
+    let (pod_done_tx, mut pod_done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut pods = plan
+        .pods
+        .as_ref()
+        .map(|source| Pods::new(source.socket.clone(), plan.clone(), reloads.clone(), pod_done_tx.clone()));
+    drop(pod_done_tx);
     drop((ready_tx, done_tx));
     let mut failure = None;
     for _ in &gates {
@@ -186,16 +160,20 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
     // (the daemon exits with its error); one whose ports were all detached
     // just ends, and the others run on.
     let failure = runtime.block_on(async {
-        let (mut running, mut failure) = (threads.len(), None);
-        while running > 0 {
+        let (mut running, mut failure, mut stopping) = (threads.len(), None, false);
+        // Pods are looked for every second (a new pod is gated within about two).
+        let mut look = tokio::time::interval(std::time::Duration::from_secs(1));
+        while running > 0 || (pods.is_some() && !stopping) {
             tokio::select! {
                 _ = signals.interrupt.recv() => {
                     tracing::info!("SIGINT: detaching");
                     let _ = stop.send(true);
+                    stopping = true;
                 }
                 _ = signals.terminate.recv() => {
                     tracing::info!("SIGTERM: detaching");
                     let _ = stop.send(true);
+                    stopping = true;
                 }
                 _ = signals.hang_up.recv() => reload.send_modify(|n| *n += 1),
                 Some((label, result)) = done_rx.recv() => {
@@ -203,10 +181,24 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
                     if let Err(e) = result {
                         tracing::error!(netns = %label, "{e:#}: stopping every gate");
                         let _ = stop.send(true);
+                        stopping = true;
                         failure.get_or_insert(e);
                     }
                 }
+                _ = look.tick(), if pods.is_some() && !stopping => {
+                    if let Some(pods) = pods.as_mut() {
+                        pods.look().await;
+                    }
+                }
+                Some((id, result)) = pod_done_rx.recv() => {
+                    if let Some(pods) = pods.as_mut() {
+                        pods.ended(&id, result);
+                    }
+                }
             }
+        }
+        if let Some(pods) = pods.as_mut() {
+            pods.stop_all().await;
         }
         failure
     });
@@ -239,8 +231,55 @@ impl Signals {
     }
 }
 
+/// Starts a namespace's gate on a thread of its own that enters the namespace
+/// first (interfaces, addresses, sockets and the listen-queue counters are all
+/// read as that thread sees them), sets the gate up and runs its loop until
+/// `signals.stop`; the pins of a named namespace go with it. With a `barrier`,
+/// it reports its set-up there and runs only on the go-ahead (every namespace
+/// set up, or none stays attached); without, a failed set-up is its end.
+pub(super) fn spawn_gate(
+    gate: Gate,
+    plan: Arc<Plan>,
+    signals: LoopSignals,
+    barrier: Option<(std::sync::mpsc::Sender<anyhow::Result<()>>, std::sync::mpsc::Receiver<Instance>)>,
+    mut end: GateEnd,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("shed-{}", gate.label))
+        .spawn(move || {
+            let _span = tracing::info_span!("gate", netns = %gate.label).entered();
+            let loaded = gate::set_up(&gate, &plan).with_context(|| format!("network namespace {}", gate.label));
+            let (mut loaded, local_addrs, seen, instance) = match (loaded, barrier) {
+                (Ok((loaded, local_addrs, seen)), Some((ready, go))) => {
+                    let _ = ready.send(Ok(()));
+                    drop(ready);
+                    // Every namespace answered: run, or (one of them failed) detach.
+                    let Ok(instance) = go.recv() else { return end.tell(Ok(())) };
+                    (loaded, local_addrs, seen, instance)
+                }
+                (Ok((loaded, local_addrs, seen)), None) => {
+                    tracing::info!("gate set up: judging every new connection");
+                    (loaded, local_addrs, seen, Instance)
+                }
+                (Err(e), Some((ready, _))) => {
+                    let _ = ready.send(Err(e));
+                    return end.tell(Ok(()));
+                }
+                (Err(e), None) => return end.tell(Err(e)),
+            };
+            let result = gate::run(&gate, &mut loaded, (local_addrs, seen), instance, &plan, signals);
+            drop(loaded); // detaches its links, inside the namespace
+            if gate.netns.is_some() {
+                // The namespace's ports are gone (or the daemon stops): so are its pins.
+                let _ = maps::remove_pins(&gate.pin_dir);
+            }
+            end.tell(result.with_context(|| format!("network namespace {}", gate.label)));
+        })
+        .context("starting a gate thread")
+}
+
 /// Tells the daemon how a gate thread ended, once; a thread that panics tells it too.
-struct GateEnd {
+pub(super) struct GateEnd {
     done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
     label: String,
     ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -248,6 +287,15 @@ struct GateEnd {
 }
 
 impl GateEnd {
+    /// Tells `done` as `(label, result)`.
+    pub(super) fn new(
+        done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
+        label: String,
+        gate: &Gate,
+    ) -> Self {
+        Self { done, label, ended: gate.ended.clone(), told: false }
+    }
+
     fn tell(&mut self, result: anyhow::Result<()>) {
         self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = self.done.send((self.label.clone(), result));

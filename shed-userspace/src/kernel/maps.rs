@@ -616,7 +616,7 @@ pub(crate) fn local_addr_table(addrs: &BTreeMap<[u8; 16], u32>) -> (Vec<LocalAdd
 }
 
 /// Everything `protect` needs to know about a new port.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct PortSpec {
     pub limit: u32,
     /// Most connections per client (0: no cap), IPv6 counted per prefix of `client_prefix_v6`.

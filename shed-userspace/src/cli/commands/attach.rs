@@ -2,8 +2,11 @@
 //! `shedctl attach`: check everything before anything changes, plan, and run
 //! the daemon (`daemon::process`).
 use crate::{
-    cli::{AttachArgs, commands::reload, config},
-    daemon::{gate::Plan, process},
+    cli::{AttachArgs, annotations, commands::reload, config},
+    daemon::{
+        gate::{Plan, PodSource},
+        process,
+    },
     host::system::{self, Need},
 };
 
@@ -14,13 +17,14 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         print!("{}", config::render(&args));
         return Ok(());
     }
-    if args.ports.is_empty() {
-        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file");
+    if args.ports.is_empty() && !args.pods {
+        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file (or --pods)");
     }
     let (spec, tiers) = args.plan()?;
     // Every check runs before anything changes, so a refusal leaves the host untouched.
-    system::check_privileges(if args.netns.is_empty() { Need::Attach } else { Need::AttachNetns })?;
-    let namespaces = process::namespaces(&args.netns)?;
+    system::check_privileges(if args.netns.is_empty() && !args.pods { Need::Attach } else { Need::AttachNetns })?;
+    // With --pods alone, the node's own namespace is not gated: only the pods that ask.
+    let namespaces = if args.ports.is_empty() { Vec::new() } else { process::namespaces(&args.netns)? };
     system::check_bpffs()?;
     system::check_tracefs()?;
     system::check_tracepoint_layouts()?;
@@ -46,5 +50,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         ready_max_shed: args.ready_max_shed,
         ready_window: args.ready_window,
         reloader: reload::reloader(&args),
+        pods: args
+            .pods
+            .then(|| PodSource { socket: args.cri_socket.clone(), read: Box::new(annotations::pod_settings) }),
     })
 }

@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! `attach --pods`: the node's pods that ask for a gate (`shed.io/ports`),
+//! found through the container runtime (CRI) every second. Each gets a gate
+//! of its own, in its network namespace, with the settings its `shed.io/*`
+//! annotations give and the node's for the rest (hook, map sizes, healing);
+//! a pod that goes takes its gate and pins with it. A pod's bad annotation or
+//! failed set-up is that pod's alone: said once, the pod left ungated, the
+//! node and the other pods untouched.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use tokio::sync::{mpsc::UnboundedSender, watch};
+
+use crate::{
+    daemon::{
+        gate::{Gate, LoopSignals, Plan, PodReader, PodSettings},
+        process::{GateEnd, spawn_gate},
+    },
+    host::cri::{self, PodSandbox},
+};
+
+/// The pods the daemon gates, and those it will not.
+pub(super) struct Pods {
+    socket: PathBuf,
+    node: Arc<Plan>,
+    reloads: watch::Receiver<u64>,
+    done: UnboundedSender<(String, anyhow::Result<()>)>,
+    client: Option<cri::Client>,
+    /// By sandbox id.
+    running: BTreeMap<String, PodGate>,
+    /// Sandboxes whose annotations or set-up failed (said once; a sandbox's
+    /// annotations never change, so they are not retried).
+    refused: BTreeSet<String>,
+    /// The runtime's last error, said once until it changes.
+    last_error: Option<String>,
+}
+
+struct PodGate {
+    pod: String,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pods {
+    pub(super) fn new(
+        socket: PathBuf,
+        node: Arc<Plan>,
+        reloads: watch::Receiver<u64>,
+        done: UnboundedSender<(String, anyhow::Result<()>)>,
+    ) -> Self {
+        Self {
+            socket,
+            node,
+            reloads,
+            done,
+            client: None,
+            running: BTreeMap::new(),
+            refused: BTreeSet::new(),
+            last_error: None,
+        }
+    }
+
+    /// Asks the runtime for its pods: gates the new ones that ask, ends the gates of pods gone.
+    pub(super) async fn look(&mut self) {
+        let pods = match self.list().await {
+            Ok(pods) => pods,
+            Err(e) => {
+                let e = e.to_string();
+                if self.last_error.as_ref() != Some(&e) {
+                    tracing::warn!("--pods: {e}; the pods gated so far stay gated, the rest wait for the runtime");
+                    self.last_error = Some(e);
+                }
+                self.client = None;
+                return;
+            }
+        };
+        if self.last_error.take().is_some() {
+            tracing::info!(socket = %self.socket.display(), "--pods: the container runtime answers again");
+        }
+        let present: BTreeSet<&str> = pods.iter().map(|p| p.id.as_str()).collect();
+        let gone: Vec<String> = self.running.keys().filter(|id| !present.contains(id.as_str())).cloned().collect();
+        for id in gone {
+            self.stop(&id).await;
+        }
+        self.refused.retain(|id| present.contains(id.as_str()));
+        for pod in &pods {
+            if self.running.contains_key(&pod.id) || self.refused.contains(&pod.id) {
+                continue;
+            }
+            let read = &self.node.pods.as_ref().expect("Pods runs for --pods").read;
+            match gate_for(pod, read) {
+                Ok(None) => {}
+                Ok(Some((settings, netns))) => {
+                    if let Err(e) = self.start(pod, settings, netns) {
+                        tracing::warn!(pod = %pod_name(pod), "{e:#}: the pod is left ungated");
+                        self.refused.insert(pod.id.clone());
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated");
+                    self.refused.insert(pod.id.clone());
+                }
+            }
+        }
+    }
+
+    async fn list(&mut self) -> Result<Vec<PodSandbox>, crate::error::Error> {
+        let client = match &mut self.client {
+            Some(client) => client,
+            None => self.client.insert(cri::connect(&self.socket).await?),
+        };
+        cri::pod_sandboxes(client, &self.socket).await
+    }
+
+    fn start(&mut self, pod: &PodSandbox, settings: PodSettings, netns: String) -> anyhow::Result<()> {
+        let ports = settings.ports.clone();
+        let plan = Arc::new(pod_plan(&self.node, settings, netns.clone()));
+        let gate = Gate::new(Some(netns));
+        let (stop, stopped) = watch::channel(false);
+        let signals = LoopSignals { stop: stopped, reload: self.reloads.clone() };
+        let end = GateEnd::new(self.done.clone(), pod.id.clone(), &gate);
+        let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
+        tracing::info!(pod = %pod_name(pod), netns = %gate.label, ports = ?ports, "gating the pod");
+        self.running.insert(pod.id.clone(), PodGate { pod: pod_name(pod), stop, thread: Some(thread) });
+        Ok(())
+    }
+
+    /// Ends a pod's gate (its pod went) and waits for its thread.
+    async fn stop(&mut self, id: &str) {
+        let Some(mut gate) = self.running.remove(id) else { return };
+        let _ = gate.stop.send(true);
+        if let Some(thread) = gate.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
+    }
+
+    /// A pod's gate ended by itself: its set-up failed, or its loop did.
+    pub(super) fn ended(&mut self, id: &str, result: anyhow::Result<()>) {
+        let Some(gate) = self.running.remove(id) else { return };
+        if let Err(e) = result {
+            tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated");
+        } else {
+            tracing::info!(pod = %gate.pod, "the pod's gate ended");
+        }
+        // Not gated again: what failed would fail again (its namespace, its settings).
+        self.refused.insert(id.to_owned());
+    }
+
+    /// Ends every pod's gate (the daemon stops).
+    pub(super) async fn stop_all(&mut self) {
+        let ids: Vec<String> = self.running.keys().cloned().collect();
+        for id in &ids {
+            if let Some(gate) = self.running.get(id) {
+                let _ = gate.stop.send(true);
+            }
+        }
+        for id in ids {
+            self.stop(&id).await;
+        }
+    }
+}
+
+/// `namespace/name`, as kubectl names a pod.
+fn pod_name(pod: &PodSandbox) -> String {
+    format!("{}/{}", pod.namespace, pod.name)
+}
+
+/// What a pod's gate would be (its settings and namespace), `None` when it
+/// asks for none, or why it cannot have one.
+fn gate_for(pod: &PodSandbox, read: &PodReader) -> Result<Option<(PodSettings, String)>, String> {
+    let Some(settings) = read(&pod.annotations)? else { return Ok(None) };
+    if pod.host_network {
+        return Err("a host-network pod shares the node's namespace: gate its ports with the node's own --port".into());
+    }
+    let path = pod.netns.as_deref().ok_or("the runtime reports no network namespace for the pod")?;
+    Ok(Some((settings, netns_name(path))))
+}
+
+/// A namespace as `--netns` names it: its `ip netns` name when it is one
+/// (the runtime's `/var/run/netns/cni-...`), else its path.
+fn netns_name(path: &Path) -> String {
+    let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let named = parent == Path::new("/run/netns") || parent == Path::new("/var/run/netns");
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some(name) if named => name.to_owned(),
+        _ => path.display().to_string(),
+    }
+}
+
+/// A pod's plan: its annotations' settings for its ports; the node's for
+/// where and how its gate attaches, map sizes, healing and logging.
+fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
+    let mut ports = settings.ports;
+    ports.sort_unstable();
+    ports.dedup();
+    Plan {
+        ports,
+        spec: settings.spec,
+        tiers: settings.tiers,
+        namespaces: vec![Some(netns)],
+        ifaces: Vec::new(),
+        hook: node.hook,
+        xdp_mode: node.xdp_mode,
+        action: settings.action,
+        count: settings.count,
+        dry_run: settings.dry_run,
+        max_connections: node.max_connections,
+        max_clients: node.max_clients,
+        kernel_log: node.kernel_log,
+        allow_nat: node.allow_nat,
+        window: settings.window,
+        handshake_window: settings.handshake_window,
+        heal_interval: node.heal_interval,
+        metrics: None,
+        ready_max_shed: node.ready_max_shed,
+        ready_window: node.ready_window,
+        reloader: None,
+        pods: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(annotations: &[(&str, &str)], netns: Option<&str>, host_network: bool) -> PodSandbox {
+        PodSandbox {
+            id: "id".into(),
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            netns: netns.map(PathBuf::from),
+            host_network,
+        }
+    }
+
+    /// A reader that asks for a gate on 8080 when `shed.io/ports` is there, refuses `bad`.
+    fn reader() -> PodReader {
+        Box::new(|a: &BTreeMap<String, String>| match a.get("shed.io/ports").map(String::as_str) {
+            None => Ok(None),
+            Some("bad") => Err("annotation shed.io/ports: bad".to_owned()),
+            Some(_) => Ok(Some(PodSettings {
+                ports: vec![8080],
+                spec: crate::kernel::maps::PortSpec::default(),
+                tiers: BTreeMap::new(),
+                action: crate::kernel::options::Action::Rst,
+                count: crate::kernel::options::Count::Connections,
+                dry_run: false,
+                window: std::time::Duration::from_millis(100),
+                handshake_window: std::time::Duration::ZERO,
+            })),
+        })
+    }
+
+    #[test]
+    fn a_pod_that_asks_is_gated_in_its_own_namespace() {
+        let read = reader();
+        let asks = [("shed.io/ports", "8080")];
+        let (settings, netns) = gate_for(&pod(&asks, Some("/var/run/netns/cni-1"), false), &read).unwrap().unwrap();
+        assert_eq!((settings.ports.as_slice(), netns.as_str()), (&[8080][..], "cni-1"));
+        assert!(gate_for(&pod(&[("app", "x")], Some("/var/run/netns/cni-1"), false), &read).unwrap().is_none());
+        let bad = gate_for(&pod(&[("shed.io/ports", "bad")], Some("/run/netns/a"), false), &read);
+        assert_eq!(bad.unwrap_err(), "annotation shed.io/ports: bad");
+        assert!(gate_for(&pod(&asks, None, true), &read).unwrap_err().contains("host-network"));
+        assert!(gate_for(&pod(&asks, None, false), &read).unwrap_err().contains("no network namespace"));
+        assert_eq!(netns_name(Path::new("/run/netns/cni-2")), "cni-2");
+        assert_eq!(netns_name(Path::new("/proc/42/ns/net")), "/proc/42/ns/net", "not a name: the path");
+    }
+}
