@@ -99,7 +99,12 @@ fn shedctl_pods_shows_what_each_pods_annotations_ask_for() {
 /// Waits until the agent says `pod`'s gate is set up (its programs attached), for at most 10 s.
 fn wait_gated(gate: &Gate, netns: &str) {
     let line = format!("netns={netns}}}: shed::daemon::process: gate set up");
-    shed_testkit::gate::poll(Duration::from_secs(10), &format!("{netns} gated"), || gate.log(), |log| log.contains(&line));
+    shed_testkit::gate::poll(
+        Duration::from_secs(10),
+        &format!("{netns} gated"),
+        || gate.log(),
+        |log| log.contains(&line),
+    );
 }
 
 /// `shedctl stats --json --netns <ns>`: the ports gated in one namespace, if it is gated.
@@ -112,8 +117,12 @@ fn stats_of(netns: &str) -> Option<serde_json::Value> {
 fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let _one = exclusive();
     let mut runtime = Runtime::start("shedpod2", "10.233.73.0/24").expect("a private containerd");
-    let limited =
-        [("shed.io/ports", "8080"), ("shed.io/limit", "1"), ("shed.io/count", "connections"), ("shed.io/action", "rst")];
+    let limited = [
+        ("shed.io/ports", "8080"),
+        ("shed.io/limit", "1"),
+        ("shed.io/count", "connections"),
+        ("shed.io/action", "rst"),
+    ];
     let web = runtime.run_pod("web", &limited).expect("pod");
     let plain = runtime.run_pod("plain", &[]).expect("pod");
     let typo = runtime.run_pod("typo", &[("shed.io/ports", "8080"), ("shed.io/limt", "1")]).expect("pod");

@@ -269,5 +269,54 @@ mod tests {
         assert!(gate_for(&pod(&asks, None, false), &read).unwrap_err().contains("no network namespace"));
         assert_eq!(netns_name(Path::new("/run/netns/cni-2")), "cni-2");
         assert_eq!(netns_name(Path::new("/proc/42/ns/net")), "/proc/42/ns/net", "not a name: the path");
+        assert_eq!(netns_name(Path::new("/srv/netns/cni-3")), "/srv/netns/cni-3");
+        assert_eq!(pod_name(&pod(&asks, None, false)), "shop/web-0", "as kubectl names it");
+    }
+
+    #[test]
+    fn a_pods_plan_takes_its_ports_settings_and_the_nodes_attachment() {
+        let node = Plan {
+            ports: vec![9999],
+            spec: crate::kernel::maps::PortSpec::default(),
+            tiers: BTreeMap::new(),
+            namespaces: vec![None],
+            ifaces: vec!["eth9".into()],
+            hook: Some(crate::kernel::options::Hook::Xdp),
+            xdp_mode: crate::kernel::options::XdpAttachMode::Generic,
+            action: crate::kernel::options::Action::Drop,
+            count: crate::kernel::options::Count::Work,
+            dry_run: true,
+            max_connections: 1234,
+            max_clients: 567,
+            kernel_log: true,
+            allow_nat: true,
+            window: std::time::Duration::from_secs(9),
+            handshake_window: std::time::Duration::from_secs(9),
+            heal_interval: std::time::Duration::from_secs(77),
+            metrics: Some("127.0.0.1:1".parse().unwrap()),
+            ready_max_shed: 42,
+            ready_window: std::time::Duration::from_secs(43),
+            reloader: None,
+            pods: None,
+        };
+        let mut settings = (reader())(&[("shed.io/ports".to_owned(), "x".to_owned())].into()).unwrap().unwrap();
+        settings.ports = vec![9090, 8080, 9090];
+        let plan = pod_plan(&node, settings, "cni-7".into());
+        assert_eq!(plan.ports, [8080, 9090], "each port once");
+        assert_eq!(plan.namespaces, [Some("cni-7".to_owned())]);
+        assert!(plan.ifaces.is_empty(), "every interface of the pod's namespace");
+        assert_eq!((plan.hook, plan.xdp_mode), (node.hook, node.xdp_mode), "the node's attachment");
+        assert_eq!((plan.max_connections, plan.max_clients, plan.kernel_log, plan.allow_nat), (1234, 567, true, true));
+        assert_eq!(
+            (plan.heal_interval, plan.ready_max_shed, plan.ready_window),
+            (node.heal_interval, 42, node.ready_window)
+        );
+        assert_eq!(
+            (plan.action, plan.count, plan.dry_run),
+            (crate::kernel::options::Action::Rst, crate::kernel::options::Count::Connections, false),
+            "the pod's"
+        );
+        assert_eq!(plan.window, std::time::Duration::from_millis(100));
+        assert!(plan.metrics.is_none() && plan.pods.is_none(), "the node's endpoint and agent are the node's");
     }
 }
