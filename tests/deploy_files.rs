@@ -4,12 +4,19 @@ use std::{path::Path, process::Command};
 
 const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
 
-/// The flags a config file stands for, through shedctl's own config parser.
+/// The flags a config file stands for, through shedctl's own config parser
+/// (each `--flag=value` as the two words `--flag`, `value`).
 fn config_flags(name: &str, text: &str) -> Vec<String> {
     shed::cli::config::file_args(Path::new(name), text, &|_| false)
         .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
-        .map(|a| a.into_string().unwrap())
+        .flat_map(|a| {
+            let a = a.into_string().unwrap();
+            match a.split_once('=') {
+                Some((flag, value)) if flag.starts_with("--") => vec![flag.to_owned(), value.to_owned()],
+                _ => vec![a],
+            }
+        })
         .collect()
 }
 
