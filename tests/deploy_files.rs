@@ -58,7 +58,8 @@ fn systemd_unit_passes_systemd_analyze_verify() {
 #[test]
 fn kubernetes_manifests_validate_against_the_schemas() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
-    let files: Vec<String> = ["configmap.yaml", "daemonset.yaml"].iter().map(|f| format!("{dir}/{f}")).collect();
+    let files: Vec<String> =
+        ["configmap.yaml", "daemonset.yaml", "example-deployment.yaml"].iter().map(|f| format!("{dir}/{f}")).collect();
     // Through python3 -m: the entry-point script may not be on PATH, the module is where pip put it.
     let out = Command::new("python3")
         .args(["-m", "kubernetes_validate", "--strict"])
@@ -67,7 +68,7 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         .expect("python3 with kubernetes-validate (installed by `cargo xtask setup`)");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
-    assert_eq!(text.matches("passed").count(), 2, "{text}");
+    assert_eq!(text.matches("passed").count(), 3, "{text}");
     let daemonset = std::fs::read_to_string(&files[1]).unwrap();
     for needed in [
         "hostNetwork: true",
@@ -79,6 +80,11 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         "prometheus.io/scrape: \"true\"",
         "prometheus.io/port: \"9464\"",
         "--config",
+        // The node agent: pods' namespaces, the runtime's socket, entering a namespace.
+        "/run/netns",
+        "containerd.sock",
+        "SYS_ADMIN",
+        "hostPID: true",
     ] {
         assert!(daemonset.contains(needed), "the DaemonSet needs {needed}");
     }
@@ -94,6 +100,20 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     let flags = config_flags("configmap.yaml:shed.toml", &toml);
     let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());
     assert_eq!(metrics, Some("0.0.0.0:9464"), "{flags:?}");
+    assert!(flags.iter().any(|f| f == "--pods"), "the DaemonSet runs the node agent: {flags:?}");
+    // The example's annotations are what a pod may ask: each one accepted.
+    let example = std::fs::read_to_string(&files[2]).unwrap();
+    let annotations: std::collections::BTreeMap<String, String> = example
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("shed.io/"))
+        .map(|l| {
+            let (k, v) = l.split_once(": ").unwrap();
+            (format!("shed.io/{k}"), v.trim_matches('"').to_owned())
+        })
+        .collect();
+    assert!(annotations.len() >= 4, "{annotations:?}");
+    let asks = shed::cli::annotations::pod_attach_args(&annotations).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(asks.map(|a| a.ports), Some(vec![8080]));
 }
 
 /// The override OPERATIONS.md documents, on the shipped config: a fixed limit

@@ -192,15 +192,20 @@ fn netns_name(path: &Path) -> String {
 }
 
 /// A pod's plan: its annotations' settings for its ports; the node's for
-/// where and how its gate attaches, map sizes, healing and logging.
+/// where and how its gate attaches, map sizes, healing and logging. The
+/// node's tiers hold in every pod (the kubelet probes pods from the node:
+/// a node that exempts itself keeps its pods' probes flowing), the pod's
+/// own over them for the same network.
 fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
     let mut ports = settings.ports;
     ports.sort_unstable();
     ports.dedup();
+    let mut tiers = node.tiers.clone();
+    tiers.extend(settings.tiers);
     Plan {
         ports,
         spec: settings.spec,
-        tiers: settings.tiers,
+        tiers,
         namespaces: vec![Some(netns)],
         ifaces: Vec::new(),
         hook: node.hook,
@@ -299,10 +304,26 @@ mod tests {
             reloader: None,
             pods: None,
         };
+        let cidr = |s: &str| {
+            let (addr, len) = s.split_once('/').unwrap();
+            let v4: std::net::Ipv4Addr = addr.parse().unwrap();
+            crate::kernel::options::Cidr {
+                prefix_len: 96 + len.parse::<u32>().unwrap(),
+                addr: shed_common::ipv4_mapped(v4.octets()),
+            }
+        };
+        let node = Plan { tiers: [(cidr("10.0.0.0/8"), 0), (cidr("192.168.0.0/16"), 3)].into(), ..node };
         let mut settings = (reader())(&[("shed.io/ports".to_owned(), "x".to_owned())].into()).unwrap().unwrap();
         settings.ports = vec![9090, 8080, 9090];
+        settings.tiers = [(cidr("192.168.0.0/16"), 1), (cidr("172.16.0.0/12"), 2)].into();
         let plan = pod_plan(&node, settings, "cni-7".into());
         assert_eq!(plan.ports, [8080, 9090], "each port once");
+        let tiers: Vec<(String, u8)> = plan.tiers.iter().map(|(c, t)| (c.to_string(), *t)).collect();
+        assert_eq!(
+            tiers,
+            [("10.0.0.0/8".to_owned(), 0), ("172.16.0.0/12".to_owned(), 2), ("192.168.0.0/16".to_owned(), 1)],
+            "the node's tiers, the pod's over them"
+        );
         assert_eq!(plan.namespaces, [Some("cni-7".to_owned())]);
         assert!(plan.ifaces.is_empty(), "every interface of the pod's namespace");
         assert_eq!((plan.hook, plan.xdp_mode), (node.hook, node.xdp_mode), "the node's attachment");
