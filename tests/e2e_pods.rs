@@ -158,6 +158,10 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let _later_held = echo(addr(&later)).expect("the new pod's first connection");
     let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
     assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "the new pod's limit holds");
+    // Tuned live by its namespace, as any gate.
+    let out = shedctl(&["set", "--netns", &later.netns, "--port", "8080", "--limit", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _second = echo(addr(&later)).expect("a second connection, under the raised limit");
 
     // A pod removed takes its gate and pins; the agent and the other pods go on.
     drop(held);
