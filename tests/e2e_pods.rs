@@ -170,4 +170,23 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     shed_testkit::gate::poll(Duration::from_secs(10), "the removed pod's pins gone", || pins.exists(), |e| !e);
     assert!(stats_of(&later.netns).is_some(), "the other pod's gate runs on");
     assert!(gate.log().contains("the pod is gone"), "{}", gate.log());
+
+    // The agent restarted finds the pod again and adopts its open connections:
+    // its limit holds against them from the start.
+    drop(gate);
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
+    wait_gated(&gate, &later.netns);
+    shed_testkit::gate::poll(
+        Duration::from_secs(10),
+        "the held connections adopted",
+        || stats_of(&later.netns).map(|s| s[0]["established"].as_u64()),
+        |held| *held == Some(Some(2)),
+    );
+    let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
+    assert_eq!(
+        refused.map_err(|e| e.kind()),
+        Err(ErrorKind::ConnectionRefused),
+        "the adopted connections (2) fill the limit (its annotation's 1 again: `set` lasts as long as the gate): {}",
+        gate.log()
+    );
 }
