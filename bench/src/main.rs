@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! shed-bench: the benchmarks (B1-B9) and the live demo, as their own binary
+//! shed-bench: the benchmarks (B1-B11) and the live demo, as their own binary
 //! so that `cargo xtask` compiles only what set-up needs. `cargo xtask bench`
 //! and `cargo xtask demo` build the kernel object, shedctl and this, then run
 //! it (as root: every benchmark loads real programs).
@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 use crate::common::{Scale, results_dir};
 
 mod b1;
+mod b10;
 mod b11;
 mod b2;
 mod b3;
@@ -80,7 +81,7 @@ fn main() -> Result<()> {
 
 fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b11"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -131,6 +132,9 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b9") {
         save("b9", b9::b9(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b10") {
+        save("b10", b10::b10(&shedctl, scale)?)?;
     }
     if wanted("b11") {
         save("b11", b11::b11(&shedctl, scale, &results_dir())?)?;

@@ -3,7 +3,7 @@
 //! every benchmark still measures what it reports. They write nothing under bench/.
 use std::path::{Path, PathBuf};
 
-use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b11, common::Scale};
+use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, common::Scale};
 
 /// A PNG image of a real plot: the signature, and an IHDR of at least 200 x 100 pixels.
 fn assert_plot(path: &Path) {
@@ -190,4 +190,19 @@ fn b11_still_runs() {
     }
     assert!(out.path().join("b11_retry_storm.png").exists());
     assert!(md.contains("| shed http (503 + Retry-After) |"), "{md}");
+}
+
+#[test]
+fn b10_still_runs() {
+    let _one = shed_testkit::gate::exclusive();
+    let (json, md) = b10::b10(&shedctl(), Scale::Smoke).expect("B10 runs");
+    let levels = json["levels"].as_array().expect("levels");
+    assert_eq!(levels.len(), 2, "{json}");
+    for l in levels {
+        // Every pod's gate loads its programs and holds its maps: some of each per pod.
+        assert!(l["programs_per_pod"].as_f64().unwrap() >= 1.0, "{l}");
+        assert!(l["map_memlock_bytes"].as_u64().unwrap() > 0 && l["rss_bytes"].as_u64().unwrap() > 0, "{l}");
+        assert!(l["late_pod_gated_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    assert!(md.contains("| pods | all gated (s) |"), "{md}");
 }

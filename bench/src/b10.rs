@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! B10: the node agent's cost against pods gated. A private containerd makes
+//! 1, 10 and 100 annotated pod sandboxes through the CRI API; `shedctl attach
+//! --pods` finds them and gates each in its own namespace. Per level: how long
+//! the agent took to gate them all from its start, how long one more pod
+//! created then took from its sandbox being ready to its gate being set up,
+//! the daemon's CPU time and resident memory, the kernel memory of its maps
+//! and programs, and the programs loaded per pod (read from the daemon's own
+//! file descriptors, /proc/PID/fdinfo).
+use std::{
+    fmt::Write as _,
+    path::Path,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, Result, bail};
+use shed_testkit::{
+    cri::Runtime,
+    gate::{Gate, Log},
+};
+
+use crate::common::Scale;
+
+const ASKS: [(&str, &str); 4] =
+    [("shed.io/ports", "8080"), ("shed.io/limit", "50"), ("shed.io/count", "connections"), ("shed.io/action", "rst")];
+
+/// What the daemon holds: CPU seconds, resident bytes, and its BPF maps and programs (count, memlock bytes).
+#[derive(Debug, Default)]
+struct Held {
+    cpu_s: f64,
+    rss_bytes: u64,
+    maps: (u64, u64),
+    programs: (u64, u64),
+}
+
+fn held_by(pid: i32) -> Result<Held> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    let mut held = Held { cpu_s: (field(14) + field(15)) as f64 / ticks, rss_bytes: rss_kb * 1024, ..Held::default() };
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(info) = std::fs::read_to_string(fd?.path()) else { continue };
+        let memlock = info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse::<u64>().ok());
+        let slot = if info.contains("map_type:") {
+            &mut held.maps
+        } else if info.contains("prog_type:") {
+            &mut held.programs
+        } else {
+            continue;
+        };
+        slot.0 += 1;
+        slot.1 += memlock.unwrap_or(0);
+    }
+    Ok(held)
+}
+
+/// When the agent's log says `netns`'s gate was set up (its line's UTC time).
+fn gated_at(log: &str, netns: &str) -> Option<SystemTime> {
+    let marker = format!("netns={netns}}}: shed::daemon::process: gate set up");
+    let line = log.lines().find(|l| l.contains(&marker))?;
+    log_time(line.split_whitespace().next()?)
+}
+
+/// A log line's `2026-12-03T05:49:08.207168Z` as a time (UTC).
+fn log_time(stamp: &str) -> Option<SystemTime> {
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<u64> = hms.split(':').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let (&[y, m, day], &[h, min, s]) = (d.as_slice(), t.as_slice()) else { return None };
+    // Days since 1970-01-01 (civil from days, inverted; Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    let nanos = format!("{frac:0<9}")[..9].parse::<u64>().ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::new(days * 86_400 + h * 3600 + min * 60 + s, nanos as u32))
+}
+
+/// One level: `pods` annotated pods gated by one agent, then one more.
+fn level(shedctl: &Path, pods: usize, level_index: usize) -> Result<serde_json::Value> {
+    let mut runtime = Runtime::start(&format!("shedb10{level_index}"), &format!("10.233.{}.0/24", 80 + level_index))
+        .context("a private containerd")?;
+    let mut made = Vec::new();
+    for i in 0..pods {
+        made.push(runtime.run_pod(&format!("b10-{i}"), &ASKS)?);
+    }
+    let socket = runtime.socket().display().to_string();
+    let started = Instant::now();
+    let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
+    let deadline = started + Duration::from_secs(60 + 3 * pods as u64);
+    while made.iter().any(|p| gated_at(&gate.log(), &p.netns).is_none()) {
+        if Instant::now() > deadline {
+            bail!("not every pod gated in {:?}:\n{}", deadline - started, gate.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let all_gated = started.elapsed();
+    let settled = held_by(gate.pid())?;
+    // One more, with the others gated: from its sandbox ready to its gate set up.
+    let one_more = runtime.run_pod("b10-late", &ASKS)?;
+    let ready = SystemTime::now();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let late = loop {
+        if let Some(at) = gated_at(&gate.log(), &one_more.netns) {
+            break at.duration_since(ready).unwrap_or_default();
+        }
+        if Instant::now() > deadline {
+            bail!("the late pod was not gated in 30 s:\n{}", gate.log());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // An idle stretch: what the agent costs while nothing changes.
+    let before = held_by(gate.pid())?;
+    let idle = Duration::from_secs(if pods > 2 { 10 } else { 2 });
+    std::thread::sleep(idle);
+    let after = held_by(gate.pid())?;
+    drop(gate);
+    let gates = (pods + 1) as f64;
+    Ok(serde_json::json!({
+        "pods": pods,
+        "all_gated_s": all_gated.as_secs_f64(),
+        "late_pod_gated_s": late.as_secs_f64(),
+        "cpu_s_to_gate_all": settled.cpu_s,
+        "idle_cpu_percent": 100.0 * (after.cpu_s - before.cpu_s) / idle.as_secs_f64(),
+        "rss_bytes": after.rss_bytes,
+        "map_memlock_bytes": after.maps.1,
+        "map_memlock_bytes_per_pod": after.maps.1 as f64 / gates,
+        "programs": after.programs.0,
+        "programs_per_pod": after.programs.0 as f64 / gates,
+        "program_memlock_bytes": after.programs.1,
+    }))
+}
+
+pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
+    let levels: &[usize] = scale.pick(&[1, 10, 100], &[1, 10], &[1, 2]);
+    let mut rows = Vec::new();
+    for (i, &pods) in levels.iter().enumerate() {
+        println!("B10: {pods} pod(s)");
+        rows.push(level(shedctl, pods, i)?);
+    }
+    let mut md = String::from(
+        "## B10: the node agent against pods gated\n\n`attach --pods` over a private containerd's annotated pod \
+         sandboxes: the time to gate them all from the agent's start, one more pod's time from its sandbox ready \
+         to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (each pod's \
+         gate loads its own).\n\n\
+         | pods | all gated (s) | one more gated (s) | CPU to gate all (s) | idle CPU (%) | RSS (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1024.0 * 1024.0);
+    for r in &rows {
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} | {:.1} | {} | {:.0} |",
+            r["pods"],
+            r["all_gated_s"].as_f64().unwrap_or(0.0),
+            r["late_pod_gated_s"].as_f64().unwrap_or(0.0),
+            r["cpu_s_to_gate_all"].as_f64().unwrap_or(0.0),
+            r["idle_cpu_percent"].as_f64().unwrap_or(0.0),
+            mib(&r["rss_bytes"]),
+            mib(&r["map_memlock_bytes"]),
+            mib(&r["map_memlock_bytes_per_pod"]),
+            r["programs"],
+            r["programs_per_pod"].as_f64().unwrap_or(0.0),
+        );
+    }
+    Ok((serde_json::json!({ "levels": rows }), md))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_times_are_read_as_utc() {
+        let t = log_time("2026-12-03T05:49:08.207168Z").unwrap();
+        let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        // date -u -d 2026-12-03T05:49:08Z +%s
+        assert_eq!(since.as_secs(), 1_796_276_948);
+        assert_eq!(since.subsec_micros(), 207_168);
+        assert_eq!(log_time("1970-01-01T00:00:01Z").unwrap(), SystemTime::UNIX_EPOCH + Duration::from_secs(1));
+        assert!(log_time("yesterday").is_none());
+    }
+}
