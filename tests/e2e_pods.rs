@@ -138,6 +138,9 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let web_stats = stats_of(&web.netns).expect("the annotated pod is gated");
     assert_eq!(web_stats[0]["port"], 8080, "{web_stats}");
     assert_eq!(web_stats[0]["limit"], 1, "its annotations' limit: {web_stats}");
+    assert_eq!(web_stats[0]["pod"], "default/web", "named by its pod: {web_stats}");
+    let table = String::from_utf8_lossy(&shedctl(&["stats", "--interval", "50"]).stdout).into_owned();
+    assert!(table.contains(&format!("pod default/web (netns {}):", web.netns)), "{table}");
     assert!(stats_of(&plain.netns).is_none() && stats_of(&typo.netns).is_none(), "the others are not gated");
     assert!(gate.log().contains("shed.io/limt: unknown key"), "the bad annotation is said: {}", gate.log());
 
@@ -158,10 +161,16 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let _later_held = echo(addr(&later)).expect("the new pod's first connection");
     let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
     assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "the new pod's limit holds");
-    // Tuned live by its namespace, as any gate.
-    let out = shedctl(&["set", "--netns", &later.netns, "--port", "8080", "--limit", "2"]);
+    // Tuned live by the pod's name.
+    let out = shedctl(&["set", "--pod", "default/later", "--port", "8080", "--limit", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let _second = echo(addr(&later)).expect("a second connection, under the raised limit");
+    let out = shedctl(&["stats", "--pod", "default/nope"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no gated pod default/nope") && err.contains("shedctl pods"),
+        "{err}"
+    );
 
     // A pod removed takes its gate and pins; the agent and the other pods go on.
     drop(held);

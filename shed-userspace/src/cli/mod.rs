@@ -439,6 +439,14 @@ pub struct GuardArgs {
     pub target_latency: Option<Duration>,
 }
 
+/// The namespace label `--netns` or `--pod` chooses (None: every gate).
+pub(crate) fn chosen_netns(netns: Option<String>, pod: Option<&str>) -> anyhow::Result<Option<String>> {
+    let Some(pod) = pod else { return Ok(netns) };
+    crate::host::paths::label_of_pod(pod).map(Some).ok_or_else(|| {
+        anyhow::anyhow!("no gated pod {pod}: `shedctl pods` shows the node's pods and which of them ask for a gate")
+    })
+}
+
 #[derive(Debug, Args)]
 pub struct PodsArgs {
     /// The container runtime's CRI socket (--cri-socket /run/containerd/containerd.sock).
@@ -459,6 +467,10 @@ pub struct StatsArgs {
     /// With several namespaces gated: only this one, by its label in `shedctl stats` (--netns web).
     #[arg(long)]
     pub netns: Option<String>,
+
+    /// A pod's gate (`attach --pods`), by the pod's namespace and name (--pod default/web).
+    #[arg(long, conflicts_with = "netns")]
+    pub pod: Option<String>,
 
     /// Print a JSON list, one object per port (--json).
     #[arg(long)]
@@ -482,6 +494,10 @@ pub struct TopArgs {
     /// With several namespaces gated: only this one, by its label in `shedctl stats` (--netns web).
     #[arg(long)]
     pub netns: Option<String>,
+
+    /// A pod's gate (`attach --pods`), by the pod's namespace and name (--pod default/web).
+    #[arg(long, conflicts_with = "netns")]
+    pub pod: Option<String>,
 
     /// Milliseconds between refreshes (--interval 250). Default: the ports' control window.
     #[arg(long, value_parser = |s: &str| parse_millis(s, 50, 60_000))]
@@ -521,6 +537,10 @@ pub struct SetArgs {
     /// With several namespaces gated: change the port only in this one (--netns web); without it, in every one.
     #[arg(long)]
     pub netns: Option<String>,
+
+    /// A pod's gate (`attach --pods`), by the pod's namespace and name (--pod default/web).
+    #[arg(long, conflicts_with = "netns")]
+    pub pod: Option<String>,
 
     /// The limit, now (--limit 50); adaptive controllers continue from it.
     #[arg(long, value_parser = parse_limit)]
@@ -633,7 +653,9 @@ mod vocabulary_tests {
             assert!(crate::cli::config::has_key(&key), "--{flag} has no config key `{key}`");
         }
         // Every `set` flag is a setting of attach too, under the same name.
-        for flag in set.iter().filter(|f| !["port", "netns", "help", "share", "tier-action"].contains(&f.as_str())) {
+        for flag in
+            set.iter().filter(|f| !["port", "netns", "pod", "help", "share", "tier-action"].contains(&f.as_str()))
+        {
             assert!(attach.contains(flag), "set --{flag} is not an attach flag");
         }
     }

@@ -19,7 +19,10 @@ use crate::{
         gate::{Gate, LoopSignals, Plan, PodReader, PodSettings},
         process::{GateEnd, spawn_gate},
     },
-    host::cri::{self, PodSandbox},
+    host::{
+        cri::{self, PodSandbox},
+        paths,
+    },
 };
 
 /// The pods the daemon gates, and those it will not.
@@ -40,6 +43,8 @@ pub(super) struct Pods {
 
 struct PodGate {
     pod: String,
+    /// Its namespace's label (its gate's pins and name file are named by it).
+    label: String,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -51,6 +56,8 @@ impl Pods {
         reloads: watch::Receiver<u64>,
         done: UnboundedSender<(String, anyhow::Result<()>)>,
     ) -> Self {
+        // Names left by a daemon that exited uncleanly (its pins are removed too).
+        let _ = std::fs::remove_dir_all(paths::POD_NAMES);
         Self {
             socket,
             node,
@@ -122,9 +129,15 @@ impl Pods {
         let (stop, stopped) = watch::channel(false);
         let signals = LoopSignals { stop: stopped, reload: self.reloads.clone() };
         let end = GateEnd::new(self.done.clone(), pod.id.clone(), &gate);
+        // Named for stats, top and `--pod` before its pins appear.
+        let name_file = Path::new(paths::POD_NAMES).join(&gate.label);
+        std::fs::create_dir_all(paths::POD_NAMES)
+            .and_then(|()| std::fs::write(&name_file, pod_name(pod)))
+            .map_err(|e| crate::error::Error::io("write the pod's name to", &name_file, e))?;
         let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
         tracing::info!(pod = %pod_name(pod), netns = %gate.label, ports = ?ports, "gating the pod");
-        self.running.insert(pod.id.clone(), PodGate { pod: pod_name(pod), stop, thread: Some(thread) });
+        self.running
+            .insert(pod.id.clone(), PodGate { pod: pod_name(pod), label: gate.label, stop, thread: Some(thread) });
         Ok(())
     }
 
@@ -135,12 +148,14 @@ impl Pods {
         if let Some(thread) = gate.thread.take() {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
+        let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
         tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
     }
 
     /// A pod's gate ended by itself: its set-up failed, or its loop did.
     pub(super) fn ended(&mut self, id: &str, result: anyhow::Result<()>) {
         let Some(gate) = self.running.remove(id) else { return };
+        let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
         if let Err(e) = result {
             tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated");
         } else {

@@ -19,6 +19,25 @@ pub const PID_FILE: &str = "/run/shed/shedctl.pid";
 /// Held (flock) around every read-modify-write of the gate's port configs and
 /// tiers (`set`, `tier`, a reload), so two of them cannot undo each other.
 pub(crate) const CONFIG_LOCK: &str = "/run/shed/config.lock";
+/// The pod each pod gate serves (`attach --pods`): a file per gate, named by
+/// its namespace's label, holding `namespace/name`. Beside the pins (bpffs
+/// holds no plain files), removed with the gate.
+pub(crate) const POD_NAMES: &str = "/run/shed/pods";
+
+/// The pod (`namespace/name`) the gate of namespace `label` serves, if it is a pod's.
+pub(crate) fn pod_of(label: &str) -> Option<String> {
+    std::fs::read_to_string(Path::new(POD_NAMES).join(label)).ok().map(|s| s.trim().to_owned())
+}
+
+/// The label of the namespace whose gate serves `pod` (`namespace/name`).
+pub(crate) fn label_of_pod(pod: &str) -> Option<String> {
+    let entries = std::fs::read_dir(POD_NAMES).ok()?;
+    entries.flatten().find_map(|e| {
+        let label = e.file_name().into_string().ok()?;
+        (pod_of(&label).as_deref() == Some(pod)).then_some(label)
+    })
+}
+
 /// The gated namespace's TCP counters (listen-queue overflows), as the daemon's thread sees them.
 pub(crate) const NETSTAT: &str = "/proc/thread-self/net/netstat";
 

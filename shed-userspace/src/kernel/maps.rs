@@ -149,7 +149,7 @@ impl GateMaps {
         for (netns, dir) in pinned_gate_dirs() {
             if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
                 match Self::open_pinned_at(&dir) {
-                    Ok(maps) => gates.push(PinnedGate { netns, maps }),
+                    Ok(maps) => gates.push(PinnedGate { pod: paths::pod_of(&netns), netns, maps }),
                     // That namespace's gate ended while we looked (its pins go with it).
                     Err(_) if !dir.join(map::PORTS).exists() => {}
                     Err(e) => return Err(e),
@@ -663,6 +663,8 @@ impl PortSpec {
 pub(crate) struct PinnedGate {
     /// The namespace's label (see [`paths::netns_label`]).
     pub netns: String,
+    /// The pod it serves (`namespace/name`), for a pod's gate (`attach --pods`).
+    pub pod: Option<String>,
     pub maps: GateMaps,
 }
 

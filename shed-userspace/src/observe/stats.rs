@@ -53,6 +53,8 @@ pub(crate) struct PortStats {
     pub port: u16,
     /// The network namespace the port is gated in (see [`crate::host::paths::netns_label`]).
     pub netns: String,
+    /// The pod it serves (`namespace/name`), for a pod's gate (`attach --pods`); null otherwise.
+    pub pod: Option<String>,
     pub limit: u32,
     /// What the limit applies to: handshakes under way (`pending`) plus busy
     /// connections (`work`) or plus established ones (`connections`).
@@ -202,6 +204,7 @@ impl PortStats {
         Self {
             port: now.port,
             netns: crate::host::paths::OWN_NETNS_LABEL.to_owned(),
+            pod: None,
             limit: now.limit,
             in_flight: now.in_flight(),
             count: Count::from_raw(now.config.count_mode),

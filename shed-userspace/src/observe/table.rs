@@ -34,7 +34,10 @@ pub(crate) fn stats_table(stats: &[PortStats]) -> String {
         // Ports of a namespace named with --netns under its name.
         if s.netns != netns {
             netns = &s.netns;
-            let _ = writeln!(out, "netns {netns}:");
+            match &s.pod {
+                Some(pod) => _ = writeln!(out, "pod {pod} (netns {netns}):"),
+                None => _ = writeln!(out, "netns {netns}:"),
+            }
         }
         let queue = format!(
             "       queue wait p50/p99 {:.1}/{:.1} ms, service p50/p99 {:.1}/{:.1} ms, {} samples/window, accept queue {}/{}, {} listen drops, last decision {} (from {})",

@@ -142,8 +142,11 @@ const PORT_HEIGHT: u16 = 17;
 fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
     let s = &view.now;
     let decision = s.last_decision.map_or("-".to_owned(), |r| json_name(&r));
-    let netns =
-        if s.netns == crate::host::paths::OWN_NETNS_LABEL { String::new() } else { format!("netns {} · ", s.netns) };
+    let netns = match &s.pod {
+        Some(pod) => format!("pod {pod} · "),
+        None if s.netns == crate::host::paths::OWN_NETNS_LABEL => String::new(),
+        None => format!("netns {} · ", s.netns),
+    };
     let title = format!(
         " {netns}port {} · {} ({decision}) · action {}{} ",
         s.port,

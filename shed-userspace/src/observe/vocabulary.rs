@@ -51,6 +51,7 @@ use Kind::{Counter, Gauge, Label, Measure, Rate};
 pub const TERMS: &[Term] = &[
     term("port", Label, None),
     term("netns", Label, None),
+    term("pod", Label, None),
     term("limit", LIVE, Some("shed_limit")),
     term("in_flight", Gauge, Some("shed_in_flight")),
     term("count", LIVE, Some("shed_port_info")),

@@ -17,7 +17,7 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     daemon::require_running()?;
     // Read-modify-write of port configs: one control-plane change at a time.
     let _lock = daemon::ConfigLock::take()?;
-    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let gates = GateMaps::open_gates(crate::cli::chosen_netns(args.netns.clone(), args.pod.as_deref())?.as_deref())?;
     let several = gates.len() > 1;
     // The port in every chosen namespace that protects it; checked in each
     // before any is written, so a refusal changes nothing anywhere.
@@ -30,7 +30,11 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     crate::daemon::audit::note_request();
     for (gate, plan) in gates.iter_mut().zip(plans) {
         write(&mut gate.maps, &args, &plan)?;
-        let netns = if several { format!("netns {}: ", gate.netns) } else { String::new() };
+        let netns = match &gate.pod {
+            Some(pod) if several => format!("pod {pod}: "),
+            _ if several => format!("netns {}: ", gate.netns),
+            _ => String::new(),
+        };
         println!("{netns}{}", plan.summary(&args));
     }
     Ok(())

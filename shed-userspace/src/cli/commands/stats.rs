@@ -15,7 +15,7 @@ use crate::{
 pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let gates = GateMaps::open_gates(crate::cli::chosen_netns(args.netns, args.pod.as_deref())?.as_deref())?;
     let gates = match args.port {
         Some(port) => maps::protecting(gates, port)?,
         None => gates,
@@ -35,6 +35,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
             for n in now {
                 let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
                 s.netns.clone_from(&gate.netns);
+                s.pod.clone_from(&gate.pod);
                 if n.config.counts_clients() {
                     s.top_clients = gate
                         .maps

@@ -17,7 +17,7 @@ use crate::{
 pub fn execute(args: TopArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
     daemon::require_running()?;
-    let gates = GateMaps::open_gates(args.netns.as_deref())?;
+    let gates = GateMaps::open_gates(crate::cli::chosen_netns(args.netns.clone(), args.pod.as_deref())?.as_deref())?;
     let gates = match args.port {
         Some(port) => crate::kernel::maps::protecting(gates, port)?,
         None => gates,
@@ -28,6 +28,7 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
             for snapshot in gate.maps.snapshots(args.port)? {
                 let mut s = PortStats::new(&snapshot, None);
                 s.netns.clone_from(&gate.netns);
+                s.pod.clone_from(&gate.pod);
                 stats.push(s);
             }
         }
