@@ -133,7 +133,8 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
         .collect();
     let socket = runtime.socket().display().to_string();
     // The agent alone: no port of the node's own, only the pods that ask.
-    let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
+    const METRICS: &str = "127.0.0.1:19479";
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--metrics", METRICS]);
     wait_gated(&gate, &web.netns);
     let web_stats = stats_of(&web.netns).expect("the annotated pod is gated");
     assert_eq!(web_stats[0]["port"], 8080, "{web_stats}");
@@ -141,6 +142,14 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     assert_eq!(web_stats[0]["pod"], "default/web", "named by its pod: {web_stats}");
     let table = String::from_utf8_lossy(&shedctl(&["stats", "--interval", "50"]).stdout).into_owned();
     assert!(table.contains(&format!("pod default/web (netns {}):", web.netns)), "{table}");
+    // The metrics name the pod, and the pod left ungated with its annotation.
+    let scrape = shed_testkit::metrics::scrape(METRICS);
+    let web_labels = [("namespace", "default"), ("pod", "web"), ("port", "8080")];
+    assert_eq!(shed_testkit::metrics::value(&scrape, "shed_limit", &web_labels), 1.0);
+    let typo_labels = [("namespace", "default"), ("pod", "typo"), ("annotation", "shed.io/limt")];
+    assert_eq!(shed_testkit::metrics::value(&scrape, "shed_pod_refused", &typo_labels), 1.0);
+    let (health, _) = shed_testkit::metrics::http_get(METRICS, "/healthz");
+    assert_eq!(health, "HTTP/1.1 200 OK");
     assert!(stats_of(&plain.netns).is_none() && stats_of(&typo.netns).is_none(), "the others are not gated");
     assert!(gate.log().contains("shed.io/limt: unknown key"), "the bad annotation is said: {}", gate.log());
 
@@ -177,6 +186,9 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     runtime.remove_pod(&web.id).expect("remove the pod");
     let pins = shed::host::paths::gate_pin_dir(Some(&web.netns));
     shed_testkit::gate::poll(Duration::from_secs(10), "the removed pod's pins gone", || pins.exists(), |e| !e);
+    let scrape = shed_testkit::metrics::scrape(METRICS);
+    assert!(!scrape.samples.iter().any(|s| s.labels.get("pod") == Some("web")), "its series went with it");
+    assert_eq!(shed_testkit::metrics::value(&scrape, "shed_limit", &[("pod", "later")]), 2.0, "the other's stay");
     assert!(stats_of(&later.netns).is_some(), "the other pod's gate runs on");
     assert!(gate.log().contains("the pod is gone"), "{}", gate.log());
 

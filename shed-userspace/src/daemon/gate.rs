@@ -117,6 +117,20 @@ impl Gate {
             ended: std::sync::Arc::default(),
         }
     }
+
+    /// The gate as the metrics endpoint reads it (`pod`: the pod it serves, `namespace/name`).
+    pub(super) fn endpoint(&self, pod: Option<String>) -> crate::observe::endpoint::EndpointGate {
+        crate::observe::endpoint::EndpointGate {
+            netns: self.label.clone(),
+            pod,
+            pin_dir: self.pin_dir.clone(),
+            decisions: self.decisions.clone(),
+            heal: self.heal.clone(),
+            heartbeat: self.heartbeat.clone(),
+            task_errors: self.task_errors.clone(),
+            ended: self.ended.clone(),
+        }
+    }
 }
 
 /// What a gate's loop hears from the daemon: stop, and reload the config.

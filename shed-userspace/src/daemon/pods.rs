@@ -23,6 +23,7 @@ use crate::{
         cri::{self, PodSandbox},
         paths,
     },
+    observe::endpoint::{GateRegistry, RefusedPods},
 };
 
 /// The pods the daemon gates, and those it will not.
@@ -31,12 +32,14 @@ pub(super) struct Pods {
     node: Arc<Plan>,
     reloads: watch::Receiver<u64>,
     done: UnboundedSender<(String, anyhow::Result<()>)>,
+    /// The metrics endpoint's gates (each pod's joins it) and refused pods.
+    endpoint: (GateRegistry, RefusedPods),
     client: Option<cri::Client>,
     /// By sandbox id.
     running: BTreeMap<String, PodGate>,
-    /// Sandboxes whose annotations or set-up failed (said once; a sandbox's
-    /// annotations never change, so they are not retried).
-    refused: BTreeSet<String>,
+    /// Sandboxes whose annotations or set-up failed, with their pod's name (said
+    /// once; a sandbox's annotations never change, so they are not retried).
+    refused: BTreeMap<String, String>,
     /// The runtime's last error, said once until it changes.
     last_error: Option<String>,
 }
@@ -55,6 +58,7 @@ impl Pods {
         node: Arc<Plan>,
         reloads: watch::Receiver<u64>,
         done: UnboundedSender<(String, anyhow::Result<()>)>,
+        endpoint: (GateRegistry, RefusedPods),
     ) -> Self {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
         let _ = std::fs::remove_dir_all(paths::POD_NAMES);
@@ -63,9 +67,10 @@ impl Pods {
             node,
             reloads,
             done,
+            endpoint,
             client: None,
             running: BTreeMap::new(),
-            refused: BTreeSet::new(),
+            refused: BTreeMap::new(),
             last_error: None,
         }
     }
@@ -92,9 +97,15 @@ impl Pods {
         for id in gone {
             self.stop(&id).await;
         }
-        self.refused.retain(|id| present.contains(id.as_str()));
+        self.refused.retain(|id, pod| {
+            let keep = present.contains(id.as_str());
+            if !keep {
+                self.endpoint.1.clear(pod);
+            }
+            keep
+        });
         for pod in &pods {
-            if self.running.contains_key(&pod.id) || self.refused.contains(&pod.id) {
+            if self.running.contains_key(&pod.id) || self.refused.contains_key(&pod.id) {
                 continue;
             }
             let read = &self.node.pods.as_ref().expect("Pods runs for --pods").read;
@@ -103,12 +114,17 @@ impl Pods {
                 Ok(Some((settings, netns))) => {
                     if let Err(e) = self.start(pod, settings, netns) {
                         tracing::warn!(pod = %pod_name(pod), "{e:#}: the pod is left ungated");
-                        self.refused.insert(pod.id.clone());
+                        self.refused.insert(pod.id.clone(), pod_name(pod));
                     }
                 }
                 Err(why) => {
                     tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated");
-                    self.refused.insert(pod.id.clone());
+                    // The annotation it names, for the metric (`annotation shed.io/limit: ...`).
+                    let key = why.strip_prefix("annotation ").and_then(|w| w.split(':').next()).unwrap_or("");
+                    if key.starts_with("shed.io/") {
+                        self.endpoint.1.set(&pod_name(pod), key, &why);
+                    }
+                    self.refused.insert(pod.id.clone(), pod_name(pod));
                 }
             }
         }
@@ -135,6 +151,7 @@ impl Pods {
             .and_then(|()| std::fs::write(&name_file, pod_name(pod)))
             .map_err(|e| crate::error::Error::io("write the pod's name to", &name_file, e))?;
         let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
+        self.endpoint.0.add(gate.endpoint(Some(pod_name(pod))));
         tracing::info!(pod = %pod_name(pod), netns = %gate.label, ports = ?ports, "gating the pod");
         self.running
             .insert(pod.id.clone(), PodGate { pod: pod_name(pod), label: gate.label, stop, thread: Some(thread) });
@@ -162,7 +179,7 @@ impl Pods {
             tracing::info!(pod = %gate.pod, "the pod's gate ended");
         }
         // Not gated again: what failed would fail again (its namespace, its settings).
-        self.refused.insert(id.to_owned());
+        self.refused.insert(id.to_owned(), gate.pod);
     }
 
     /// Ends every pod's gate (the daemon stops).

@@ -87,12 +87,19 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
         let thread = spawn_gate(gate.clone(), plan.clone(), loop_signals, Some((ready_tx.clone(), go_rx)), end)?;
         gates.push((gate, go_tx, thread));
     }
+    // What the metrics endpoint serves: these gates, and the pods' as they come.
+    let (registry, refused_pods) = (endpoint::GateRegistry::default(), endpoint::RefusedPods::default());
     // `attach --pods`: each pod that asks gets a gate of its own, found and followed here.
     let (pod_done_tx, mut pod_done_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut pods = plan
-        .pods
-        .as_ref()
-        .map(|source| Pods::new(source.socket.clone(), plan.clone(), reloads.clone(), pod_done_tx.clone()));
+    let mut pods = plan.pods.as_ref().map(|source| {
+        Pods::new(
+            source.socket.clone(),
+            plan.clone(),
+            reloads.clone(),
+            pod_done_tx.clone(),
+            (registry.clone(), refused_pods.clone()),
+        )
+    });
     drop(pod_done_tx);
     drop((ready_tx, done_tx));
     let mut failure = None;
@@ -112,25 +119,14 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
         return Err(e);
     }
 
+    for (gate, _, _) in &gates {
+        registry.add(gate.endpoint(None));
+    }
     if let Some(listener) = metrics {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
         endpoint::serve(
             listener,
-            endpoint::Endpoint {
-                gates: gates
-                    .iter()
-                    .map(|(g, _, _)| endpoint::EndpointGate {
-                        netns: g.label.clone(),
-                        pin_dir: g.pin_dir.clone(),
-                        decisions: g.decisions.clone(),
-                        heal: g.heal.clone(),
-                        heartbeat: g.heartbeat.clone(),
-                        task_errors: g.task_errors.clone(),
-                        ended: g.ended.clone(),
-                    })
-                    .collect(),
-                readiness,
-            },
+            endpoint::Endpoint { gates: registry.clone(), refused_pods: refused_pods.clone(), readiness },
         );
     }
     lock.write_pid()?;

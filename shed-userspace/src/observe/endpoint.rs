@@ -64,11 +64,48 @@ impl ShedHistory {
     }
 }
 
-/// What the endpoint serves: every namespace's gate, and the readiness rule.
+/// What the endpoint serves: every namespace's gate (pods' gates join and
+/// leave as they come and go), the pods refused, and the readiness rule.
 #[derive(Clone, Debug)]
 pub(crate) struct Endpoint {
-    pub gates: Vec<EndpointGate>,
+    pub gates: GateRegistry,
+    pub refused_pods: RefusedPods,
     pub readiness: ReadinessRule,
+}
+
+/// The gates the endpoint serves, shared with the daemon, which adds a pod's
+/// gate when it starts one (an ended gate is left out and then let go).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GateRegistry(Arc<Mutex<Vec<EndpointGate>>>);
+
+impl GateRegistry {
+    pub(crate) fn add(&self, gate: EndpointGate) {
+        let mut gates = lock(&self.0);
+        gates.retain(|g| !g.ended.load(std::sync::atomic::Ordering::Relaxed));
+        gates.push(gate);
+    }
+
+    fn current(&self) -> Vec<EndpointGate> {
+        lock(&self.0).clone()
+    }
+}
+
+/// Pods whose annotations could not be used, by `namespace/name`: the annotation and why.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RefusedPods(Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>>);
+
+impl RefusedPods {
+    pub(crate) fn set(&self, pod: &str, key: &str, reason: &str) {
+        lock(&self.0).insert(pod.to_owned(), (key.to_owned(), reason.to_owned()));
+    }
+
+    pub(crate) fn clear(&self, pod: &str) {
+        lock(&self.0).remove(pod);
+    }
+
+    pub(crate) fn current(&self) -> Vec<(String, String)> {
+        lock(&self.0).iter().map(|(pod, (key, _))| (pod.clone(), key.clone())).collect()
+    }
 }
 
 /// One namespace's gate as the endpoint reads it.
@@ -76,6 +113,8 @@ pub(crate) struct Endpoint {
 pub(crate) struct EndpointGate {
     /// The namespace's label (see [`crate::host::paths::netns_label`]).
     pub netns: String,
+    /// The pod it serves (`namespace/name`), for a pod's gate.
+    pub pod: Option<String>,
     /// Where its maps are pinned.
     pub pin_dir: std::path::PathBuf,
     pub decisions: Decisions,
@@ -113,8 +152,34 @@ impl OpenGate {
 
 #[derive(Clone)]
 struct Shared {
-    gates: Arc<Vec<OpenGate>>,
+    /// The gates opened so far, by pin folder.
+    open: Arc<Mutex<Vec<Arc<OpenGate>>>>,
+    registry: GateRegistry,
+    refused_pods: RefusedPods,
     readiness: ReadinessRule,
+}
+
+impl Shared {
+    /// The gates to answer for: every registered one not ended, its maps
+    /// opened once (a gate whose pins are not there yet waits for the next call).
+    fn gates(&self) -> Vec<Arc<OpenGate>> {
+        let mut open = lock(&self.open);
+        open.retain(|g| !g.ended());
+        for gate in self.registry.current() {
+            if gate.ended.load(std::sync::atomic::Ordering::Relaxed)
+                || open.iter().any(|o| o.gate.pin_dir == gate.pin_dir)
+            {
+                continue;
+            }
+            match GateMaps::open_pinned_at(&gate.pin_dir) {
+                Ok(maps) => {
+                    open.push(Arc::new(OpenGate { gate, maps: Mutex::new(Some(maps)), history: Mutex::default() }));
+                }
+                Err(e) => tracing::debug!(netns = %gate.netns, "metrics endpoint: gate not open yet: {e}"),
+            }
+        }
+        open.clone()
+    }
 }
 
 /// Serves the endpoint on its own thread until the process exits.
@@ -122,18 +187,21 @@ pub(crate) fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
     std::thread::Builder::new()
         .name("shed-http".into())
         .spawn(move || {
-            let mut gates = Vec::new();
-            for gate in endpoint.gates {
-                match GateMaps::open_pinned_at(&gate.pin_dir) {
-                    Ok(maps) => gates.push(OpenGate { gate, maps: Mutex::new(Some(maps)), history: Mutex::default() }),
-                    Err(e) => return tracing::error!("metrics endpoint disabled: {e}"),
-                }
+            let shared = Shared {
+                open: Arc::default(),
+                registry: endpoint.gates,
+                refused_pods: endpoint.refused_pods,
+                readiness: endpoint.readiness,
+            };
+            // The gates set up before the endpoint starts are all there: their maps open now.
+            let expected = shared.registry.current().len();
+            if shared.gates().len() < expected {
+                return tracing::error!("metrics endpoint disabled: a gate's maps cannot be opened");
             }
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(e) => return tracing::error!("metrics endpoint disabled: no runtime: {e}"),
             };
-            let shared = Shared { gates: Arc::new(gates), readiness: endpoint.readiness };
             if let Err(e) = runtime.block_on(run(listener, shared)) {
                 tracing::error!("metrics endpoint stopped: {e}");
             }
@@ -229,10 +297,10 @@ async fn sample_shedding(shared: Shared) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let gates = shared.gates.clone();
+        let gates = shared.gates();
         let keep = shared.readiness.window;
         let _ = tokio::task::spawn_blocking(move || {
-            for open in gates.iter() {
+            for open in &gates {
                 let Some(Ok(snapshots)) = open.maps().as_ref().map(|m| m.snapshots(None)) else { continue };
                 let (admitted, rejected) = snapshots
                     .iter()
@@ -247,15 +315,16 @@ async fn sample_shedding(shared: Shared) {
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
     let scrape = tokio::task::spawn_blocking(move || {
-        let maps: Vec<_> = shared.gates.iter().map(OpenGate::maps).collect();
-        let sources: Vec<GateSource> = shared
-            .gates
+        let gates = shared.gates();
+        let maps: Vec<_> = gates.iter().map(|g| g.maps()).collect();
+        let sources: Vec<GateSource> = gates
             .iter()
             .zip(&maps)
             .filter_map(|(g, maps)| {
                 let maps = maps.as_ref()?;
                 Some(GateSource {
                     netns: &g.gate.netns,
+                    pod: g.gate.pod.as_deref(),
                     maps,
                     decisions: &g.gate.decisions,
                     heal: &g.gate.heal,
@@ -263,7 +332,7 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
                 })
             })
             .collect();
-        Scrape::read(&sources).map(Scrape::encode)
+        Scrape::read(&sources, shared.refused_pods.current()).map(Scrape::encode)
     })
     .await;
     match scrape {
@@ -278,11 +347,14 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
-    let several = shared.gates.len() > 1;
-    for open in shared.gates.iter().filter(|g| !g.ended()) {
+    let gates = shared.gates();
+    let several = gates.len() > 1;
+    for open in gates.iter().filter(|g| !g.ended()) {
         let of = if several { format!(" of namespace {}", open.gate.netns) } else { String::new() };
         match open.gate.heartbeat.age() {
             Some(age) if age <= HEALTHY_WITHIN => {}
+            // A pod's gate still being set up (a pod just came) is not a stuck loop.
+            None if open.gate.pod.is_some() => {}
             Some(age) => {
                 return (
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -296,8 +368,10 @@ async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
-    let several = shared.gates.len() > 1;
-    for open in shared.gates.iter().filter(|g| !g.ended()) {
+    let gates = shared.gates();
+    let several = gates.len() > 1;
+    // Readiness is the node's own services': a pod that sheds says so in its metrics.
+    for open in gates.iter().filter(|g| !g.ended() && g.gate.pod.is_none()) {
         if let Some(why) = lock(&open.history).not_ready(shared.readiness) {
             let why = if several { format!("namespace {}: {why}", open.gate.netns) } else { why };
             return (StatusCode::SERVICE_UNAVAILABLE, why);

@@ -45,6 +45,8 @@ pub(crate) struct Scrape {
     /// What is counted once per namespace's gate.
     pub gates: Vec<GateMetrics>,
     pub process: ProcessStats,
+    /// Pods left ungated for an annotation they could not use: `namespace/name` and the annotation.
+    pub refused_pods: Vec<(String, String)>,
 }
 
 /// One namespace's gate, beyond its ports.
@@ -52,6 +54,8 @@ pub(crate) struct Scrape {
 pub(crate) struct GateMetrics {
     /// The namespace's label (see [`crate::host::paths::netns_label`]).
     pub netns: String,
+    /// The pod it serves (`namespace/name`), for a pod's gate.
+    pub pod: Option<String>,
     /// Gate-wide counters, by [`shed_common::gate_counter`] index.
     pub gate: [u64; shed_common::gate_counter::COUNT],
     /// What the healer did.
@@ -65,6 +69,7 @@ pub(crate) struct GateMetrics {
 /// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
 pub(crate) struct GateSource<'a> {
     pub netns: &'a str,
+    pub pod: Option<&'a str>,
     pub maps: &'a GateMaps,
     pub decisions: &'a Decisions,
     pub heal: &'a HealReport,
@@ -106,13 +111,14 @@ impl ProcessStats {
 
 impl Scrape {
     /// Reads every protected port of every namespace's gate.
-    pub(crate) fn read(sources: &[GateSource]) -> Result<Self, Error> {
+    pub(crate) fn read(sources: &[GateSource], refused_pods: Vec<(String, String)>) -> Result<Self, Error> {
         let (mut ports, mut gates) = (Vec::new(), Vec::new());
         for source in sources {
             let maps = source.maps;
             for snapshot in maps.snapshots(None)? {
                 let mut stats = PortStats::new(&snapshot, None);
                 source.netns.clone_into(&mut stats.netns);
+                stats.pod = source.pod.map(str::to_owned);
                 ports.push(PortMetrics {
                     stats,
                     latency: maps.latency(snapshot.config.slot)?,
@@ -121,13 +127,14 @@ impl Scrape {
             }
             gates.push(GateMetrics {
                 netns: source.netns.to_owned(),
+                pod: source.pod.map(str::to_owned),
                 gate: maps.gate_counters()?,
                 heal: source.heal.read(),
                 task_errors: source.task_errors.counts(),
                 bpf_memory_bytes: maps.memory_bytes(),
             });
         }
-        Ok(Self { ports, gates, process: ProcessStats::read() })
+        Ok(Self { ports, gates, process: ProcessStats::read(), refused_pods })
     }
 
     /// The Prometheus text exposition.
@@ -147,11 +154,22 @@ type Labels = Vec<(&'static str, String)>;
 type Buckets = fn(&PortLatency) -> &[u64; latency::BUCKETS];
 
 fn port_label(stats: &PortStats) -> Labels {
-    vec![("netns", stats.netns.clone()), ("port", stats.port.to_string())]
+    let mut labels = vec![("netns", stats.netns.clone())];
+    labels.extend(pod_labels(stats.pod.as_deref()));
+    labels.push(("port", stats.port.to_string()));
+    labels
 }
 
 fn netns_label(gate: &GateMetrics) -> Labels {
-    vec![("netns", gate.netns.clone())]
+    let mut labels = vec![("netns", gate.netns.clone())];
+    labels.extend(pod_labels(gate.pod.as_deref()));
+    labels
+}
+
+/// A pod's gate's `namespace` and `pod` labels (none for the node's own gates).
+fn pod_labels(pod: Option<&str>) -> Labels {
+    let Some((namespace, name)) = pod.and_then(|p| p.split_once('/')) else { return Vec::new() };
+    vec![("namespace", namespace.to_owned()), ("pod", name.to_owned())]
 }
 
 fn with(mut labels: Labels, key: &'static str, value: impl ToString) -> Labels {
@@ -489,6 +507,18 @@ impl Collector for Scrape {
 impl Scrape {
     /// The gate-wide families with a label of their own (a reason, a task).
     fn encode_gate_breakdowns(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let refused = self.refused_pods.iter().filter_map(|(pod, key)| {
+            let mut labels = pod_labels(Some(pod));
+            labels.push(("annotation", key.clone()));
+            (labels.len() == 3).then_some((labels, 1u64))
+        });
+        family(
+            e,
+            "shed_pod_refused",
+            "1 for each pod left ungated (attach --pods) because an annotation of its could not be used: the pod and the annotation (the log says why).",
+            MetricType::Gauge,
+            refused,
+        )?;
         use shed_common::gate_counter as g;
         let dropped = [
             ("tiny_fragment", g::TINY_FRAGMENT),
@@ -654,8 +684,10 @@ mod tests {
         gate[shed_common::gate_counter::TINY_FRAGMENT] = 12;
         Scrape {
             ports: vec![PortMetrics { stats, latency: PortLatency::default(), decisions: vec![(Reason::Grow, 3)] }],
+            refused_pods: vec![("shop/web-1".into(), "shed.io/limit".into())],
             gates: vec![GateMetrics {
                 netns: "blue".into(),
+                pod: None,
                 gate,
                 heal: HealCounts { checks: 5, last_pass: std::time::Duration::from_millis(250), ..Default::default() },
                 task_errors: vec![("heal", 2)],
@@ -696,6 +728,7 @@ mod tests {
             "shed_tier_admitted_total{netns=\"blue\",port=\"8080\",tier=\"critical\"} 0",
             "process_open_fds 7",
             "process_cpu_seconds_total 1.5",
+            "shed_pod_refused{namespace=\"shop\",pod=\"web-1\",annotation=\"shed.io/limit\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }
