@@ -181,8 +181,8 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
         "{err}"
     );
 
-    // A pod removed takes its gate and pins; the agent and the other pods go on.
-    drop(held);
+    // A pod removed mid-traffic (a connection open) takes its gate and pins; the
+    // agent and the other pods go on.
     runtime.remove_pod(&web.id).expect("remove the pod");
     let pins = shed::host::paths::gate_pin_dir(Some(&web.netns));
     shed_testkit::gate::poll(Duration::from_secs(10), "the removed pod's pins gone", || pins.exists(), |e| !e);
@@ -191,6 +191,7 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     assert_eq!(shed_testkit::metrics::value(&scrape, "shed_limit", &[("pod", "later")]), 2.0, "the other's stay");
     assert!(stats_of(&later.netns).is_some(), "the other pod's gate runs on");
     assert!(gate.log().contains("the pod is gone"), "{}", gate.log());
+    drop(held);
 
     // The agent restarted finds the pod again and adopts its open connections:
     // its limit holds against them from the start.
