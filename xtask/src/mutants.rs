@@ -378,9 +378,14 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
         )?;
         writeln!(md, "Equivalent mutants, excluded with their reasons: `.cargo/mutants.toml`.\n")?;
         if !missed.is_empty() {
-            writeln!(md, "## Missed\n")?;
+            writeln!(md, "## Missed, each with why it is left\n")?;
             for m in &missed {
-                writeln!(md, "- `{m}`")?;
+                let why = ACCEPTED_MISSES.iter().find(|(part, _)| m.contains(part)).map(|(_, why)| *why);
+                writeln!(
+                    md,
+                    "- `{m}`: {}",
+                    why.unwrap_or("**not explained yet: a test to write, or a reason to give here**")
+                )?;
             }
         }
         write_doc("logic.md", &md)?;
@@ -391,6 +396,20 @@ pub(crate) fn logic(only: &[String], again: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// Misses the report names with why they are left: cargo-mutants' `exclude_re`
+/// does not reach its struct-field deletions, so these are missed, not excluded.
+const ACCEPTED_MISSES: &[(&str, &str)] = &[
+    (
+        "struct BatchAttr expression in lookup_batch",
+        "the bpf(2) BPF_MAP_LOOKUP_BATCH call's attribute, which only a kernel reads (the healer's e2e tests read \
+         every tracked socket through it); its other mutants are excluded as I/O",
+    ),
+    (
+        "struct shed_common::PortState expression in Healer::pass",
+        "the healer's pass over live maps (excluded as I/O; its arithmetic is drift_at_read, mutated and tested)",
+    ),
+];
 
 /// The share of viable logic mutants a run must catch (the rest named in its report).
 const MIN_SCORE: f64 = 95.0;

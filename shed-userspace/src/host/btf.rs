@@ -166,16 +166,16 @@ mod tests {
 
     #[test]
     fn members_are_found_through_anonymous_unions_and_bitfield_offsets() {
-        // Strings: 1 int, 5 b, 7 outer, 13 a, 15 flags, 21 x, 23 y, 25 outer_t.
-        let strings = b"\0int\0b\0outer\0a\0flags\0x\0y\0outer_t\0";
+        // Strings: 1 int, 5 b, 7 outer, 13 a, 15 flags, 21 x, 23 y, 25 outer_t, 33 c.
+        let strings = b"\0int\0b\0outer\0a\0flags\0x\0y\0outer_t\0c\0";
         let info = |kind: u32, vlen: u32, kind_flag: u32| kind_flag << 31 | kind << 24 | vlen;
         let types: [&[u32]; 6] = [
             // 1: int, 4 bytes.
             &[1, info(1, 0, 0), 4, 32],
-            // 2: union { int b; }, anonymous.
-            &[0, info(KIND_UNION, 1, 0), 4, 5, 1, 0],
-            // 3: struct outer { int a; union { int b; }; } (the union at bit 32).
-            &[7, info(KIND_STRUCT, 2, 0), 8, 13, 1, 0, 0, 2, 32],
+            // 2: struct { int c; int b; }, anonymous (b at bit 32 of it).
+            &[0, info(KIND_STRUCT, 2, 0), 8, 33, 1, 0, 5, 1, 32],
+            // 3: struct outer { int a; struct { int c; int b; }; } (the anonymous one at bit 32).
+            &[7, info(KIND_STRUCT, 2, 0), 12, 13, 1, 0, 0, 2, 32],
             // 4: typedef outer_t -> 3.
             &[25, info(KIND_TYPEDEF, 0, 0), 3],
             // 5: struct outer again, a second definition (modules repeat names).
@@ -187,10 +187,11 @@ mod tests {
         for gap in [0, 8] {
             let btf = Btf::parse(&blob(&types, strings, gap)).expect("parses");
             assert_eq!(btf.offset_of("outer", &["a"]), Some(0), "gap {gap}");
-            assert_eq!(btf.offset_of("outer", &["b"]), Some(4), "through the anonymous union at 4 bytes");
+            assert_eq!(btf.offset_of("outer", &["c"]), Some(4), "through the anonymous member at 4 bytes");
+            assert_eq!(btf.offset_of("outer", &["b"]), Some(8), "its offset and the member's within it, added");
             assert_eq!(btf.offset_of("flags", &["x"]), Some(0), "a bitfield's size is not its offset");
             assert_eq!(btf.offset_of("flags", &["y"]), Some(4));
-            assert_eq!(btf.offset_of("outer", &["c"]), None);
+            assert_eq!(btf.offset_of("outer", &["d"]), None);
             assert_eq!(btf.offset_of("outer_t", &["a"]), None, "typedefs are not structs by name");
             assert_eq!(btf.offset_of("int", &["a"]), None);
         }
