@@ -35,8 +35,25 @@ fn ip(args: &[&str]) {
 /// `<net>.1/24` on the server side and `<net>.2/24` in `ns` (both ends up).
 fn veth_namespace(server_ns: &str, ns: &str, (server_if, ns_if): (&str, &str), net: &str) {
     let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    let _ = Command::new("ip").args(["-n", server_ns, "link", "del", server_if]).output();
     ip(&["netns", "add", ns]);
-    ip(&["link", "add", server_if, "netns", server_ns, "type", "veth", "peer", "name", ns_if, "netns", ns]);
+    // A namespace deleted a moment ago takes its veth with it only when the
+    // kernel's deferred clean-up runs: until then the old pair's name is taken
+    // ("File exists", seen once in a fresh-clone run). Wait it out, boundedly.
+    let add = ["link", "add", server_if, "netns", server_ns, "type", "veth", "peer", "name", ns_if, "netns", ns];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !Command::new("ip").args(add).output().expect("run ip").status.success()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if Command::new("ip")
+        .args(["-n", server_ns, "link", "show", server_if])
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        ip(&add);
+    }
     ip(&["-n", server_ns, "addr", "add", &format!("{net}.1/24"), "dev", server_if]);
     ip(&["-n", ns, "addr", "add", &format!("{net}.2/24"), "dev", ns_if]);
     for (n, dev) in [(server_ns, server_if), (ns, ns_if), (ns, "lo")] {
