@@ -627,3 +627,71 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     assert_eq!(r.expect_err("limit 5 with 5 open").kind(), io::ErrorKind::ConnectionRefused);
     drop(held);
 }
+
+/// Connections are counted by the raw `inet_sock_set_state` program, which
+/// reads the socket at the offsets of the kernel's BTF (a regular tracepoint
+/// runs at most 64 programs; a node agent loads one per pod), or by the
+/// regular one where BTF lacks them. Both must see the same connections with
+/// the same addresses and ports, IPv4 and IPv6: the flow names the handshake
+/// whose reservation the connection releases.
+#[test]
+fn both_accounting_programs_count_the_same_connections() {
+    use shed::kernel::{
+        maps::PortSpec,
+        object::{LoadOptions, SockStateHook},
+    };
+    use shed_common::{ControlConfig, action, count_mode, ipv4_mapped, program};
+    const COUNTED: u16 = 18_461;
+    let _one = exclusive();
+    for (hook, expected) in
+        [(SockStateHook::Auto, program::SOCK_STATE_RAW), (SockStateHook::Tracepoint, program::SOCK_STATE)]
+    {
+        let options = LoadOptions { sock_state: hook, ..LoadOptions::default() };
+        let mut loaded = Loaded::sized(None, options).expect("load object");
+        assert_eq!(loaded.sock_state_program(), expected, "{hook:?}");
+        let spec = PortSpec::new(100, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+        loaded.maps.protect(COUNTED, &spec).expect("protect the port");
+        loaded.attach_accounting().expect("attach accounting");
+        let listeners = [
+            std::net::TcpListener::bind(("127.0.0.1", COUNTED)).expect("listen on IPv4 loopback"),
+            std::net::TcpListener::bind(("::1", COUNTED)).expect("listen on IPv6 loopback"),
+        ];
+        let mut held = Vec::new();
+        for listener in &listeners {
+            for _ in 0..3 {
+                let client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+                let (server, _) = listener.accept().expect("accept");
+                held.push((client, server));
+            }
+        }
+        let config = loaded.maps.config(COUNTED).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while loaded.maps.snapshot(COUNTED, config).unwrap().established() < 6 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(loaded.maps.snapshot(COUNTED, config).unwrap().established(), 6, "{expected}: all 6 counted");
+        let mut flows: Vec<_> = loaded.maps.tracked_sockets().unwrap().into_values().map(|e| e.flow).collect();
+        flows.sort_by_key(|f| f.client_port);
+        let mut wanted: Vec<_> = held
+            .iter()
+            .map(|(client, _)| {
+                let (from, to) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+                let addr = |a: SocketAddr| match a.ip() {
+                    std::net::IpAddr::V4(v4) => ipv4_mapped(v4.octets()),
+                    std::net::IpAddr::V6(v6) => v6.octets(),
+                };
+                (addr(from), addr(to), from.port(), to.port())
+            })
+            .collect();
+        wanted.sort_by_key(|w| w.2);
+        let seen: Vec<_> = flows.iter().map(|f| (f.client_addr, f.server_addr, f.client_port, f.server_port)).collect();
+        assert_eq!(seen, wanted, "{expected}: each connection's flow as the socket has it");
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while loaded.maps.snapshot(COUNTED, config).unwrap().established() > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let state = loaded.maps.snapshot(COUNTED, config).unwrap().state;
+        assert_eq!((state.opened, state.closed), (6, 6), "{expected}: every close counted once");
+    }
+}

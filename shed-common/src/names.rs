@@ -111,7 +111,10 @@ pub mod map {
 pub mod program {
     pub const XDP: &str = "shed_xdp";
     pub const TC: &str = "shed_tc";
+    /// `sock:inet_sock_set_state` as a regular tracepoint: only where BTF lacks the socket's layout.
     pub const SOCK_STATE: &str = "shed_sock_state";
+    /// `sock:inet_sock_set_state` as a raw tracepoint, reading the socket at BTF offsets.
+    pub const SOCK_STATE_RAW: &str = "shed_sock_state_raw";
     /// `sock:sk_data_ready`: request bytes reached a tracked socket.
     pub const DATA_READY: &str = "shed_data_ready";
     /// `sock:sock_recv_length`: the application read them.

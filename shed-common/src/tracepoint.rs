@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! What the socket tracepoints report: TCP states and the layout of
-//! `sock:inet_sock_set_state`'s record.
+//! What the socket tracepoints report: TCP states, the layout of
+//! `sock:inet_sock_set_state`'s record, and where the raw tracepoint's
+//! program finds the same fields in the socket itself.
 
 /// TCP states as the `sock:inet_sock_set_state` tracepoint reports them.
 pub mod tcp_state {
@@ -20,4 +21,63 @@ pub mod sock_state_tp {
     pub const PROTOCOL: usize = 30;
     pub const SADDR_V6: usize = 40;
     pub const DADDR_V6: usize = 56;
+}
+
+/// The name of the kernel object's global that holds a [`SockLayout`].
+pub const SOCK_LAYOUT_GLOBAL: &str = "SHED_SOCK_LAYOUT";
+
+/// Byte offsets in `struct sock` of the fields `sock:inet_sock_set_state`'s
+/// record copies, on the running kernel (from its BTF). The raw tracepoint's
+/// program gets only the socket, so it reads them there; a raw tracepoint
+/// takes any number of programs, a regular one at most 64 (the kernel's
+/// `BPF_TRACE_MAX_PROGS`), and a node agent loads one per gated pod.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockLayout {
+    /// `skc_family` (u16).
+    pub family: u32,
+    /// `sk_protocol` (u16); 0: the layout is unknown and the raw program counts nothing.
+    pub protocol: u32,
+    /// `skc_num`: the local port in host order (u16).
+    pub local_port: u32,
+    /// `skc_dport`: the remote port in network order (u16).
+    pub remote_port: u32,
+    /// `skc_rcv_saddr` and `skc_daddr` (IPv4, network order).
+    pub local_v4: u32,
+    pub remote_v4: u32,
+    /// `skc_v6_rcv_saddr` and `skc_v6_daddr`.
+    pub local_v6: u32,
+    pub remote_v6: u32,
+}
+const _: () = assert!(size_of::<SockLayout>() == 32);
+
+impl SockLayout {
+    /// Whether userspace found the layout: all of it or none (`skc_daddr` is
+    /// at 0, `sk_protocol` never is).
+    pub const fn known(&self) -> bool {
+        self.protocol != 0
+    }
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), plain integers, no padding (the size assert above).
+unsafe impl aya::Pod for SockLayout {}
+
+/// The address families of `skc_family`.
+pub mod address_family {
+    pub const INET: u16 = 2;
+    pub const INET6: u16 = 10;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_is_known_by_its_protocol_offset() {
+        assert!(!SockLayout::default().known());
+        // skc_daddr is the first field of sock_common: a 0 offset is a real one.
+        let layout = SockLayout { protocol: 514, remote_v4: 0, local_v4: 4, ..SockLayout::default() };
+        assert!(layout.known());
+    }
 }

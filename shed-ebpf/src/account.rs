@@ -24,7 +24,10 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::TracePointContext,
 };
-use shed_common::{ClientKey, FlowKey, SockEntry, count_mode, counter, latency, sock_state_tp as tp, tcp_state};
+use shed_common::{
+    ClientKey, FlowKey, SockEntry, address_family as family, count_mode, counter, ipv4_mapped, latency,
+    sock_state_tp as tp, tcp_state,
+};
 
 use crate::{
     atomic::add as atomic_add,
@@ -32,7 +35,7 @@ use crate::{
     fault::fault,
     maps::{
         SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SILENT, SHED_SOCKS, SHED_USER_STATE, count, port_config,
-        stamp_hash, tier_of,
+        sock_layout, stamp_hash, tier_of,
     },
     ring,
 };
@@ -42,24 +45,133 @@ const EEXIST: i32 = 17;
 /// The error a port at its connection quota gets instead of an insert.
 const E2BIG: i32 = 7;
 
+/// A `sock:inet_sock_set_state` event: the fields its record copies from the
+/// socket, read from the record (regular tracepoint) or from the socket
+/// itself (raw tracepoint). Getters are lazy: most events end after the states.
+pub trait StateChange {
+    fn protocol(&self) -> Result<u16, i32>;
+    fn old_state(&self) -> Result<i32, i32>;
+    fn new_state(&self) -> Result<i32, i32>;
+    /// The socket's address: the key of `SHED_SOCKS`.
+    fn sk(&self) -> Result<u64, i32>;
+    fn local_port(&self) -> Result<u16, i32>;
+    fn client_port(&self) -> Result<u16, i32>;
+    fn client_addr(&self) -> Result<[u8; 16], i32>;
+    fn server_addr(&self) -> Result<[u8; 16], i32>;
+}
+
+/// The regular tracepoint's record. Offsets from its format, checked against
+/// tracefs by userspace at attach.
+impl StateChange for TracePointContext {
+    fn protocol(&self) -> Result<u16, i32> {
+        // SAFETY: the helper reads the record and fails cleanly past its end.
+        unsafe { self.read_at(tp::PROTOCOL) }
+    }
+    fn old_state(&self) -> Result<i32, i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::OLDSTATE) }
+    }
+    fn new_state(&self) -> Result<i32, i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::NEWSTATE) }
+    }
+    fn sk(&self) -> Result<u64, i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::SKADDR) }
+    }
+    fn local_port(&self) -> Result<u16, i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::SPORT) }
+    }
+    fn client_port(&self) -> Result<u16, i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::DPORT) }
+    }
+    fn client_addr(&self) -> Result<[u8; 16], i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::DADDR_V6) }
+    }
+    fn server_addr(&self) -> Result<[u8; 16], i32> {
+        // SAFETY: as above.
+        unsafe { self.read_at(tp::SADDR_V6) }
+    }
+}
+
+/// The raw tracepoint's arguments, `(const struct sock *sk, int oldstate,
+/// int newstate)`; the rest is read from the socket at the offsets userspace
+/// found in the kernel's BTF ([`sock_layout`]), as the record's
+/// `TP_fast_assign` reads them.
+pub struct RawStateChange {
+    pub sk: u64,
+    pub old: i32,
+    pub new: i32,
+}
+
+impl RawStateChange {
+    #[inline(always)]
+    fn field<T>(&self, offset: u32) -> Result<T, i32> {
+        // SAFETY: the helper reads kernel memory and fails cleanly on a bad address.
+        unsafe { bpf_probe_read_kernel((self.sk + u64::from(offset)) as *const T) }
+    }
+
+    /// A local (`v4`, `v6`) or the remote address, IPv4 mapped into IPv6 as the record writes it.
+    #[inline(always)]
+    fn addr(&self, v4: u32, v6: u32) -> Result<[u8; 16], i32> {
+        let layout = sock_layout();
+        if self.field::<u16>(layout.family)? == family::INET6 {
+            self.field(v6)
+        } else {
+            self.field::<[u8; 4]>(v4).map(ipv4_mapped)
+        }
+    }
+}
+
+impl StateChange for RawStateChange {
+    fn protocol(&self) -> Result<u16, i32> {
+        let offset = sock_layout().protocol;
+        // No layout: nothing is counted (userspace attaches the regular tracepoint instead).
+        if offset == 0 { Err(-1) } else { self.field(offset) }
+    }
+    fn old_state(&self) -> Result<i32, i32> {
+        Ok(self.old)
+    }
+    fn new_state(&self) -> Result<i32, i32> {
+        Ok(self.new)
+    }
+    fn sk(&self) -> Result<u64, i32> {
+        Ok(self.sk)
+    }
+    fn local_port(&self) -> Result<u16, i32> {
+        self.field(sock_layout().local_port)
+    }
+    fn client_port(&self) -> Result<u16, i32> {
+        self.field::<u16>(sock_layout().remote_port).map(u16::from_be)
+    }
+    fn client_addr(&self) -> Result<[u8; 16], i32> {
+        let layout = sock_layout();
+        self.addr(layout.remote_v4, layout.remote_v6)
+    }
+    fn server_addr(&self) -> Result<[u8; 16], i32> {
+        let layout = sock_layout();
+        self.addr(layout.local_v4, layout.local_v6)
+    }
+}
+
 #[inline(always)]
-pub fn on_sock_state(ctx: &TracePointContext) {
-    let _ = try_on_sock_state(ctx);
+pub fn on_sock_state<E: StateChange>(event: &E) {
+    let _ = try_on_sock_state(event);
 }
 
 fn state_field(slot: u32) -> Option<*mut shed_common::PortState> {
     SHED_PORT_STATE.get_ptr_mut(slot)
 }
 
-fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
-    // SAFETY: offsets from the tracepoint's format, checked by userspace at attach.
-    let protocol: u16 = unsafe { ctx.read_at(tp::PROTOCOL)? };
-    if protocol != IPPROTO_TCP {
+fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
+    if event.protocol()? != IPPROTO_TCP {
         return Ok(());
     }
-    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
-    let newstate: i32 = unsafe { ctx.read_at(tp::NEWSTATE)? };
-    let skaddr: u64 = unsafe { ctx.read_at(tp::SKADDR)? };
+    let newstate = event.new_state()?;
+    let skaddr = event.sk()?;
 
     if newstate == tcp_state::CLOSE {
         // SAFETY: plain data copied out of the map.
@@ -87,13 +199,11 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     }
 
-    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
-    let oldstate: i32 = unsafe { ctx.read_at(tp::OLDSTATE)? };
+    let oldstate = event.old_state()?;
     if newstate != tcp_state::ESTABLISHED || oldstate != tcp_state::SYN_RECV {
         return Ok(());
     }
-    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
-    let local_port: u16 = unsafe { ctx.read_at(tp::SPORT)? };
+    let local_port = event.local_port()?;
     let Some(config) = port_config(local_port) else {
         return Ok(());
     };
@@ -104,17 +214,15 @@ fn try_on_sock_state(ctx: &TracePointContext) -> Result<(), i32> {
     let Some(state) = state_field(slot) else {
         return Ok(());
     };
-    // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
-    let client_addr: [u8; 16] = unsafe { ctx.read_at(tp::DADDR_V6)? };
+    let client_addr = event.client_addr()?;
     if config.tiered != 0 && tier_of(&client_addr) == shed_common::tier::EXEMPT {
         // Exempt clients are never counted (nor reserved for at the gate).
         return Ok(());
     }
     let key = FlowKey {
         client_addr,
-        // SAFETY: an offset from the tracepoint's format, checked against tracefs by userspace at attach.
-        server_addr: unsafe { ctx.read_at(tp::SADDR_V6)? },
-        client_port: unsafe { ctx.read_at(tp::DPORT)? },
+        server_addr: event.server_addr()?,
+        client_port: event.client_port()?,
         server_port: local_port,
     };
     // The connection is counted first and its handshake released after, so it is

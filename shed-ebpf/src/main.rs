@@ -4,7 +4,8 @@
 //! - `shed_xdp` / `shed_tc`: the admission gate. Thin adapters over one
 //!   [`judge`]; they differ only in how a reply (a reset, an HTTP answer)
 //!   leaves the host.
-//! - `shed_sock_state`: in-flight accounting from `sock:inet_sock_set_state`.
+//! - `shed_sock_state_raw` (or `shed_sock_state`, without BTF): in-flight
+//!   accounting from `sock:inet_sock_set_state`.
 //!
 //! Every failure path passes the packet: a gate that cannot judge a packet
 //! must not become the outage (fail-open, written once per entry point).
@@ -285,9 +286,20 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
     }
 }
 
+/// `sock:inet_sock_set_state`, from its record: where the kernel's BTF lacks
+/// the socket's layout for [`shed_sock_state_raw`].
 #[tracepoint]
 pub fn shed_sock_state(ctx: TracePointContext) -> u32 {
     account::on_sock_state(&ctx);
+    0
+}
+
+/// `sock:inet_sock_set_state(const struct sock *sk, int oldstate, int newstate)`,
+/// the fields read from the socket: the same accounting without the record,
+/// and without a regular tracepoint's cap of 64 programs (one per gated pod).
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn shed_sock_state_raw(ctx: RawTracePointContext) -> i32 {
+    account::on_sock_state(&account::RawStateChange { sk: ctx.arg(0), old: ctx.arg(1), new: ctx.arg(2) });
     0
 }
 

@@ -8,7 +8,8 @@ use aya_ebpf::{
 };
 use shed_common::{
     ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed,
-    LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+    LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, SockEntry, SockLayout, TierReserve,
+    UserPortState,
     capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
     handshake::STAMPS_PER_PORT,
     is_ipv4_mapped, local_addr,
@@ -45,6 +46,27 @@ static SHED_SNT_ISN_OFFSET: u32 = 0;
 pub fn snt_isn_offset() -> u32 {
     // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
     unsafe { core::ptr::read_volatile(&raw const SHED_SNT_ISN_OFFSET) }
+}
+
+/// Where the raw `inet_sock_set_state` program finds the record's fields in
+/// the socket (`SOCK_LAYOUT_GLOBAL`), from the kernel's BTF at load.
+#[unsafe(no_mangle)]
+static SHED_SOCK_LAYOUT: SockLayout = SockLayout {
+    family: 0,
+    protocol: 0,
+    local_port: 0,
+    remote_port: 0,
+    local_v4: 0,
+    remote_v4: 0,
+    local_v6: 0,
+    remote_v6: 0,
+};
+
+/// [`SHED_SOCK_LAYOUT`], read as the verifier's constant.
+#[inline(always)]
+pub fn sock_layout() -> SockLayout {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0s it was built with.
+    unsafe { core::ptr::read_volatile(&raw const SHED_SOCK_LAYOUT) }
 }
 
 /// The stamp hash of a flow, under the secret drawn at load.

@@ -12,7 +12,7 @@ use crate::{
     host::system,
     kernel::{
         maps::PortSpec,
-        object::LoadOptions,
+        object::{LoadOptions, SockStateHook},
         options::{Action, Cidr, Count, Hook, XdpAttachMode},
         programs::{Loaded, default_hook},
     },
@@ -82,7 +82,12 @@ pub(crate) struct PodSettings {
 
 impl Plan {
     fn load_options(&self) -> LoadOptions {
-        LoadOptions { connections: self.max_connections, clients: self.max_clients, kernel_log: self.kernel_log }
+        LoadOptions {
+            connections: self.max_connections,
+            clients: self.max_clients,
+            kernel_log: self.kernel_log,
+            sock_state: SockStateHook::Auto,
+        }
     }
 }
 

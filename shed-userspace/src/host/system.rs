@@ -465,6 +465,35 @@ pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
     })
 }
 
+/// Where `struct sock` keeps what `sock:inet_sock_set_state`'s record copies,
+/// from the running kernel's BTF: all of it, or the reason it is not there.
+pub(crate) fn sock_layout() -> Result<shed_common::SockLayout, String> {
+    let btf = crate::host::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
+    sock_layout_in(&btf)
+}
+
+fn sock_layout_in(btf: &crate::host::btf::Btf) -> Result<shed_common::SockLayout, String> {
+    let common = |field: &str| btf.offset_of("sock_common", &[field]).ok_or(format!("BTF has no sock_common.{field}"));
+    let layout = shed_common::SockLayout {
+        family: common("skc_family")?,
+        protocol: btf.offset_of("sock", &["sk_protocol"]).ok_or("BTF has no sock.sk_protocol")?,
+        local_port: common("skc_num")?,
+        remote_port: common("skc_dport")?,
+        local_v4: common("skc_rcv_saddr")?,
+        remote_v4: common("skc_daddr")?,
+        local_v6: common("skc_v6_rcv_saddr")?,
+        remote_v6: common("skc_v6_daddr")?,
+    };
+    // `sock_common` is `struct sock`'s first member: its offsets are the socket's.
+    if btf.offset_of("sock", &["__sk_common"]) != Some(0) {
+        return Err("BTF puts sock.__sk_common away from the socket's start".into());
+    }
+    if !layout.known() {
+        return Err("BTF puts sock.sk_protocol at the socket's start".into());
+    }
+    Ok(layout)
+}
+
 /// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.
 /// The kernel's monotonic clock in ns (what `bpf_ktime_get_ns` reads).
 pub fn monotonic_ns() -> u64 {
@@ -529,5 +558,22 @@ format:
         assert!(missing_capabilities((1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN), Need::Attach).is_empty());
         assert_eq!(missing_capabilities(0, Need::Maps), ["CAP_BPF"]);
         assert_eq!(missing_capabilities(0, Need::Attach), ["CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON"]);
+    }
+
+    /// The raw accounting program reads these fields where the record's
+    /// `TP_fast_assign` does; include/net/sock.h fixes how they sit together.
+    #[test]
+    fn the_sockets_layout_is_found_on_this_kernel() {
+        let layout = super::sock_layout().expect("this kernel has BTF");
+        assert!(layout.known());
+        assert_eq!(layout.remote_v4, 0, "skc_daddr opens sock_common (skc_addrpair)");
+        assert_eq!(layout.local_v4, 4, "skc_rcv_saddr follows it");
+        assert_eq!(layout.local_port, layout.remote_port + 2, "skc_num follows skc_dport (skc_portpair)");
+        assert_eq!(layout.family, layout.local_port + 2, "skc_family follows skc_num");
+        assert!(layout.remote_v6 > layout.family && layout.local_v6 == layout.remote_v6 + 16, "{layout:?}");
+        assert!(
+            layout.protocol > layout.local_v6 && layout.protocol < 1024,
+            "sk_protocol past sock_common: {layout:?}"
+        );
     }
 }

@@ -452,7 +452,7 @@ impl GateMaps {
     /// Every tracked socket, read in batches (one syscall per few thousand
     /// entries; the per-entry iterator costs two syscalls an entry, which at
     /// 100,000 connections is most of a healing pass).
-    pub(crate) fn tracked_sockets(&self) -> Result<std::collections::HashMap<u64, SockEntry>, Error> {
+    pub fn tracked_sockets(&self) -> Result<std::collections::HashMap<u64, SockEntry>, Error> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
 
         use aya::maps::IterableMap as _;

@@ -25,6 +25,9 @@ pub struct LoadOptions {
     /// `--kernel-log`: aya-log's level global at warn instead of off (see
     /// shed-ebpf's `rare` module); off, the verifier prunes every log call.
     pub kernel_log: bool,
+    /// Which tracepoint counts connections (the regular one only for tests
+    /// and hosts whose BTF lacks the socket's layout).
+    pub sock_state: SockStateHook,
 }
 
 impl Default for LoadOptions {
@@ -33,6 +36,7 @@ impl Default for LoadOptions {
             connections: shed_common::capacity::MAX_SOCKS,
             clients: shed_common::capacity::MAX_CLIENTS,
             kernel_log: false,
+            sock_state: SockStateHook::Auto,
         }
     }
 }
@@ -50,13 +54,15 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let secret: &'static u64 = Box::leak(Box::new(flow_secret()));
     let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
+    let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     loader
         .map_max_entries(shed_common::map::SOCKS, options.connections)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
         .override_global(aya_log::LEVEL, level, strict)
         .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
         .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict)
-        .override_global(shed_common::http::COOKIE_KEY_GLOBAL, cookie_key, strict);
+        .override_global(shed_common::http::COOKIE_KEY_GLOBAL, cookie_key, strict)
+        .override_global(shed_common::SOCK_LAYOUT_GLOBAL, layout, false);
     loader
 }
 
@@ -81,8 +87,44 @@ fn snt_isn_offset() -> u32 {
     })
 }
 
-/// A fresh secret for the handshake stamps' flow hash, from the kernel's
-/// random pool (falling back on the clock: a weaker key beats no gate).
+/// Where the socket keeps what the raw accounting program reads, from the
+/// kernel's BTF; unknown (all 0, with a warning once), the regular tracepoint
+/// is attached instead ([`sock_state_hook`]).
+pub(crate) fn sock_layout() -> shed_common::SockLayout {
+    static LAYOUT: std::sync::OnceLock<shed_common::SockLayout> = std::sync::OnceLock::new();
+    *LAYOUT.get_or_init(|| {
+        crate::host::system::sock_layout().unwrap_or_else(|why| {
+            tracing::warn!(
+                "{why}: connections are counted from the regular sock:inet_sock_set_state tracepoint, which runs \
+                 at most 64 programs (64 gates, node and pods, per host)"
+            );
+            shed_common::SockLayout::default()
+        })
+    })
+}
+
+/// Which program counts connections: the raw tracepoint where the socket's
+/// layout is known, else the regular one (whose record has the fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SockStateHook {
+    /// The raw tracepoint if the layout is known.
+    #[default]
+    Auto,
+    /// The regular tracepoint, whatever the BTF has.
+    Tracepoint,
+}
+
+impl SockStateHook {
+    /// The program this hook loads and attaches.
+    pub fn program(self) -> &'static str {
+        if self == Self::Auto && sock_layout().known() {
+            shed_common::program::SOCK_STATE_RAW
+        } else {
+            shed_common::program::SOCK_STATE
+        }
+    }
+}
+
 /// The `http` answer's cookie key: 128 random bits per load (SipHash's key).
 fn cookie_key() -> [u64; 2] {
     let mut key = [0u8; 16];
@@ -96,6 +138,8 @@ fn cookie_key() -> [u64; 2] {
     [u64::from_ne_bytes(a.try_into().unwrap_or_default()), u64::from_ne_bytes(b.try_into().unwrap_or_default())]
 }
 
+/// A fresh secret for the handshake stamps' flow hash, from the kernel's
+/// random pool (falling back on the clock: a weaker key beats no gate).
 fn flow_secret() -> u64 {
     let mut key = [0u8; 8];
     // SAFETY: getrandom writes at most `key.len()` bytes into the buffer.

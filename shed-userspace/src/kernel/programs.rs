@@ -21,6 +21,8 @@ use crate::{
 pub struct Loaded {
     pub ebpf: Ebpf,
     pub maps: GateMaps,
+    /// The program that counts connections ([`object::SockStateHook::program`]).
+    sock_state: &'static str,
 }
 
 impl Loaded {
@@ -31,29 +33,41 @@ impl Loaded {
 
     /// [`Self::new`] with the growing maps sized as asked, kernel logging on or off.
     pub fn sized(pin_dir: Option<&Path>, options: object::LoadOptions) -> Result<Self, Error> {
-        Self::with(object::load(options)?, pin_dir)
+        Self::with(object::load(options)?, pin_dir, options.sock_state)
     }
 
     /// The same from an object file on disk (see [`object::load_file`]).
     pub fn from_file(object: &Path, pin_dir: Option<&Path>) -> Result<Self, Error> {
-        Self::with(object::load_file(object)?, pin_dir)
+        Self::with(object::load_file(object)?, pin_dir, object::SockStateHook::Auto)
     }
 
-    fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
+    fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>, hook: object::SockStateHook) -> Result<Self, Error> {
         let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
-        let mut loaded = Self { ebpf, maps };
+        // An older build's object (benchmarks load one from disk) has only the regular tracepoint.
+        let sock_state =
+            Some(hook.program()).filter(|&name| ebpf.program(name).is_some()).unwrap_or(program::SOCK_STATE);
+        let mut loaded = Self { ebpf, maps, sock_state };
         // The gate's XDP and TC programs load when first used (see
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
-        Self::program::<TracePoint>(&mut loaded.ebpf, program::SOCK_STATE)?
-            .load()
-            .map_err(|e| Error::program(format!("load tracepoint program {}", program::SOCK_STATE), e))?;
+        if sock_state == program::SOCK_STATE {
+            Self::program::<TracePoint>(&mut loaded.ebpf, sock_state)?.load()
+        } else {
+            Self::program::<RawTracePoint>(&mut loaded.ebpf, sock_state)?.load()
+        }
+        .map_err(|e| Error::program(format!("load tracepoint program {sock_state}"), e))?;
         for (name, _) in program::RAW_TRACEPOINTS {
             Self::program::<RawTracePoint>(&mut loaded.ebpf, name)?
                 .load()
                 .map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
         }
         Ok(loaded)
+    }
+
+    /// The program that counts connections: `shed_sock_state_raw`, or
+    /// `shed_sock_state` where the kernel's BTF lacks the socket's layout.
+    pub fn sock_state_program(&self) -> &'static str {
+        self.sock_state
     }
 
     fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, Error>
@@ -100,10 +114,15 @@ impl Loaded {
 
     /// Starts in-flight accounting and latency measurement. Attach before any
     /// gate so no admitted connection is established unseen.
-    pub(crate) fn attach_accounting(&mut self) -> Result<(), Error> {
-        Self::program::<TracePoint>(&mut self.ebpf, program::SOCK_STATE)?
-            .attach("sock", "inet_sock_set_state")
-            .map_err(|e| Error::program("attach tracepoint sock:inet_sock_set_state", e))?;
+    pub fn attach_accounting(&mut self) -> Result<(), Error> {
+        if self.sock_state == program::SOCK_STATE {
+            Self::program::<TracePoint>(&mut self.ebpf, program::SOCK_STATE)?
+                .attach("sock", "inet_sock_set_state")
+                .map(drop)
+        } else {
+            Self::program::<RawTracePoint>(&mut self.ebpf, self.sock_state)?.attach("inet_sock_set_state").map(drop)
+        }
+        .map_err(|e| Error::program(format!("attach {} to sock:inet_sock_set_state", self.sock_state), e))?;
         for (name, event) in program::RAW_TRACEPOINTS {
             Self::program::<RawTracePoint>(&mut self.ebpf, name)?
                 .attach(event)
