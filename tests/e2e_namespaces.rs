@@ -165,3 +165,99 @@ fn one_daemon_gates_two_namespaces_each_with_its_own_limit_and_counts() {
     assert!(left.is_empty(), "every namespace's programs unloaded: {left:?}");
     drop((held_b, third_b, more_a));
 }
+
+/// A node agent counts every pod's connections through one set of
+/// tracepoint programs (`kernel::dispatch`), not one per pod on every socket
+/// event of the host. Two namespaces serving the same port, each with its
+/// gate's programs handed their namespace: each gate counts exactly its own
+/// connections, with their requests (busy, then answered: the per-request
+/// events reach it too) and their closes; a gate taken back counts no more.
+#[test]
+fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
+    use std::{io::Read as _, io::Write as _, os::unix::fs::MetadataExt as _, sync::Arc};
+
+    use shed::kernel::{dispatch::Dispatcher, maps::PortSpec, programs::Loaded};
+    use shed_common::{ControlConfig, action, count_mode};
+
+    let _one = exclusive();
+    let bed = Testbed::create("shedds").expect("testbed");
+    let dispatcher = Arc::new(Dispatcher::start().expect("start the dispatcher"));
+    let gate_in = |ns: &str| {
+        let dispatcher = dispatcher.clone();
+        testbed::run_in(ns, move || {
+            let mut loaded = Loaded::new(None).expect("load object");
+            let spec = PortSpec::new(100, action::RST, false, count_mode::WORK, ControlConfig::default());
+            loaded.maps.protect(PORT, &spec).expect("protect the port");
+            let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
+            loaded.dispatched = Some(dispatcher.add(&mut loaded, inum).expect("hand the namespace over"));
+            loaded
+        })
+        .expect("namespace")
+    };
+    let mut server_gate = gate_in(&bed.server_ns);
+    let client_gate = gate_in(&bed.client_ns);
+    assert_eq!(dispatcher.gates(), 2);
+    let server_addr = bed.server_addr(false, PORT);
+    let own_addr: SocketAddr = ([127, 0, 0, 1], PORT).into();
+    let _server = Backend::start(&bed.server_ns, server_addr, Service::Echo).expect("backend");
+    let _own = Backend::start(&bed.client_ns, own_addr, Service::Echo).expect("backend in the client namespace");
+
+    // From the client namespace: 3 to the server's namespace, 2 to its own.
+    let held = testbed::run_in(&bed.client_ns, move || {
+        let mut held = Vec::new();
+        for addr in [server_addr, server_addr, server_addr, own_addr, own_addr] {
+            let mut s = testbed::connect(addr, Duration::from_secs(1)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            for _ in 0..2 {
+                s.write_all(b"ping").unwrap();
+                let mut buf = [0u8; 4];
+                s.read_exact(&mut buf).expect("echo");
+            }
+            held.push(s);
+        }
+        held
+    })
+    .expect("client namespace");
+    let counts = |loaded: &Loaded| {
+        let config = loaded.maps.config(PORT).unwrap();
+        let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
+        let service: u64 = loaded.maps.latency(config.slot).unwrap().service.iter().sum();
+        (snapshot.established(), snapshot.state.busy_enter, snapshot.state.busy_exit, service)
+    };
+    // Panics naming the last reading if it does not settle in time.
+    let settled = |loaded: &Loaded, open: u64, what: &str| {
+        poll(
+            Duration::from_secs(3),
+            what,
+            || counts(loaded),
+            |&(established, enter, exit, _)| established == open && enter == exit,
+        )
+    };
+    settled(&server_gate, 3, "the server's gate to count its 3 connections");
+    settled(&client_gate, 2, "the client's gate to count its 2");
+    let (_, enter, _, service) = counts(&server_gate);
+    // Each request made its connection busy (data ready) and its answer
+    // idle again; read then answered, it timed its service (recv, send).
+    assert!(enter >= 3 && service >= 3, "server's gate saw the requests: {:?}", counts(&server_gate));
+    let (_, enter, _, service) = counts(&client_gate);
+    assert!(enter >= 2 && service >= 2, "client's gate saw the requests: {:?}", counts(&client_gate));
+
+    drop(held);
+    settled(&server_gate, 0, "the closes to reach the server's gate");
+    settled(&client_gate, 0, "the closes to reach the client's gate");
+
+    // Taken back: the server's namespace is handed to no gate, the client's still is.
+    drop(server_gate.dispatched.take());
+    assert_eq!(dispatcher.gates(), 1);
+    let later = testbed::run_in(&bed.client_ns, move || {
+        [server_addr, own_addr].map(|addr| testbed::connect(addr, Duration::from_secs(1)).expect("connect"))
+    })
+    .expect("client namespace");
+    settled(&client_gate, 1, "the client's gate to count on");
+    let opened = |loaded: &Loaded| {
+        let config = loaded.maps.config(PORT).unwrap();
+        loaded.maps.snapshot(PORT, config).unwrap().state.opened
+    };
+    assert_eq!(opened(&server_gate), 3, "a gate taken back counts no new connection");
+    drop(later);
+}

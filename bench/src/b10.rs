@@ -6,9 +6,15 @@
 //! created then took from its sandbox being ready to its gate being set up,
 //! the daemon's CPU time and resident memory, the kernel memory of its maps
 //! and programs, and the programs loaded per pod (read from the daemon's own
-//! file descriptors, /proc/PID/fdinfo).
+//! file descriptors, /proc/PID/fdinfo). And what the pods' gates cost every
+//! other socket on the node: each pod's gate attaches its own accounting
+//! programs to the socket tracepoints, so each event of any socket runs one
+//! per pod. Loopback round trips and connections in the node's namespace, on
+//! a port no gate protects, before the agent starts and with every pod gated.
 use std::{
     fmt::Write as _,
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
     path::Path,
     time::{Duration, Instant, SystemTime},
 };
@@ -88,8 +94,56 @@ fn log_time(stamp: &str) -> Option<SystemTime> {
     Some(SystemTime::UNIX_EPOCH + Duration::new(days * 86_400 + h * 3600 + min * 60 + s, nanos as u32))
 }
 
+/// What a socket of the node pays per event: microseconds per loopback
+/// round trip (64 bytes each way on one connection: six socket events) and
+/// per connection opened and closed, each the median of 5 repeats.
+fn socket_costs(scale: Scale) -> Result<(f64, f64)> {
+    let (trips, connects) = scale.pick((2_000, 300), (1_000, 200), (100, 20));
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        // The echo connection first, then each connection of the churn until the client's last.
+        let (mut echo, _) = listener.accept()?;
+        let mut buf = [0u8; 64];
+        while echo.read_exact(&mut buf).is_ok() {
+            echo.write_all(&buf)?;
+        }
+        for _ in 0..5 * connects {
+            drop(listener.accept()?);
+        }
+        Ok(())
+    });
+    let mut echo = TcpStream::connect(addr)?;
+    echo.set_nodelay(true)?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut per_trip = Vec::new();
+    let mut buf = [7u8; 64];
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..trips {
+            echo.write_all(&buf)?;
+            echo.read_exact(&mut buf)?;
+        }
+        per_trip.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(trips));
+    }
+    drop(echo);
+    let mut per_connect = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..connects {
+            drop(TcpStream::connect(addr)?);
+        }
+        per_connect.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(connects));
+    }
+    server.join().map_err(|_| anyhow::anyhow!("the echo server panicked"))??;
+    Ok((median(per_trip), median(per_connect)))
+}
+
 /// One level: `pods` annotated pods gated by one agent, then one more.
-fn level(shedctl: &Path, pods: usize, level_index: usize) -> Result<serde_json::Value> {
+fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Result<serde_json::Value> {
     let mut runtime = Runtime::start(&format!("shedb10{level_index}"), &format!("10.233.{}.0/24", 80 + level_index))
         .context("a private containerd")?;
     let mut made = Vec::new();
@@ -97,6 +151,7 @@ fn level(shedctl: &Path, pods: usize, level_index: usize) -> Result<serde_json::
         made.push(runtime.run_pod(&format!("b10-{i}"), &ASKS)?);
     }
     let socket = runtime.socket().display().to_string();
+    let (trip_before, connect_before) = socket_costs(scale)?;
     let started = Instant::now();
     let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
     let deadline = started + Duration::from_secs(60 + 3 * pods as u64);
@@ -126,6 +181,7 @@ fn level(shedctl: &Path, pods: usize, level_index: usize) -> Result<serde_json::
     let idle = Duration::from_secs(if pods > 2 { 10 } else { 2 });
     std::thread::sleep(idle);
     let after = held_by(gate.pid())?;
+    let (trip_gated, connect_gated) = socket_costs(scale)?;
     drop(gate);
     let gates = (pods + 1) as f64;
     Ok(serde_json::json!({
@@ -140,6 +196,10 @@ fn level(shedctl: &Path, pods: usize, level_index: usize) -> Result<serde_json::
         "programs": after.programs.0,
         "programs_per_pod": after.programs.0 as f64 / gates,
         "program_memlock_bytes": after.programs.1,
+        "round_trip_us_before": trip_before,
+        "round_trip_us_gated": trip_gated,
+        "connect_us_before": connect_before,
+        "connect_us_gated": connect_gated,
     }))
 }
 
@@ -148,15 +208,20 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     let mut rows = Vec::new();
     for (i, &pods) in levels.iter().enumerate() {
         println!("B10: {pods} pod(s)");
-        rows.push(level(shedctl, pods, i)?);
+        rows.push(level(shedctl, pods, i, scale)?);
     }
     let mut md = String::from(
         "## B10: the node agent against pods gated\n\n`attach --pods` over a private containerd's annotated pod \
          sandboxes: the time to gate them all from the agent's start, one more pod's time from its sandbox ready \
          to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (each pod's \
-         gate loads its own).\n\n\
+         gate loads its own). Then what the pods' gates cost the node's other sockets (each runs its accounting \
+         programs on every socket event): a loopback round trip and a connection on an unprotected port, before the \
+         agent and with every pod gated (medians of 5; µs).\n\n\
          | pods | all gated (s) | one more gated (s) | CPU to gate all (s) | idle CPU (%) | RSS (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut costs = String::from(
+        "\n| pods | round trip before | gated | ratio | connection before | gated | ratio |\n|---|---|---|---|---|---|---|\n",
     );
     let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1024.0 * 1024.0);
     for r in &rows {
@@ -174,7 +239,20 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
             r["programs"],
             r["programs_per_pod"].as_f64().unwrap_or(0.0),
         );
+        let us = |key: &str| r[key].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            costs,
+            "| {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            r["pods"],
+            us("round_trip_us_before"),
+            us("round_trip_us_gated"),
+            us("round_trip_us_gated") / us("round_trip_us_before").max(f64::MIN_POSITIVE),
+            us("connect_us_before"),
+            us("connect_us_gated"),
+            us("connect_us_gated") / us("connect_us_before").max(f64::MIN_POSITIVE),
+        );
     }
+    md.push_str(&costs);
     Ok((serde_json::json!({ "levels": rows }), md))
 }
 

@@ -17,6 +17,7 @@ extern crate std;
 
 mod accounting;
 mod counters;
+pub mod dispatch;
 pub mod handshake;
 pub mod http;
 pub mod latency;

@@ -76,9 +76,21 @@ pub mod map {
     /// macvlan, bond) is judged once (kernel only).
     pub const LAST_PASSED: &str = "SHED_LAST_PASSED";
 
+    /// `ProgramArray` of [`crate::dispatch::SLOTS`]: a node agent's pod gates'
+    /// accounting programs, [`crate::dispatch::EVENTS`] per gate (see
+    /// [`crate::dispatch`]). Written by the agent; used only by the node's dispatcher.
+    pub const DISPATCH_TARGETS: &str = "SHED_DISPATCH_TARGETS";
+    /// `HashMap<u32 namespace inode, u32 gate>`: the pods' namespaces the
+    /// dispatcher hands connections of. Written by the agent.
+    pub const DISPATCH_NETNS: &str = "SHED_DISPATCH_NETNS";
+    /// `HashMap<u64 sock address, u32 gate>`: whose gate each accepted
+    /// connection of a pod is, from its handshake's end to its close.
+    /// Written by the dispatcher.
+    pub const DISPATCH_SOCKS: &str = "SHED_DISPATCH_SOCKS";
+
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 25] = [
+    pub const ALL: [&str; 28] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -104,6 +116,9 @@ pub mod map {
         SLOT_CONFIG,
         RARE_STAMPS,
         LAST_PASSED,
+        DISPATCH_TARGETS,
+        DISPATCH_NETNS,
+        DISPATCH_SOCKS,
     ];
 }
 
@@ -125,6 +140,20 @@ pub mod program {
     pub const XDP_PASS: &str = "shed_xdp_pass";
     /// XDP_DROP only: the cheapest possible verdict, a benchmark baseline.
     pub const XDP_DROP: &str = "shed_xdp_drop";
+    /// The node agent's dispatchers: one per socket tracepoint for all the
+    /// pods' gates, each handing the event to the gate of the socket's pod.
+    pub const DISPATCH_SOCK_STATE: &str = "shed_dispatch_sock_state";
+    pub const DISPATCH_DATA_READY: &str = "shed_dispatch_data_ready";
+    pub const DISPATCH_RECV: &str = "shed_dispatch_recv";
+    pub const DISPATCH_SEND: &str = "shed_dispatch_send";
+    /// Each dispatcher, the `sock:` event it attaches to, and the gate's
+    /// program it hands over to, in [`crate::dispatch`]'s event order.
+    pub const DISPATCHERS: [(&str, &str, &str); 4] = [
+        (DISPATCH_SOCK_STATE, "inet_sock_set_state", SOCK_STATE_RAW),
+        (DISPATCH_DATA_READY, "sk_data_ready", DATA_READY),
+        (DISPATCH_RECV, "sock_recv_length", RECV),
+        (DISPATCH_SEND, "sock_send_length", SEND),
+    ];
     /// The raw tracepoint programs and the `sock:` events they attach to.
     pub const RAW_TRACEPOINTS: [(&str, &str); 3] =
         [(DATA_READY, "sk_data_ready"), (RECV, "sock_recv_length"), (SEND, "sock_send_length")];

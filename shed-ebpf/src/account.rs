@@ -167,10 +167,16 @@ fn state_field(slot: u32) -> Option<*mut shed_common::PortState> {
 }
 
 fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
+    // The states first: free from the raw tracepoint, and most events are
+    // neither a close nor a handshake's end (every gate on the host runs this
+    // for every socket of every namespace).
+    let newstate = event.new_state()?;
+    if newstate != tcp_state::CLOSE && newstate != tcp_state::ESTABLISHED {
+        return Ok(());
+    }
     if event.protocol()? != IPPROTO_TCP {
         return Ok(());
     }
-    let newstate = event.new_state()?;
     let skaddr = event.sk()?;
 
     if newstate == tcp_state::CLOSE {

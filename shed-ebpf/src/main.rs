@@ -6,6 +6,8 @@
 //!   leaves the host.
 //! - `shed_sock_state_raw` (or `shed_sock_state`, without BTF): in-flight
 //!   accounting from `sock:inet_sock_set_state`.
+//! - `shed_dispatch_*`: a node agent's one set of socket-tracepoint programs
+//!   for all its pods' gates (`dispatch`).
 //!
 //! Every failure path passes the packet: a gate that cannot judge a packet
 //! must not become the outage (fail-open, written once per entry point).
@@ -21,6 +23,7 @@
 mod account;
 mod atomic;
 mod decide;
+mod dispatch;
 mod fault;
 mod maps;
 mod parse;
@@ -325,6 +328,32 @@ pub fn shed_recv(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sock_send_length")]
 pub fn shed_send(ctx: RawTracePointContext) -> i32 {
     account::on_send(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    0
+}
+
+// The node agent's dispatchers (`dispatch`): attached once per node, for every pod's gate.
+
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn shed_dispatch_sock_state(ctx: RawTracePointContext) -> i32 {
+    dispatch::sock_state(&ctx);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sk_data_ready")]
+pub fn shed_dispatch_data_ready(ctx: RawTracePointContext) -> i32 {
+    dispatch::socket_event(&ctx, shed_common::dispatch::DATA_READY);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sock_recv_length")]
+pub fn shed_dispatch_recv(ctx: RawTracePointContext) -> i32 {
+    dispatch::socket_event(&ctx, shed_common::dispatch::RECV);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sock_send_length")]
+pub fn shed_dispatch_send(ctx: RawTracePointContext) -> i32 {
+    dispatch::socket_event(&ctx, shed_common::dispatch::SEND);
     0
 }
 

@@ -98,6 +98,9 @@ pub enum Error {
         source: Box<aya::maps::MapError>,
     },
 
+    #[error("the pods' dispatcher cannot {what}")]
+    Dispatch { what: String },
+
     #[error("the container runtime (CRI) at {}: {reason}", socket.display())]
     Cri { socket: PathBuf, reason: String },
 

@@ -55,6 +55,9 @@ pub(crate) struct Plan {
     pub reloader: Option<Box<dyn Fn() -> Reloader + Send + Sync>>,
     /// `--pods`: where the pods that ask for a gate are found, and how their asking is read.
     pub pods: Option<PodSource>,
+    /// A pod's gate: the node's dispatcher its connections are counted through
+    /// (None: its accounting programs attach themselves, as a node's gate's do).
+    pub dispatcher: Option<std::sync::Arc<crate::kernel::dispatch::Dispatcher>>,
 }
 
 /// `--pods`: the container runtime's CRI socket, and the reader of a pod's annotations.
@@ -190,7 +193,8 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
     for &port in &plan.ports {
         loaded.maps.protect(port, &plan.spec)?;
     }
-    match system::netns_filter() {
+    let filter = system::netns_filter();
+    match filter.clone() {
         Ok(filter) => loaded.maps.set_netns_filter(filter)?,
         // Several gates on one port would each count the others' connections.
         Err(why) if plan.namespaces.len() > 1 => anyhow::bail!(
@@ -209,7 +213,10 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
     // Before any gate: only SYNs addressed to these are judged.
     let mut local_addrs = LocalAddrs::default();
     local_addrs.refresh(&mut loaded.maps)?;
-    loaded.attach_accounting()?;
+    match (&plan.dispatcher, filter) {
+        (Some(dispatcher), Ok(filter)) => loaded.dispatched = Some(dispatcher.add(&mut loaded, filter.inum)?),
+        _ => loaded.attach_accounting()?,
+    }
     for (iface, hook) in &targets {
         // Native XDP_TX on a veth is delivered only to a peer running XDP itself (generic mode
         // transmits an skb, which arrives anyway).

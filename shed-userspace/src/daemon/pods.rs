@@ -23,6 +23,7 @@ use crate::{
         cri::{self, PodSandbox},
         paths,
     },
+    kernel::dispatch::Dispatcher,
     observe::endpoint::{GateRegistry, RefusedPods},
 };
 
@@ -42,6 +43,9 @@ pub(super) struct Pods {
     refused: BTreeMap<String, String>,
     /// The runtime's last error, said once until it changes.
     last_error: Option<String>,
+    /// Counts every pod's connections with one set of tracepoint programs
+    /// (None: it could not start, and each pod's gate attaches its own).
+    dispatcher: Option<Arc<Dispatcher>>,
 }
 
 struct PodGate {
@@ -62,7 +66,21 @@ impl Pods {
     ) -> Self {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
         let _ = std::fs::remove_dir_all(paths::POD_NAMES);
+        let dispatcher = match Dispatcher::start() {
+            Ok(dispatcher) => {
+                tracing::info!("--pods: every pod's connections are counted through one set of tracepoint programs");
+                Some(Arc::new(dispatcher))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{e}: each pod's gate attaches its own accounting programs, which every socket event of the \
+                     node then runs once per gated pod"
+                );
+                None
+            }
+        };
         Self {
+            dispatcher,
             socket,
             node,
             reloads,
@@ -77,7 +95,19 @@ impl Pods {
 
     /// Asks the runtime for its pods: gates the new ones that ask, ends the gates of pods gone.
     pub(super) async fn look(&mut self) {
-        let pods = match self.list().await {
+        // Bounded as a whole, as each call is: a runtime that answers each
+        // status just in time must not hold the daemon's loop (and its
+        // signals) for a call per pod.
+        let listed = tokio::time::timeout(cri::CALL_TIMEOUT, self.list()).await.unwrap_or_else(|_| {
+            Err(crate::error::Error::Cri {
+                socket: self.socket.clone(),
+                reason: format!(
+                    "no full list of pod sandboxes in {} s (is the runtime stuck?)",
+                    cri::CALL_TIMEOUT.as_secs()
+                ),
+            })
+        });
+        let pods = match listed {
             Ok(pods) => pods,
             Err(e) => {
                 let e = e.to_string();
@@ -140,7 +170,8 @@ impl Pods {
 
     fn start(&mut self, pod: &PodSandbox, settings: PodSettings, netns: String) -> anyhow::Result<()> {
         let ports = settings.ports.clone();
-        let plan = Arc::new(pod_plan(&self.node, settings, netns.clone()));
+        let plan =
+            Arc::new(Plan { dispatcher: self.dispatcher.clone(), ..pod_plan(&self.node, settings, netns.clone()) });
         let gate = Gate::new(Some(netns));
         let (stop, stopped) = watch::channel(false);
         let signals = LoopSignals { stop: stopped, reload: self.reloads.clone() };
@@ -257,6 +288,7 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
         ready_window: node.ready_window,
         reloader: None,
         pods: None,
+        dispatcher: None,
     }
 }
 
@@ -335,6 +367,7 @@ mod tests {
             ready_window: std::time::Duration::from_secs(43),
             reloader: None,
             pods: None,
+            dispatcher: None,
         };
         let cidr = |s: &str| {
             let (addr, len) = s.split_once('/').unwrap();

@@ -40,15 +40,20 @@ pub struct PodSandbox {
 }
 
 /// How long one call to the runtime may take: a stuck runtime is an error, not a hang.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to the runtime at `socket` and checks that it speaks CRI v1.
 pub async fn connect(socket: &Path) -> Result<Client, Error> {
+    connect_within(socket, CALL_TIMEOUT).await
+}
+
+/// [`connect`], each call of the client bounded by `timeout`.
+async fn connect_within(socket: &Path, timeout: Duration) -> Result<Client, Error> {
     let cri = |reason: String| Error::Cri { socket: socket.to_owned(), reason };
     let path = socket.to_owned();
     let channel = Endpoint::from_static("http://[::]")
-        .connect_timeout(CALL_TIMEOUT)
-        .timeout(CALL_TIMEOUT)
+        .connect_timeout(timeout)
+        .timeout(timeout)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move { Ok::<_, io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
@@ -59,7 +64,7 @@ pub async fn connect(socket: &Path) -> Result<Client, Error> {
     client
         .version(VersionRequest { version: "v1".to_owned() })
         .await
-        .map_err(|e| cri(call_reason("ask its version", &e)))?;
+        .map_err(|e| cri(call_reason("ask its version", &e, timeout)))?;
     Ok(client)
 }
 
@@ -82,13 +87,16 @@ fn connect_reason(e: &tonic::transport::Error) -> String {
 }
 
 /// Why a CRI call failed, and what to do about it.
-fn call_reason(what: &str, status: &tonic::Status) -> String {
+fn call_reason(what: &str, status: &tonic::Status, timeout: Duration) -> String {
     match status.code() {
         tonic::Code::Unimplemented => format!(
             "cannot {what}: it does not serve CRI v1 (runtime.v1.RuntimeService); containerd serves it unless its \
              cri plugin is disabled in /etc/containerd/config.toml (disabled_plugins = [\"cri\"], Docker's default)"
         ),
-        tonic::Code::DeadlineExceeded => format!("cannot {what}: no answer in {} s", CALL_TIMEOUT.as_secs()),
+        // tonic reports its own timeout as Cancelled ("Timeout expired"), a server's deadline as DeadlineExceeded.
+        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            format!("cannot {what}: no answer in {} s (is the runtime stuck?)", timeout.as_secs_f64())
+        }
         _ => format!("cannot {what}: {} ({:?})", status.message(), status.code()),
     }
 }
@@ -99,7 +107,7 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path) -> Result<Vec<Pod
     let list = client
         .list_pod_sandbox(ListPodSandboxRequest { filter: None })
         .await
-        .map_err(|e| cri(call_reason("list pod sandboxes", &e)))?
+        .map_err(|e| cri(call_reason("list pod sandboxes", &e, CALL_TIMEOUT)))?
         .into_inner();
     let mut pods = Vec::new();
     for pod in list.items.into_iter().filter(|p| p.state == PodSandboxState::SandboxReady as i32) {
@@ -110,7 +118,9 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path) -> Result<Vec<Pod
             Ok(status) => status.into_inner(),
             // Removed between the list and its status: simply gone.
             Err(e) if e.code() == tonic::Code::NotFound => continue,
-            Err(e) => return Err(cri(call_reason(&format!("read the status of pod sandbox {}", pod.id), &e))),
+            Err(e) => {
+                return Err(cri(call_reason(&format!("read the status of pod sandbox {}", pod.id), &e, CALL_TIMEOUT)));
+            }
         };
         let netns = status.info.get("info").and_then(|info| netns_path(info));
         let host_network = status
@@ -157,14 +167,47 @@ mod tests {
 
     #[test]
     fn a_failed_call_says_what_to_do() {
-        let unimplemented = call_reason("ask its version", &tonic::Status::unimplemented("unknown service"));
+        let unimplemented =
+            call_reason("ask its version", &tonic::Status::unimplemented("unknown service"), CALL_TIMEOUT);
         assert!(
             unimplemented.contains("cri plugin") && unimplemented.contains("/etc/containerd/config.toml"),
             "{unimplemented}"
         );
-        let slow = call_reason("list pod sandboxes", &tonic::Status::deadline_exceeded("late"));
-        assert_eq!(slow, "cannot list pod sandboxes: no answer in 10 s");
-        let other = call_reason("list pod sandboxes", &tonic::Status::permission_denied("no"));
+        let slow = call_reason("list pod sandboxes", &tonic::Status::deadline_exceeded("late"), CALL_TIMEOUT);
+        assert_eq!(slow, "cannot list pod sandboxes: no answer in 10 s (is the runtime stuck?)");
+        let other = call_reason("list pod sandboxes", &tonic::Status::permission_denied("no"), CALL_TIMEOUT);
         assert_eq!(other, "cannot list pod sandboxes: no (PermissionDenied)");
+    }
+
+    /// A runtime that takes the connection and never answers (stuck, or
+    /// swapping) is an error after the timeout, never a hang of the agent.
+    #[test]
+    fn a_runtime_that_never_answers_is_an_error_in_time() {
+        let dir = std::env::temp_dir().join(format!("shed-stuck-cri-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("cri.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        // Accepts and holds every connection, reads nothing, writes nothing.
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            listener.set_nonblocking(true).unwrap();
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < until && finished.try_recv().is_err() {
+                if let Ok((conn, _)) = listener.accept() {
+                    held.push(conn);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let started = std::time::Instant::now();
+        let err = runtime.block_on(connect_within(&socket, Duration::from_millis(300))).unwrap_err().to_string();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "gave up after {took:?}");
+        assert!(err.contains("no answer in 0.3 s") && err.contains(&socket.display().to_string()), "{err}");
+        done.send(()).unwrap();
+        holder.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

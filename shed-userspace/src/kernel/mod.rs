@@ -2,8 +2,10 @@
 //! The kernel side as userspace holds it: the embedded object and how it is
 //! loaded ([`object`]), its programs and where they attach ([`programs`]),
 //! the typed maps, pinned or fresh ([`maps`]), and the options the maps hold
-//! ([`options`]).
+//! ([`options`]), and a node agent's one set of socket-tracepoint programs
+//! for all its pods' gates ([`dispatch`]).
 
+pub mod dispatch;
 pub mod maps;
 pub mod object;
 pub mod options;

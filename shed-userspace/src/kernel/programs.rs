@@ -19,6 +19,9 @@ use crate::{
 
 /// The kernel object with its programs loaded (verified) but not attached.
 pub struct Loaded {
+    /// Where a pod's gate counts through the node's dispatcher: dropped first,
+    /// so no event reaches the programs once they are going.
+    pub dispatched: Option<crate::kernel::dispatch::Dispatched>,
     pub ebpf: Ebpf,
     pub maps: GateMaps,
     /// The program that counts connections ([`object::SockStateHook::program`]).
@@ -46,7 +49,7 @@ impl Loaded {
         // An older build's object (benchmarks load one from disk) has only the regular tracepoint.
         let sock_state =
             Some(hook.program()).filter(|&name| ebpf.program(name).is_some()).unwrap_or(program::SOCK_STATE);
-        let mut loaded = Self { ebpf, maps, sock_state };
+        let mut loaded = Self { dispatched: None, ebpf, maps, sock_state };
         // The gate's XDP and TC programs load when first used (see
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
@@ -78,6 +81,26 @@ impl Loaded {
             .program_mut(name)
             .ok_or_else(|| Error::program(format!("find program {name}"), aya::programs::ProgramError::NotLoaded))?;
         prog.try_into().map_err(|e| Error::program(format!("open program {name}"), e))
+    }
+
+    /// The accounting programs (loaded, not attached) in the dispatcher's
+    /// event order ([`program::DISPATCHERS`]), for a pod's gate that counts
+    /// through the node's dispatcher; only the raw tracepoint's can be a
+    /// tail call's target.
+    pub(crate) fn accounting_programs(&mut self) -> Result<Vec<aya::programs::ProgramFd>, Error> {
+        if self.sock_state != program::SOCK_STATE_RAW {
+            return Err(Error::Dispatch {
+                what: format!("hand connections to {}: only a raw tracepoint's program can be", self.sock_state),
+            });
+        }
+        program::DISPATCHERS
+            .iter()
+            .map(|&(_, _, name)| {
+                let prog: &mut RawTracePoint = Self::program(&mut self.ebpf, name)?;
+                let fd = prog.fd().map_err(|e| Error::program(format!("find program {name}'s fd"), e))?;
+                fd.try_clone().map_err(|e| Error::io("duplicate the fd of", name, e))
+            })
+            .collect()
     }
 
     /// The gate's XDP program, loaded into the kernel on first use.

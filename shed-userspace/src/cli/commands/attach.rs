@@ -53,5 +53,6 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         pods: args
             .pods
             .then(|| PodSource { socket: args.cri_socket.clone(), read: Box::new(annotations::pod_settings) }),
+        dispatcher: None,
     })
 }
