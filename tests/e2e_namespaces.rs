@@ -181,7 +181,7 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
 
     let _one = exclusive();
     let bed = Testbed::create("shedds").expect("testbed");
-    let dispatcher = Arc::new(Dispatcher::start().expect("start the dispatcher"));
+    let dispatcher = Arc::new(Dispatcher::start(1024).expect("start the dispatcher"));
     let gate_in = |ns: &str| {
         let dispatcher = dispatcher.clone();
         testbed::run_in(ns, move || {

@@ -121,13 +121,16 @@ fn socket_costs(scale: Scale) -> Result<(f64, f64)> {
     };
     let mut per_trip = Vec::new();
     let mut buf = [7u8; 64];
-    for _ in 0..5 {
+    // A warm-up round first (caches, a CPU's frequency), then 5 timed ones.
+    for round in 0..6 {
         let start = Instant::now();
         for _ in 0..trips {
             echo.write_all(&buf)?;
             echo.read_exact(&mut buf)?;
         }
-        per_trip.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(trips));
+        if round > 0 {
+            per_trip.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(trips));
+        }
     }
     drop(echo);
     let mut per_connect = Vec::new();

@@ -90,6 +90,7 @@ impl Plan {
             clients: self.max_clients,
             kernel_log: self.kernel_log,
             sock_state: SockStateHook::Auto,
+            dispatcher: false,
         }
     }
 }

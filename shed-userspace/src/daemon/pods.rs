@@ -66,7 +66,7 @@ impl Pods {
     ) -> Self {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
         let _ = std::fs::remove_dir_all(paths::POD_NAMES);
-        let dispatcher = match Dispatcher::start() {
+        let dispatcher = match Dispatcher::start(node.max_connections) {
             Ok(dispatcher) => {
                 tracing::info!("--pods: every pod's connections are counted through one set of tracepoint programs");
                 Some(Arc::new(dispatcher))

@@ -38,12 +38,13 @@ struct Tables {
 
 impl Dispatcher {
     /// Loads the dispatchers and attaches them to the socket tracepoints of
-    /// the host (every namespace's sockets pass them).
-    pub fn start() -> Result<Self, Error> {
+    /// the host (every namespace's sockets pass them); `connections`: the
+    /// pods' connections it can follow at once (the node's `--max-connections`).
+    pub fn start(connections: u32) -> Result<Self, Error> {
         let unable = |what: String| Error::Dispatch { what };
         // Where a socket keeps its namespace: the dispatcher hands over by it.
         let filter = system::netns_filter().map_err(|why| unable(format!("tell namespaces apart: {why}")))?;
-        let mut ebpf = object::load(object::LoadOptions::default())?;
+        let mut ebpf = object::load(object::LoadOptions::dispatcher(connections))?;
         let mut take =
             |name: &str| ebpf.take_map(name).ok_or_else(|| unable(format!("find map {name} in the kernel object")));
         let mut offsets: Array<MapData, NetnsFilter> =

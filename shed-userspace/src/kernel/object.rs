@@ -28,6 +28,18 @@ pub struct LoadOptions {
     /// Which tracepoint counts connections (the regular one only for tests
     /// and hosts whose BTF lacks the socket's layout).
     pub sock_state: SockStateHook,
+    /// A node agent's dispatchers' object ([`crate::kernel::dispatch`]):
+    /// its dispatch tables full-sized and a gate's maps at one entry, where a
+    /// gate's object has it the other way round (a hash map's buckets are
+    /// allocated at creation, preallocated or not: 4 MiB at 262,144 entries).
+    pub dispatcher: bool,
+}
+
+impl LoadOptions {
+    /// The dispatchers' object: tables for `connections` sockets.
+    pub fn dispatcher(connections: u32) -> Self {
+        Self { connections, clients: 1, kernel_log: false, sock_state: SockStateHook::Auto, dispatcher: true }
+    }
 }
 
 impl Default for LoadOptions {
@@ -37,6 +49,7 @@ impl Default for LoadOptions {
             clients: shed_common::capacity::MAX_CLIENTS,
             kernel_log: false,
             sock_state: SockStateHook::Auto,
+            dispatcher: false,
         }
     }
 }
@@ -55,9 +68,17 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
+    let (socks, dispatch) = if options.dispatcher {
+        (1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, options.connections))
+    } else {
+        (options.connections, (1, 1, 1))
+    };
     loader
-        .map_max_entries(shed_common::map::SOCKS, options.connections)
+        .map_max_entries(shed_common::map::SOCKS, socks)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
+        .map_max_entries(shed_common::map::DISPATCH_TARGETS, dispatch.0)
+        .map_max_entries(shed_common::map::DISPATCH_NETNS, dispatch.1)
+        .map_max_entries(shed_common::map::DISPATCH_SOCKS, dispatch.2)
         .override_global(aya_log::LEVEL, level, strict)
         .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
         .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict)
