@@ -145,7 +145,8 @@ impl StateChange for RawStateChange {
         self.field(sock_layout().local_port)
     }
     fn client_port(&self) -> Result<u16, i32> {
-        self.field::<u16>(sock_layout().remote_port).map(u16::from_be)
+        let port = self.field::<u16>(sock_layout().remote_port)?;
+        Ok(if fault!("raw_client_port_unswapped") { port } else { u16::from_be(port) })
     }
     fn client_addr(&self) -> Result<[u8; 16], i32> {
         let layout = sock_layout();

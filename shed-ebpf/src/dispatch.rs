@@ -16,7 +16,7 @@ use shed_common::{
     tcp_state,
 };
 
-use crate::maps::SHED_NETNS;
+use crate::{fault::fault, maps::SHED_NETNS};
 
 #[map]
 pub static SHED_DISPATCH_TARGETS: ProgramArray = ProgramArray::with_max_entries(SLOTS, 0);
@@ -38,7 +38,9 @@ pub fn sock_state(ctx: &RawTracePointContext) {
         // SAFETY: plain data copied out of the map.
         let Some(gate) = (unsafe { SHED_DISPATCH_SOCKS.get(&sk) }).copied() else { return };
         let _ = SHED_DISPATCH_SOCKS.remove(&sk);
-        hand_over(ctx, gate, dispatch::SOCK_STATE);
+        if !fault!("dispatch_close_dropped") {
+            hand_over(ctx, gate, dispatch::SOCK_STATE);
+        }
     } else if new == tcp_state::ESTABLISHED && old == tcp_state::SYN_RECV {
         let Some(inum) = netns_inum(sk) else { return };
         // SAFETY: plain data copied out of the map.
@@ -55,7 +57,9 @@ pub fn sock_state(ctx: &RawTracePointContext) {
 pub fn socket_event(ctx: &RawTracePointContext, event: u32) {
     let sk: u64 = ctx.arg(0);
     // SAFETY: plain data copied out of the map.
-    if let Some(gate) = (unsafe { SHED_DISPATCH_SOCKS.get(&sk) }).copied() {
+    if let Some(gate) = (unsafe { SHED_DISPATCH_SOCKS.get(&sk) }).copied()
+        && !fault!("dispatch_requests_dropped")
+    {
         hand_over(ctx, gate, event);
     }
 }

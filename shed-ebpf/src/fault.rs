@@ -70,6 +70,12 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("rst_checksum_byte", "the reset's TCP checksum has one wrong byte"),
     ("rst_ack_number", "the reset acknowledges the SYN's sequence number, not one past it"),
     ("rst_macs_kept", "the reset keeps the frame's MAC addresses instead of swapping them"),
+    (
+        "raw_client_port_unswapped",
+        "the raw state program reads the client's port in network order (flows misnamed, handshakes unreleased)",
+    ),
+    ("dispatch_requests_dropped", "the pods' dispatcher hands over no per-request event (no pod connection is busy)"),
+    ("dispatch_close_dropped", "the pods' dispatcher forgets a pod connection's close without handing it over"),
 ];
 
 const CHOSEN: &str = match option_env!("SHED_KERNEL_FAULT") {

@@ -28,6 +28,9 @@ const PROGRAM_TESTS: &[&str] = &["fuzz_decide", "prog_test_run"];
 /// The rest, with real connections through a gate (minutes): run only for a
 /// fault the program tests missed.
 const END_TO_END_TESTS: &[&str] = &[
+    // Seconds each: first.
+    "e2e_namespaces",
+    "e2e_pods",
     "e2e_soak",
     "e2e_tiers",
     "e2e_hardening",
@@ -39,8 +42,6 @@ const END_TO_END_TESTS: &[&str] = &[
     "e2e_matrix",
     "e2e_scale",
     "e2e_multiplexed",
-    "e2e_namespaces",
-    "e2e_pods",
 ];
 /// A fault can turn a bounded wait into a long one; past this a stage counts as caught.
 const STAGE_TIMEOUT: Duration = Duration::from_mins(20);
