@@ -37,6 +37,8 @@ struct Held {
     rss_bytes: u64,
     maps: (u64, u64),
     programs: (u64, u64),
+    /// Runs and run time (ns) of its programs, with the kernel's BPF statistics on.
+    runs: (u64, u64),
 }
 
 fn held_by(pid: i32) -> Result<Held> {
@@ -64,6 +66,10 @@ fn held_by(pid: i32) -> Result<Held> {
         };
         slot.0 += 1;
         slot.1 += memlock.unwrap_or(0);
+        let stat =
+            |key: &str| info.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
+        held.runs.0 += stat("run_cnt:").unwrap_or(0);
+        held.runs.1 += stat("run_time_ns:").unwrap_or(0);
     }
     Ok(held)
 }
@@ -94,11 +100,26 @@ fn log_time(stamp: &str) -> Option<SystemTime> {
     Some(SystemTime::UNIX_EPOCH + Duration::new(days * 86_400 + h * 3600 + min * 60 + s, nanos as u32))
 }
 
-/// What a socket of the node pays per event: microseconds per loopback
-/// round trip (64 bytes each way on one connection: six socket events) and
-/// per connection opened and closed, each the median of 5 repeats.
-fn socket_costs(scale: Scale) -> Result<(f64, f64)> {
-    let (trips, connects) = scale.pick((2_000, 300), (1_000, 200), (100, 20));
+/// What a socket of the node pays: wall time per loopback round trip (64
+/// bytes each way on one connection: six socket events) and per connection
+/// opened and closed, each the median of 5 repeats; and, from the kernel's
+/// BPF statistics, how many runs of the agent's programs and how much of
+/// their time each took (a dispatcher's runs include the gate programs it
+/// tail-calls).
+#[derive(Debug, Default)]
+struct SocketCosts {
+    trip_us: f64,
+    connect_us: f64,
+    /// Program runs and ns per round trip, then per connection.
+    trip_runs: f64,
+    trip_ns: f64,
+    connect_runs: f64,
+    connect_ns: f64,
+}
+
+/// `programs`: the agent's programs' (runs, ns) so far.
+fn socket_costs(scale: Scale, programs: &dyn Fn() -> Result<(u64, u64)>) -> Result<SocketCosts> {
+    let (trips, connects) = scale.pick((2_000u32, 300u32), (1_000, 200), (100, 20));
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let server = std::thread::spawn(move || -> std::io::Result<()> {
@@ -119,10 +140,19 @@ fn socket_costs(scale: Scale) -> Result<(f64, f64)> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let per = |before: (u64, u64), after: (u64, u64), n: u32| {
+        let n = f64::from(n);
+        (after.0.saturating_sub(before.0) as f64 / n, after.1.saturating_sub(before.1) as f64 / n)
+    };
+    let mut costs = SocketCosts::default();
     let mut per_trip = Vec::new();
     let mut buf = [7u8; 64];
     // A warm-up round first (caches, a CPU's frequency), then 5 timed ones.
+    let mut counted = programs()?;
     for round in 0..6 {
+        if round == 1 {
+            counted = programs()?;
+        }
         let start = Instant::now();
         for _ in 0..trips {
             echo.write_all(&buf)?;
@@ -132,8 +162,10 @@ fn socket_costs(scale: Scale) -> Result<(f64, f64)> {
             per_trip.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(trips));
         }
     }
+    (costs.trip_runs, costs.trip_ns) = per(counted, programs()?, 5 * trips);
     drop(echo);
     let mut per_connect = Vec::new();
+    let counted = programs()?;
     for _ in 0..5 {
         let start = Instant::now();
         for _ in 0..connects {
@@ -142,7 +174,32 @@ fn socket_costs(scale: Scale) -> Result<(f64, f64)> {
         per_connect.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(connects));
     }
     server.join().map_err(|_| anyhow::anyhow!("the echo server panicked"))??;
-    Ok((median(per_trip), median(per_connect)))
+    // The last closes land a moment after the loop.
+    std::thread::sleep(Duration::from_millis(100));
+    (costs.connect_runs, costs.connect_ns) = per(counted, programs()?, 5 * connects);
+    costs.trip_us = median(per_trip);
+    costs.connect_us = median(per_connect);
+    Ok(costs)
+}
+
+/// Turns the kernel's BPF run statistics on (run counts and times in each
+/// program's fdinfo) while it lives, as they were after.
+struct BpfStats(String);
+
+impl BpfStats {
+    const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    fn on() -> Result<Self> {
+        let was = std::fs::read_to_string(Self::PATH).context("read bpf_stats_enabled")?;
+        std::fs::write(Self::PATH, "1").context("turn the kernel's BPF statistics on")?;
+        Ok(Self(was.trim().to_owned()))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, &self.0);
+    }
 }
 
 /// One level: `pods` annotated pods gated by one agent, then one more.
@@ -154,7 +211,8 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         made.push(runtime.run_pod(&format!("b10-{i}"), &ASKS)?);
     }
     let socket = runtime.socket().display().to_string();
-    let (trip_before, connect_before) = socket_costs(scale)?;
+    let _stats = BpfStats::on()?;
+    let ungated = socket_costs(scale, &|| Ok((0, 0)))?;
     let started = Instant::now();
     let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
     let deadline = started + Duration::from_secs(60 + 3 * pods as u64);
@@ -184,7 +242,8 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     let idle = Duration::from_secs(if pods > 2 { 10 } else { 2 });
     std::thread::sleep(idle);
     let after = held_by(gate.pid())?;
-    let (trip_gated, connect_gated) = socket_costs(scale)?;
+    let pid = gate.pid();
+    let gated = socket_costs(scale, &|| held_by(pid).map(|h| h.runs))?;
     drop(gate);
     let gates = (pods + 1) as f64;
     Ok(serde_json::json!({
@@ -193,16 +252,22 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         "late_pod_gated_s": late.as_secs_f64(),
         "cpu_s_to_gate_all": settled.cpu_s,
         "idle_cpu_percent": 100.0 * (after.cpu_s - before.cpu_s) / idle.as_secs_f64(),
+        // The node's own socket events while idle (the agent's netlink and CRI calls among them).
+        "idle_program_runs_per_s": after.runs.0.saturating_sub(before.runs.0) as f64 / idle.as_secs_f64(),
         "rss_bytes": after.rss_bytes,
         "map_memlock_bytes": after.maps.1,
         "map_memlock_bytes_per_pod": after.maps.1 as f64 / gates,
         "programs": after.programs.0,
         "programs_per_pod": after.programs.0 as f64 / gates,
         "program_memlock_bytes": after.programs.1,
-        "round_trip_us_before": trip_before,
-        "round_trip_us_gated": trip_gated,
-        "connect_us_before": connect_before,
-        "connect_us_gated": connect_gated,
+        "round_trip_us_before": ungated.trip_us,
+        "round_trip_us_gated": gated.trip_us,
+        "connect_us_before": ungated.connect_us,
+        "connect_us_gated": gated.connect_us,
+        "program_runs_per_round_trip": gated.trip_runs,
+        "program_ns_per_round_trip": gated.trip_ns,
+        "program_runs_per_connection": gated.connect_runs,
+        "program_ns_per_connection": gated.connect_ns,
     }))
 }
 
@@ -219,12 +284,14 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
          to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (each pod's \
          gate loads its own). Then what the pods' gates cost the node's other sockets (each runs its accounting \
          programs on every socket event): a loopback round trip and a connection on an unprotected port, before the \
-         agent and with every pod gated (medians of 5; µs).\n\n\
+         agent and with every pod gated (medians of 5), and, from the kernel's BPF statistics, the runs of the \
+         agent's programs and their time per round trip and per connection (a dispatcher's time includes the \
+         gate program it tail-calls).\n\n\
          | pods | all gated (s) | one more gated (s) | CPU to gate all (s) | idle CPU (%) | RSS (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut costs = String::from(
-        "\n| pods | round trip before | gated | ratio | connection before | gated | ratio |\n|---|---|---|---|---|---|---|\n",
+        "\n| pods | round trip before (µs) | gated | connection before (µs) | gated | shed program runs per round trip | their ns | runs per connection | their ns | runs per s, idle |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1024.0 * 1024.0);
     for r in &rows {
@@ -245,14 +312,17 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
         let us = |key: &str| r[key].as_f64().unwrap_or(0.0);
         let _ = writeln!(
             costs,
-            "| {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} | {:.0} |",
             r["pods"],
             us("round_trip_us_before"),
             us("round_trip_us_gated"),
-            us("round_trip_us_gated") / us("round_trip_us_before").max(f64::MIN_POSITIVE),
             us("connect_us_before"),
             us("connect_us_gated"),
-            us("connect_us_gated") / us("connect_us_before").max(f64::MIN_POSITIVE),
+            us("program_runs_per_round_trip"),
+            us("program_ns_per_round_trip"),
+            us("program_runs_per_connection"),
+            us("program_ns_per_connection"),
+            us("idle_program_runs_per_s"),
         );
     }
     md.push_str(&costs);
