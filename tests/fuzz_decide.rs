@@ -283,9 +283,12 @@ impl Books {
             ..PortState::default()
         };
         maps.state.set(slot, state, 0).unwrap();
-        // Epochs of 2^27 ns (134 ms), as the silent ring's: the earlier cell (one
-        // epoch back) stays live for at least two more epochs after this write.
-        let base = UserPortState { handshake_shift: 27, ..UserPortState::default() };
+        // Epochs of 2^29 ns (537 ms), the longest either ring allows: the earlier
+        // cell (one epoch back) stays live for at least two more epochs after this
+        // write, so the kernel sees the books as written unless the program runs
+        // over a second after them (at 134 ms epochs, a 270 ms stall of this
+        // two-core machine once made the kernel see a handshake lapsed).
+        let base = UserPortState { handshake_shift: 29, silent_shift: 29, ..UserPortState::default() };
         let user = if work {
             UserPortState { busy_adjust: self.adjust, ..base }
         } else {
