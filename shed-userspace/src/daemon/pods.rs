@@ -4,12 +4,15 @@
 //! of its own, in its network namespace, with the settings its `shed.io/*`
 //! annotations give and the node's for the rest (hook, map sizes, healing);
 //! a pod that goes takes its gate and pins with it. A pod's bad annotation or
-//! failed set-up is that pod's alone: said once, the pod left ungated, the
-//! node and the other pods untouched.
+//! failed set-up is that pod's alone: said, the pod left ungated, the node and
+//! the other pods untouched. A bad annotation stays bad (a sandbox's
+//! annotations never change); a set-up that failed (the kernel short of
+//! memory, the verifier interrupted) is tried again, later each time.
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use tokio::sync::{mpsc::UnboundedSender, watch};
@@ -38,15 +41,53 @@ pub(super) struct Pods {
     client: Option<cri::Client>,
     /// By sandbox id.
     running: BTreeMap<String, PodGate>,
-    /// Sandboxes whose annotations or set-up failed, with their pod's name (said
-    /// once; a sandbox's annotations never change, so they are not retried).
+    /// Sandboxes whose annotations are bad, with their pod's name (said once;
+    /// a sandbox's annotations never change, so they are not read again).
     refused: BTreeMap<String, String>,
+    /// Sandboxes whose gate failed to set up or ended with an error: tried
+    /// again when their time comes.
+    failed: Retries,
     /// The runtime's last error, said once until it changes.
     last_error: Option<String>,
     /// Counts every pod's connections with one set of tracepoint programs
     /// (None: it could not start, and each pod's gate attaches its own).
     dispatcher: Option<Arc<Dispatcher>>,
 }
+
+/// When each pod whose gate failed is tried again, by sandbox id.
+#[derive(Default)]
+struct Retries(BTreeMap<String, Retry>);
+
+struct Retry {
+    at: Instant,
+    /// The wait after this try fails too.
+    next: Duration,
+}
+
+impl Retries {
+    /// Whether sandbox `id` waits for its next try at `now`.
+    fn waiting(&self, id: &str, now: Instant) -> bool {
+        self.0.get(id).is_some_and(|retry| retry.at > now)
+    }
+
+    /// Books another failed try of sandbox `id` at `now`; returns the wait
+    /// before the next: [`RETRY_FIRST`], doubling up to [`RETRY_MOST`].
+    fn failed(&mut self, id: &str, now: Instant) -> Duration {
+        let retry = self.0.entry(id.to_owned()).or_insert(Retry { at: now, next: RETRY_FIRST });
+        let wait = retry.next;
+        *retry = Retry { at: now + wait, next: (wait * 2).min(RETRY_MOST) };
+        wait
+    }
+
+    /// Forgets the sandboxes that are gone.
+    fn keep_present(&mut self, present: &BTreeSet<&str>) {
+        self.0.retain(|id, _| present.contains(id.as_str()));
+    }
+}
+
+/// The first wait before a failed pod is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MOST: Duration = Duration::from_mins(5);
 
 struct PodGate {
     pod: String,
@@ -89,6 +130,7 @@ impl Pods {
             client: None,
             running: BTreeMap::new(),
             refused: BTreeMap::new(),
+            failed: Retries::default(),
             last_error: None,
         }
     }
@@ -134,8 +176,13 @@ impl Pods {
             }
             keep
         });
+        self.failed.keep_present(&present);
+        let now = Instant::now();
         for pod in &pods {
-            if self.running.contains_key(&pod.id) || self.refused.contains_key(&pod.id) {
+            if self.running.contains_key(&pod.id)
+                || self.refused.contains_key(&pod.id)
+                || self.failed.waiting(&pod.id, now)
+            {
                 continue;
             }
             let read = &self.node.pods.as_ref().expect("Pods runs for --pods").read;
@@ -143,8 +190,12 @@ impl Pods {
                 Ok(None) => {}
                 Ok(Some((settings, netns))) => {
                     if let Err(e) = self.start(pod, settings, netns) {
-                        tracing::warn!(pod = %pod_name(pod), "{e:#}: the pod is left ungated");
-                        self.refused.insert(pod.id.clone(), pod_name(pod));
+                        let wait = self.failed.failed(&pod.id, Instant::now());
+                        tracing::warn!(
+                            pod = %pod_name(pod),
+                            "{e:#}: the pod is left ungated; trying again in {} s",
+                            wait.as_secs()
+                        );
                     }
                 }
                 Err(why) => {
@@ -201,16 +252,18 @@ impl Pods {
     }
 
     /// A pod's gate ended by itself: its set-up failed, or its loop did.
+    /// It is tried again later: what failed may pass (memory, a verifier
+    /// interrupted), and what fails again costs one try per wait, the wait
+    /// doubling up to [`RETRY_MOST`]. A pod that goes meanwhile is forgotten.
     pub(super) fn ended(&mut self, id: &str, result: anyhow::Result<()>) {
         let Some(gate) = self.running.remove(id) else { return };
         let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
+        let wait = self.failed.failed(id, Instant::now());
         if let Err(e) = result {
-            tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated");
+            tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated; trying again in {} s", wait.as_secs());
         } else {
-            tracing::info!(pod = %gate.pod, "the pod's gate ended");
+            tracing::info!(pod = %gate.pod, "the pod's gate ended; trying again in {} s", wait.as_secs());
         }
-        // Not gated again: what failed would fail again (its namespace, its settings).
-        self.refused.insert(id.to_owned(), gate.pod);
     }
 
     /// Ends every pod's gate (the daemon stops).
@@ -295,6 +348,24 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_pod_waits_longer_after_each_try_and_is_forgotten_when_gone() {
+        let mut retries = Retries::default();
+        let start = Instant::now();
+        assert!(!retries.waiting("a", start), "a pod never failed waits for nothing");
+        let waits: Vec<u64> = (0..10).map(|_| retries.failed("a", start).as_secs()).collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        let mut retries = Retries::default();
+        assert_eq!(retries.failed("a", start), RETRY_FIRST);
+        assert!(retries.waiting("a", start + Duration::from_secs(1)));
+        assert!(!retries.waiting("a", start + RETRY_FIRST), "due at its time");
+        assert!(!retries.waiting("b", start), "each pod its own");
+        retries.failed("b", start);
+        retries.keep_present(&BTreeSet::from(["b"]));
+        assert!(!retries.waiting("a", start), "a pod gone is forgotten");
+        assert!(retries.waiting("b", start));
+    }
 
     fn pod(annotations: &[(&str, &str)], netns: Option<&str>, host_network: bool) -> PodSandbox {
         PodSandbox {

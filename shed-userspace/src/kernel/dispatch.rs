@@ -60,7 +60,7 @@ impl Dispatcher {
                 .ok_or_else(|| unable(format!("find program {name} in the kernel object")))?
                 .try_into()
                 .map_err(|e| Error::program(format!("open program {name}"), e))?;
-            prog.load().map_err(|e| Error::program(format!("load {name}"), e))?;
+            crate::kernel::programs::verified(|| prog.load()).map_err(|e| Error::program(format!("load {name}"), e))?;
             prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
         }
         let free = (0..dispatch::GATES).collect();

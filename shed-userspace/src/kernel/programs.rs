@@ -5,7 +5,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    programs::{RawTracePoint, SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
+    programs::{ProgramError, RawTracePoint, SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
 };
 use shed_common::program;
 
@@ -54,15 +54,16 @@ impl Loaded {
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
         if sock_state == program::SOCK_STATE {
-            Self::program::<TracePoint>(&mut loaded.ebpf, sock_state)?.load()
+            let prog = Self::program::<TracePoint>(&mut loaded.ebpf, sock_state)?;
+            verified(|| prog.load())
         } else {
-            Self::program::<RawTracePoint>(&mut loaded.ebpf, sock_state)?.load()
+            let prog = Self::program::<RawTracePoint>(&mut loaded.ebpf, sock_state)?;
+            verified(|| prog.load())
         }
         .map_err(|e| Error::program(format!("load tracepoint program {sock_state}"), e))?;
         for (name, _) in program::RAW_TRACEPOINTS {
-            Self::program::<RawTracePoint>(&mut loaded.ebpf, name)?
-                .load()
-                .map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
+            let prog = Self::program::<RawTracePoint>(&mut loaded.ebpf, name)?;
+            verified(|| prog.load()).map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
         }
         Ok(loaded)
     }
@@ -112,7 +113,7 @@ impl Loaded {
     pub fn tc(&mut self) -> Result<&mut SchedClassifier, Error> {
         let prog: &mut SchedClassifier = Self::program(&mut self.ebpf, program::TC)?;
         if prog.fd().is_err() {
-            prog.load().map_err(|e| Error::program("load TC program", e))?;
+            verified(|| prog.load()).map_err(|e| Error::program("load TC program", e))?;
         }
         Ok(prog)
     }
@@ -130,7 +131,7 @@ impl Loaded {
     fn loaded_xdp<'a>(ebpf: &'a mut Ebpf, name: &str, what: &str) -> Result<&'a mut Xdp, Error> {
         let prog: &mut Xdp = Self::program(ebpf, name)?;
         if prog.fd().is_err() {
-            prog.load().map_err(|e| Error::program(what, e))?;
+            verified(|| prog.load()).map_err(|e| Error::program(what, e))?;
         }
         Ok(prog)
     }
@@ -195,4 +196,71 @@ impl Loaded {
 pub(crate) fn default_hook(iface: &str) -> Hook {
     let driver = system::driver(iface);
     if iface == "lo" || driver.as_deref() == Some("veth") { Hook::Tc } else { Hook::Xdp }
+}
+
+/// How often a load is tried when signals keep interrupting the verifier (libbpf's count).
+const VERIFIER_ATTEMPTS: u32 = 5;
+
+/// Loads a program through the verifier, again when it was interrupted. The
+/// verifier gives up with EAGAIN when a signal is pending on the loading
+/// thread (the kernel checks between instructions), and a gate's programs
+/// take it a second or more: a node agent setting up many pods at once saw
+/// one pod in fifty left ungated by it (B10). libbpf and cilium/ebpf try
+/// again; aya 0.14 does not.
+pub(crate) fn verified(mut load: impl FnMut() -> Result<(), ProgramError>) -> Result<(), ProgramError> {
+    let mut attempt = 1;
+    loop {
+        match load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.kind() == std::io::ErrorKind::WouldBlock && attempt < VERIFIER_ATTEMPTS =>
+            {
+                tracing::debug!(attempt, "the verifier was interrupted (a signal): loading again");
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::Cell, io};
+
+    use super::*;
+
+    fn load_error(errno: i32) -> ProgramError {
+        ProgramError::LoadError {
+            io_error: io::Error::from_raw_os_error(errno),
+            verifier_log: aya_obj::VerifierLog::new(String::new()),
+        }
+    }
+
+    #[test]
+    fn an_interrupted_verifier_is_tried_again() {
+        let calls = Cell::new(0);
+        let outcome = verified(|| {
+            calls.set(calls.get() + 1);
+            if calls.get() < 3 { Err(load_error(libc::EAGAIN)) } else { Ok(()) }
+        });
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(calls.get(), 3);
+    }
+
+    #[test]
+    fn the_tries_are_bounded_and_other_errors_are_final() {
+        let calls = Cell::new(0);
+        let always_interrupted = verified(|| {
+            calls.set(calls.get() + 1);
+            Err(load_error(libc::EAGAIN))
+        });
+        assert!(matches!(always_interrupted, Err(ProgramError::LoadError { .. })));
+        assert_eq!(calls.get(), VERIFIER_ATTEMPTS);
+        calls.set(0);
+        let refused = verified(|| {
+            calls.set(calls.get() + 1);
+            Err(load_error(libc::EACCES))
+        });
+        assert!(refused.is_err());
+        assert_eq!(calls.get(), 1, "a verdict of the verifier is not asked twice");
+    }
 }
