@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! `attach --pods`: the node's pods that ask for a gate (`shed.io/ports`),
-//! found through the container runtime (CRI) every second. Each gets a gate
+//! found through the container runtime (CRI) twice a second. Each gets a gate
 //! of its own, in its network namespace, with the settings its `shed.io/*`
 //! annotations give and the node's for the rest (hook, map sizes, healing);
 //! a pod that goes takes its gate and pins with it. A pod's bad annotation or
@@ -39,6 +39,8 @@ pub(super) struct Pods {
     /// The metrics endpoint's gates (each pod's joins it) and refused pods.
     endpoint: (GateRegistry, RefusedPods),
     client: Option<cri::Client>,
+    /// The sandboxes' network namespaces, asked of the runtime once each.
+    networks: cri::Networks,
     /// By sandbox id.
     running: BTreeMap<String, PodGate>,
     /// Sandboxes whose annotations are bad, with their pod's name (said once;
@@ -85,6 +87,11 @@ impl Retries {
     }
 }
 
+/// How often the runtime is asked for its pods. A look is one list (each
+/// sandbox's namespace is asked once), and a new pod's gate must be set up
+/// within 2 s of its sandbox being ready, the verifier taking one of them.
+pub(super) const LOOK_EVERY: Duration = Duration::from_millis(500);
+
 /// The first wait before a failed pod is tried again, and the longest.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_mins(5);
@@ -128,6 +135,7 @@ impl Pods {
             done,
             endpoint,
             client: None,
+            networks: cri::Networks::default(),
             running: BTreeMap::new(),
             refused: BTreeMap::new(),
             failed: Retries::default(),
@@ -216,7 +224,7 @@ impl Pods {
             Some(client) => client,
             None => self.client.insert(cri::connect(&self.socket).await?),
         };
-        cri::pod_sandboxes(client, &self.socket).await
+        cri::pod_sandboxes(client, &self.socket, &mut self.networks).await
     }
 
     fn start(&mut self, pod: &PodSandbox, settings: PodSettings, netns: String) -> anyhow::Result<()> {

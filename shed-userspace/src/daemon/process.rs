@@ -157,8 +157,9 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
     // just ends, and the others run on.
     let failure = runtime.block_on(async {
         let (mut running, mut failure, mut stopping) = (threads.len(), None, false);
-        // Pods are looked for every second (a new pod is gated within about two).
-        let mut look = tokio::time::interval(std::time::Duration::from_secs(1));
+        let mut look = tokio::time::interval(super::pods::LOOK_EVERY);
+        // A slow runtime delays the next look; it does not bunch them up.
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while running > 0 || (pods.is_some() && !stopping) {
             tokio::select! {
                 _ = signals.interrupt.recv() => {

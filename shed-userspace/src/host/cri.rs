@@ -101,16 +101,37 @@ fn call_reason(what: &str, status: &tonic::Status, timeout: Duration) -> String 
     }
 }
 
-/// The runtime's ready pod sandboxes, each with its network namespace.
-pub async fn pod_sandboxes(client: &mut Client, socket: &Path) -> Result<Vec<PodSandbox>, Error> {
+/// What the sandboxes' verbose statuses said of their network, by sandbox
+/// id. A sandbox's network namespace is fixed for its life, so each is asked
+/// once (a verbose status is the runtime's whole OCI spec: a node agent that
+/// asked every pod's every second kept the runtime and itself busy).
+#[derive(Debug, Default)]
+pub struct Networks(BTreeMap<String, Network>);
+
+#[derive(Clone, Debug)]
+struct Network {
+    netns: Option<PathBuf>,
+    host_network: bool,
+}
+
+/// The runtime's ready pod sandboxes, each with its network namespace (from
+/// `known`, or asked of the runtime and kept there; sandboxes no longer
+/// ready are forgotten).
+pub async fn pod_sandboxes(client: &mut Client, socket: &Path, known: &mut Networks) -> Result<Vec<PodSandbox>, Error> {
     let cri = |reason: String| Error::Cri { socket: socket.to_owned(), reason };
     let list = client
         .list_pod_sandbox(ListPodSandboxRequest { filter: None })
         .await
         .map_err(|e| cri(call_reason("list pod sandboxes", &e, CALL_TIMEOUT)))?
         .into_inner();
+    let ready: Vec<_> = list.items.into_iter().filter(|p| p.state == PodSandboxState::SandboxReady as i32).collect();
+    known.0.retain(|id, _| ready.iter().any(|p| &p.id == id));
     let mut pods = Vec::new();
-    for pod in list.items.into_iter().filter(|p| p.state == PodSandboxState::SandboxReady as i32) {
+    for pod in ready {
+        if let Some(Network { netns, host_network }) = known.0.get(&pod.id).cloned() {
+            pods.push(sandbox(pod, netns, host_network));
+            continue;
+        }
         let status = match client
             .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: pod.id.clone(), verbose: true })
             .await
@@ -128,18 +149,26 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path) -> Result<Vec<Pod
             .as_ref()
             .and_then(|s| s.linux.as_ref()?.namespaces.as_ref()?.options.as_ref())
             .is_some_and(|o| o.network == NamespaceMode::Node as i32);
-        let metadata = pod.metadata.unwrap_or_default();
-        pods.push(PodSandbox {
-            id: pod.id,
-            namespace: metadata.namespace,
-            name: metadata.name,
-            annotations: pod.annotations.into_iter().collect(),
-            netns,
-            host_network,
-        });
+        // A namespace not reported (yet) is asked again next time.
+        if netns.is_some() || host_network {
+            known.0.insert(pod.id.clone(), Network { netns: netns.clone(), host_network });
+        }
+        pods.push(sandbox(pod, netns, host_network));
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(pods)
+}
+
+fn sandbox(pod: k8s_cri::v1::PodSandbox, netns: Option<PathBuf>, host_network: bool) -> PodSandbox {
+    let metadata = pod.metadata.unwrap_or_default();
+    PodSandbox {
+        id: pod.id,
+        namespace: metadata.namespace,
+        name: metadata.name,
+        annotations: pod.annotations.into_iter().collect(),
+        netns,
+        host_network,
+    }
 }
 
 /// The network namespace's path in a verbose sandbox status (`info`: the

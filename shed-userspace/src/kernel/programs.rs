@@ -201,13 +201,17 @@ pub(crate) fn default_hook(iface: &str) -> Hook {
 /// How often a load is tried when signals keep interrupting the verifier (libbpf's count).
 const VERIFIER_ATTEMPTS: u32 = 5;
 
-/// Loads a program through the verifier, again when it was interrupted. The
-/// verifier gives up with EAGAIN when a signal is pending on the loading
-/// thread (the kernel checks between instructions), and a gate's programs
-/// take it a second or more: a node agent setting up many pods at once saw
-/// one pod in fifty left ungated by it (B10). libbpf and cilium/ebpf try
-/// again; aya 0.14 does not.
+/// Loads a program through the verifier, with this thread's signals held,
+/// and again when it was interrupted anyway. The verifier gives up with EAGAIN
+/// when a signal is pending on the loading thread (it checks between
+/// instructions), and a gate's programs take it a second or more. A node
+/// agent setting up many pods at once saw one pod in fifty left ungated by
+/// it (B10): each gate thread runs `nft` and `iptables-save`, glibc's
+/// posix_spawn holds every signal while it starts one, so a SIGCHLD that
+/// would be ignored is queued meanwhile and handed to another thread, maybe
+/// one in the verifier. libbpf and cilium/ebpf try again; aya 0.14 does not.
 pub(crate) fn verified(mut load: impl FnMut() -> Result<(), ProgramError>) -> Result<(), ProgramError> {
+    let _held = SignalsHeld::new();
     let mut attempt = 1;
     loop {
         match load() {
@@ -218,6 +222,35 @@ pub(crate) fn verified(mut load: impl FnMut() -> Result<(), ProgramError>) -> Re
                 attempt += 1;
             }
             done => return done,
+        }
+    }
+}
+
+/// This thread's signals blocked until dropped: a signal for the process
+/// goes to another thread meanwhile (the daemon's SIGTERM and SIGHUP are
+/// handled by whichever thread takes them), one for this thread waits.
+/// SIGKILL cannot be blocked, so a killed loader still stops at once.
+struct SignalsHeld(Option<libc::sigset_t>, std::marker::PhantomData<*const ()>);
+
+impl SignalsHeld {
+    fn new() -> Self {
+        // SAFETY: sigset_t is plain data that sigfillset initialises, and
+        // pthread_sigmask only reads `all` and writes `before`.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&raw mut all);
+            let held = libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, &raw mut before) == 0;
+            Self(held.then_some(before), std::marker::PhantomData)
+        }
+    }
+}
+
+impl Drop for SignalsHeld {
+    fn drop(&mut self) {
+        if let Some(before) = self.0 {
+            // SAFETY: restores the mask read in `new`, on the same thread (the guard is not Send).
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &raw const before, std::ptr::null_mut()) };
         }
     }
 }
@@ -244,6 +277,29 @@ mod tests {
         });
         assert!(outcome.is_ok(), "{outcome:?}");
         assert_eq!(calls.get(), 3);
+    }
+
+    /// Whether `signal` is blocked on this thread.
+    fn blocked(signal: i32) -> bool {
+        // SAFETY: reads this thread's mask into a zeroed set.
+        unsafe {
+            let mut now: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &raw mut now);
+            libc::sigismember(&raw const now, signal) == 1
+        }
+    }
+
+    #[test]
+    fn signals_wait_while_the_verifier_runs() {
+        assert!(!blocked(libc::SIGCHLD) && !blocked(libc::SIGTERM), "the test thread starts with none held");
+        let held_during = std::cell::Cell::new((false, false));
+        verified(|| {
+            held_during.set((blocked(libc::SIGCHLD), blocked(libc::SIGHUP)));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(held_during.get(), (true, true), "held while loading");
+        assert!(!blocked(libc::SIGCHLD) && !blocked(libc::SIGHUP), "given back after");
     }
 
     #[test]

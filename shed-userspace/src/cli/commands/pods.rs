@@ -54,7 +54,7 @@ pub fn execute(args: &PodsArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let pods = runtime.block_on(async {
         let mut client = cri::connect(&args.cri_socket).await?;
-        cri::pod_sandboxes(&mut client, &args.cri_socket).await
+        cri::pod_sandboxes(&mut client, &args.cri_socket, &mut cri::Networks::default()).await
     })?;
     let views: Vec<PodView> = pods.into_iter().map(PodView::of).collect();
     if args.json {
