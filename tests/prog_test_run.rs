@@ -1216,3 +1216,37 @@ fn http_answers_spend_the_rst_caps() {
         assert_eq!(c[counter::RST_RATE_LIMITED] as usize, 6 - answered, "{hook:?}");
     }
 }
+
+/// A node agent verifies the next pod's gate ahead ([`Loaded::prepare`]):
+/// its programs are loaded before the gate's maps are taken and pinned, and
+/// must judge with those maps as a gate loaded on the spot does.
+#[test]
+fn a_gate_verified_ahead_judges_with_its_own_maps() {
+    let options = shed::kernel::object::LoadOptions::default();
+    let prepared = Loaded::prepare(options, shed::kernel::options::Hook::Tc).expect("verify ahead");
+    assert!(prepared.fits(options, shed::kernel::options::Hook::Tc));
+    assert!(!prepared.fits(options, shed::kernel::options::Hook::Xdp), "verified for TC only");
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/shed-test-prepared-{}", std::process::id()));
+    std::fs::create_dir_all(&pins).unwrap();
+    let mut loaded = Loaded::from_prepared(prepared, Some(&pins)).expect("the gate of a prepared object");
+    let tc = loaded.ebpf.program(shed_common::program::TC).expect("the TC program");
+    assert!(tc.fd().is_ok(), "already verified: no verifier time left for the set-up");
+    assert!(pins.join(shed_common::map::PORTS).exists(), "its maps pinned when it became a gate");
+    let spec = PortSpec::new(1, action::RST, false, count_mode::WORK, ControlConfig::default());
+    loaded.maps.protect(PORT, &spec).unwrap();
+    let local = [(ipv4_mapped(SERVER_V4), local_addr::UNICAST)];
+    loaded.maps.set_local_addrs(&local.into_iter().collect()).unwrap();
+    let syn = frame(&Spec::default());
+    let run = |loaded: &mut Loaded| {
+        let mut out = vec![0u8; syn.len() + 256];
+        let opts = TestRunOptions { data_in: Some(&syn), data_out: Some(&mut out), ..Default::default() };
+        loaded.tc().unwrap().test_run(opts).unwrap().return_value as i32
+    };
+    assert_eq!(run(&mut loaded), TC_ACT_OK, "under the limit written after the programs were verified");
+    let slot = loaded.maps.config(PORT).unwrap().slot;
+    let full = shed_common::PortState { opened: 1, busy_enter: 1, ..Default::default() };
+    loaded.maps.state.set(slot, full, 0).unwrap();
+    assert_eq!(run(&mut loaded), TC_ACT_REDIRECT, "at the limit: the reset, from the same maps");
+    drop(loaded);
+    std::fs::remove_dir_all(&pins).unwrap();
+}

@@ -14,7 +14,7 @@ use crate::{
         maps::PortSpec,
         object::{LoadOptions, SockStateHook},
         options::{Action, Cidr, Count, Hook, XdpAttachMode},
-        programs::{Loaded, default_hook},
+        programs::{Loaded, Prepared, default_hook},
     },
 };
 
@@ -58,6 +58,9 @@ pub(crate) struct Plan {
     /// A pod's gate: the node's dispatcher its connections are counted through
     /// (None: its accounting programs attach themselves, as a node's gate's do).
     pub dispatcher: Option<std::sync::Arc<crate::kernel::dispatch::Dispatcher>>,
+    /// A pod's gate: the node agent's spare object, its programs verified
+    /// ahead (taken once, by the set-up; None: it loads its own).
+    pub spare: std::sync::Mutex<Option<Prepared>>,
 }
 
 /// `--pods`: the container runtime's CRI socket, and the reader of a pod's annotations.
@@ -84,7 +87,13 @@ pub(crate) struct PodSettings {
 }
 
 impl Plan {
-    fn load_options(&self) -> LoadOptions {
+    /// The hook a spare object is verified for: the plan's, else TC (a
+    /// pod's interfaces are loopback and, with most CNI plugins, a veth).
+    pub(super) fn spare_hook(&self) -> Hook {
+        self.hook.unwrap_or(Hook::Tc)
+    }
+
+    pub(super) fn load_options(&self) -> LoadOptions {
         LoadOptions {
             connections: self.max_connections,
             clients: self.max_clients,
@@ -187,7 +196,12 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
     let seen = system::interfaces_indexed();
     let targets = targets(&plan.ifaces, plan.hook)?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
-    let mut loaded = Loaded::sized(Some(&gate.pin_dir), plan.load_options()).context("loading the kernel programs")?;
+    let spare = plan.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let mut loaded = match spare.filter(|s| s.fits(plan.load_options(), plan.spare_hook())) {
+        Some(spare) => Loaded::from_prepared(spare, Some(&gate.pin_dir)),
+        None => Loaded::sized(Some(&gate.pin_dir), plan.load_options()),
+    }
+    .context("loading the kernel programs")?;
     for (&cidr, &tier) in &plan.tiers {
         loaded.maps.set_tier(cidr, tier)?;
     }

@@ -26,7 +26,12 @@ use crate::{
         cri::{self, PodSandbox},
         paths,
     },
-    kernel::dispatch::Dispatcher,
+    kernel::{
+        dispatch::Dispatcher,
+        object::LoadOptions,
+        options::Hook,
+        programs::{Loaded, Prepared},
+    },
     observe::endpoint::{GateRegistry, RefusedPods},
 };
 
@@ -54,6 +59,53 @@ pub(super) struct Pods {
     /// Counts every pod's connections with one set of tracepoint programs
     /// (None: it could not start, and each pod's gate attaches its own).
     dispatcher: Option<Arc<Dispatcher>>,
+    /// The next pod's gate object, its programs verified ahead.
+    spare: Spare,
+}
+
+/// A gate object verified in the background for the next pod, so a new
+/// pod's set-up spends no verifier time (a second or two on a busy node,
+/// most of the 2 s a pod may wait). It costs what one more pod's gate costs
+/// in kernel memory, held while no pod comes.
+struct Spare {
+    options: LoadOptions,
+    hook: Hook,
+    making: Option<std::thread::JoinHandle<Result<Prepared, crate::error::Error>>>,
+}
+
+impl Spare {
+    fn start(options: LoadOptions, hook: Hook) -> Self {
+        let mut spare = Self { options, hook, making: None };
+        spare.refill();
+        spare
+    }
+
+    /// The spare if it is ready; a new one is made after (a failed one is
+    /// said at debug and not retried until the next pod).
+    fn take(&mut self) -> Option<Prepared> {
+        if !self.making.as_ref()?.is_finished() {
+            return None;
+        }
+        let made = self.making.take()?.join();
+        self.refill();
+        match made {
+            Ok(Ok(spare)) => Some(spare),
+            Ok(Err(e)) => {
+                tracing::debug!("{e}: the next pod's gate loads its own programs");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn refill(&mut self) {
+        let (options, hook) = (self.options, self.hook);
+        self.making = std::thread::Builder::new()
+            .name("shed-spare".into())
+            .spawn(move || Loaded::prepare(options, hook))
+            .map_err(|e| tracing::debug!("{e}: no spare gate object"))
+            .ok();
+    }
 }
 
 /// When each pod whose gate failed is tried again, by sandbox id.
@@ -128,6 +180,7 @@ impl Pods {
             }
         };
         Self {
+            spare: Spare::start(node.load_options(), node.spare_hook()),
             dispatcher,
             socket,
             node,
@@ -229,8 +282,11 @@ impl Pods {
 
     fn start(&mut self, pod: &PodSandbox, settings: PodSettings, netns: String) -> anyhow::Result<()> {
         let ports = settings.ports.clone();
-        let plan =
-            Arc::new(Plan { dispatcher: self.dispatcher.clone(), ..pod_plan(&self.node, settings, netns.clone()) });
+        let plan = Arc::new(Plan {
+            dispatcher: self.dispatcher.clone(),
+            spare: std::sync::Mutex::new(self.spare.take()),
+            ..pod_plan(&self.node, settings, netns.clone())
+        });
         let gate = Gate::new(Some(netns));
         let (stop, stopped) = watch::channel(false);
         let signals = LoopSignals { stop: stopped, reload: self.reloads.clone() };
@@ -350,6 +406,7 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
         reloader: None,
         pods: None,
         dispatcher: None,
+        spare: std::sync::Mutex::new(None),
     }
 }
 
@@ -447,6 +504,7 @@ mod tests {
             reloader: None,
             pods: None,
             dispatcher: None,
+            spare: std::sync::Mutex::new(None),
         };
         let cidr = |s: &str| {
             let (addr, len) = s.split_once('/').unwrap();

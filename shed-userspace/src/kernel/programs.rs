@@ -39,6 +39,25 @@ impl Loaded {
         Self::with(object::load(options)?, pin_dir, options.sock_state)
     }
 
+    /// A gate's object with its programs verified ahead of need, for a
+    /// gate that comes later ([`Self::from_prepared`]): the accounting
+    /// programs, and the judging program `hook` attaches (the verifier's
+    /// second or two on a gate's set-up).
+    pub fn prepare(options: object::LoadOptions, hook: Hook) -> Result<Prepared, Error> {
+        let mut ebpf = object::load(options)?;
+        Self::load_accounting(&mut ebpf, options.sock_state)?;
+        match hook {
+            Hook::Xdp => drop(Self::loaded_xdp(&mut ebpf, program::XDP, "load XDP program")?),
+            Hook::Tc => drop(Self::loaded_tc(&mut ebpf)?),
+        }
+        Ok(Prepared { ebpf, options, hook })
+    }
+
+    /// The gate of a [`Prepared`] object, its maps pinned under `pin_dir` when given.
+    pub fn from_prepared(prepared: Prepared, pin_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::with(prepared.ebpf, pin_dir, prepared.options.sock_state)
+    }
+
     /// The same from an object file on disk (see [`object::load_file`]).
     pub fn from_file(object: &Path, pin_dir: Option<&Path>) -> Result<Self, Error> {
         Self::with(object::load_file(object)?, pin_dir, object::SockStateHook::Auto)
@@ -46,26 +65,34 @@ impl Loaded {
 
     fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>, hook: object::SockStateHook) -> Result<Self, Error> {
         let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
-        // An older build's object (benchmarks load one from disk) has only the regular tracepoint.
-        let sock_state =
-            Some(hook.program()).filter(|&name| ebpf.program(name).is_some()).unwrap_or(program::SOCK_STATE);
-        let mut loaded = Self { dispatched: None, ebpf, maps, sock_state };
         // The gate's XDP and TC programs load when first used (see
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
+        let sock_state = Self::load_accounting(&mut ebpf, hook)?;
+        Ok(Self { dispatched: None, ebpf, maps, sock_state })
+    }
+
+    /// Loads the accounting programs not loaded yet; returns the one that counts connections.
+    fn load_accounting(ebpf: &mut Ebpf, hook: object::SockStateHook) -> Result<&'static str, Error> {
+        // An older build's object (benchmarks load one from disk) has only the regular tracepoint.
+        let sock_state =
+            Some(hook.program()).filter(|&name| ebpf.program(name).is_some()).unwrap_or(program::SOCK_STATE);
         if sock_state == program::SOCK_STATE {
-            let prog = Self::program::<TracePoint>(&mut loaded.ebpf, sock_state)?;
-            verified(|| prog.load())
+            let prog = Self::program::<TracePoint>(ebpf, sock_state)?;
+            if prog.fd().is_ok() { Ok(()) } else { verified(|| prog.load()) }
         } else {
-            let prog = Self::program::<RawTracePoint>(&mut loaded.ebpf, sock_state)?;
-            verified(|| prog.load())
+            let prog = Self::program::<RawTracePoint>(ebpf, sock_state)?;
+            if prog.fd().is_ok() { Ok(()) } else { verified(|| prog.load()) }
         }
         .map_err(|e| Error::program(format!("load tracepoint program {sock_state}"), e))?;
         for (name, _) in program::RAW_TRACEPOINTS {
-            let prog = Self::program::<RawTracePoint>(&mut loaded.ebpf, name)?;
-            verified(|| prog.load()).map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
+            let prog = Self::program::<RawTracePoint>(ebpf, name)?;
+            if prog.fd().is_err() {
+                verified(|| prog.load())
+                    .map_err(|e| Error::program(format!("load raw tracepoint program {name}"), e))?;
+            }
         }
-        Ok(loaded)
+        Ok(sock_state)
     }
 
     /// The program that counts connections: `shed_sock_state_raw`, or
@@ -111,7 +138,11 @@ impl Loaded {
 
     /// The gate's TC program, loaded into the kernel on first use.
     pub fn tc(&mut self) -> Result<&mut SchedClassifier, Error> {
-        let prog: &mut SchedClassifier = Self::program(&mut self.ebpf, program::TC)?;
+        Self::loaded_tc(&mut self.ebpf)
+    }
+
+    fn loaded_tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
+        let prog: &mut SchedClassifier = Self::program(ebpf, program::TC)?;
         if prog.fd().is_err() {
             verified(|| prog.load()).map_err(|e| Error::program("load TC program", e))?;
         }
@@ -186,6 +217,23 @@ impl Loaded {
             }
         }
         Ok(())
+    }
+}
+
+/// A gate's kernel object, its programs verified and its maps not yet
+/// pinned or written: [`Loaded::prepare`], for [`Loaded::from_prepared`]. A
+/// node agent keeps one for the next pod, so a new pod's gate is set up in
+/// the time it takes to attach, not to verify.
+pub struct Prepared {
+    ebpf: Ebpf,
+    options: object::LoadOptions,
+    hook: Hook,
+}
+
+impl Prepared {
+    /// Whether it is what a gate loaded with `options` and attached at `hook` would load.
+    pub fn fits(&self, options: object::LoadOptions, hook: Hook) -> bool {
+        self.options == options && self.hook == hook
     }
 }
 

@@ -54,5 +54,6 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             .pods
             .then(|| PodSource { socket: args.cri_socket.clone(), read: Box::new(annotations::pod_settings) }),
         dispatcher: None,
+        spare: std::sync::Mutex::new(None),
     })
 }
