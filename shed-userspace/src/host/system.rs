@@ -454,9 +454,17 @@ pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
     use std::os::unix::fs::MetadataExt as _;
     let inum =
         fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
-    let btf = crate::host::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
-    let skc_net = btf.offset_of("sock_common", &["skc_net"]).ok_or("BTF has no sock_common.skc_net")?;
-    let net_inum = btf.offset_of("net", &["ns", "inum"]).ok_or("BTF has no net.ns.inum")?;
+    // The kernel's, the same for every namespace: read once (a parse of its
+    // BTF is a tenth of a second, and a node agent sets up a gate per pod).
+    static OFFSETS: std::sync::OnceLock<Result<(u32, u32), String>> = std::sync::OnceLock::new();
+    let (skc_net, net_inum) = OFFSETS
+        .get_or_init(|| {
+            let btf = crate::host::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
+            let skc_net = btf.offset_of("sock_common", &["skc_net"]).ok_or("BTF has no sock_common.skc_net")?;
+            let net_inum = btf.offset_of("net", &["ns", "inum"]).ok_or("BTF has no net.ns.inum")?;
+            Ok((skc_net, net_inum))
+        })
+        .clone()?;
     Ok(shed_common::NetnsFilter {
         enabled: 1,
         inum: u32::try_from(inum).map_err(|_| format!("namespace inode {inum} does not fit 32 bits"))?,
