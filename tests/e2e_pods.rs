@@ -212,3 +212,39 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
         gate.log()
     );
 }
+
+/// A pod whose gate cannot be set up (here: NAT in its namespace that would
+/// take connections past the gate) is left ungated, said, and tried again:
+/// once what stood in the way is gone, it is gated without an agent restart.
+#[test]
+fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod3", "10.233.74.0/24").expect("a private containerd");
+    let pod = runtime.run_pod("natted", &[("shed.io/ports", "8080"), ("shed.io/limit", "1")]).expect("pod");
+    let nft = |rules: &str| {
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &pod.netns, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("run nft (cargo xtask setup installs nftables)");
+        child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "nft refused:\n{rules}");
+    };
+    nft(
+        "table ip shednat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 80 redirect to :8080; }\n}\n",
+    );
+    let socket = runtime.socket().display().to_string();
+    // A port of the node's own too: the agent serves stats (and `attach` returns) with no pod gated.
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--port", "18081", "--iface", "lo"]);
+    shed_testkit::gate::poll(
+        Duration::from_secs(10),
+        "the failed set-up said, with its next try",
+        || gate.log(),
+        |log| log.contains("netfilter rewrites") && log.contains("the pod is left ungated; trying again in 2 s"),
+    );
+    assert!(stats_of(&pod.netns).is_none(), "not gated while the NAT is there");
+    nft("delete table ip shednat\n");
+    wait_gated(&gate, &pod.netns);
+    let stats = stats_of(&pod.netns).expect("gated on a later try");
+    assert_eq!((stats[0]["port"].as_u64(), stats[0]["limit"].as_u64()), (Some(8080), Some(1)), "{stats}");
+}

@@ -48,8 +48,9 @@ pub(super) struct Pods {
     networks: cri::Networks,
     /// By sandbox id.
     running: BTreeMap<String, PodGate>,
-    /// Sandboxes whose annotations are bad, with their pod's name (said once;
-    /// a sandbox's annotations never change, so they are not read again).
+    /// Sandboxes left ungated for good, with their pod's name: bad
+    /// annotations (said once; a sandbox's annotations never change, so they
+    /// are not read again), or every port detached by an operator.
     refused: BTreeMap<String, String>,
     /// Sandboxes whose gate failed to set up or ended with an error: tried
     /// again when their time comes.
@@ -83,7 +84,12 @@ impl Spare {
     /// The spare if it is ready; a new one is made after (a failed one is
     /// said at debug and not retried until the next pod).
     fn take(&mut self) -> Option<Prepared> {
-        if !self.making.as_ref()?.is_finished() {
+        let Some(making) = &self.making else {
+            // Its thread could not start: another try.
+            self.refill();
+            return None;
+        };
+        if !making.is_finished() {
             return None;
         }
         let made = self.making.take()?.join();
@@ -133,6 +139,11 @@ impl Retries {
         wait
     }
 
+    /// Starts sandbox `id`'s waits over (its gate ran well for a long time).
+    fn forget(&mut self, id: &str) {
+        self.0.remove(id);
+    }
+
     /// Forgets the sandboxes that are gone.
     fn keep_present(&mut self, present: &BTreeSet<&str>) {
         self.0.retain(|id, _| present.contains(id.as_str()));
@@ -154,6 +165,9 @@ struct PodGate {
     label: String,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// When its gate was started: one that ran longer than the longest wait
+    /// before it failed starts its waits over.
+    started: Instant,
 }
 
 impl Pods {
@@ -299,8 +313,10 @@ impl Pods {
         let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
         self.endpoint.0.add(gate.endpoint(Some(pod_name(pod))));
         tracing::info!(pod = %pod_name(pod), netns = %gate.label, ports = ?ports, "gating the pod");
-        self.running
-            .insert(pod.id.clone(), PodGate { pod: pod_name(pod), label: gate.label, stop, thread: Some(thread) });
+        self.running.insert(
+            pod.id.clone(),
+            PodGate { pod: pod_name(pod), label: gate.label, stop, thread: Some(thread), started: Instant::now() },
+        );
         Ok(())
     }
 
@@ -315,18 +331,24 @@ impl Pods {
         tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
     }
 
-    /// A pod's gate ended by itself: its set-up failed, or its loop did.
-    /// It is tried again later: what failed may pass (memory, a verifier
-    /// interrupted), and what fails again costs one try per wait, the wait
-    /// doubling up to [`RETRY_MOST`]. A pod that goes meanwhile is forgotten.
+    /// A pod's gate ended by itself: its set-up failed, or its loop did, or
+    /// (`Ok`) an operator detached its last port. A failure is tried again
+    /// later: what failed may pass (memory, a verifier interrupted), and what
+    /// fails again costs one try per wait, the wait doubling up to
+    /// [`RETRY_MOST`]. A detached pod stays ungated, as the operator asked,
+    /// until the agent restarts. A pod that goes meanwhile is forgotten.
     pub(super) fn ended(&mut self, id: &str, result: anyhow::Result<()>) {
         let Some(gate) = self.running.remove(id) else { return };
         let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
-        let wait = self.failed.failed(id, Instant::now());
         if let Err(e) = result {
+            if gate.started.elapsed() > RETRY_MOST {
+                self.failed.forget(id);
+            }
+            let wait = self.failed.failed(id, Instant::now());
             tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated; trying again in {} s", wait.as_secs());
         } else {
-            tracing::info!(pod = %gate.pod, "the pod's gate ended; trying again in {} s", wait.as_secs());
+            tracing::info!(pod = %gate.pod, "the pod's gate ended (its ports detached): the pod stays ungated");
+            self.refused.insert(id.to_owned(), gate.pod);
         }
     }
 

@@ -258,11 +258,17 @@ pub(super) fn spawn_gate(
                     tracing::info!("gate set up: judging every new connection");
                     (loaded, local_addrs, seen, Instance)
                 }
-                (Err(e), Some((ready, _))) => {
-                    let _ = ready.send(Err(e));
-                    return end.tell(Ok(()));
+                (Err(e), barrier) => {
+                    // Pinned before what failed: a pod's set-up tried again pins there anew.
+                    if gate.netns.is_some() {
+                        let _ = maps::remove_pins(&gate.pin_dir);
+                    }
+                    if let Some((ready, _)) = barrier {
+                        let _ = ready.send(Err(e));
+                        return end.tell(Ok(()));
+                    }
+                    return end.tell(Err(e));
                 }
-                (Err(e), None) => return end.tell(Err(e)),
             };
             let result = gate::run(&gate, &mut loaded, (local_addrs, seen), instance, &plan, signals);
             drop(loaded); // detaches its links, inside the namespace
