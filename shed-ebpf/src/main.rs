@@ -35,7 +35,7 @@ use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::{
         bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes,
-        bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
+        bpf_xdp_adjust_head, bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     macros::{classifier, raw_tracepoint, tracepoint, xdp},
     programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
@@ -214,7 +214,8 @@ pub fn shed_xdp(ctx: XdpContext) -> u32 {
         Outcome::ANSWER => {
             let delta = len as i32 - (data_end - data) as i32;
             // SAFETY: resizing our own frame; the helpers check the bounds themselves.
-            let sized = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0;
+            let sized = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0
+                || (delta > 0 && grow_at_head(&ctx, delta as u32, u32::from(payload_at)));
             let stored = sized
                 && reject::store_payload(payload, digits, usize::from(payload_at), |at, from, n| {
                     // SAFETY: the helper copies `n` bytes of read-only data into our frame, bounds-checked.
@@ -227,6 +228,46 @@ pub fn shed_xdp(ctx: XdpContext) -> u32 {
             }
         }
         _ => xdp_action::XDP_DROP,
+    }
+}
+
+/// The longest headers an answer has (Ethernet, two VLAN tags, IPv6, TCP: 82 bytes).
+const ANSWER_HEADERS_MAX: u32 = 96;
+
+/// Grows an answer's frame at its head, where its tail cannot grow: a veth
+/// copies a frame it receives into a buffer with a cache line's slack or
+/// less, too little for an IPv6 answer (39 bytes longer than curl's
+/// request), while XDP guarantees 256 bytes of headroom. The `headers`
+/// bytes already written move down by `grow`; the payload is stored after.
+#[inline(always)]
+fn grow_at_head(ctx: &XdpContext, grow: u32, headers: u32) -> bool {
+    if headers == 0 || headers > ANSWER_HEADERS_MAX || grow > 255 {
+        return false;
+    }
+    // SAFETY: our own frame; the helper checks the bounds.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(grow as i32)) } != 0 {
+        return false;
+    }
+    // In two halves through a small buffer (the program's stack is nearly
+    // full); moving down, the first half never overwrites the second.
+    let half = ANSWER_HEADERS_MAX / 2;
+    let first = headers.min(half);
+    move_down(ctx, 0, grow, first) && (headers <= half || move_down(ctx, half, grow, headers - half))
+}
+
+/// Moves `n` (1..=ANSWER_HEADERS_MAX / 2) bytes of the frame at `at + by` to `at`.
+#[inline(always)]
+fn move_down(ctx: &XdpContext, at: u32, by: u32, n: u32) -> bool {
+    const HALF: usize = ANSWER_HEADERS_MAX as usize / 2;
+    let mut moved = [0u8; HALF];
+    // Hidden from LLVM, so that the bounds the verifier sees are these: 1..=HALF.
+    // SAFETY: reading a local.
+    let n = unsafe { core::ptr::read_volatile(&n) };
+    let n = (n.wrapping_sub(1) & 63).min(HALF as u32 - 1) + 1;
+    // SAFETY: our own frame; each helper checks its bounds, and `moved` holds `n` bytes.
+    unsafe {
+        bpf_xdp_load_bytes(ctx.ctx, at + by, moved.as_mut_ptr().cast(), n) == 0
+            && bpf_xdp_store_bytes(ctx.ctx, at, moved.as_mut_ptr().cast(), n) == 0
     }
 }
 
