@@ -105,6 +105,9 @@ fn debian_packages() -> Result<()> {
     // lintian and binutils (strip): Debian's checks of the package (`cargo xtask package`), run by xtask's tests.
     // containerd, the CNI plugins and busybox-static (the pause image's one binary): real pod
     // sandboxes for e2e_pods; protobuf-compiler (protoc): the CRI bindings' build (k8s-cri).
+    // golang-go: Go's net/http, a real server that reads every request at once and queues inside
+    // (the read-at-once tests and B4/B5); nginx and haproxy: a real proxy in front of a backend and
+    // the balancer of the agent-check benchmark; wrk: a real kept-alive load generator.
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -125,6 +128,10 @@ fn debian_packages() -> Result<()> {
         ("/usr/share/doc/busybox-static", "busybox-static"),
         ("protoc", "protobuf-compiler"),
         ("/usr/lib/python3/dist-packages/urllib3/__init__.py", "python3-urllib3"),
+        ("go", "golang-go"),
+        ("nginx", "nginx"),
+        ("haproxy", "haproxy"),
+        ("wrk", "wrk"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
     let present = |what: &str| {

@@ -5,7 +5,7 @@
 //! proposal (bounds, app-limited, cooldown).
 use std::collections::VecDeque;
 
-use super::{Algo, Controller, Decision, Reason, WindowSample};
+use super::{Algo, Controller, Decision, Reason, WindowSample, service::Held};
 
 /// During a baseline probe the limit is held at this fraction of its value.
 pub(super) const PROBE_DEPTH: f64 = 0.25;
@@ -37,6 +37,17 @@ impl WindowedMin {
             let (_, w) = self.values.pop_front().expect("len > 1");
             self.covered -= w;
         }
+        self.min()
+    }
+
+    /// Forgets every value.
+    pub(super) fn reset(&mut self) {
+        self.values.clear();
+        self.covered = 0;
+    }
+
+    /// The minimum now (infinite while empty).
+    pub(super) fn min(&self) -> f64 {
         self.values.iter().map(|&(v, _)| v).fold(f64::INFINITY, f64::min)
     }
 }
@@ -144,25 +155,38 @@ impl Controller {
     /// a queue (a windowed maximum), so by Little's law it drains `rate x wait`
     /// requests within that wait: a limit that high is admitted in time, even
     /// when they all arrive at once.
-    pub(super) fn objective(&mut self, s: &WindowSample, windows: usize) -> Option<Objective> {
+    ///
+    /// `held` (queue): what the service itself held. A server that reads every
+    /// request at once keeps its queue inside, where the kernel sees no wait:
+    /// its service time is then its shortest one, the wait its queue inside
+    /// (Little's law), and the rate it answers while it held a queue there is
+    /// the rate it keeps up.
+    pub(super) fn objective(&mut self, s: &WindowSample, windows: usize, held: Option<Held>) -> Option<Objective> {
         let st = self.settings;
         if st.objective_us <= 0.0 {
             return None;
         }
-        let service = s.service_us as f64;
+        let service = held.map_or(s.service_us as f64, |h| h.shortest_us.min(s.service_us as f64));
         let wait_us = (OBJECTIVE_MARGIN * st.objective_us - service).max(0.0);
+        let inside_wait = held.map_or(0.0, |h| h.wait_us());
         // Requests waited for a worker, and work was under way when the window
         // began and when it ended: every worker was likely busy throughout, so
         // this is the rate the service keeps up. Not a carried sample: it spans
         // quiet windows.
-        let queued = s.queue_wait_us as f64 >= (service / 2.0).max(1000.0);
-        if queued && windows == 1 && self.last_in_flight > 0 && s.in_flight > 0 {
+        let waited = |wait: f64| wait >= (service / 2.0).max(1000.0);
+        let busy = windows == 1 && self.last_in_flight > 0 && s.in_flight > 0;
+        if busy && waited(s.queue_wait_us as f64) {
             self.served.push(s.samples as f64 / self.seconds(s, windows));
+        } else if let Some(h) = held
+            && busy
+            && waited(inside_wait)
+        {
+            self.served.push(h.rate);
         }
         self.last_in_flight = s.in_flight;
         let rate = self.served.rate();
         let met = match st.algo {
-            Algo::Queue => s.queue_wait_us as f64 <= wait_us,
+            Algo::Queue => (s.queue_wait_us as f64).max(inside_wait) <= wait_us,
             _ => s.latency_us as f64 <= OBJECTIVE_MARGIN * st.objective_us,
         };
         Some(Objective { wait_us, limit: (rate * wait_us / 1e6).round(), met })
@@ -222,7 +246,8 @@ impl Controller {
             return Decision { limit: self.limit(), reason: Reason::AppLimited };
         }
         if proposed < self.limit - NO_CHANGE {
-            return self.cut(proposed, Reason::LatencyRising);
+            let reason = if self.inside_cut { Reason::ServiceQueue } else { Reason::LatencyRising };
+            return self.cut(proposed, reason);
         }
         self.windows_since_cut = self.windows_since_cut.saturating_add(1);
         if proposed > self.limit + NO_CHANGE {

@@ -70,6 +70,7 @@ pub(crate) mod handshake;
 mod queue;
 pub(crate) mod reserve;
 pub(crate) mod retry;
+pub(crate) mod service;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -166,14 +167,20 @@ pub enum Reason {
     Cooldown,
     /// Latency near the baseline: probing upward.
     Grow,
-    /// Latency above the baseline: queueing, so the limit came down.
+    /// Latency above the baseline (`queue`: requests waiting in the kernel,
+    /// unread, past the target): queueing, so the limit came down.
     LatencyRising,
     /// The listen queue overflowed: cut.
     ListenOverflow,
     /// Moved less than one connection.
     Steady,
-    /// Re-measuring the baseline with the limit held at a quarter.
+    /// Re-measuring the baseline with the limit held at a quarter (`queue`: the
+    /// service's shortest service time, with the limit held at half its knee).
     Probe,
+    /// `queue`: requests waiting inside the service past the target (a server
+    /// that reads every request at once holds more than its knee), so the
+    /// limit came down.
+    ServiceQueue,
 }
 
 impl Reason {
@@ -196,6 +203,7 @@ impl Reason {
             5 => Self::LatencyRising,
             6 => Self::ListenOverflow,
             8 => Self::Probe,
+            9 => Self::ServiceQueue,
             _ => Self::Steady,
         }
     }
@@ -319,6 +327,11 @@ pub(crate) struct WindowSample {
     pub queue_wait_us: u64,
     /// Median service time (pick-up to the first answer byte) in the window, microseconds.
     pub service_us: u64,
+    /// Requests answered in the window (each with a service time).
+    pub answered: u64,
+    /// Their mean service time, microseconds: with `answered`, by Little's law,
+    /// the requests the service itself held on average (see [`service`]).
+    pub service_mean_us: u64,
     /// Listen-queue overflows and drops in the window.
     pub listen_drops: u64,
     /// SYNs the limit turned away in the window (or would have, in dry-run):
@@ -369,6 +382,10 @@ pub(crate) struct Controller {
     long_count: u32,
     long_sum: f64,
     windows_since_cut: u32,
+    /// queue: the service stage's knee and drain probe.
+    stage: service::ServiceStage,
+    /// queue: the last proposal's cut came from the queue inside the service.
+    inside_cut: bool,
 }
 
 impl Controller {
@@ -394,6 +411,8 @@ impl Controller {
             long_count: 0,
             long_sum: 0.0,
             windows_since_cut: u32::MAX,
+            stage: service::ServiceStage::new(span),
+            inside_cut: false,
         }
     }
 
@@ -439,25 +458,44 @@ impl Controller {
         if self.probe_left > 0 {
             return self.during_probe(s, windows, overflow);
         }
+        if st.algo == Algo::Queue && self.stage.probing() {
+            return self.during_drain_probe(s, windows, overflow);
+        }
         if overflow {
             return self.cut(self.limit * st.backoff, Reason::ListenOverflow);
         }
-        if s.samples < st.min_samples {
+        // queue judges answers too: a server that reads every request at once
+        // reads a burst in one window and answers it over the next ones.
+        let judged = if st.algo == Algo::Queue { s.samples.max(s.answered) } else { s.samples };
+        if judged < st.min_samples {
             return Decision { limit: self.limit(), reason: Reason::TooFewSamples };
         }
         if let Some(probe) = self.start_probe(windows) {
             return probe;
         }
-        let objective = self.objective(s, windows);
+        // queue: what the service itself held (its queue inside), which the
+        // objective and the proposal both judge.
+        let held = if st.algo == Algo::Queue { self.observe_stage(s, windows) } else { None };
+        let objective = self.objective(s, windows, held);
         let observed = self.observe(s);
         let proposed = match st.algo {
             Algo::Gradient => self.propose_gradient(observed),
             Algo::Gradient2 => self.propose_gradient2(observed),
             Algo::Aimd => self.propose_aimd(observed),
-            Algo::Queue => self.propose_queue(s, windows, objective),
+            Algo::Queue => self.propose_queue(s, windows, objective, held),
             Algo::Fixed => unreachable!("handled above"),
         };
         let pressed = s.rejected > 0 || (s.in_flight as f64) >= self.limit / 2.0;
+        // A queue inside that the objective allows is no reason to probe: the
+        // bursts it admits would be turned away.
+        if st.algo == Algo::Queue
+            && pressed
+            && objective.is_none_or(|o| !o.met)
+            && let Some(hold) = self.stage.start_probe(self.limit, f64::from(st.min_limit), windows)
+        {
+            self.limit = hold.clamp(f64::from(st.min_limit), f64::from(st.max_limit));
+            return Decision { limit: self.limit(), reason: Reason::Probe };
+        }
         let proposed = self.within_objective(proposed, objective, pressed);
         self.settle(proposed, pressed)
     }

@@ -40,6 +40,11 @@ pub(super) struct SimConfig {
     /// Each second's arrivals all at once, at the start of the second (as
     /// synchronized clients, or a load generator's rate period), instead of Poisson.
     pub bursts: bool,
+    /// The server reads every request at once and queues it inside (a thread or
+    /// goroutine per connection waiting for one of the workers): the kernel sees
+    /// no queue wait, only a longer service time. Otherwise a worker reads a
+    /// request only when it is free, and the queue waits unread in the socket.
+    pub reads_at_once: bool,
     pub seed: u64,
 }
 
@@ -58,6 +63,7 @@ impl SimConfig {
             service_step: None,
             tier_mix: None,
             bursts: false,
+            reads_at_once: false,
             seed: 42,
         }
     }
@@ -134,8 +140,10 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
     let mut window_rejected = [0u64; tier::COUNT];
     // Turned away by the limit itself (not a tier's share): the limit pressed.
     let mut window_limit_rejected = 0u64;
-    // Completion times of busy workers, with each request's arrival time and tier.
-    let mut busy: BinaryHeap<Reverse<(u64, u64, u8)>> = BinaryHeap::new();
+    // Completion times of busy workers, with each request's arrival time, tier
+    // and the time the server read it (pick-up: the start of its service as the
+    // kernel sees it).
+    let mut busy: BinaryHeap<Reverse<(u64, u64, u8, u64)>> = BinaryHeap::new();
     let mut queue: VecDeque<(u64, u64, u8)> = VecDeque::new(); // (arrival, service ns, tier)
     let mut window_sojourns: Vec<u64> = Vec::new();
     // Queue waits (arrival to the start of service) of the requests started in the window.
@@ -152,7 +160,7 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
     };
 
     loop {
-        let next_done = busy.peek().map_or(u64::MAX, |Reverse((t, _, _))| *t);
+        let next_done = busy.peek().map_or(u64::MAX, |Reverse((t, _, _, _))| *t);
         let now = next_arrival.min(next_done).min(next_window);
         if now >= end {
             break;
@@ -171,6 +179,9 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                     latency_us: nearest_rank_or_zero(&window_sojourns, cfg.percentile) / 1000,
                     queue_wait_us: nearest_rank_or_zero(&window_waits, cfg.percentile) / 1000,
                     service_us: nearest_rank_or_zero(&window_services, 50.0) / 1000,
+                    answered: window_services.len() as u64,
+                    service_mean_us: (window_services.iter().sum::<u64>() / (window_services.len() as u64).max(1))
+                        / 1000,
                     listen_drops: 0,
                     rejected: window_limit_rejected,
                     windows: carried + 1,
@@ -200,9 +211,10 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                 window_services.clear();
             }
         } else if now == next_done {
-            let Reverse((_, arrived, t)) = busy.pop().expect("peeked");
+            let Reverse((_, arrived, t, picked_up)) = busy.pop().expect("peeked");
             let sojourn = now - arrived;
             window_sojourns.push(sojourn);
+            window_services.push(now - picked_up);
             if arrived >= measure_from {
                 if sojourn <= to_ns(cfg.deadline) {
                     good += 1;
@@ -213,9 +225,12 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                 }
             }
             if let Some((arrival, service, t)) = queue.pop_front() {
-                window_waits.push(now - arrival);
-                window_services.push(service);
-                busy.push(Reverse((now + service, arrival, t)));
+                if cfg.reads_at_once {
+                    busy.push(Reverse((now + service, arrival, t, arrival)));
+                } else {
+                    window_waits.push(now - arrival);
+                    busy.push(Reverse((now + service, arrival, t, now)));
+                }
             }
         } else {
             next_arrival = if !cfg.bursts {
@@ -260,10 +275,12 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                 continue;
             }
             let service = to_ns(rng.exponential(mean_service_at(now)));
-            if busy.len() < cfg.workers {
+            if busy.len() < cfg.workers || cfg.reads_at_once {
+                // Read now: by a free worker, or by the server that reads at once.
                 window_waits.push(0);
-                window_services.push(service);
-                busy.push(Reverse((now + service, now, t)));
+            }
+            if busy.len() < cfg.workers {
+                busy.push(Reverse((now + service, now, t, now)));
             } else {
                 queue.push_back((now, service, t));
             }
@@ -372,6 +389,70 @@ mod tests {
         }
     }
 
+    /// A server that reads every request at once and queues it inside (issue
+    /// 42's server b): the kernel sees no queue wait, only service times that
+    /// grow with the queue. `queue` must find the queue inside by Little's law
+    /// and keep goodput and latency as it does for a server that reads when free.
+    #[test]
+    fn queue_finds_the_queue_inside_a_server_that_reads_at_once() {
+        let base_p99 = unloaded_p99();
+        for (load, seed) in [2.0, 4.0].into_iter().flat_map(|l| SEEDS.map(|s| (l, s))) {
+            let run = |gate: Option<Settings>| {
+                let mut cfg = SimConfig::new(load, gate);
+                (cfg.reads_at_once, cfg.seed) = (true, seed);
+                simulate(&cfg)
+            };
+            let none = run(None);
+            let r = run(gate(Algo::Queue));
+            let tail = steady(&r, r.limits.len() - 200..r.limits.len());
+            let (lo, hi) = (*tail.iter().min().unwrap(), *tail.iter().max().unwrap());
+            println!(
+                "queue, reads at once, {load}x seed {seed}: goodput {:.1}% (no gate {:.1}%), p99 {:.1} ms ({:.2}x unloaded), limit {lo}..{hi}",
+                r.goodput_fraction() * 100.0,
+                none.goodput_fraction() * 100.0,
+                r.admitted_p99 * 1e3,
+                r.admitted_p99 / base_p99
+            );
+            assert!(r.goodput_fraction() >= 0.90, "{load}x seed {seed}: goodput {:.3}", r.goodput_fraction());
+            assert!(
+                r.admitted_p99 <= 2.0 * base_p99,
+                "{load}x seed {seed}: p99 {} vs unloaded {base_p99}",
+                r.admitted_p99
+            );
+            // Little's law: 8 workers need about 8 in flight; a limit in the
+            // hundreds (blind to the queue inside) holds a queue of hundreds.
+            assert!(hi <= 4 * cfg_workers(), "{load}x seed {seed}: limit up to {hi}");
+        }
+    }
+
+    fn cfg_workers() -> u32 {
+        SimConfig::new(1.0, None).workers as u32
+    }
+
+    /// The drain probe and the knee must not cost a server that reads when
+    /// free anything, nor a read-at-once server that really slowed 5x with no
+    /// queue: its limit must not collapse below its workers.
+    #[test]
+    fn a_read_at_once_server_that_slowed_keeps_its_limit() {
+        for seed in SEEDS {
+            let mut cfg = SimConfig::new(2.0, gate(Algo::Queue));
+            (cfg.reads_at_once, cfg.duration, cfg.measure_from, cfg.service_step, cfg.seed) =
+                (true, 90.0, 60.0, Some((30.0, 5.0)), seed);
+            let r = simulate(&cfg);
+            let tail = steady(&r, r.limits.len() - 200..r.limits.len());
+            let mean = tail.iter().map(|&l| f64::from(l)).sum::<f64>() / tail.len() as f64;
+            let goodput = r.goodput / (cfg.capacity() / 5.0);
+            println!(
+                "queue, reads at once, 5x slower at 30 s, seed {seed}: limit {mean:.1} over the last 20 s, goodput {:.1}% of the new capacity, p99 {:.0} ms",
+                goodput * 100.0,
+                r.admitted_p99 * 1e3
+            );
+            let workers = cfg.workers as f64;
+            assert!((workers..=2.5 * workers).contains(&mean), "seed {seed}: settled limit {mean:.1}");
+            assert!(goodput >= 0.85, "seed {seed}: goodput {goodput:.3}");
+        }
+    }
+
     /// The limits of the windows that were not baseline probes.
     fn steady(r: &SimResult, range: std::ops::Range<usize>) -> Vec<u32> {
         range.filter(|&i| !r.probes[i]).map(|i| r.limits[i]).collect()
@@ -460,20 +541,25 @@ mod tests {
     /// limit becomes what the service answers within it.
     #[test]
     fn an_objective_admits_the_bursts_the_service_can_finish_in_time() {
-        let run = |algo: Option<Algo>, objective_us: f64, seed: u64| {
+        let run = |algo: Option<Algo>, objective_us: f64, seed: u64, reads_at_once: bool| {
             let gate = algo.map(|algo| Settings { algo, objective_us, ..Settings::default() });
             let mut cfg = SimConfig::new(2.0, gate);
-            (cfg.workers, cfg.mean_service, cfg.bursts, cfg.duration, cfg.measure_from, cfg.seed) =
-                (4, 0.020, true, 30.0, 10.0, seed);
+            (cfg.workers, cfg.mean_service, cfg.bursts, cfg.duration, cfg.measure_from, cfg.seed, cfg.reads_at_once) =
+                (4, 0.020, true, 30.0, 10.0, seed, reads_at_once);
             simulate(&cfg)
         };
+        // Against a server that reads at once only `queue` sees the queue inside.
+        let cases = [(Algo::Gradient, false), (Algo::Queue, false), (Algo::Queue, true)];
         for seed in SEEDS {
-            assert!(run(None, 0.0, seed).goodput_fraction() < 0.05, "no gate: the queue collapses goodput");
-            for algo in [Algo::Gradient, Algo::Queue] {
-                let judged_on_latency = run(Some(algo), 0.0, seed);
-                let with_objective = run(Some(algo), 1e6, seed);
+            assert!(run(None, 0.0, seed, false).goodput_fraction() < 0.05, "no gate: the queue collapses goodput");
+            assert!(run(None, 0.0, seed, true).goodput_fraction() < 0.05, "no gate: the queue collapses goodput");
+            for (algo, at_once) in cases {
+                let run = |objective_us| run(Some(algo), objective_us, seed, at_once);
+                let judged_on_latency = run(0.0);
+                let with_objective = run(1e6);
+                let server = if at_once { "reads at once" } else { "reads when free" };
                 println!(
-                    "{algo:>9} bursts at 2x: goodput {:.1}% on latency alone, {:.1}% with a 1 s objective (p99 {:.0} ms)",
+                    "{algo:>9} bursts at 2x, {server}: goodput {:.1}% on latency alone, {:.1}% with a 1 s objective (p99 {:.0} ms)",
                     judged_on_latency.goodput_fraction() * 100.0,
                     with_objective.goodput_fraction() * 100.0,
                     with_objective.admitted_p99 * 1e3

@@ -2,6 +2,7 @@
 //! The controllers' unit and property tests (the conformance replays and the
 //! simulation are in [`super::sim`]).
 
+use super::service::Held;
 use super::{guards::PROBE_DEPTH, *};
 use proptest::prelude::*;
 
@@ -23,6 +24,8 @@ fn window(latency_us: u64, in_flight: u64) -> WindowSample {
         latency_us,
         queue_wait_us: latency_us / 2,
         service_us: 0,
+        answered: 0,
+        service_mean_us: 0,
         listen_drops: 0,
         rejected: 0,
         windows: 1,
@@ -101,6 +104,8 @@ fn too_few_samples_hold_but_overflow_cuts() {
         latency_us: 90_000,
         queue_wait_us: 0,
         service_us: 0,
+        answered: 0,
+        service_mean_us: 0,
         listen_drops: 0,
         rejected: 0,
         windows: 1,
@@ -247,6 +252,8 @@ fn queue_cuts_the_excess_queue_and_grows_gently_below_its_target() {
         latency_us: 50_000,
         queue_wait_us,
         service_us: 0,
+        answered: 0,
+        service_mean_us: 0,
         listen_drops: 0,
         rejected: 0,
         windows: 1,
@@ -319,6 +326,8 @@ fn draining(queue_wait_us: u64, in_flight: u64, rejected: u64) -> WindowSample {
         latency_us: queue_wait_us + 20_000,
         queue_wait_us,
         service_us: 20_000,
+        answered: 20,
+        service_mean_us: 20_000,
         listen_drops: 0,
         rejected,
         windows: 1,
@@ -415,7 +424,7 @@ proptest! {
         let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
         let mut c = Controller::new(settings, 9);
         for (latency_us, samples, in_flight, drops) in samples {
-            let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, listen_drops: drops, rejected: 0, windows: 1, elapsed_us: 0 });
+            let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, answered: 0, service_mean_us: 0, listen_drops: drops, rejected: 0, windows: 1, elapsed_us: 0 });
             prop_assert!(d.limit >= 1);
             prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
         }
@@ -482,6 +491,8 @@ fn replay(settings: Settings, rows: &[(u64, bool, bool, u32, u32)]) -> Vec<(u32,
                 latency_us: rtt_us,
                 queue_wait_us: 0,
                 service_us: 0,
+                answered: 0,
+                service_mean_us: 0,
                 listen_drops: u64::from(drop),
                 rejected: 0,
                 windows: 1,
@@ -646,6 +657,8 @@ fn the_objective_measures_the_served_rate_only_over_queued_busy_windows() {
         latency_us: 150_000,
         queue_wait_us,
         service_us: 10_000,
+        answered: 200,
+        service_mean_us: 10_000,
         listen_drops: 0,
         rejected: 0,
         windows: 1,
@@ -654,27 +667,68 @@ fn the_objective_measures_the_served_rate_only_over_queued_busy_windows() {
     let wait_us = 0.97 * 100_000.0 - 10_000.0;
     // 200 requests in 0.2 s (not the 0.1 s window): 1,000/s; 87 ms of wait: 87.
     let mut c = Controller::new(settings, 0);
-    c.objective(&sample(5_000, 3), 1);
-    let o = c.objective(&sample(5_000, 3), 1).unwrap();
+    c.objective(&sample(5_000, 3), 1, None);
+    let o = c.objective(&sample(5_000, 3), 1, None).unwrap();
     assert_eq!((o.wait_us, o.limit), (wait_us, 87.0), "queued (wait at half the service time), busy at both ends");
     assert!(o.met, "queue's objective is the queue wait, not the latency");
 
     let mut c = Controller::new(settings, 0);
-    c.objective(&sample(5_000, 3), 1);
-    assert_eq!(c.objective(&sample(4_999, 3), 1).unwrap().limit, 0.0, "a wait under half the service: not queued");
+    c.objective(&sample(5_000, 3), 1, None);
+    assert_eq!(
+        c.objective(&sample(4_999, 3), 1, None).unwrap().limit,
+        0.0,
+        "a wait under half the service: not queued"
+    );
     let mut c = Controller::new(settings, 0);
-    c.objective(&sample(5_000, 0), 1);
-    assert_eq!(c.objective(&sample(5_000, 3), 1).unwrap().limit, 0.0, "idle when the window began");
+    c.objective(&sample(5_000, 0), 1, None);
+    assert_eq!(c.objective(&sample(5_000, 3), 1, None).unwrap().limit, 0.0, "idle when the window began");
     let mut c = Controller::new(settings, 0);
-    c.objective(&sample(5_000, 3), 1);
-    assert_eq!(c.objective(&sample(5_000, 0), 1).unwrap().limit, 0.0, "idle when it ended");
-    assert!(!c.objective(&sample(90_000, 3), 1).unwrap().met, "a wait past the objective's");
+    c.objective(&sample(5_000, 3), 1, None);
+    assert_eq!(c.objective(&sample(5_000, 0), 1, None).unwrap().limit, 0.0, "idle when it ended");
+    assert!(!c.objective(&sample(90_000, 3), 1, None).unwrap().met, "a wait past the objective's");
 
     let mut other = Controller::new(Settings { algo: Algo::Gradient, ..settings }, 0);
-    assert!(!other.objective(&sample(0, 3), 1).unwrap().met, "the others follow the latency: 150 ms > 97 ms");
+    assert!(!other.objective(&sample(0, 3), 1, None).unwrap().met, "the others follow the latency: 150 ms > 97 ms");
     let on_time = WindowSample { latency_us: 97_000, ..sample(0, 3) };
-    assert!(other.objective(&on_time, 1).unwrap().met, "97% of the objective is in time");
-    assert!(!other.objective(&WindowSample { latency_us: 97_001, ..on_time }, 1).unwrap().met);
-    let none = Controller::new(Settings { objective_us: 0.0, ..settings }, 0).objective(&sample(0, 3), 1);
+    assert!(other.objective(&on_time, 1, None).unwrap().met, "97% of the objective is in time");
+    assert!(!other.objective(&WindowSample { latency_us: 97_001, ..on_time }, 1, None).unwrap().met);
+    let none = Controller::new(Settings { objective_us: 0.0, ..settings }, 0).objective(&sample(0, 3), 1, None);
     assert!(none.is_none(), "no objective set");
+}
+
+#[test]
+fn the_objective_sees_the_queue_inside_a_server_that_reads_at_once() {
+    let settings = Settings { algo: Algo::Queue, objective_us: 100_000.0, ..Settings::default() };
+    // No wait in the kernel; the service held 30 at 1,000/s where its knee is 10:
+    // 20 requests waited inside, 20 ms each (Little's law).
+    let sample = WindowSample {
+        in_flight: 30,
+        samples: 100,
+        latency_us: 30_000,
+        queue_wait_us: 0,
+        service_us: 30_000,
+        answered: 100,
+        service_mean_us: 30_000,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 100_000,
+    };
+    let held = Held { in_service: 30.0, knee: 10.0, rate: 1_000.0, shortest_us: 10_000.0 };
+    assert_eq!(held.waiting(), 20.0);
+    assert_eq!(held.wait_us(), 20_000.0);
+    let mut c = Controller::new(settings, 0);
+    c.objective(&sample, 1, Some(held));
+    let o = c.objective(&sample, 1, Some(held)).unwrap();
+    // The service is its shortest time (10 ms, not the window's 30 ms): 87 ms
+    // of wait at the 1,000/s it kept up while it held a queue inside.
+    assert_eq!((o.wait_us, o.limit), (87_000.0, 87.0));
+    assert!(o.met, "20 ms inside is within 87 ms");
+    let long = Held { in_service: 120.0, ..held };
+    assert!(!c.objective(&sample, 1, Some(long)).unwrap().met, "110 ms inside is past it");
+    // Without a queue inside (held at the knee) the rate is not the one it keeps up.
+    let mut c = Controller::new(settings, 0);
+    let at_knee = Held { in_service: 10.0, ..held };
+    c.objective(&sample, 1, Some(at_knee));
+    assert_eq!(c.objective(&sample, 1, Some(at_knee)).unwrap().limit, 0.0);
 }

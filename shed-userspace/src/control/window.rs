@@ -60,6 +60,8 @@ impl Window {
             latency_us: histogram_percentile(&self.sojourn, percentile),
             queue_wait_us: histogram_percentile(&self.queue_wait, percentile),
             service_us: histogram_percentile(&self.service, 50.0),
+            answered: self.service.iter().sum(),
+            service_mean_us: histogram_mean(&self.service),
             listen_drops: signals.listen_drops,
             rejected: signals.rejected,
             elapsed_us: signals.elapsed_us,
@@ -87,6 +89,20 @@ pub(crate) fn histogram_percentile(buckets: &[u64], p: f64) -> u64 {
     latency::lower_bound(buckets.len() - 1)
 }
 
+/// The mean of a latency histogram, microseconds, each sample taken at its
+/// bucket's midpoint, or the last (open) bucket's lower bound (0 when the
+/// histogram is empty).
+pub(crate) fn histogram_mean(buckets: &[u64]) -> u64 {
+    let (mut total, mut sum) = (0u64, 0u128);
+    for (b, &n) in buckets.iter().enumerate() {
+        let (lo, hi) = (latency::lower_bound(b), latency::upper_bound(b));
+        total += n;
+        let mid = if hi == u64::MAX { lo } else { lo + (hi - lo) / 2 };
+        sum += u128::from(n) * u128::from(mid);
+    }
+    if total == 0 { 0 } else { (sum / u128::from(total)) as u64 }
+}
+
 /// The `p`th percentile (0-100) of sorted samples, by nearest rank (None when
 /// there are none): the one percentile of raw samples, for the simulation and
 /// the benchmarks alike.
@@ -111,6 +127,23 @@ mod tests {
     }
 
     #[test]
+    fn histogram_mean_weighs_each_bucket_at_its_midpoint() {
+        let mut h = [0u64; latency::BUCKETS];
+        assert_eq!(histogram_mean(&h), 0, "no samples");
+        let b = latency::bucket(1_000);
+        h[b] = 3;
+        let mid = latency::lower_bound(b) + (latency::upper_bound(b) - latency::lower_bound(b)) / 2;
+        assert_eq!(histogram_mean(&h), mid);
+        let c = latency::bucket(100_000);
+        h[c] = 1;
+        let mid_c = latency::lower_bound(c) + (latency::upper_bound(c) - latency::lower_bound(c)) / 2;
+        assert_eq!(histogram_mean(&h), (3 * mid + mid_c) / 4);
+        let mut open = [0u64; latency::BUCKETS];
+        open[latency::BUCKETS - 1] = 2;
+        assert_eq!(histogram_mean(&open), latency::lower_bound(latency::BUCKETS - 1), "the open bucket at its floor");
+    }
+
+    #[test]
     fn a_window_is_the_difference_of_two_snapshots() {
         let mut before = PortLatency::default();
         let mut now = PortLatency::default();
@@ -118,6 +151,7 @@ mod tests {
         now.sojourn[latency::bucket(1_000)] = 7;
         now.sojourn[latency::bucket(40_000)] = 3;
         now.queue_wait[latency::bucket(200)] = 4;
+        now.service[latency::bucket(300)] = 6;
         let window = Window::between(&before, &now);
         assert_eq!(window.sojourn.iter().sum::<u64>(), 5, "2 + 3 new requests");
         let signals = Signals { in_flight: 9, listen_drops: 1, rejected: 2, elapsed_us: 100_000, windows: 1 };
@@ -126,6 +160,8 @@ mod tests {
         assert_eq!(whole.latency_us, histogram_percentile(&window.sojourn, 99.0));
         assert!(whole.latency_us >= 32_768, "p99 is in the 40 ms bucket: {}", whole.latency_us);
         assert_eq!(window.sample(signals, 99.0, true).samples, 4, "the queue limiter counts queue waits");
+        assert_eq!(whole.answered, 6, "each service time is an answered request");
+        assert_eq!(whole.service_mean_us, histogram_mean(&window.service));
     }
 
     #[test]

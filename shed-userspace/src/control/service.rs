@@ -1,0 +1,381 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The queue inside the service: what `queue` follows besides the kernel's.
+//!
+//! Most servers read every request at once and queue it inside: Go's
+//! `net/http` and every thread-per-connection server wait for a worker after
+//! reading, and async servers wait on a pool or a lock. The kernel then sees
+//! no queue wait, only longer service times (pick-up to the first answer
+//! byte). By Little's law the service holds `rate x mean service` requests on
+//! average. With no queue inside, it needs only its *knee*: the best rate it
+//! answers at times the shortest mean service time it has shown (the
+//! bandwidth-delay product of BBR, with the server as the pipe). What it
+//! holds beyond the knee waits inside.
+//!
+//! Both are measured over a span of windows, but a standing queue inside
+//! hides the shortest service time (every request waits), so neither may
+//! simply expire upward: a queue would become the knee. The knee's factors
+//! are *confirmed* by a drain probe, as BBR's ProbeRTT: the limit is held at
+//! half the knee until a window's requests were all admitted under it, and
+//! that window's mean service is the shortest, with the rate the service
+//! answered at before the probe. Until the next confirmation the knee is at
+//! least the confirmed one; the span only lowers the shortest and raises
+//! the rate.
+//!
+//! A probe is due every ~0.9 span while the service holds a queue inside (more
+//! than its knee), or when its shortest service in the span rose well above
+//! the confirmed one (it slowed, or a queue hides it). A probe that found a
+//! much shorter service is followed by another soon, so a knee first learned
+//! from a queued start comes down within seconds. A service that really
+//! slowed with no queue holds no more than its knee meanwhile (the confirmed
+//! rate times the confirmed service is still its workers), so the limit does
+//! not come down; its probe then confirms the slower service. A server whose
+//! workers read when free never holds more than its workers, and is probed
+//! only when its service time rises.
+use super::guards::WindowedMin;
+
+/// Weight of each window in the smoothed rate and mean service the knee is
+/// taken from: one window of a few dozen requests is noisy, and the best and
+/// shortest of noisy values sit too far out.
+const SMOOTHING: f64 = 0.3;
+
+/// A drain probe holds the limit at this share of the knee.
+const PROBE_DEPTH: f64 = 0.5;
+
+/// A probe ends after this many windows, drained or not.
+const PROBE_MOST_WINDOWS: u32 = 5;
+
+/// A probe pools the answers of its drained windows until it has this many
+/// times the controller's `min_samples` (or ends with at least `min_samples`).
+const DRAIN_ANSWERS_PER_SAMPLE: u64 = 3;
+
+/// A probe window is taken as drained at once when the shortest service is
+/// at most this share of a window; otherwise after in-flight stayed under the
+/// probe's limit for a service time, but at most this many windows.
+const DRAIN_SHORT: f64 = 0.2;
+const DRAIN_MOST_WINDOWS: f64 = 2.0;
+
+/// The service held a queue inside (worth a probe) when it held more than the
+/// knee by this share of it (and by at least one request).
+const SUSPECT_ABOVE_KNEE: f64 = 0.5;
+
+/// The service is also worth a probe when its shortest service rose by this
+/// share over what the last probe left.
+const SUSPECT_ROSE: f64 = 0.25;
+
+/// A probe that lowered the shortest service by this share is followed by
+/// another after [`PROBE_AGAIN_WINDOWS`].
+const PROBE_FOUND: f64 = 0.2;
+const PROBE_AGAIN_WINDOWS: usize = 10;
+
+/// What the service held in one window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Held {
+    /// Requests in service on average (the window's rate x its mean service time).
+    pub in_service: f64,
+    /// Requests it needs to run at its best rate with no queue inside.
+    pub knee: f64,
+    /// The window's answer rate, per second.
+    pub rate: f64,
+    /// The shortest smoothed mean service time over the span, microseconds.
+    pub shortest_us: f64,
+}
+
+impl Held {
+    /// Requests waiting inside the service (held beyond the knee).
+    pub(crate) fn waiting(&self) -> f64 {
+        (self.in_service - self.knee).max(0.0)
+    }
+
+    /// Their wait, by Little's law, microseconds.
+    pub(crate) fn wait_us(&self) -> f64 {
+        if self.rate > 0.0 { self.waiting() / self.rate * 1e6 } else { 0.0 }
+    }
+}
+
+/// A drain probe under way.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    windows_left: u32,
+    /// The limit held meanwhile, and the one to return to.
+    limit: f64,
+    restore: f64,
+    /// The knee's shortest service when it began, and the service of the
+    /// requests then in flight (how long they take to drain).
+    shortest_before_us: f64,
+    service_before_us: f64,
+    /// How long in-flight has been under the probe's limit (from window ends), microseconds.
+    under_us: f64,
+    /// The answers of its drained windows, and their service times' sum.
+    drained_answers: u64,
+    drained_sum_us: f64,
+    /// The least answers a mean is judged by.
+    min_samples: u64,
+}
+
+/// The service stage's knee and its drain probe (see the module docs).
+#[derive(Clone, Debug)]
+pub(crate) struct ServiceStage {
+    rate: f64,
+    service_us: f64,
+    /// The best smoothed rate (a minimum of negated rates) and the shortest
+    /// smoothed mean service, over the same span.
+    best_rate: WindowedMin,
+    shortest: WindowedMin,
+    /// The last probe's shortest service and the rate before it (the first
+    /// window's, until a probe): the knee is at least theirs.
+    confirmed_us: f64,
+    confirmed_rate: f64,
+    /// In-flight at the last window's end: this window's start.
+    last_in_flight: u64,
+    probe: Option<Probe>,
+    /// The probe's last window had enough answers, all admitted under its limit.
+    drained: bool,
+    /// Windows until a probe may start, and whether the service held a queue
+    /// inside since the last one.
+    until_probe: usize,
+    suspected: bool,
+    probe_interval: usize,
+}
+
+impl ServiceStage {
+    pub(crate) fn new(span: usize) -> Self {
+        let min = || WindowedMin { span, values: std::collections::VecDeque::default(), covered: 0 };
+        let probe_interval = (span * 9 / 10).max(1);
+        Self {
+            rate: 0.0,
+            service_us: 0.0,
+            best_rate: min(),
+            shortest: min(),
+            confirmed_us: f64::INFINITY,
+            confirmed_rate: 0.0,
+            last_in_flight: 0,
+            probe: None,
+            drained: false,
+            until_probe: 0,
+            suspected: false,
+            probe_interval,
+        }
+    }
+
+    /// The knee, and the shortest service it is taken from: at least the
+    /// confirmed ones (see the module docs).
+    fn knee(&self) -> (f64, f64) {
+        let shortest_us = self.shortest.min().min(self.confirmed_us);
+        let rate = (-self.best_rate.min()).max(self.confirmed_rate);
+        (rate * shortest_us / 1e6, shortest_us)
+    }
+
+    pub(crate) fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// One window's answers: `answered` requests in `seconds`, `mean_us` each
+    /// on average; `in_flight` at its end. None: no answers to judge by.
+    pub(crate) fn observe(
+        &mut self,
+        answered: u64,
+        mean_us: u64,
+        seconds: f64,
+        windows: usize,
+        in_flight: u64,
+        min_samples: u64,
+    ) -> Option<Held> {
+        let started_with = std::mem::replace(&mut self.last_in_flight, in_flight);
+        self.drained = false;
+        if seconds <= 0.0 {
+            return None;
+        }
+        if let Some(probe) = &mut self.probe {
+            // A probe window whose answered requests were all admitted under
+            // the probe's limit shows the service without a queue inside.
+            // Requests answered early in a window were picked up before it,
+            // so in-flight must have been under the limit for a service time
+            // before the window began (unless a service time is short against
+            // the window, and so are the answers it misjudges). Its answers
+            // are pooled until there are enough to judge by: the mean of a
+            // few is noisy, and a knee too low cuts a queue that is not there.
+            let window_us = seconds * 1e6;
+            if started_with as f64 <= probe.limit {
+                let needed = if probe.service_before_us <= DRAIN_SHORT * window_us {
+                    0.0
+                } else {
+                    probe.service_before_us.min(DRAIN_MOST_WINDOWS * window_us)
+                };
+                if probe.under_us >= needed {
+                    probe.drained_answers += answered;
+                    probe.drained_sum_us += answered as f64 * mean_us as f64;
+                    self.drained = probe.drained_answers >= DRAIN_ANSWERS_PER_SAMPLE * min_samples;
+                }
+                probe.under_us += window_us;
+            } else {
+                probe.under_us = 0.0;
+            }
+            probe.min_samples = min_samples;
+        }
+        if answered < min_samples || mean_us == 0 {
+            return None;
+        }
+        let rate = answered as f64 / seconds;
+        let mean_us = mean_us as f64;
+        if self.probe.is_none() {
+            let smooth = |old: f64, new: f64| if old == 0.0 { new } else { old + SMOOTHING * (new - old) };
+            self.rate = smooth(self.rate, rate);
+            self.service_us = smooth(self.service_us, mean_us);
+            self.best_rate.push(-self.rate, windows);
+            self.shortest.push(self.service_us, windows);
+        }
+        if self.confirmed_rate == 0.0 {
+            (self.confirmed_us, self.confirmed_rate) = (self.service_us, self.rate);
+        }
+        let (knee, shortest_us) = self.knee();
+        let held = Held { in_service: rate * mean_us / 1e6, knee, rate, shortest_us };
+        if held.in_service - knee > (SUSPECT_ABOVE_KNEE * knee).max(1.0)
+            || self.shortest.min() > (1.0 + SUSPECT_ROSE) * self.confirmed_us
+        {
+            self.suspected = true;
+        }
+        Some(held)
+    }
+
+    /// Starts a drain probe if one is due: the service held a queue inside
+    /// since the last, and the probe's limit is below `limit`. Returns the
+    /// limit to hold.
+    pub(crate) fn start_probe(&mut self, limit: f64, min_limit: f64, windows: usize) -> Option<f64> {
+        self.until_probe = self.until_probe.saturating_sub(windows);
+        if self.probe.is_some() || self.until_probe > 0 || !self.suspected {
+            return None;
+        }
+        let (knee, shortest_us) = self.knee();
+        let hold = (knee * PROBE_DEPTH).floor().max(min_limit).max(1.0);
+        if !knee.is_finite() || hold >= limit {
+            return None;
+        }
+        self.probe = Some(Probe {
+            windows_left: PROBE_MOST_WINDOWS,
+            limit: hold,
+            restore: limit,
+            shortest_before_us: shortest_us,
+            service_before_us: self.service_us.max(shortest_us),
+            under_us: 0.0,
+            drained_answers: 0,
+            drained_sum_us: 0.0,
+            min_samples: 1,
+        });
+        Some(hold)
+    }
+
+    /// One window of a probe under way (after [`Self::observe`]): the limit
+    /// to hold, or, when it ends, the one to return to (and `true`).
+    pub(crate) fn during_probe(&mut self, windows: usize) -> (f64, bool) {
+        let Some(mut probe) = self.probe else { return (0.0, true) };
+        probe.windows_left = probe.windows_left.saturating_sub(windows as u32);
+        if !self.drained && probe.windows_left > 0 {
+            self.probe = Some(probe);
+            return (probe.limit, false);
+        }
+        self.probe = None;
+        self.suspected = false;
+        let mut found = false;
+        if probe.drained_answers >= probe.min_samples {
+            // Confirmed: the drained service, at the rate it answered at before
+            // the probe. The span starts over from them.
+            let drained_us = probe.drained_sum_us / probe.drained_answers as f64;
+            found = drained_us <= (1.0 - PROBE_FOUND) * probe.shortest_before_us;
+            (self.confirmed_us, self.confirmed_rate) = (drained_us, self.rate);
+            self.shortest.reset();
+            self.best_rate.reset();
+        }
+        self.until_probe = if found { PROBE_AGAIN_WINDOWS } else { self.probe_interval };
+        (probe.restore, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One 0.1 s window of `answered` requests, `mean_us` each, `in_flight` at its end.
+    fn window(stage: &mut ServiceStage, answered: u64, mean_us: u64, in_flight: u64) -> Option<Held> {
+        stage.observe(answered, mean_us, 0.1, 1, in_flight, 10)
+    }
+
+    #[test]
+    fn held_and_knee_follow_littles_law() {
+        let mut stage = ServiceStage::new(100);
+        assert_eq!(window(&mut stage, 5, 10_000, 8), None, "too few answers to judge");
+        // 8 workers x 10 ms: 800/s, 8 held, no queue inside.
+        let h = window(&mut stage, 80, 10_000, 8).unwrap();
+        assert_eq!((h.in_service, h.knee, h.rate, h.shortest_us), (8.0, 8.0, 800.0, 10_000.0));
+        assert_eq!((h.waiting(), h.wait_us()), (0.0, 0.0));
+        // Same rate, 40 ms each: 32 held, 24 of them waiting inside, 30 ms each.
+        let h = window(&mut stage, 80, 40_000, 32).unwrap();
+        assert_eq!((h.in_service, h.knee), (32.0, 8.0));
+        assert_eq!((h.waiting(), h.wait_us()), (24.0, 30_000.0));
+    }
+
+    #[test]
+    fn a_service_that_slowed_with_no_queue_keeps_its_knee() {
+        let mut stage = ServiceStage::new(20);
+        for _ in 0..20 {
+            window(&mut stage, 80, 10_000, 8);
+        }
+        // 5x slower, still 8 workers busy and no queue: 160/s x 50 ms = 8 held,
+        // long after the span forgot the faster windows.
+        for _ in 0..100 {
+            let h = window(&mut stage, 16, 50_000, 8).unwrap();
+            assert!(h.waiting() < 0.5, "no queue inside: held {} knee {}", h.in_service, h.knee);
+        }
+        // Its shortest service rose: a probe confirms it, the knee is the same 8.
+        let hold = stage.start_probe(16.0, 1.0, 1).expect("a risen service time is worth a probe");
+        assert_eq!(hold, 4.0, "half the knee");
+        window(&mut stage, 16, 50_000, 4);
+        assert_eq!(stage.during_probe(1), (4.0, false), "began above the probe's limit: not drained");
+        window(&mut stage, 16, 50_000, 4);
+        assert_eq!(stage.during_probe(1), (4.0, false), "under it for less than a service time");
+        window(&mut stage, 16, 60_000, 4);
+        assert_eq!(stage.during_probe(1), (4.0, false), "drained, but too few answers to judge by yet");
+        window(&mut stage, 16, 40_000, 4);
+        assert_eq!(stage.during_probe(1), (16.0, true), "drained: back to the limit before");
+        let h = window(&mut stage, 16, 50_000, 8).unwrap();
+        assert!((h.knee - 8.0).abs() < 0.5 && (h.shortest_us - 50_000.0).abs() < 1.0, "{h:?}");
+        assert_eq!(stage.start_probe(16.0, 1.0, 1), None, "confirmed: not due again");
+    }
+
+    #[test]
+    fn a_queue_inside_learned_as_the_knee_is_found_by_a_probe() {
+        let mut stage = ServiceStage::new(100);
+        // A start under overload: 8 workers x 10 ms, but 40 held (32 waiting)
+        // from the first window, so the first knee is 40.
+        let h = window(&mut stage, 80, 50_000, 40).unwrap();
+        assert_eq!(h.knee, 40.0);
+        assert_eq!(stage.start_probe(40.0, 1.0, 1), None, "nothing held above the knee yet");
+        // The queue grows: held past the knee by half, a probe at half the knee.
+        window(&mut stage, 80, 80_000, 64).unwrap();
+        assert_eq!(stage.start_probe(64.0, 1.0, 1), Some(20.0));
+        window(&mut stage, 80, 60_000, 20);
+        assert_eq!(stage.during_probe(1), (20.0, false), "began above the probe's limit");
+        window(&mut stage, 80, 30_000, 8);
+        assert_eq!(stage.during_probe(1), (20.0, false), "under it for less than a service time");
+        window(&mut stage, 80, 10_000, 8);
+        let (restore, ended) = stage.during_probe(1);
+        assert!(ended && restore == 64.0);
+        let h = window(&mut stage, 80, 10_000, 8).unwrap();
+        assert!(h.knee < 9.0, "the drained service is the shortest: {h:?}");
+        assert_eq!(stage.until_probe, PROBE_AGAIN_WINDOWS, "found much lower: probe again soon");
+    }
+
+    #[test]
+    fn a_probe_that_cannot_drain_ends_and_confirms_nothing() {
+        let mut stage = ServiceStage::new(100);
+        window(&mut stage, 80, 10_000, 8);
+        window(&mut stage, 80, 40_000, 32);
+        let hold = stage.start_probe(32.0, 1.0, 1).unwrap();
+        for left in (1..PROBE_MOST_WINDOWS).rev() {
+            window(&mut stage, 80, 40_000, 30);
+            assert_eq!(stage.during_probe(1), (hold, false), "{left} windows left");
+        }
+        window(&mut stage, 80, 40_000, 30);
+        assert_eq!(stage.during_probe(1), (32.0, true));
+        assert_eq!(window(&mut stage, 80, 40_000, 32).unwrap().knee, 8.0, "the knee stays the confirmed one");
+    }
+}
