@@ -4,7 +4,8 @@
 //! ([`testbed`]), a link with a round-trip time ([`delay`]), a private container
 //! runtime with pod sandboxes ([`cri`]), the reference model of the SYN policy ([`model`]), one
 //! frame builder ([`frames`]), one launcher for the real `shedctl` ([`gate`]),
-//! and a reader of its Prometheus endpoint ([`metrics`]).
+//! a reader of its Prometheus endpoint ([`metrics`]), and real servers
+//! that read every request at once ([`servers`]).
 
 pub mod cri;
 pub mod delay;
@@ -12,4 +13,5 @@ pub mod frames;
 pub mod gate;
 pub mod metrics;
 pub mod model;
+pub mod servers;
 pub mod testbed;

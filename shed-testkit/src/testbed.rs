@@ -157,6 +157,14 @@ pub enum Service {
     /// The same as HTTP/1.1 (for real load generators and proxies): read one
     /// request's head, queue for a worker, sleep, answer `200 OK` and close.
     HttpWorkers { workers: usize, service_us: Arc<AtomicU64> },
+    /// A server that reads every request at once and queues inside, as a
+    /// thread-per-connection server (Python's `ThreadingHTTPServer`, a servlet
+    /// container) or Go's `net/http` with a pool of `workers`: a thread per
+    /// connection reads each request as it arrives, then waits for one of the
+    /// `workers` slots, sleeps the service time and answers. A request line
+    /// gets "OK\n", an HTTP/1.1 head `200 OK`; the connection stays open for
+    /// the next request (kept alive) unless the client asked to close.
+    ReadAtOnce { workers: usize, service_us: Arc<AtomicU64> },
 }
 
 /// A TCP server inside a namespace. Stops (and closes every connection) on drop.
@@ -216,6 +224,10 @@ impl Backend {
                 }));
             }
         }
+        let slots = match &service {
+            Service::ReadAtOnce { workers, .. } => Some(Arc::new(Slots::new(*workers))),
+            _ => None,
+        };
         let (stop2, accepted2) = (stop.clone(), accepted.clone());
         threads.push(thread::spawn(move || {
             let mut holders: Vec<JoinHandle<()>> = Vec::new();
@@ -241,6 +253,11 @@ impl Backend {
                             Service::KeepAlive { service_us } => {
                                 let (stop, service_us) = (stop2.clone(), service_us.clone());
                                 holders.push(thread::spawn(move || keep_alive(conn, &stop, &service_us)));
+                            }
+                            Service::ReadAtOnce { service_us, .. } => {
+                                let (stop, service_us) = (stop2.clone(), service_us.clone());
+                                let slots = slots.clone().expect("slots for ReadAtOnce");
+                                holders.push(thread::spawn(move || read_at_once(conn, &stop, &service_us, &slots)));
                             }
                         }
                     }
@@ -306,6 +323,74 @@ fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64) {
     }
 }
 
+/// A counting semaphore: the workers of a [`Service::ReadAtOnce`] server.
+struct Slots {
+    free: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        Self { free: std::sync::Mutex::new(n), freed: std::sync::Condvar::new() }
+    }
+
+    /// Waits for a slot (or `stop`); false when stopped.
+    fn acquire(&self, stop: &AtomicBool) -> bool {
+        let mut free = self.free.lock().expect("slots lock");
+        while *free == 0 {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            free = self.freed.wait_timeout(free, Duration::from_millis(50)).expect("slots lock").0;
+        }
+        *free -= 1;
+        true
+    }
+
+    fn release(&self) {
+        *self.free.lock().expect("slots lock") += 1;
+        self.freed.notify_one();
+    }
+}
+
+/// A connection of a [`Service::ReadAtOnce`] server: every request read as it
+/// arrives, then queued inside for a slot.
+fn read_at_once(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, slots: &Slots) {
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        // A whole request: a line, or an HTTP head (a request line ending in HTTP/1.x).
+        let http = buf.starts_with(b"GET ") || buf.starts_with(b"POST ") || buf.starts_with(b"HEAD ");
+        let end: &[u8] = if http { b"\r\n\r\n" } else { b"\n" };
+        if let Some(at) = buf.windows(end.len()).position(|w| w == end) {
+            let head = buf.drain(..at + end.len()).collect::<Vec<u8>>();
+            if !slots.acquire(stop) {
+                return;
+            }
+            thread::sleep(Duration::from_micros(service_us.load(Ordering::Relaxed)));
+            slots.release();
+            let close = String::from_utf8_lossy(&head).to_ascii_lowercase().contains("connection: close");
+            let answer: &[u8] = match (http, close) {
+                (false, _) => b"OK\n",
+                (true, false) => b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nOK\n",
+                (true, true) => b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nOK\n",
+            };
+            if conn.write_all(answer).is_err() || close {
+                break;
+            }
+            continue;
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = conn.shutdown(Shutdown::Both);
+}
+
 /// One request (a line, or an HTTP/1.1 head), the service time, one answer, close.
 fn serve_request(mut conn: TcpStream, service: Duration, http: bool) -> io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -355,8 +440,21 @@ pub enum Outcome {
     Failed,
 }
 
+/// The line-protocol request of [`request`]: every backend here answers it.
+pub const LINE_REQUEST: &[u8] = b"GET\n";
+
+/// An HTTP/1.1 request on its own connection, for real HTTP servers (Go's
+/// `net/http`, nginx); the line-protocol backends answer it as a line too.
+pub const HTTP_REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: shed\r\nConnection: close\r\n\r\n";
+
 /// One request on a new connection, within `deadline`.
 pub fn request(addr: SocketAddr, deadline: Duration) -> Outcome {
+    request_with(addr, deadline, LINE_REQUEST)
+}
+
+/// One request (`payload`) on a new connection, within `deadline`. An HTTP
+/// request is answered only by a `200`: the gate's `503` is a refusal.
+pub fn request_with(addr: SocketAddr, deadline: Duration, payload: &[u8]) -> Outcome {
     let start = Instant::now();
     let mut conn = match TcpStream::connect_timeout(&addr, deadline) {
         Ok(c) => c,
@@ -366,16 +464,30 @@ pub fn request(addr: SocketAddr, deadline: Duration) -> Outcome {
     };
     let left = deadline.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
     let _ = conn.set_read_timeout(Some(left));
-    if conn.write_all(b"GET\n").is_err() {
+    if conn.write_all(payload).is_err() {
         return Outcome::Failed;
     }
+    let http = payload.starts_with(b"GET /");
+    let need = if http { b"HTTP/1.1 200".len() } else { 1 };
     let mut buf = [0u8; 16];
-    match conn.read(&mut buf) {
-        Ok(n) if n > 0 && start.elapsed() <= deadline => Outcome::Answered(start.elapsed()),
-        Ok(_) => Outcome::TimedOut,
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Outcome::TimedOut,
-        Err(_) => Outcome::Failed,
+    let mut got = 0;
+    while got < need {
+        match conn.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Outcome::TimedOut;
+            }
+            Err(_) => return Outcome::Failed,
+        }
     }
+    if got == 0 || start.elapsed() > deadline {
+        return Outcome::TimedOut;
+    }
+    if http && !(buf[..got].starts_with(b"HTTP/1.1 200") || buf[..got].starts_with(b"HTTP/1.0 200")) {
+        return Outcome::Refused;
+    }
+    Outcome::Answered(start.elapsed())
 }
 
 /// The answered share of `per_sec` requests a second (each on a new
@@ -405,6 +517,17 @@ pub struct OpenLoop {
 
 impl OpenLoop {
     pub fn start(ns: &str, addr: SocketAddr, rate: Arc<AtomicU64>, deadline: Duration) -> Self {
+        Self::start_with(ns, addr, rate, deadline, LINE_REQUEST)
+    }
+
+    /// The same, each request `payload` ([`HTTP_REQUEST`] for real HTTP servers).
+    pub fn start_with(
+        ns: &str,
+        addr: SocketAddr,
+        rate: Arc<AtomicU64>,
+        deadline: Duration,
+        payload: &'static [u8],
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, outcomes) = mpsc::channel();
         let stop2 = stop.clone();
@@ -418,7 +541,7 @@ impl OpenLoop {
                 }
                 let tx = tx.clone();
                 thread::spawn(move || {
-                    let _ = tx.send(request(addr, deadline));
+                    let _ = tx.send(request_with(addr, deadline, payload));
                 });
             }
         });

@@ -606,8 +606,9 @@ fn settings_come_from_the_operators_config_and_zero_keeps_the_default() {
 fn every_reason_and_algorithm_has_its_own_name_and_help() {
     assert_eq!(Reason::LatencyRising.name(), "latency_rising");
     assert_eq!(Reason::TooFewSamples.name(), "too_few_samples");
-    let names: std::collections::BTreeSet<String> = (0..9).map(|r| Reason::from_raw(r).name()).collect();
-    assert_eq!(names.len(), 9, "{names:?}");
+    assert_eq!(Reason::ServiceQueue.name(), "service_queue");
+    let names: std::collections::BTreeSet<String> = (0..10).map(|r| Reason::from_raw(r).name()).collect();
+    assert_eq!(names.len(), 10, "{names:?}");
     let helps: std::collections::BTreeSet<&str> =
         <Algo as crate::named::Named>::ALL.iter().map(|a| crate::named::Named::help(*a)).collect();
     assert_eq!(helps.len(), <Algo as crate::named::Named>::ALL.len(), "{helps:?}");

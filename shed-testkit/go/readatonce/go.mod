@@ -1,0 +1,3 @@
+module shed.test/readatonce
+
+go 1.19
