@@ -15,9 +15,10 @@ use std::{
 
 use anyhow::Result;
 use shed::kernel::maps::GateMaps;
-use shed_testkit::testbed::{Backend, OpenLoop, Outcome, Service, Testbed};
+use shed_testkit::testbed::{OpenLoop, Outcome, Testbed};
 
 use crate::{
+    b4::{Server, start_server},
     common::{PORT, Scale, median_min_max, percentile, start_gate},
     plot,
 };
@@ -64,32 +65,43 @@ fn schedule(scale: Scale) -> (Vec<Event>, f64) {
     (events, 5.0 * phase)
 }
 
-/// The controllers B5 compares, side by side in one run.
-const ALGOS: [&str; 4] = ["gradient", "gradient2", "aimd", "queue"];
+/// The controllers B5 compares, side by side in one run, and the server each
+/// runs against: its label, the controller (`fixed` runs at the hand-tuned 8).
+const CASES: [(&str, &str, Server); 7] = [
+    ("gradient", "gradient", Server::ReadsWhenFree),
+    ("gradient2", "gradient2", Server::ReadsWhenFree),
+    ("aimd", "aimd", Server::ReadsWhenFree),
+    ("queue", "queue", Server::ReadsWhenFree),
+    ("queue, thread per connection", "queue", Server::ThreadPerConnection),
+    ("queue, Go net/http", "queue", Server::Go),
+    ("fixed 8, Go net/http", "fixed", Server::Go),
+];
 /// Bins of goodput averaged for "goodput back": 0.5 s.
 const GOODPUT_BINS: usize = 5;
 
 /// The timeline plot of one controller.
-fn timeline_file(algo: &str) -> String {
-    if algo == "gradient" { "b5_adaptation.png".to_owned() } else { format!("b5_adaptation_{algo}.png") }
+fn timeline_file(label: &str) -> String {
+    if label == "gradient" {
+        "b5_adaptation.png".to_owned()
+    } else {
+        let slug: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        format!("b5_adaptation_{}.png", slug.replace("__", "_"))
+    }
 }
 
 /// One run: bins of the whole timeline.
-fn run_once(shedctl: &Path, scale: Scale, algo: &str) -> Result<Vec<Bin>> {
+fn run_once(shedctl: &Path, scale: Scale, algo: &str, server: Server) -> Result<Vec<Bin>> {
     let (events, end_s) = schedule(scale);
     let bed = Testbed::create("shedb5")?;
     let service_us = Arc::new(AtomicU64::new(SERVICE_US));
     let addr = bed.server_addr(false, PORT);
-    let _backend = Backend::start(
-        &bed.server_ns,
-        addr,
-        Service::Workers { workers: WORKERS as usize, service_us: service_us.clone() },
-    )?;
-    let gate = start_gate(shedctl, &bed, &["--action", "rst", "--algo", algo, "--initial-limit", "20"])?;
+    let running = start_server(server, &bed, addr, WORKERS as usize, &service_us, false)?;
+    let start_at = if algo == "fixed" { ["--limit", "8"] } else { ["--initial-limit", "20"] };
+    let gate = start_gate(shedctl, &bed, &[&["--action", "rst", "--algo", algo][..], &start_at].concat())?;
     let maps = GateMaps::open_pinned()?;
     let base_capacity = WORKERS as f64 * 1e6 / SERVICE_US as f64;
     let rate = Arc::new(AtomicU64::new((events[0].load * base_capacity) as u64));
-    let load = OpenLoop::start(&bed.client_ns, addr, rate.clone(), Duration::from_secs(1));
+    let load = OpenLoop::start_with(&bed.client_ns, addr, rate.clone(), Duration::from_secs(1), server.request());
     let start = Instant::now();
     let mut next_event = 0;
     let mut bins = Vec::new();
@@ -102,6 +114,7 @@ fn run_once(shedctl: &Path, scale: Scale, algo: &str) -> Result<Vec<Bin>> {
             let e = events[next_event];
             rate.store((e.load * base_capacity) as u64, Ordering::Relaxed);
             service_us.store(SERVICE_US * e.slow, Ordering::Relaxed);
+            running.set_service_us(SERVICE_US * e.slow)?;
             next_event += 1;
         }
         while let Ok(o) = load.outcomes.try_recv() {
@@ -213,13 +226,15 @@ pub(crate) fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde
     let _ = writeln!(md, "\n## B5: adaptation over time\n");
     let _ = writeln!(
         md,
-        "4 workers x 20 ms (200 req/s), `shed gradient`, `gradient2`, `aimd` and `queue` from limit 20 in turn, action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Goodput back = the first moment from which goodput over 0.5 s is at least 90% of min(offered, capacity) (target: 0.5 s). Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity) (target: 1 s). Steady = the limit over the first phase (1.5x load) after 2 s: its median and largest deviation (target: +/-10%). Median of {runs} runs (min-max).\n"
+        "4 workers x 20 ms (200 req/s), `shed gradient`, `gradient2`, `aimd` and `queue` from limit 20 in turn against a server whose workers read when free; then `queue` against two servers that read every request at once (a thread per connection, Go net/http), beside a hand-tuned `fixed 8` on Go; action rst, a new connection per request, 1 s deadline, 100 ms bins. Events: 1.5x load; the backend slows 5x (40 req/s) and recovers; demand drops to 0.8x and steps to 1.4x. Goodput back = the first moment from which goodput over 0.5 s is at least 90% of min(offered, capacity) (target: 0.5 s). Settled = the first moment from which, for 1 s, the limit stays within +/-10% of the level it ends the phase at and goodput is at least 90% of min(offered, capacity) (target: 1 s). Steady = the limit over the first phase (1.5x load) after 2 s: its median and largest deviation (target: +/-10%). Median of {runs} runs (min-max).\n"
     );
-    let images: Vec<String> = scale
-        .pick(&ALGOS[..], &ALGOS[..], &["gradient", "queue"])
-        .iter()
-        .map(|a| format!("![B5 timeline, {a}]({})", timeline_file(a)))
+    // The smoke run keeps two (the default and the first one).
+    let cases: Vec<(&str, &str, Server)> = CASES
+        .into_iter()
+        .filter(|(label, ..)| scale != Scale::Smoke || *label == "gradient" || *label == "queue")
         .collect();
+    let images: Vec<String> =
+        cases.iter().map(|(label, ..)| format!("![B5 timeline, {label}]({})", timeline_file(label))).collect();
     let _ = writeln!(md, "{}\n", images.join(" "));
     let _ = writeln!(
         md,
@@ -229,16 +244,14 @@ pub(crate) fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde
     let mut json_events = Vec::new();
     let mut json_steady = Vec::new();
     let mut timelines = serde_json::Map::new();
-    // The smoke run keeps two (the default and the first one).
-    let algos: &[&str] = scale.pick(&ALGOS, &ALGOS, &["gradient", "queue"]);
-    for &algo in algos {
+    for &(label, algo, server) in &cases {
         let mut all = Vec::new();
         for r in 0..runs {
-            let bins = run_once(shedctl, scale, algo)?;
+            let bins = run_once(shedctl, scale, algo, server)?;
             let resp = responses(&bins, scale);
             for x in &resp {
                 println!(
-                    "B5 {algo} run {r}: {:<20} first shed {:>5} s{}, first cut {:>5} s, settled {:>5} s at limit {:.0}",
+                    "B5 {label} run {r}: {:<20} first shed {:>5} s{}, first cut {:>5} s, settled {:>5} s at limit {:.0}",
                     x.event,
                     fmt_s(x.first_shed_s),
                     if x.shedding_before { " (was shedding)" } else { "" },
@@ -267,16 +280,16 @@ pub(crate) fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde
         let (median_limit, _, _) = median_min_max(swings.iter().map(|s| s.0).collect());
         let (swing, swing_lo, swing_hi) = median_min_max(swings.iter().map(|s| s.1).collect());
         steady_rows.push(format!(
-            "| {algo} | {median_limit:.0} | +/-{:.0}% ({:.0}-{:.0}) | {} |",
+            "| {label} | {median_limit:.0} | +/-{:.0}% ({:.0}-{:.0}) | {} |",
             swing * 100.0,
             swing_lo * 100.0,
             swing_hi * 100.0,
             if swing <= 0.1 { "yes" } else { "no" }
         ));
-        json_steady.push(serde_json::json!({"controller": algo, "median_limit": median_limit, "swing": swing, "swing_min": swing_lo, "swing_max": swing_hi}));
+        json_steady.push(serde_json::json!({"controller": label, "server": server.name(), "median_limit": median_limit, "swing": swing, "swing_min": swing_lo, "swing_max": swing_hi}));
         plot::timeline(
-            &plot_dir.join(timeline_file(algo)),
-            &format!("B5: shed {algo} adapting (4 workers x 20 ms; 100 ms bins)"),
+            &plot_dir.join(timeline_file(label)),
+            &format!("B5: shed {label} adapting (4 workers x 20 ms; 100 ms bins)"),
             &points,
             &markers,
         )?;
@@ -307,17 +320,17 @@ pub(crate) fn b5(shedctl: &Path, scale: Scale, plot_dir: &Path) -> Result<(serde
             let met = all_back && back_m.is_some_and(|s| s <= 0.5) && all_settled && settle_m.is_some_and(|s| s <= 1.0);
             let _ = writeln!(
                 md,
-                "| {algo} | {} | {shed} | {cut} | {back} | {settle} | {level} | {} |",
+                "| {label} | {} | {shed} | {cut} | {back} | {settle} | {level} | {} |",
                 e.name,
                 if met { "yes" } else { "no" }
             );
-            json_events.push(serde_json::json!({"controller": algo, "event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "goodput_back_s": back_m, "settle_s": settle_m, "settled_limit": level_m, "met_targets": met}));
+            json_events.push(serde_json::json!({"controller": label, "server": server.name(), "event": e.name, "at_s": e.at_s, "first_shed_s": shed_m, "first_cut_s": cut_m, "goodput_back_s": back_m, "settle_s": settle_m, "settled_limit": level_m, "met_targets": met}));
         }
         let timeline: Vec<_> = bins
             .iter()
             .map(|b| serde_json::json!({"t": b.t, "limit": b.limit, "in_flight": b.in_flight, "offered_rps": b.offered, "capacity_rps": b.capacity, "answered": b.answered, "refused": b.refused, "timeouts": b.timeouts, "p99_ms": b.p99_ms}))
             .collect();
-        timelines.insert(algo.to_owned(), serde_json::Value::Array(timeline));
+        timelines.insert(label.to_owned(), serde_json::Value::Array(timeline));
     }
     let _ = writeln!(
         md,

@@ -19,9 +19,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use shed::kernel::maps::GateMaps;
-use shed_testkit::testbed::{Backend, Service, Testbed};
+use shed_testkit::testbed::Testbed;
 
-use crate::common::{PORT, Scale, median_min_max, start_gate};
+use crate::{
+    b4::{Server, start_server},
+    common::{PORT, Scale, median_min_max, start_gate},
+};
 
 const WORKERS: usize = 4;
 const SERVICE_US: u64 = 20_000;
@@ -31,16 +34,34 @@ struct Config {
     name: &'static str,
     /// `shedctl attach` arguments; None: no gate.
     shed: Option<&'static [&'static str]>,
+    server: Server,
 }
 
+/// The same, against the servers that read every request at once.
+const AT_ONCE: [Server; 2] = [Server::ThreadPerConnection, Server::Go];
+const AT_ONCE_CONFIGS: [(&str, Option<&[&str]>); 4] = [
+    ("no gate", None),
+    ("shed fixed 190 (hand-tuned)", Some(&["--limit", "190"])),
+    ("shed (defaults)", Some(&[])),
+    ("shed (defaults), objective 1 s", Some(&["--target-latency", "1000"])),
+];
+
 const CONFIGS: [Config; 6] = [
-    Config { name: "no gate", shed: None },
+    Config { name: "no gate", shed: None, server: Server::ReadsWhenFree },
     // 200/s x 0.95 s: what the 4 workers answer within the second, tuned by hand.
-    Config { name: "shed fixed 190 (hand-tuned)", shed: Some(&["--limit", "190"]) },
-    Config { name: "shed gradient", shed: Some(&["--algo", "gradient"]) },
-    Config { name: "shed queue", shed: Some(&["--algo", "queue"]) },
-    Config { name: "shed gradient, objective 1 s", shed: Some(&["--algo", "gradient", "--target-latency", "1000"]) },
-    Config { name: "shed queue, objective 1 s", shed: Some(&["--algo", "queue", "--target-latency", "1000"]) },
+    Config { name: "shed fixed 190 (hand-tuned)", shed: Some(&["--limit", "190"]), server: Server::ReadsWhenFree },
+    Config { name: "shed gradient", shed: Some(&["--algo", "gradient"]), server: Server::ReadsWhenFree },
+    Config { name: "shed queue", shed: Some(&["--algo", "queue"]), server: Server::ReadsWhenFree },
+    Config {
+        name: "shed gradient, objective 1 s",
+        shed: Some(&["--algo", "gradient", "--target-latency", "1000"]),
+        server: Server::ReadsWhenFree,
+    },
+    Config {
+        name: "shed queue, objective 1 s",
+        shed: Some(&["--algo", "queue", "--target-latency", "1000"]),
+        server: Server::ReadsWhenFree,
+    },
 ];
 
 /// One run: the goodput fraction and the limits sampled during it.
@@ -48,7 +69,7 @@ fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<
     let bed = Testbed::create("shedb8")?;
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(SERVICE_US));
-    let _backend = Backend::start(&bed.server_ns, addr, Service::HttpWorkers { workers: WORKERS, service_us })?;
+    let _server = start_server(config.server, &bed, addr, WORKERS, &service_us, true)?;
     let gate = config.shed.map(|args| start_gate(shedctl, &bed, &[&["--action", "rst"], args].concat())).transpose()?;
     let capacity = WORKERS as f64 * 1e6 / SERVICE_US as f64;
     let per_second = (LOAD * capacity) as u64;
@@ -90,10 +111,18 @@ fn run_once(shedctl: &std::path::Path, config: &Config, seconds: u64) -> Result<
 
 pub(crate) fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json::Value, String)> {
     let (seconds, repeats) = scale.pick((12, 3), (6, 1), (3, 1));
-    let smoke = |name: &str| scale != Scale::Smoke || name == "no gate" || name == "shed queue, objective 1 s";
+    let smoke = |c: &Config| {
+        scale != Scale::Smoke
+            || (c.server == Server::ReadsWhenFree && (c.name == "no gate" || c.name == "shed queue, objective 1 s"))
+            || (c.server == Server::Go && c.name == "shed (defaults), objective 1 s")
+    };
+    let configs = CONFIGS.into_iter().chain(
+        AT_ONCE.into_iter().flat_map(|server| AT_ONCE_CONFIGS.map(|(name, shed)| Config { name, shed, server })),
+    );
     let mut json = Vec::new();
     let mut rows = Vec::new();
-    for config in CONFIGS.iter().filter(|c| smoke(c.name)) {
+    for config in configs.filter(|c| smoke(c)) {
+        let config = &config;
         let mut goodputs = Vec::new();
         let mut limits = Vec::new();
         for _ in 0..repeats {
@@ -108,7 +137,8 @@ pub(crate) fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json:
             (median, min, max)
         });
         println!(
-            "B8 {:<32}: goodput {:5.1}% ({:.1}-{:.1}) of capacity, limit {}",
+            "B8 {:<22} {:<32}: goodput {:5.1}% ({:.1}-{:.1}) of capacity, limit {}",
+            config.server.name(),
             config.name,
             goodput * 100.0,
             gmin * 100.0,
@@ -116,7 +146,8 @@ pub(crate) fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json:
             limit.map_or("-".into(), |(m, lo, hi)| format!("median {m:.0} ({lo:.0}-{hi:.0})"))
         );
         rows.push(format!(
-            "| {} | {:.1}% ({:.1}-{:.1}) | {} |",
+            "| {} | {} | {:.1}% ({:.1}-{:.1}) | {} |",
+            config.server.name(),
             config.name,
             goodput * 100.0,
             gmin * 100.0,
@@ -125,6 +156,7 @@ pub(crate) fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json:
         ));
         json.push(serde_json::json!({
             "config": config.name,
+            "server": config.server.name(),
             "goodput_fraction": goodput,
             "goodput_min": gmin,
             "goodput_max": gmax,
@@ -145,9 +177,9 @@ pub(crate) fn b8(shedctl: &std::path::Path, scale: Scale) -> Result<(serde_json:
     let _ = writeln!(md, "\n## B8: synchronized bursts (a real load generator)\n");
     let _ = writeln!(
         md,
-        "{setup}. Goodput: requests answered within their second, as a fraction of the server's capacity (the most a 1 s objective allows); median of runs, min-max in brackets. Limit: sampled every 100 ms over all runs, median (min-max).\n"
+        "{setup}. The server reads each request when a worker is free (HTTP/1.1 workers), or reads every request at once and queues it inside (a thread per connection; Go net/http). Goodput: requests answered within their second, as a fraction of the server's capacity (the most a 1 s objective allows); median of runs, min-max in brackets. Limit: sampled every 100 ms over all runs, median (min-max).\n"
     );
-    let _ = writeln!(md, "| configuration | goodput | limit |\n|---|---|---|");
+    let _ = writeln!(md, "| server | configuration | goodput | limit |\n|---|---|---|---|");
     for r in rows {
         let _ = writeln!(md, "{r}");
     }
