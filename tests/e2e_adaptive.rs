@@ -30,12 +30,12 @@ fn ask(stream: &mut TcpStream) -> std::io::Result<()> {
 }
 
 #[test]
-fn idle_keep_alive_connections_do_not_count_but_waiting_requests_do() {
+fn idle_keep_alive_connections_do_not_count_but_their_requests_are_judged() {
     let _one = exclusive();
     let bed = Testbed::create("shedtw").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(0));
-    let _backend =
+    let backend =
         Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us: service_us.clone() }).expect("backend");
     let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
 
@@ -56,28 +56,48 @@ fn idle_keep_alive_connections_do_not_count_but_waiting_requests_do() {
         field(s, "established") == 50 && field(s, "in_flight") == 0
     });
     assert_eq!((field(&s, "busy"), s["count"].as_str()), (0, Some("work")), "{s}");
+    // Their first requests came with their handshakes: judged there, not again.
+    assert_eq!((field(&s, "requests_admitted"), field(&s, "refused_requests")), (0, 0), "{s}");
     // Quick answers: new clients still get in although 50 connections are open, 5x the limit.
     let mut fresh = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))
         .unwrap()
         .expect("admitted");
     ask(&mut fresh).expect("answered");
+    let read_before = backend.read.load(Ordering::Relaxed);
+    assert_eq!(read_before, 51);
 
-    // Now every idle connection sends a request that the server answers slowly: 50 busy.
+    // Now every idle connection sends its next request, which the server answers
+    // slowly: the first 10 are admitted and busy, the other 40 meet a full port
+    // at their first segment and are refused with a reset, never read.
     service_us.store(1_500_000, Ordering::Relaxed);
     for s in &mut idle {
         s.write_all(b"GET\n").expect("send request");
     }
-    let s = wait_for_stats(PORT, Duration::from_secs(3), "requests in service", |s| field(s, "in_flight") >= 10);
-    println!("busy while requests wait: {s}");
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "requests judged", |s| {
+        field(s, "requests_admitted") + field(s, "refused_requests") == 50
+    });
+    println!("kept-alive requests judged: {s}");
+    assert_eq!((field(&s, "requests_admitted"), field(&s, "refused_requests")), (10, 40), "{s}");
+    assert_eq!(field(&s, "in_flight"), 10, "{s}");
+    assert_eq!(s["rejected_by_reason"]["limit"].as_u64(), Some(40), "{s}");
     let refused = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1))).unwrap();
     assert_eq!(refused.expect_err("work above the limit").kind(), std::io::ErrorKind::ConnectionRefused);
 
-    // Once the answers go out, the connections are idle again and new clients get in.
-    service_us.store(0, Ordering::Relaxed);
+    // The admitted 10 are answered; the refused 40 were reset, and the service never read them.
+    let (mut answered, mut reset) = (0, 0);
     for s in &mut idle {
         let mut buf = [0u8; 3];
-        s.read_exact(&mut buf).expect("slow answer arrives");
+        match s.read_exact(&mut buf) {
+            Ok(()) => answered += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => reset += 1,
+            Err(e) => panic!("neither answered nor reset: {e}"),
+        }
     }
+    assert_eq!((answered, reset), (10, 40));
+    assert_eq!(backend.read.load(Ordering::Relaxed), read_before + 10, "refused requests were never read");
+    // The daemon closed the refused connections' server sockets.
+    wait_for_stats(PORT, Duration::from_secs(3), "refused connections closed", |s| field(s, "established") == 11);
+    service_us.store(0, Ordering::Relaxed);
     wait_for_stats(PORT, Duration::from_secs(5), "answers out", |s| field(s, "in_flight") < 10);
     testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))
         .unwrap()

@@ -74,6 +74,15 @@ pub mod counter {
     /// ACKs to an `http` port that found no socket and carried no cookie of
     /// ours (nor the kernel's): passed to the kernel, which resets them.
     pub const HTTP_BAD_COOKIE: usize = 34;
+    /// Requests refused on kept-alive connections: the first segment of a
+    /// connection's next request met a full port (limit, share, client cap or
+    /// share: also counted by reason, and by tier). The service never read it.
+    pub const REFUSED_REQUEST: usize = 35;
+    /// Requests on kept-alive connections judged at their first segment and admitted.
+    pub const REQUEST_ADMITTED: usize = 36;
+    /// A refused request's first segment again (a retransmission): the same
+    /// answer, counted here rather than as a new refusal.
+    pub const REQUEST_REFUSED_AGAIN: usize = 37;
     /// Number of counter slots; spare slots are reserved for later reasons.
     pub const COUNT: usize = 64;
 }

@@ -185,6 +185,12 @@ pub const FLOW_SECRET_GLOBAL: &str = "SHED_FLOW_SECRET";
 /// found by userspace at every load; 0 when it could not be found).
 pub const SNT_ISN_OFFSET_GLOBAL: &str = "SHED_SNT_ISN_OFFSET";
 
+/// The name of the global that holds the byte offset of `rcv_nxt` in the
+/// running kernel's `struct tcp_sock` (0 when it could not be found: a
+/// kept-alive connection's next request is then told by its socket's state
+/// alone).
+pub const RCV_NXT_OFFSET_GLOBAL: &str = "SHED_RCV_NXT_OFFSET";
+
 /// A 32-bit hash of a flow (never 0), unkeyed: for tables whose slots
 /// userspace must find too (the local addresses) or whose collisions only
 /// ever refuse more (the RST prefix buckets).

@@ -409,6 +409,26 @@ pub struct FlowKey {
 }
 const _: () = assert!(size_of::<FlowKey>() == 36);
 
+/// A request refused on a kept-alive connection (`SHED_REFUSED_TURNS`, keyed
+/// by the server socket's address): a retransmission of its first segment
+/// gets the same answer, and the daemon closes the server's socket (sock_diag
+/// `SOCK_DESTROY`) so the connection holds nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefusedTurn {
+    pub at_ns: u64,
+    pub flow: FlowKey,
+    /// The refused segment's sequence number (the request's first byte).
+    pub seq: u32,
+    /// The refusal's counter (`counter::REJECTED_*`).
+    pub reason: u32,
+    /// The action it was refused with (`action::*`): the daemon closes the
+    /// socket of an `rst` or `http` refusal; a `drop` leaves the client
+    /// waiting, and its retransmissions are dropped too.
+    pub action: u32,
+}
+const _: () = assert!(size_of::<RefusedTurn>() == 56);
+
 /// Socket tracepoints fire for every network namespace; the gate counts only
 /// sockets of the namespace it protects. Offsets come from the running
 /// kernel's BTF (`sock_common.skc_net`, `net.ns.inum`).
@@ -589,7 +609,7 @@ pub fn is_ipv4_mapped(addr: &[u8; 16]) -> bool {
 mod user {
     use super::{
         ClientKey, Contention, ControlConfig, ControlStatus, FlowKey, GateCounters, LocalAddr, NetnsFilter, PortConfig,
-        PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+        PortCounters, PortLatency, PortState, RefusedTurn, SockEntry, TierReserve, UserPortState,
     };
     use crate::{HandshakeRing, HandshakeStamp};
     // SAFETY: all are #[repr(C)], Copy, made of fixed-width integers and byte arrays, with no padding.
@@ -598,6 +618,7 @@ mod user {
     unsafe impl aya::Pod for PortState {}
     unsafe impl aya::Pod for UserPortState {}
     unsafe impl aya::Pod for PortCounters {}
+    unsafe impl aya::Pod for RefusedTurn {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for HandshakeRing {}
     unsafe impl aya::Pod for HandshakeStamp {}

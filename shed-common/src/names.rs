@@ -88,9 +88,19 @@ pub mod map {
     /// Written by the dispatcher.
     pub const DISPATCH_SOCKS: &str = "SHED_DISPATCH_SOCKS";
 
+    /// `LruHashMap<u64 sock address, RefusedTurn>`: requests refused on
+    /// kept-alive connections, until the daemon closes their sockets. Written
+    /// by the gate, drained by the daemon.
+    pub const REFUSED_TURNS: &str = "SHED_REFUSED_TURNS";
+    /// `ProgramArray[2]`: the turn programs, at [`crate::TURN_TC`] and
+    /// [`crate::TURN_XDP`]. Written by userspace at load.
+    pub const TURN_PROGRAMS: &str = "SHED_TURN_PROGRAMS";
+    /// `PerCpuArray<u64>[1]`: the socket the gate hands its turn program (kernel only).
+    pub const TURN_SOCKET: &str = "SHED_TURN_SOCKET";
+
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 31] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -119,6 +129,9 @@ pub mod map {
         DISPATCH_TARGETS,
         DISPATCH_NETNS,
         DISPATCH_SOCKS,
+        REFUSED_TURNS,
+        TURN_PROGRAMS,
+        TURN_SOCKET,
     ];
 }
 
@@ -136,6 +149,10 @@ pub mod program {
     pub const RECV: &str = "shed_recv";
     /// `sock:sock_send_length`: the application answered.
     pub const SEND: &str = "shed_send";
+    /// The TC gate's tail call for the first segment of a kept-alive connection's next request.
+    pub const TC_TURN: &str = "shed_tc_turn";
+    /// The XDP gate's.
+    pub const XDP_TURN: &str = "shed_xdp_turn";
     /// XDP_PASS only: for the peer of a veth gated with XDP, so XDP_TX replies are delivered.
     pub const XDP_PASS: &str = "shed_xdp_pass";
     /// XDP_DROP only: the cheapest possible verdict, a benchmark baseline.
@@ -168,6 +185,8 @@ pub mod capacity {
     /// Established sockets tracked across all ports, by default (`--max-connections`).
     /// The map is not preallocated: it costs memory for the sockets it holds, not for this.
     pub const MAX_SOCKS: u32 = 262_144;
+    /// Refused requests awaiting the daemon's close (it drains them every tick).
+    pub const MAX_REFUSED_TURNS: u32 = 8_192;
     /// Client CIDRs with a tier.
     pub const MAX_TIER_ENTRIES: u32 = 16_384;
     /// Clients counted against a per-client cap, across ports, by default

@@ -23,8 +23,8 @@ use crate::{
     fault::fault,
     maps::{
         SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE,
-        SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, count, count_gate,
-        is_local, is_loopback, local_kind, port_config, stamp_hash, tier_of,
+        SHED_REFUSED_TURNS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_SILENT, SHED_SOCKS, SHED_STAMPS,
+        SHED_USER_STATE, count, count_gate, is_local, is_loopback, local_kind, port_config, stamp_hash, tier_of,
     },
     parse::{FLAG_FIN, FLAG_PSH, LoadBytes, Segment},
     reject::Answer,
@@ -47,6 +47,9 @@ pub enum Verdict {
         slot: u32,
         answer: Answer,
     },
+    /// The first segment of a kept-alive connection's next request: [`turn`]
+    /// judges it, in a program of its own (its socket in `SHED_TURN_SOCKET`).
+    Turn,
 }
 
 /// Where a handshake-completing ACK claimed its flow's stamp: the index of
@@ -123,6 +126,7 @@ impl Claim {
 }
 
 /// `sk_state` values (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u32 = 1;
 const TCP_TIME_WAIT: u32 = 6;
 const TCP_LISTEN: u32 = 10;
 const TCP_NEW_SYN_RECV: u32 = 12;
@@ -435,11 +439,17 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
     }
     // The socket lookup first: nearly every ACK belongs to an established
     // connection and ends here, before the port's maps are read.
-    match socket_of(seg, bytes.ctx()) {
+    let mut sk = 0u64;
+    match socket_of(seg, bytes.ctx(), &mut sk) {
         Found::HANDSHAKE => {}
         // No socket of the kernel's takes it: one of our HTTP answers' clients, or the kernel resets it.
         // Judged by the caller, whose frame is the shallower: `http_segment` needs stack of its own.
         Found::UNCLAIMED => return Verdict::Unclaimed,
+        // Judged by the gate's turn program (a tail call), its socket handed over per CPU.
+        Found::TURN => {
+            crate::maps::set_turn_socket(sk);
+            return Verdict::Turn;
+        }
         _ => return Verdict::Pass,
     }
     let Some(port) = Port::of(seg, fault!("ack_needs_local_table"), now_ns) else { return Verdict::Pass };
@@ -575,6 +585,9 @@ impl Found {
     /// takes, unless it is a client of our HTTP answer (a client reusing its
     /// port finds the server's TIME_WAIT of its last connection).
     const UNCLAIMED: Self = Self(2);
+    /// The first bytes of the next request on a kept-alive connection that
+    /// owes no answer: judge it as a new connection ([`turn`]).
+    const TURN: Self = Self(3);
 }
 
 /// Whether the kernel would complete a handshake with this ACK: the socket it
@@ -582,8 +595,15 @@ impl Found {
 /// SYN-ACK the ACK acknowledges, or the listener itself and the ACK carries a
 /// valid SYN cookie (any other ACK to a
 /// listener is answered with a reset by the kernel, and holds nothing here).
+///
+/// A segment with data on an established connection that owes no answer (in
+/// `SHED_SOCKS`, idle: the application answered its last request and reads
+/// nothing more), whose first byte is the next the socket expects, starts
+/// the connection's next request: [`Found::TURN`], with the socket's address
+/// in `turn_sk`. Every other segment of an established connection (a busy
+/// one's, pure ACKs, retransmissions of old data) passes as before.
 #[inline(always)]
-fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void) -> Found {
+fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void, turn_sk: &mut u64) -> Found {
     use aya_ebpf::{
         bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple},
         helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
@@ -621,8 +641,13 @@ fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void) -> Found {
         }
         let state = (*sk).state;
         let proven = state == TCP_NEW_SYN_RECV && acks_our_syn_ack(sk.cast(), seg.ack_seq);
+        if state == TCP_ESTABLISHED && seg.payload_len > 0 {
+            *turn_sk = turn_socket(sk.cast(), seg.seq);
+        }
         bpf_sk_release(sk.cast());
-        if proven {
+        if *turn_sk != 0 {
+            Found::TURN
+        } else if proven {
             Found::HANDSHAKE
         } else if state == TCP_TIME_WAIT && !fault!("http_time_wait_passed") {
             Found::UNCLAIMED
@@ -634,6 +659,133 @@ fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void) -> Found {
             Found::UNCLAIMED
         }
     }
+}
+
+/// Whether data at `seq` to established socket `sk` starts its next request:
+/// the socket is one the gate counts (`SHED_SOCKS`), owes no answer (idle,
+/// not silent since its handshake, not multiplexed), and `seq` is the next
+/// byte it expects (not a retransmission of data it has). Then the socket's
+/// address, else 0. Without the `rcv_nxt` offset, judged on the entry alone.
+/// A subprogram: its many ways to say no end in one state for the caller.
+#[inline(never)]
+fn turn_socket(sk: *mut core::ffi::c_void, seq: u32) -> u64 {
+    use aya_ebpf::helpers::{bpf_probe_read_kernel, bpf_skc_to_tcp_sock};
+    if fault!("turns_unjudged") {
+        return 0;
+    }
+    let key = sk as u64;
+    let Some(entry) = SHED_SOCKS.get_ptr(&key) else { return 0 };
+    // SAFETY: map value, read as plain data.
+    let idle = unsafe { (*entry).busy == 0 && (*entry).silent == 0 && (*entry).multiplexed == 0 };
+    if !idle {
+        return 0;
+    }
+    let offset = crate::maps::rcv_nxt_offset();
+    if offset != 0 {
+        // SAFETY: `sk` is a referenced socket from the lookup, released by the caller after this.
+        let tp = unsafe { bpf_skc_to_tcp_sock(sk) };
+        if tp.is_null() {
+            return 0;
+        }
+        // SAFETY: a 4-byte read of kernel memory; the helper fails safely on a bad address.
+        match unsafe { bpf_probe_read_kernel(tp.cast::<u8>().add(offset as usize).cast::<u32>()) } {
+            Ok(next) if next == seq => {}
+            _ => return 0,
+        }
+    }
+    key
+}
+
+/// Judges the first segment of a kept-alive connection's next request
+/// ([`Found::TURN`]) as a new connection is judged at its handshake (limit,
+/// tier share, client cap and share; an exempt client passes), against the
+/// work held now. Admitted, it passes: the socket tracepoint makes the
+/// connection busy as the kernel queues the bytes, microseconds later on
+/// this CPU. Refused, the service never reads it: the segment is consumed,
+/// the client is answered as the port's action says (`http`: the `503` with
+/// FIN in the connection's own sequence space; `rst`, or a request that is
+/// not HTTP/1.x: a reset; `drop`: nothing), and the socket is recorded so
+/// that a retransmission gets the same answer and the daemon closes the
+/// server's socket within a tick (`SOCK_DESTROY`).
+/// (Four arguments and the result, the most a BPF call passes in registers:
+/// the clock is read again here.)
+#[inline(never)]
+pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool) -> Verdict {
+    // SAFETY: reading the clock has no preconditions.
+    let now_ns = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+    let Some(port) = Port::of(seg, false, now_ns) else { return Verdict::Pass };
+    if port.config.count_mode != count_mode::WORK {
+        return Verdict::Pass;
+    }
+    let tier = port.tier(seg);
+    if tier == tier::EXEMPT {
+        return Verdict::Pass;
+    }
+    let refused = SHED_REFUSED_TURNS.get_ptr(&sk);
+    // SAFETY: map value, read as plain data.
+    let again = refused.filter(|&t| unsafe { (*t).seq } == seg.seq).map(|t| unsafe { (*t).reason } as usize);
+    let reason = if let Some(reason) = again {
+        port.count(counter::REQUEST_REFUSED_AGAIN);
+        opaque(reason)
+    } else {
+        let (others, current) = port.handshakes();
+        let Some(reason) = port.refusal(tier, port.held + others + current, seg, true, true) else {
+            port.count(counter::REQUEST_ADMITTED);
+            return Verdict::Pass;
+        };
+        if port.config.dry_run != 0 && !fault!("dry_run_enforced") {
+            port.count(counter::DRY_RUN_WOULD_REJECT);
+            return Verdict::Pass;
+        }
+        port.note_refused(seg);
+        let reason = opaque(reason);
+        remember_refused(sk, seg, reason, port.config.action_for(tier), now_ns);
+        port.count(counter::REFUSED_REQUEST);
+        port.count(reason);
+        port.count(counter::REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
+        port.count(counter::VERIFIED_REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
+        reason
+    };
+    let act = port.config.action_for(tier);
+    if act == action::HTTP && http_request(seg, bytes) {
+        let fin = seg.flags & FLAG_FIN != 0;
+        let end = seg.seq.wrapping_add(u32::from(seg.payload_len)).wrapping_add(u32::from(fin));
+        let answer = Answer {
+            seq: seg.ack_seq,
+            ack: end,
+            flags: http::FLAGS_ANSWER,
+            payload: http::answer_index(http_reason(reason), tier) as u8 + 1,
+            digits: http::retry_digits(retry_after(&port.config)),
+            sent: Answer::counted(counter::HTTP_ANSWERED),
+        };
+        return http_reply(&port.config, seg, from_loopback, now_ns, Verdict::Answer { slot: port.slot, answer });
+    }
+    if act != action::RST && act != action::HTTP {
+        return Verdict::Drop;
+    }
+    if let Some(why) = withheld(&port.config, &seg.client_addr, from_loopback, now_ns) {
+        port.count(why);
+        return Verdict::Drop;
+    }
+    Verdict::Rst { slot: port.slot, reset: Reset::to_ack(seg.ack_seq) }
+}
+
+/// Records a refused request ([`shed_common::RefusedTurn`]), field by field into the map's value.
+#[inline(never)]
+fn remember_refused(sk: u64, seg: &Segment, reason: usize, act: u8, now_ns: u64) {
+    let turn = shed_common::RefusedTurn {
+        at_ns: now_ns,
+        flow: shed_common::FlowKey {
+            client_addr: seg.client_addr,
+            server_addr: seg.server_addr,
+            client_port: seg.client_port,
+            server_port: seg.server_port,
+        },
+        seq: seg.seq,
+        reason: reason as u32,
+        action: u32::from(act),
+    };
+    let _ = SHED_REFUSED_TURNS.insert(&sk, &turn, 0);
 }
 
 /// Whether an ACK to request socket `sk` acknowledges the SYN-ACK it sent

@@ -34,6 +34,7 @@ pub const FAULTS: &[(&str, &str)] = &[
         "an ACK to a request socket is judged whatever its ack number (blind forged ACKs take slots)",
     ),
     ("late_ack_unjudged", "handshake-completing ACKs are never judged"),
+    ("turns_unjudged", "a request on a kept-alive connection is never judged (a pool carries overload past the gate)"),
     ("stacked_judged_twice", "a segment crossing stacked devices is judged on each"),
     ("ack_needs_local_table", "a handshake-completing ACK is judged only if its address is in the local table"),
     ("not_local_judged", "SYNs to addresses that are not this namespace's are judged"),

@@ -3,7 +3,8 @@
 //!
 //! - `shed_xdp` / `shed_tc`: the admission gate. Thin adapters over one
 //!   [`judge`]; they differ only in how a reply (a reset, an HTTP answer)
-//!   leaves the host.
+//!   leaves the host. The first segment of a kept-alive connection's next
+//!   request goes on to `shed_xdp_turn` / `shed_tc_turn` (a tail call).
 //! - `shed_sock_state_raw` (or `shed_sock_state`, without BTF): in-flight
 //!   accounting from `sock:inet_sock_set_state`.
 //! - `shed_dispatch_*`: a node agent's one set of socket-tracepoint programs
@@ -79,6 +80,9 @@ impl Outcome {
     const RESET: u8 = 2;
     /// Send the HTTP answer whose headers are written into the frame, its payload stored after the resize.
     const ANSWER: u8 = 3;
+    /// The first segment of a kept-alive connection's next request: judged by
+    /// the hook's turn program, a tail call (its socket in `SHED_TURN_SOCKET`).
+    const TURN: u8 = 4;
 
     #[inline(always)]
     const fn of(kind: u8) -> Self {
@@ -127,6 +131,9 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
             } else {
                 match decide::ack(seg, bytes, loopback, now) {
                     Verdict::Unclaimed => decide::http_segment(seg, bytes, loopback, now),
+                    // Judged in a program of its own: with the handshake's
+                    // paths, one program would pass the verifier's budget.
+                    Verdict::Turn => return Outcome::of(Outcome::TURN),
                     verdict => verdict,
                 }
             };
@@ -136,8 +143,40 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
             verdict
         }
     };
+    outcome_of(verdict, data, data_end, seg)
+}
+
+/// The turn programs' tail of [`judge`]: the same segment parsed again, its
+/// request judged ([`decide::turn`]).
+#[inline(always)]
+fn judge_turn<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcome {
+    let mut seg = core::mem::MaybeUninit::<parse::Segment>::uninit();
+    let wanted = |port, _syn| protected(port);
+    let parsed = parse::parse(data, data_end, bytes, wanted, &mut seg);
+    if parsed != Parsed::Ack {
+        return Outcome::of(Outcome::PASS);
+    }
+    // SAFETY: `parse` wrote it: it returned Ack.
+    let seg = unsafe { seg.assume_init_ref() };
+    let sk = maps::take_turn_socket();
+    if sk == 0 {
+        return Outcome::of(Outcome::PASS);
+    }
+    let ifindex = bytes.ifindex();
+    let verdict = decide::turn(seg, bytes, sk, ifindex == parse::LOOPBACK_IFINDEX);
+    if matches!(verdict, Verdict::Pass) {
+        // SAFETY: reading the clock has no preconditions.
+        decide::remember_passed(seg, false, unsafe { bpf_ktime_get_ns() }, ifindex);
+    }
+    outcome_of(verdict, data, data_end, seg)
+}
+
+/// A verdict as the entry points act on it: any reset or the headers of an
+/// HTTP answer written into the frame.
+#[inline(always)]
+fn outcome_of(verdict: Verdict, data: usize, data_end: usize, seg: &parse::Segment) -> Outcome {
     match verdict {
-        Verdict::Pass | Verdict::Unclaimed => Outcome::of(Outcome::PASS),
+        Verdict::Pass | Verdict::Unclaimed | Verdict::Turn => Outcome::of(Outcome::PASS),
         Verdict::Drop => Outcome::of(Outcome::DROP),
         Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
             0 => {
@@ -196,11 +235,30 @@ fn count_failed(slot: u32, step: &'static str) {
 
 #[xdp]
 pub fn shed_xdp(ctx: XdpContext) -> u32 {
+    let outcome = judge(ctx.data(), ctx.data_end(), &parse::XdpBytes(ctx.ctx));
+    if outcome.kind == Outcome::TURN {
+        // SAFETY: the turn program is an XDP program of this object; a failed
+        // call (none installed) returns, and the segment passes.
+        let _ = unsafe { maps::SHED_TURN_PROGRAMS.tail_call(&ctx, maps::TURN_XDP) };
+        return xdp_action::XDP_PASS;
+    }
+    xdp_finish(&ctx, outcome)
+}
+
+/// The first segment of a kept-alive connection's next request ([`Outcome::TURN`]).
+#[xdp]
+pub fn shed_xdp_turn(ctx: XdpContext) -> u32 {
+    let outcome = judge_turn(ctx.data(), ctx.data_end(), &parse::XdpBytes(ctx.ctx));
+    xdp_finish(&ctx, outcome)
+}
+
+/// What an XDP program does with an outcome: pass, drop, or send the reply written into the frame.
+#[inline(always)]
+fn xdp_finish(ctx: &XdpContext, outcome: Outcome) -> u32 {
+    let Outcome { kind, sent, payload, digits, len, payload_at, slot } = outcome;
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Outcome { kind, sent, payload, digits, len, payload_at, slot } =
-        judge(data, data_end, &parse::XdpBytes(ctx.ctx));
     match kind {
-        Outcome::PASS => xdp_action::XDP_PASS,
+        Outcome::PASS | Outcome::TURN => xdp_action::XDP_PASS,
         Outcome::RESET => {
             let delta = len as i32 - (data_end - data) as i32;
             // SAFETY: shrinking the frame; the helper checks the bounds itself.
@@ -215,7 +273,7 @@ pub fn shed_xdp(ctx: XdpContext) -> u32 {
             let delta = len as i32 - (data_end - data) as i32;
             // SAFETY: resizing our own frame; the helpers check the bounds themselves.
             let sized = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0
-                || (delta > 0 && grow_at_head(&ctx, delta as u32, u32::from(payload_at)));
+                || (delta > 0 && grow_at_head(ctx, delta as u32, u32::from(payload_at)));
             let stored = sized
                 && reject::store_payload(payload, digits, usize::from(payload_at), |at, from, n| {
                     // SAFETY: the helper copies `n` bytes of read-only data into our frame, bounds-checked.
@@ -288,18 +346,44 @@ pub fn shed_xdp_drop(_ctx: XdpContext) -> u32 {
 
 #[classifier]
 pub fn shed_tc(ctx: TcContext) -> i32 {
-    // TC reads the linear head of the skb directly: make sure the headers the
-    // parser reads that way are in it (received packets nearly always are).
-    // SAFETY: our own skb; packet pointers are read after the helper.
-    let len = unsafe { (*ctx.skb.skb).len }.min(TC_LINEAR_HEAD);
-    if ((ctx.data_end() - ctx.data()) as u32) < len && unsafe { bpf_skb_pull_data(ctx.skb.skb.cast(), len) } != 0 {
+    if !tc_linear_head(&ctx) {
         return TC_ACT_OK;
     }
-    let (data, data_end) = (ctx.data(), ctx.data_end());
-    let Outcome { kind, sent, payload, digits, len, payload_at, slot } =
-        judge(data, data_end, &parse::SkbBytes(ctx.skb.skb));
+    let outcome = judge(ctx.data(), ctx.data_end(), &parse::SkbBytes(ctx.skb.skb));
+    if outcome.kind == Outcome::TURN {
+        // SAFETY: the turn program is a classifier of this object; a failed
+        // call (none installed) returns, and the segment passes.
+        let _ = unsafe { maps::SHED_TURN_PROGRAMS.tail_call(&ctx, maps::TURN_TC) };
+        return TC_ACT_OK;
+    }
+    tc_finish(&ctx, outcome)
+}
+
+/// The first segment of a kept-alive connection's next request ([`Outcome::TURN`]).
+#[classifier]
+pub fn shed_tc_turn(ctx: TcContext) -> i32 {
+    if !tc_linear_head(&ctx) {
+        return TC_ACT_OK;
+    }
+    let outcome = judge_turn(ctx.data(), ctx.data_end(), &parse::SkbBytes(ctx.skb.skb));
+    tc_finish(&ctx, outcome)
+}
+
+/// TC reads the linear head of the skb directly: makes sure the headers the
+/// parser reads that way are in it (received packets nearly always are).
+#[inline(always)]
+fn tc_linear_head(ctx: &TcContext) -> bool {
+    // SAFETY: our own skb; packet pointers are read after the helper.
+    let len = unsafe { (*ctx.skb.skb).len }.min(TC_LINEAR_HEAD);
+    ((ctx.data_end() - ctx.data()) as u32) >= len || unsafe { bpf_skb_pull_data(ctx.skb.skb.cast(), len) } == 0
+}
+
+/// What a TC program does with an outcome: pass, drop, or send the reply written into the skb.
+#[inline(always)]
+fn tc_finish(ctx: &TcContext, outcome: Outcome) -> i32 {
+    let Outcome { kind, sent, payload, digits, len, payload_at, slot } = outcome;
     match kind {
-        Outcome::PASS => TC_ACT_OK,
+        Outcome::PASS | Outcome::TURN => TC_ACT_OK,
         Outcome::RESET => {
             // SAFETY: a plain helper call on our own skb. Packet pointers are
             // not used after change_tail invalidates them.

@@ -4,13 +4,13 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
 };
 use shed_common::{
     ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed,
-    LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, SockEntry, SockLayout, TierReserve,
-    UserPortState,
-    capacity::{MAX_CLIENTS, MAX_PORTS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
+    LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, RefusedTurn, SockEntry, SockLayout,
+    TierReserve, UserPortState,
+    capacity::{MAX_CLIENTS, MAX_PORTS, MAX_REFUSED_TURNS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
     handshake::STAMPS_PER_PORT,
     is_ipv4_mapped, local_addr,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
@@ -121,6 +121,53 @@ pub static SHED_SILENT: Array<HandshakeRing> = Array::with_max_entries(MAX_PORTS
 
 #[map]
 pub static SHED_STAMPS: Array<HandshakeStamp> = Array::with_max_entries(MAX_PORTS * STAMPS_PER_PORT, 0);
+
+/// Where the kernel keeps a connection's next expected sequence number:
+/// `offsetof(struct tcp_sock, rcv_nxt)` on the running kernel, from its BTF
+/// (`RCV_NXT_OFFSET_GLOBAL`); 0 when userspace could not find it.
+#[unsafe(no_mangle)]
+static SHED_RCV_NXT_OFFSET: u32 = 0;
+
+/// [`SHED_RCV_NXT_OFFSET`], read as the verifier's constant.
+#[inline(always)]
+pub fn rcv_nxt_offset() -> u32 {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    unsafe { core::ptr::read_volatile(&raw const SHED_RCV_NXT_OFFSET) }
+}
+
+/// The turn programs (`shed_tc_turn`, `shed_xdp_turn`), installed by
+/// userspace at [`TURN_TC`] and [`TURN_XDP`]: the gate's tail call for the
+/// first segment of a kept-alive connection's next request.
+#[map]
+pub static SHED_TURN_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+pub const TURN_TC: u32 = shed_common::TURN_TC;
+pub const TURN_XDP: u32 = shed_common::TURN_XDP;
+
+/// The socket of the request a turn program judges, handed over by the gate
+/// on this CPU just before its tail call (a per-CPU scratch).
+#[map]
+pub static SHED_TURN_SOCKET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn set_turn_socket(sk: u64) {
+    if let Some(slot) = SHED_TURN_SOCKET.get_ptr_mut(0) {
+        // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+        unsafe { *slot = sk };
+    }
+}
+
+/// The socket [`set_turn_socket`] handed over (0: none), cleared as read.
+#[inline(always)]
+pub fn take_turn_socket() -> u64 {
+    let Some(slot) = SHED_TURN_SOCKET.get_ptr_mut(0) else { return 0 };
+    // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+    unsafe { core::mem::replace(&mut *slot, 0) }
+}
+
+/// Requests refused on kept-alive connections, by server socket, until the
+/// daemon closes the socket ([`shed_common::RefusedTurn`]).
+#[map]
+pub static SHED_REFUSED_TURNS: LruHashMap<u64, RefusedTurn> = LruHashMap::with_max_entries(MAX_REFUSED_TURNS, 0);
 
 #[map]
 pub static SHED_LOCAL_ADDRS: Array<LocalAddr> = Array::with_max_entries(local_addr::SLOTS, 0);

@@ -25,8 +25,7 @@ impl Drop for Process {
 
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from)
 }
 
 /// Waits until `addr` (in `ns`) accepts a connection.

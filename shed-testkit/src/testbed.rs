@@ -173,6 +173,9 @@ pub struct Backend {
     threads: Vec<JoinHandle<io::Result<()>>>,
     /// Connections accepted so far.
     pub accepted: Arc<AtomicU64>,
+    /// Requests the service read (kept-alive services: each request line or
+    /// HTTP head, as the application reads it).
+    pub read: Arc<AtomicU64>,
 }
 
 impl Backend {
@@ -228,7 +231,8 @@ impl Backend {
             Service::ReadAtOnce { workers, .. } => Some(Arc::new(Slots::new(*workers))),
             _ => None,
         };
-        let (stop2, accepted2) = (stop.clone(), accepted.clone());
+        let read = Arc::new(AtomicU64::new(0));
+        let (stop2, accepted2, read2) = (stop.clone(), accepted.clone(), read.clone());
         threads.push(thread::spawn(move || {
             let mut holders: Vec<JoinHandle<()>> = Vec::new();
             let mut held: Vec<TcpStream> = Vec::new();
@@ -251,13 +255,14 @@ impl Backend {
                                 held.push(conn);
                             }
                             Service::KeepAlive { service_us } => {
-                                let (stop, service_us) = (stop2.clone(), service_us.clone());
-                                holders.push(thread::spawn(move || keep_alive(conn, &stop, &service_us)));
+                                let (stop, service_us, read) = (stop2.clone(), service_us.clone(), read2.clone());
+                                holders.push(thread::spawn(move || keep_alive(conn, &stop, &service_us, &read)));
                             }
                             Service::ReadAtOnce { service_us, .. } => {
-                                let (stop, service_us) = (stop2.clone(), service_us.clone());
+                                let (stop, service_us, read) = (stop2.clone(), service_us.clone(), read2.clone());
                                 let slots = slots.clone().expect("slots for ReadAtOnce");
-                                holders.push(thread::spawn(move || read_at_once(conn, &stop, &service_us, &slots)));
+                                holders
+                                    .push(thread::spawn(move || read_at_once(conn, &stop, &service_us, &slots, &read)));
                             }
                         }
                     }
@@ -271,7 +276,7 @@ impl Backend {
             }
             Ok(())
         }));
-        Ok(Self { stop, threads, accepted })
+        Ok(Self { stop, threads, accepted, read })
     }
 }
 
@@ -302,7 +307,7 @@ fn echo(mut conn: TcpStream, stop: &AtomicBool) {
     let _ = conn.shutdown(Shutdown::Both);
 }
 
-fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64) {
+fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, read: &AtomicU64) {
     let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
     let mut buf = [0u8; 512];
     while !stop.load(Ordering::Relaxed) {
@@ -311,6 +316,7 @@ fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64) {
             Ok(n) => {
                 // One answer per request line.
                 for _ in buf[..n].iter().filter(|&&b| b == b'\n') {
+                    read.fetch_add(1, Ordering::Relaxed);
                     thread::sleep(Duration::from_micros(service_us.load(Ordering::Relaxed)));
                     if conn.write_all(b"OK\n").is_err() {
                         return;
@@ -355,7 +361,7 @@ impl Slots {
 
 /// A connection of a [`Service::ReadAtOnce`] server: every request read as it
 /// arrives, then queued inside for a slot.
-fn read_at_once(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, slots: &Slots) {
+fn read_at_once(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, slots: &Slots, read: &AtomicU64) {
     let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
@@ -365,6 +371,7 @@ fn read_at_once(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, 
         let end: &[u8] = if http { b"\r\n\r\n" } else { b"\n" };
         if let Some(at) = buf.windows(end.len()).position(|w| w == end) {
             let head = buf.drain(..at + end.len()).collect::<Vec<u8>>();
+            read.fetch_add(1, Ordering::Relaxed);
             if !slots.acquire(stop) {
                 return;
             }

@@ -13,6 +13,7 @@ mod lock;
 mod pods;
 mod port;
 pub(crate) mod process;
+mod refused;
 
 pub(crate) use lock::{ConfigLock, DaemonLock, PinGuard, require_running};
 pub use lock::{Liveness, liveness, ready};
@@ -146,6 +147,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     let mut last_client_sweep = Instant::now();
     let mut healer = crate::daemon::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
     let mut accept_queues = AcceptQueues::default();
+    let mut refused = refused::RefusedRequests::default();
     let mut last_heal_check: Option<Instant> = None;
     // What the operator last set, to log each live change once (see `crate::daemon::audit`).
     let mut audited = crate::daemon::audit::read(&loaded.maps).unwrap_or_default();
@@ -199,6 +201,9 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 if ports.is_empty() {
                     tracing::info!("every port was detached: stopping");
                     return Ok(());
+                }
+                if let Err(e) = refused.close(&mut loaded.maps) {
+                    settings.task_errors.record("refused requests", &e);
                 }
                 let slots: Vec<u32> = ports.values().map(|c| c.slot).collect();
                 if let Err(e) = loaded.maps.set_quotas(&slots) {

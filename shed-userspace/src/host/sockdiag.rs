@@ -20,6 +20,8 @@ const TCP_LISTEN: u8 = 10;
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const SOCK_DESTROY: u16 = 21;
+const NLM_F_ACK: u16 = 0x4;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -78,6 +80,56 @@ impl SocketTable {
             }
         })?;
         Ok(out)
+    }
+
+    /// Closes the server's socket of `flow` (the kernel resets its peer and
+    /// the application's next call on it fails), as `ss -K` does. Ok(false):
+    /// there is no such socket (it closed already).
+    pub(crate) fn destroy(&mut self, flow: &FlowKey) -> io::Result<bool> {
+        self.seq = self.seq.wrapping_add(1);
+        let request = destroy_request(flow, self.seq);
+        // SAFETY: sending a buffer we own to the kernel (address: the kernel, pid 0).
+        let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        kernel.nl_family = libc::AF_NETLINK as u16;
+        let sent = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                request.as_ptr().cast(),
+                request.len(),
+                0,
+                (&raw const kernel).cast(),
+                size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        loop {
+            // SAFETY: receiving into a buffer we own, of its length.
+            let n = unsafe { libc::recv(self.fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), self.buf.len(), 0) };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(err);
+            }
+            let reply = &self.buf[..n as usize];
+            if reply.len() < NLMSG_HDRLEN + 4 {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "sock_diag destroy: short answer"));
+            }
+            let kind = u16::from_ne_bytes([reply[4], reply[5]]);
+            let seq = u32::from_ne_bytes(reply[8..12].try_into().expect("4 bytes"));
+            if kind != NLMSG_ERROR || seq != self.seq {
+                continue;
+            }
+            let errno = -i32::from_ne_bytes(reply[16..20].try_into().expect("4 bytes"));
+            return match errno {
+                0 => Ok(true),
+                libc::ENOENT => Ok(false),
+                _ => Err(io::Error::from_raw_os_error(errno)),
+            };
+        }
     }
 
     /// Dumps the namespace's TCP sockets in `states` (a bit per state), IPv4
@@ -150,6 +202,33 @@ fn dump_request(family: u8, states: u32, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LE
     m[16] = family;
     m[17] = libc::IPPROTO_TCP as u8;
     m[20..24].copy_from_slice(&states.to_ne_bytes());
+    m
+}
+
+/// A `SOCK_DESTROY` request for the server's socket of `flow`, in any state.
+fn destroy_request(flow: &FlowKey, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
+    let mut m = [0u8; NLMSG_HDRLEN + REQ_LEN];
+    m[0..4].copy_from_slice(&((NLMSG_HDRLEN + REQ_LEN) as u32).to_ne_bytes());
+    m[4..6].copy_from_slice(&SOCK_DESTROY.to_ne_bytes());
+    m[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    let v4 = shed_common::is_ipv4_mapped(&flow.client_addr) && shed_common::is_ipv4_mapped(&flow.server_addr);
+    m[16] = if v4 { libc::AF_INET as u8 } else { libc::AF_INET6 as u8 };
+    m[17] = libc::IPPROTO_TCP as u8;
+    m[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+    // The socket id, from the server's side: its port and address are the source.
+    let id = &mut m[24..24 + SOCKID_LEN];
+    id[0..2].copy_from_slice(&flow.server_port.to_be_bytes());
+    id[2..4].copy_from_slice(&flow.client_port.to_be_bytes());
+    if v4 {
+        id[4..8].copy_from_slice(&flow.server_addr[12..16]);
+        id[20..24].copy_from_slice(&flow.client_addr[12..16]);
+    } else {
+        id[4..20].copy_from_slice(&flow.server_addr);
+        id[20..36].copy_from_slice(&flow.client_addr);
+    }
+    // Interface any (bytes 36..40); no cookie: INET_DIAG_NOCOOKIE.
+    id[40..48].copy_from_slice(&[0xff; 8]);
     m
 }
 
@@ -317,6 +396,27 @@ mod tests {
         out.clear();
         table.held(&BTreeSet::from([port]), &mut out).unwrap();
         assert!(out.len() <= 1);
+    }
+
+    #[test]
+    fn destroys_a_live_connection_by_its_server_side() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut client = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
+        let (mut server, peer) = listener.accept().unwrap();
+        let flow = FlowKey {
+            client_addr: ipv4_mapped(Ipv4Addr::LOCALHOST.octets()),
+            server_addr: ipv4_mapped(Ipv4Addr::LOCALHOST.octets()),
+            client_port: peer.port(),
+            server_port: port,
+        };
+        let mut table = SocketTable::open().unwrap();
+        assert!(table.destroy(&flow).unwrap(), "the server's socket was there");
+        use std::io::Read as _;
+        let mut buf = [0u8; 1];
+        assert!(server.read(&mut buf).is_err(), "the application's next call fails");
+        assert!(client.read(&mut buf).is_err() || client.read(&mut buf).is_ok_and(|n| n == 0), "the client was reset");
+        assert!(!table.destroy(&flow).unwrap(), "gone: nothing to destroy");
     }
 
     #[test]

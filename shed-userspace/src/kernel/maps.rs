@@ -9,7 +9,7 @@ use aya::{
 };
 use shed_common::{
     ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr,
-    NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, SockEntry, TierReserve, UserPortState,
+    NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, RefusedTurn, SockEntry, TierReserve, UserPortState,
     capacity::MAX_PORTS, gate_counter, handshake, map,
 };
 
@@ -37,6 +37,7 @@ pub struct GateMaps {
     pub netns: Array<MapData, NetnsFilter>,
     pub port_slots: Array<MapData, u32>,
     pub slot_config: Array<MapData, PortConfig>,
+    pub refused_turns: HashMap<MapData, u64, RefusedTurn>,
 }
 
 /// Everything known about one port at one instant.
@@ -204,7 +205,28 @@ impl GateMaps {
             netns: typed(map::NETNS, open(map::NETNS)?)?,
             port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
             slot_config: typed(map::SLOT_CONFIG, open(map::SLOT_CONFIG)?)?,
+            refused_turns: typed(map::REFUSED_TURNS, open(map::REFUSED_TURNS)?)?,
         })
+    }
+
+    /// Takes the requests the gate refused on kept-alive connections with a
+    /// reply (`rst`, `http`) since the last call, each once (removed as read),
+    /// for the daemon to close their sockets. A `drop` refusal stays, so its
+    /// retransmissions are dropped too, until the table's LRU evicts it.
+    pub(crate) fn take_refused_turns(&mut self) -> Result<Vec<RefusedTurn>, Error> {
+        let found: Vec<(u64, RefusedTurn)> = self
+            .refused_turns
+            .iter()
+            .filter(|r| {
+                r.as_ref().is_err() || r.as_ref().is_ok_and(|(_, t)| t.action != u32::from(shed_common::action::DROP))
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::map("read refused requests", e))?;
+        for (sk, _) in &found {
+            // Gone already (the LRU evicted it): nothing to take.
+            let _ = self.refused_turns.remove(sk);
+        }
+        Ok(found.into_iter().map(|(_, turn)| turn).collect())
     }
 
     /// Protected ports and their configuration, by port.

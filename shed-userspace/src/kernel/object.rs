@@ -66,6 +66,7 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     // One secret per load (a leak of 8 bytes per load: the loader keeps a reference).
     let secret: &'static u64 = Box::leak(Box::new(flow_secret()));
     let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
+    let rcv_nxt: &'static u32 = Box::leak(Box::new(rcv_nxt_offset()));
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     let (socks, dispatch) = if options.dispatcher {
@@ -83,6 +84,8 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
         .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
         .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict)
         .override_global(shed_common::http::COOKIE_KEY_GLOBAL, cookie_key, strict)
+        // Not strict: an older object loaded for comparison has none.
+        .override_global(shed_common::handshake::RCV_NXT_OFFSET_GLOBAL, rcv_nxt, false)
         .override_global(shed_common::SOCK_LAYOUT_GLOBAL, layout, false);
     loader
 }
@@ -102,6 +105,26 @@ fn snt_isn_offset() -> u32 {
             tracing::warn!(
                 "no tcp_request_sock.snt_isn in /sys/kernel/btf/vmlinux: handshake-completing ACKs are judged \
                  without checking their ack number (blind forged ACKs can hold reservations)"
+            );
+            0
+        })
+    })
+}
+
+/// `offsetof(struct tcp_sock, rcv_nxt)` on the running kernel, so a request
+/// on a kept-alive connection is judged at its first byte only, never at a
+/// retransmission of data the socket has (0, with a warning, if the kernel's
+/// BTF lacks it: judged on the connection's idle state alone).
+fn rcv_nxt_offset() -> u32 {
+    static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        let found = crate::host::btf::Btf::from_sys_fs()
+            .and_then(|btf| btf.offset_of("tcp_sock", &["rcv_nxt"]))
+            .filter(|&offset| offset != 0);
+        found.unwrap_or_else(|| {
+            tracing::warn!(
+                "no tcp_sock.rcv_nxt in /sys/kernel/btf/vmlinux: a kept-alive connection's next request is told \
+                 by the connection's idle state alone (a late retransmission of an answered request may be judged)"
             );
             0
         })

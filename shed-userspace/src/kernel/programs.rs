@@ -142,11 +142,29 @@ impl Loaded {
     }
 
     fn loaded_tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
+        if ebpf.program(program::TC_TURN).is_some() {
+            let turn: &mut SchedClassifier = Self::program(ebpf, program::TC_TURN)?;
+            if turn.fd().is_err() {
+                verified(|| turn.load()).map_err(|e| Error::program("load TC turn program", e))?;
+                let fd = turn.fd().map_err(|e| Error::program("find the TC turn program's fd", e))?;
+                let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::TC_TURN, e))?;
+                Self::install_turn(ebpf, shed_common::TURN_TC, &fd)?;
+            }
+        }
         let prog: &mut SchedClassifier = Self::program(ebpf, program::TC)?;
         if prog.fd().is_err() {
             verified(|| prog.load()).map_err(|e| Error::program("load TC program", e))?;
         }
         Ok(prog)
+    }
+
+    /// Puts a turn program where its gate's tail call finds it (an older
+    /// build's object, loaded for comparison, has neither).
+    fn install_turn(ebpf: &mut Ebpf, index: u32, fd: &aya::programs::ProgramFd) -> Result<(), Error> {
+        let Some(map) = ebpf.map_mut(shed_common::map::TURN_PROGRAMS) else { return Ok(()) };
+        let mut programs = aya::maps::ProgramArray::try_from(map)
+            .map_err(|e| Error::map(format!("open map {}", shed_common::map::TURN_PROGRAMS), e))?;
+        programs.set(index, fd, 0).map_err(|e| Error::map("install a turn program", e))
     }
 
     /// The pass-everything XDP program (for the peer of an XDP-gated veth, and as a benchmark baseline).
@@ -160,6 +178,15 @@ impl Loaded {
     }
 
     fn loaded_xdp<'a>(ebpf: &'a mut Ebpf, name: &str, what: &str) -> Result<&'a mut Xdp, Error> {
+        if name == program::XDP && ebpf.program(program::XDP_TURN).is_some() {
+            let turn: &mut Xdp = Self::program(ebpf, program::XDP_TURN)?;
+            if turn.fd().is_err() {
+                verified(|| turn.load()).map_err(|e| Error::program("load XDP turn program", e))?;
+                let fd = turn.fd().map_err(|e| Error::program("find the XDP turn program's fd", e))?;
+                let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::XDP_TURN, e))?;
+                Self::install_turn(ebpf, shed_common::TURN_XDP, &fd)?;
+            }
+        }
         let prog: &mut Xdp = Self::program(ebpf, name)?;
         if prog.fd().is_err() {
             verified(|| prog.load()).map_err(|e| Error::program(what, e))?;

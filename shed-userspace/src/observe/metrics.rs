@@ -290,6 +290,24 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
         |s| s.refused_at_ack,
     ),
     (
+        "shed_refused_requests",
+        "Requests refused on kept-alive connections at their first segment (the service never read them); also in shed_rejected_total.",
+        MetricType::Counter,
+        |s| s.refused_requests,
+    ),
+    (
+        "shed_requests_admitted",
+        "Requests on kept-alive connections judged at their first segment and admitted.",
+        MetricType::Counter,
+        |s| s.requests_admitted,
+    ),
+    (
+        "shed_refused_requests_again",
+        "Retransmissions of a refused request's first segment, given the same answer (not counted again as refusals).",
+        MetricType::Counter,
+        |s| s.refused_requests_again,
+    ),
+    (
         "shed_rst_suppressed",
         "Resets withheld because the source cannot be a real client (multicast, broadcast, own address from outside).",
         MetricType::Counter,

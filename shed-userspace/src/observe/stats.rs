@@ -153,6 +153,13 @@ pub(crate) struct PortStats {
     /// Refusals at the handshake-completing ACK (also counted by reason): the
     /// client's `connect()` had succeeded.
     pub refused_at_ack: u64,
+    /// Requests refused on kept-alive connections at their first segment (also
+    /// counted by reason): the service never read them.
+    pub refused_requests: u64,
+    /// Requests on kept-alive connections judged at their first segment and admitted.
+    pub requests_admitted: u64,
+    /// Retransmissions of a refused request's first segment, given the same answer.
+    pub refused_requests_again: u64,
     pub rst_sent: u64,
     pub rst_failed: u64,
     /// Rejected SYNs dropped instead of answered because an RST cap was reached.
@@ -283,6 +290,9 @@ impl PortStats {
             late_completed: now.counter(counter::LATE_COMPLETED),
             syn_passed: now.counter(counter::SYN_PASSED),
             refused_at_ack: now.counter(counter::REFUSED_AT_ACK),
+            refused_requests: now.counter(counter::REFUSED_REQUEST),
+            requests_admitted: now.counter(counter::REQUEST_ADMITTED),
+            refused_requests_again: now.counter(counter::REQUEST_REFUSED_AGAIN),
             rst_sent: now.counter(counter::RST_SENT),
             rst_failed: now.counter(counter::RST_FAILED),
             rst_rate_limited: now.counter(counter::RST_RATE_LIMITED),

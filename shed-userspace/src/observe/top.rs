@@ -39,6 +39,8 @@ pub(crate) struct Rates {
     pub shed: f64,
     /// limit, share, client (its cap or its share).
     pub by_reason: [f64; 3],
+    /// Of the sheds, requests refused on kept-alive connections.
+    pub requests_refused: f64,
     /// Admitted and shed per tier.
     pub tier_admitted: [f64; tier::COUNT],
     pub tier_shed: [f64; tier::COUNT],
@@ -65,6 +67,7 @@ impl Rates {
                 per_sec(r.share, rb.share),
                 per_sec(r.client_cap + r.client_share, rb.client_cap + rb.client_share),
             ],
+            requests_refused: per_sec(now.refused_requests, before.refused_requests),
             tier_admitted: std::array::from_fn(|t| tier(t, |s| s.admitted)),
             tier_shed: std::array::from_fn(|t| tier(t, |s| s.rejected)),
         }
@@ -175,6 +178,7 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
                 s.established, s.busy, s.pending, r.syn, r.admitted
             )),
             Span::styled(format!("shed {:.0}/s", r.shed), Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)),
+            Span::raw(format!(" (kept-alive requests {:.0}/s)", r.requests_refused)),
         ])),
         summary,
     );
