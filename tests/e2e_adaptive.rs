@@ -482,8 +482,9 @@ fn a_server_that_reads_at_once_is_protected_from_overload() {
             100.0 * none.answered as f64 / capacity,
         );
         // 4 workers need about 4 in flight; the queue target (5 ms, or 3/4 of a
-        // service time) adds a few. Blind to the queue inside, it climbed past 1,000.
-        assert!(shed.late_limit <= 24, "{kind}: the limit climbed to {}", shed.late_limit);
+        // service time) adds a few, and the limit a drain probe returns to a few
+        // more (measured up to 28). Blind to the queue inside, it climbed past 1,000.
+        assert!(shed.late_limit <= 48, "{kind}: the limit climbed to {}", shed.late_limit);
         // Measured (2 cores): shed 97-99% of capacity; no gate 49% (this server wakes
         // its waiting threads in no order, so some new requests are in time) and 15% (Go).
         assert!(

@@ -19,6 +19,7 @@ use crate::common::{Scale, results_dir};
 mod b1;
 mod b10;
 mod b11;
+mod b12;
 mod b2;
 mod b3;
 mod b4;
@@ -81,7 +82,7 @@ fn main() -> Result<()> {
 
 fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11", "b12"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -138,6 +139,9 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b11") {
         save("b11", b11::b11(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b12") {
+        save("b12", b12::b12(&shedctl, scale, &results_dir())?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {

@@ -31,9 +31,6 @@ mod tracepoint;
 pub use accounting::{busy, established, held, in_flight};
 pub use counters::{counter, gate_counter};
 
-/// Where the turn programs sit in `SHED_TURN_PROGRAMS` ([`map::TURN_PROGRAMS`]).
-pub const TURN_TC: u32 = 0;
-pub const TURN_XDP: u32 = 1;
 pub use handshake::{HandshakeCell, HandshakeRing, HandshakeStamp};
 pub use layout::*;
 pub use names::{capacity, map, program};

@@ -92,15 +92,16 @@ pub mod map {
     /// kept-alive connections, until the daemon closes their sockets. Written
     /// by the gate, drained by the daemon.
     pub const REFUSED_TURNS: &str = "SHED_REFUSED_TURNS";
-    /// `ProgramArray[2]`: the turn programs, at [`crate::TURN_TC`] and
-    /// [`crate::TURN_XDP`]. Written by userspace at load.
-    pub const TURN_PROGRAMS: &str = "SHED_TURN_PROGRAMS";
+    /// `ProgramArray[1]`: the TC gate's turn program (`shed_tc_turn`). Written by userspace at load.
+    pub const TURN_TC: &str = "SHED_TURN_TC";
+    /// `ProgramArray[1]`: the XDP gate's (`shed_xdp_turn`); a program array serves one program type.
+    pub const TURN_XDP: &str = "SHED_TURN_XDP";
     /// `PerCpuArray<u64>[1]`: the socket the gate hands its turn program (kernel only).
     pub const TURN_SOCKET: &str = "SHED_TURN_SOCKET";
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 32] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -130,7 +131,8 @@ pub mod map {
         DISPATCH_NETNS,
         DISPATCH_SOCKS,
         REFUSED_TURNS,
-        TURN_PROGRAMS,
+        TURN_TC,
+        TURN_XDP,
         TURN_SOCKET,
     ];
 }

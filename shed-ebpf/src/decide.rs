@@ -642,7 +642,7 @@ fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void, turn_sk: &mut u64) -> F
         let state = (*sk).state;
         let proven = state == TCP_NEW_SYN_RECV && acks_our_syn_ack(sk.cast(), seg.ack_seq);
         if state == TCP_ESTABLISHED && seg.payload_len > 0 {
-            *turn_sk = turn_socket(sk.cast(), seg.seq);
+            *turn_sk = turn_socket(sk.cast());
         }
         bpf_sk_release(sk.cast());
         if *turn_sk != 0 {
@@ -661,15 +661,15 @@ fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void, turn_sk: &mut u64) -> F
     }
 }
 
-/// Whether data at `seq` to established socket `sk` starts its next request:
-/// the socket is one the gate counts (`SHED_SOCKS`), owes no answer (idle,
-/// not silent since its handshake, not multiplexed), and `seq` is the next
-/// byte it expects (not a retransmission of data it has). Then the socket's
-/// address, else 0. Without the `rcv_nxt` offset, judged on the entry alone.
-/// A subprogram: its many ways to say no end in one state for the caller.
+/// Whether data to established socket `sk` may start its next request: the
+/// socket is one the gate counts (`SHED_SOCKS`) and owes no answer (idle,
+/// not silent since its handshake, not multiplexed). Then the socket's
+/// address, else 0. The turn program checks the rest ([`next_expected`]):
+/// every instruction here is walked by the verifier once per state that
+/// reaches the ACK's lookup. A subprogram: its ways to say no end in one
+/// state for the caller.
 #[inline(never)]
-fn turn_socket(sk: *mut core::ffi::c_void, seq: u32) -> u64 {
-    use aya_ebpf::helpers::{bpf_probe_read_kernel, bpf_skc_to_tcp_sock};
+fn turn_socket(sk: *mut core::ffi::c_void) -> u64 {
     if fault!("turns_unjudged") {
         return 0;
     }
@@ -677,23 +677,23 @@ fn turn_socket(sk: *mut core::ffi::c_void, seq: u32) -> u64 {
     let Some(entry) = SHED_SOCKS.get_ptr(&key) else { return 0 };
     // SAFETY: map value, read as plain data.
     let idle = unsafe { (*entry).busy == 0 && (*entry).silent == 0 && (*entry).multiplexed == 0 };
-    if !idle {
-        return 0;
-    }
+    if idle { key } else { 0 }
+}
+
+/// Whether `seq` is the next byte socket `sk` (an address from the gate's
+/// lookup, a moment ago) expects: the first byte of a request, not a
+/// retransmission of data it has. Read at `tcp_sock.rcv_nxt` (the offset
+/// userspace finds in BTF); without it, true.
+#[inline(always)]
+fn next_expected(sk: u64, seq: u32) -> bool {
+    use aya_ebpf::helpers::bpf_probe_read_kernel;
     let offset = crate::maps::rcv_nxt_offset();
-    if offset != 0 {
-        // SAFETY: `sk` is a referenced socket from the lookup, released by the caller after this.
-        let tp = unsafe { bpf_skc_to_tcp_sock(sk) };
-        if tp.is_null() {
-            return 0;
-        }
-        // SAFETY: a 4-byte read of kernel memory; the helper fails safely on a bad address.
-        match unsafe { bpf_probe_read_kernel(tp.cast::<u8>().add(offset as usize).cast::<u32>()) } {
-            Ok(next) if next == seq => {}
-            _ => return 0,
-        }
+    if offset == 0 {
+        return true;
     }
-    key
+    // SAFETY: a 4-byte read of kernel memory; the helper fails safely on a bad
+    // address (sockets are freed by RCU: the memory stays a socket's meanwhile).
+    matches!(unsafe { bpf_probe_read_kernel((sk + u64::from(offset)) as *const u32) }, Ok(next) if next == seq)
 }
 
 /// Judges the first segment of a kept-alive connection's next request
@@ -715,6 +715,9 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
     let now_ns = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
     let Some(port) = Port::of(seg, false, now_ns) else { return Verdict::Pass };
     if port.config.count_mode != count_mode::WORK {
+        return Verdict::Pass;
+    }
+    if !next_expected(sk, seg.seq) {
         return Verdict::Pass;
     }
     let tier = port.tier(seg);

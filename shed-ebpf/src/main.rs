@@ -36,7 +36,7 @@ use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::{
         bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes,
-        bpf_xdp_adjust_head, bpf_xdp_adjust_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_xdp_adjust_head, bpf_xdp_adjust_tail, bpf_xdp_get_buff_len, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     macros::{classifier, raw_tracepoint, tracepoint, xdp},
     programs::{RawTracePointContext, TcContext, TracePointContext, XdpContext},
@@ -131,9 +131,6 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
             } else {
                 match decide::ack(seg, bytes, loopback, now) {
                     Verdict::Unclaimed => decide::http_segment(seg, bytes, loopback, now),
-                    // Judged in a program of its own: with the handshake's
-                    // paths, one program would pass the verifier's budget.
-                    Verdict::Turn => return Outcome::of(Outcome::TURN),
                     verdict => verdict,
                 }
             };
@@ -176,6 +173,8 @@ fn judge_turn<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> O
 #[inline(always)]
 fn outcome_of(verdict: Verdict, data: usize, data_end: usize, seg: &parse::Segment) -> Outcome {
     match verdict {
+        // A turn passes here; the entry point finds it handed over
+        // (`maps::turn_pending`) and tail-calls its turn program.
         Verdict::Pass | Verdict::Unclaimed | Verdict::Turn => Outcome::of(Outcome::PASS),
         Verdict::Drop => Outcome::of(Outcome::DROP),
         Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
@@ -236,10 +235,10 @@ fn count_failed(slot: u32, step: &'static str) {
 #[xdp]
 pub fn shed_xdp(ctx: XdpContext) -> u32 {
     let outcome = judge(ctx.data(), ctx.data_end(), &parse::XdpBytes(ctx.ctx));
-    if outcome.kind == Outcome::TURN {
+    if outcome.kind == Outcome::PASS && maps::turn_pending() {
         // SAFETY: the turn program is an XDP program of this object; a failed
         // call (none installed) returns, and the segment passes.
-        let _ = unsafe { maps::SHED_TURN_PROGRAMS.tail_call(&ctx, maps::TURN_XDP) };
+        let _ = unsafe { maps::SHED_TURN_XDP.tail_call(&ctx, 0) };
         return xdp_action::XDP_PASS;
     }
     xdp_finish(&ctx, outcome)
@@ -252,15 +251,19 @@ pub fn shed_xdp_turn(ctx: XdpContext) -> u32 {
     xdp_finish(&ctx, outcome)
 }
 
-/// What an XDP program does with an outcome: pass, drop, or send the reply written into the frame.
+/// What an XDP program does with an outcome: pass, drop, or send the reply
+/// written into the frame. The frame's length comes from the kernel: packet
+/// pointers kept across the judging would cost the entry point's frame the
+/// room `parse` needs.
 #[inline(always)]
 fn xdp_finish(ctx: &XdpContext, outcome: Outcome) -> u32 {
     let Outcome { kind, sent, payload, digits, len, payload_at, slot } = outcome;
-    let (data, data_end) = (ctx.data(), ctx.data_end());
+    // SAFETY: a plain helper call on our own frame.
+    let frame = || unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as i32;
     match kind {
         Outcome::PASS | Outcome::TURN => xdp_action::XDP_PASS,
         Outcome::RESET => {
-            let delta = len as i32 - (data_end - data) as i32;
+            let delta = len as i32 - frame();
             // SAFETY: shrinking the frame; the helper checks the bounds itself.
             let trimmed = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0;
             if count_reply(slot, sent, trimmed, "bpf_xdp_adjust_tail") {
@@ -270,7 +273,7 @@ fn xdp_finish(ctx: &XdpContext, outcome: Outcome) -> u32 {
             }
         }
         Outcome::ANSWER => {
-            let delta = len as i32 - (data_end - data) as i32;
+            let delta = len as i32 - frame();
             // SAFETY: resizing our own frame; the helpers check the bounds themselves.
             let sized = unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } == 0
                 || (delta > 0 && grow_at_head(ctx, delta as u32, u32::from(payload_at)));
@@ -297,7 +300,10 @@ const ANSWER_HEADERS_MAX: u32 = 96;
 /// less, too little for an IPv6 answer (39 bytes longer than curl's
 /// request), while XDP guarantees 256 bytes of headroom. The `headers`
 /// bytes already written move down by `grow`; the payload is stored after.
-#[inline(always)]
+///
+/// A subprogram: its buffer stays out of the entry point's frame, under
+/// which `parse`'s must fit with its callees'.
+#[inline(never)]
 fn grow_at_head(ctx: &XdpContext, grow: u32, headers: u32) -> bool {
     if headers == 0 || headers > ANSWER_HEADERS_MAX || grow > 255 {
         return false;
@@ -350,10 +356,10 @@ pub fn shed_tc(ctx: TcContext) -> i32 {
         return TC_ACT_OK;
     }
     let outcome = judge(ctx.data(), ctx.data_end(), &parse::SkbBytes(ctx.skb.skb));
-    if outcome.kind == Outcome::TURN {
+    if outcome.kind == Outcome::PASS && maps::turn_pending() {
         // SAFETY: the turn program is a classifier of this object; a failed
         // call (none installed) returns, and the segment passes.
-        let _ = unsafe { maps::SHED_TURN_PROGRAMS.tail_call(&ctx, maps::TURN_TC) };
+        let _ = unsafe { maps::SHED_TURN_TC.tail_call(&ctx, 0) };
         return TC_ACT_OK;
     }
     tc_finish(&ctx, outcome)

@@ -135,13 +135,13 @@ pub fn rcv_nxt_offset() -> u32 {
     unsafe { core::ptr::read_volatile(&raw const SHED_RCV_NXT_OFFSET) }
 }
 
-/// The turn programs (`shed_tc_turn`, `shed_xdp_turn`), installed by
-/// userspace at [`TURN_TC`] and [`TURN_XDP`]: the gate's tail call for the
-/// first segment of a kept-alive connection's next request.
+/// The turn programs, installed by userspace as the gate programs load: the
+/// gate's tail call for the first segment of a kept-alive connection's next
+/// request. One array per hook: a program array serves one program type.
 #[map]
-pub static SHED_TURN_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
-pub const TURN_TC: u32 = shed_common::TURN_TC;
-pub const TURN_XDP: u32 = shed_common::TURN_XDP;
+pub static SHED_TURN_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+pub static SHED_TURN_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// The socket of the request a turn program judges, handed over by the gate
 /// on this CPU just before its tail call (a per-CPU scratch).
@@ -154,6 +154,13 @@ pub fn set_turn_socket(sk: u64) {
         // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
         unsafe { *slot = sk };
     }
+}
+
+/// Whether the gate handed a socket over on this CPU (left for the turn program to take).
+#[inline(always)]
+pub fn turn_pending() -> bool {
+    // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+    SHED_TURN_SOCKET.get_ptr(0).is_some_and(|slot| unsafe { *slot } != 0)
 }
 
 /// The socket [`set_turn_socket`] handed over (0: none), cleared as read.

@@ -165,6 +165,12 @@ pub enum Service {
     /// gets "OK\n", an HTTP/1.1 head `200 OK`; the connection stays open for
     /// the next request (kept alive) unless the client asked to close.
     ReadAtOnce { workers: usize, service_us: Arc<AtomicU64> },
+    /// A kept-alive HTTP/1.1 server whose `workers` read a request only when
+    /// free (a pre-fork or worker-pool server): idle connections wait in a
+    /// poller; one whose next request arrived waits, unread in its socket,
+    /// for a free worker, which reads it, serves it, answers `200 OK` and
+    /// hands the connection back.
+    HttpKeepAliveWorkers { workers: usize, service_us: Arc<AtomicU64> },
 }
 
 /// A TCP server inside a namespace. Stops (and closes every connection) on drop.
@@ -211,6 +217,7 @@ impl Backend {
         let mut threads = Vec::new();
         let (tx, rx) = mpsc::channel::<TcpStream>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
+        let read = Arc::new(AtomicU64::new(0));
         if let Service::Workers { workers, service_us } | Service::HttpWorkers { workers, service_us } = &service {
             let http = matches!(service, Service::HttpWorkers { .. });
             for _ in 0..*workers {
@@ -227,11 +234,38 @@ impl Backend {
                 }));
             }
         }
+        // The kept-alive worker pool: connections come in from the accept loop
+        // and back from the workers to the poller; ready ones go to the workers.
+        let (idle_tx, idle_rx) = mpsc::channel::<TcpStream>();
+        if let Service::HttpKeepAliveWorkers { workers, service_us } = &service {
+            let (ready_tx, ready_rx) = mpsc::channel::<TcpStream>();
+            let ready_rx = Arc::new(std::sync::Mutex::new(ready_rx));
+            for _ in 0..*workers {
+                let (rx, stop, service_us, back) =
+                    (ready_rx.clone(), stop.clone(), service_us.clone(), idle_tx.clone());
+                let read = read.clone();
+                threads.push(thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let conn = rx.lock().expect("ready lock").recv_timeout(Duration::from_millis(50));
+                        if let Ok(conn) = conn
+                            && let Some(conn) = serve_kept_alive(conn, &service_us, &read)
+                        {
+                            let _ = back.send(conn);
+                        }
+                    }
+                    Ok(())
+                }));
+            }
+            let stop = stop.clone();
+            threads.push(thread::spawn(move || {
+                poll_idle(&idle_rx, &ready_tx, &stop);
+                Ok(())
+            }));
+        }
         let slots = match &service {
             Service::ReadAtOnce { workers, .. } => Some(Arc::new(Slots::new(*workers))),
             _ => None,
         };
-        let read = Arc::new(AtomicU64::new(0));
         let (stop2, accepted2, read2) = (stop.clone(), accepted.clone(), read.clone());
         threads.push(thread::spawn(move || {
             let mut holders: Vec<JoinHandle<()>> = Vec::new();
@@ -257,6 +291,9 @@ impl Backend {
                             Service::KeepAlive { service_us } => {
                                 let (stop, service_us, read) = (stop2.clone(), service_us.clone(), read2.clone());
                                 holders.push(thread::spawn(move || keep_alive(conn, &stop, &service_us, &read)));
+                            }
+                            Service::HttpKeepAliveWorkers { .. } => {
+                                let _ = idle_tx.send(conn);
                             }
                             Service::ReadAtOnce { service_us, .. } => {
                                 let (stop, service_us, read) = (stop2.clone(), service_us.clone(), read2.clone());
@@ -327,6 +364,60 @@ fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, re
             Err(_) => break,
         }
     }
+}
+
+/// The poller of a [`Service::HttpKeepAliveWorkers`] server: holds idle
+/// connections, and hands each whose next request (or close) arrived to the
+/// workers, unread.
+fn poll_idle(
+    incoming: &mpsc::Receiver<TcpStream>,
+    ready: &mpsc::Sender<TcpStream>,
+    stop: &AtomicBool,
+) {
+    let mut idle: Vec<TcpStream> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        while let Ok(c) = incoming.try_recv() {
+            idle.push(c);
+        }
+        if idle.is_empty() {
+            thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let mut fds: Vec<libc::pollfd> =
+            idle.iter().map(|c| libc::pollfd { fd: c.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        // SAFETY: a valid array of pollfds of its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+        if n <= 0 {
+            continue;
+        }
+        let mut kept = Vec::with_capacity(idle.len());
+        for (conn, fd) in idle.drain(..).zip(&fds) {
+            if fd.revents == 0 {
+                kept.push(conn);
+            } else if ready.send(conn).is_err() {
+                return;
+            }
+        }
+        idle = kept;
+    }
+}
+
+/// A worker's turn on a kept-alive connection: reads one request head, serves
+/// it, answers. The connection, to be polled again, or None once it closed.
+fn serve_kept_alive(mut conn: TcpStream, service_us: &AtomicU64, read: &AtomicU64) -> Option<TcpStream> {
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    read.fetch_add(1, Ordering::Relaxed);
+    thread::sleep(Duration::from_micros(service_us.load(Ordering::Relaxed)));
+    conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nOK\n").ok()?;
+    Some(conn)
 }
 
 /// A counting semaphore: the workers of a [`Service::ReadAtOnce`] server.
@@ -823,6 +914,184 @@ impl LateClient {
 }
 
 impl Drop for LateClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What one request of a [`PoolLoad`] came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PooledOutcome {
+    pub outcome: Outcome,
+    /// Attempts it took: connections' resets retried on a new connection, and
+    /// 503s retried after their Retry-After (when honoured), within the deadline.
+    pub attempts: u32,
+}
+
+/// How a [`PoolLoad`]'s client behaves.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolClient {
+    /// Kept-alive connections opened (each answered once) before the load starts.
+    pub warm: usize,
+    /// A request not answered within it fails, and its connection is closed.
+    pub deadline: Duration,
+    /// Retry a 503 after its Retry-After (urllib3's `respect_retry_after_header`).
+    pub honour_retry_after: bool,
+}
+
+/// Open-loop HTTP/1.1 requests carried by a pool of kept-alive connections,
+/// as a client library or a proxy's upstream pool sends them: each arrival
+/// takes an idle pooled connection, or opens a new one when none is idle,
+/// and returns it once answered. A connection reset before any answer is
+/// retried once on a new connection (curl's and urllib3's "connection died"
+/// retry); a late answer closes its connection. Stops on drop.
+pub struct PoolLoad {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<io::Result<()>>>,
+    pub outcomes: mpsc::Receiver<PooledOutcome>,
+}
+
+/// One answer read from a kept-alive connection: its status and Retry-After.
+fn read_answer(conn: &mut TcpStream) -> io::Result<(u16, Option<u64>, bool)> {
+    let mut head = Vec::with_capacity(256);
+    let mut byte = [0u8; 512];
+    let end = loop {
+        if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = conn.read(&mut byte)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        head.extend_from_slice(&byte[..n]);
+    };
+    let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let header = |name: &str| text.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()));
+    let length: usize = header("content-length:").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut body = head.len() - end;
+    while body < length {
+        let n = conn.read(&mut byte)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        body += n;
+    }
+    let close = header("connection:").is_some_and(|v| v == "close");
+    Ok((status, header("retry-after:").and_then(|v| v.parse().ok()), close))
+}
+
+impl PoolLoad {
+    pub fn start(ns: &str, addr: SocketAddr, rate: Arc<AtomicU64>, client: PoolClient) -> io::Result<Self> {
+        const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n";
+        let pool: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
+        let warm = run_in(ns, move || -> io::Result<Vec<TcpStream>> {
+            (0..client.warm)
+                .map(|_| {
+                    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+                    c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                    c.write_all(GET)?;
+                    read_answer(&mut c)?;
+                    Ok(c)
+                })
+                .collect()
+        })??;
+        pool.lock().expect("pool").extend(warm);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, outcomes) = mpsc::channel();
+        let stop2 = stop.clone();
+        let handle = spawn_in(ns, move || {
+            let mut next = Instant::now();
+            while !stop2.load(Ordering::Relaxed) {
+                next += Duration::from_secs_f64(1.0 / rate.load(Ordering::Relaxed).max(1) as f64);
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    thread::sleep(wait);
+                }
+                let (tx, pool) = (tx.clone(), pool.clone());
+                thread::spawn(move || {
+                    let _ = tx.send(Self::one(addr, &pool, client));
+                });
+            }
+        });
+        Ok(Self { stop, handle: Some(handle), outcomes })
+    }
+
+    /// One request, on a pooled connection or a new one, with the client's retries.
+    fn one(addr: SocketAddr, pool: &std::sync::Mutex<Vec<TcpStream>>, client: PoolClient) -> PooledOutcome {
+        const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n";
+        let start = Instant::now();
+        let mut attempts = 0;
+        let mut retried_reset = false;
+        loop {
+            let left = client.deadline.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+            }
+            attempts += 1;
+            let pooled = pool.lock().expect("pool").pop();
+            let reused = pooled.is_some();
+            let mut conn = match pooled {
+                Some(c) => c,
+                None => match TcpStream::connect_timeout(&addr, left) {
+                    Ok(c) => c,
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        return PooledOutcome { outcome: Outcome::Refused, attempts };
+                    }
+                    Err(e) if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => {
+                        return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                    }
+                    Err(_) => return PooledOutcome { outcome: Outcome::Failed, attempts },
+                },
+            };
+            let left = client.deadline.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
+            let _ = conn.set_read_timeout(Some(left));
+            let answer = conn.write_all(GET).and_then(|()| read_answer(&mut conn));
+            match answer {
+                Ok((200, _, close)) => {
+                    if start.elapsed() > client.deadline {
+                        return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                    }
+                    if !close {
+                        pool.lock().expect("pool").push(conn);
+                    }
+                    return PooledOutcome { outcome: Outcome::Answered(start.elapsed()), attempts };
+                }
+                Ok((_, retry_after, _)) => {
+                    // Refused (the gate's 503, and its Connection: close).
+                    let wait = retry_after.map(Duration::from_secs);
+                    match wait.filter(|w| client.honour_retry_after && start.elapsed() + *w < client.deadline) {
+                        Some(w) => thread::sleep(w),
+                        None => return PooledOutcome { outcome: Outcome::Refused, attempts },
+                    }
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    // Late: the client gives up and closes the connection.
+                    return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                }
+                Err(_) if reused && !retried_reset => retried_reset = true,
+                Err(_) => return PooledOutcome { outcome: Outcome::Refused, attempts },
+            }
+        }
+    }
+
+    /// Stops sending and returns every outcome, waiting for requests still under way.
+    pub fn finish(mut self) -> Vec<PooledOutcome> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        let mut out = Vec::new();
+        while let Ok(o) = self.outcomes.recv_timeout(Duration::from_secs(10)) {
+            out.push(o);
+        }
+        out
+    }
+}
+
+impl Drop for PoolLoad {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {

@@ -84,10 +84,24 @@ impl SocketTable {
 
     /// Closes the server's socket of `flow` (the kernel resets its peer and
     /// the application's next call on it fails), as `ss -K` does. Ok(false):
-    /// there is no such socket (it closed already).
+    /// there is no such connection (it closed already). The kernel's lookup
+    /// by 4-tuple falls back to the listener when the connection is gone, so
+    /// the socket is first found and its cookie taken: the destroy names that
+    /// very socket, and a listener is never closed.
     pub(crate) fn destroy(&mut self, flow: &FlowKey) -> io::Result<bool> {
+        let Some((state, cookie)) = self.ask(flow, SOCK_DIAG_BY_FAMILY, NOCOOKIE)? else { return Ok(false) };
+        if state == TCP_LISTEN {
+            return Ok(false);
+        }
+        Ok(self.ask(flow, SOCK_DESTROY, cookie)?.is_some())
+    }
+
+    /// One request about `flow`'s server socket (`kind`: get or destroy, of
+    /// the socket with `cookie`). Some((state, cookie)) when the kernel found
+    /// it (a destroy answers with no record: state 0), None when it did not.
+    fn ask(&mut self, flow: &FlowKey, kind: u16, cookie: [u8; 8]) -> io::Result<Option<(u8, [u8; 8])>> {
         self.seq = self.seq.wrapping_add(1);
-        let request = destroy_request(flow, self.seq);
+        let request = exact_request(flow, kind, cookie, self.seq);
         // SAFETY: sending a buffer we own to the kernel (address: the kernel, pid 0).
         let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         kernel.nl_family = libc::AF_NETLINK as u16;
@@ -104,6 +118,7 @@ impl SocketTable {
         if sent < 0 {
             return Err(io::Error::last_os_error());
         }
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("sock_diag answer: {what}"));
         loop {
             // SAFETY: receiving into a buffer we own, of its length.
             let n = unsafe { libc::recv(self.fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), self.buf.len(), 0) };
@@ -116,19 +131,27 @@ impl SocketTable {
             }
             let reply = &self.buf[..n as usize];
             if reply.len() < NLMSG_HDRLEN + 4 {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "sock_diag destroy: short answer"));
+                return Err(bad("short"));
             }
-            let kind = u16::from_ne_bytes([reply[4], reply[5]]);
+            let msg_kind = u16::from_ne_bytes([reply[4], reply[5]]);
             let seq = u32::from_ne_bytes(reply[8..12].try_into().expect("4 bytes"));
-            if kind != NLMSG_ERROR || seq != self.seq {
+            if seq != self.seq {
                 continue;
             }
-            let errno = -i32::from_ne_bytes(reply[16..20].try_into().expect("4 bytes"));
-            return match errno {
-                0 => Ok(true),
-                libc::ENOENT => Ok(false),
-                _ => Err(io::Error::from_raw_os_error(errno)),
-            };
+            if msg_kind == NLMSG_ERROR {
+                let errno = -i32::from_ne_bytes(reply[16..20].try_into().expect("4 bytes"));
+                return match errno {
+                    0 => Ok(Some((0, cookie))),
+                    libc::ENOENT => Ok(None),
+                    _ => Err(io::Error::from_raw_os_error(errno)),
+                };
+            }
+            let msg = &reply[NLMSG_HDRLEN..];
+            if msg.len() < MSG_LEN {
+                return Err(bad("short record"));
+            }
+            let found: [u8; 8] = msg[4 + 40..4 + 48].try_into().expect("8 bytes");
+            return Ok(Some((msg[1], found)));
         }
     }
 
@@ -205,12 +228,17 @@ fn dump_request(family: u8, states: u32, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LE
     m
 }
 
-/// A `SOCK_DESTROY` request for the server's socket of `flow`, in any state.
-fn destroy_request(flow: &FlowKey, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
+/// `INET_DIAG_NOCOOKIE`: any socket the 4-tuple finds.
+const NOCOOKIE: [u8; 8] = [0xff; 8];
+
+/// A request (`kind`: `SOCK_DIAG_BY_FAMILY` without dump, or `SOCK_DESTROY`)
+/// for the server's socket of `flow`, in any state, with `cookie`.
+fn exact_request(flow: &FlowKey, kind: u16, cookie: [u8; 8], seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
     let mut m = [0u8; NLMSG_HDRLEN + REQ_LEN];
     m[0..4].copy_from_slice(&((NLMSG_HDRLEN + REQ_LEN) as u32).to_ne_bytes());
-    m[4..6].copy_from_slice(&SOCK_DESTROY.to_ne_bytes());
-    m[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    m[4..6].copy_from_slice(&kind.to_ne_bytes());
+    let flags = if kind == SOCK_DESTROY { NLM_F_REQUEST | NLM_F_ACK } else { NLM_F_REQUEST };
+    m[6..8].copy_from_slice(&flags.to_ne_bytes());
     m[8..12].copy_from_slice(&seq.to_ne_bytes());
     let v4 = shed_common::is_ipv4_mapped(&flow.client_addr) && shed_common::is_ipv4_mapped(&flow.server_addr);
     m[16] = if v4 { libc::AF_INET as u8 } else { libc::AF_INET6 as u8 };
@@ -227,8 +255,8 @@ fn destroy_request(flow: &FlowKey, seq: u32) -> [u8; NLMSG_HDRLEN + REQ_LEN] {
         id[4..20].copy_from_slice(&flow.server_addr);
         id[20..36].copy_from_slice(&flow.client_addr);
     }
-    // Interface any (bytes 36..40); no cookie: INET_DIAG_NOCOOKIE.
-    id[40..48].copy_from_slice(&[0xff; 8]);
+    // Interface any (bytes 36..40), then the cookie.
+    id[40..48].copy_from_slice(&cookie);
     m
 }
 
@@ -416,7 +444,9 @@ mod tests {
         let mut buf = [0u8; 1];
         assert!(server.read(&mut buf).is_err(), "the application's next call fails");
         assert!(client.read(&mut buf).is_err() || client.read(&mut buf).is_ok_and(|n| n == 0), "the client was reset");
-        assert!(!table.destroy(&flow).unwrap(), "gone: nothing to destroy");
+        assert!(!table.destroy(&flow).unwrap(), "gone: nothing to destroy, and the listener is left alone");
+        let again = TcpStream::connect((Ipv4Addr::LOCALHOST, port));
+        assert!(again.is_ok() && listener.accept().is_ok(), "the listener still listens");
     }
 
     #[test]

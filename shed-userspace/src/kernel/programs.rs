@@ -148,7 +148,7 @@ impl Loaded {
                 verified(|| turn.load()).map_err(|e| Error::program("load TC turn program", e))?;
                 let fd = turn.fd().map_err(|e| Error::program("find the TC turn program's fd", e))?;
                 let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::TC_TURN, e))?;
-                Self::install_turn(ebpf, shed_common::TURN_TC, &fd)?;
+                Self::install_turn(ebpf, shed_common::map::TURN_TC, &fd)?;
             }
         }
         let prog: &mut SchedClassifier = Self::program(ebpf, program::TC)?;
@@ -160,11 +160,11 @@ impl Loaded {
 
     /// Puts a turn program where its gate's tail call finds it (an older
     /// build's object, loaded for comparison, has neither).
-    fn install_turn(ebpf: &mut Ebpf, index: u32, fd: &aya::programs::ProgramFd) -> Result<(), Error> {
-        let Some(map) = ebpf.map_mut(shed_common::map::TURN_PROGRAMS) else { return Ok(()) };
-        let mut programs = aya::maps::ProgramArray::try_from(map)
-            .map_err(|e| Error::map(format!("open map {}", shed_common::map::TURN_PROGRAMS), e))?;
-        programs.set(index, fd, 0).map_err(|e| Error::map("install a turn program", e))
+    fn install_turn(ebpf: &mut Ebpf, array: &str, fd: &aya::programs::ProgramFd) -> Result<(), Error> {
+        let Some(map) = ebpf.map_mut(array) else { return Ok(()) };
+        let mut programs =
+            aya::maps::ProgramArray::try_from(map).map_err(|e| Error::map(format!("open map {array}"), e))?;
+        programs.set(0, fd, 0).map_err(|e| Error::map(format!("install the turn program in {array}"), e))
     }
 
     /// The pass-everything XDP program (for the peer of an XDP-gated veth, and as a benchmark baseline).
@@ -184,7 +184,7 @@ impl Loaded {
                 verified(|| turn.load()).map_err(|e| Error::program("load XDP turn program", e))?;
                 let fd = turn.fd().map_err(|e| Error::program("find the XDP turn program's fd", e))?;
                 let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::XDP_TURN, e))?;
-                Self::install_turn(ebpf, shed_common::TURN_XDP, &fd)?;
+                Self::install_turn(ebpf, shed_common::map::TURN_XDP, &fd)?;
             }
         }
         let prog: &mut Xdp = Self::program(ebpf, name)?;
