@@ -8,10 +8,7 @@
 use std::{
     fmt::Write as _,
     path::Path,
-    sync::{
-        Arc,
-        atomic::AtomicU64,
-    },
+    sync::{Arc, atomic::AtomicU64},
     thread,
     time::Duration,
 };

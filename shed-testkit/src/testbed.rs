@@ -369,11 +369,7 @@ fn keep_alive(mut conn: TcpStream, stop: &AtomicBool, service_us: &AtomicU64, re
 /// The poller of a [`Service::HttpKeepAliveWorkers`] server: holds idle
 /// connections, and hands each whose next request (or close) arrived to the
 /// workers, unread.
-fn poll_idle(
-    incoming: &mpsc::Receiver<TcpStream>,
-    ready: &mpsc::Sender<TcpStream>,
-    stop: &AtomicBool,
-) {
+fn poll_idle(incoming: &mpsc::Receiver<TcpStream>, ready: &mpsc::Sender<TcpStream>, stop: &AtomicBool) {
     let mut idle: Vec<TcpStream> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         while let Ok(c) = incoming.try_recv() {
