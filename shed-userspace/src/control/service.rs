@@ -41,8 +41,13 @@ const SMOOTHING: f64 = 0.3;
 /// A drain probe holds the limit at this share of the knee.
 const PROBE_DEPTH: f64 = 0.5;
 
-/// A probe ends after this many windows, drained or not.
+/// A probe ends after this many windows, drained or not; a slow service's
+/// after [`PROBE_SERVICE_TIMES`] of its service times (of nominal windows),
+/// at most [`PROBE_LONGEST_WINDOWS`].
 const PROBE_MOST_WINDOWS: u32 = 5;
+const PROBE_SERVICE_TIMES: f64 = 4.0;
+const PROBE_LONGEST_WINDOWS: u32 = 30;
+const WINDOW_S: f64 = 0.1;
 
 /// A probe pools the answers of its drained windows until it has this many
 /// times the controller's `min_samples` (or ends with at least `min_samples`).
@@ -135,6 +140,17 @@ pub(crate) struct ServiceStage {
     until_probe: usize,
     suspected: bool,
     probe_interval: usize,
+    /// Windows too thin to judge, pooled.
+    pending: Pending,
+}
+
+/// Answers of windows not judged yet ([`ServiceStage::observe`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Pending {
+    answered: u64,
+    sum_us: f64,
+    seconds: f64,
+    windows: usize,
 }
 
 impl ServiceStage {
@@ -154,6 +170,7 @@ impl ServiceStage {
             until_probe: 0,
             suspected: false,
             probe_interval,
+            pending: Pending::default(),
         }
     }
 
@@ -212,11 +229,20 @@ impl ServiceStage {
             }
             probe.min_samples = min_samples;
         }
-        if answered < min_samples || mean_us == 0 {
+        // A slow service answers few requests a window: its windows are pooled
+        // until there are enough answers to judge by (as the kernel's samples
+        // carry), or it would be judged never at all.
+        self.pending.answered += answered;
+        self.pending.sum_us += answered as f64 * mean_us as f64;
+        self.pending.seconds += seconds;
+        self.pending.windows += windows;
+        if self.pending.answered < min_samples || self.pending.sum_us <= 0.0 {
             return None;
         }
-        let rate = answered as f64 / seconds;
-        let mean_us = mean_us as f64;
+        let pooled = std::mem::take(&mut self.pending);
+        let (seconds, windows) = (pooled.seconds, pooled.windows);
+        let rate = pooled.answered as f64 / seconds;
+        let mean_us = pooled.sum_us / pooled.answered as f64;
         if self.probe.is_none() {
             let smooth = |old: f64, new: f64| if old == 0.0 { new } else { old + SMOOTHING * (new - old) };
             self.rate = smooth(self.rate, rate);
@@ -250,8 +276,13 @@ impl ServiceStage {
         if !knee.is_finite() || hold >= limit {
             return None;
         }
+        // Long enough to drain: a few of its shortest service times, in
+        // windows (at least the usual 5; not the queued service's, or bursts
+        // that the objective admits would meet a probe of seconds).
+        let service_windows = (PROBE_SERVICE_TIMES * shortest_us / 1e6 / WINDOW_S).ceil();
+        let windows_left = (service_windows as u32).clamp(PROBE_MOST_WINDOWS, PROBE_LONGEST_WINDOWS);
         self.probe = Some(Probe {
-            windows_left: PROBE_MOST_WINDOWS,
+            windows_left,
             limit: hold,
             restore: limit,
             shortest_before_us: shortest_us,
@@ -302,7 +333,6 @@ mod tests {
     #[test]
     fn held_and_knee_follow_littles_law() {
         let mut stage = ServiceStage::new(100);
-        assert_eq!(window(&mut stage, 5, 10_000, 8), None, "too few answers to judge");
         // 8 workers x 10 ms: 800/s, 8 held, no queue inside.
         let h = window(&mut stage, 80, 10_000, 8).unwrap();
         assert_eq!((h.in_service, h.knee, h.rate, h.shortest_us), (8.0, 8.0, 800.0, 10_000.0));
@@ -311,6 +341,17 @@ mod tests {
         let h = window(&mut stage, 80, 40_000, 32).unwrap();
         assert_eq!((h.in_service, h.knee), (32.0, 8.0));
         assert_eq!((h.waiting(), h.wait_us()), (24.0, 30_000.0));
+    }
+
+    #[test]
+    fn a_slow_services_thin_windows_are_pooled_until_there_are_enough_answers() {
+        let mut stage = ServiceStage::new(100);
+        // 4 workers x 100 ms: 4 answers a window, 10 needed to judge.
+        assert_eq!(window(&mut stage, 4, 100_000, 4), None);
+        assert_eq!(window(&mut stage, 4, 100_000, 4), None);
+        let h = window(&mut stage, 4, 100_000, 4).expect("12 answers over 0.3 s");
+        assert!((h.rate - 40.0).abs() < 1e-9 && (h.in_service - 4.0).abs() < 1e-9, "{h:?}");
+        assert_eq!(window(&mut stage, 4, 100_000, 4), None, "pooled afresh");
     }
 
     #[test]
