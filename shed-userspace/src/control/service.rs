@@ -67,6 +67,9 @@ const SUSPECT_ABOVE_KNEE: f64 = 0.5;
 /// share over what the last probe left.
 const SUSPECT_ROSE: f64 = 0.25;
 
+/// A confirming probe returns the limit to at most this many knees.
+const RESTORE_KNEES: f64 = 2.0;
+
 /// A probe that lowered the shortest service by this share is followed by
 /// another after [`PROBE_AGAIN_WINDOWS`].
 const PROBE_FOUND: f64 = 0.2;
@@ -315,6 +318,12 @@ impl ServiceStage {
             (self.confirmed_us, self.confirmed_rate) = (drained_us, self.rate);
             self.shortest.reset();
             self.best_rate.reset();
+            // Back to at most a few knees: the limit before the probe held the
+            // queue the probe just measured, and would take seconds to cut again.
+            let knee = self.confirmed_rate * self.confirmed_us / 1e6;
+            if knee.is_finite() && knee > 0.0 {
+                probe.restore = probe.restore.min((RESTORE_KNEES * knee).max(probe.limit));
+            }
         }
         self.until_probe = if found { PROBE_AGAIN_WINDOWS } else { self.probe_interval };
         (probe.restore, true)
@@ -399,7 +408,9 @@ mod tests {
         assert_eq!(stage.during_probe(1), (20.0, false), "under it for less than a service time");
         window(&mut stage, 80, 10_000, 8);
         let (restore, ended) = stage.during_probe(1);
-        assert!(ended && restore == 64.0);
+        // Not back to the 64 that held the queue: two knees (800/s x 10 ms),
+        // but no lower than the probe's own limit.
+        assert!(ended && restore == 20.0, "{restore}");
         let h = window(&mut stage, 80, 10_000, 8).unwrap();
         assert!(h.knee < 9.0, "the drained service is the shortest: {h:?}");
         assert_eq!(stage.until_probe, PROBE_AGAIN_WINDOWS, "found much lower: probe again soon");
