@@ -94,6 +94,10 @@ impl ConfigLock {
     }
 }
 
+/// How often and how long `DaemonLock::acquire` tries again while the lock is held.
+const LOCK_RETRIES: u32 = 20;
+const LOCK_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The exclusive lock a running daemon holds for its whole life.
 pub(crate) struct DaemonLock {
     file: File,
@@ -116,7 +120,18 @@ impl DaemonLock {
             .map_err(|e| Error::io("open", paths::PID_FILE, e))?;
         file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .map_err(|e| Error::io("restrict", paths::PID_FILE, e))?;
-        if !try_flock(&file, libc::LOCK_EX) {
+        // A reader (`liveness`: `stats`, `top`, a launcher polling for
+        // readiness) holds the shared lock for an instant: a refusal is only a
+        // holder that stays. A daemon holds it for its life.
+        let mut taken = try_flock(&file, libc::LOCK_EX);
+        for _ in 0..LOCK_RETRIES {
+            if taken {
+                break;
+            }
+            std::thread::sleep(LOCK_RETRY_EVERY);
+            taken = try_flock(&file, libc::LOCK_EX);
+        }
+        if !taken {
             let pid = read_pid(&mut file);
             let ports = maps::GateMaps::open_gates(None).map_or_else(
                 |_| "unknown".into(),
