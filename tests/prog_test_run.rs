@@ -1250,3 +1250,111 @@ fn a_gate_verified_ahead_judges_with_its_own_maps() {
     drop(loaded);
     std::fs::remove_dir_all(&pins).unwrap();
 }
+
+/// A request on a kept-alive connection that owes no answer (a real loopback
+/// connection, its server socket idle in the gate's books, filled in by the
+/// gate's own accounting programs) is judged as a new connection. Under the
+/// limit it passes untouched. At the limit it is answered by the port's
+/// action, byte for byte as the independent builder writes it: `http` a 503
+/// + FIN at the client's acknowledgment number, again identically (and
+/// counted as again) when retransmitted; on the same turn a TLS record, or
+/// under `rst`, a reset; under `drop` nothing. A retransmission of data the
+/// socket already has, and a port that counts connections, pass untouched.
+#[test]
+fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
+    use support::kept::{IdleKeptAlive, REQUEST, wait_idle};
+    const KEPT: u16 = 18_471;
+    let mut h = Harness::new(1, action::RST, false);
+    let spec = PortSpec::new(1, action::HTTP, false, count_mode::WORK, ControlConfig::default());
+    let mut config = h.loaded.maps.protect(KEPT, &spec).unwrap();
+    config.retry_after_s = 7;
+    h.loaded.maps.write_config(KEPT, config).unwrap();
+    h.loaded.attach_accounting().expect("attach the accounting programs");
+    let listener = std::net::TcpListener::bind(("127.0.0.1", KEPT)).expect("listen");
+    let kept = IdleKeptAlive::open(&listener);
+    wait_idle(&h.loaded.maps, KEPT, 1);
+    let counters = |h: &Harness| h.loaded.maps.snapshot(KEPT, config).unwrap().counters.values;
+    let set_action = |h: &mut Harness, act: u8| {
+        let mut c = h.loaded.maps.config(KEPT).unwrap();
+        c.action = act;
+        h.loaded.maps.write_config(KEPT, c).unwrap();
+        // A new decision: the last one's record forgotten.
+        for sk in h.loaded.maps.refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+            h.loaded.maps.refused_turns.remove(&sk).unwrap();
+        }
+    };
+    let (seq, ack) = (kept.next.seq, kept.next.ack);
+    let end = seq.wrapping_add(REQUEST.len() as u32);
+    let text = http_503(7, "limit", "normal");
+    let answer = Reply { to: &kept.next, seq: ack, ack: end, flags: FIN | PSH | ACK, window: 65_535, payload: &text };
+    for hook in HOOKS {
+        set_action(&mut h, action::HTTP);
+        let before = counters(&h);
+        let moved = |h: &Harness, c: usize| counters(h)[c] - before[c];
+
+        // Nothing busy: admitted, untouched.
+        let (verdict, out) = h.run(hook, &kept.frame).unwrap();
+        assert_eq!((verdict, &out), (pass(hook), &kept.frame), "{hook:?}: under the limit");
+        assert_eq!((moved(&h, counter::REQUEST_ADMITTED), moved(&h, counter::REFUSED_REQUEST)), (1, 0), "{hook:?}");
+
+        // Another connection busy: the port is at its limit.
+        let slot = config.slot;
+        let mut state = h.loaded.maps.state.get(&slot, 0).unwrap();
+        state.busy_enter += 1;
+        h.loaded.maps.state.set(slot, state, 0).unwrap();
+        for attempt in ["request", "retransmitted request"] {
+            let (verdict, out) = h.run(hook, &kept.frame).unwrap();
+            assert_eq!(verdict, rst(hook), "{hook:?}: {attempt}");
+            assert_eq!(out, reply_frame(&answer), "{hook:?}: {attempt}: 503, Retry-After, FIN");
+        }
+        assert_eq!(
+            [counter::REFUSED_REQUEST, counter::REQUEST_REFUSED_AGAIN, counter::REJECTED_LIMIT, counter::HTTP_ANSWERED]
+                .map(|c| moved(&h, c)),
+            [1, 1, 1, 2],
+            "{hook:?}: refused once, answered twice"
+        );
+        let refused: Vec<_> = h.loaded.maps.refused_turns.iter().filter_map(Result::ok).map(|(_, t)| t).collect();
+        assert_eq!(refused.len(), 1, "{hook:?}: the refused request is recorded for the daemon");
+        assert_eq!(
+            (refused[0].flow.client_port, refused[0].flow.server_port, refused[0].seq, refused[0].action),
+            (kept.next.client_port, KEPT, seq, u32::from(action::HTTP)),
+            "{hook:?}"
+        );
+
+        // A TLS record on the refused turn: no 503 can be written, a reset.
+        let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+        let tls = Spec { payload: hello.to_vec(), ..kept.next.clone() };
+        let reset = |to| Reply { to, seq: ack, ack: 0, flags: RST, window: 0, payload: &[] };
+        let (verdict, out) = h.run(hook, &frame(&tls)).unwrap();
+        assert_eq!((verdict, out), (rst(hook), reply_frame(&reset(&tls))), "{hook:?}: TLS");
+
+        // Data the socket already has (a retransmission of the last request): the kernel's.
+        let old = frame(&Spec { seq: seq.wrapping_sub(5), payload: b"\r\n\r\n\n".to_vec(), ..kept.next.clone() });
+        assert_eq!(h.run(hook, &old).unwrap(), (pass(hook), old), "{hook:?}: old data");
+
+        set_action(&mut h, action::RST);
+        let (verdict, out) = h.run(hook, &kept.frame).unwrap();
+        assert_eq!((verdict, out), (rst(hook), reply_frame(&reset(&kept.next))), "{hook:?}: rst");
+        set_action(&mut h, action::DROP);
+        assert_eq!(h.run(hook, &kept.frame).unwrap().0, dropped(hook), "{hook:?}: drop");
+        assert_eq!(
+            [counter::REFUSED_REQUEST, counter::REQUEST_REFUSED_AGAIN, counter::RST_SENT].map(|c| moved(&h, c)),
+            [3, 2, 2],
+            "{hook:?}: each action's refusal counted once"
+        );
+
+        // A port that counts connections judges none of its requests.
+        let mut c = h.loaded.maps.config(KEPT).unwrap();
+        c.count_mode = count_mode::CONNECTIONS;
+        h.loaded.maps.write_config(KEPT, c).unwrap();
+        set_action(&mut h, action::HTTP);
+        let at = counters(&h);
+        assert_eq!(h.run(hook, &kept.frame).unwrap(), (pass(hook), kept.frame.clone()), "{hook:?}: connections");
+        assert_eq!(counters(&h), at, "{hook:?}: nothing counted");
+        c.count_mode = count_mode::WORK;
+        h.loaded.maps.write_config(KEPT, c).unwrap();
+        state.busy_exit += 1;
+        h.loaded.maps.state.set(slot, state, 0).unwrap();
+    }
+    drop(kept.server);
+}

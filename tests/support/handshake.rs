@@ -25,7 +25,7 @@ pub(crate) fn deferring_listener(addr: std::net::SocketAddr) -> std::net::TcpLis
 
 /// The next sequence number of `queue` (1: receive, 2: send) of a connected
 /// socket, read in TCP repair mode (the socket stays in it: closed silently).
-fn queue_seq(fd: std::os::fd::RawFd, queue: libc::c_int) -> u32 {
+pub(crate) fn queue_seq(fd: std::os::fd::RawFd, queue: libc::c_int) -> u32 {
     let set = |name: libc::c_int, value: libc::c_int| {
         // SAFETY: setsockopt with a c_int value on a socket the caller owns.
         let rc = unsafe {

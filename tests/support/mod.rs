@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
 pub(crate) mod handshake;
+pub(crate) mod kept;
 pub(crate) mod outside;
 #[allow(unused_imports, reason = "each test binary uses a different part")]
 pub(crate) use shed_testkit::{frames, gate, metrics};
