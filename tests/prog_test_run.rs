@@ -1256,7 +1256,7 @@ fn a_gate_verified_ahead_judges_with_its_own_maps() {
 /// gate's own accounting programs) is judged as a new connection. Under the
 /// limit it passes untouched. At the limit it is answered by the port's
 /// action, byte for byte as the independent builder writes it: `http` a 503
-/// + FIN at the client's acknowledgment number, again identically (and
+/// and FIN at the client's acknowledgment number, again identically (and
 /// counted as again) when retransmitted; on the same turn a TLS record, or
 /// under `rst`, a reset; under `drop` nothing. A retransmission of data the
 /// socket already has, and a port that counts connections, pass untouched.
