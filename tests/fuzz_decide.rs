@@ -5,7 +5,8 @@
 //! verdicts, counter changes and RST bytes must agree. `SHED_FUZZ_CASES`
 //! sets the number of cases (CI: 2,000 per hook; `cargo xtask fuzz`: more).
 //! The ACK path is fuzzed on real handshakes: ACKs that complete request
-//! sockets the kernel holds, against every state of the port and the client.
+//! sockets the kernel holds, against every state of the port and the client;
+//! and requests on real kept-alive connections that owe no answer (turns).
 mod support;
 use aya::{
     TestRun as _, TestRunOptions,
@@ -890,4 +891,197 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     );
     assert_reached(&reached, (floor / 16).max(1), &[("the trickle at the ACK", counter::TRICKLE)]);
     assert!(http_resets.get() >= floor, "an http port reset {} refused ACKs (floor {floor})", http_resets.get());
+}
+
+/// What a kept-alive request's case adds to the port's state: the client's
+/// tier, the client share, contention, an `http` port with its Retry-After,
+/// the request's payload (HTTP or a TLS record) and FIN, and whether the
+/// gate's record of this request's last refusal is forgotten first.
+#[derive(Clone, Debug)]
+struct TurnSpec {
+    flow: usize,
+    tier: Option<u8>,
+    client_share: u8,
+    contended: bool,
+    http: bool,
+    retry_after_s: u16,
+    tls: bool,
+    fin: bool,
+    forget: bool,
+}
+
+fn turn_spec(flows: usize) -> impl Strategy<Value = TurnSpec> {
+    (
+        (0..flows, prop_oneof![2 => Just(None), 1 => Just(Some(tier::EXEMPT)), 2 => (1u8..4).prop_map(Some)]),
+        // The client share binds only under the limit, contended, with a share set: often enough.
+        (prop_oneof![1 => Just(0u8), 2 => Just(30), 2 => Just(50)], prop::bool::weighted(0.7)),
+        (prop::bool::weighted(0.4), 1u16..1200),
+        (prop::bool::weighted(0.2), prop::bool::weighted(0.2), prop::bool::weighted(0.5)),
+    )
+        .prop_map(|((flow, tier), (client_share, contended), (http, retry_after_s), (tls, fin, forget))| TurnSpec {
+            flow,
+            tier,
+            client_share,
+            contended,
+            http,
+            retry_after_s,
+            tls,
+            fin,
+            forget,
+        })
+}
+
+/// Requests on kept-alive connections: each case sends the first segment of
+/// the next request on one of a few real connections whose server sockets
+/// owe no answer (idle in the gate's books, as its own accounting programs
+/// recorded them), in a generated port state, to the loaded programs and to
+/// the model's `decide_turn`; verdicts, the bytes of every answer and reset,
+/// and counters must agree. The gate's record of a refused request carries
+/// over between cases (a retransmission is answered again, identically),
+/// unless the case forgets it.
+#[test]
+fn kernel_and_model_agree_on_kept_alive_requests() {
+    use support::kept::{IdleKeptAlive, REQUEST};
+    let cases: u32 =
+        std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(1_000, |n| (n / 4).max(200));
+    let (bed, ifindex) = support::outside::enter("shedft");
+    let mut loaded = Loaded::new(None).expect("load the kernel object (root, after `cargo xtask build-ebpf`)");
+    let spec = PortSpec::new(100, action::RST, false, count_mode::WORK, ControlConfig::default());
+    let slot = loaded.maps.protect(PORT, &spec).unwrap().slot;
+    loaded.attach_accounting().expect("attach the accounting programs");
+    let listener = std::net::TcpListener::bind((bed.server_v4, PORT)).expect("listen");
+    let flows: Vec<IdleKeptAlive> = (0..4)
+        .map(|_| {
+            IdleKeptAlive::open(&listener, |to| {
+                shed_testkit::testbed::run_in(&bed.client_ns, move || std::net::TcpStream::connect(to).unwrap())
+                    .unwrap()
+            })
+        })
+        .collect();
+    support::kept::wait_idle(&loaded.maps, PORT, flows.len());
+    support::pin_to_cpu(0);
+    let skb_ctx = support::outside::skb_ctx(ifindex);
+    let cpus = aya::util::nr_cpus().unwrap();
+    loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
+    let client = ipv4_mapped(flows[0].next.client_v4);
+    let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].next.client_v4))).unwrap();
+    let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
+    let mut disagreements = 0u32;
+    let loaded = std::cell::RefCell::new(loaded);
+    for hook in ["xdp", "tc"] {
+        let mut runner = TestRunner::new(proptest::test_runner::Config {
+            cases,
+            failure_persistence: None,
+            // The state carries over between cases (the trickle's clock, the records of refusals).
+            max_shrink_iters: 0,
+            ..Default::default()
+        });
+        let result = runner.run(&(state_spec(), turn_spec(flows.len())), |(ss, t)| {
+            let mut loaded = loaded.borrow_mut();
+            let flow = &flows[t.flow];
+            match t.tier {
+                Some(tier) => loaded.maps.set_tier(client_cidr, tier).unwrap(),
+                None => {
+                    let _ = loaded.maps.remove_tier(client_cidr);
+                }
+            }
+            let mut config = loaded.maps.config(PORT).unwrap();
+            config.client_share = t.client_share;
+            let client_key = ss.write(&mut loaded, slot, &mut config, &client);
+            if t.http {
+                config.action = action::HTTP;
+            }
+            config.retry_after_s = t.retry_after_s;
+            loaded.maps.write_config(PORT, config).unwrap();
+            let now = shed::host::system::monotonic_ns();
+            let mut contention = loaded.maps.contention.get(&slot, 0).unwrap();
+            contention.refused_ns = if t.contended { now } else { 0 };
+            loaded.maps.contention.set(slot, contention, 0).unwrap();
+            // The gate's record of this request's last refusal, if it has one (and the case keeps it).
+            let records: Vec<_> = loaded.maps.refused_turns.iter().filter_map(Result::ok).collect();
+            let record = records.iter().find(|(_, r)| r.flow.client_port == flow.next.client_port);
+            if let (Some((sk, _)), true) = (record, t.forget) {
+                loaded.maps.refused_turns.remove(sk).unwrap();
+            }
+            let refused_before =
+                record.filter(|(_, r)| !t.forget && r.seq == flow.next.seq).map(|(_, r)| r.reason as usize);
+            let payload = if t.tls { hello.to_vec() } else { REQUEST.to_vec() };
+            let flags = flow.next.flags | u8::from(t.fin);
+            let segment = frame(&Spec { payload, flags, ..flow.next.clone() });
+            let state = ModelState {
+                port: PORT,
+                config,
+                limit: ss.limit,
+                in_flight: ss.books.in_flight(),
+                client_held: ss.client_held,
+                held_back: ss.held_back,
+                rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
+                trickle_seen: {
+                    let values = loaded.maps.counters.get(&slot, 0).unwrap();
+                    values[0].values[counter::REJECTED_SHARE] + values[0].values[counter::TRICKLE]
+                },
+                contended: t.contended,
+                largest_held: ss.largest_held,
+                deferral_budget: ss.deferral_budget,
+                local: Vec::new(),
+                tiers: t.tier.map(|tier| (128, client, tier)).into_iter().collect(),
+            };
+            let expected = model::decide_turn(&segment, &state, refused_before);
+            let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let mut out = vec![0u8; segment.len() + 256];
+            let xdp_ctx = support::outside::xdp_ctx(ifindex, segment.len());
+            let opts = TestRunOptions {
+                data_in: Some(&segment),
+                data_out: Some(&mut out),
+                ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
+                ..Default::default()
+            };
+            let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
+            let verdict = verdict_of(hook, &run, &mut out);
+            loaded.maps.clients.remove(&client_key).unwrap();
+            let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
+            prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, t);
+            if verdict == Expected::Pass {
+                prop_assert_eq!(&out, &segment, "{}: a passed request is untouched", hook);
+            }
+            prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, ss, t);
+            for (i, &n) in counters.iter().enumerate() {
+                if n > 0 {
+                    reached.borrow_mut()[i] += 1;
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            disagreements += 1;
+            eprintln!("{hook}: {e}");
+        }
+    }
+    let reached = reached.into_inner();
+    println!("kept-alive request fuzz: {cases} cases per hook; counters reached {reached:?}; disagreements {disagreements}");
+    assert_eq!(disagreements, 0, "kernel and model disagree on a kept-alive request (see above)");
+    let floor = u64::from(cases) / 100;
+    assert_reached(
+        &reached,
+        floor,
+        &[
+            ("admitted", counter::REQUEST_ADMITTED),
+            ("refused", counter::REFUSED_REQUEST),
+            ("refused again", counter::REQUEST_REFUSED_AGAIN),
+            ("rejected at the limit", counter::REJECTED_LIMIT),
+            ("rejected at a share", counter::REJECTED_SHARE),
+            ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
+            ("dry run", counter::DRY_RUN_WOULD_REJECT),
+            ("503 answered", counter::HTTP_ANSWERED),
+            ("RST sent", counter::RST_SENT),
+            ("RST rate-limited", counter::RST_RATE_LIMITED),
+        ],
+    );
+    // The client share binds in about 0.7% of cases (a contended port under its
+    // limit, a client over its share), the trickle in one share refusal in 16.
+    assert_reached(&reached, (floor / 4).max(1), &[("rejected at the client share", counter::REJECTED_CLIENT_SHARE)]);
+    assert_reached(&reached, (floor / 16).max(1), &[("the trickle", counter::TRICKLE)]);
+    drop(flows);
 }

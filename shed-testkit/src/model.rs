@@ -258,6 +258,13 @@ fn tier_of(tiers: &[(u32, [u8; 16], u8)], addr: &[u8; 16]) -> u8 {
 /// to an ACK, `SEQ=SEG.ACK, CTL=RST`.
 fn rst_reply(frame: &[u8], syn: &Syn, to_ack: bool) -> Vec<u8> {
     let (seq, ack, flags) = if to_ack { (syn.ack_seq, 0, 0x04) } else { (0, syn.seq.wrapping_add(1), 0x14) };
+    segment_reply(frame, syn, seq, ack, flags, 0, &[])
+}
+
+/// The frame that answers `syn` (its MACs swapped, its VLAN tags kept) with a
+/// TCP segment of these fields and no options: IPv4 without options, DF, TTL
+/// 64, id 0; IPv6 with hop limit 64.
+fn segment_reply(frame: &[u8], syn: &Syn, seq: u32, ack: u32, flags: u8, window: u16, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&frame[6..12]);
     out.extend_from_slice(&frame[0..6]);
@@ -267,22 +274,30 @@ fn rst_reply(frame: &[u8], syn: &Syn, to_ack: bool) -> Vec<u8> {
     tcp.extend_from_slice(&syn.client_port.to_be_bytes());
     tcp.extend_from_slice(&seq.to_be_bytes());
     tcp.extend_from_slice(&ack.to_be_bytes());
-    tcp.extend_from_slice(&[0x50, flags, 0, 0, 0, 0, 0, 0]);
+    tcp.extend_from_slice(&[0x50, flags]);
+    tcp.extend_from_slice(&window.to_be_bytes());
+    tcp.extend_from_slice(&[0, 0, 0, 0]);
+    tcp.extend_from_slice(payload);
+    let tcp_len = u16::try_from(tcp.len()).expect("a reply fits a segment");
     if syn.v6 {
-        let mut ip = vec![0x60, 0, 0, 0, 0, 20, 6, 64];
+        let mut ip = vec![0x60, 0, 0, 0];
+        ip.extend_from_slice(&tcp_len.to_be_bytes());
+        ip.extend_from_slice(&[6, 64]);
         ip.extend_from_slice(&syn.server);
         ip.extend_from_slice(&syn.client);
-        let pseudo = [&syn.server[..], &syn.client[..], &[0, 0, 0, 20, 0, 0, 0, 6]].concat();
+        let pseudo = [&syn.server[..], &syn.client[..], &[0, 0], &tcp_len.to_be_bytes()[..], &[0, 0, 0, 6]].concat();
         let c = crate::frames::internet_checksum(&[&pseudo, &tcp]);
         tcp[16..18].copy_from_slice(&c.to_be_bytes());
         out.extend_from_slice(&ip);
     } else {
-        let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&(20 + tcp_len).to_be_bytes());
+        ip.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0]);
         ip.extend_from_slice(&syn.server[12..]);
         ip.extend_from_slice(&syn.client[12..]);
         let c = crate::frames::internet_checksum(&[&ip]);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
-        let pseudo = [&syn.server[12..], &syn.client[12..], &[0, 6, 0, 20]].concat();
+        let pseudo = [&syn.server[12..], &syn.client[12..], &[0, 6], &tcp_len.to_be_bytes()[..]].concat();
         let c = crate::frames::internet_checksum(&[&pseudo, &tcp]);
         tcp[16..18].copy_from_slice(&c.to_be_bytes());
         out.extend_from_slice(&ip);
@@ -405,11 +420,121 @@ pub fn decide_ack(frame: &[u8], state: &ModelState) -> Outcome {
     Outcome { verdict: Expected::Pass, counters, gate, reserved: 1 }
 }
 
+/// What the gate should do with `frame`, the first segment of the next
+/// request on a kept-alive connection whose server socket owes no answer (the
+/// harness guarantees it: an idle socket in the gate's books, and the
+/// segment's first byte the next the socket expects), in `state`.
+/// `refused_before`: the reason this very request (the same first byte) was
+/// refused with before, if it was. The policy (docs/OPERATIONS.md, "Requests
+/// on kept-alive connections"): only a port that counts work judges its
+/// requests; an exempt client passes uncounted; a request refused before gets
+/// the same answer again, counted as again and nothing else; otherwise it is
+/// judged as a new connection at its handshake (limit, its tier's share with
+/// the trickle, the client cap, the client share while contended) against
+/// what the port holds; dry run passes what it would refuse, counted. A
+/// refusal is counted as a refused request, with its reason and tier. What the
+/// client is sent: the tier's action, else the port's; under `http` a request
+/// that may be HTTP/1.x (not a TLS record, not HTTP/2's preface) gets a `503`
+/// with FIN at the client's acknowledgment number, acknowledging the segment
+/// (its FIN included); anything else under `http`, or `rst`, a reset at the
+/// acknowledgment number; `drop` nothing. An answer or reset goes only where
+/// a reset may go ([`reply`]'s rules).
+pub fn decide_turn(frame: &[u8], state: &ModelState, refused_before: Option<usize>) -> Outcome {
+    let mut counters = [0u64; counter::COUNT];
+    let gate = [0u64; gate_counter::COUNT];
+    let Frame::Ack(seg) = parse(frame) else { panic!("decide_turn is for data segments with ACK") };
+    let pass = |counters| Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
+    let c = &state.config;
+    if c.count_mode != shed_common::count_mode::WORK {
+        return pass(counters);
+    }
+    let t = if c.tiered != 0 { tier_of(&state.tiers, &seg.client) } else { tier::NORMAL };
+    if t == tier::EXEMPT {
+        return pass(counters);
+    }
+    let reason = if let Some(reason) = refused_before {
+        counters[counter::REQUEST_REFUSED_AGAIN] += 1;
+        reason
+    } else {
+        let Some(reason) = judged(state, t, Step::Turn, &mut counters) else {
+            counters[counter::REQUEST_ADMITTED] += 1;
+            return pass(counters);
+        };
+        if c.dry_run != 0 {
+            counters[counter::DRY_RUN_WOULD_REJECT] += 1;
+            return pass(counters);
+        }
+        counters[counter::REFUSED_REQUEST] += 1;
+        counters[reason] += 1;
+        counters[counter::REJECTED_BY_TIER + usize::from(t)] += 1;
+        counters[counter::VERIFIED_REJECTED_BY_TIER + usize::from(t)] += 1;
+        reason
+    };
+    let (payload, fin) = tcp_payload(frame, &seg);
+    let own = c.tier_action[usize::from(t)];
+    let act = if own == tier::ACTION_DEFAULT { c.action } else { own };
+    let tls_or_h2 = payload.len() >= 8 && (payload[0] == 0x16 || payload.starts_with(b"PRI "));
+    if act != action::HTTP || tls_or_h2 {
+        let verdict = answer(frame, &seg, state, t, Step::Turn, &mut counters);
+        return Outcome { verdict, counters, gate, reserved: 0 };
+    }
+    let verdict = match reply(state, t, &seg.client, Step::Turn) {
+        Reply::Drop => unreachable!("an http port answers"),
+        Reply::Withheld(why) => {
+            counters[why] += 1;
+            Expected::Drop
+        }
+        Reply::Rst => {
+            counters[counter::HTTP_ANSWERED] += 1;
+            let text = http_503(c.retry_after_s, reason, t);
+            let end = seg.seq.wrapping_add(payload.len() as u32).wrapping_add(u32::from(fin));
+            Expected::Rst(segment_reply(frame, &seg, seg.ack_seq, end, 0x19, 65_535, &text))
+        }
+    };
+    Outcome { verdict, counters, gate, reserved: 0 }
+}
+
+/// The `503` a refusal for `reason` of a client of tier `t` gets: Retry-After
+/// the port's seconds held to 1 through 999 (the harness sets them), the
+/// reason and tier named.
+fn http_503(retry_after_s: u16, reason: usize, t: u8) -> Vec<u8> {
+    assert_ne!(retry_after_s, 0, "the harness sets the port's Retry-After (else the daemon's derived value is sent)");
+    let why = match reason {
+        counter::REJECTED_SHARE => "share",
+        counter::REJECTED_CLIENT_CAP => "client-cap",
+        counter::REJECTED_CLIENT_SHARE => "client-share",
+        _ => "limit",
+    };
+    let tier = ["exempt", "critical", "normal", "low"][usize::from(t)];
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {:03}\r\nConnection: close\r\nContent-Length: 0\r\nShed: kernel; reason={why}; tier={tier}\r\n\r\n",
+        retry_after_s.min(999)
+    )
+    .into_bytes()
+}
+
+/// A TCP segment's payload (to the IP length's end) and whether it carries FIN
+/// (IPv4, or IPv6 without extension headers: the turn harness sends no others).
+fn tcp_payload<'a>(frame: &'a [u8], seg: &Syn) -> (&'a [u8], bool) {
+    let l3 = seg.l2_len;
+    let (l4, end) = if seg.v6 {
+        (l3 + 40, l3 + 40 + usize::from(be16(frame, l3 + 4).unwrap_or(0)))
+    } else {
+        let ihl = usize::from(frame[l3] & 0x0f) * 4;
+        (l3 + ihl, l3 + usize::from(be16(frame, l3 + 2).unwrap_or(0)))
+    };
+    let doff = usize::from(frame[l4 + 12] >> 4) * 4;
+    let fin = frame[l4 + 13] & 0x01 != 0;
+    (frame.get(l4 + doff..end.min(frame.len())).unwrap_or(&[]), fin)
+}
+
 /// Where a connection is judged: its SYN (an unproven source) or the ACK that completes its handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     Syn,
     Ack,
+    /// The first segment of the next request on a kept-alive connection that owes no answer.
+    Turn,
 }
 
 /// The counter of the rule that refuses a client of tier `t` at `step`, if one
@@ -440,6 +565,11 @@ fn refuse(
 ) -> Expected {
     counters[reason] += 1;
     counters[counter::REJECTED_BY_TIER + usize::from(t)] += 1;
+    answer(frame, segment, state, t, step, counters)
+}
+
+/// What a refusal at `step` sends, and the counters of what it sent.
+fn answer(frame: &[u8], segment: &Syn, state: &ModelState, t: u8, step: Step, counters: &mut [u64; counter::COUNT]) -> Expected {
     match reply(state, t, &segment.client, step) {
         Reply::Drop => Expected::Drop,
         Reply::Withheld(why) => {
@@ -448,7 +578,7 @@ fn refuse(
         }
         Reply::Rst => {
             counters[counter::RST_SENT] += 1;
-            Expected::Rst(rst_reply(frame, segment, step == Step::Ack))
+            Expected::Rst(rst_reply(frame, segment, step != Step::Syn))
         }
     }
 }
@@ -484,13 +614,14 @@ fn refusal(state: &ModelState, t: u8, step: Step) -> Refusal {
     let port_room = limit - in_flight;
     let tier_room = (limit * share_permille).div_euclid(1000) - i128::from(state.held_back[usize::from(t)]) - in_flight;
     // A tier's share is judged once per connection: where its tier is judged.
+    // A request on a kept-alive connection is a new piece of work: its tier's share is judged each time.
     let share_judged = match step {
-        Step::Syn => true,
+        Step::Syn | Step::Turn => true,
         Step::Ack => c.tiered != 0 && t < tier::LOW,
     };
     let trickle_turn = (state.trickle_seen + 1).is_multiple_of(TRICKLE_EVERY);
     let at_cap = c.client_cap != 0 && state.client_held >= i64::from(c.client_cap);
-    let over_its_share = step == Step::Ack
+    let over_its_share = step != Step::Syn
         && state.contended
         && client_share_cap(c.client_share, state.limit).is_some_and(|cap| state.client_held >= cap);
     let rules = [
@@ -538,7 +669,7 @@ fn reply(state: &ModelState, t: u8, client: &[u8; 16], step: Step) -> Reply {
     let c = &state.config;
     let own = c.tier_action[usize::from(t)];
     let action = if own == tier::ACTION_DEFAULT { c.action } else { own };
-    assert!(step == Step::Ack || action != action::HTTP, "the model does not cover the http answer at the SYN");
+    assert!(step != Step::Syn || action != action::HTTP, "the model does not cover the http answer at the SYN");
     if action != action::RST && action != action::HTTP {
         return Reply::Drop;
     }

@@ -14,7 +14,7 @@ use shed_testkit::frames::{ACK, PSH, Spec, frame};
 /// The request every turn carries.
 pub(crate) const REQUEST: &[u8] = b"GET /next HTTP/1.1\r\nHost: shed\r\n\r\n";
 
-/// One request answered on a loopback connection to `listener`, which is
+/// One request answered on a connection to `listener` (from `connect`), which is
 /// then left idle: the client socket frozen in TCP repair mode (it sends
 /// nothing more; closed silently), the server's open. `next` is the segment
 /// that starts the connection's next request (its first byte the one the
@@ -27,8 +27,8 @@ pub(crate) struct IdleKeptAlive {
 }
 
 impl IdleKeptAlive {
-    pub(crate) fn open(listener: &TcpListener) -> Self {
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
+    pub(crate) fn open(listener: &TcpListener, connect: impl FnOnce(std::net::SocketAddr) -> TcpStream) -> Self {
+        let mut client = connect(listener.local_addr().unwrap());
         let (mut server, _) = listener.accept().expect("accept");
         client.write_all(b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n").unwrap();
         let mut buf = [0u8; 256];
