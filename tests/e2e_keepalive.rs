@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Requests on kept-alive connections meet the gate, with real clients that
 //! keep connections: curl fetching several URLs on one connection, an urllib3
-//! `PoolManager`, and `h2load --h1` with fewer connections than requests.
+//! `PoolManager`, `h2load --h1` with fewer connections than requests, and wrk.
 //! Each asserts what the client saw, that the service never read a refused
 //! request (counted at the backend), the exact refusal counts, and that
 //! clients under the limit are untouched. Needs root.
@@ -220,6 +220,85 @@ fn h2load_with_fewer_connections_than_requests_is_shed_per_request() {
     assert_eq!(read, ok, "every request the service read was answered, and only those: {s}");
     assert!(field(&s, "refused_requests") >= 6, "the kept-alive connections above the limit were refused: {s}");
     assert_eq!(shed, field(&s, "http_answers"), "every 503 is the gate's: {s}");
+}
+
+/// What a `wrk` run reports: answered requests, non-2xx answers among them, and socket errors.
+struct WrkRun {
+    answered: u64,
+    non_2xx: u64,
+    socket_errors: u64,
+}
+
+/// Runs `wrk` for `seconds` with `connections` kept-alive connections (one thread).
+fn wrk(bed: &Testbed, connections: u32, seconds: u32) -> WrkRun {
+    let out = Command::new("timeout")
+        .args([&(seconds + 20).to_string(), "ip", "netns", "exec", &bed.client_ns, "wrk", "-t", "1"])
+        .args(["-c", &connections.to_string(), "-d", &format!("{seconds}s"), &url(bed.server_addr(false, PORT))])
+        .output()
+        .expect("run wrk (cargo xtask setup installs it)");
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "wrk: {report}{}", String::from_utf8_lossy(&out.stderr));
+    // "  123 requests in 3.00s, 10.00KB read", "  Non-2xx or 3xx responses: 45",
+    // "  Socket errors: connect 0, read 1, write 0, timeout 0"
+    let number_before = |line: &str, word: &str| -> u64 {
+        let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+        let i = words.iter().position(|w| *w == word).unwrap_or_else(|| panic!("no {word} in {line}"));
+        words[i - 1].parse().unwrap_or_else(|e| panic!("{word} in {line}: {e}"))
+    };
+    let line = |starts: &str| report.lines().map(str::trim).find(|l| l.starts_with(starts));
+    let answered = report
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .map(|l| number_before(l, "requests"))
+        .unwrap_or_else(|| panic!("{report}"));
+    let non_2xx = line("Non-2xx or 3xx responses:")
+        .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{l}: {e}")));
+    let socket_errors = line("Socket errors:").map_or(0, |l| {
+        l.trim_start_matches("Socket errors:")
+            .split(',')
+            .map(|part| part.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+            .sum()
+    });
+    WrkRun { answered, non_2xx, socket_errors }
+}
+
+/// wrk keeps its connections alive and sends the next request as soon as an
+/// answer arrives. Under the limit nothing is refused and nothing fails.
+/// When its connections outnumber the limit, requests on its kept-alive
+/// connections are refused with the gate's 503 (wrk reconnects, meeting the
+/// gate at the handshake), and the service reads only what it answers. wrk
+/// counts an answer only once it arrives: when the run ends, each connection
+/// may have one request read and unanswered, or one 503 unread.
+#[test]
+fn wrk_kept_alive_requests_are_shed_with_a_503_and_the_service_reads_only_what_it_answers() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedwk").expect("testbed");
+    let service_us = Arc::new(AtomicU64::new(20_000));
+    let backend = server(&bed, &service_us);
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "100", "--action", "http"]);
+
+    let run = wrk(&bed, 4, 2);
+    let s = stats(PORT);
+    let read = backend.read.load(Ordering::Relaxed);
+    println!("wrk under the limit: {} answered, {} non-2xx, {read} read; {s}", run.answered, run.non_2xx);
+    assert!(run.answered > 100, "about 200 answers in 2 s: {s}");
+    assert_eq!((run.non_2xx, run.socket_errors), (0, 0), "{s}");
+    assert_eq!((field(&s, "refused_requests"), field(&s, "http_answers")), (0, 0), "{s}");
+    assert!((run.answered..=run.answered + 4).contains(&read), "{read} read for {} answered: {s}", run.answered);
+
+    let set = support::gate::shedctl(&["set", "--port", "8080", "--limit", "2"]);
+    assert!(set.status.success(), "shedctl set: {}", String::from_utf8_lossy(&set.stderr));
+    let before = backend.read.load(Ordering::Relaxed);
+    let run = wrk(&bed, 8, 3);
+    let s = stats(PORT);
+    let read = backend.read.load(Ordering::Relaxed) - before;
+    let ok = run.answered - run.non_2xx;
+    println!("wrk over the limit: {ok} 2xx, {} non-2xx, {read} read; {s}", run.non_2xx);
+    assert!(ok > 0 && run.non_2xx > 0, "both served and shed: {s}");
+    assert!(field(&s, "refused_requests") > 0, "requests on kept-alive connections refused: {s}");
+    assert!((ok..=ok + 8).contains(&read), "the service read {read} requests for {ok} answered: {s}");
+    let answers = field(&s, "http_answers");
+    assert!((run.non_2xx..=run.non_2xx + 8).contains(&answers), "{answers} 503s sent, {} seen: {s}", run.non_2xx);
 }
 
 /// `drop`: the refused request is not answered and its retransmissions are
