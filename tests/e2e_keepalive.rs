@@ -249,8 +249,7 @@ fn wrk(bed: &Testbed, connections: u32, seconds: u32) -> WrkRun {
     let answered = report
         .lines()
         .find(|l| l.contains(" requests in "))
-        .map(|l| number_before(l, "requests"))
-        .unwrap_or_else(|| panic!("{report}"));
+        .map_or_else(|| panic!("{report}"), |l| number_before(l, "requests"));
     let non_2xx = line("Non-2xx or 3xx responses:")
         .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{l}: {e}")));
     let socket_errors = line("Socket errors:").map_or(0, |l| {
