@@ -953,12 +953,12 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
     let flows: Vec<IdleKeptAlive> = (0..4)
         .map(|_| {
             IdleKeptAlive::open(&listener, |to| {
-                shed_testkit::testbed::run_in(&bed.client_ns, move || std::net::TcpStream::connect(to).unwrap())
-                    .unwrap()
+                shed_testkit::testbed::run_in(&bed.client_ns, move || std::net::TcpStream::connect(to)).unwrap()
             })
+            .expect("a kept-alive connection")
         })
         .collect();
-    support::kept::wait_idle(&loaded.maps, PORT, flows.len());
+    assert!(support::kept::wait_idle(&loaded.maps, PORT, flows.len()), "the connections idle in the books");
     support::pin_to_cpu(0);
     let skb_ctx = support::outside::skb_ctx(ifindex);
     let cpus = aya::util::nr_cpus().unwrap();

@@ -1271,8 +1271,8 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
     h.loaded.maps.write_config(KEPT, config).unwrap();
     h.loaded.attach_accounting().expect("attach the accounting programs");
     let listener = std::net::TcpListener::bind(("127.0.0.1", KEPT)).expect("listen");
-    let kept = IdleKeptAlive::open(&listener, |to| std::net::TcpStream::connect(to).expect("connect"));
-    wait_idle(&h.loaded.maps, KEPT, 1);
+    let kept = IdleKeptAlive::open(&listener, std::net::TcpStream::connect).expect("a kept-alive connection");
+    assert!(wait_idle(&h.loaded.maps, KEPT, 1), "the connection idle in the books");
     let counters = |h: &Harness| h.loaded.maps.snapshot(KEPT, config).unwrap().counters.values;
     let set_action = |h: &mut Harness, act: u8| {
         let mut c = h.loaded.maps.config(KEPT).unwrap();

@@ -123,6 +123,31 @@ pub(crate) fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
         json.push(serde_json::json!({"case": case.name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
         println!("B1 {:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns", case.name);
     }
+    for (name, refused) in [
+        ("request on an idle kept-alive connection, admitted", false),
+        ("request on an idle kept-alive connection, refused (RST)", true),
+    ] {
+        let (mut gate, mut empty, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+        let mut turns = Turns::open(refused)?;
+        for _ in 0..runs {
+            let e = turns.per_packet_ns(true, if refused { n } else { repeat })?;
+            let g = turns.per_packet_ns(false, if refused { n } else { repeat })?;
+            empty.push(e);
+            gate.push(g);
+            extra.push(g - e);
+        }
+        let judged = turns.judged()?;
+        anyhow::ensure!(judged > 0, "B1 {name}: the gate judged none of the requests (is the connection idle?)");
+        let (g, gmin, gmax) = median_min_max(gate);
+        let (e, _, _) = median_min_max(empty);
+        let (x, xmin, xmax) = median_min_max(extra);
+        rows.push(format!(
+            "| {name} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |",
+            g / e
+        ));
+        json.push(serde_json::json!({"case": name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
+        println!("B1 {name:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns");
+    }
     let result = serde_json::json!({
         "benchmark": "B1 decision cost",
         "method": format!("BPF_PROG_TEST_RUN of shed_xdp vs the empty shed_xdp_pass, {runs} samples; each the kernel's ns per packet over {repeat} in-kernel repeats, or over {n} single runs where the frame cannot be repeated (RSTs)"),
@@ -139,4 +164,70 @@ pub(crate) fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
         let _ = writeln!(md, "{r}");
     }
     Ok((result, md))
+}
+
+/// The port B1's kept-alive connection is made to (on loopback).
+const KEPT_PORT: u16 = 18_474;
+
+/// A gate of its own (its accounting programs attached, so that its books
+/// know the connection) over one real kept-alive loopback connection that
+/// owes no answer: the segment that starts its next request is a turn.
+/// Refused: the port's limit is 0 and its action `rst`; each timed run is a
+/// fresh refusal (the record of the last is cleared between runs, untimed).
+struct Turns {
+    loaded: Loaded,
+    kept: shed_testkit::kept::IdleKeptAlive,
+    refused: bool,
+    _listener: std::net::TcpListener,
+}
+
+impl Turns {
+    fn open(refused: bool) -> Result<Self> {
+        let mut loaded = load_object()?;
+        let (limit, act) = if refused { (0, action::RST) } else { (1_000_000, action::DROP) };
+        let spec = PortSpec {
+            rst_per_sec: 0,
+            rst_per_prefix_per_sec: 0,
+            ..PortSpec::new(limit, act, false, count_mode::WORK, ControlConfig::default())
+        };
+        loaded.maps.protect(KEPT_PORT, &spec)?;
+        loaded.attach_accounting()?;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", KEPT_PORT))?;
+        let kept = shed_testkit::kept::IdleKeptAlive::open(&listener, std::net::TcpStream::connect)?;
+        anyhow::ensure!(
+            shed_testkit::kept::wait_idle(&loaded.maps, KEPT_PORT, 1),
+            "B1: the kept-alive connection is not idle in the gate's books"
+        );
+        Ok(Self { loaded, kept, refused, _listener: listener })
+    }
+
+    /// Mean ns per request segment: `n` in-kernel repeats (admitted: the frame
+    /// is left as it was), or `n` single runs (refused: a reset rewrites it).
+    fn per_packet_ns(&mut self, pass_only: bool, n: u32) -> Result<f64> {
+        fn run(loaded: &mut Loaded, pass_only: bool, opts: TestRunOptions<'_>) -> Result<aya::programs::TestRunResult> {
+            Ok(if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? })
+        }
+        let data = &self.kept.frame;
+        if !self.refused {
+            let opts = TestRunOptions { data_in: Some(data), repeat: n, ..Default::default() };
+            return Ok(run(&mut self.loaded, pass_only, opts)?.duration.as_nanos() as f64);
+        }
+        let mut total = 0u128;
+        let mut out = vec![0u8; data.len() + 64];
+        for _ in 0..n {
+            for sk in self.loaded.maps.refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+                self.loaded.maps.refused_turns.remove(&sk)?;
+            }
+            let opts = TestRunOptions { data_in: Some(data), data_out: Some(&mut out), ..Default::default() };
+            total += run(&mut self.loaded, pass_only, opts)?.duration.as_nanos();
+        }
+        Ok(total as f64 / f64::from(n))
+    }
+
+    /// Requests the gate judged (admitted or refused afresh): the rows time the turn, not a pass.
+    fn judged(&self) -> Result<u64> {
+        let config = self.loaded.maps.config(KEPT_PORT)?;
+        let c = self.loaded.maps.snapshot(KEPT_PORT, config)?.counters.values;
+        Ok(c[shed_common::counter::REQUEST_ADMITTED] + c[shed_common::counter::REFUSED_REQUEST])
+    }
 }

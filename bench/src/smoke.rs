@@ -24,7 +24,7 @@ fn shedctl() -> PathBuf {
 fn b1_still_runs() {
     let (json, md) = b1::b1(Scale::Smoke).expect("B1 runs");
     let cases = json["cases"].as_array().expect("cases");
-    assert_eq!(cases.len(), 9, "{json}");
+    assert_eq!(cases.len(), 11, "{json}");
     for c in cases {
         // Against an empty program on the same frames: the gate costs something, and
         // far less than a microsecond-scale stall would (the targets are tens of ns).
@@ -33,6 +33,7 @@ fn b1_still_runs() {
         assert!(gate - empty < 5_000.0, "the gate adds {} ns over an empty program: {c}", gate - empty);
     }
     assert!(md.contains("| SYN rejected, RST (IPv6) |"), "{md}");
+    assert!(md.contains("| request on an idle kept-alive connection, refused (RST) |"), "{md}");
 }
 
 #[test]

@@ -11,6 +11,7 @@ pub mod cri;
 pub mod delay;
 pub mod frames;
 pub mod gate;
+pub mod kept;
 pub mod metrics;
 pub mod model;
 pub mod servers;

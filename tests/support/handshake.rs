@@ -23,27 +23,6 @@ pub(crate) fn deferring_listener(addr: std::net::SocketAddr) -> std::net::TcpLis
     socket.into()
 }
 
-/// The next sequence number of `queue` (1: receive, 2: send) of a connected
-/// socket, read in TCP repair mode (the socket stays in it: closed silently).
-pub(crate) fn queue_seq(fd: std::os::fd::RawFd, queue: libc::c_int) -> u32 {
-    let set = |name: libc::c_int, value: libc::c_int| {
-        // SAFETY: setsockopt with a c_int value on a socket the caller owns.
-        let rc = unsafe {
-            libc::setsockopt(fd, libc::IPPROTO_TCP, name, (&raw const value).cast(), size_of::<libc::c_int>() as u32)
-        };
-        assert_eq!(rc, 0, "TCP repair option {name}: {}", std::io::Error::last_os_error());
-    };
-    set(libc::TCP_REPAIR, 1);
-    set(libc::TCP_REPAIR_QUEUE, queue);
-    let mut seq: u32 = 0;
-    let mut len = size_of::<u32>() as libc::socklen_t;
-    // SAFETY: getsockopt into a u32 of `len` bytes.
-    let rc =
-        unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, (&raw mut seq).cast(), &raw mut len) };
-    assert_eq!(rc, 0, "TCP_QUEUE_SEQ: {}", std::io::Error::last_os_error());
-    seq
-}
-
 /// A handshake of the testbed's client (10.200.0.2) to `port` of its server,
 /// held by a [`deferring_listener`] there.
 pub(crate) fn held(bed: &shed_testkit::testbed::Testbed, port: u16) -> HeldHandshake {
@@ -53,7 +32,7 @@ pub(crate) fn held(bed: &shed_testkit::testbed::Testbed, port: u16) -> HeldHands
         let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
         let client_port = client.local_addr().unwrap().port();
         // The client's next sequence number, and the server's (its ISN + 1).
-        let (seq, ack) = (queue_seq(fd, 2), queue_seq(fd, 1));
+        let (seq, ack) = (shed_testkit::kept::queue_seq(fd, 2).expect("TCP repair"), shed_testkit::kept::queue_seq(fd, 1).expect("TCP repair"));
         (client, client_port, seq, ack)
     })
     .unwrap();

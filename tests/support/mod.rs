@@ -4,10 +4,9 @@
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
 pub(crate) mod handshake;
-pub(crate) mod kept;
 pub(crate) mod outside;
 #[allow(unused_imports, reason = "each test binary uses a different part")]
-pub(crate) use shed_testkit::{frames, gate, metrics};
+pub(crate) use shed_testkit::{frames, gate, kept, metrics};
 
 /// Keeps the calling thread on one CPU (per-CPU counters, races between CPUs).
 pub(crate) fn pin_to_cpu(cpu: usize) {
