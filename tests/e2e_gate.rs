@@ -144,6 +144,52 @@ fn limit_5_with_rst_xdp_ipv6() {
     limit_5_rst("xdp", true);
 }
 
+/// A port is listed by `stats` (what scripts and orchestration wait for)
+/// only once its gate judges it: ten connections made the moment it appears
+/// are each judged at their handshake (one admitted at limit 1, none late).
+/// Before, the port was listed while its program was still being verified.
+#[test]
+fn connections_made_the_moment_the_port_is_listed_are_judged() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedrd").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let args = [
+        "--netns",
+        &bed.server_ns,
+        "--iface",
+        &bed.server_if,
+        "--port",
+        "8080",
+        "--limit",
+        "1",
+        "--action",
+        "drop",
+        "--count",
+        "connections",
+        "--algo",
+        "fixed",
+    ];
+    let binary = std::path::PathBuf::from(support::gate::shedctl_path());
+    let _gate = Gate::spawn(&binary, &args, support::gate::Log::Capture).expect("spawn shedctl attach");
+    let listed = Instant::now();
+    while !String::from_utf8_lossy(&shedctl(&["stats", "--json", "--interval", "50"]).stdout).contains("\"port\":8080")
+    {
+        assert!(listed.elapsed() < Duration::from_secs(20), "the port never appeared in stats");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let tried = connect_sequential(&bed, addr, 10, Duration::from_millis(300));
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "the one admitted connection established", |s| {
+        field(s, "established") == 1
+    });
+    assert_eq!(
+        [field(&s, "syn_seen"), field(&s, "admitted"), field(&s, "late_completed")],
+        [10, 1, 0],
+        "every SYN seen and judged, one admitted: {s}"
+    );
+    assert_eq!(tried.iter().filter(|(r, _)| r.is_ok()).count(), 1, "{s}");
+}
+
 #[test]
 fn limit_5_with_drop_times_out_the_rest() {
     let _one = exclusive();

@@ -918,16 +918,8 @@ fn turn_spec(flows: usize) -> impl Strategy<Value = TurnSpec> {
         (prop::bool::weighted(0.4), 1u16..1200),
         (prop::bool::weighted(0.2), prop::bool::weighted(0.2), prop::bool::weighted(0.5)),
     )
-        .prop_map(|((flow, tier), (client_share, contended), (http, retry_after_s), (tls, fin, forget))| TurnSpec {
-            flow,
-            tier,
-            client_share,
-            contended,
-            http,
-            retry_after_s,
-            tls,
-            fin,
-            forget,
+        .prop_map(|((flow, tier), (client_share, contended), (http, retry_after_s), (tls, fin, forget))| {
+            TurnSpec { flow, tier, client_share, contended, http, retry_after_s, tls, fin, forget }
         })
 }
 
@@ -1060,7 +1052,9 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
         }
     }
     let reached = reached.into_inner();
-    println!("kept-alive request fuzz: {cases} cases per hook; counters reached {reached:?}; disagreements {disagreements}");
+    println!(
+        "kept-alive request fuzz: {cases} cases per hook; counters reached {reached:?}; disagreements {disagreements}"
+    );
     assert_eq!(disagreements, 0, "kernel and model disagree on a kept-alive request (see above)");
     let floor = u64::from(cases) / 100;
     assert_reached(

@@ -83,10 +83,9 @@ impl Gate {
         Self::launch(Path::new(&shedctl_path()), args, Log::Capture).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// `<shedctl> attach <args>`, waiting up to 20 s until it is ready and serves
-    /// stats. The error says why not (with the log, when captured); nothing is
-    /// left running or pinned after an error.
-    pub fn launch(shedctl: &Path, args: &[&str], log: Log) -> io::Result<Self> {
+    /// `<shedctl> attach <args>`, started and not waited for (a test of what
+    /// readers see while it comes up); stopped on drop like any gate.
+    pub fn spawn(shedctl: &Path, args: &[&str], log: Log) -> io::Result<Self> {
         let file = match log {
             Log::Capture => Some(tempfile::NamedTempFile::new()?),
             Log::Inherit | Log::Discard => None,
@@ -104,7 +103,14 @@ impl Gate {
             .stderr(stderr)
             .spawn()
             .map_err(|e| io::Error::other(format!("spawn {}: {e}", shedctl.display())))?;
-        let mut gate = Self { child, log: file };
+        Ok(Self { child, log: file })
+    }
+
+    /// `<shedctl> attach <args>`, waiting up to 20 s until it is ready and serves
+    /// stats. The error says why not (with the log, when captured); nothing is
+    /// left running or pinned after an error.
+    pub fn launch(shedctl: &Path, args: &[&str], log: Log) -> io::Result<Self> {
+        let mut gate = Self::spawn(shedctl, args, log)?;
         let start = Instant::now();
         loop {
             if let Some(status) = gate.child.try_wait()? {

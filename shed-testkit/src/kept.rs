@@ -28,7 +28,10 @@ pub struct IdleKeptAlive {
 }
 
 impl IdleKeptAlive {
-    pub fn open(listener: &TcpListener, connect: impl FnOnce(std::net::SocketAddr) -> io::Result<TcpStream>) -> io::Result<Self> {
+    pub fn open(
+        listener: &TcpListener,
+        connect: impl FnOnce(std::net::SocketAddr) -> io::Result<TcpStream>,
+    ) -> io::Result<Self> {
         let mut client = connect(listener.local_addr()?)?;
         let (mut server, _) = listener.accept()?;
         client.write_all(b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n")?;
@@ -68,9 +71,9 @@ impl IdleKeptAlive {
 pub fn wait_idle(maps: &GateMaps, port: u16, n: usize) -> bool {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let idle = maps.tracked_sockets().map_or(0, |socks| {
-            socks.values().filter(|e| e.port == port && e.busy == 0 && e.silent == 0).count()
-        });
+        let idle = maps
+            .tracked_sockets()
+            .map_or(0, |socks| socks.values().filter(|e| e.port == port && e.busy == 0 && e.silent == 0).count());
         if idle == n {
             return true;
         }

@@ -569,7 +569,14 @@ fn refuse(
 }
 
 /// What a refusal at `step` sends, and the counters of what it sent.
-fn answer(frame: &[u8], segment: &Syn, state: &ModelState, t: u8, step: Step, counters: &mut [u64; counter::COUNT]) -> Expected {
+fn answer(
+    frame: &[u8],
+    segment: &Syn,
+    state: &ModelState,
+    t: u8,
+    step: Step,
+    counters: &mut [u64; counter::COUNT],
+) -> Expected {
     match reply(state, t, &segment.client, step) {
         Reply::Drop => Expected::Drop,
         Reply::Withheld(why) => {

@@ -32,7 +32,10 @@ pub(crate) fn held(bed: &shed_testkit::testbed::Testbed, port: u16) -> HeldHands
         let fd = std::os::fd::AsRawFd::as_raw_fd(&client);
         let client_port = client.local_addr().unwrap().port();
         // The client's next sequence number, and the server's (its ISN + 1).
-        let (seq, ack) = (shed_testkit::kept::queue_seq(fd, 2).expect("TCP repair"), shed_testkit::kept::queue_seq(fd, 1).expect("TCP repair"));
+        let (seq, ack) = (
+            shed_testkit::kept::queue_seq(fd, 2).expect("TCP repair"),
+            shed_testkit::kept::queue_seq(fd, 1).expect("TCP repair"),
+        );
         (client, client_port, seq, ack)
     })
     .unwrap();

@@ -205,9 +205,6 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
     for (&cidr, &tier) in &plan.tiers {
         loaded.maps.set_tier(cidr, tier)?;
     }
-    for &port in &plan.ports {
-        loaded.maps.protect(port, &plan.spec)?;
-    }
     let filter = system::netns_filter();
     match filter.clone() {
         Ok(filter) => loaded.maps.set_netns_filter(filter)?,
@@ -253,6 +250,12 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
             }
             Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
         }
+    }
+    // Last: a port is listed (`stats`, `/readyz`) once written, so only when
+    // every interface's program is attached and judges it (attaching loads
+    // the program: a second of the verifier's, during which nothing is judged).
+    for &port in &plan.ports {
+        loaded.maps.protect(port, &plan.spec)?;
     }
     gate.heartbeat.beat();
     Ok((loaded, local_addrs, seen))
