@@ -700,3 +700,76 @@ fn handshake_stamps_are_keyed_with_a_secret() {
         assert!(!stamps.iter().any(|s| s.flow == unkeyed), "flow from port {port} stamped under the unkeyed hash");
     }
 }
+
+/// Connects to `addr` (IPv6) with a destination-options header on every
+/// segment (`IPV6_DSTOPTS`: one PadN option, 8 bytes), as a client may.
+fn connect_with_dstopts(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsRawFd as _;
+    let socket = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+    // Next header (filled by the kernel), length 0 (8 bytes), PadN of 4 bytes.
+    let header: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: setsockopt with a buffer of its stated length on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            header.as_ptr().cast(),
+            header.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    socket.connect_timeout(&addr.into(), timeout)?;
+    Ok(socket.into())
+}
+
+/// IPv6 segments behind a destination-options header are judged as plain
+/// ones. The limit is held by 3 IPv4 connections; 5 IPv6 connections from
+/// the same client (another address, holding nothing: judged at their ACK,
+/// the port being full of one client) are refused there, whether or not
+/// every segment carries the header. The client's connect returns as its ACK
+/// leaves: what counts is what the server's kernel established.
+#[test]
+fn ipv6_destination_options_do_not_evade_the_limit() {
+    let _one = exclusive();
+    for (hook, action) in [("tc", "drop"), ("tc", "rst"), ("xdp", "drop")] {
+        let bed = Testbed::create("shedh6").expect("testbed");
+        let (v6, v4) = (bed.server_addr(true, PORT), bed.server_addr(false, PORT));
+        let _backend = Backend::start(&bed.server_ns, v6, Service::Echo).expect("backend");
+        let _backend_v4 = Backend::start(&bed.server_ns, v4, Service::Echo).expect("backend");
+        let args = [
+            "--port", "8080", "--limit", "3", "--count", "connections", "--algo", "fixed", "--action", action, "--hook", hook,
+        ];
+        let _gate = Gate::start(&bed, &args);
+        let _held: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+            (0..3).map(|_| testbed::connect(v4, Duration::from_secs(2)).expect("under the limit")).collect::<Vec<_>>()
+        })
+        .expect("client namespace");
+        wait_for_stats(PORT, Duration::from_secs(3), "the limit held", |s| field(s, "established") == 3);
+        for (what, options) in [("destination options", true), ("plain", false)] {
+            let before = stats(PORT);
+            let _tried: Vec<_> = testbed::run_in(&bed.client_ns, move || {
+                (0..5)
+                    .map(|_| {
+                        if options {
+                            connect_with_dstopts(v6, Duration::from_millis(500))
+                        } else {
+                            testbed::connect(v6, Duration::from_millis(500))
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .expect("client namespace");
+            thread::sleep(Duration::from_millis(300));
+            let s = stats(PORT);
+            println!("{hook} {action}, {what}: {s}");
+            assert_eq!(field(&s, "established"), 3, "{hook} {action}, {what}: IPv6 past the full limit: {s}");
+            // Each one's ACK is refused, and whatever else completes its handshake (a
+            // retransmission, the client's FIN) is refused again.
+            let refused = field(&s, "refused_at_ack") - field(&before, "refused_at_ack");
+            assert!(refused >= 5, "{hook} {action}, {what}: refused at the ACK {refused}: {s}");
+        }
+    }
+}
