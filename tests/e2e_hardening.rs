@@ -740,7 +740,18 @@ fn ipv6_destination_options_do_not_evade_the_limit() {
         let _backend = Backend::start(&bed.server_ns, v6, Service::Echo).expect("backend");
         let _backend_v4 = Backend::start(&bed.server_ns, v4, Service::Echo).expect("backend");
         let args = [
-            "--port", "8080", "--limit", "3", "--count", "connections", "--algo", "fixed", "--action", action, "--hook", hook,
+            "--port",
+            "8080",
+            "--limit",
+            "3",
+            "--count",
+            "connections",
+            "--algo",
+            "fixed",
+            "--action",
+            action,
+            "--hook",
+            hook,
         ];
         let _gate = Gate::start(&bed, &args);
         let _held: Vec<_> = testbed::run_in(&bed.client_ns, move || {

@@ -1192,6 +1192,46 @@ fn http_refusal_answers_every_segment_from_its_cookie() {
     }
 }
 
+/// `action = "http"` answers from its cookie only segments addressed to this
+/// namespace: once the server's address is no longer its own (the segment is
+/// forwarded), a request whose cookie checks passes untouched, counted as
+/// not local.
+#[test]
+fn http_answers_nothing_forwarded() {
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::HTTP, false);
+        h.hold(1);
+        let syn = Spec { client_port: 41_001, seq: 1000, ..Spec::default() };
+        let (verdict, out) = h.run(hook, &frame(&syn)).unwrap();
+        assert_eq!(verdict, rst(hook), "{hook:?}: the SYN to a local address is answered");
+        let cookie = reply_seq(&syn, &out);
+        let request = b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n";
+        let data = frame(&Spec {
+            client_port: 41_001,
+            seq: 1001,
+            ack: cookie.wrapping_add(1),
+            flags: ACK | PSH,
+            tcp_options: 0,
+            payload: request.to_vec(),
+            ..Spec::default()
+        });
+        // The address leaves this namespace: what arrives for it now is forwarded.
+        let local = [(SERVER_V6, local_addr::UNICAST)];
+        h.loaded.maps.set_local_addrs(&local.into_iter().collect()).expect("local addresses");
+        let before = h.counters();
+        assert_eq!(h.run(hook, &data).unwrap(), (pass(hook), data.clone()), "{hook:?}: forwarded request");
+        let c = h.counters();
+        assert_eq!(
+            (
+                c[counter::NOT_LOCAL] - before[counter::NOT_LOCAL],
+                c[counter::HTTP_ANSWERED] - before[counter::HTTP_ANSWERED]
+            ),
+            (1, 0),
+            "{hook:?}"
+        );
+    }
+}
+
 /// The http action's answers spend the RST caps: a SYN-ACK (or a 503) past a
 /// cap is dropped, as a reset would be, so forged SYNs cannot make the gate
 /// a reflector beyond what `rst` allows.

@@ -1122,6 +1122,13 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
         return Verdict::Pass;
     }
     let slot = config.slot;
+    // Only to this namespace's own addresses were cookies handed out (a SYN to
+    // another is not judged): a forwarded segment is never answered, whatever
+    // its acknowledgment number happens to check as.
+    if !is_local(&seg.server_addr) {
+        count(slot, counter::NOT_LOCAL);
+        return Verdict::Pass;
+    }
     let checked = if fault!("http_cookie_unchecked") {
         let acked = seg.ack_seq.wrapping_sub(1);
         Some(http::Acked { cookie: acked & !http::OFFSET_MASK, reason: 0, offset: acked & http::OFFSET_MASK })
