@@ -916,6 +916,45 @@ fn a_stray_ack_to_a_listener_holds_nothing() {
     }
 }
 
+/// An ACK that acknowledges the SYN-ACK but whose sequence number the
+/// kernel's request socket would drop (out of its receive window: beyond
+/// the client's ISN + 1 by the most a SYN-ACK's window can be, or before it)
+/// completes nothing and takes no reservation, however often it comes: one
+/// real address cannot keep re-taking reservations that lapse. A segment
+/// that overlaps the window's start (the kernel accepts it) is judged.
+#[test]
+fn an_ack_the_kernel_would_drop_takes_no_reservation() {
+    let (bed, ifindex) = support::outside::enter("shedpt7");
+    let _listener = support::handshake::deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
+    let real = support::handshake::held(&bed, PORT);
+    let start = real.spec.seq;
+    for hook in HOOKS {
+        let mut h = Harness::new(1, action::RST, false);
+        let outside = [
+            Spec { seq: start.wrapping_add(70_000), ..real.spec.clone() },
+            Spec { seq: start.wrapping_add(65_536), ..real.spec.clone() },
+            Spec { seq: start.wrapping_sub(1), ..real.spec.clone() },
+            Spec { seq: start.wrapping_sub(3), payload: b"GE".to_vec(), flags: ACK | PSH, ..real.spec.clone() },
+        ];
+        for (i, spec) in outside.iter().enumerate() {
+            let f = frame(spec);
+            for _ in 0..5 {
+                assert_eq!(h.run_on(hook, &f, ifindex), (pass(hook), f.clone()), "{hook:?} {i}: passes untouched");
+            }
+        }
+        let s = h.snapshot();
+        assert_eq!((s.pending(), s.counter(counter::ADMITTED)), (0, 0), "{hook:?}: nothing reserved");
+        assert_eq!(h.gate_counters()[gate_counter::UNPROVEN_ACK], 20, "{hook:?}: each counted");
+        // Starting one byte before the window and carrying two: the kernel takes it.
+        let overlapping =
+            frame(&Spec { seq: start.wrapping_sub(1), payload: b"GE".to_vec(), flags: ACK | PSH, ..real.spec.clone() });
+        assert_eq!(h.run_on(hook, &overlapping, ifindex).0, pass(hook), "{hook:?}");
+        let s = h.snapshot();
+        assert_eq!((s.pending(), s.counter(counter::ADMITTED)), (1, 1), "{hook:?}: judged and admitted");
+        h.loaded.maps.clear_handshakes();
+    }
+}
+
 /// A SYN that crosses stacked devices (a VLAN device over its parent, QinQ
 /// over that, a macvlan) arrives on each with its tags peeled one by one: it
 /// is judged and counted once. The same segment again on the same device is

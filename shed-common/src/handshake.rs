@@ -185,6 +185,29 @@ pub const FLOW_SECRET_GLOBAL: &str = "SHED_FLOW_SECRET";
 /// found by userspace at every load; 0 when it could not be found).
 pub const SNT_ISN_OFFSET_GLOBAL: &str = "SHED_SNT_ISN_OFFSET";
 
+/// The name of the global that holds the byte offset of `rcv_isn` in the
+/// running kernel's `struct tcp_request_sock` (0 when it could not be found:
+/// a handshake-completing ACK is then judged whatever its sequence number).
+pub const RCV_ISN_OFFSET_GLOBAL: &str = "SHED_RCV_ISN_OFFSET";
+
+/// The most a request socket's receive window can be: the kernel accepts a
+/// segment to it only if it falls within `rcv_isn + 1` and this much more
+/// (`tcp_synack_window`: a SYN-ACK's window is never scaled).
+pub const SYNACK_WINDOW_MAX: u32 = 65_535;
+
+/// Whether a segment `[seq, end_seq)` to a request socket whose peer's ISN is
+/// `rcv_isn` falls in its receive window as the kernel checks it
+/// (`tcp_in_window` against `rcv_isn + 1` and [`SYNACK_WINDOW_MAX`] more),
+/// so that it may complete the handshake. One outside is dropped by the
+/// kernel: it completes nothing and may take no reservation.
+#[inline(always)]
+pub const fn in_synack_window(seq: u32, end_seq: u32, rcv_isn: u32) -> bool {
+    let start = rcv_isn.wrapping_add(1);
+    let from = seq.wrapping_sub(start) as i32;
+    let to = end_seq.wrapping_sub(start) as i32;
+    from == 0 || (to > 0 && from < SYNACK_WINDOW_MAX as i32) || (from == SYNACK_WINDOW_MAX as i32 && seq == end_seq)
+}
+
 /// The name of the global that holds the byte offset of `rcv_nxt` in the
 /// running kernel's `struct tcp_sock` (0 when it could not be found: a
 /// kept-alive connection's next request is then told by its socket's state
@@ -268,6 +291,53 @@ const _: () = assert!(core::mem::offset_of!(HandshakeStamp, state) == 4);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's `tcp_in_window`, as written in net/ipv4/tcp_minisocks.c
+    /// (`before`/`after` as signed differences).
+    fn kernel_in_window(seq: u32, end_seq: u32, s_win: u32, e_win: u32) -> bool {
+        let before = |a: u32, b: u32| (a.wrapping_sub(b) as i32) < 0;
+        let after = |a: u32, b: u32| before(b, a);
+        if seq == s_win {
+            return true;
+        }
+        if after(end_seq, s_win) && before(seq, e_win) {
+            return true;
+        }
+        seq == e_win && seq == end_seq
+    }
+
+    proptest::proptest! {
+        /// The request socket's window as the kernel checks it, with the
+        /// largest window a SYN-ACK can offer, anywhere in sequence space.
+        #[test]
+        fn the_synack_window_is_the_kernels(rcv_isn: u32, offset in -70_000i64..140_000, len in 0u32..3000) {
+            let start = rcv_isn.wrapping_add(1);
+            let seq = start.wrapping_add(offset as u32);
+            let end_seq = seq.wrapping_add(len);
+            proptest::prop_assert_eq!(
+                in_synack_window(seq, end_seq, rcv_isn),
+                kernel_in_window(seq, end_seq, start, start.wrapping_add(SYNACK_WINDOW_MAX))
+            );
+        }
+    }
+
+    #[test]
+    fn the_synack_windows_edges() {
+        let isn = u32::MAX - 10;
+        let start = isn.wrapping_add(1);
+        for (seq, len, inside) in [
+            (start, 0, true),
+            (start.wrapping_add(65_534), 0, true),
+            (start.wrapping_add(65_535), 0, true),
+            (start.wrapping_add(65_535), 1, false),
+            (start.wrapping_add(65_536), 0, false),
+            (start.wrapping_sub(1), 0, false),
+            (start.wrapping_sub(1), 1, false),
+            (start.wrapping_sub(1), 2, true),
+        ] {
+            assert_eq!(in_synack_window(seq, seq.wrapping_add(len), isn), inside, "{seq} + {len}");
+        }
+    }
 
     #[test]
     fn only_live_cells_count() {

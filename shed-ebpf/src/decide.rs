@@ -640,7 +640,7 @@ fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void, turn_sk: &mut u64) -> F
             return Found::UNCLAIMED;
         }
         let state = (*sk).state;
-        let proven = state == TCP_NEW_SYN_RECV && acks_our_syn_ack(sk.cast(), seg.ack_seq);
+        let proven = state == TCP_NEW_SYN_RECV && acks_our_syn_ack(sk.cast(), seg);
         if state == TCP_ESTABLISHED && seg.payload_len > 0 {
             *turn_sk = turn_socket(sk.cast());
         }
@@ -792,16 +792,19 @@ fn remember_refused(sk: u64, seg: &Segment, reason: usize, act: u8, now_ns: u64)
 }
 
 /// Whether an ACK to request socket `sk` acknowledges the SYN-ACK it sent
-/// (ack number = its ISN + 1), as the kernel requires to complete the
-/// handshake. Only the client the SYN-ACK reached knows that number: a blind
-/// forger that sent the SYN (and so knows the 4-tuple) cannot follow it with
-/// an ACK that takes a reservation, however many it sends. True when the
-/// offset is unknown (judged on the socket alone, as before).
+/// (ack number = its ISN + 1) and falls in its receive window (after the
+/// client's ISN), as the kernel requires to complete the handshake. Only the
+/// client the SYN-ACK reached knows the ack number: a blind forger that sent
+/// the SYN (and so knows the 4-tuple) cannot follow it with an ACK that takes
+/// a reservation, however many it sends. A real client that sends ACKs the
+/// kernel drops (out of window) cannot take reservation after reservation
+/// either. Each check is skipped when its offset is unknown (judged on the
+/// socket alone, as before).
 #[inline(always)]
-unsafe fn acks_our_syn_ack(sk: *mut core::ffi::c_void, ack_seq: u32) -> bool {
+unsafe fn acks_our_syn_ack(sk: *mut core::ffi::c_void, seg: &Segment) -> bool {
     use aya_ebpf::helpers::{bpf_probe_read_kernel, bpf_skc_to_tcp_request_sock};
-    let offset = crate::maps::snt_isn_offset();
-    if offset == 0 || fault!("ack_number_unchecked") {
+    let (snt_isn_at, rcv_isn_at) = (crate::maps::snt_isn_offset(), crate::maps::rcv_isn_offset());
+    if snt_isn_at == 0 || fault!("ack_number_unchecked") {
         return true;
     }
     // SAFETY: `sk` is a referenced socket from the lookup, released by the caller after this.
@@ -809,15 +812,25 @@ unsafe fn acks_our_syn_ack(sk: *mut core::ffi::c_void, ack_seq: u32) -> bool {
     if req.is_null() {
         return true;
     }
-    // SAFETY: a 4-byte read of kernel memory; the helper fails safely on a bad address.
-    match unsafe { bpf_probe_read_kernel(req.cast::<u8>().add(offset as usize).cast::<u32>()) } {
-        Ok(isn) if ack_seq == isn.wrapping_add(1) => true,
-        Ok(_) => {
-            count_gate(gate_counter::UNPROVEN_ACK);
-            false
-        }
+    // SAFETY: 4-byte reads of kernel memory; the helper fails safely on a bad address.
+    let read = |at: u32| unsafe { bpf_probe_read_kernel(req.cast::<u8>().add(at as usize).cast::<u32>()) };
+    let acked = match read(snt_isn_at) {
+        Ok(isn) => seg.ack_seq == isn.wrapping_add(1),
         Err(_) => true,
+    };
+    let in_window = rcv_isn_at == 0
+        || fault!("sequence_unchecked")
+        || match read(rcv_isn_at) {
+            Ok(isn) => {
+                let len = u32::from(seg.payload_len) + u32::from(seg.flags & FLAG_FIN != 0);
+                shed_common::handshake::in_synack_window(seg.seq, seg.seq.wrapping_add(len), isn)
+            }
+            Err(_) => true,
+        };
+    if !(acked && in_window) {
+        count_gate(gate_counter::UNPROVEN_ACK);
     }
+    acked && in_window
 }
 
 /// Whether the ACK carries a SYN cookie the kernel would accept. The helpers

@@ -33,6 +33,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "ack_number_unchecked",
         "an ACK to a request socket is judged whatever its ack number (blind forged ACKs take slots)",
     ),
+    (
+        "sequence_unchecked",
+        "an ACK to a request socket is judged whatever its sequence number (ACKs the kernel drops re-take lapsed reservations)",
+    ),
     ("late_ack_unjudged", "handshake-completing ACKs are never judged"),
     ("turns_unjudged", "a request on a kept-alive connection is never judged (a pool carries overload past the gate)"),
     ("stacked_judged_twice", "a segment crossing stacked devices is judged on each"),

@@ -48,6 +48,19 @@ pub fn snt_isn_offset() -> u32 {
     unsafe { core::ptr::read_volatile(&raw const SHED_SNT_ISN_OFFSET) }
 }
 
+/// Where the kernel keeps a request socket's peer's initial sequence number:
+/// `offsetof(struct tcp_request_sock, rcv_isn)` on the running kernel
+/// (`RCV_ISN_OFFSET_GLOBAL`); 0 when userspace could not find it.
+#[unsafe(no_mangle)]
+static SHED_RCV_ISN_OFFSET: u32 = 0;
+
+/// [`SHED_RCV_ISN_OFFSET`], read as the verifier's constant.
+#[inline(always)]
+pub fn rcv_isn_offset() -> u32 {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    unsafe { core::ptr::read_volatile(&raw const SHED_RCV_ISN_OFFSET) }
+}
+
 /// Where the raw `inet_sock_set_state` program finds the record's fields in
 /// the socket (`SOCK_LAYOUT_GLOBAL`), from the kernel's BTF at load.
 #[unsafe(no_mangle)]

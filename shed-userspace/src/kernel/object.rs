@@ -67,6 +67,7 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let secret: &'static u64 = Box::leak(Box::new(flow_secret()));
     let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
     let rcv_nxt: &'static u32 = Box::leak(Box::new(rcv_nxt_offset()));
+    let rcv_isn: &'static u32 = Box::leak(Box::new(rcv_isn_offset()));
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     let (socks, dispatch) = if options.dispatcher {
@@ -86,6 +87,7 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
         .override_global(shed_common::http::COOKIE_KEY_GLOBAL, cookie_key, strict)
         // Not strict: an older object loaded for comparison has none.
         .override_global(shed_common::handshake::RCV_NXT_OFFSET_GLOBAL, rcv_nxt, false)
+        .override_global(shed_common::handshake::RCV_ISN_OFFSET_GLOBAL, rcv_isn, false)
         .override_global(shed_common::SOCK_LAYOUT_GLOBAL, layout, false);
     loader
 }
@@ -105,6 +107,27 @@ fn snt_isn_offset() -> u32 {
             tracing::warn!(
                 "no tcp_request_sock.snt_isn in /sys/kernel/btf/vmlinux: handshake-completing ACKs are judged \
                  without checking their ack number (blind forged ACKs can hold reservations)"
+            );
+            0
+        })
+    })
+}
+
+/// `offsetof(struct tcp_request_sock, rcv_isn)` on the running kernel, so a
+/// handshake-completing ACK that the kernel would drop (its sequence number
+/// out of the request's window) takes no reservation (0, with a warning, if
+/// the kernel's BTF lacks it: one real address could then keep re-taking
+/// reservations that lapse).
+fn rcv_isn_offset() -> u32 {
+    static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        let found = crate::host::btf::Btf::from_sys_fs()
+            .and_then(|btf| btf.offset_of("tcp_request_sock", &["rcv_isn"]))
+            .filter(|&offset| offset != 0);
+        found.unwrap_or_else(|| {
+            tracing::warn!(
+                "no tcp_request_sock.rcv_isn in /sys/kernel/btf/vmlinux: handshake-completing ACKs are judged \
+                 whatever their sequence number (ACKs the kernel drops can take reservations)"
             );
             0
         })

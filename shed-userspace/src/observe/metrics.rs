@@ -407,7 +407,7 @@ const GATE_FAMILIES: &[Figure<GateMetrics, u64>] = &[
     ),
     (
         "shed_unproven_acks",
-        "ACKs on the 4-tuple of a handshake under way that did not acknowledge its SYN-ACK (blind forged, or stale): passed unjudged, holding nothing.",
+        "ACKs on the 4-tuple of a handshake under way that did not acknowledge its SYN-ACK (blind forged, or stale) or fell outside its receive window (the kernel drops them): passed unjudged, holding nothing.",
         MetricType::Counter,
         |g| g.gate[shed_common::gate_counter::UNPROVEN_ACK],
     ),
