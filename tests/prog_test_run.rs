@@ -993,6 +993,56 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
     }
 }
 
+/// The stacked-device dedup (a segment crossing a bridge or macvlan is
+/// judged once) cannot be primed: a copy of a real handshake-completing ACK
+/// sent first to another of this namespace's addresses (it completes
+/// nothing, and passes), plain, with a FIN or with data, does not make the
+/// real ACK, arriving on the next device a moment later, pass unjudged. The
+/// real segment crossing two devices is judged once.
+#[test]
+fn the_stacked_device_dedup_cannot_be_primed_by_a_decoy() {
+    let (bed, ifindex) = support::outside::enter("shedpt8");
+    let out = std::process::Command::new("ip")
+        .args(["link", "add", "shedmv1", "link", &bed.server_if, "type", "macvlan"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // SAFETY: valid C string.
+    let upper = unsafe { libc::if_nametoindex(c"shedmv1".as_ptr()) };
+    let _listener = support::handshake::deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
+    let real = support::handshake::held(&bed, PORT);
+    let mut other = bed.server_v4.octets();
+    other[3] = 9;
+    let decoys = [
+        ("a copy", Spec { server_v4: other, ..real.spec.clone() }),
+        ("a FIN", Spec { server_v4: other, flags: ACK | FIN, ..real.spec.clone() }),
+        ("a byte of data", Spec { server_v4: other, flags: ACK | PSH, payload: b"G".to_vec(), ..real.spec.clone() }),
+    ];
+    for hook in HOOKS {
+        for (what, decoy) in &decoys {
+            let mut h = Harness::new(1, action::RST, false);
+            let mut local = h.loaded.maps.local_addrs().unwrap();
+            for addr in [bed.server_v4.octets(), other] {
+                local.insert(ipv4_mapped(addr), local_addr::UNICAST);
+            }
+            h.loaded.maps.set_local_addrs(&local).unwrap();
+            // The decoy first, on the lower device.
+            assert_eq!(h.run_on(hook, &frame(decoy), ifindex).0, pass(hook), "{hook:?} {what}");
+            let before = h.snapshot().counter(counter::ADMITTED);
+            assert_eq!(h.run_on(hook, &real.ack, upper).0, pass(hook), "{hook:?} {what}");
+            let s = h.snapshot();
+            assert_eq!(
+                (s.pending(), s.counter(counter::ADMITTED) - before),
+                (1, 1),
+                "{hook:?}: after a decoy with {what}, the real ACK is judged"
+            );
+            // The real ACK itself crossing to the next device: judged once.
+            assert_eq!(h.run_on(hook, &real.ack, ifindex).0, pass(hook), "{hook:?} {what}");
+            assert_eq!(h.snapshot().counter(counter::ADMITTED) - before, 1, "{hook:?}: judged once across devices");
+        }
+    }
+}
+
 /// The re-check after the reservation's fetch-add is what holds the limit
 /// when two CPUs judge the last slot at once (each read the port one short of
 /// full): thousands of rounds at limit - 1, two handshake-completing ACKs

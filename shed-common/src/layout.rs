@@ -56,6 +56,10 @@ const _: () = assert!(size_of::<GateCounters>() == 8 * gate_counter::COUNT);
 pub struct LastPassed {
     pub at_ns: u64,
     pub client_addr: [u8; 16],
+    /// The whole segment is compared, addresses, flags and length with the
+    /// rest: a copy sent to another local address first (a decoy, which
+    /// completes nothing) must not pass the real one unjudged.
+    pub server_addr: [u8; 16],
     pub seq: u32,
     pub ack_seq: u32,
     pub client_port: u16,
@@ -65,9 +69,11 @@ pub struct LastPassed {
     pub ifindex: u32,
     /// 1 for a SYN, 0 for an ACK.
     pub syn: u32,
-    pub _pad: u32,
+    pub payload_len: u16,
+    pub flags: u8,
+    pub _pad: u8,
 }
-const _: () = assert!(size_of::<LastPassed>() == 48);
+const _: () = assert!(size_of::<LastPassed>() == 64);
 
 /// How long a passed segment is remembered: far longer than a segment takes
 /// from one stacked device to the next (microseconds), far shorter than any

@@ -530,7 +530,10 @@ pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bo
         && last.syn == u32::from(syn)
         && last.ifindex != ifindex
         && now_ns.wrapping_sub(last.at_ns) < shed_common::STACKED_WITHIN_NS
+        && last.payload_len == seg.payload_len
+        && last.flags == seg.flags
         && last.client_addr == seg.client_addr
+        && last.server_addr == seg.server_addr
 }
 
 /// Remembers a passed segment (see [`passed_already`]). Field by field into
@@ -543,6 +546,9 @@ pub fn remember_passed(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) {
         unsafe {
             (*last).at_ns = now_ns;
             (*last).client_addr = seg.client_addr;
+            (*last).server_addr = seg.server_addr;
+            (*last).payload_len = seg.payload_len;
+            (*last).flags = seg.flags;
             (*last).seq = seg.seq;
             (*last).ack_seq = seg.ack_seq;
             (*last).client_port = seg.client_port;
