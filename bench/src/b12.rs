@@ -60,13 +60,34 @@ struct Run {
     attempts_per_success: f64,
 }
 
-fn run_once(shedctl: &Path, config: &Config, at_once: bool, warm: usize, load: f64, seconds: u64) -> Result<Run> {
+/// The client: a connection per request (closed once answered), or a pool warmed with this many.
+#[derive(Clone, Copy, PartialEq)]
+enum Client {
+    PerRequest,
+    Pool(usize),
+}
+
+impl Client {
+    fn label(self) -> String {
+        match self {
+            Self::PerRequest => "per request".into(),
+            Self::Pool(warm) => warm.to_string(),
+        }
+    }
+}
+
+fn run_once(shedctl: &Path, config: &Config, at_once: bool, client: Client, load: f64, seconds: u64) -> Result<Run> {
     let bed = Testbed::create("shedb12")?;
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(SERVICE_US));
     let _backend = Backend::start(&bed.server_ns, addr, service(at_once, &service_us))?;
     let _gate = config.shed.map(|args| start_gate(shedctl, &bed, args)).transpose()?;
-    let client = PoolClient { warm, deadline: Duration::from_secs(1), honour_retry_after: config.honour_retry_after };
+    let (warm, reuse) = match client {
+        Client::PerRequest => (0, false),
+        Client::Pool(warm) => (warm, true),
+    };
+    let client =
+        PoolClient { warm, deadline: Duration::from_secs(1), honour_retry_after: config.honour_retry_after, reuse };
     let rate = Arc::new(AtomicU64::new((load * CAPACITY) as u64));
     let pool = PoolLoad::start(&bed.client_ns, addr, rate, client)?;
     // The cap after the warm pool: it holds only new connections back, as a firewall's would.
@@ -93,7 +114,12 @@ fn run_once(shedctl: &Path, config: &Config, at_once: bool, warm: usize, load: f
 
 pub(crate) fn b12(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_json::Value, String)> {
     let (seconds, repeats) = scale.pick((10, 3), (5, 1), (2, 1));
-    let pools: &[usize] = scale.pick(&[0, 50, 200], &[0, 200], &[50]);
+    // Pools, and a connection per request beside them in the same run (the p99 to compare with).
+    let clients: &[Client] = scale.pick(
+        &[Client::PerRequest, Client::Pool(0), Client::Pool(50), Client::Pool(200)],
+        &[Client::PerRequest, Client::Pool(0), Client::Pool(200)],
+        &[Client::Pool(50)],
+    );
     let loads: &[f64] = scale.pick(&[2.0, 4.0], &[2.0, 4.0], &[2.0]);
     let smoke = |c: &Config| scale != Scale::Smoke || c.name == "no gate" || c.name == "shed rst";
     let mut rows = Vec::new();
@@ -104,15 +130,16 @@ pub(crate) fn b12(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
         for config in CONFIGS.iter().filter(|c| smoke(c)) {
             for &load in loads {
                 let mut curve = plot::Series { name: format!("{server}: {} at {load}x", config.name), points: vec![] };
-                for &warm in pools {
+                for &client in clients {
                     let runs: Vec<Run> = (0..repeats)
-                        .map(|_| run_once(shedctl, config, at_once, warm, load, seconds))
+                        .map(|_| run_once(shedctl, config, at_once, client, load, seconds))
                         .collect::<Result<_>>()?;
+                    let warm = client.label();
                     let (goodput, lo, hi) = median_min_max(runs.iter().map(|r| r.goodput).collect());
                     let (p99, _, _) = median_min_max(runs.iter().map(|r| r.p99_ms).collect());
                     let (attempts, _, _) = median_min_max(runs.iter().map(|r| r.attempts_per_success).collect());
                     println!(
-                        "B12 {server:<16} {:<40} {load}x pool {warm:>3}: goodput {:5.1}% ({:.1}-{:.1}), p99 {p99:6.1} ms, attempts/success {attempts:.2}",
+                        "B12 {server:<16} {:<40} {load}x pool {warm:>11}: goodput {:5.1}% ({:.1}-{:.1}), p99 {p99:6.1} ms, attempts/success {attempts:.2}",
                         config.name,
                         goodput * 100.0,
                         lo * 100.0,
@@ -126,7 +153,9 @@ pub(crate) fn b12(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
                         hi * 100.0
                     ));
                     json.push(serde_json::json!({"server": server, "config": config.name, "load": load, "pool": warm, "goodput_fraction": goodput, "goodput_min": lo, "goodput_max": hi, "p99_ms": p99, "attempts_per_success": attempts}));
-                    curve.points.push((warm as f64, goodput * 100.0, lo * 100.0, hi * 100.0));
+                    if let Client::Pool(warm) = client {
+                        curve.points.push((warm as f64, goodput * 100.0, lo * 100.0, hi * 100.0));
+                    }
                 }
                 curves.push(curve);
             }
@@ -139,14 +168,14 @@ pub(crate) fn b12(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
         &curves,
     )?;
     let setup = format!(
-        "{WORKERS} workers x {} ms HTTP/1.1 keep-alive ({CAPACITY:.0} req/s); a client pool (an idle pooled connection per arrival, else a new one; a reset reused connection retried once on a new one; a late answer closes its connection) warmed with 0-200 connections; open-loop arrivals; 1 s deadline; {seconds} s per run, {repeats} run(s) per point",
+        "{WORKERS} workers x {} ms HTTP/1.1 keep-alive ({CAPACITY:.0} req/s); a client pool (an idle pooled connection per arrival, else a new one; a reset reused connection retried once on a new one; a late answer closes its connection) warmed with 0-200 connections, or a connection per request; open-loop arrivals; 1 s deadline; {seconds} s per run, {repeats} run(s) per point",
         SERVICE_US / 1000
     );
     let mut md = String::new();
     let _ = writeln!(md, "\n## B12: overload on kept-alive connections\n");
     let _ = writeln!(
         md,
-        "{setup}. Goodput: answers within the deadline / capacity (median of runs, min-max). p99 of answered requests; attempts per answered request (resets retried, 503s retried after Retry-After when the client honours it).\n\n![B12](b12_kept_alive.png)\n"
+        "{setup}. Goodput: answers within the deadline / capacity (median of runs, min-max). p99 of answered requests; attempts per answered request (resets retried, 503s retried after Retry-After when the client honours it). \"per request\": the same client opening a connection per request and closing it once answered, in the same run (the p99 a pool's is held to).\n\n![B12](b12_kept_alive.png)\n"
     );
     let _ = writeln!(
         md,

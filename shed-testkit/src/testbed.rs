@@ -936,6 +936,9 @@ pub struct PoolClient {
     pub deadline: Duration,
     /// Retry a 503 after its Retry-After (urllib3's `respect_retry_after_header`).
     pub honour_retry_after: bool,
+    /// Keep each answered connection for the next request (a pool); false:
+    /// a connection per request, closed once answered (`warm` then opens none).
+    pub reuse: bool,
 }
 
 /// Open-loop HTTP/1.1 requests carried by a pool of kept-alive connections,
@@ -985,7 +988,7 @@ impl PoolLoad {
         const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: shed\r\n\r\n";
         let pool: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
         let warm = run_in(ns, move || -> io::Result<Vec<TcpStream>> {
-            (0..client.warm)
+            (0..if client.reuse { client.warm } else { 0 })
                 .map(|_| {
                     let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
                     c.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -1050,7 +1053,7 @@ impl PoolLoad {
                     if start.elapsed() > client.deadline {
                         return PooledOutcome { outcome: Outcome::TimedOut, attempts };
                     }
-                    if !close {
+                    if !close && client.reuse {
                         pool.lock().expect("pool").push(conn);
                     }
                     return PooledOutcome { outcome: Outcome::Answered(start.elapsed()), attempts };
