@@ -262,3 +262,54 @@ fn the_answer_leaves_by_xdp_too() {
         drop(holder);
     }
 }
+
+/// `set --retry-after` changes what a refused client is told, live, and
+/// `stats --json` and the scrape say what it is told: the port's own seconds,
+/// else (0) what the daemon derives from the queue wait (at least 1).
+#[test]
+fn the_retry_after_is_set_live_and_reported() {
+    let _gate_turn = exclusive();
+    let bed = Testbed::create("shedra").expect("testbed");
+    let _server = Server::start(&bed.server_ns);
+    let args = [
+        "--port",
+        "8080",
+        "--limit",
+        "1",
+        "--count",
+        "connections",
+        "--algo",
+        "fixed",
+        "--action",
+        "http",
+        "--retry-after",
+        "7",
+        "--metrics",
+        "127.0.0.1:19471",
+    ];
+    let _gate = Gate::start(&bed, &args);
+    let v4 = bed.server_addr(false, PORT);
+    let _holder = testbed::run_in(&bed.client_ns, move || testbed::connect(v4, Duration::from_secs(5)))
+        .expect("client namespace")
+        .expect("the first connection is admitted");
+    wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
+    let told = |bed: &Testbed| {
+        let out = client(bed, Duration::from_secs(10), "curl", &["-sS", "-i", &url(v4)]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split("\r\n").find_map(|l| l.strip_prefix("Retry-After: ")).map(str::to_owned).unwrap_or(text)
+    };
+    let scraped = || {
+        let (_, body) = support::metrics::http_get("127.0.0.1:19471", "/metrics");
+        body.lines().find_map(|l| l.strip_prefix("shed_retry_after_seconds{")).map(str::to_owned).unwrap_or_default()
+    };
+    assert_eq!((field(&stats(PORT), "retry_after"), told(&bed)), (7, "007".into()));
+    assert!(scraped().ends_with("} 7"), "{}", scraped());
+    for (seconds, expected) in [("5", 5), ("0", 1)] {
+        let set = support::gate::shedctl(&["set", "--port", "8080", "--retry-after", seconds]);
+        assert!(set.status.success(), "set --retry-after {seconds}: {}", String::from_utf8_lossy(&set.stderr));
+        // 0: the controller's queue wait, rounded up: no queue here, so 1.
+        assert_eq!(field(&stats(PORT), "retry_after"), expected, "--retry-after {seconds}");
+        assert_eq!(told(&bed), format!("{expected:03}"), "--retry-after {seconds}");
+        assert!(scraped().ends_with(&format!("}} {expected}")), "{}", scraped());
+    }
+}

@@ -127,6 +127,22 @@ const fn answers() -> [HttpAnswer; ANSWER_COUNT] {
     out
 }
 
+/// The seconds a port's answer carries in its Retry-After: the port's own
+/// (`--retry-after`, `port_s`), else what the daemon derived from the
+/// controller (`derived_s`), held to 1 through [`MAX_RETRY_AFTER`] as the
+/// answer's three digits are ([`retry_digits`]).
+#[inline(always)]
+pub const fn retry_after_seconds(port_s: u16, derived_s: u32) -> u32 {
+    let s = if port_s != 0 { port_s as u32 } else { derived_s };
+    if s == 0 {
+        1
+    } else if s > MAX_RETRY_AFTER {
+        MAX_RETRY_AFTER
+    } else {
+        s
+    }
+}
+
 /// The three digits of Retry-After for `seconds` (held to 1..=999).
 #[inline(always)]
 pub const fn retry_digits(seconds: u32) -> [u8; 3] {

@@ -80,6 +80,11 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("cri-socket", "cri-socket", Kind::Str),
 ];
 
+/// Every key of the config file.
+pub fn keys() -> impl Iterator<Item = &'static str> {
+    KEYS.iter().map(|(k, _, _)| *k)
+}
+
 /// Whether the config file has a key of this name.
 pub fn has_key(key: &str) -> bool {
     KEYS.iter().any(|(k, _, _)| *k == key)

@@ -169,7 +169,7 @@ pub(crate) fn parse_handshake_window(s: &str) -> Result<Duration, String> {
     if s.trim().trim_end_matches("ms") == "0" {
         return Ok(Duration::ZERO);
     }
-    parse_millis(s, 1, 2000).map_err(|e| format!("{e} (or 0 to follow the measured handshake time)"))
+    parse_millis(s, 1, 2000).map_err(|e| format!("{e} (or 0 for the default, about 8 ms)"))
 }
 
 /// A latency percentile (1-99).

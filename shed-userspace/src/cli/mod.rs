@@ -261,8 +261,9 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_netns)]
     pub netns: Vec<String>,
 
-    /// Milliseconds an admitted SYN holds its slot while its handshake is under way;
-    /// 0: about three times the measured handshake time (--handshake-window 0).
+    /// Milliseconds an admitted handshake-completing ACK holds its slot until the kernel
+    /// reports the connection established (the same softirq: microseconds); 0: the
+    /// default, about 8 ms (--handshake-window 0).
     #[arg(long, default_value = "0", value_parser = parse_handshake_window)]
     pub handshake_window: Duration,
 
@@ -528,7 +529,7 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share"])))]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share", "retry_after"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
@@ -694,6 +695,26 @@ mod tests {
         let e = parse(&["attach", "--port", "80", "--retry-after", "1000"]).unwrap_err().to_string();
         assert!(e.contains("from 1 to 999"), "{e}");
         assert_eq!(crate::cli::tiers::parse_tier_action("low=http"), Ok((shed_common::tier::LOW, Action::Http)));
+    }
+
+    /// `--print-config` prints only what `attach` would run: a plan it
+    /// refuses is refused here too (exit non-zero, nothing printed).
+    #[test]
+    fn print_config_refuses_what_attach_refuses() {
+        let printed = |args: &[&str]| {
+            let Command::Attach(a) = parse(&[&["attach", "--print-config"], args].concat()).unwrap().command else {
+                unreachable!("attach")
+            };
+            crate::cli::commands::attach::printed_config(&a).map_err(|e| e.to_string())
+        };
+        let e = printed(&["--port", "443", "--action", "http"]).unwrap_err();
+        assert!(e.contains("port 443 is served over TLS"), "{e}");
+        let e = printed(&["--config", "/dev/null", "--action", "rst"]).unwrap_err();
+        assert!(e.contains("no port to protect"), "{e}");
+        let e = printed(&["--port", "8080", "--action", "http", "--count", "multiplexed"]).unwrap_err();
+        assert!(e.contains("HTTP/2"), "{e}");
+        let ok = printed(&["--port", "8080", "--action", "http"]).unwrap();
+        assert!(ok.contains("action = \"http\""), "{ok}");
     }
 
     #[test]

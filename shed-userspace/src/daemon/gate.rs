@@ -44,7 +44,7 @@ pub(crate) struct Plan {
     pub allow_nat: bool,
     /// The shortest control window.
     pub window: Duration,
-    /// A fixed handshake window, or zero to follow the measured handshake time.
+    /// A fixed handshake window, or zero for the default (about 8 ms).
     pub handshake_window: Duration,
     pub heal_interval: Duration,
     /// The metrics endpoint's address, and its readiness rule.

@@ -51,7 +51,7 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 pub struct LoopSettings {
     /// How often the loop runs (the shortest control window).
     pub tick: Duration,
-    /// A fixed handshake window, or zero to follow the measured handshake time.
+    /// A fixed handshake window, or zero for the default (about 8 ms).
     pub handshake_window: Duration,
     /// Where each window's decision is counted for the metrics endpoint.
     pub decisions: Decisions,

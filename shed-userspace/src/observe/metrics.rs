@@ -189,6 +189,12 @@ type Figure<T, V> = (&'static str, &'static str, MetricType, fn(&T) -> V);
 /// (the families with labels of their own follow them in [`Scrape::encode`]).
 const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
     ("shed_limit", "Current concurrency limit of the port.", MetricType::Gauge, |s| s.limit.into()),
+    (
+        "shed_retry_after_seconds",
+        "Seconds the http action's 503 tells clients to wait (Retry-After): the port's --retry-after, else derived from the queue wait.",
+        MetricType::Gauge,
+        |s| s.retry_after.into(),
+    ),
     ("shed_min_limit", "Lowest limit the adaptive controller may set (--min-limit).", MetricType::Gauge, |s| {
         s.min_limit.into()
     }),
@@ -205,11 +211,16 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
     ("shed_admitted", "Connections admitted at their handshake-completing ACK.", MetricType::Counter, |s| s.admitted),
     (
         "shed_trickle_admitted",
-        "SYNs admitted past a full tier share by the anti-starvation trickle.",
+        "Connections and requests admitted past a full tier share by the anti-starvation trickle.",
         MetricType::Counter,
         |s| s.trickle_admitted,
     ),
-    ("shed_rst_sent", "RST+ACK replies sent to shed SYNs.", MetricType::Counter, |s| s.rst_sent),
+    (
+        "shed_rst_sent",
+        "Resets sent to refused SYNs, handshake-completing ACKs and kept-alive requests.",
+        MetricType::Counter,
+        |s| s.rst_sent,
+    ),
     (
         "shed_http_syn_acks",
         "SYN-ACKs with a cookie sent to SYNs the http action refused (the gate completes the handshake itself).",
@@ -236,19 +247,19 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
     ),
     (
         "shed_rst_failed",
-        "RST replies the gate could not build (the SYN was dropped instead).",
+        "Resets the gate could not build (the refused segment was dropped instead).",
         MetricType::Counter,
         |s| s.rst_failed,
     ),
     (
         "shed_rst_rate_limited",
-        "Shed SYNs dropped instead of answered because an RST cap was reached.",
+        "Refused segments dropped instead of answered because an RST cap was reached (the http action's answers spend the same caps).",
         MetricType::Counter,
         |s| s.rst_rate_limited,
     ),
     (
         "shed_would_reject",
-        "Dry-run: SYNs enforce mode would have shed (they were admitted).",
+        "Dry-run: connections and requests enforce mode would have shed (they were admitted).",
         MetricType::Counter,
         |s| s.would_reject,
     ),
@@ -261,7 +272,7 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
     ),
     (
         "shed_handshakes_lapsed",
-        "Handshake reservations that lapsed without the handshake completing (forged or lost SYNs).",
+        "Handshake reservations (taken at the ACK) that lapsed without the kernel establishing the connection (the kernel dropped the ACK: a full accept queue, a bad checksum).",
         MetricType::Counter,
         |s| s.handshakes_lapsed,
     ),
@@ -349,7 +360,7 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
 const PORT_SECONDS: &[Figure<PortStats, u64>] = &[
     (
         "shed_handshake_window_seconds",
-        "How long an admitted SYN holds its slot at most while its handshake is under way.",
+        "How long an admitted handshake-completing ACK holds its slot at most, until the kernel reports the connection established.",
         MetricType::Gauge,
         |s| s.handshake_window_us,
     ),
@@ -366,8 +377,18 @@ const PORT_SECONDS: &[Figure<PortStats, u64>] = &[
 
 /// The per-tier families of each port (a `tier` label).
 const TIER_FAMILIES: &[Figure<TierStats, u64>] = &[
-    ("shed_tier_admitted", "SYNs admitted, by client tier.", MetricType::Counter, |t| t.admitted),
-    ("shed_tier_rejected", "SYNs shed (every reason), by client tier.", MetricType::Counter, |t| t.rejected),
+    (
+        "shed_tier_admitted",
+        "Connections admitted at their handshake-completing ACK, by client tier.",
+        MetricType::Counter,
+        |t| t.admitted,
+    ),
+    (
+        "shed_tier_rejected",
+        "Connections and requests shed (every reason, at the SYN, the ACK or a kept-alive request), by client tier.",
+        MetricType::Counter,
+        |t| t.rejected,
+    ),
     ("shed_tier_held_back", "Slots held back from the tier while a tier above it is shed.", MetricType::Gauge, |t| {
         t.held_back.into()
     }),
@@ -599,7 +620,7 @@ impl Scrape {
         family(
             e,
             "shed_rejected",
-            "Connections shed (at the SYN or the handshake-completing ACK) by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), client_share (client at its share of the limit while clients holding less were refused). Sheds, not errors.",
+            "Connections and requests shed (at the SYN, the handshake-completing ACK or a kept-alive request) by reason: limit (in-flight at the limit), share (tier share full), client_cap (client at its cap), client_share (client at its share of the limit while clients holding less were refused). Sheds, not errors.",
             MetricType::Counter,
             reasons,
         )?;

@@ -69,10 +69,10 @@ pub(crate) struct PortStats {
     /// `work` connections accepted within the idle grace that have sent
     /// nothing yet (they count in flight until the grace ends).
     pub silent: u64,
-    /// How long an admitted SYN holds its reservation at most (the handshake
-    /// window): about three times the measured handshake time, or `--handshake-window`.
+    /// How long an admitted handshake-completing ACK holds its reservation at
+    /// most (the handshake window): about 8 ms, or `--handshake-window`.
     pub handshake_window_us: u64,
-    /// Measured handshake time (admitted SYN to established), recent windows.
+    /// Measured handshake time (admitted ACK to established), recent windows.
     pub handshake_p50_us: u64,
     pub handshake_p99_us: u64,
     /// How long a `work` connection that sends nothing counts in flight (at least; ms).
@@ -121,14 +121,14 @@ pub(crate) struct PortStats {
     /// Why the controller set the limit it set last window (null before the first window).
     pub last_decision: Option<Reason>,
     pub previous_limit: u32,
-    /// SYNs admitted (cumulative).
+    /// Connections admitted at their handshake-completing ACK (cumulative).
     pub admitted: u64,
-    /// SYNs and late handshake-completing ACKs rejected, all reasons (cumulative).
+    /// SYNs, handshake-completing ACKs and kept-alive requests refused, all reasons (cumulative).
     pub rejected: u64,
     pub rejected_by_reason: RejectedByReason,
     /// Per client tier: exempt, critical, normal, low.
     pub tiers: BTreeMap<&'static str, TierStats>,
-    /// SYNs a full tier share would have rejected, admitted by the anti-starvation trickle.
+    /// Connections and requests a full tier share would have refused, admitted by the anti-starvation trickle.
     pub trickle_admitted: u64,
     /// Most connections one client may hold (0: no cap).
     pub client_cap: u32,
@@ -136,6 +136,10 @@ pub(crate) struct PortStats {
     pub client_share: u8,
     /// IPv6 clients are capped per prefix of this length.
     pub client_prefix_v6: u8,
+    /// Seconds the `http` action's 503 tells clients to wait (Retry-After):
+    /// the port's own (`--retry-after`), else the controller's, from its
+    /// queue wait; 1 to 999.
+    pub retry_after: u32,
     /// With a cap: the clients holding the most, at most 10.
     pub top_clients: Vec<ClientStats>,
     pub action: Action,
@@ -183,8 +187,9 @@ pub(crate) struct PortStats {
     /// Connections not counted at all because the connection map was full
     /// (fail-open; `--max-connections` sets its size).
     pub connection_map_full: u64,
-    /// Handshake reservations that lapsed without the handshake completing
-    /// (forged or lost SYNs), cumulative.
+    /// Handshake reservations (taken at the ACK) that lapsed without the
+    /// kernel establishing the connection (it dropped the ACK: a full accept
+    /// queue, a bad checksum), cumulative.
     pub handshakes_lapsed: u64,
     /// `work` connections that sent nothing for the whole idle grace and
     /// stopped counting in flight (idle clients, or server-first protocols
@@ -262,6 +267,7 @@ impl PortStats {
             client_cap: now.config.client_cap,
             client_share: now.config.client_share,
             client_prefix_v6: now.config.client_prefix_v6,
+            retry_after: shed_common::http::retry_after_seconds(now.config.retry_after_s, now.user.retry_after_s),
             top_clients: Vec::new(),
             tiers: (0..tier::COUNT)
                 .map(|t| {

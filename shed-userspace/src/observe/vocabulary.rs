@@ -99,6 +99,7 @@ pub const TERMS: &[Term] = &[
     term("client_cap", LIVE, None),
     term("client_share", LIVE, None),
     term("client_prefix_v6", FIXED, None),
+    term("retry_after", LIVE, Some("shed_retry_after_seconds")),
     term("top_clients", Label, None),
     term("action", LIVE, Some("shed_port_info")),
     term("dry_run", LIVE, Some("shed_dry_run")),
@@ -152,6 +153,8 @@ pub(crate) fn rule_broken(term: &Term) -> Option<String> {
         }),
         Kind::Gauge | Kind::Setting { .. } => match term.metric {
             Some("shed_connections" | "shed_port_info") | None => return None,
+            // A figure in seconds carries its unit in the metric's name (Prometheus' base units).
+            Some(m) if m.ends_with("_seconds") => Some(format!("shed_{}_seconds", term.json)),
             Some(_) => Some(format!("shed_{}", term.json)),
         },
         Kind::Rate | Kind::Label => return None,

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl attach`: check everything before anything changes, plan, and run
 //! the daemon (`daemon::process`).
+use std::collections::BTreeMap;
+
 use crate::{
     cli::{AttachArgs, annotations, commands::reload, config},
     daemon::{
@@ -8,19 +10,15 @@ use crate::{
         process,
     },
     host::system::{self, Need},
+    kernel::{maps::PortSpec, options::Cidr},
 };
 
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     if args.print_config {
-        // Only a file that `attach` accepts: the same checks first.
-        args.control().map_err(anyhow::Error::msg)?;
-        print!("{}", config::render(&args));
+        print!("{}", printed_config(&args)?);
         return Ok(());
     }
-    if args.ports.is_empty() && !args.pods {
-        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file (or --pods)");
-    }
-    let (spec, tiers) = args.plan()?;
+    let (spec, tiers) = checked_plan(&args)?;
     // Every check runs before anything changes, so a refusal leaves the host untouched.
     system::check_privileges(if args.netns.is_empty() && !args.pods { Need::Attach } else { Need::AttachNetns })?;
     // With --pods alone, the node's own namespace is not gated: only the pods that ask.
@@ -56,4 +54,20 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         dispatcher: None,
         spare: std::sync::Mutex::new(None),
     })
+}
+
+/// What `attach` would be given, checked as `attach` checks it before
+/// anything changes (ports, the plan: limits, tiers, `http` on a TLS port),
+/// but for the host's own readiness.
+fn checked_plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
+    if args.ports.is_empty() && !args.pods {
+        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file (or --pods)");
+    }
+    args.plan()
+}
+
+/// `--print-config`: only a file that `attach` accepts (the same checks first).
+pub(crate) fn printed_config(args: &AttachArgs) -> anyhow::Result<String> {
+    checked_plan(args)?;
+    Ok(config::render(args))
 }

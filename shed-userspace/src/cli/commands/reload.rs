@@ -3,7 +3,7 @@
 //! line, as at start) and applies what can change live: every port's action,
 //! dry-run, count, client cap, RST caps and limiter settings, and the client
 //! tiers. Settings that only a restart can change (ports, interfaces, hook,
-//! namespace, endpoint, map sizes, ...) are named in a warning. A file that
+//! namespace, endpoint, map sizes, NAT allowance, pod mode, ...) are named in a warning. A file that
 //! does not pass every check changes nothing.
 use std::{collections::BTreeMap, ffi::OsString};
 
@@ -35,8 +35,41 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
         ("kernel-log", args.kernel_log.to_string()),
         ("ready-max-shed", args.ready_max_shed.to_string()),
         ("ready-window", format!("{:?}", args.ready_window)),
+        ("allow-nat", args.allow_nat.to_string()),
+        ("pods", args.pods.to_string()),
+        ("cri-socket", args.cri_socket.display().to_string()),
     ])
 }
+
+/// The config keys a reload applies to the running gate (see [`reload`]);
+/// every other key is in [`restart_only`], so that no change is ignored unsaid.
+#[cfg(test)]
+const APPLIED_LIVE: &[&str] = &[
+    "action",
+    "limit",
+    "algo",
+    "initial-limit",
+    "min-limit",
+    "max-limit",
+    "window",
+    "percentile",
+    "count",
+    "min-samples",
+    "cooldown",
+    "baseline-span",
+    "probe-windows",
+    "queue-target",
+    "target-latency",
+    "tiers",
+    "tier-file",
+    "client-cap",
+    "client-share",
+    "client-prefix-v6",
+    "rst-rate",
+    "rst-prefix-rate",
+    "retry-after",
+    "dry-run",
+];
 
 /// Refuses a file that someone other than root could have written: a tier file
 /// that anyone can edit (`0.0.0.0/0 = "exempt"`) would turn the gate off.
@@ -143,6 +176,26 @@ pub fn reload(maps: &mut GateMaps, argv: &[OsString], running: &AttachArgs) -> a
 
 #[cfg(test)]
 mod tests {
+    /// A reload applies each key or names it as taking a restart: none is
+    /// left out (a new config key must be placed in one or the other).
+    #[test]
+    fn every_config_key_is_applied_or_named_for_a_restart() {
+        let Ok(crate::cli::Cli { command: crate::cli::Command::Attach(args), .. }) =
+            crate::cli::config::parse_cli(["shedctl", "attach", "--port", "8080"])
+        else {
+            panic!("attach parses")
+        };
+        let restart = super::restart_only(&args);
+        for key in crate::cli::config::keys() {
+            let live = super::APPLIED_LIVE.contains(&key);
+            assert!(
+                live != restart.contains_key(key),
+                "config key `{key}`: applied live {live}, named for a restart {}",
+                restart.contains_key(key)
+            );
+        }
+    }
+
     #[test]
     fn only_root_may_write_a_reloaded_file() {
         use super::trusted_mode;
