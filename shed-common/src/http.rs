@@ -129,30 +129,28 @@ const fn answers() -> [HttpAnswer; ANSWER_COUNT] {
 
 /// The seconds a port's answer carries in its Retry-After: the port's own
 /// (`--retry-after`, `port_s`), else what the daemon derived from the
-/// controller (`derived_s`), held to 1 through [`MAX_RETRY_AFTER`] as the
-/// answer's three digits are ([`retry_digits`]).
+/// controller (`derived_s`), held as [`retry_seconds`] holds them.
 #[inline(always)]
 pub const fn retry_after_seconds(port_s: u16, derived_s: u32) -> u32 {
-    let s = if port_s != 0 { port_s as u32 } else { derived_s };
-    if s == 0 {
+    retry_seconds(if port_s != 0 { port_s as u32 } else { derived_s })
+}
+
+/// `seconds` held to 1 through [`MAX_RETRY_AFTER`]: what three digits can say.
+#[inline(always)]
+pub const fn retry_seconds(seconds: u32) -> u32 {
+    if seconds == 0 {
         1
-    } else if s > MAX_RETRY_AFTER {
+    } else if seconds > MAX_RETRY_AFTER {
         MAX_RETRY_AFTER
     } else {
-        s
+        seconds
     }
 }
 
 /// The three digits of Retry-After for `seconds` (held to 1..=999).
 #[inline(always)]
 pub const fn retry_digits(seconds: u32) -> [u8; 3] {
-    let s = if seconds == 0 {
-        1
-    } else if seconds > MAX_RETRY_AFTER {
-        MAX_RETRY_AFTER
-    } else {
-        seconds
-    };
+    let s = retry_seconds(seconds);
     [b'0' + (s / 100) as u8, b'0' + (s / 10 % 10) as u8, b'0' + (s % 10) as u8]
 }
 
@@ -360,6 +358,14 @@ mod tests {
             let expected = ((slot as u32 & 1) << 31) | (hash & 0x7fff_f800) | (why << 9);
             prop_assert_eq!(cookie_in_slot(key, flow, why, slot), expected);
         }
+    }
+
+    #[test]
+    fn the_port_s_retry_after_wins_over_the_derived_one() {
+        assert_eq!(retry_after_seconds(7, 42), 7, "the port's own");
+        assert_eq!(retry_after_seconds(0, 42), 42, "else the derived one");
+        assert_eq!(retry_after_seconds(0, 0), 1, "at least 1");
+        assert_eq!(retry_after_seconds(0, 5000), 999, "at most 999");
     }
 
     #[test]
