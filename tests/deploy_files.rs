@@ -55,6 +55,42 @@ fn systemd_unit_passes_systemd_analyze_verify() {
     assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify: {stderr}");
 }
 
+/// The unit survives a reboot: every directory under /run the daemon writes
+/// is made by systemd at start (`RuntimeDirectory=`), for on an empty /run a
+/// `ReadWritePaths=` entry that does not exist fails the service
+/// (226/NAMESPACE) before shedctl runs; and its sandbox holds the exposure
+/// `systemd-analyze security` reports at or under 4.5 (6.1 before it was
+/// tightened).
+#[test]
+fn systemd_unit_makes_its_run_directory_and_stays_sandboxed() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/systemd/shed.service");
+    let unit = std::fs::read_to_string(path).unwrap();
+    let values = |key: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .flat_map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
+    };
+    let run_dir = std::path::Path::new(shed::host::paths::PID_FILE).parent().unwrap();
+    let name = run_dir.strip_prefix("/run").expect("the daemon's files are under /run");
+    assert!(
+        values("RuntimeDirectory").iter().any(|d| std::path::Path::new(d) == name),
+        "RuntimeDirectory= makes {} at start: {:?}",
+        run_dir.display(),
+        values("RuntimeDirectory")
+    );
+    for rw in values("ReadWritePaths") {
+        assert!(!rw.trim_start_matches('-').starts_with("/run"), "{rw}: missing after a reboot; use RuntimeDirectory=");
+    }
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--threshold=45", path])
+        .output()
+        .expect("systemd-analyze (systemd)");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let overall = report.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("");
+    assert!(out.status.success(), "exposure above 4.5: {overall}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn kubernetes_manifests_validate_against_the_schemas() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
