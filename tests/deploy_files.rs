@@ -91,6 +91,37 @@ fn systemd_unit_makes_its_run_directory_and_stays_sandboxed() {
     assert!(out.status.success(), "exposure above 4.5: {overall}\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// Every config file shipped (the example `shed.toml`, the ConfigMap's) is
+/// one `attach` accepts: `--print-config` runs attach's own checks on it
+/// and prints it back.
+#[test]
+fn every_shipped_config_passes_attach_s_checks() {
+    let configmap = std::fs::read_to_string(format!("{DEPLOY}/kubernetes/configmap.yaml")).unwrap();
+    let from_configmap: String = configmap
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("shed.toml: |"))
+        .skip(1)
+        .flat_map(|l| [l.strip_prefix("    ").unwrap_or(l), "\n"])
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let configmap_toml = dir.path().join("configmap-shed.toml");
+    std::fs::write(&configmap_toml, &from_configmap).unwrap();
+    for file in [std::path::PathBuf::from(format!("{DEPLOY}/shed.toml")), configmap_toml] {
+        let out = Command::new(shed_testkit::gate::shedctl_path())
+            .args(["attach", "--print-config", "--config"])
+            .arg(&file)
+            .output()
+            .expect("run shedctl");
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && printed.contains("action ="),
+            "{}: {}{printed}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn kubernetes_manifests_validate_against_the_schemas() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
