@@ -121,6 +121,38 @@ pub(crate) fn check_tracefs() -> Result<(), Error> {
     }
 }
 
+/// The oldest kernel shed runs on, and what each older one lacks (newest
+/// first): the first feature a kernel below its version misses is named.
+pub(crate) const KERNEL_FEATURES: &[((u32, u32), &str)] = &[
+    ((6, 6), "the sock:sk_data_ready tracepoint (6.6), which marks each request's arrival"),
+    ((6, 3), "the sock:sock_recv_length and sock_send_length tracepoints (6.3), which time each request"),
+    ((6, 0), "bpf_tcp_raw_check_syncookie (6.0), which proves a SYN cookie's handshake"),
+    ((5, 18), "bpf_xdp_get_buff_len (5.18)"),
+];
+
+/// The minimum kernel, as `KERNEL_FEATURES` says.
+pub(crate) const MIN_KERNEL: &str = "6.6";
+
+/// Whether kernel `release` (`uname -r`: "6.18.0-1-amd64") is new enough;
+/// else why not, naming the first missing feature.
+pub(crate) fn check_kernel_release(release: &str) -> Result<(), Error> {
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit()).filter(|p| !p.is_empty()).map(str::parse::<u32>);
+    let (Some(Ok(major)), Some(Ok(minor))) = (numbers.next(), numbers.next()) else {
+        // A release string we cannot read: the feature checks that follow decide.
+        return Ok(());
+    };
+    match KERNEL_FEATURES.iter().rev().find(|&&(version, _)| (major, minor) < version) {
+        Some(&(_, missing)) => Err(Error::KernelTooOld { release: release.to_owned(), minimum: MIN_KERNEL, missing }),
+        None => Ok(()),
+    }
+}
+
+/// [`check_kernel_release`] for the running kernel.
+pub(crate) fn check_kernel() -> Result<(), Error> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    check_kernel_release(release.trim())
+}
+
 /// Checks that the socket tracepoints have the field offsets compiled into the kernel programs.
 pub(crate) fn check_tracepoint_layouts() -> Result<(), Error> {
     let read = |event: &str| {
@@ -513,6 +545,23 @@ pub fn monotonic_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_kernel_older_than_the_minimum_is_refused_naming_what_it_lacks() {
+        use super::check_kernel_release as check;
+        for ok in ["6.6.0", "6.18.0-1-amd64", "7.0", "6.12.9+bpo-amd64", "weird"] {
+            assert!(check(ok).is_ok(), "{ok}");
+        }
+        for (old, lacks) in [
+            ("6.5.13", "sk_data_ready"),
+            ("6.1.0-28-amd64", "sock_recv_length"),
+            ("5.19.2", "bpf_tcp_raw_check_syncookie"),
+            ("5.10.0-33-amd64", "bpf_xdp_get_buff_len"),
+        ] {
+            let e = check(old).unwrap_err().to_string();
+            assert!(e.contains(old) && e.contains("older than 6.6") && e.contains(lacks), "{old}: {e}");
+        }
+    }
+
     #[test]
     fn fast_open_for_servers_is_the_0x2_bit() {
         assert_eq!(super::fast_open_server_bit("1\n"), None, "the default: clients only");

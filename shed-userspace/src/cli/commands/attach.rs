@@ -23,6 +23,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     system::check_privileges(if args.netns.is_empty() && !args.pods { Need::Attach } else { Need::AttachNetns })?;
     // With --pods alone, the node's own namespace is not gated: only the pods that ask.
     let namespaces = if args.ports.is_empty() { Vec::new() } else { process::namespaces(&args.netns)? };
+    system::check_kernel()?;
     system::check_bpffs()?;
     system::check_tracefs()?;
     system::check_tracepoint_layouts()?;
