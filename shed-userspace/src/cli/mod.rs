@@ -775,6 +775,39 @@ mod tests {
         );
     }
 
+    /// The README's table of defaults says what `attach` does when not told.
+    #[test]
+    fn the_readme_s_defaults_are_attach_s() {
+        use crate::named::Named as _;
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let table: Vec<(String, String)> = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("### Defaults"))
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (cells.len() > 3 && cells[1].starts_with("`--")).then(|| (cells[1].to_owned(), cells[2].to_owned()))
+            })
+            .collect();
+        let Command::Attach(a) = parse(&["attach", "--port", "8080"]).unwrap().command else { panic!() };
+        let (control, _) = a.control().unwrap();
+        let actual = |flag: &str| -> String {
+            match flag {
+                "`--action`" => format!("`{}`", a.action.name()),
+                "`--algo`" => format!("`{}`", Algo::from_raw(control.algo).name()),
+                "`--count`" => format!("`{}`", a.count.name()),
+                "`--client-share`" => format!("{}%", a.client_share),
+                "`--metrics`, `/healthz`, `/readyz`" => if a.metrics.is_none() { "off" } else { "on" }.to_owned(),
+                "`--kernel-log`" => if a.kernel_log { "on" } else { "off" }.to_owned(),
+                "`--dry-run`" => if a.dry_run { "on" } else { "off" }.to_owned(),
+                other => panic!("the README's defaults name {other}: add it here"),
+            }
+        };
+        assert!(table.len() >= 7, "the README's defaults table: {table:?}");
+        for (flag, said) in &table {
+            assert_eq!(said, &actual(flag), "README says {flag} defaults to {said}");
+        }
+    }
+
     #[test]
     fn adaptive_flags_are_checked_together() {
         let control = |args: &[&str]| {
