@@ -20,6 +20,16 @@ fn config_flags(name: &str, text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The `shed.toml` a ConfigMap's text carries (its block under `shed.toml: |`).
+fn configmap_toml(configmap: &str) -> String {
+    configmap
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("shed.toml: |"))
+        .skip(1)
+        .flat_map(|l| [l.strip_prefix("    ").unwrap_or(l), "\n"])
+        .collect()
+}
+
 #[test]
 fn example_config_file_is_accepted() {
     let text = std::fs::read_to_string(format!("{DEPLOY}/shed.toml")).unwrap();
@@ -97,12 +107,7 @@ fn systemd_unit_makes_its_run_directory_and_stays_sandboxed() {
 #[test]
 fn every_shipped_config_passes_attach_s_checks() {
     let configmap = std::fs::read_to_string(format!("{DEPLOY}/kubernetes/configmap.yaml")).unwrap();
-    let from_configmap: String = configmap
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("shed.toml: |"))
-        .skip(1)
-        .flat_map(|l| [l.strip_prefix("    ").unwrap_or(l), "\n"])
-        .collect();
+    let from_configmap = configmap_toml(&configmap);
     let dir = tempfile::tempdir().unwrap();
     let configmap_toml = dir.path().join("configmap-shed.toml");
     std::fs::write(&configmap_toml, &from_configmap).unwrap();
@@ -158,12 +163,7 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     // The ConfigMap's shed.toml is what the pod runs with: shedctl must accept it,
     // and it must serve metrics on the port the scrape annotation names.
     let configmap = std::fs::read_to_string(&files[0]).unwrap();
-    let toml: String = configmap
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("shed.toml: |"))
-        .skip(1)
-        .flat_map(|l| [l.strip_prefix("    ").unwrap_or(l), "\n"])
-        .collect();
+    let toml = configmap_toml(&configmap);
     let flags = config_flags("configmap.yaml:shed.toml", &toml);
     let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());
     assert_eq!(metrics, Some("0.0.0.0:9464"), "{flags:?}");

@@ -387,6 +387,33 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
 }
 
 impl StateSpec {
+    /// The state the model judges in: this spec's, with the port's `config`,
+    /// the trickle's clock, contention, the local addresses and the tier table.
+    fn model(
+        &self,
+        config: PortConfig,
+        trickle_seen: u64,
+        contended: bool,
+        local: Vec<[u8; 16]>,
+        tiers: Vec<(u32, [u8; 16], u8)>,
+    ) -> ModelState {
+        ModelState {
+            port: PORT,
+            config,
+            limit: self.limit,
+            in_flight: self.books.in_flight(),
+            client_held: self.client_held,
+            held_back: self.held_back,
+            rst_budget: RstBudget { prefix: self.rst_budget.0, port: self.rst_budget.1 },
+            trickle_seen,
+            contended,
+            largest_held: self.largest_held,
+            deferral_budget: self.deferral_budget,
+            local,
+            tiers,
+        }
+    }
+
     /// Writes the generated state for the port at `slot` (into `config` too) and
     /// what `client` holds, keyed by the model's own derivation of the client
     /// (not shed-common's); returns that key, to remove after the case.
@@ -453,6 +480,36 @@ fn assert_reached(reached: &[u64], floor: u64, names: &[(&str, usize)]) {
 /// The client address of a generated frame, as the gate keys it (IPv4-mapped for IPv4).
 fn client_of(fs: &FrameSpec) -> [u8; 16] {
     if fs.family == 1 { fs.client_v6 } else { ipv4_mapped(fs.client_v4) }
+}
+
+/// The trickle's clock as the kernel holds it on CPU 0 (the test thread's):
+/// share refusals plus trickle admissions so far.
+fn trickle_clock(loaded: &Loaded, slot: u32) -> u64 {
+    let values = loaded.maps.counters.get(&slot, 0).unwrap();
+    values[0].values[counter::REJECTED_SHARE] + values[0].values[counter::TRICKLE]
+}
+
+/// A runner whose cases share the kernel's state (the trickle's clock, the
+/// gate's records): no shrinking, for a shrunk case would meet another state.
+fn carried_runner(cases: u32) -> TestRunner {
+    TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 0,
+        ..Default::default()
+    })
+}
+
+/// Gives the client `tier` in the tier table, or no entry. Written before the
+/// case's config: writing the table marks every port tiered, and the case's
+/// config then sets whether this one is.
+fn set_client_tier(loaded: &mut Loaded, cidr: shed::kernel::options::Cidr, tier: Option<u8>) {
+    match tier {
+        Some(t) => loaded.maps.set_tier(cidr, t).unwrap(),
+        None => {
+            let _ = loaded.maps.remove_tier(cidr);
+        }
+    }
 }
 
 /// A GCRA bucket value with no reply left for the next few seconds.
@@ -527,21 +584,7 @@ fn kernel_and_model_agree_on_every_frame() {
             // The kernel state the model is told about.
             let mut config = loaded.maps.config(PORT).unwrap();
             let client_key = ss.write(&mut loaded, slot, &mut config, &client_of(&fs));
-            let state = ModelState {
-                port: PORT,
-                config,
-                limit: ss.limit,
-                in_flight: ss.books.in_flight(),
-                client_held: ss.client_held,
-                held_back: ss.held_back,
-                rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
-                trickle_seen: trickle_seen.get(),
-                contended: false,
-                largest_held: ss.largest_held,
-                deferral_budget: ss.deferral_budget,
-                local: local.clone(),
-                tiers: tiers.clone(),
-            };
+            let state = ss.model(config, trickle_seen.get(), false, local.clone(), tiers.clone());
             let expected = model::decide(&frame, &state);
             let full = state.in_flight >= u64::from(state.limit) && config.dry_run == 0;
             if full
@@ -751,24 +794,11 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     let mut disagreements = 0u32;
     let loaded = std::cell::RefCell::new(loaded);
     for hook in ["xdp", "tc"] {
-        let mut runner = TestRunner::new(proptest::test_runner::Config {
-            cases,
-            failure_persistence: None,
-            // The state carries over between cases (the trickle's clock): a shrunk case would meet another.
-            max_shrink_iters: 0,
-            ..Default::default()
-        });
+        let mut runner = carried_runner(cases);
         let result = runner.run(&(state_spec(), ack_spec(flows.len())), |(ss, a)| {
             let mut loaded = loaded.borrow_mut();
             let flow = &flows[a.flow];
-            // The tier table first: writing it marks every port tiered, and the
-            // case's config then sets whether this one is.
-            match a.tier {
-                Some(t) => loaded.maps.set_tier(client_cidr, t).unwrap(),
-                None => {
-                    let _ = loaded.maps.remove_tier(client_cidr);
-                }
-            }
+            set_client_tier(&mut loaded, client_cidr, a.tier);
             let attempt = |loaded: &mut Loaded| {
                 let mut config = loaded.maps.config(PORT).unwrap();
                 config.client_share = a.client_share;
@@ -784,26 +814,10 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                 for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
                     loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
                 }
-                let state = ModelState {
-                    port: PORT,
-                    config,
-                    limit: ss.limit,
-                    in_flight: ss.books.in_flight(),
-                    client_held: ss.client_held,
-                    held_back: ss.held_back,
-                    rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
-                    // The trickle's clock as the kernel holds it on this CPU (a retried case
-                    // may have moved it).
-                    trickle_seen: {
-                        let values = loaded.maps.counters.get(&slot, 0).unwrap();
-                        values[0].values[counter::REJECTED_SHARE] + values[0].values[counter::TRICKLE]
-                    },
-                    contended: a.contended,
-                    largest_held: ss.largest_held,
-                    deferral_budget: ss.deferral_budget,
-                    local: Vec::new(),
-                    tiers: a.tier.map(|t| (128, client, t)).into_iter().collect(),
-                };
+                // The trickle's clock as the kernel holds it on this CPU (a retried case
+                // may have moved it).
+                let tiers = a.tier.map(|t| (128, client, t)).into_iter().collect();
+                let state = ss.model(config, trickle_clock(loaded, slot), a.contended, Vec::new(), tiers);
                 let expected = model::decide_ack(&flow.ack, &state);
                 let ring_before = loaded.maps.handshakes.get(&slot, 0).unwrap();
                 let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
@@ -962,22 +976,11 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
     let mut disagreements = 0u32;
     let loaded = std::cell::RefCell::new(loaded);
     for hook in ["xdp", "tc"] {
-        let mut runner = TestRunner::new(proptest::test_runner::Config {
-            cases,
-            failure_persistence: None,
-            // The state carries over between cases (the trickle's clock, the records of refusals).
-            max_shrink_iters: 0,
-            ..Default::default()
-        });
+        let mut runner = carried_runner(cases);
         let result = runner.run(&(state_spec(), turn_spec(flows.len())), |(ss, t)| {
             let mut loaded = loaded.borrow_mut();
             let flow = &flows[t.flow];
-            match t.tier {
-                Some(tier) => loaded.maps.set_tier(client_cidr, tier).unwrap(),
-                None => {
-                    let _ = loaded.maps.remove_tier(client_cidr);
-                }
-            }
+            set_client_tier(&mut loaded, client_cidr, t.tier);
             let mut config = loaded.maps.config(PORT).unwrap();
             config.client_share = t.client_share;
             let client_key = ss.write(&mut loaded, slot, &mut config, &client);
@@ -1001,24 +1004,8 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             let payload = if t.tls { hello.to_vec() } else { REQUEST.to_vec() };
             let flags = flow.next.flags | u8::from(t.fin);
             let segment = frame(&Spec { payload, flags, ..flow.next.clone() });
-            let state = ModelState {
-                port: PORT,
-                config,
-                limit: ss.limit,
-                in_flight: ss.books.in_flight(),
-                client_held: ss.client_held,
-                held_back: ss.held_back,
-                rst_budget: RstBudget { prefix: ss.rst_budget.0, port: ss.rst_budget.1 },
-                trickle_seen: {
-                    let values = loaded.maps.counters.get(&slot, 0).unwrap();
-                    values[0].values[counter::REJECTED_SHARE] + values[0].values[counter::TRICKLE]
-                },
-                contended: t.contended,
-                largest_held: ss.largest_held,
-                deferral_budget: ss.deferral_budget,
-                local: Vec::new(),
-                tiers: t.tier.map(|tier| (128, client, tier)).into_iter().collect(),
-            };
+            let tiers = t.tier.map(|tier| (128, client, tier)).into_iter().collect();
+            let state = ss.model(config, trickle_clock(&loaded, slot), t.contended, Vec::new(), tiers);
             let expected = model::decide_turn(&segment, &state, refused_before);
             let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let mut out = vec![0u8; segment.len() + 256];

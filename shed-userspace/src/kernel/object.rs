@@ -92,6 +92,18 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     loader
 }
 
+/// `offsetof(struct_name, field)` in the running kernel's BTF, or 0 with
+/// `warning` logged (the kernel programs then skip the check it serves).
+fn btf_offset(struct_name: &str, field: &str, warning: &str) -> u32 {
+    let found = crate::host::btf::Btf::from_sys_fs()
+        .and_then(|btf| btf.offset_of(struct_name, &[field]))
+        .filter(|&offset| offset != 0);
+    found.unwrap_or_else(|| {
+        tracing::warn!("no {struct_name}.{field} in /sys/kernel/btf/vmlinux: {warning}");
+        0
+    })
+}
+
 /// `offsetof(struct tcp_request_sock, snt_isn)` on the running kernel, so a
 /// handshake-completing ACK is judged only if it acknowledges the SYN-ACK (0,
 /// with a warning, if the kernel's BTF lacks it: ACKs are then judged on the
@@ -100,16 +112,11 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
 fn snt_isn_offset() -> u32 {
     static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *OFFSET.get_or_init(|| {
-        let found = crate::host::btf::Btf::from_sys_fs()
-            .and_then(|btf| btf.offset_of("tcp_request_sock", &["snt_isn"]))
-            .filter(|&offset| offset != 0);
-        found.unwrap_or_else(|| {
-            tracing::warn!(
-                "no tcp_request_sock.snt_isn in /sys/kernel/btf/vmlinux: handshake-completing ACKs are judged \
-                 without checking their ack number (blind forged ACKs can hold reservations)"
-            );
-            0
-        })
+        btf_offset(
+            "tcp_request_sock",
+            "snt_isn",
+            "handshake-completing ACKs are judged without checking their ack number (blind forged ACKs can hold reservations)",
+        )
     })
 }
 
@@ -121,16 +128,11 @@ fn snt_isn_offset() -> u32 {
 fn rcv_isn_offset() -> u32 {
     static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *OFFSET.get_or_init(|| {
-        let found = crate::host::btf::Btf::from_sys_fs()
-            .and_then(|btf| btf.offset_of("tcp_request_sock", &["rcv_isn"]))
-            .filter(|&offset| offset != 0);
-        found.unwrap_or_else(|| {
-            tracing::warn!(
-                "no tcp_request_sock.rcv_isn in /sys/kernel/btf/vmlinux: handshake-completing ACKs are judged \
-                 whatever their sequence number (ACKs the kernel drops can take reservations)"
-            );
-            0
-        })
+        btf_offset(
+            "tcp_request_sock",
+            "rcv_isn",
+            "handshake-completing ACKs are judged whatever their sequence number (ACKs the kernel drops can take reservations)",
+        )
     })
 }
 
@@ -141,16 +143,11 @@ fn rcv_isn_offset() -> u32 {
 fn rcv_nxt_offset() -> u32 {
     static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *OFFSET.get_or_init(|| {
-        let found = crate::host::btf::Btf::from_sys_fs()
-            .and_then(|btf| btf.offset_of("tcp_sock", &["rcv_nxt"]))
-            .filter(|&offset| offset != 0);
-        found.unwrap_or_else(|| {
-            tracing::warn!(
-                "no tcp_sock.rcv_nxt in /sys/kernel/btf/vmlinux: a kept-alive connection's next request is told \
-                 by the connection's idle state alone (a late retransmission of an answered request may be judged)"
-            );
-            0
-        })
+        btf_offset(
+            "tcp_sock",
+            "rcv_nxt",
+            "a kept-alive connection's next request is told by the connection's idle state alone (a late retransmission of an answered request may be judged)",
+        )
     })
 }
 
