@@ -364,3 +364,24 @@ fn config_save_writes_the_live_settings_back() {
     let (control, _) = args.control().unwrap();
     assert_eq!((shed::control::Algo::from_raw(control.algo), control.max_limit), (shed::control::Algo::Queue, 300));
 }
+
+/// `shedctl`'s exit status says what kind of failure it was (documented in
+/// OPERATIONS, "Exit codes"): 2 for flags that do not go together, 4 for a
+/// request the running gate refuses before anything changes, 3 when no gate
+/// runs, 0 on success.
+#[test]
+fn exit_codes_tell_usage_refusal_and_absence_apart() {
+    let _one = exclusive();
+    let status = |args: &[&str]| shedctl(args).status.code();
+    assert_eq!(status(&["attach", "--port", "443", "--action", "http"]), Some(2), "http on a TLS port");
+    assert_eq!(status(&["attach", "--port", "8080", "--limit", "nope"]), Some(2), "clap's own usage error");
+    {
+        let bed = Testbed::create("shedex").expect("testbed");
+        let addr: SocketAddr = bed.server_addr(false, PORT);
+        let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+        let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "5"]);
+        assert_eq!(status(&["stats", "--json"]), Some(0));
+        assert_eq!(status(&["set", "--port", "9999", "--limit", "5"]), Some(4), "a port the gate does not protect");
+    }
+    assert_eq!(status(&["stats"]), Some(3), "no gate running");
+}

@@ -33,6 +33,10 @@ pub enum Error {
     )]
     NotEthernet { name: String, link_type: u32 },
 
+    /// Flags or config keys that do not go together (the reason says which and what to do).
+    #[error("{reason}")]
+    InvalidPlan { reason: String },
+
     #[error("no shed gate is running (nothing pinned at {}): start one with `sudo shedctl attach --port PORT`", pin_dir.display())]
     NoGate { pin_dir: PathBuf },
 
@@ -118,7 +122,58 @@ pub enum Error {
     },
 }
 
+/// `shedctl`'s exit status, by what went wrong (documented in OPERATIONS, "Exit codes").
+pub mod exit {
+    /// Done.
+    pub const OK: i32 = 0;
+    /// It failed while it ran (a map, a program, the kernel, a file).
+    pub const RUNTIME: i32 = 1;
+    /// The command line or the config file is wrong (clap's own status too).
+    pub const USAGE: i32 = 2;
+    /// No gate is running for a verb that needs one.
+    pub const NOT_RUNNING: i32 = 3;
+    /// Refused before anything changed: the host, the kernel or the running
+    /// gate does not allow what was asked.
+    pub const REFUSED: i32 = 4;
+}
+
 impl Error {
+    /// The exit status this error ends `shedctl` with ([`exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::InvalidPlan { .. } => exit::USAGE,
+            Self::NoGate { .. } | Self::StaleGate { .. } => exit::NOT_RUNNING,
+            Self::NotPrivileged { .. }
+            | Self::BpffsMissing { .. }
+            | Self::TracefsMissing { .. }
+            | Self::KernelTooOld { .. }
+            | Self::UnknownInterface { .. }
+            | Self::NotEthernet { .. }
+            | Self::SeveralNamespaces { .. }
+            | Self::NamespaceNotGated { .. }
+            | Self::PortNotProtected { .. }
+            | Self::InsideIpNetnsExec { .. }
+            | Self::PortAlreadyProtected { .. }
+            | Self::AlreadyRunning { .. }
+            | Self::TracepointLayout { .. }
+            | Self::TierNotFound { .. }
+            | Self::TooManyPorts { .. } => exit::REFUSED,
+            Self::EbpfObjectMissing
+            | Self::Load { .. }
+            | Self::Program { .. }
+            | Self::Map { .. }
+            | Self::Dispatch { .. }
+            | Self::Cri { .. }
+            | Self::Io { .. } => exit::RUNTIME,
+        }
+    }
+
+    /// The exit status of a command's error: the first of its causes that is
+    /// one of ours decides; any other is a runtime failure.
+    pub fn exit_code_of(err: &anyhow::Error) -> i32 {
+        err.chain().find_map(|cause| cause.downcast_ref::<Self>()).map_or(exit::RUNTIME, Self::exit_code)
+    }
+
     pub fn map(op: impl Into<String>, source: aya::maps::MapError) -> Self {
         Self::Map { op: op.into(), source: Box::new(source) }
     }
@@ -129,5 +184,24 @@ impl Error {
 
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         Self::Io { op, path: path.into(), source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, exit};
+
+    #[test]
+    fn each_kind_of_failure_has_its_exit_status() {
+        let no_gate = anyhow::Error::new(Error::NoGate { pin_dir: "/sys/fs/bpf/shed".into() });
+        assert_eq!(Error::exit_code_of(&no_gate), exit::NOT_RUNNING);
+        let refused =
+            anyhow::Error::new(Error::AlreadyRunning { pid: "1".into(), ports: "8080".into() }).context("attaching");
+        assert_eq!(Error::exit_code_of(&refused), exit::REFUSED, "a cause decides, under context");
+        let io = Error::io("read", "/x", std::io::Error::other("boom"));
+        assert_eq!(Error::exit_code_of(&anyhow::Error::new(io)), exit::RUNTIME);
+        assert_eq!(Error::exit_code_of(&anyhow::anyhow!("something else")), exit::RUNTIME);
+        let distinct = [exit::OK, exit::RUNTIME, exit::USAGE, exit::NOT_RUNNING, exit::REFUSED];
+        assert!(distinct.iter().enumerate().all(|(i, a)| distinct[i + 1..].iter().all(|b| a != b)));
     }
 }

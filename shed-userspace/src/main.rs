@@ -7,7 +7,12 @@ use shed::{
 
 fn main() {
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SHED_LOG").unwrap_or_else(|_| "info".into()))
+        // SHED_LOG, else the Rust ecosystem's RUST_LOG, else info.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHED_LOG")
+                .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr);
     // SHED_LOG_FORMAT=json: one JSON object per line, for log shippers.
     if std::env::var("SHED_LOG_FORMAT").is_ok_and(|f| f == "json") {
@@ -20,7 +25,7 @@ fn main() {
         Err(config::CliError::Clap(e)) => e.exit(),
         Err(e) => {
             eprintln!("shedctl: error: {e}");
-            std::process::exit(2);
+            std::process::exit(shed::error::exit::USAGE);
         }
     };
     let result = match cli.command {
@@ -43,7 +48,7 @@ fn main() {
     };
     if let Err(err) = result {
         eprintln!("shedctl: error: {}", chain_message(&err));
-        std::process::exit(1);
+        std::process::exit(shed::error::Error::exit_code_of(&err));
     }
 }
 

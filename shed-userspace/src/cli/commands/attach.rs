@@ -62,9 +62,19 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
 /// but for the host's own readiness.
 fn checked_plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
     if args.ports.is_empty() && !args.pods {
-        anyhow::bail!("no port to protect: give --port, or `ports = [8080]` in the config file (or --pods)");
+        return Err(crate::error::Error::InvalidPlan {
+            reason: "no port to protect: give --port, or `ports = [8080]` in the config file (or --pods)".into(),
+        }
+        .into());
     }
-    args.plan()
+    // A plan refused for its flags is a usage error (the typed refusals keep their own kind).
+    args.plan().map_err(|e| {
+        if e.downcast_ref::<crate::error::Error>().is_some() {
+            e
+        } else {
+            crate::error::Error::InvalidPlan { reason: format!("{e:#}") }.into()
+        }
+    })
 }
 
 /// `--print-config`: only a file that `attach` accepts (the same checks first).
