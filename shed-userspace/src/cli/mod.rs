@@ -697,6 +697,32 @@ mod tests {
         assert_eq!(crate::cli::tiers::parse_tier_action("low=http"), Ok((shed_common::tier::LOW, Action::Http)));
     }
 
+    /// OPERATIONS' inventories are the code's: every `attach` flag is named
+    /// in its `attach` section, every config key in its list of keys.
+    #[test]
+    fn the_operations_guide_names_every_attach_flag_and_config_key() {
+        let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/OPERATIONS.md")).unwrap();
+        let section = |from: &str, to: &str| {
+            let start = guide.find(from).unwrap_or_else(|| panic!("OPERATIONS has no {from}"));
+            let end = guide[start..].find(to).map_or(guide.len(), |e| start + e);
+            guide[start..end].to_owned()
+        };
+        let attach_section = section("## `attach`", "\n## ");
+        let keys_section = section("Every key:", "\n\n");
+        let cli = Cli::command();
+        let attach = cli.find_subcommand("attach").unwrap();
+        let missing: Vec<String> = attach
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|&flag| flag != "help" && !attach_section.contains(&format!("`--{flag}")))
+            .map(str::to_owned)
+            .collect();
+        assert!(missing.is_empty(), "attach flags OPERATIONS' `attach` section does not name: {missing:?}");
+        let missing: Vec<&str> =
+            crate::cli::config::keys().filter(|k| !keys_section.contains(&format!("`{k}`"))).collect();
+        assert!(missing.is_empty(), "config keys OPERATIONS' \"Every key\" list does not name: {missing:?}");
+    }
+
     /// `--print-config` prints only what `attach` would run: a plan it
     /// refuses is refused here too (exit non-zero, nothing printed).
     #[test]
