@@ -150,6 +150,10 @@ fn attach_from_a_config_file_serves_metrics_that_agree_with_stats_json() {
     ] {
         assert!(screen.contains(expected), "{expected:?} not in top's frame:\n{screen}");
     }
+    // The summary fits the 110 columns: its last figure is whole, not cut at the frame.
+    let summary = screen.lines().find(|l| l.contains("in-flight 3")).expect("the summary line");
+    let inside = summary.trim_end().trim_end_matches('│').trim_end();
+    assert!(inside.ends_with("/s") || inside.ends_with("kept-alive)"), "top's summary is cut: {summary}");
     let refused = shedctl(&["top", "--once", "--port", "9"]);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("port 9 is not protected"));
     drop(held);

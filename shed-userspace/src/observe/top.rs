@@ -178,7 +178,12 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
                 s.established, s.busy, s.pending, r.syn, r.admitted
             )),
             Span::styled(format!("shed {:.0}/s", r.shed), Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)),
-            Span::raw(format!(" (kept-alive requests {:.0}/s)", r.requests_refused)),
+            // Only when some are: the line must fit 110 columns.
+            Span::raw(if r.requests_refused >= 0.5 {
+                format!(" ({:.0}/s kept-alive)", r.requests_refused)
+            } else {
+                String::new()
+            }),
         ])),
         summary,
     );
