@@ -179,8 +179,17 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         })
         .collect();
     assert!(annotations.len() >= 4, "{annotations:?}");
-    let asks = shed::cli::annotations::pod_attach_args(&annotations).unwrap_or_else(|e| panic!("{e}"));
+    // Over the ConfigMap's defaults, as the node agent reads a pod.
+    let dir = tempfile::tempdir().unwrap();
+    let defaults = dir.path().join("shed.toml");
+    std::fs::write(&defaults, &toml).unwrap();
+    let asks = shed::cli::annotations::pod_attach_args(&annotations, Some(&defaults)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(asks.map(|a| a.ports), Some(vec![8080]));
+    // A pod that names only its ports gets the ConfigMap's action, not the command line's default.
+    let only_ports = std::collections::BTreeMap::from([("shed.io/ports".to_owned(), "8080".to_owned())]);
+    let asks = shed::cli::annotations::pod_attach_args(&only_ports, Some(&defaults)).unwrap().unwrap();
+    assert!(flags.windows(2).any(|w| w[0] == "--action" && w[1] == "rst"), "the ConfigMap's action: {flags:?}");
+    assert_eq!(asks.action, shed::kernel::options::Action::Rst);
 }
 
 /// The override OPERATIONS.md documents, on the shipped config: a fixed limit

@@ -7,7 +7,7 @@
 //! is that pod's error, naming the annotation.
 use std::collections::BTreeMap;
 
-use crate::cli::{AttachArgs, Cli, Command, config};
+use crate::cli::{AttachArgs, Command, config};
 
 /// Every annotation of shed's starts with this.
 pub const PREFIX: &str = "shed.io/";
@@ -22,8 +22,14 @@ pub struct AnnotationError {
 }
 
 /// The `attach` settings a pod's annotations ask for; `None` when it asks
-/// for nothing (no `shed.io/` annotation at all).
-pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<AttachArgs>, AnnotationError> {
+/// for nothing (no `shed.io/` annotation at all). Over `defaults`, the node
+/// agent's own config file (the ConfigMap's `shed.toml`), as `attach
+/// --config FILE --flag ...` merges a file under its flags: what a pod's
+/// annotations set wins, the file gives the rest.
+pub fn pod_attach_args(
+    annotations: &BTreeMap<String, String>,
+    defaults: Option<&std::path::Path>,
+) -> Result<Option<AttachArgs>, AnnotationError> {
     let ours: BTreeMap<&str, &str> =
         annotations.iter().filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str()))).collect();
     if ours.is_empty() {
@@ -36,6 +42,9 @@ pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<
         });
     }
     let mut argv: Vec<std::ffi::OsString> = vec!["shedctl".into(), "attach".into()];
+    if let Some(file) = defaults {
+        argv.extend(["--config".into(), file.as_os_str().to_owned()]);
+    }
     for (key, value) in &ours {
         let args = config::annotation_args(key, value)
             .map_err(|reason| AnnotationError { key: format!("{PREFIX}{key}"), reason })?;
@@ -43,7 +52,10 @@ pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<
     }
     let all = || AnnotationError { key: format!("{PREFIX}*"), reason: String::new() };
     let refused = |reason: String| AnnotationError { reason: config::in_annotation_terms(&reason), ..all() };
-    let cli = <Cli as clap::Parser>::try_parse_from(argv).map_err(|e| refused(config::clap_reason(&e)))?;
+    let cli = config::parse_cli(argv).map_err(|e| match e {
+        config::CliError::Clap(e) => refused(config::clap_reason(&e)),
+        config::CliError::Config(e) => refused(e.to_string()),
+    })?;
     let Command::Attach(args) = cli.command else { unreachable!("parsed as attach") };
     // The checks across settings (a limiter's bounds, the http action's ports, ...).
     args.plan().map_err(|e| refused(format!("{e:#}")))?;
@@ -54,8 +66,9 @@ pub fn pod_attach_args(annotations: &BTreeMap<String, String>) -> Result<Option<
 /// settings of its gate, or why it cannot have one.
 pub(crate) fn pod_settings(
     annotations: &BTreeMap<String, String>,
+    defaults: Option<&std::path::Path>,
 ) -> Result<Option<crate::daemon::gate::PodSettings>, String> {
-    let Some(args) = pod_attach_args(annotations).map_err(|e| e.to_string())? else { return Ok(None) };
+    let Some(args) = pod_attach_args(annotations, defaults).map_err(|e| e.to_string())? else { return Ok(None) };
     let (spec, tiers) = args.plan().map_err(|e| format!("annotations: {e:#}"))?;
     Ok(Some(crate::daemon::gate::PodSettings {
         ports: args.ports,
@@ -81,7 +94,7 @@ mod tests {
     #[test]
     fn a_pod_without_shed_annotations_asks_for_nothing() {
         let other = annotations(&[("kubernetes.io/config.source", "api"), ("shed.iox/limit", "5")]);
-        assert!(matches!(pod_attach_args(&other), Ok(None)));
+        assert!(matches!(pod_attach_args(&other, None), Ok(None)));
     }
 
     #[test]
@@ -96,7 +109,7 @@ mod tests {
             ("shed.io/client-cap", "7"),
             ("app", "web"),
         ]);
-        let args = pod_attach_args(&pod).unwrap().expect("asks for a gate");
+        let args = pod_attach_args(&pod, None).unwrap().expect("asks for a gate");
         assert_eq!(args.ports, [8080, 9090]);
         assert_eq!(args.action, Action::Rst);
         assert!(args.dry_run);
@@ -106,12 +119,12 @@ mod tests {
         assert_eq!(spec.client_cap, 7);
         let adaptive =
             annotations(&[("shed.io/ports", "8080"), ("shed.io/algo", "gradient2"), ("shed.io/target-latency", "200")]);
-        assert!(pod_attach_args(&adaptive).unwrap().is_some());
+        assert!(pod_attach_args(&adaptive, None).unwrap().is_some());
     }
 
     #[test]
     fn a_bad_annotation_is_named_with_its_reason() {
-        let error = |pairs: &[(&str, &str)]| pod_attach_args(&annotations(pairs)).unwrap_err();
+        let error = |pairs: &[(&str, &str)]| pod_attach_args(&annotations(pairs), None).unwrap_err();
         let e = error(&[("shed.io/ports", "8080"), ("shed.io/limit", "lots")]);
         assert_eq!(e.key, "shed.io/limit");
         assert!(e.reason.contains("lots"), "{e}");
@@ -142,13 +155,38 @@ mod tests {
 
     #[test]
     fn settings_that_conflict_are_the_pods_error_too() {
-        let e = pod_attach_args(&annotations(&[
-            ("shed.io/ports", "8080"),
-            ("shed.io/limit", "50"),
-            ("shed.io/algo", "gradient"),
-        ]))
+        let e = pod_attach_args(
+            &annotations(&[("shed.io/ports", "8080"), ("shed.io/limit", "50"), ("shed.io/algo", "gradient")]),
+            None,
+        )
         .unwrap_err();
         assert_eq!(e.key, "shed.io/*", "{e}");
         assert!(e.reason.contains("shed.io/limit") && !e.reason.contains("--"), "in annotation terms: {e}");
+    }
+
+    /// A pod's annotations lie over the node agent's config file (the
+    /// ConfigMap's defaults): what a pod does not set comes from the file,
+    /// what it sets wins.
+    #[test]
+    fn a_pod_gets_the_agent_s_config_under_its_annotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("shed.toml");
+        std::fs::write(
+            &file,
+            "pods = true\naction = \"rst\"\nalgo = \"queue\"\nclient-cap = 7\n[tiers]\n\"127.0.0.0/8\" = \"exempt\"\n",
+        )
+        .unwrap();
+        let only_ports = annotations(&[("shed.io/ports", "8080")]);
+        let args = pod_attach_args(&only_ports, Some(&file)).unwrap().expect("asks for a gate");
+        assert_eq!((args.ports.clone(), args.action, args.client_cap), (vec![8080], Action::Rst, 7), "the file's");
+        assert_eq!(args.tiers.len(), 1, "the file's tiers: {:?}", args.tiers);
+        let without = pod_attach_args(&only_ports, None).unwrap().expect("asks for a gate");
+        assert_eq!(without.action, Action::Drop, "no file: the command line's defaults");
+        let own = annotations(&[("shed.io/ports", "8080"), ("shed.io/action", "http"), ("shed.io/client-cap", "2")]);
+        let args = pod_attach_args(&own, Some(&file)).unwrap().expect("asks for a gate");
+        assert_eq!((args.action, args.client_cap), (Action::Http, 2), "the pod's own win");
+        let limited = annotations(&[("shed.io/ports", "8080"), ("shed.io/limit", "50")]);
+        let args = pod_attach_args(&limited, Some(&file)).unwrap().expect("a fixed limit over the file's queue");
+        assert_eq!(args.limit, Some(50));
     }
 }

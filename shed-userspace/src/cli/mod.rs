@@ -457,6 +457,11 @@ pub struct PodsArgs {
     /// Print a JSON list, one object per pod (--json).
     #[arg(long)]
     pub json: bool,
+
+    /// The node agent's config file: a pod's annotations lie over its settings, as the
+    /// agent applies them (--config /etc/shed/shed.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

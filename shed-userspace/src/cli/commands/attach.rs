@@ -49,9 +49,14 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         ready_max_shed: args.ready_max_shed,
         ready_window: args.ready_window,
         reloader: reload::reloader(&args),
-        pods: args
-            .pods
-            .then(|| PodSource { socket: args.cri_socket.clone(), read: Box::new(annotations::pod_settings) }),
+        pods: args.pods.then(|| {
+            // A pod's annotations over the agent's own config file (the ConfigMap's defaults).
+            let defaults = args.config.clone();
+            PodSource {
+                socket: args.cri_socket.clone(),
+                read: Box::new(move |pod| annotations::pod_settings(pod, defaults.as_deref())),
+            }
+        }),
         dispatcher: None,
         spare: std::sync::Mutex::new(None),
     })

@@ -31,9 +31,10 @@ pub struct PodView {
 }
 
 impl PodView {
-    fn of(pod: PodSandbox) -> Self {
+    /// `pod` as the agent reads it, over its config file `defaults`.
+    fn of(pod: PodSandbox, defaults: Option<&std::path::Path>) -> Self {
         let refused = |why: &str| ("refused", Vec::new(), Some(why.to_owned()));
-        let (asks, mut ports, error) = match (pod_attach_args(&pod.annotations), &pod.netns) {
+        let (asks, mut ports, error) = match (pod_attach_args(&pod.annotations, defaults), &pod.netns) {
             (Ok(None), _) => ("none", Vec::new(), None),
             (Ok(Some(_)), _) if pod.host_network => refused(
                 "a host-network pod shares the node's namespace: gate its ports with the node's own `attach --port`",
@@ -56,7 +57,7 @@ pub fn execute(args: &PodsArgs) -> anyhow::Result<()> {
         let mut client = cri::connect(&args.cri_socket).await?;
         cri::pod_sandboxes(&mut client, &args.cri_socket, &mut cri::Networks::default()).await
     })?;
-    let views: Vec<PodView> = pods.into_iter().map(PodView::of).collect();
+    let views: Vec<PodView> = pods.into_iter().map(|pod| PodView::of(pod, args.config.as_deref())).collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&views)?);
     } else {
@@ -107,7 +108,7 @@ mod tests {
             pod("host", &[("shed.io/ports", "8080")], false),
         ]
         .into_iter()
-        .map(PodView::of)
+        .map(|pod| PodView::of(pod, None))
         .collect();
         assert_eq!(
             (views[0].asks, views[0].ports.as_slice(), views[0].error.as_deref()),
