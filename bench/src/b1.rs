@@ -46,25 +46,53 @@ impl Case {
     }
 }
 
-/// Mean ns per packet, as the kernel times it: one run repeated `n` times in the
-/// kernel where the verdict leaves the frame as it was, else `n` single runs
-/// with fresh frames (a RST rewrites the frame).
-fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> Result<f64> {
-    if case.repeatable() {
-        let data = frame(case.v6, case.proto, case.flags, case.dport, 40_000);
-        let opts = TestRunOptions { data_in: Some(&data), repeat: n, ..Default::default() };
-        let r = if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? };
-        return Ok(r.duration.as_nanos() as f64);
+/// Mean ns per packet of `data`, as the kernel times it: one run repeated
+/// `n` times in the kernel where the verdict leaves the frame as it was
+/// (`repeatable`), else `n` single runs (a reply rewrites the frame), each
+/// after `before_each` (untimed).
+fn timed_ns(
+    loaded: &mut Loaded,
+    pass_only: bool,
+    data: &[u8],
+    n: u32,
+    repeatable: bool,
+    mut before_each: impl FnMut(&mut Loaded) -> Result<()>,
+) -> Result<f64> {
+    fn run(loaded: &mut Loaded, pass_only: bool, opts: TestRunOptions<'_>) -> Result<aya::programs::TestRunResult> {
+        Ok(if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? })
+    }
+    if repeatable {
+        let opts = TestRunOptions { data_in: Some(data), repeat: n, ..Default::default() };
+        return Ok(run(loaded, pass_only, opts)?.duration.as_nanos() as f64);
     }
     let mut total = 0u128;
+    let mut out = vec![0u8; data.len() + 64];
     for _ in 0..n {
-        let data = frame(case.v6, case.proto, case.flags, case.dport, 40_000);
-        let mut out = vec![0u8; data.len() + 64];
-        let opts = TestRunOptions { data_in: Some(&data), data_out: Some(&mut out), ..Default::default() };
-        let r = if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? };
-        total += r.duration.as_nanos();
+        before_each(loaded)?;
+        let opts = TestRunOptions { data_in: Some(data), data_out: Some(&mut out), ..Default::default() };
+        total += run(loaded, pass_only, opts)?.duration.as_nanos();
     }
     Ok(total as f64 / f64::from(n))
+}
+
+/// `case`'s frame through [`timed_ns`].
+fn per_packet_ns(loaded: &mut Loaded, pass_only: bool, case: &Case, n: u32) -> Result<f64> {
+    let data = frame(case.v6, case.proto, case.flags, case.dport, 40_000);
+    timed_ns(loaded, pass_only, &data, n, case.repeatable(), |_| Ok(()))
+}
+
+/// One B1 row from its samples (gate and empty program, ns, pairwise): the
+/// table row, the JSON point and the progress line.
+fn report_row(name: &str, samples: &[(f64, f64)], rows: &mut Vec<String>, json: &mut Vec<serde_json::Value>) {
+    let (g, gmin, gmax) = median_min_max(samples.iter().map(|s| s.0).collect());
+    let (e, _, _) = median_min_max(samples.iter().map(|s| s.1).collect());
+    let (x, xmin, xmax) = median_min_max(samples.iter().map(|s| s.0 - s.1).collect());
+    rows.push(format!(
+        "| {name} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |",
+        g / e
+    ));
+    json.push(serde_json::json!({"case": name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
+    println!("B1 {name:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns");
 }
 
 /// B1: decision cost per packet, against an empty XDP_PASS program in the same run.
@@ -102,51 +130,30 @@ pub(crate) fn b1(scale: Scale) -> Result<(serde_json::Value, String)> {
         config.action = case.act;
         loaded.maps.write_config(PORT, config)?;
         loaded.maps.set_limit(slot, case.limit)?;
-        let (mut gate, mut empty, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+        let mut samples = Vec::new();
         for _ in 0..runs {
             loaded.maps.clear_handshakes();
             let count = if case.repeatable() { repeat } else { n };
             let e = per_packet_ns(&mut loaded, true, case, count)?;
             let g = per_packet_ns(&mut loaded, false, case, count)?;
-            empty.push(e);
-            gate.push(g);
-            extra.push(g - e);
+            samples.push((g, e));
         }
-        let (g, gmin, gmax) = median_min_max(gate);
-        let (e, _, _) = median_min_max(empty);
-        let (x, xmin, xmax) = median_min_max(extra);
-        rows.push(format!(
-            "| {} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |",
-            case.name,
-            g / e
-        ));
-        json.push(serde_json::json!({"case": case.name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
-        println!("B1 {:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns", case.name);
+        report_row(case.name, &samples, &mut rows, &mut json);
     }
     for (name, refused) in [
         ("request on an idle kept-alive connection, admitted", false),
         ("request on an idle kept-alive connection, refused (RST)", true),
     ] {
-        let (mut gate, mut empty, mut extra) = (Vec::new(), Vec::new(), Vec::new());
         let mut turns = Turns::open(refused)?;
+        let mut samples = Vec::new();
         for _ in 0..runs {
             let e = turns.per_packet_ns(true, if refused { n } else { repeat })?;
             let g = turns.per_packet_ns(false, if refused { n } else { repeat })?;
-            empty.push(e);
-            gate.push(g);
-            extra.push(g - e);
+            samples.push((g, e));
         }
         let judged = turns.judged()?;
         anyhow::ensure!(judged > 0, "B1 {name}: the gate judged none of the requests (is the connection idle?)");
-        let (g, gmin, gmax) = median_min_max(gate);
-        let (e, _, _) = median_min_max(empty);
-        let (x, xmin, xmax) = median_min_max(extra);
-        rows.push(format!(
-            "| {name} | {g:.1} ({gmin:.1}-{gmax:.1}) | {e:.1} | {x:+.1} ({xmin:+.1} to {xmax:+.1}) | {:.2}x |",
-            g / e
-        ));
-        json.push(serde_json::json!({"case": name, "gate_ns": g, "gate_min_ns": gmin, "gate_max_ns": gmax, "empty_ns": e, "extra_ns": x, "extra_min_ns": xmin, "extra_max_ns": xmax, "ratio": g / e}));
-        println!("B1 {name:<28} gate {g:7.1} ns  empty {e:7.1} ns  extra {x:+6.1} ns");
+        report_row(name, &samples, &mut rows, &mut json);
     }
     let result = serde_json::json!({
         "benchmark": "B1 decision cost",
@@ -204,24 +211,14 @@ impl Turns {
     /// Mean ns per request segment: `n` in-kernel repeats (admitted: the frame
     /// is left as it was), or `n` single runs (refused: a reset rewrites it).
     fn per_packet_ns(&mut self, pass_only: bool, n: u32) -> Result<f64> {
-        fn run(loaded: &mut Loaded, pass_only: bool, opts: TestRunOptions<'_>) -> Result<aya::programs::TestRunResult> {
-            Ok(if pass_only { loaded.xdp_pass()?.test_run(opts)? } else { loaded.xdp()?.test_run(opts)? })
-        }
-        let data = &self.kept.frame;
-        if !self.refused {
-            let opts = TestRunOptions { data_in: Some(data), repeat: n, ..Default::default() };
-            return Ok(run(&mut self.loaded, pass_only, opts)?.duration.as_nanos() as f64);
-        }
-        let mut total = 0u128;
-        let mut out = vec![0u8; data.len() + 64];
-        for _ in 0..n {
-            for sk in self.loaded.maps.refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-                self.loaded.maps.refused_turns.remove(&sk)?;
+        // A fresh refusal each run: the record of the last one is forgotten first.
+        let forget = |loaded: &mut Loaded| -> Result<()> {
+            for sk in loaded.maps.refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+                loaded.maps.refused_turns.remove(&sk)?;
             }
-            let opts = TestRunOptions { data_in: Some(data), data_out: Some(&mut out), ..Default::default() };
-            total += run(&mut self.loaded, pass_only, opts)?.duration.as_nanos();
-        }
-        Ok(total as f64 / f64::from(n))
+            Ok(())
+        };
+        timed_ns(&mut self.loaded, pass_only, &self.kept.frame, n, !self.refused, forget)
     }
 
     /// Requests the gate judged (admitted or refused afresh): the rows time the turn, not a pass.

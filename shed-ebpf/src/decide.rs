@@ -1193,8 +1193,7 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
 /// The Retry-After an answer of the port gives: the port's own, or what the daemon derives.
 #[inline(always)]
 fn retry_after(config: &PortConfig) -> u32 {
-    let derived =
-        if config.retry_after_s != 0 { 0 } else { SHED_USER_STATE.get(config.slot).map_or(1, |u| u.retry_after_s) };
+    let derived = SHED_USER_STATE.get(config.slot).map_or(0, |u| u.retry_after_s);
     http::retry_after_seconds(config.retry_after_s, derived)
 }
 

@@ -21,7 +21,7 @@ pub enum Error {
     #[error(
         "kernel {release} is older than {minimum}, the oldest shed runs on: it lacks {missing}. Upgrade the kernel (Debian 12: bookworm-backports' linux-image-amd64)"
     )]
-    KernelTooOld { release: String, minimum: &'static str, missing: &'static str },
+    KernelTooOld { release: String, minimum: String, missing: &'static str },
 
     #[error(
         "unknown interface {name:?}: list interfaces with `ip link` (inside the namespace given with --netns, if any)"

@@ -130,9 +130,6 @@ pub(crate) const KERNEL_FEATURES: &[((u32, u32), &str)] = &[
     ((5, 18), "bpf_xdp_get_buff_len (5.18)"),
 ];
 
-/// The minimum kernel, as `KERNEL_FEATURES` says.
-pub(crate) const MIN_KERNEL: &str = "6.6";
-
 /// Whether kernel `release` (`uname -r`: "6.18.0-1-amd64") is new enough;
 /// else why not, naming the first missing feature.
 pub(crate) fn check_kernel_release(release: &str) -> Result<(), Error> {
@@ -142,7 +139,11 @@ pub(crate) fn check_kernel_release(release: &str) -> Result<(), Error> {
         return Ok(());
     };
     match KERNEL_FEATURES.iter().rev().find(|&&(version, _)| (major, minor) < version) {
-        Some(&(_, missing)) => Err(Error::KernelTooOld { release: release.to_owned(), minimum: MIN_KERNEL, missing }),
+        Some(&(_, missing)) => {
+            // The newest feature's version is the minimum.
+            let ((major, minor), _) = KERNEL_FEATURES[0];
+            Err(Error::KernelTooOld { release: release.to_owned(), minimum: format!("{major}.{minor}"), missing })
+        }
         None => Ok(()),
     }
 }
