@@ -79,6 +79,7 @@ pub(crate) fn pod_settings(
         dry_run: args.dry_run,
         window: args.window,
         handshake_window: args.handshake_window,
+        agent_port: args.agent_port,
     }))
 }
 

@@ -69,6 +69,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("netns", "netns", Kind::StrOrList),
     ("handshake-window", "handshake-window", Kind::Int),
     ("metrics", "metrics", Kind::Str),
+    ("agent-port", "agent-port", Kind::Int),
     ("heal-interval", "heal-interval", Kind::Int),
     ("max-connections", "max-connections", Kind::Int),
     ("max-clients", "max-clients", Kind::Int),
@@ -387,6 +388,9 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     if let Some(metrics) = args.metrics {
         t.insert("metrics".into(), s(&metrics));
     }
+    if let Some(port) = args.agent_port {
+        t.insert("agent-port".into(), int(port.into()));
+    }
     t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
     t.insert("max-connections".into(), int(args.max_connections.into()));
     t.insert("max-clients".into(), int(args.max_clients.into()));
@@ -493,6 +497,8 @@ mod tests {
         "40",
         "--metrics",
         "127.0.0.1:9464",
+        "--agent-port",
+        "9500",
         "--heal-interval",
         "12",
         "--max-connections",

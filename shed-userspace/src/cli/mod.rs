@@ -271,6 +271,12 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_listen_addr)]
     pub metrics: Option<SocketAddr>,
 
+    /// Answer a load balancer's agent checks (HAProxy `agent-check`) on this port of
+    /// every address of each gated namespace (a pod: its own address): one line, this
+    /// backend's weight (`70%`), from 10% to 100%, never drain (--agent-port 9500).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
+    pub agent_port: Option<u16>,
+
     /// Seconds between routine healing passes, which read every held connection;
     /// evidence of drift (ports changed, the connection map full) brings one forward (--heal-interval 30).
     #[arg(long, value_parser = parse_seconds, default_value = "30")]

@@ -68,6 +68,7 @@ mod gradient2;
 mod guards;
 pub(crate) mod handshake;
 mod queue;
+pub(crate) mod steer;
 pub(crate) mod reserve;
 pub(crate) mod retry;
 pub(crate) mod service;

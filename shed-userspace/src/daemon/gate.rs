@@ -49,6 +49,8 @@ pub(crate) struct Plan {
     pub heal_interval: Duration,
     /// The metrics endpoint's address, and its readiness rule.
     pub metrics: Option<SocketAddr>,
+    /// `--agent-port`: where each gate answers a load balancer's agent checks.
+    pub agent_port: Option<u16>,
     pub ready_max_shed: u8,
     pub ready_window: Duration,
     /// Makes a gate's reloader of the config file (SIGHUP), if one was given.
@@ -84,6 +86,7 @@ pub(crate) struct PodSettings {
     pub dry_run: bool,
     pub window: Duration,
     pub handshake_window: Duration,
+    pub agent_port: Option<u16>,
 }
 
 impl Plan {
@@ -186,11 +189,13 @@ pub(super) type Considered = Vec<(String, u32)>;
 /// Enters the gate's namespace (this thread), then loads, pins, configures
 /// and attaches its programs; returns them with the addresses written and
 /// the interfaces considered (gated or left out), for the loop to follow.
-pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalAddrs, Considered)> {
+pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Following)> {
     if let Some(netns) = &gate.netns {
         system::enter_netns(netns)?;
     }
     refuse_nat_bypass(&plan.ports, plan.allow_nat)?;
+    // In the namespace, before anything loads: a busy port refuses the gate.
+    let agent = plan.agent_port.map(crate::observe::agent::bind).transpose()?;
     // Taken before the interfaces are chosen: one that appears meanwhile is
     // not in it, and the loop gates it on its first look.
     let seen = system::interfaces_indexed();
@@ -258,7 +263,15 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
         loaded.maps.protect(port, &plan.spec)?;
     }
     gate.heartbeat.beat();
-    Ok((loaded, local_addrs, seen))
+    Ok((loaded, Following { local_addrs, seen, agent }))
+}
+
+/// What a gate's set-up hands its loop besides the programs: the addresses
+/// and interfaces it follows, and the agent's listener.
+pub(super) struct Following {
+    pub(super) local_addrs: LocalAddrs,
+    pub(super) seen: Considered,
+    pub(super) agent: Option<std::net::TcpListener>,
 }
 
 /// Runs one namespace's control loop until the daemon stops; detaches its
@@ -266,12 +279,18 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, LocalA
 pub(super) fn run(
     gate: &Gate,
     loaded: &mut Loaded,
-    (local_addrs, seen): (LocalAddrs, Considered),
+    Following { local_addrs, seen, agent }: Following,
     _go: Instance,
     plan: &Plan,
     signals: LoopSignals,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    if let Some(listener) = agent {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(port = addr.port(), "answering load-balancer agent checks");
+        }
+        crate::observe::agent::serve(listener, gate.pin_dir.clone(), gate.label.clone(), gate.ended.clone());
+    }
     let follow_interfaces =
         plan.ifaces.is_empty().then_some(FollowInterfaces { hook: plan.hook, xdp_mode: plan.xdp_mode, seen });
     let settings = LoopSettings {

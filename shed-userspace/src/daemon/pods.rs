@@ -423,6 +423,7 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
         handshake_window: settings.handshake_window,
         heal_interval: node.heal_interval,
         metrics: None,
+        agent_port: settings.agent_port,
         ready_max_shed: node.ready_max_shed,
         ready_window: node.ready_window,
         reloader: None,
@@ -479,6 +480,7 @@ mod tests {
                 dry_run: false,
                 window: std::time::Duration::from_millis(100),
                 handshake_window: std::time::Duration::ZERO,
+                agent_port: Some(9500),
             })),
         })
     }
@@ -521,6 +523,7 @@ mod tests {
             handshake_window: std::time::Duration::from_secs(9),
             heal_interval: std::time::Duration::from_secs(77),
             metrics: Some("127.0.0.1:1".parse().unwrap()),
+            agent_port: Some(9400),
             ready_max_shed: 42,
             ready_window: std::time::Duration::from_secs(43),
             reloader: None,
@@ -562,6 +565,7 @@ mod tests {
             "the pod's"
         );
         assert_eq!(plan.window, std::time::Duration::from_millis(100));
+        assert_eq!(plan.agent_port, Some(9500), "the pod's agent port (its annotation, else the node's config)");
         assert!(plan.metrics.is_none() && plan.pods.is_none(), "the node's endpoint and agent are the node's");
     }
 }

@@ -246,17 +246,17 @@ pub(super) fn spawn_gate(
         .spawn(move || {
             let _span = tracing::info_span!("gate", netns = %gate.label).entered();
             let loaded = gate::set_up(&gate, &plan).with_context(|| format!("network namespace {}", gate.label));
-            let (mut loaded, local_addrs, seen, instance) = match (loaded, barrier) {
-                (Ok((loaded, local_addrs, seen)), Some((ready, go))) => {
+            let (mut loaded, following, instance) = match (loaded, barrier) {
+                (Ok((loaded, following)), Some((ready, go))) => {
                     let _ = ready.send(Ok(()));
                     drop(ready);
                     // Every namespace answered: run, or (one of them failed) detach.
                     let Ok(instance) = go.recv() else { return end.tell(Ok(())) };
-                    (loaded, local_addrs, seen, instance)
+                    (loaded, following, instance)
                 }
-                (Ok((loaded, local_addrs, seen)), None) => {
+                (Ok((loaded, following)), None) => {
                     tracing::info!("gate set up: judging every new connection");
-                    (loaded, local_addrs, seen, Instance)
+                    (loaded, following, Instance)
                 }
                 (Err(e), barrier) => {
                     // Pinned before what failed: a pod's set-up tried again pins there anew.
@@ -270,7 +270,7 @@ pub(super) fn spawn_gate(
                     return end.tell(Err(e));
                 }
             };
-            let result = gate::run(&gate, &mut loaded, (local_addrs, seen), instance, &plan, signals);
+            let result = gate::run(&gate, &mut loaded, following, instance, &plan, signals);
             drop(loaded); // detaches its links, inside the namespace
             if gate.netns.is_some() {
                 // The namespace's ports are gone (or the daemon stops): so are its pins.

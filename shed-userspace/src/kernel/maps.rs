@@ -104,7 +104,19 @@ impl PortSnapshot {
     pub fn counter(&self, index: usize) -> u64 {
         self.counters.values[index]
     }
+    /// Refusals of every reason (SYNs, handshake-completing ACKs, kept-alive requests).
+    pub fn rejected(&self) -> u64 {
+        REJECTIONS.iter().map(|&c| self.counter(c)).sum()
+    }
 }
+
+/// The counters whose sum is a port's refusals.
+pub(crate) const REJECTIONS: [usize; 4] = [
+    shed_common::counter::REJECTED_LIMIT,
+    shed_common::counter::REJECTED_SHARE,
+    shed_common::counter::REJECTED_CLIENT_CAP,
+    shed_common::counter::REJECTED_CLIENT_SHARE,
+];
 
 fn typed<T>(name: &str, map: Map) -> Result<T, Error>
 where

@@ -6,6 +6,7 @@
 //! `top` and `table` (terminal views), and [`vocabulary`] (one name per
 //! setting and counter everywhere).
 
+pub(crate) mod agent;
 pub(crate) mod endpoint;
 pub(crate) mod metrics;
 pub mod report;

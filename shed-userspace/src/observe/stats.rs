@@ -8,7 +8,7 @@ use shed_common::{counter, tier};
 
 use crate::{
     control::{Algo, Reason},
-    kernel::maps::PortSnapshot,
+    kernel::maps::{PortSnapshot, REJECTIONS},
     kernel::options::{Action, Count},
 };
 
@@ -257,7 +257,7 @@ impl PortStats {
             last_decision: (now.status.windows > 0).then(|| Reason::from_raw(now.status.reason)),
             previous_limit: now.status.previous_limit,
             admitted: now.counter(counter::ADMITTED),
-            rejected: REJECTIONS.iter().map(|&c| now.counter(c)).sum(),
+            rejected: now.rejected(),
             rejected_by_reason: RejectedByReason {
                 limit: now.counter(counter::REJECTED_LIMIT),
                 share: now.counter(counter::REJECTED_SHARE),
@@ -321,9 +321,6 @@ impl PortStats {
     }
 }
 
-/// The counters whose sum is `rejected`.
-const REJECTIONS: [usize; 4] =
-    [counter::REJECTED_LIMIT, counter::REJECTED_SHARE, counter::REJECTED_CLIENT_CAP, counter::REJECTED_CLIENT_SHARE];
 
 /// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
 /// its label in the metrics and its text in `top`.

@@ -46,6 +46,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         handshake_window: args.handshake_window,
         heal_interval: args.heal_interval,
         metrics: args.metrics,
+        agent_port: args.agent_port,
         ready_max_shed: args.ready_max_shed,
         ready_window: args.ready_window,
         reloader: reload::reloader(&args),

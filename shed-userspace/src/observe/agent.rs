@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The load-balancer agent (`attach --agent-port PORT`): HAProxy's
+//! `agent-check` connects, reads one line such as `70%` and closes. The line
+//! is this backend's weight ([`crate::control::steer`]) from the gate's own
+//! maps, so a balancer moves traffic to backends with room before any gate
+//! has to refuse it.
+//!
+//! One per gate, listening on every address of the gate's namespace (a pod's
+//! gate: the pod's own address, where the balancer reaches the pod). Two
+//! threads: a sampler that reads the gate's maps every [`SAMPLE`] and keeps
+//! the weight in an atomic, and a listener that answers each connection at
+//! once from it. The listener serves one connection at a time without
+//! waiting on any: the line is written without blocking (it fits any socket
+//! buffer) and the connection closed, so it answers in microseconds, holds
+//! nothing per client, and a client that connects and never reads costs it
+//! nothing.
+use std::{
+    io::{Read as _, Write as _},
+    net::{Shutdown, SocketAddr, TcpListener},
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use crate::{
+    control::steer::{self, Load, Steering},
+    error::Error,
+    kernel::maps::{GateMaps, PortSnapshot},
+};
+
+/// How often the sampler reads the gate's maps.
+const SAMPLE: Duration = Duration::from_millis(100);
+
+/// Listens for the balancer's agent checks on `port` of every address of the
+/// calling thread's namespace (IPv6 and IPv4 at once where the namespace has
+/// IPv6). Called in the gate's set-up, so a busy port refuses the attach.
+pub(crate) fn bind(port: u16) -> Result<TcpListener, Error> {
+    let any6: SocketAddr = (std::net::Ipv6Addr::UNSPECIFIED, port).into();
+    let dual = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).and_then(|s| {
+        s.set_only_v6(false)?;
+        s.set_reuse_address(true)?;
+        s.bind(&any6.into())?;
+        s.listen(128)?;
+        Ok(s)
+    });
+    let listener: TcpListener = match dual {
+        Ok(socket) => socket.into(),
+        // No IPv6 in this namespace: IPv4 alone.
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) || e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            let any4: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, port).into();
+            TcpListener::bind(any4).map_err(|e| Error::io("listen for agent checks (--agent-port) on", any4.to_string(), e))?
+        }
+        Err(e) => return Err(Error::io("listen for agent checks (--agent-port) on", format!("port {port}"), e)),
+    };
+    Ok(listener)
+}
+
+/// Serves a gate's agent until `ended`: the sampler reads the maps pinned at
+/// `pin_dir`, the listener answers on `listener`.
+pub(crate) fn serve(listener: TcpListener, pin_dir: PathBuf, label: String, ended: Arc<AtomicBool>) {
+    let weight = Arc::new(AtomicU32::new(100));
+    let (w, stop) = (weight.clone(), ended.clone());
+    let sampler = std::thread::Builder::new()
+        .name(format!("shed-agent-{label}"))
+        .spawn(move || sample(&pin_dir, &w, &stop));
+    if let Err(e) = sampler {
+        return tracing::error!(netns = %label, "agent disabled: cannot start its sampler: {e}");
+    }
+    let answer = std::thread::Builder::new().name(format!("shed-agent-{label}")).spawn(move || {
+        answer(&listener, &weight, &ended);
+    });
+    if let Err(e) = answer {
+        tracing::error!(netns = %label, "agent disabled: cannot start its listener: {e}");
+    }
+}
+
+/// Keeps `weight` current: the lowest of the gate's ports (a backend serves
+/// the balancer as well as its weakest protected service).
+fn sample(pin_dir: &std::path::Path, weight: &AtomicU32, ended: &AtomicBool) {
+    let mut maps = None;
+    let mut ports: std::collections::BTreeMap<u16, Steering> = std::collections::BTreeMap::new();
+    let mut last = Instant::now();
+    while !ended.load(Ordering::Relaxed) {
+        std::thread::sleep(SAMPLE);
+        let now = Instant::now();
+        let elapsed = now - std::mem::replace(&mut last, now);
+        if maps.is_none() {
+            maps = GateMaps::open_pinned_at(pin_dir).ok();
+        }
+        let Some(open) = maps.as_ref() else { continue };
+        let Ok(snapshots) = open.snapshots(None) else { continue };
+        ports.retain(|port, _| snapshots.iter().any(|s| s.port == *port));
+        for snapshot in &snapshots {
+            ports.entry(snapshot.port).or_default().sample(elapsed, load(snapshot));
+        }
+        let lowest = ports.values().map(Steering::weight).min().unwrap_or(100);
+        weight.store(lowest, Ordering::Relaxed);
+    }
+}
+
+/// What the weight rule reads of one port.
+fn load(s: &PortSnapshot) -> Load {
+    let rejected = s.rejected();
+    Load {
+        attempts: s.counter(shed_common::counter::ADMITTED) + s.counter(shed_common::counter::REQUEST_ADMITTED) + rejected,
+        refused: rejected,
+        in_flight: s.in_flight(),
+        limit: s.limit,
+        queue_wait_us: s.status.queue_wait_p99_us,
+        // The queue controller's own objective: its target, and never less
+        // than 3/4 of the median service time (see `control`).
+        objective_us: u64::from(s.control.queue_target_us).max(s.status.service_p50_us * 3 / 4),
+    }
+}
+
+/// Answers every agent check with the current weight until `ended`.
+fn answer(listener: &TcpListener, weight: &AtomicU32, ended: &AtomicBool) {
+    while !ended.load(Ordering::Relaxed) {
+        // Woken at least every 100 ms to see `ended`; a connection waiting is answered at once.
+        let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&raw mut fd, 1, 100) } <= 0 {
+            continue;
+        }
+        let Ok((mut conn, _)) = listener.accept() else {
+            // Out of files or memory: the gate goes on; try again shortly.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        let _ = conn.set_nonblocking(true);
+        let _ = conn.write_all(steer::agent_line(weight.load(Ordering::Relaxed)).as_bytes());
+        let _ = conn.shutdown(Shutdown::Write);
+        // Whatever the check sent (HAProxy's `agent-send`) is read before the
+        // close, which would otherwise reset the connection, and the line with it.
+        let _ = conn.read(&mut [0u8; 256]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_reads_the_weight_as_one_line_and_the_connection_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (weight, ended) = (Arc::new(AtomicU32::new(35)), Arc::new(AtomicBool::new(false)));
+        let (w, e) = (weight.clone(), ended.clone());
+        let thread = std::thread::spawn(move || answer(&listener, &w, &e));
+        let read = |send: &[u8]| {
+            let mut conn = std::net::TcpStream::connect(addr).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            conn.write_all(send).unwrap();
+            let mut line = String::new();
+            conn.read_to_string(&mut line).unwrap();
+            line
+        };
+        assert_eq!(read(b""), "35%\n");
+        // What HAProxy's agent-send sends does not cost the answer.
+        assert_eq!(read(b"8080\n"), "35%\n");
+        weight.store(100, Ordering::Relaxed);
+        assert_eq!(read(b""), "100%\n");
+        // A client that never reads holds nothing: the next check is answered.
+        let idle = std::net::TcpStream::connect(addr).unwrap();
+        assert_eq!(read(b""), "100%\n");
+        drop(idle);
+        ended.store(true, Ordering::Relaxed);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_busy_agent_port_is_refused_with_the_flag_named() {
+        let first = bind(0).unwrap();
+        let port = first.local_addr().unwrap().port();
+        let err = bind(port).unwrap_err().to_string();
+        assert!(err.contains("--agent-port") && err.contains(&port.to_string()), "{err}");
+    }
+}
