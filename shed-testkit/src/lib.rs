@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! What shed's integration tests, benchmarks and demo share, kept out of the
 //! shipped library: throwaway network namespaces with backends and clients
-//! ([`testbed`]), a link with a round-trip time ([`delay`]), a private container
+//! ([`testbed`]), a fleet behind HAProxy ([`fleet`]), a link with a round-trip time ([`delay`]), a private container
 //! runtime with pod sandboxes ([`cri`]), the reference model of the SYN policy ([`model`]), one
 //! frame builder ([`frames`]), one launcher for the real `shedctl` ([`gate`]),
 //! a reader of its Prometheus endpoint ([`metrics`]), and real servers
@@ -9,6 +9,7 @@
 
 pub mod cri;
 pub mod delay;
+pub mod fleet;
 pub mod frames;
 pub mod gate;
 pub mod kept;

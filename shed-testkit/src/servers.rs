@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// A child process killed (and reaped) on drop.
-struct Process(Child);
+pub(crate) struct Process(pub(crate) Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -29,7 +29,7 @@ fn target_dir() -> PathBuf {
 }
 
 /// Waits until `addr` (in `ns`) accepts a connection.
-fn wait_listening(ns: &str, addr: SocketAddr, what: &str, child: &mut Child) -> io::Result<()> {
+pub(crate) fn wait_listening(ns: &str, addr: SocketAddr, what: &str, child: &mut Child) -> io::Result<()> {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {

@@ -68,12 +68,12 @@ mod gradient2;
 mod guards;
 pub(crate) mod handshake;
 mod queue;
-pub(crate) mod steer;
 pub(crate) mod reserve;
 pub(crate) mod retry;
 pub(crate) mod service;
 #[cfg(test)]
 mod sim;
+pub(crate) mod steer;
 #[cfg(test)]
 mod tests;
 pub mod window;

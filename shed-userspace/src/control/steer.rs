@@ -134,7 +134,8 @@ impl Steering {
             Verdict::Hold => {}
         }
         let weight = self.weight.round() as u32;
-        if weight.abs_diff(self.reported) >= REPORT_BAND || (weight != self.reported && (weight == FLOOR || weight == 100))
+        if weight.abs_diff(self.reported) >= REPORT_BAND
+            || (weight != self.reported && (weight == FLOOR || weight == 100))
         {
             self.reported = weight;
         }
@@ -164,7 +165,8 @@ impl Steering {
             .sum::<f64>()
             / n;
         let used = self.samples.iter().map(|(_, l)| l.in_flight as f64 / f64::from(l.limit.max(1))).sum::<f64>() / n;
-        let any_refused = self.samples.front().zip(self.samples.back()).is_some_and(|((_, f), (_, l))| l.refused > f.refused);
+        let any_refused =
+            self.samples.front().zip(self.samples.back()).is_some_and(|((_, f), (_, l))| l.refused > f.refused);
         if refused > MAX_REFUSED || queue > QUEUE_OVER {
             Verdict::Overloaded
         } else if !any_refused && queue <= 1.0 && used <= ROOM_USED && self.since_cut >= ROOM_HOLD {

@@ -52,7 +52,8 @@ pub(crate) fn bind(port: u16) -> Result<TcpListener, Error> {
         // No IPv6 in this namespace: IPv4 alone.
         Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) || e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
             let any4: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, port).into();
-            TcpListener::bind(any4).map_err(|e| Error::io("listen for agent checks (--agent-port) on", any4.to_string(), e))?
+            TcpListener::bind(any4)
+                .map_err(|e| Error::io("listen for agent checks (--agent-port) on", any4.to_string(), e))?
         }
         Err(e) => return Err(Error::io("listen for agent checks (--agent-port) on", format!("port {port}"), e)),
     };
@@ -64,9 +65,8 @@ pub(crate) fn bind(port: u16) -> Result<TcpListener, Error> {
 pub(crate) fn serve(listener: TcpListener, pin_dir: PathBuf, label: String, ended: Arc<AtomicBool>) {
     let weight = Arc::new(AtomicU32::new(100));
     let (w, stop) = (weight.clone(), ended.clone());
-    let sampler = std::thread::Builder::new()
-        .name(format!("shed-agent-{label}"))
-        .spawn(move || sample(&pin_dir, &w, &stop));
+    let sampler =
+        std::thread::Builder::new().name(format!("shed-agent-{label}")).spawn(move || sample(&pin_dir, &w, &stop));
     if let Err(e) = sampler {
         return tracing::error!(netns = %label, "agent disabled: cannot start its sampler: {e}");
     }
@@ -106,7 +106,9 @@ fn sample(pin_dir: &std::path::Path, weight: &AtomicU32, ended: &AtomicBool) {
 fn load(s: &PortSnapshot) -> Load {
     let rejected = s.rejected();
     Load {
-        attempts: s.counter(shed_common::counter::ADMITTED) + s.counter(shed_common::counter::REQUEST_ADMITTED) + rejected,
+        attempts: s.counter(shed_common::counter::ADMITTED)
+            + s.counter(shed_common::counter::REQUEST_ADMITTED)
+            + rejected,
         refused: rejected,
         in_flight: s.in_flight(),
         limit: s.limit,

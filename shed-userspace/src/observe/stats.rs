@@ -321,7 +321,6 @@ impl PortStats {
     }
 }
 
-
 /// The name a value has in `stats --json` (`"latency_rising"`, `"work"`): also
 /// its label in the metrics and its text in `top`.
 pub(crate) fn json_name(value: &impl Serialize) -> String {
