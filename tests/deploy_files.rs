@@ -131,7 +131,10 @@ fn every_shipped_config_passes_attach_s_checks() {
 fn kubernetes_manifests_validate_against_the_schemas() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
     let files: Vec<String> =
-        ["configmap.yaml", "daemonset.yaml", "example-deployment.yaml"].iter().map(|f| format!("{dir}/{f}")).collect();
+        ["configmap.yaml", "daemonset.yaml", "example-deployment.yaml", "example-hpa.yaml"]
+            .iter()
+            .map(|f| format!("{dir}/{f}"))
+            .collect();
     // Through python3 -m: the entry-point script may not be on PATH, the module is where pip put it.
     let out = Command::new("python3")
         .args(["-m", "kubernetes_validate", "--strict"])
@@ -140,7 +143,7 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         .expect("python3 with kubernetes-validate (installed by `cargo xtask setup`)");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
-    assert_eq!(text.matches("passed").count(), 3, "{text}");
+    assert_eq!(text.matches("passed").count(), 4, "{text}");
     let daemonset = std::fs::read_to_string(&files[1]).unwrap();
     for needed in [
         "hostNetwork: true",
@@ -270,4 +273,37 @@ fn prometheus_rules_pass_promtool_check_and_unit_tests() {
     ] {
         assert!(rules.contains(&format!("alert: {alert}")), "{alert}");
     }
+}
+
+/// The autoscaling examples scale on the offered load the gates measure, never
+/// on CPU; KEDA's ScaledObject (a CRD kubernetes-validate has no schema for)
+/// is checked against KEDA's own CRD schema, vendored in tests/data.
+#[test]
+fn autoscaling_examples_scale_on_offered_load_and_validate() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
+    let check = r#"
+import sys, yaml, jsonschema
+crd = yaml.safe_load(open(sys.argv[1]))
+schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")["schema"]["openAPIV3Schema"]
+doc = yaml.safe_load(open(sys.argv[2]))
+assert doc["apiVersion"] == "keda.sh/v1alpha1" and doc["kind"] == "ScaledObject", doc
+jsonschema.validate(doc, schema)
+print("valid")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", check, concat!(env!("CARGO_MANIFEST_DIR"), "/data/keda.sh_scaledobjects.yaml")])
+        .arg(format!("{dir}/keda-scaledobject.yaml"))
+        .output()
+        .expect("python3 with PyYAML and jsonschema (installed by `cargo xtask setup`)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("valid"), "{text}");
+    for file in ["example-hpa.yaml", "keda-scaledobject.yaml"] {
+        let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+        let spec: String = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
+        assert!(!spec.contains("cpu") && !spec.contains("Utilization"), "{file} must not scale on CPU:\n{spec}");
+        assert!(text.contains("shed:offered:rate1m"), "{file} scales on the offered-load rule");
+    }
+    // The rule they read is in the rules file (and tested by promtool above).
+    let rules = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/shed-rules.yml")).unwrap();
+    assert!(rules.contains("record: shed:offered:rate1m") && rules.contains("record: shed:refused_share:rate1m"));
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! shed-bench: the benchmarks (B1-B11) and the live demo, as their own binary
+//! shed-bench: the benchmarks (B1-B13) and the live demo, as their own binary
 //! so that `cargo xtask` compiles only what set-up needs. `cargo xtask bench`
 //! and `cargo xtask demo` build the kernel object, shedctl and this, then run
 //! it (as root: every benchmark loads real programs).
@@ -20,6 +20,7 @@ mod b1;
 mod b10;
 mod b11;
 mod b12;
+mod b13;
 mod b2;
 mod b3;
 mod b4;
@@ -82,7 +83,7 @@ fn main() -> Result<()> {
 
 fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11", "b12"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11", "b12", "b13"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -142,6 +143,9 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b12") {
         save("b12", b12::b12(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b13") {
+        save("b13", b13::b13(&shedctl, scale, &results_dir())?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {

@@ -3,7 +3,7 @@
 //! every benchmark still measures what it reports. They write nothing under bench/.
 use std::path::{Path, PathBuf};
 
-use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, common::Scale};
+use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, common::Scale};
 
 /// A PNG image of a real plot: the signature, and an IHDR of at least 200 x 100 pixels.
 fn assert_plot(path: &Path) {
@@ -225,4 +225,17 @@ fn b12_still_runs() {
     }
     assert!(out.path().join("b12_kept_alive.png").exists());
     assert!(md.contains("| reads when free | shed rst | 2x | 50 |"), "{md}");
+}
+
+#[test]
+fn b13_still_runs() {
+    let out = tempfile::tempdir().unwrap();
+    let (json, md) = b13::b13(&shedctl(), Scale::Smoke, out.path()).expect("B13 runs");
+    let configs = json["configs"].as_array().expect("configs");
+    assert_eq!(configs.len(), 1, "the agent-check configuration alone: {json}");
+    // The slowdown moved traffic: HAProxy sent the slowed backend at most its capacity at some point.
+    assert_eq!(configs[0]["shift_seconds"].as_array().map(Vec::len), Some(1), "{json}");
+    assert!(json["agent_answer_us"]["p50"].as_f64().unwrap() > 0.0, "{json}");
+    assert_plot(&out.path().join("b13_steering.png"));
+    assert!(md.contains("| gates + agent-check |"), "{md}");
 }

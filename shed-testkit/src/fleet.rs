@@ -136,6 +136,18 @@ impl Haproxy {
 
     /// Each server's current weight, as HAProxy's `show stat` reports it (in `servers` order).
     pub fn weights(&self) -> io::Result<Vec<u32>> {
+        Ok(self.server_stat("weight")?.into_iter().map(|w| w as u32).collect())
+    }
+
+    /// Requests each server was given so far (`stot`: counted when a request
+    /// is assigned to the server, answered or not; `req_tot` counts answers,
+    /// so a slow server's would be capped by its own pace). Retries count where they went.
+    pub fn requests(&self) -> io::Result<Vec<u64>> {
+        self.server_stat("stot")
+    }
+
+    /// One numeric column of `show stat`, for each server in `servers` order.
+    fn server_stat(&self, name: &str) -> io::Result<Vec<u64>> {
         let mut conn = UnixStream::connect(self.socket())?;
         conn.set_read_timeout(Some(Duration::from_secs(2)))?;
         conn.write_all(b"show stat\n")?;
@@ -144,17 +156,17 @@ impl Haproxy {
         let column = header
             .trim_start_matches("# ")
             .split(',')
-            .position(|c| c == "weight")
-            .ok_or_else(|| io::Error::other(format!("show stat: no weight column in {header}")))?;
-        let mut weights = Vec::new();
+            .position(|c| c == name)
+            .ok_or_else(|| io::Error::other(format!("show stat: no {name} column in {header}")))?;
+        let mut values = Vec::new();
         for line in lines {
             let line = line?;
             let fields: Vec<&str> = line.split(',').collect();
             if fields.first() == Some(&"be") && fields.get(1).is_some_and(|s| s.starts_with('b')) {
-                let weight = fields.get(column).and_then(|w| w.parse().ok());
-                weights.push(weight.ok_or_else(|| io::Error::other(format!("show stat: weight of {line}")))?);
+                let value = fields.get(column).and_then(|w| w.parse().ok());
+                values.push(value.ok_or_else(|| io::Error::other(format!("show stat: {name} of {line}")))?);
             }
         }
-        Ok(weights)
+        Ok(values)
     }
 }
