@@ -151,8 +151,11 @@ fn run_once(shedctl: &Path, config: &Config, seconds: f64, slow_at: f64) -> Resu
         let delta: Vec<u64> = now.iter().zip(then).map(|(a, b)| a - b).collect();
         let total: u64 = delta.iter().sum();
         share.push((*t, delta[0] as f64 * 100.0 / total.max(1) as f64));
-        let rate = delta[0] as f64 / (t - sent[i - 2].0);
-        if config.slowdown && shift_s.is_none() && *t >= slow_at + 0.5 && rate <= SLOW_CAPACITY {
+        // The shift, from the last tick alone (250 ms: a slowed backend still sent
+        // its round-robin share gets 28 requests a tick, at its capacity 10).
+        let (t_before, before) = &sent[i - 1];
+        let rate = (now[0] - before[0]) as f64 / (t - t_before);
+        if config.slowdown && shift_s.is_none() && *t >= slow_at + 0.25 && rate <= SLOW_CAPACITY {
             shift_s = Some(t - slow_at);
         }
     }
@@ -247,7 +250,7 @@ pub(crate) fn b13(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
     let _ = writeln!(md, "\n## B13: steering before shedding (HAProxy agent-check)\n");
     let _ = writeln!(
         md,
-        "{setup}. Goodput: requests answered `200` within the deadline / requests sent. Refused: the gates' refusals (every reason, retried or not) / requests sent. Shift: from the slowdown until HAProxy sends the slowed backend at most its capacity ({SLOW_CAPACITY:.0} req/s, over 500 ms). Median of runs (min-max).\n\n![B13](b13_steering.png)\n"
+        "{setup}. Goodput: requests answered `200` within the deadline / requests sent. Refused: the gates' refusals (every reason, retried or not) / requests sent. Shift: from the slowdown to the end of the first 250 ms in which HAProxy sent the slowed backend at most its capacity ({SLOW_CAPACITY:.0} req/s). Median of runs (min-max).\n\n![B13](b13_steering.png)\n"
     );
     let _ = writeln!(md, "| configuration | goodput | refused | p99 ms | traffic shifted |\n|---|---|---|---|---|");
     for r in rows {
