@@ -130,11 +130,10 @@ fn every_shipped_config_passes_attach_s_checks() {
 #[test]
 fn kubernetes_manifests_validate_against_the_schemas() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
-    let files: Vec<String> =
-        ["configmap.yaml", "daemonset.yaml", "example-deployment.yaml", "example-hpa.yaml"]
-            .iter()
-            .map(|f| format!("{dir}/{f}"))
-            .collect();
+    let files: Vec<String> = ["configmap.yaml", "daemonset.yaml", "example-deployment.yaml", "example-hpa.yaml"]
+        .iter()
+        .map(|f| format!("{dir}/{f}"))
+        .collect();
     // Through python3 -m: the entry-point script may not be on PATH, the module is where pip put it.
     let out = Command::new("python3")
         .args(["-m", "kubernetes_validate", "--strict"])
@@ -304,6 +303,7 @@ print("valid")
         assert!(text.contains("shed:offered:rate1m"), "{file} scales on the offered-load rule");
     }
     // The rule they read is in the rules file (and tested by promtool above).
-    let rules = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/shed-rules.yml")).unwrap();
+    let rules =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/shed-rules.yml")).unwrap();
     assert!(rules.contains("record: shed:offered:rate1m") && rules.contains("record: shed:refused_share:rate1m"));
 }

@@ -122,6 +122,7 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
         ("shed.io/limit", "1"),
         ("shed.io/count", "connections"),
         ("shed.io/action", "rst"),
+        ("shed.io/agent-port", "9500"),
     ];
     let web = runtime.run_pod("web", &limited).expect("pod");
     let plain = runtime.run_pod("plain", &[]).expect("pod");
@@ -152,6 +153,14 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     assert_eq!(health, "HTTP/1.1 200 OK");
     assert!(stats_of(&plain.netns).is_none() && stats_of(&typo.netns).is_none(), "the others are not gated");
     assert!(gate.log().contains("shed.io/limt: unknown key"), "the bad annotation is said: {}", gate.log());
+    // The pod's agent answers a balancer's check on the pod's own address; a pod that did not ask has none.
+    let agent = |pod: &shed_testkit::cri::Pod| {
+        let mut conn = testbed::connect(SocketAddr::from((pod.ip, 9500)), Duration::from_secs(2))?;
+        let mut line = String::new();
+        std::io::Read::read_to_string(&mut conn, &mut line).map(|_| line)
+    };
+    assert_eq!(agent(&web).expect("the pod's agent"), "100%\n", "nothing refused yet: its full weight");
+    assert_eq!(agent(&plain).map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "no agent unasked");
 
     let held = echo(addr(&web)).expect("the first connection to the gated pod");
     let refused = testbed::connect(addr(&web), Duration::from_secs(2)).map(drop);

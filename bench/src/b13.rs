@@ -103,7 +103,11 @@ fn run_once(shedctl: &Path, config: &Config, seconds: f64, slow_at: f64) -> Resu
         .iter()
         .zip(&service)
         .map(|((ns, addr), us)| {
-            Backend::start(ns, (*addr, PORT).into(), Service::HttpKeepAliveWorkers { workers: WORKERS, service_us: us.clone() })
+            Backend::start(
+                ns,
+                (*addr, PORT).into(),
+                Service::HttpKeepAliveWorkers { workers: WORKERS, service_us: us.clone() },
+            )
         })
         .collect::<std::io::Result<_>>()?;
     let (gate, balancing) = match config.gates {
@@ -202,7 +206,8 @@ pub(crate) fn b13(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
     let mut json = Vec::new();
     let mut curves = Vec::new();
     for config in CONFIGS.iter().filter(|c| smoke(c)) {
-        let runs: Vec<Run> = (0..repeats).map(|_| run_once(shedctl, config, seconds, slow_at)).collect::<Result<_>>()?;
+        let runs: Vec<Run> =
+            (0..repeats).map(|_| run_once(shedctl, config, seconds, slow_at)).collect::<Result<_>>()?;
         let (goodput, glo, ghi) = median_min_max(runs.iter().map(|r| r.goodput * 100.0).collect());
         let (refused, rlo, rhi) = median_min_max(runs.iter().map(|r| r.refused * 100.0).collect());
         let (p99, _, _) = median_min_max(runs.iter().map(|r| r.p99_ms).collect());
@@ -215,7 +220,10 @@ pub(crate) fn b13(shedctl: &Path, scale: Scale, out: &Path) -> Result<(serde_jso
             let (m, lo, hi) = median_min_max(shifts.clone());
             format!("{m:.2} s ({lo:.2}-{hi:.2})")
         };
-        println!("B13 {:<34} goodput {goodput:5.1}% refused {refused:5.2}% p99 {p99:6.0} ms shift {shift}", config.name);
+        println!(
+            "B13 {:<34} goodput {goodput:5.1}% refused {refused:5.2}% p99 {p99:6.0} ms shift {shift}",
+            config.name
+        );
         rows.push(format!(
             "| {} | {goodput:.1}% ({glo:.1}-{ghi:.1}) | {refused:.2}% ({rlo:.2}-{rhi:.2}) | {p99:.0} | {shift} |",
             config.name

@@ -834,6 +834,7 @@ mod tests {
                 "`--count`" => format!("`{}`", a.count.name()),
                 "`--client-share`" => format!("{}%", a.client_share),
                 "`--metrics`, `/healthz`, `/readyz`" => if a.metrics.is_none() { "off" } else { "on" }.to_owned(),
+                "`--agent-port`" => if a.agent_port.is_none() { "off" } else { "on" }.to_owned(),
                 "`--kernel-log`" => if a.kernel_log { "on" } else { "off" }.to_owned(),
                 "`--dry-run`" => if a.dry_run { "on" } else { "off" }.to_owned(),
                 other => panic!("the README's defaults name {other}: add it here"),
