@@ -23,7 +23,7 @@ use shed_testkit::{
     metrics::http_get,
     testbed::{self, Backend, Service, Testbed},
 };
-use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
+use support::gate::{Gate, exclusive, field, poll, stats, wait_for_stats};
 
 const PORT: u16 = 8080;
 
@@ -400,6 +400,59 @@ fn nat_that_bypasses_the_gate_is_refused_at_attach() {
         "{}",
         gate.log()
     );
+}
+
+/// A NAT rule added after attach (a sidecar's init container redirecting
+/// inbound traffic, a late DNAT) is seen within seconds: the port is reported
+/// bypassed in the metrics and on `/readyz`, with the rule, and judged again
+/// once the rule goes. With `--allow-nat` it is reported and the gate stays ready.
+#[test]
+fn nat_added_after_attach_is_reported_until_it_goes() {
+    const METRICS: &str = "127.0.0.1:19481";
+    let _one = exclusive();
+    let bed = Testbed::create("shedhl").expect("testbed");
+    let bypassed = || {
+        let scrape = support::metrics::scrape(METRICS);
+        let labels = [("netns", bed.server_ns.as_str()), ("port", "8080")];
+        support::metrics::value(&scrape, "shed_nat_bypassed", &labels)
+    };
+    let args =
+        ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080", "--metrics", METRICS];
+    let gate = Gate::attach(&args);
+    let readable = support::metrics::value(
+        &support::metrics::scrape(METRICS),
+        "shed_nat_readable",
+        &[("netns", bed.server_ns.as_str())],
+    );
+    assert_eq!((bypassed(), readable), (0.0, 1.0));
+    assert_eq!(support::metrics::http_get(METRICS, "/readyz").0, "HTTP/1.1 200 OK");
+    // What Istio's init container does in a pod: inbound TCP redirected to the proxy's port.
+    nft(
+        &bed.server_ns,
+        "table ip late {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 8080 redirect to :15006; }\n}\n",
+    );
+    poll(Duration::from_secs(15), "the late NAT reported", bypassed, |&b| b == 1.0);
+    let (status, body) = support::metrics::http_get(METRICS, "/readyz");
+    assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+    assert!(
+        body.contains("port 8080: nftables table ip late chain prerouting: port 8080 to local port 15006"),
+        "{body}"
+    );
+    assert!(gate.log().contains("netfilter NAT takes connections to this port past the gate"), "{}", gate.log());
+    nft(&bed.server_ns, "delete table ip late\n");
+    poll(Duration::from_secs(15), "the NAT gone", bypassed, |&b| b == 0.0);
+    assert_eq!(support::metrics::http_get(METRICS, "/readyz").0, "HTTP/1.1 200 OK");
+    drop(gate);
+
+    // Accepted with --allow-nat: reported, still ready.
+    let allowed: Vec<&str> = args.iter().copied().chain(["--allow-nat"]).collect();
+    let _gate = Gate::attach(&allowed);
+    nft(
+        &bed.server_ns,
+        "table ip late {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 8080 redirect to :15006; }\n}\n",
+    );
+    poll(Duration::from_secs(15), "the late NAT reported", bypassed, |&b| b == 1.0);
+    assert_eq!(support::metrics::http_get(METRICS, "/readyz").0, "HTTP/1.1 200 OK");
 }
 
 /// TPROXY hands a connection to a listener on another port without NAT: the

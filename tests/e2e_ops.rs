@@ -7,7 +7,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use shed_testkit::testbed::{self, Backend, Outcome, Service, Testbed};
 use support::{
-    gate::{Gate, exclusive, field, shedctl, wait_for_stats},
+    gate::{Gate, exclusive, field, shedctl, stats, wait_for_stats},
     metrics::{http_get, value},
 };
 
@@ -388,4 +388,41 @@ fn exit_codes_tell_usage_refusal_and_absence_apart() {
         assert_eq!(status(&["set", "--port", "9999", "--limit", "5"]), Some(4), "a port the gate does not protect");
     }
     assert_eq!(status(&["stats"]), Some(3), "no gate running");
+}
+
+/// Under systemd (`Type=notify`): READY=1 comes once the port is judged (a
+/// connection made the moment it arrives is judged at its handshake), the
+/// watchdog is fed while the control loop lives, and STOPPING=1 on SIGTERM.
+#[test]
+fn systemd_hears_ready_once_the_port_is_judged_then_the_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let _one = exclusive();
+    let bed = Testbed::create("notify").unwrap();
+    let _backend = Backend::start(&bed.server_ns, bed.server_addr(false, 8080), Service::Echo).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let systemd = UnixDatagram::bind(&path).unwrap();
+    systemd.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let shedctl = support::gate::shedctl_path();
+    let env = [("NOTIFY_SOCKET", path.to_str().unwrap()), ("WATCHDOG_USEC", "1000000")];
+    let args = ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080"];
+    let mut gate = Gate::spawn_env(std::path::Path::new(&shedctl), &args, support::gate::Log::Capture, &env).unwrap();
+    let next = || {
+        let mut buf = [0u8; 256];
+        let n = systemd.recv(&mut buf).unwrap_or_else(|e| panic!("no notification: {e}"));
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let ready = next();
+    assert!(ready.starts_with("READY=1\nSTATUS=gating port(s) 8080\nMAINPID="), "{ready}");
+    let addr = bed.server_addr(false, 8080);
+    let conn = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(2))).unwrap();
+    assert!(conn.is_ok(), "{conn:?}");
+    let s = stats(8080);
+    assert_eq!((field(&s, "admitted"), field(&s, "late_completed")), (1, 0), "judged from READY on: {s}");
+    // Half of WATCHDOG_USEC apart, while the loop lives.
+    assert_eq!(next(), "WATCHDOG=1");
+    assert_eq!(next(), "WATCHDOG=1");
+    drop(conn);
+    assert!(gate.stop().success(), "{}", gate.log());
+    assert_eq!(next(), "STOPPING=1");
 }

@@ -3,6 +3,7 @@
 //! each joined by a veth to a balancer namespace where HAProxy (Debian's
 //! `haproxy`) and the clients run. For the steering test and B13.
 use std::{
+    fmt::Write as _,
     io::{self, BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr},
     os::unix::net::UnixStream,
@@ -104,8 +105,10 @@ impl Haproxy {
             }
             _ => String::new(),
         };
-        let lines: String =
-            servers.iter().enumerate().map(|(i, addr)| format!("    server b{i} {addr} weight 100{agent}\n")).collect();
+        let mut lines = String::new();
+        for (i, addr) in servers.iter().enumerate() {
+            let _ = writeln!(lines, "    server b{i} {addr} weight 100{agent}");
+        }
         let conf = format!(
             "global\n    maxconn 4096\n    nbthread 1\n    stats socket {d}/admin.sock mode 600 level admin\n\
              defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 10s\n\

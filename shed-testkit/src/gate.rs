@@ -86,6 +86,11 @@ impl Gate {
     /// `<shedctl> attach <args>`, started and not waited for (a test of what
     /// readers see while it comes up); stopped on drop like any gate.
     pub fn spawn(shedctl: &Path, args: &[&str], log: Log) -> io::Result<Self> {
+        Self::spawn_env(shedctl, args, log, &[])
+    }
+
+    /// The same, with `env` added to its environment (systemd's `NOTIFY_SOCKET`, ...).
+    pub fn spawn_env(shedctl: &Path, args: &[&str], log: Log, env: &[(&str, &str)]) -> io::Result<Self> {
         let file = match log {
             Log::Capture => Some(tempfile::NamedTempFile::new()?),
             Log::Inherit | Log::Discard => None,
@@ -99,6 +104,7 @@ impl Gate {
             .arg("attach")
             .args(args)
             .env("SHED_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

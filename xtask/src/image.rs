@@ -3,7 +3,11 @@
 //! shedctl (glibc, `crt-static`) on `scratch`, built by podman (buildah
 //! inside) from deploy/image/Containerfile and tagged `localhost/shed:VERSION`,
 //! the tag deploy/kubernetes/daemonset.yaml runs.
-use std::{fs, path::PathBuf, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -44,6 +48,7 @@ pub(crate) fn build() -> Result<String> {
     fs::create_dir_all(&context)?;
     fs::copy(&binary, context.join("shedctl")).context("stage shedctl")?;
     fs::copy(root.join("deploy/shed.toml"), context.join("shed.toml")).context("stage shed.toml")?;
+    stage_with_libraries(Path::new("/usr/sbin/nft"), &context.join("root"))?;
     let containerfile: PathBuf = root.join("deploy/image/Containerfile");
     let tag = tag();
     let image_id = || {
@@ -70,6 +75,33 @@ pub(crate) fn build() -> Result<String> {
         let _ = podman().args(["rmi", &old]).output();
     }
     Ok(tag)
+}
+
+/// Copies `binary` and every shared library it loads (as `ldd` lists them,
+/// the loader included) under `root` at their own paths: the gate reads the
+/// namespace's NAT rules with `nft`, so the image carries it and what it needs.
+fn stage_with_libraries(binary: &Path, root: &Path) -> Result<()> {
+    let out = Command::new("ldd").arg(binary).output().context("run ldd")?;
+    if !out.status.success() {
+        bail!(
+            "ldd {}: {} (cargo xtask setup installs nftables)",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let listed = String::from_utf8_lossy(&out.stdout);
+    // `libx.so => /lib/.../libx.so (0x...)`, or the loader alone: `/lib64/ld-linux-x86-64.so.2 (0x...)`.
+    let libraries = listed.lines().filter_map(|line| {
+        let path = line.split("=>").last()?.split_whitespace().next()?;
+        path.starts_with('/').then(|| PathBuf::from(path))
+    });
+    for file in std::iter::once(binary.to_path_buf()).chain(libraries) {
+        let to = root.join(file.strip_prefix("/").unwrap_or(&file));
+        fs::create_dir_all(to.parent().expect("a file's folder"))?;
+        // The file itself, not a symlink into a tree the image does not have.
+        fs::copy(&file, &to).with_context(|| format!("stage {}", file.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -164,5 +196,19 @@ mod tests {
             "the container's gate removed its pins on SIGTERM"
         );
         drop(container);
+        // The NAT check's tool runs inside the image.
+        let nft = podman()
+            .args(["run", "--rm", "--entrypoint", "/usr/sbin/nft"])
+            .args(["--ulimit", &format!("nofile={0}:{0}", hard_limit(libc::RLIMIT_NOFILE))])
+            .args(["--ulimit", &format!("nproc={0}:{0}", hard_limit(libc::RLIMIT_NPROC).min(4096))])
+            .args([&tag, "--version"])
+            .output()
+            .unwrap();
+        assert!(
+            nft.status.success() && String::from_utf8_lossy(&nft.stdout).starts_with("nftables v"),
+            "nft in the image: {}{}",
+            String::from_utf8_lossy(&nft.stdout),
+            String::from_utf8_lossy(&nft.stderr)
+        );
     }
 }

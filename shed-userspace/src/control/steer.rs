@@ -116,7 +116,9 @@ impl Steering {
         self.since_step += elapsed;
         self.since_cut += elapsed;
         self.samples.push_back((self.now, load));
-        while self.samples.len() > 2 && self.samples.front().is_some_and(|(at, _)| self.now - *at > WINDOW) {
+        while self.samples.len() > 2
+            && self.samples.front().is_some_and(|(at, _)| self.now.saturating_sub(*at) > WINDOW)
+        {
             self.samples.pop_front();
         }
         if self.since_step < STEP {

@@ -120,6 +120,7 @@ pub(super) struct Gate {
     pub(super) heal: crate::observe::report::HealReport,
     pub(super) heartbeat: crate::observe::report::Heartbeat,
     pub(super) task_errors: crate::observe::report::TaskErrors,
+    pub(super) nat: crate::observe::report::NatReport,
     /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
     pub(super) ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -135,6 +136,7 @@ impl Gate {
             heal: crate::observe::report::HealReport::default(),
             heartbeat: crate::observe::report::Heartbeat::default(),
             task_errors: crate::observe::report::TaskErrors::default(),
+            nat: crate::observe::report::NatReport::default(),
             ended: std::sync::Arc::default(),
         }
     }
@@ -149,6 +151,7 @@ impl Gate {
             heal: self.heal.clone(),
             heartbeat: self.heartbeat.clone(),
             task_errors: self.task_errors.clone(),
+            nat: self.nat.clone(),
             ended: self.ended.clone(),
         }
     }
@@ -164,12 +167,13 @@ pub(super) struct LoopSignals {
 /// namespace that takes connections to or from a protected port past the
 /// gate: they would reach the listener unjudged.
 fn refuse_nat_bypass(ports: &[u16], allow: bool) -> anyhow::Result<()> {
-    let local: std::collections::BTreeSet<std::net::IpAddr> = system::local_addresses()
-        .map(|addrs| addrs.keys().map(|a| std::net::Ipv6Addr::from(*a).to_canonical()).collect())
-        .unwrap_or_default();
-    for nat in crate::host::nat::local_nat(&local) {
-        let Some(port) = nat.bypasses(ports) else { continue };
-        let what = nat.describe();
+    let look = crate::host::nat::look();
+    if !look.readable {
+        tracing::warn!(
+            "cannot read netfilter NAT here (neither nft nor iptables-legacy-save runs): a NAT rule that takes connections past the gate would go unseen (shed_nat_readable 0); install nftables"
+        );
+    }
+    for (port, what) in look.bypassed(ports) {
         if allow {
             tracing::warn!(port, nat = %what, "--allow-nat: connections this NAT rewrites reach the listener unjudged");
             continue;
@@ -303,6 +307,8 @@ pub(super) fn run(
         heal_report: gate.heal.clone(),
         heartbeat: gate.heartbeat.clone(),
         task_errors: gate.task_errors.clone(),
+        nat: gate.nat.clone(),
+        allow_nat: plan.allow_nat,
         reload: plan.reloader.as_ref().map(|make| make()),
         stop: signals.stop,
         reload_requests: signals.reload,

@@ -46,6 +46,9 @@ const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
 /// How often the namespace's addresses and interfaces are looked at again.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How often netfilter NAT is looked at again (a rule added after attach,
+/// such as a sidecar's redirect, is reported within this).
+const NAT_EVERY: Duration = Duration::from_secs(5);
 
 /// Settings of the control loop.
 pub struct LoopSettings {
@@ -67,6 +70,10 @@ pub struct LoopSettings {
     pub heartbeat: crate::observe::report::Heartbeat,
     /// Failures of the periodic tasks, for the metrics endpoint.
     pub task_errors: crate::observe::report::TaskErrors,
+    /// Netfilter NAT that takes a protected port past the gate, looked at every few seconds.
+    pub nat: crate::observe::report::NatReport,
+    /// `--allow-nat`: such NAT is reported, and the gate stays ready.
+    pub allow_nat: bool,
     /// SIGHUP: re-reads the config and applies it (None: attach had no --config).
     pub reload: Option<Reloader>,
     /// Becomes true when the loop must stop (SIGINT, SIGTERM, or another namespace's loop failed).
@@ -149,6 +156,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     let mut accept_queues = AcceptQueues::default();
     let mut refused = refused::RefusedRequests::default();
     let mut last_heal_check: Option<Instant> = None;
+    let mut last_nat: Option<Instant> = None;
     // What the operator last set, to log each live change once (see `crate::daemon::audit`).
     let mut audited = crate::daemon::audit::read(&loaded.maps).unwrap_or_default();
     let mut last_audit = Instant::now();
@@ -238,6 +246,11 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                     }
                     last_heal_check = Some(Instant::now());
                 }
+                if last_nat.is_none_or(|t| t.elapsed() >= NAT_EVERY) {
+                    let protected: Vec<u16> = ports.keys().copied().collect();
+                    look_at_nat(&settings.nat, &protected, settings.allow_nat);
+                    last_nat = Some(Instant::now());
+                }
                 if last_client_sweep.elapsed() >= CLIENT_SWEEP {
                     match loaded.maps.forget_idle_clients(&idle_clients) {
                         Ok(idle) => idle_clients = idle,
@@ -255,4 +268,32 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
             }
         }
     }
+}
+
+/// Looks at the namespace's netfilter NAT again and reports what changed:
+/// a rule that now takes a protected port past the gate (added after attach,
+/// as a sidecar's init container does), one that went, and a ruleset that
+/// cannot be read.
+fn look_at_nat(report: &crate::observe::report::NatReport, ports: &[u16], allowed: bool) {
+    let look = crate::host::nat::look();
+    let bypassed = look.bypassed(ports);
+    let before = report.read();
+    for (port, what) in &bypassed {
+        if before.bypassed.get(port) != Some(what) {
+            tracing::warn!(
+                port,
+                nat = %what,
+                "netfilter NAT takes connections to this port past the gate: they reach the listener unjudged (shed_nat_bypassed; /readyz unless --allow-nat). Remove the rule, or gate the namespace where the socket lives"
+            );
+        }
+    }
+    for port in before.bypassed.keys().filter(|p| !bypassed.contains_key(p)) {
+        tracing::info!(port, "the NAT that took this port past the gate is gone: judged again");
+    }
+    if !look.readable && (!before.looked || before.readable) {
+        tracing::warn!(
+            "cannot read netfilter NAT here (neither nft nor iptables-legacy-save runs): a NAT rule that takes connections past the gate would go unseen (shed_nat_readable 0); install nftables"
+        );
+    }
+    report.set(crate::observe::report::NatSeen { looked: true, readable: look.readable, bypassed, allowed });
 }

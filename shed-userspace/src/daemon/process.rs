@@ -15,11 +15,12 @@ use crate::{
         pods::Pods,
     },
     error::Error,
-    host::{paths, system},
+    host::{notify::Notifier, paths, system},
     kernel::maps,
     observe::{
         endpoint::{self, ReadinessRule},
         metrics,
+        report::HEALTHY_WITHIN,
     },
 };
 
@@ -147,27 +148,51 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
         pid = std::process::id(),
         "shed gate running; SIGINT or SIGTERM detaches"
     );
+    let heartbeats: Vec<_> = gates.iter().map(|(gate, _, _)| gate.heartbeat.clone()).collect();
     let mut threads = Vec::new();
     for (_, go, thread) in gates {
         let _ = go.send(Instance);
         threads.push(thread);
     }
+    // systemd (Type=notify): ready now, every port attached and judged.
+    let notifier = Notifier::from_env();
+    if let Some(notifier) = &notifier {
+        let ports: Vec<String> = plan.ports.iter().map(u16::to_string).collect();
+        notifier.send(&format!("READY=1\nSTATUS=gating port(s) {}\nMAINPID={}", ports.join(", "), std::process::id()));
+    }
+    let watchdog_every = notifier.as_ref().and_then(Notifier::watchdog_every);
     // Signals go to every gate; a namespace that fails stops them all at once
     // (the daemon exits with its error); one whose ports were all detached
     // just ends, and the others run on.
     let failure = runtime.block_on(async {
         let (mut running, mut failure, mut stopping) = (threads.len(), None, false);
+        let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_hours(1)));
         let mut look = tokio::time::interval(super::pods::LOOK_EVERY);
         // A slow runtime delays the next look; it does not bunch them up.
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while running > 0 || (pods.is_some() && !stopping) {
             tokio::select! {
+                _ = watchdog.tick(), if watchdog_every.is_some() && !stopping => {
+                    // Fed only while every namespace's control loop has ticked
+                    // lately: systemd restarts a daemon whose loops stalled.
+                    if let Some(n) = &notifier
+                        && heartbeats.iter().all(|h| h.age().is_some_and(|age| age < HEALTHY_WITHIN))
+                    {
+                        n.send("WATCHDOG=1");
+                    }
+                }
                 _ = signals.interrupt.recv() => {
+                    if let Some(n) = &notifier {
+                        n.send("STOPPING=1");
+                    }
                     tracing::info!("SIGINT: detaching");
                     let _ = stop.send(true);
                     stopping = true;
                 }
                 _ = signals.terminate.recv() => {
+                    if let Some(n) = &notifier {
+                        n.send("STOPPING=1");
+                    }
                     tracing::info!("SIGTERM: detaching");
                     let _ = stop.send(true);
                     stopping = true;

@@ -48,19 +48,56 @@ impl LocalNat {
     }
 }
 
+/// What one look at the calling thread's namespace found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NatLook {
+    /// Every NAT statement that ends at a local listener.
+    pub found: Vec<LocalNat>,
+    /// Whether any ruleset could be read: false when neither `nft` nor the
+    /// legacy iptables tools run here (a NAT rule would then go unseen).
+    pub readable: bool,
+}
+
+impl NatLook {
+    /// The protected ports among `ports` that a statement takes past the
+    /// gate, each with the first such statement as an operator would write it.
+    pub(crate) fn bypassed(&self, ports: &[u16]) -> std::collections::BTreeMap<u16, String> {
+        let mut bypassed = std::collections::BTreeMap::new();
+        for nat in &self.found {
+            for &port in ports {
+                if nat.bypasses(&[port]).is_some() {
+                    bypassed.entry(port).or_insert_with(|| nat.describe());
+                }
+            }
+        }
+        bypassed
+    }
+}
+
+/// Reads every NAT statement of the calling thread's namespace that ends at
+/// one of its own addresses (or loopback).
+pub(crate) fn look() -> NatLook {
+    let local: BTreeSet<IpAddr> = crate::host::system::local_addresses()
+        .map(|addrs| addrs.keys().map(|a| std::net::Ipv6Addr::from(*a).to_canonical()).collect())
+        .unwrap_or_default();
+    local_nat(&local)
+}
+
 /// Reads every NAT statement of this namespace that ends at a local
 /// listener; a tool that is not installed contributes nothing.
-pub(crate) fn local_nat(local: &BTreeSet<IpAddr>) -> Vec<LocalNat> {
-    let mut found = Vec::new();
+fn local_nat(local: &BTreeSet<IpAddr>) -> NatLook {
+    let mut look = NatLook::default();
     if let Some(json) = run("nft", &["-j", "list", "ruleset"]) {
-        found.extend(from_nft_json(&json, local));
+        look.readable = true;
+        look.found.extend(from_nft_json(&json, local));
     }
     for (tool, family) in [("iptables-legacy-save", "iptables-legacy"), ("ip6tables-legacy-save", "ip6tables-legacy")] {
         if let Some(text) = run(tool, &["-t", "nat"]) {
-            found.extend(from_iptables_save(&text, family, local));
+            look.readable = true;
+            look.found.extend(from_iptables_save(&text, family, local));
         }
     }
-    found
+    look
 }
 
 fn run(program: &str, args: &[&str]) -> Option<String> {

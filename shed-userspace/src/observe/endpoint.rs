@@ -18,7 +18,7 @@ use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, rou
 use crate::{
     kernel::maps::GateMaps,
     observe::metrics::{CONTENT_TYPE, GateSource, Scrape},
-    observe::report::{Decisions, HEALTHY_WITHIN, HealReport, Heartbeat, TaskErrors},
+    observe::report::{Decisions, HEALTHY_WITHIN, HealReport, Heartbeat, NatReport, TaskErrors},
     observe::stats::PortStats,
 };
 
@@ -121,6 +121,7 @@ pub(crate) struct EndpointGate {
     pub heal: HealReport,
     pub heartbeat: Heartbeat,
     pub task_errors: TaskErrors,
+    pub nat: NatReport,
     /// Set when the gate's loop has ended (its ports all detached): it is
     /// then left out of every answer, and its maps are let go.
     pub ended: Arc<std::sync::atomic::AtomicBool>,
@@ -329,6 +330,7 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
                     decisions: &g.gate.decisions,
                     heal: &g.gate.heal,
                     task_errors: &g.gate.task_errors,
+                    nat: &g.gate.nat,
                 })
             })
             .collect();
@@ -372,7 +374,8 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
     let several = gates.len() > 1;
     // Readiness is the node's own services': a pod that sheds says so in its metrics.
     for open in gates.iter().filter(|g| !g.ended() && g.gate.pod.is_none()) {
-        if let Some(why) = lock(&open.history).not_ready(shared.readiness) {
+        let why = open.gate.nat.not_ready().or_else(|| lock(&open.history).not_ready(shared.readiness));
+        if let Some(why) = why {
             let why = if several { format!("namespace {}: {why}", open.gate.netns) } else { why };
             return (StatusCode::SERVICE_UNAVAILABLE, why);
         }

@@ -18,7 +18,7 @@ use crate::{
     control::Reason,
     error::Error,
     kernel::maps::GateMaps,
-    observe::report::{Decisions, HealCounts, HealReport, PassReason, TaskErrors},
+    observe::report::{Decisions, HealCounts, HealReport, NatReport, NatSeen, PassReason, TaskErrors},
     observe::stats::{PortStats, TierStats, json_name},
 };
 
@@ -35,6 +35,8 @@ pub(crate) struct PortMetrics {
     pub stats: PortStats,
     pub latency: PortLatency,
     pub decisions: Vec<(Reason, u64)>,
+    /// A netfilter NAT statement takes this port past the gate.
+    pub nat_bypassed: bool,
 }
 
 /// Everything one scrape reports; a [`Collector`] built anew per scrape.
@@ -64,6 +66,8 @@ pub(crate) struct GateMetrics {
     pub task_errors: Vec<(&'static str, u64)>,
     /// Kernel memory held by the gate's maps.
     pub bpf_memory_bytes: u64,
+    /// Netfilter NAT as the gate's loop last saw it.
+    pub nat: NatSeen,
 }
 
 /// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
@@ -74,6 +78,7 @@ pub(crate) struct GateSource<'a> {
     pub decisions: &'a Decisions,
     pub heal: &'a HealReport,
     pub task_errors: &'a TaskErrors,
+    pub nat: &'a NatReport,
 }
 
 /// The daemon process as Prometheus' process metrics name it, from /proc/self.
@@ -115,6 +120,7 @@ impl Scrape {
         let (mut ports, mut gates) = (Vec::new(), Vec::new());
         for source in sources {
             let maps = source.maps;
+            let nat = source.nat.read();
             for snapshot in maps.snapshots(None)? {
                 let mut stats = PortStats::new(&snapshot, None);
                 source.netns.clone_into(&mut stats.netns);
@@ -123,6 +129,7 @@ impl Scrape {
                     stats,
                     latency: maps.latency(snapshot.config.slot)?,
                     decisions: source.decisions.of(snapshot.port),
+                    nat_bypassed: nat.bypassed.contains_key(&snapshot.port),
                 });
             }
             gates.push(GateMetrics {
@@ -132,6 +139,7 @@ impl Scrape {
                 heal: source.heal.read(),
                 task_errors: source.task_errors.counts(),
                 bpf_memory_bytes: maps.memory_bytes(),
+                nat,
             });
         }
         Ok(Self { ports, gates, process: ProcessStats::read(), refused_pods })
@@ -421,6 +429,12 @@ const GATE_FAMILIES: &[Figure<GateMetrics, u64>] = &[
         |g| g.bpf_memory_bytes,
     ),
     (
+        "shed_nat_readable",
+        "1 while the gate can read its namespace's netfilter NAT rules (nft, or the legacy iptables tools), looked at every 5 s; 0: a NAT rule taking a port past the gate would go unseen (install nftables).",
+        MetricType::Gauge,
+        |g| u64::from(!g.nat.looked || g.nat.readable),
+    ),
+    (
         "shed_later_fragments",
         "Later fragments passed (the first fragment carries the TCP header and is judged).",
         MetricType::Counter,
@@ -600,6 +614,13 @@ impl Scrape {
 
     /// The per-port families with a label of their own (a state, a reason).
     fn encode_port_breakdowns(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        family(
+            e,
+            "shed_nat_bypassed",
+            "1 while a netfilter NAT statement in the port's namespace takes its connections past the gate (they reach the listener unjudged; the log names the statement, /readyz says it unless --allow-nat), looked at every 5 s.",
+            MetricType::Gauge,
+            self.ports.iter().map(|p| (port_label(&p.stats), u64::from(p.nat_bypassed))),
+        )?;
         let states = self.ports.iter().flat_map(|p| {
             let s = &p.stats;
             [("established", s.established), ("busy", s.busy), ("pending", s.pending), ("silent", s.silent)]
@@ -722,7 +743,12 @@ mod tests {
         gate[shed_common::gate_counter::LATER_FRAGMENT] = 11;
         gate[shed_common::gate_counter::TINY_FRAGMENT] = 12;
         Scrape {
-            ports: vec![PortMetrics { stats, latency: PortLatency::default(), decisions: vec![(Reason::Grow, 3)] }],
+            ports: vec![PortMetrics {
+                stats,
+                latency: PortLatency::default(),
+                decisions: vec![(Reason::Grow, 3)],
+                nat_bypassed: true,
+            }],
             refused_pods: vec![("shop/web-1".into(), "shed.io/limit".into())],
             gates: vec![GateMetrics {
                 netns: "blue".into(),
@@ -731,6 +757,7 @@ mod tests {
                 heal: HealCounts { checks: 5, last_pass: std::time::Duration::from_millis(250), ..Default::default() },
                 task_errors: vec![("heal", 2)],
                 bpf_memory_bytes: 4096,
+                nat: NatSeen { looked: true, readable: false, ..NatSeen::default() },
             }],
             process: ProcessStats { cpu_seconds: 1.5, resident_bytes: 10, open_fds: 7, start_time_seconds: 100.0 },
         }
@@ -762,6 +789,8 @@ mod tests {
             "shed_later_fragments_total{netns=\"blue\"} 11",
             "shed_gate_dropped_total{netns=\"blue\",reason=\"tiny_fragment\"} 12",
             "shed_bpf_memory_bytes{netns=\"blue\"} 4096",
+            "shed_nat_bypassed{netns=\"blue\",port=\"8080\"} 1",
+            "shed_nat_readable{netns=\"blue\"} 0",
             "shed_task_errors_total{netns=\"blue\",task=\"heal\"} 2",
             "shed_limit_decisions_total{netns=\"blue\",port=\"8080\",reason=\"grow\"} 3",
             "shed_tier_admitted_total{netns=\"blue\",port=\"8080\",tier=\"critical\"} 0",

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the daemon's loops publish for the metrics endpoint: decisions
 //! counted per port and reason, periodic tasks' failures, a heartbeat per
-//! loop, and what the healer did.
+//! loop, what the healer did, and netfilter NAT that takes a port past the gate.
 use std::{
     collections::BTreeMap,
     sync::{
@@ -156,5 +156,48 @@ impl HealReport {
         if let Ok(mut c) = self.0.lock() {
             f(&mut c);
         }
+    }
+}
+
+/// Netfilter NAT as the gate's loop last saw it in its namespace (every few
+/// seconds): protected ports a rule takes past the gate, which `/readyz`, the
+/// metrics and the log report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NatSeen {
+    /// Whether the loop has looked yet.
+    pub looked: bool,
+    /// Whether a ruleset could be read at all (nft or the legacy iptables tools).
+    pub readable: bool,
+    /// Each protected port a NAT statement takes past the gate, with the statement.
+    pub bypassed: BTreeMap<u16, String>,
+    /// `--allow-nat`: the operator accepted it (reported, but the gate stays ready).
+    pub allowed: bool,
+}
+
+/// Shared between the control loop and the metrics thread.
+#[derive(Clone, Debug, Default)]
+pub struct NatReport(Arc<Mutex<NatSeen>>);
+
+impl NatReport {
+    pub fn read(&self) -> NatSeen {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn set(&self, seen: NatSeen) {
+        if let Ok(mut s) = self.0.lock() {
+            *s = seen;
+        }
+    }
+
+    /// Why the gate is not ready, if a NAT the operator did not allow takes a port past it.
+    pub fn not_ready(&self) -> Option<String> {
+        let seen = self.read();
+        if seen.allowed {
+            return None;
+        }
+        let (port, what) = seen.bypassed.iter().next()?;
+        Some(format!(
+            "port {port}: {what}: netfilter takes these connections past the gate, unjudged; remove the rule, gate the namespace where the socket lives, or restart with --allow-nat to accept it\n"
+        ))
     }
 }
