@@ -9,8 +9,8 @@
 //!   the work that reached the gate was refused, or the queue wait is over
 //!   [`QUEUE_OVER`] times its objective. The weight is cut by the refused
 //!   share (what the backend took is what it can take), at least by
-//!   [`MIN_CUT`] and at most by [`MAX_CUT`] per [`STEP`].
-//! - **Room**: nothing refused, the queue wait within its objective and
+//!   [`MIN_CUT`] and at most by [`MAX_CUT`], and not again within [`CUT_HOLD`].
+//! - **Room**: nothing refused, the queue wait within half its objective and
 //!   in-flight at most [`ROOM_USED`] of the limit, for [`ROOM_HOLD`] since the
 //!   last cut: the weight grows by [`GROWTH`] per step, to 100.
 //! - Otherwise it holds (the band between the two is the hysteresis).
@@ -50,6 +50,12 @@ pub(crate) const MAX_CUT: f64 = 0.3;
 pub(crate) const MIN_CUT: f64 = 0.8;
 /// In-flight at most this share of the limit is room.
 pub(crate) const ROOM_USED: f64 = 0.75;
+/// A cut waits this long after the last one: the balancer applies a weight
+/// up to one check interval late, so the window must first hold what the
+/// last cut did (cutting again on the same evidence throws the weight to the floor).
+pub(crate) const CUT_HOLD: Duration = WINDOW;
+/// Queue wait at most this share of its objective is room to grow.
+pub(crate) const ROOM_QUEUE: f64 = 0.5;
 /// Room must last this long after a cut before the weight grows.
 pub(crate) const ROOM_HOLD: Duration = Duration::from_secs(1);
 /// Growth per step, points.
@@ -170,8 +176,8 @@ impl Steering {
         let any_refused =
             self.samples.front().zip(self.samples.back()).is_some_and(|((_, f), (_, l))| l.refused > f.refused);
         if refused > MAX_REFUSED || queue > QUEUE_OVER {
-            Verdict::Overloaded
-        } else if !any_refused && queue <= 1.0 && used <= ROOM_USED && self.since_cut >= ROOM_HOLD {
+            if self.since_cut >= CUT_HOLD { Verdict::Overloaded } else { Verdict::Hold }
+        } else if !any_refused && queue <= ROOM_QUEUE && used <= ROOM_USED && self.since_cut >= ROOM_HOLD {
             Verdict::Room
         } else {
             Verdict::Hold
@@ -218,10 +224,14 @@ mod tests {
         let (mut s, mut l) = (Steering::default(), Load::default());
         run(&mut s, &mut l, 50, 0, 0.5, 0.5, 2.0);
         // 64% refused from here: the first step's window holds one refusing
-        // tick of five (12.8%: the smallest cut, to 80), the next four of
-        // five (51.2%: it keeps 48.8%, to 39).
+        // tick of five (12.8%: the smallest cut, to 80); the next step comes
+        // within CUT_HOLD of it and holds.
         run(&mut s, &mut l, 50, 32, 1.0, 1.5, 0.5);
-        assert_eq!(s.weight(), 39, "two steps, cut by the refused share");
+        assert_eq!(s.weight(), 80, "one cut, not a second on the same evidence");
+        // The step 600 ms after the cut reads a window of refusing ticks
+        // only: 64% refused, so it keeps 36% (80 -> 29).
+        run(&mut s, &mut l, 50, 32, 1.0, 1.5, 0.3);
+        assert_eq!(s.weight(), 29, "the second cut, by the refused share");
         run(&mut s, &mut l, 50, 32, 1.0, 1.5, 2.0);
         assert_eq!(s.weight(), FLOOR, "never below the floor, never drain");
         assert_eq!(agent_line(s.weight()), "10%\n");
@@ -255,6 +265,9 @@ mod tests {
         assert_eq!(s.weight(), FLOOR);
         // Busy but refusing nothing (in-flight near the limit): no room, it holds.
         run(&mut s, &mut l, 50, 0, 0.9, 0.5, 3.0);
+        assert_eq!(s.weight(), FLOOR);
+        // In-flight low but the queue wait over half its objective: no room either.
+        run(&mut s, &mut l, 50, 0, 0.3, 0.6, 3.0);
         assert_eq!(s.weight(), FLOOR);
         // Room: the first growth waits a second after the last cut, then 5 points a step.
         let (mut s, mut l) = (Steering::default(), Load::default());
