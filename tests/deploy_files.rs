@@ -274,28 +274,46 @@ fn prometheus_rules_pass_promtool_check_and_unit_tests() {
     }
 }
 
-/// The autoscaling examples scale on the offered load the gates measure, never
-/// on CPU; KEDA's ScaledObject (a CRD kubernetes-validate has no schema for)
-/// is checked against KEDA's own CRD schema, vendored in tests/data.
-#[test]
-fn autoscaling_examples_scale_on_offered_load_and_validate() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
+/// Validates each YAML document of `docs` (a file) whose kind a vendored CRD
+/// in tests/data defines against that CRD's schema (kubernetes-validate has
+/// no schema for custom resources); returns how many it validated.
+fn validate_against_crds(docs: &std::path::Path) -> usize {
     let check = r#"
-import sys, yaml, jsonschema
-crd = yaml.safe_load(open(sys.argv[1]))
-schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")["schema"]["openAPIV3Schema"]
-doc = yaml.safe_load(open(sys.argv[2]))
-assert doc["apiVersion"] == "keda.sh/v1alpha1" and doc["kind"] == "ScaledObject", doc
-jsonschema.validate(doc, schema)
-print("valid")
+import sys, glob, yaml, jsonschema
+schemas = {}
+for path in glob.glob(sys.argv[1] + "/*.yaml"):
+    crd = yaml.safe_load(open(path))
+    if crd.get("kind") != "CustomResourceDefinition":
+        continue
+    for version in crd["spec"]["versions"]:
+        key = (crd["spec"]["group"] + "/" + version["name"], crd["spec"]["names"]["kind"])
+        schemas[key] = version["schema"]["openAPIV3Schema"]
+n = 0
+for doc in yaml.safe_load_all(open(sys.argv[2])):
+    key = (doc["apiVersion"], doc["kind"])
+    if key in schemas:
+        # Not jsonschema.validate: it first checks the schema itself, whose Go
+        # regexes (`^(?i)...`) Python's re rejects.
+        jsonschema.Draft7Validator(schemas[key]).validate(doc)
+        n += 1
+print("validated", n)
 "#;
     let out = Command::new("python3")
-        .args(["-c", check, concat!(env!("CARGO_MANIFEST_DIR"), "/data/keda.sh_scaledobjects.yaml")])
-        .arg(format!("{dir}/keda-scaledobject.yaml"))
+        .args(["-c", check, concat!(env!("CARGO_MANIFEST_DIR"), "/data")])
+        .arg(docs)
         .output()
         .expect("python3 with PyYAML and jsonschema (installed by `cargo xtask setup`)");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("valid"), "{text}");
+    assert!(out.status.success(), "{}: {text}", docs.display());
+    text.trim().strip_prefix("validated ").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{text}"))
+}
+
+/// The autoscaling examples scale on the offered load the gates measure, never
+/// on CPU; KEDA's ScaledObject is checked against KEDA's own CRD schema.
+#[test]
+fn autoscaling_examples_scale_on_offered_load_and_validate() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
+    assert_eq!(validate_against_crds(std::path::Path::new(&format!("{dir}/keda-scaledobject.yaml"))), 1);
     for file in ["example-hpa.yaml", "keda-scaledobject.yaml"] {
         let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
         let spec: String = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
@@ -306,4 +324,69 @@ print("valid")
     let rules =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/shed-rules.yml")).unwrap();
     assert!(rules.contains("record: shed:offered:rate1m") && rules.contains("record: shed:refused_share:rate1m"));
+}
+
+/// `kubectl kustomize` of the base and of monitoring/: the base validates
+/// against the Kubernetes schemas, the PodMonitor and PrometheusRule against
+/// the Prometheus Operator's CRDs; the PrometheusRule holds exactly the rules
+/// of deploy/prometheus/shed-rules.yml, and the PodMonitor scrapes the
+/// DaemonSet's own pods and port.
+#[test]
+fn the_kustomize_bases_build_and_validate() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes");
+    let kustomize = |path: &str| {
+        let out = Command::new("kubectl")
+            .args(["kustomize", path])
+            .output()
+            .expect("kubectl (apt-get install kubernetes-client, or cargo xtask setup)");
+        assert!(out.status.success(), "kubectl kustomize {path}: {}", String::from_utf8_lossy(&out.stderr));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), &out.stdout).unwrap();
+        file
+    };
+    let base = kustomize(dir);
+    let out = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .arg(base.path())
+        .output()
+        .expect("python3 with kubernetes-validate (installed by `cargo xtask setup`)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.matches("passed").count() == 2, "{text}");
+
+    let monitoring = kustomize(&format!("{dir}/monitoring"));
+    assert_eq!(validate_against_crds(monitoring.path()), 2, "the PodMonitor and the PrometheusRule");
+    let check = r#"
+import sys, yaml
+docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1]))}
+rules = yaml.safe_load(open(sys.argv[2]))
+assert docs["PrometheusRule"]["spec"]["groups"] == rules["groups"], "prometheusrule.yaml differs from shed-rules.yml"
+daemonset = next(d for d in yaml.safe_load_all(open(sys.argv[3])) if d["kind"] == "DaemonSet")
+pod = daemonset["spec"]["template"]
+selector = docs["PodMonitor"]["spec"]["selector"]["matchLabels"]
+assert all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items()), selector
+ports = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+assert all(e["port"] in ports for e in docs["PodMonitor"]["spec"]["podMetricsEndpoints"]), ports
+print("consistent")
+"#;
+    let out = Command::new("python3")
+        .args(["-c", check])
+        .arg(monitoring.path())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/shed-rules.yml"))
+        .arg(base.path())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("consistent"), "{text}");
+
+    let daemonset = std::fs::read_to_string(format!("{dir}/daemonset.yaml")).unwrap();
+    for needed in [
+        "automountServiceAccountToken: false",
+        "app.kubernetes.io/instance: shed",
+        "app.kubernetes.io/version:",
+        "app.kubernetes.io/component: node-agent",
+        "app.kubernetes.io/part-of: shed",
+        "`privileged` level",
+    ] {
+        assert!(daemonset.contains(needed), "the DaemonSet needs {needed}");
+    }
 }

@@ -107,7 +107,8 @@ fn debian_packages() -> Result<()> {
     // sandboxes for e2e_pods; protobuf-compiler (protoc): the CRI bindings' build (k8s-cri).
     // golang-go: Go's net/http, a real server that reads every request at once and queues inside
     // (the read-at-once tests and B4/B5); nginx and haproxy: a real proxy in front of a backend and
-    // the balancer of the agent-check benchmark; wrk: a real kept-alive load generator.
+    // the balancer of the agent-check benchmark; wrk: a real kept-alive load generator;
+    // kubernetes-client: kubectl kustomize, which builds deploy/kubernetes's bases in the tests.
     // Each package is known by a command it installs, or by a file (a leading /).
     let wanted = [
         ("ip", "iproute2"),
@@ -132,6 +133,7 @@ fn debian_packages() -> Result<()> {
         ("nginx", "nginx"),
         ("haproxy", "haproxy"),
         ("wrk", "wrk"),
+        ("kubectl", "kubernetes-client"),
         ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "fonts-dejavu-core"),
     ];
     let present = |what: &str| {

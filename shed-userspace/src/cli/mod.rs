@@ -158,7 +158,8 @@ pub struct AttachArgs {
     #[arg(long)]
     pub pods: bool,
 
-    /// The container runtime's CRI socket, for --pods (--cri-socket /run/containerd/containerd.sock).
+    /// The container runtime's CRI socket, for --pods; auto: the first there of containerd's,
+    /// CRI-O's, and k3s's or RKE2's (--cri-socket /run/containerd/containerd.sock).
     #[arg(long, default_value = crate::host::cri::DEFAULT_SOCKET)]
     pub cri_socket: PathBuf,
 
@@ -456,7 +457,8 @@ pub(crate) fn chosen_netns(netns: Option<String>, pod: Option<&str>) -> anyhow::
 
 #[derive(Debug, Args)]
 pub struct PodsArgs {
-    /// The container runtime's CRI socket (--cri-socket /run/containerd/containerd.sock).
+    /// The container runtime's CRI socket; auto: the first there of containerd's, CRI-O's,
+    /// and k3s's or RKE2's (--cri-socket /run/containerd/containerd.sock).
     #[arg(long, default_value = crate::host::cri::DEFAULT_SOCKET)]
     pub cri_socket: PathBuf,
 

@@ -19,8 +19,42 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::Error;
 
-/// containerd's CRI socket, where the kubelet finds it on most nodes.
-pub const DEFAULT_SOCKET: &str = "/run/containerd/containerd.sock";
+/// `--cri-socket auto` (the default): the first of [`KNOWN_SOCKETS`] that is there.
+pub const DEFAULT_SOCKET: &str = "auto";
+
+/// Where the runtimes the kubelet runs with serve CRI, in the order looked at:
+/// containerd, CRI-O, and k3s's and RKE2's embedded containerd.
+pub const KNOWN_SOCKETS: [&str; 4] = [
+    "/run/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+    "/var/run/crio/crio.sock",
+    "/run/k3s/containerd/containerd.sock",
+];
+
+/// The CRI socket `--cri-socket` names: the path given, or with `auto` the
+/// first known runtime's socket that exists here.
+pub fn resolve_socket(given: &Path) -> Result<std::path::PathBuf, Error> {
+    if given != Path::new(DEFAULT_SOCKET) {
+        return Ok(given.to_owned());
+    }
+    found_socket(&KNOWN_SOCKETS).ok_or_else(|| Error::Cri {
+        socket: given.to_owned(),
+        reason: format!(
+            "no container runtime's CRI socket found (looked at {}): give it with --cri-socket PATH",
+            KNOWN_SOCKETS.join(", ")
+        ),
+    })
+}
+
+/// The first of `candidates` that is a Unix socket.
+fn found_socket(candidates: &[&str]) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::FileTypeExt as _;
+    candidates
+        .iter()
+        .map(Path::new)
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket()))
+        .map(Path::to_owned)
+}
 
 /// A client of the runtime's CRI service.
 pub type Client = RuntimeServiceClient<Channel>;
@@ -183,6 +217,28 @@ pub fn netns_path(info: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_finds_the_first_runtime_socket_that_is_there_and_a_path_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (crio, k3s) = (dir.path().join("crio.sock"), dir.path().join("k3s.sock"));
+        let _listeners = (
+            std::os::unix::net::UnixListener::bind(&crio).unwrap(),
+            std::os::unix::net::UnixListener::bind(&k3s).unwrap(),
+        );
+        let plain_file = dir.path().join("not-a-socket");
+        std::fs::write(&plain_file, "").unwrap();
+        let missing = dir.path().join("containerd.sock");
+        let candidates =
+            [missing.to_str().unwrap(), plain_file.to_str().unwrap(), crio.to_str().unwrap(), k3s.to_str().unwrap()];
+        assert_eq!(
+            found_socket(&candidates),
+            Some(crio.clone()),
+            "the first socket; a missing path or a file is passed over"
+        );
+        assert_eq!(found_socket(&candidates[..2]), None);
+        assert_eq!(resolve_socket(Path::new("/srv/cri.sock")).unwrap(), Path::new("/srv/cri.sock"), "a path is kept");
+    }
 
     #[test]
     fn the_network_namespace_is_read_from_the_runtime_spec() {

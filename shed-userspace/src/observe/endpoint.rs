@@ -331,6 +331,7 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
                     heal: &g.gate.heal,
                     task_errors: &g.gate.task_errors,
                     nat: &g.gate.nat,
+                    heartbeat: &g.gate.heartbeat,
                 })
             })
             .collect();
@@ -351,12 +352,13 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
     let gates = shared.gates();
     let several = gates.len() > 1;
-    for open in gates.iter().filter(|g| !g.ended()) {
+    // Liveness is the daemon's own: a pod's stalled gate shows in its own
+    // series (shed_loop_tick_age_seconds), since restarting the agent for it
+    // would leave every other pod of the node ungated meanwhile.
+    for open in gates.iter().filter(|g| !g.ended() && g.gate.pod.is_none()) {
         let of = if several { format!(" of namespace {}", open.gate.netns) } else { String::new() };
         match open.gate.heartbeat.age() {
             Some(age) if age <= HEALTHY_WITHIN => {}
-            // A pod's gate still being set up (a pod just came) is not a stuck loop.
-            None if open.gate.pod.is_some() => {}
             Some(age) => {
                 return (
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -18,7 +18,7 @@ use crate::{
     control::Reason,
     error::Error,
     kernel::maps::GateMaps,
-    observe::report::{Decisions, HealCounts, HealReport, NatReport, NatSeen, PassReason, TaskErrors},
+    observe::report::{Decisions, HealCounts, HealReport, Heartbeat, NatReport, NatSeen, PassReason, TaskErrors},
     observe::stats::{PortStats, TierStats, json_name},
 };
 
@@ -68,6 +68,8 @@ pub(crate) struct GateMetrics {
     pub bpf_memory_bytes: u64,
     /// Netfilter NAT as the gate's loop last saw it.
     pub nat: NatSeen,
+    /// Since the gate's control loop last ticked (zero before its first tick).
+    pub loop_age: std::time::Duration,
 }
 
 /// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
@@ -79,6 +81,7 @@ pub(crate) struct GateSource<'a> {
     pub heal: &'a HealReport,
     pub task_errors: &'a TaskErrors,
     pub nat: &'a NatReport,
+    pub heartbeat: &'a Heartbeat,
 }
 
 /// The daemon process as Prometheus' process metrics name it, from /proc/self.
@@ -140,6 +143,7 @@ impl Scrape {
                 task_errors: source.task_errors.counts(),
                 bpf_memory_bytes: maps.memory_bytes(),
                 nat,
+                loop_age: source.heartbeat.age().unwrap_or_default(),
             });
         }
         Ok(Self { ports, gates, process: ProcessStats::read(), refused_pods })
@@ -449,10 +453,17 @@ const GATE_FAMILIES: &[Figure<GateMetrics, u64>] = &[
 ];
 
 /// The per-gate families of one duration each, in seconds.
-const GATE_SECONDS: &[Figure<GateMetrics, f64>] =
-    &[("shed_heal_last_pass_seconds", "How long the last healing pass took.", MetricType::Gauge, |g| {
+const GATE_SECONDS: &[Figure<GateMetrics, f64>] = &[
+    ("shed_heal_last_pass_seconds", "How long the last healing pass took.", MetricType::Gauge, |g| {
         g.heal.last_pass.as_secs_f64()
-    })];
+    }),
+    (
+        "shed_loop_tick_age_seconds",
+        "Seconds since the gate's control loop last ticked (every 100 ms while it runs): a pod's stalled gate shows here, in its own series, and never fails the agent's /healthz.",
+        MetricType::Gauge,
+        |g| g.loop_age.as_secs_f64(),
+    ),
+];
 
 /// The daemon process's own families (no labels), as Prometheus' client libraries name them.
 const PROCESS_FAMILIES: &[Figure<ProcessStats, u64>] = &[
@@ -758,6 +769,7 @@ mod tests {
                 task_errors: vec![("heal", 2)],
                 bpf_memory_bytes: 4096,
                 nat: NatSeen { looked: true, readable: false, ..NatSeen::default() },
+                loop_age: std::time::Duration::from_millis(1500),
             }],
             process: ProcessStats { cpu_seconds: 1.5, resident_bytes: 10, open_fds: 7, start_time_seconds: 100.0 },
         }
@@ -791,6 +803,7 @@ mod tests {
             "shed_bpf_memory_bytes{netns=\"blue\"} 4096",
             "shed_nat_bypassed{netns=\"blue\",port=\"8080\"} 1",
             "shed_nat_readable{netns=\"blue\"} 0",
+            "shed_loop_tick_age_seconds{netns=\"blue\"} 1.5",
             "shed_task_errors_total{netns=\"blue\",task=\"heal\"} 2",
             "shed_limit_decisions_total{netns=\"blue\",port=\"8080\",reason=\"grow\"} 3",
             "shed_tier_admitted_total{netns=\"blue\",port=\"8080\",tier=\"critical\"} 0",

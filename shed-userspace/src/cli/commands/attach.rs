@@ -19,6 +19,9 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let (spec, tiers) = checked_plan(&args)?;
+    // `auto`: the runtime's socket found here, before anything changes.
+    let cri_socket =
+        if args.pods { crate::host::cri::resolve_socket(&args.cri_socket)? } else { args.cri_socket.clone() };
     // Every check runs before anything changes, so a refusal leaves the host untouched.
     system::check_privileges(if args.netns.is_empty() && !args.pods { Need::Attach } else { Need::AttachNetns })?;
     // With --pods alone, the node's own namespace is not gated: only the pods that ask.
@@ -54,7 +57,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             // A pod's annotations over the agent's own config file (the ConfigMap's defaults).
             let defaults = args.config.clone();
             PodSource {
-                socket: args.cri_socket.clone(),
+                socket: cri_socket,
                 read: Box::new(move |pod| annotations::pod_settings(pod, defaults.as_deref())),
             }
         }),

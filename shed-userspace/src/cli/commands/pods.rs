@@ -54,8 +54,9 @@ impl PodView {
 pub fn execute(args: &PodsArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let pods = runtime.block_on(async {
-        let mut client = cri::connect(&args.cri_socket).await?;
-        cri::pod_sandboxes(&mut client, &args.cri_socket, &mut cri::Networks::default()).await
+        let socket = cri::resolve_socket(&args.cri_socket)?;
+        let mut client = cri::connect(&socket).await?;
+        cri::pod_sandboxes(&mut client, &socket, &mut cri::Networks::default()).await
     })?;
     let views: Vec<PodView> = pods.into_iter().map(|pod| PodView::of(pod, args.config.as_deref())).collect();
     if args.json {
