@@ -19,7 +19,7 @@ use std::{
 
 use shed_testkit::{
     fleet::{Balancing, Fleet, Haproxy},
-    testbed::{self, Backend, OpenLoop, Outcome, Service},
+    testbed::{self, OpenLoop, Outcome},
 };
 use support::gate::{Gate, exclusive, poll, shedctl};
 
@@ -53,17 +53,7 @@ fn rates(read: impl Fn() -> Vec<u64>, span: Duration) -> Vec<f64> {
 fn a_slowed_backend_loses_weight_and_traffic_and_wins_them_back() {
     let _one = exclusive();
     let fleet = Fleet::create("steer", 3).expect("fleet");
-    let service: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::new(AtomicU64::new(FAST_US))).collect();
-    let servers: Vec<SocketAddr> = fleet.backends.iter().map(|(_, a)| (*a, PORT).into()).collect();
-    let backends: Vec<Backend> = fleet
-        .backends
-        .iter()
-        .zip(&service)
-        .map(|((ns, addr), us)| {
-            let service = Service::HttpKeepAliveWorkers { workers: 4, service_us: us.clone() };
-            Backend::start(ns, (*addr, PORT).into(), service).expect("backend")
-        })
-        .collect();
+    let serving = fleet.serve(PORT, 4, FAST_US).expect("backends");
     let mut args: Vec<String> = fleet.netns_args();
     args.extend(["--port", "8080", "--action", "rst", "--agent-port", "9500"].map(String::from));
     let _gate = Gate::attach(&args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -81,13 +71,14 @@ fn a_slowed_backend_loses_weight_and_traffic_and_wins_them_back() {
     assert_eq!(line.0, "100%\n", "an idle backend has all its weight ({ns})");
 
     let lb: SocketAddr = "127.0.0.1:8000".parse().unwrap();
-    let haproxy = Haproxy::start(&fleet.lb_ns, lb, &servers, Balancing::AgentCheck { port: AGENT_PORT, inter_ms: 250 })
-        .expect("haproxy");
+    let haproxy =
+        Haproxy::start(&fleet.lb_ns, lb, &serving.addrs, Balancing::AgentCheck { port: AGENT_PORT, inter_ms: 250 })
+            .expect("haproxy");
     // 300 requests a second: 0.7 of what the fleet can still serve with one
     // backend 5x slower (200 + 200 + 40 a second).
     let rate = Arc::new(AtomicU64::new(300));
     let load = OpenLoop::start_with(&fleet.lb_ns, lb, rate, Duration::from_secs(1), testbed::HTTP_REQUEST);
-    let read = || backends.iter().map(|b| b.read.load(Ordering::Relaxed)).collect::<Vec<u64>>();
+    let read = || serving.read();
 
     // All well: full weights, even shares.
     thread::sleep(Duration::from_secs(2));
@@ -96,7 +87,7 @@ fn a_slowed_backend_loses_weight_and_traffic_and_wins_them_back() {
     assert_eq!(haproxy.weights().unwrap(), [100, 100, 100], "steering costs nothing while all is well");
 
     // Backend 0 slows 5x: its agent reports less weight, and HAProxy moves its traffic.
-    service[0].store(5 * FAST_US, Ordering::Relaxed);
+    serving.service_us[0].store(5 * FAST_US, Ordering::Relaxed);
     let slowed = Instant::now();
     let weights =
         poll(Duration::from_secs(4), "backend 0's weight to fall", || haproxy.weights().unwrap(), |w| w[0] <= 50);
@@ -114,7 +105,7 @@ fn a_slowed_backend_loses_weight_and_traffic_and_wins_them_back() {
     }
 
     // Fast again: the weight grows back to full, and with it the share.
-    service[0].store(FAST_US, Ordering::Relaxed);
+    serving.service_us[0].store(FAST_US, Ordering::Relaxed);
     poll(Duration::from_secs(20), "backend 0's weight to recover", || haproxy.weights().unwrap(), |w| w[0] == 100);
     let after = rates(read, Duration::from_secs(2));
     assert!(after[0] > before[0] * 0.7, "backend 0 has its share back: {after:?} against {before:?}");

@@ -23,7 +23,7 @@ use anyhow::{Context as _, Result};
 use shed_testkit::{
     fleet::{Balancing, Fleet, Haproxy},
     gate::{Gate, Log},
-    testbed::{self, Backend, OpenLoop, Outcome, Service},
+    testbed::{self, OpenLoop, Outcome},
 };
 
 use crate::{
@@ -96,20 +96,7 @@ fn refusals(shedctl: &Path) -> Result<u64> {
 
 fn run_once(shedctl: &Path, config: &Config, seconds: f64, slow_at: f64) -> Result<Run> {
     let fleet = Fleet::create("shb13", BACKENDS)?;
-    let service: Vec<Arc<AtomicU64>> = (0..BACKENDS).map(|_| Arc::new(AtomicU64::new(SERVICE_US))).collect();
-    let servers: Vec<SocketAddr> = fleet.backends.iter().map(|(_, a)| (*a, PORT).into()).collect();
-    let _backends: Vec<Backend> = fleet
-        .backends
-        .iter()
-        .zip(&service)
-        .map(|((ns, addr), us)| {
-            Backend::start(
-                ns,
-                (*addr, PORT).into(),
-                Service::HttpKeepAliveWorkers { workers: WORKERS, service_us: us.clone() },
-            )
-        })
-        .collect::<std::io::Result<_>>()?;
+    let serving = fleet.serve(PORT, WORKERS, SERVICE_US)?;
     let (gate, balancing) = match config.gates {
         Gates::None => (None, Balancing::RoundRobin),
         Gates::Gated(balancing) => {
@@ -120,7 +107,7 @@ fn run_once(shedctl: &Path, config: &Config, seconds: f64, slow_at: f64) -> Resu
         }
     };
     let lb: SocketAddr = "127.0.0.1:8000".parse()?;
-    let haproxy = Haproxy::start(&fleet.lb_ns, lb, &servers, balancing)?;
+    let haproxy = Haproxy::start(&fleet.lb_ns, lb, &serving.addrs, balancing)?;
     let rate = Arc::new(AtomicU64::new(OFFERED as u64));
     let load = OpenLoop::start_with(&fleet.lb_ns, lb, rate, Duration::from_secs(1), testbed::HTTP_REQUEST);
     let refused_before = if gate.is_some() { refusals(shedctl)? } else { 0 };
@@ -131,7 +118,7 @@ fn run_once(shedctl: &Path, config: &Config, seconds: f64, slow_at: f64) -> Resu
         thread::sleep(TICK);
         let t = start.elapsed().as_secs_f64();
         if config.slowdown && !slowed && t >= slow_at {
-            service[0].store(SERVICE_US * SLOWDOWN, Ordering::Relaxed);
+            serving.service_us[0].store(SERVICE_US * SLOWDOWN, Ordering::Relaxed);
             slowed = true;
         }
         sent.push((t, haproxy.requests().context("haproxy show stat")?));
@@ -176,11 +163,7 @@ fn run_once(shedctl: &Path, config: &Config, seconds: f64, slow_at: f64) -> Resu
 fn agent_answer_times(shedctl: &Path, checks: usize) -> Result<Vec<f64>> {
     let fleet = Fleet::create("shb13", 1)?;
     let (ns, addr) = fleet.backends[0].clone();
-    let _backend = Backend::start(
-        &ns,
-        (addr, PORT).into(),
-        Service::HttpKeepAliveWorkers { workers: WORKERS, service_us: Arc::new(AtomicU64::new(SERVICE_US)) },
-    )?;
+    let _serving = fleet.serve(PORT, WORKERS, SERVICE_US)?;
     let args = ["--netns", ns.as_str(), "--port", "8080", "--action", "rst", "--agent-port", "9500"];
     let _gate = Gate::launch(shedctl, &args, Log::Discard)?;
     let mut times = testbed::run_in(&fleet.lb_ns, move || {

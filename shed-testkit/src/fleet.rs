@@ -9,12 +9,16 @@ use std::{
     os::unix::net::UnixStream,
     path::PathBuf,
     process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
 use crate::{
     servers::{Process, wait_listening},
-    testbed::ip,
+    testbed::{Backend, Service, ip},
 };
 
 /// The balancer's namespace and `n` backend namespaces, `10.201.<i+1>.0/24` each.
@@ -57,6 +61,25 @@ impl Fleet {
         }
     }
 
+    /// Serves kept-alive HTTP/1.1 on `port` of every backend, `workers` each
+    /// reading a request only when free (a worker-pool server), each backend
+    /// with a service time of its own (microseconds, changeable while running).
+    pub fn serve(&self, port: u16, workers: usize, service_us: u64) -> io::Result<Serving> {
+        let service_us: Vec<Arc<AtomicU64>> =
+            self.backends.iter().map(|_| Arc::new(AtomicU64::new(service_us))).collect();
+        let addrs: Vec<SocketAddr> = self.backends.iter().map(|(_, a)| (*a, port).into()).collect();
+        let servers = self
+            .backends
+            .iter()
+            .zip(&service_us)
+            .zip(&addrs)
+            .map(|(((ns, _), us), addr)| {
+                Backend::start(ns, *addr, Service::HttpKeepAliveWorkers { workers, service_us: us.clone() })
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(Serving { servers, service_us, addrs })
+    }
+
     /// `--netns NS` for every backend, for one `shedctl attach` gating them all.
     pub fn netns_args(&self) -> Vec<String> {
         self.backends.iter().flat_map(|(ns, _)| ["--netns".to_owned(), ns.clone()]).collect()
@@ -66,6 +89,22 @@ impl Fleet {
 impl Drop for Fleet {
     fn drop(&mut self) {
         self.remove();
+    }
+}
+
+/// A fleet's servers ([`Fleet::serve`]), in backend order; they stop on drop.
+pub struct Serving {
+    pub servers: Vec<Backend>,
+    /// Each backend's service time, microseconds: store to slow one down.
+    pub service_us: Vec<Arc<AtomicU64>>,
+    /// Where each listens: what the balancer balances.
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl Serving {
+    /// Requests each backend has read so far.
+    pub fn read(&self) -> Vec<u64> {
+        self.servers.iter().map(|b| b.read.load(Ordering::Relaxed)).collect()
     }
 }
 

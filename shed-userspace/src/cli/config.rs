@@ -27,6 +27,9 @@ use crate::{
 enum Kind {
     Int,
     Str,
+    /// A duration: a whole number in the flag's unit, or a string with its
+    /// unit (`window = 100` or `window = "100ms"`, `heal-interval = "1m"`).
+    Duration,
     Bool,
     IntList,
     StrList,
@@ -48,15 +51,15 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("initial-limit", "initial-limit", Kind::Int),
     ("min-limit", "min-limit", Kind::Int),
     ("max-limit", "max-limit", Kind::Int),
-    ("window", "window", Kind::Int),
+    ("window", "window", Kind::Duration),
     ("percentile", "percentile", Kind::Int),
     ("count", "count", Kind::Str),
     ("min-samples", "min-samples", Kind::Int),
     ("cooldown", "cooldown", Kind::Int),
     ("baseline-span", "baseline-span", Kind::Int),
     ("probe-windows", "probe-windows", Kind::Int),
-    ("queue-target", "queue-target", Kind::Int),
-    ("target-latency", "target-latency", Kind::Int),
+    ("queue-target", "queue-target", Kind::Duration),
+    ("target-latency", "target-latency", Kind::Duration),
     ("tiers", "tier", Kind::TierTable),
     ("tier-file", "tier-file", Kind::Str),
     ("client-cap", "client-cap", Kind::Int),
@@ -67,16 +70,16 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("retry-after", "retry-after", Kind::Int),
     ("dry-run", "dry-run", Kind::Bool),
     ("netns", "netns", Kind::StrOrList),
-    ("handshake-window", "handshake-window", Kind::Int),
+    ("handshake-window", "handshake-window", Kind::Duration),
     ("metrics", "metrics", Kind::Str),
     ("agent-port", "agent-port", Kind::Int),
-    ("heal-interval", "heal-interval", Kind::Int),
+    ("heal-interval", "heal-interval", Kind::Duration),
     ("max-connections", "max-connections", Kind::Int),
     ("max-clients", "max-clients", Kind::Int),
     ("kernel-log", "kernel-log", Kind::Bool),
     ("allow-nat", "allow-nat", Kind::Bool),
     ("ready-max-shed", "ready-max-shed", Kind::Int),
-    ("ready-window", "ready-window", Kind::Int),
+    ("ready-window", "ready-window", Kind::Duration),
     ("pods", "pods", Kind::Bool),
     ("cri-socket", "cri-socket", Kind::Str),
 ];
@@ -255,7 +258,9 @@ pub(crate) fn annotation_args(key: &str, value: &str) -> Result<Vec<OsString>, S
     };
     let list = || value.split(',').map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned).collect::<Vec<_>>();
     let raw = match kind {
-        Kind::Int | Kind::Str => Some(value.trim().to_owned()).filter(|v| !v.is_empty()).into_iter().collect(),
+        Kind::Int | Kind::Str | Kind::Duration => {
+            Some(value.trim().to_owned()).filter(|v| !v.is_empty()).into_iter().collect()
+        }
         Kind::Bool => match value.trim() {
             v @ ("true" | "false") => vec![v.to_owned()],
             other => return Err(format!("expected true or false, found `{other}`")),
@@ -290,14 +295,18 @@ fn overridden(key: &str, given: &dyn Fn(&str) -> bool) -> bool {
 fn raw_values(kind: Kind, value: &Value) -> Result<Vec<String>, String> {
     let scalar = |v: &Value, want: Kind| -> Result<String, String> {
         match (want, v) {
-            (Kind::Int, Value::Integer(n)) => Ok(n.to_string()),
-            (Kind::Str, Value::String(s)) => Ok(s.clone()),
+            (Kind::Int | Kind::Duration, Value::Integer(n)) => Ok(n.to_string()),
+            (Kind::Str | Kind::Duration, Value::String(s)) => Ok(s.clone()),
+            (Kind::Duration, other) => Err(format!(
+                "expected a duration (a whole number, or a string such as \"2s\"), found {}",
+                other.type_str()
+            )),
             (Kind::Int, other) => Err(format!("expected a whole number, found {}", other.type_str())),
             (_, other) => Err(format!("expected a string, found {}", other.type_str())),
         }
     };
     match (kind, value) {
-        (Kind::Int | Kind::Str, v) => Ok(vec![scalar(v, kind)?]),
+        (Kind::Int | Kind::Str | Kind::Duration, v) => Ok(vec![scalar(v, kind)?]),
         (Kind::Bool, Value::Boolean(b)) => Ok(vec![b.to_string()]),
         (Kind::Bool, other) => Err(format!("expected true or false, found {}", other.type_str())),
         (Kind::IntList | Kind::StrList, Value::Array(items)) => {
@@ -591,6 +600,22 @@ mod tests {
         assert!(err.starts_with("cannot read the tier file /nonexistent/tiers.toml"), "{err}");
     }
 
+    /// Durations take the same forms in a file as on the command line: a
+    /// whole number in the flag's unit, or a string with its unit.
+    #[test]
+    fn durations_take_the_flags_forms_in_the_file() {
+        let file = "ports = [80]\nwindow = \"1s\"\nqueue-target = 8\nheal-interval = \"2m\"\nready-window = \"15s\"\n";
+        let a = with_file(file, &[]).unwrap();
+        assert_eq!(a.window, std::time::Duration::from_secs(1));
+        assert_eq!(a.guards.queue_target, std::time::Duration::from_millis(8));
+        assert_eq!(a.heal_interval, std::time::Duration::from_mins(2));
+        assert_eq!(a.ready_window, std::time::Duration::from_secs(15));
+        let flags =
+            parse_cli(["shedctl", "attach", "--port", "80", "--window", "1s", "--heal-interval", "2m"]).unwrap();
+        let crate::cli::Command::Attach(f) = flags.command else { unreachable!("attach") };
+        assert_eq!((f.window, f.heal_interval), (a.window, a.heal_interval), "the same values from the flags");
+    }
+
     #[test]
     fn relative_tier_file_is_next_to_the_config() {
         let a = with_file("ports = [80]\ntier-file = \"tiers.toml\"\n", &[]).unwrap();
@@ -611,6 +636,12 @@ mod tests {
             ("ports = [80]\n[tiers]\n\"10.0.0.1/8\" = \"critical\"\n", 2, "did you mean 10.0.0.0/8"),
             ("ports = [80]\n[tiers]\n\"10.0.0.0/8\" = \"gold\"\n", 2, "unknown tier"),
             ("ports = [80]\nwindow = 5\n", 2, "out of range"),
+            (
+                "ports = [80]\nwindow = 1.5\n",
+                2,
+                "expected a duration (a whole number, or a string such as \"2s\"), found float",
+            ),
+            ("ports = [80]\nheal-interval = \"soon\"\n", 2, "a number with its unit (250ms, 2s, 1m)"),
             ("ports = [80]\nmetrics = \"localhost\"\n", 2, "not a listen address"),
             ("ports = [80\n", 1, ""),
             ("ports = [80]\nlimit = 5\nlimit = 6\n", 3, "duplicate key"),

@@ -110,15 +110,30 @@ pub(crate) fn parse_prefix_v6(s: &str) -> Result<u8, String> {
 
 /// Whole seconds, 1 to 3600 (`--heal-interval`, `--ready-window`).
 pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let secs: u64 = s
-        .trim()
-        .trim_end_matches('s')
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration: give seconds, e.g. 30"))?;
-    if !(1..=3600).contains(&secs) {
-        return Err(format!("{secs} s is out of range: give 1 to 3600 seconds"));
+    let d = duration_in(s, Duration::from_secs(1), "seconds, e.g. 30")?;
+    if d.subsec_nanos() != 0 || !(1..=3600).contains(&d.as_secs()) {
+        return Err(format!("{s} is out of range: give 1 to 3600 seconds (whole seconds)"));
     }
-    Ok(Duration::from_secs(secs))
+    Ok(d)
+}
+
+/// A duration the same way in every flag and config key that takes one: a
+/// bare number in the flag's own unit (`--window 100` is milliseconds,
+/// `--heal-interval 30` seconds), or a number with its unit: `250ms`, `2s`, `1m`.
+fn duration_in(s: &str, unit: Duration, bare: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let not = || format!("{s:?} is not a duration: give {bare}, or a number with its unit (250ms, 2s, 1m)");
+    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, Duration::from_millis(1))
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, Duration::from_secs(1))
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, Duration::from_mins(1))
+    } else {
+        (t, unit)
+    };
+    let n: u32 = number.trim().parse().map_err(|_| not())?;
+    scale.checked_mul(n).ok_or_else(not)
 }
 
 /// Smallest and largest `--max-connections` / `--max-clients`.
@@ -153,20 +168,17 @@ pub(crate) fn parse_netns(s: &str) -> Result<String, String> {
 
 /// A duration in milliseconds within `[min_ms, max_ms]`.
 pub(crate) fn parse_millis(s: &str, min_ms: u64, max_ms: u64) -> Result<Duration, String> {
-    let ms: u64 = s
-        .trim()
-        .trim_end_matches("ms")
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration: give milliseconds, e.g. 2000"))?;
+    let d = duration_in(s, Duration::from_millis(1), "milliseconds, e.g. 2000")?;
+    let ms = d.as_millis() as u64;
     if !(min_ms..=max_ms).contains(&ms) {
         return Err(format!("{ms} ms is out of range: give {min_ms} to {max_ms} ms"));
     }
-    Ok(Duration::from_millis(ms))
+    Ok(d)
 }
 
 /// `--handshake-window`: 0 (measured) or 1 to 2000 ms.
 pub(crate) fn parse_handshake_window(s: &str) -> Result<Duration, String> {
-    if s.trim().trim_end_matches("ms") == "0" {
+    if duration_in(s, Duration::from_millis(1), "milliseconds").is_ok_and(|d| d.is_zero()) {
         return Ok(Duration::ZERO);
     }
     parse_millis(s, 1, 2000).map_err(|e| format!("{e} (or 0 for the default, about 8 ms)"))
@@ -248,6 +260,10 @@ mod tests {
         assert!(parse_seconds("0").unwrap_err().contains("1 to 3600"));
         assert!(parse_seconds("3601").unwrap_err().contains("out of range"));
         assert!(parse_seconds("soon").unwrap_err().contains("seconds"));
+        // The same forms as every duration: a unit of its own, converted.
+        assert_eq!(parse_seconds("2m"), Ok(Duration::from_mins(2)));
+        assert_eq!(parse_seconds("5000ms"), Ok(Duration::from_secs(5)));
+        assert!(parse_seconds("1500ms").unwrap_err().contains("whole seconds"));
         assert_eq!(parse_map_size("262144"), Ok(262_144));
         assert_eq!(parse_map_size("1_024"), Ok(1024));
         assert!(parse_map_size("1023").unwrap_err().contains("1024 to 16777216"));
@@ -287,6 +303,11 @@ mod tests {
         assert_eq!(parse_millis("2000", 100, 60_000), Ok(Duration::from_secs(2)));
         assert_eq!(parse_millis("250ms", 100, 60_000), Ok(Duration::from_millis(250)));
         assert!(parse_millis("5", 100, 60_000).is_err());
+        assert_eq!(parse_millis("2s", 100, 60_000), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_millis("1m", 100, 60_000), Ok(Duration::from_mins(1)));
+        assert!(parse_millis("2m", 100, 60_000).unwrap_err().contains("120000 ms is out of range"));
+        assert!(parse_millis("2h", 100, 60_000).unwrap_err().contains("a number with its unit"));
+        assert!(parse_millis("-5ms", 1, 60_000).is_err());
         assert_eq!(parse_handshake_window("0"), Ok(Duration::ZERO), "0: follow the measurement");
         assert_eq!(parse_handshake_window("0ms"), Ok(Duration::ZERO));
         assert_eq!(parse_handshake_window("250"), Ok(Duration::from_millis(250)));

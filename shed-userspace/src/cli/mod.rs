@@ -274,7 +274,9 @@ pub struct AttachArgs {
 
     /// Answer a load balancer's agent checks (HAProxy `agent-check`) on this port of
     /// every address of each gated namespace (a pod: its own address): one line, this
-    /// backend's weight (`70%`), from 10% to 100%, never drain (--agent-port 9500).
+    /// backend's weight (`70%`), from 10% to 100%, never drain; with several ports, the one a
+    /// check names (HAProxy's agent-send: the port, then a newline), else the lowest
+    /// (--agent-port 9500).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
     pub agent_port: Option<u16>,
 
@@ -542,7 +544,7 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share", "retry_after"])))]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share", "retry_after", "no_dry_run"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
@@ -600,9 +602,14 @@ pub struct SetArgs {
     #[arg(long, value_parser = named::<Action>())]
     pub action: Option<Action>,
 
-    /// Dry-run on or off (--dry-run on).
-    #[arg(long)]
+    /// Dry-run on, as attach says it: count what would be refused, admit everything
+    /// (--dry-run; an explicit --dry-run on|off is read too).
+    #[arg(long, num_args = 0..=1, default_missing_value = "on")]
     pub dry_run: Option<Switch>,
+
+    /// Dry-run off, as attach says it (--no-dry-run).
+    #[arg(long, conflicts_with = "dry_run")]
+    pub no_dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -937,6 +944,15 @@ mod tests {
             panic!()
         };
         assert_eq!((s.port, s.limit, s.action, s.dry_run), (8080, Some(7), None, Some(Switch(false))));
+        // One syntax with attach: --dry-run alone turns it on, --no-dry-run off.
+        let set = |args: &[&str]| match parse(&[&["set", "--port", "8080"], args].concat()).map(|c| c.command) {
+            Ok(Command::Set(s)) => Ok((s.dry_run, s.no_dry_run, s.limit)),
+            Ok(_) => unreachable!("set"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(set(&["--dry-run", "--limit", "7"]), Ok((Some(Switch(true)), false, Some(7))));
+        assert_eq!(set(&["--no-dry-run"]), Ok((None, true, None)));
+        assert!(set(&["--dry-run", "--no-dry-run"]).unwrap_err().contains("cannot be used with"));
         let Command::Detach(d) = parse(&["detach"]).unwrap().command else { panic!() };
         assert_eq!(d.port, None);
     }

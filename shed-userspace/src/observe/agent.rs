@@ -21,7 +21,7 @@ use std::{
     path::PathBuf,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -34,6 +34,24 @@ use crate::{
 
 /// How often the sampler reads the gate's maps.
 const SAMPLE: Duration = Duration::from_millis(100);
+/// With several protected ports, how long a check may take to name one
+/// (HAProxy's `agent-send "8080\n"`, written as it connects).
+const NAMED_PORT_WAIT: Duration = Duration::from_millis(1);
+
+/// The weights the listener answers with: each protected port's, and the lowest.
+#[derive(Debug, Default)]
+struct Weights {
+    by_port: std::collections::BTreeMap<u16, u32>,
+}
+
+impl Weights {
+    /// The weight for a check that named `port` (or none): that port's, else
+    /// the lowest (a backend serves the balancer as well as its weakest port).
+    fn for_port(&self, port: Option<u16>) -> u32 {
+        port.and_then(|p| self.by_port.get(&p).copied())
+            .unwrap_or_else(|| self.by_port.values().copied().min().unwrap_or(100))
+    }
+}
 
 /// Listens for the balancer's agent checks on `port` of every address of the
 /// calling thread's namespace (IPv6 and IPv4 at once where the namespace has
@@ -63,7 +81,7 @@ pub(crate) fn bind(port: u16) -> Result<TcpListener, Error> {
 /// Serves a gate's agent until `ended`: the sampler reads the maps pinned at
 /// `pin_dir`, the listener answers on `listener`.
 pub(crate) fn serve(listener: TcpListener, pin_dir: PathBuf, label: String, ended: Arc<AtomicBool>) {
-    let weight = Arc::new(AtomicU32::new(100));
+    let weight = Arc::new(std::sync::Mutex::new(Weights::default()));
     let (w, stop) = (weight.clone(), ended.clone());
     let sampler =
         std::thread::Builder::new().name(format!("shed-agent-{label}")).spawn(move || sample(&pin_dir, &w, &stop));
@@ -78,9 +96,8 @@ pub(crate) fn serve(listener: TcpListener, pin_dir: PathBuf, label: String, ende
     }
 }
 
-/// Keeps `weight` current: the lowest of the gate's ports (a backend serves
-/// the balancer as well as its weakest protected service).
-fn sample(pin_dir: &std::path::Path, weight: &AtomicU32, ended: &AtomicBool) {
+/// Keeps each protected port's weight current.
+fn sample(pin_dir: &std::path::Path, weights: &std::sync::Mutex<Weights>, ended: &AtomicBool) {
     let mut maps = None;
     let mut ports: std::collections::BTreeMap<u16, Steering> = std::collections::BTreeMap::new();
     let mut last = Instant::now();
@@ -97,8 +114,8 @@ fn sample(pin_dir: &std::path::Path, weight: &AtomicU32, ended: &AtomicBool) {
         for snapshot in &snapshots {
             ports.entry(snapshot.port).or_default().sample(elapsed, load(snapshot));
         }
-        let lowest = ports.values().map(Steering::weight).min().unwrap_or(100);
-        weight.store(lowest, Ordering::Relaxed);
+        let by_port = ports.iter().map(|(&port, s)| (port, s.weight())).collect();
+        weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_port = by_port;
     }
 }
 
@@ -120,7 +137,7 @@ fn load(s: &PortSnapshot) -> Load {
 }
 
 /// Answers every agent check with the current weight until `ended`.
-fn answer(listener: &TcpListener, weight: &AtomicU32, ended: &AtomicBool) {
+fn answer(listener: &TcpListener, weights: &std::sync::Mutex<Weights>, ended: &AtomicBool) {
     while !ended.load(Ordering::Relaxed) {
         // Woken at least every 100 ms to see `ended`; a connection waiting is answered at once.
         let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
@@ -134,7 +151,11 @@ fn answer(listener: &TcpListener, weight: &AtomicU32, ended: &AtomicBool) {
             continue;
         };
         let _ = conn.set_nonblocking(true);
-        let _ = conn.write_all(steer::agent_line(weight.load(Ordering::Relaxed)).as_bytes());
+        let several = weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_port.len() > 1;
+        // One port: the answer at once. Several: a check may name one first.
+        let named = if several { named_port(&conn) } else { None };
+        let weight = weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).for_port(named);
+        let _ = conn.write_all(steer::agent_line(weight).as_bytes());
         let _ = conn.shutdown(Shutdown::Write);
         // Whatever the check sent (HAProxy's `agent-send`) is read before the
         // close, which would otherwise reset the connection, and the line with it.
@@ -142,36 +163,97 @@ fn answer(listener: &TcpListener, weight: &AtomicU32, ended: &AtomicBool) {
     }
 }
 
+/// The port a check names in its first line (`8080\n`), if it sends one within [`NAMED_PORT_WAIT`].
+fn named_port(conn: &std::net::TcpStream) -> Option<u16> {
+    let mut fd = libc::pollfd { fd: conn.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let wait = NAMED_PORT_WAIT.as_millis() as libc::c_int;
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&raw mut fd, 1, wait) } <= 0 {
+        return None;
+    }
+    let mut buf = [0u8; 16];
+    let n = conn.peek(&mut buf).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.lines().next()?.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_check_reads_the_weight_as_one_line_and_the_connection_closes() {
+    /// Serves checks from `weights` until the returned flag is set.
+    fn agent(weights: &[(u16, u32)]) -> (SocketAddr, Arc<std::sync::Mutex<Weights>>, Arc<AtomicBool>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let (weight, ended) = (Arc::new(AtomicU32::new(35)), Arc::new(AtomicBool::new(false)));
-        let (w, e) = (weight.clone(), ended.clone());
-        let thread = std::thread::spawn(move || answer(&listener, &w, &e));
-        let read = |send: &[u8]| {
-            let mut conn = std::net::TcpStream::connect(addr).unwrap();
-            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            conn.write_all(send).unwrap();
-            let mut line = String::new();
-            conn.read_to_string(&mut line).unwrap();
-            line
-        };
-        assert_eq!(read(b""), "35%\n");
+        let w = Arc::new(std::sync::Mutex::new(Weights { by_port: weights.iter().copied().collect() }));
+        let ended = Arc::new(AtomicBool::new(false));
+        let (w2, e2) = (w.clone(), ended.clone());
+        std::thread::spawn(move || answer(&listener, &w2, &e2));
+        (addr, w, ended)
+    }
+
+    fn check(addr: SocketAddr, send: &[u8]) -> String {
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(send).unwrap();
+        let mut line = String::new();
+        conn.read_to_string(&mut line).unwrap();
+        line
+    }
+
+    #[test]
+    fn a_check_reads_the_weight_as_one_line_and_the_connection_closes() {
+        let (addr, weights, ended) = agent(&[(8080, 35)]);
+        assert_eq!(check(addr, b""), "35%\n");
         // What HAProxy's agent-send sends does not cost the answer.
-        assert_eq!(read(b"8080\n"), "35%\n");
-        weight.store(100, Ordering::Relaxed);
-        assert_eq!(read(b""), "100%\n");
+        assert_eq!(check(addr, b"8080\n"), "35%\n");
+        weights.lock().unwrap().by_port.insert(8080, 100);
+        assert_eq!(check(addr, b""), "100%\n");
         // A client that never reads holds nothing: the next check is answered.
         let idle = std::net::TcpStream::connect(addr).unwrap();
-        assert_eq!(read(b""), "100%\n");
+        assert_eq!(check(addr, b""), "100%\n");
         drop(idle);
         ended.store(true, Ordering::Relaxed);
-        thread.join().unwrap();
+    }
+
+    #[test]
+    fn with_several_ports_a_check_names_its_port_or_gets_the_lowest() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Every check connected and sent before the agent accepts any: what a
+        // check names is there when it is read, however the threads are scheduled.
+        let checks = [
+            (&b"9090\n"[..], "90%\n"),
+            (b"8080\n", "40%\n"),
+            (b"", "40%\n"),
+            (b"7070\n", "40%\n"),
+            (b"junk\n", "40%\n"),
+        ];
+        let conns: Vec<std::net::TcpStream> = checks
+            .iter()
+            .map(|(send, _)| {
+                let mut conn = std::net::TcpStream::connect(addr).unwrap();
+                conn.write_all(send).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                conn
+            })
+            .collect();
+        let weights = Arc::new(std::sync::Mutex::new(Weights { by_port: [(8080, 40), (9090, 90)].into() }));
+        let ended = Arc::new(AtomicBool::new(false));
+        let (w, e) = (weights.clone(), ended.clone());
+        std::thread::spawn(move || answer(&listener, &w, &e));
+        // A named port gets its own weight; none, one not protected, or junk: the lowest.
+        for (mut conn, (send, want)) in conns.into_iter().zip(checks) {
+            let mut line = String::new();
+            conn.read_to_string(&mut line).unwrap();
+            assert_eq!(line, want, "after sending {:?}", String::from_utf8_lossy(send));
+        }
+        ended.store(true, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn no_port_protected_yet_is_full_weight() {
+        assert_eq!(Weights::default().for_port(None), 100);
+        assert_eq!(Weights::default().for_port(Some(8080)), 100);
     }
 
     #[test]

@@ -73,8 +73,8 @@ fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Resu
     if let Some(action) = args.action {
         config.action = action.to_raw();
     }
-    if let Some(dry_run) = args.dry_run {
-        config.dry_run = u8::from(dry_run.0);
+    if let Some(dry_run) = args.dry_run.map(|s| s.0).or(args.no_dry_run.then_some(false)) {
+        config.dry_run = u8::from(dry_run);
     }
     if let Some(count) = args.count {
         config.count_mode = count.to_raw();
