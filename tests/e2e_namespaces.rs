@@ -261,3 +261,97 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     assert_eq!(opened(&server_gate), 3, "a gate taken back counts no new connection");
     drop(later);
 }
+
+/// A memory cgroup for the daemon, as a container's limit is (cgroup v2 if
+/// mounted so, else v1's memory controller); removed on drop.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    fn create(name: &str, limit: u64) -> Self {
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let dir =
+            if v2 { Path::new("/sys/fs/cgroup").join(name) } else { Path::new("/sys/fs/cgroup/memory").join(name) };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        let limit_file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
+        std::fs::write(dir.join(limit_file), limit.to_string()).unwrap();
+        Self { dir, v2 }
+    }
+
+    /// `sh -c` that joins the cgroup, then runs `shedctl attach <args>`.
+    fn attach(&self, args: &[String]) -> std::process::Child {
+        let script = format!("echo $$ > {}/cgroup.procs && exec \"$0\" attach \"$@\"", self.dir.display());
+        std::process::Command::new("sh")
+            .args(["-c", &script, &support::gate::shedctl_path()])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Times the kernel's OOM killer ran in it.
+    fn oom_kills(&self) -> u64 {
+        let (file, key) = if self.v2 { ("memory.events", "oom_kill ") } else { ("memory.oom_control", "oom_kill ") };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Under the shipped DaemonSet's 256 MiB, 30 namespaces were OOM-killed with
+/// nothing gated; now they are refused before anything is attached (exit 4,
+/// the budget named), and one namespace runs in the same limit.
+#[test]
+fn namespaces_past_the_memory_budget_are_refused_not_oom_killed() {
+    let _one = exclusive();
+    let names: Vec<String> = (0..30).map(|i| format!("shedmb{i}")).collect();
+    for n in &names {
+        let _ = std::process::Command::new("ip").args(["netns", "del", n]).output();
+        assert!(std::process::Command::new("ip").args(["netns", "add", n]).status().unwrap().success());
+    }
+    let _cleanup = Namespaces(names.clone());
+    let cgroup = MemoryCgroup::create("shed-budget-test", 256 << 20);
+    let mut args: Vec<String> = names.iter().flat_map(|n| ["--netns".to_owned(), n.clone()]).collect();
+    args.extend(["--port", "8080"].map(String::from));
+    let out = cgroup.attach(&args).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "refused, not killed: {:?} {stderr}", out.status);
+    assert!(stderr.contains("30 more gate(s) need about 1920 MiB") && stderr.contains("--memory-budget"), "{stderr}");
+    assert!(!Path::new(paths::PIN_DIR).exists(), "nothing attached");
+    assert_eq!(cgroup.oom_kills(), 0);
+
+    // One namespace fits the same limit and runs.
+    let one = ["--netns".to_owned(), names[0].clone(), "--port".to_owned(), "8080".to_owned()];
+    let mut child = cgroup.attach(&one);
+    poll(
+        Duration::from_secs(30),
+        "the gate up in 256 MiB",
+        || shedctl(&["stats", "--json"]).status.success(),
+        |&up| up,
+    );
+    assert!(child.try_wait().unwrap().is_none(), "one namespace runs in 256 MiB");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    assert_eq!(cgroup.oom_kills(), 0);
+}
+
+/// Deletes the named namespaces on drop.
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = std::process::Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}

@@ -107,6 +107,9 @@ pub enum Error {
         source: Box<aya::maps::MapError>,
     },
 
+    #[error("memory: {reason}")]
+    MemoryBudget { reason: String },
+
     #[error("the pods' dispatcher cannot {what}")]
     Dispatch { what: String },
 
@@ -154,6 +157,7 @@ impl Error {
             | Self::PortNotProtected { .. }
             | Self::InsideIpNetnsExec { .. }
             | Self::PortAlreadyProtected { .. }
+            | Self::MemoryBudget { .. }
             | Self::AlreadyRunning { .. }
             | Self::TracepointLayout { .. }
             | Self::TierNotFound { .. }

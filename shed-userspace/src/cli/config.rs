@@ -76,6 +76,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("heal-interval", "heal-interval", Kind::Duration),
     ("max-connections", "max-connections", Kind::Int),
     ("max-clients", "max-clients", Kind::Int),
+    ("memory-budget", "memory-budget", Kind::Int),
     ("kernel-log", "kernel-log", Kind::Bool),
     ("allow-nat", "allow-nat", Kind::Bool),
     ("ready-max-shed", "ready-max-shed", Kind::Int),
@@ -236,6 +237,7 @@ const NODE_KEYS: &[&str] = &[
     "heal-interval",
     "max-connections",
     "max-clients",
+    "memory-budget",
     "kernel-log",
     "allow-nat",
     "ready-max-shed",
@@ -403,6 +405,7 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
     t.insert("max-connections".into(), int(args.max_connections.into()));
     t.insert("max-clients".into(), int(args.max_clients.into()));
+    t.insert("memory-budget".into(), int(args.memory_budget.into()));
     t.insert("kernel-log".into(), Value::Boolean(args.kernel_log));
     t.insert("allow-nat".into(), Value::Boolean(args.allow_nat));
     t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
@@ -514,6 +517,8 @@ mod tests {
         "500000",
         "--max-clients",
         "2048",
+        "--memory-budget",
+        "400",
         "--kernel-log",
         "--allow-nat",
         "--ready-max-shed",

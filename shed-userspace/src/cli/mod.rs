@@ -290,6 +290,12 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_SOCKS)]
     pub max_connections: u32,
 
+    /// MiB the daemon may hold, its gates' maps included (the kernel charges them to its memory
+    /// cgroup): a namespace or pod whose gate would not fit is refused instead of the daemon being
+    /// OOM-killed; 0: 90% of the cgroup's memory limit, none if unlimited (--memory-budget 0).
+    #[arg(long, default_value_t = 0)]
+    pub memory_budget: u32,
+
     /// Most clients tracked for --client-cap; past it new clients are not capped
     /// (client_map_full). Memory grows with use (--max-clients 65536).
     #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]

@@ -51,6 +51,8 @@ pub(crate) struct Plan {
     pub metrics: Option<SocketAddr>,
     /// `--agent-port`: where each gate answers a load balancer's agent checks.
     pub agent_port: Option<u16>,
+    /// `--memory-budget` (or most of the cgroup's limit): gates that would not fit are refused.
+    pub memory_budget: Option<super::budget::Budget>,
     pub ready_max_shed: u8,
     pub ready_window: Duration,
     /// Makes a gate's reloader of the config file (SIGHUP), if one was given.

@@ -7,6 +7,7 @@
 //! the namespace's addresses and interfaces covered.
 
 pub(crate) mod audit;
+pub(crate) mod budget;
 pub(crate) mod gate;
 pub mod heal;
 mod lock;

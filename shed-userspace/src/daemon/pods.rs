@@ -19,12 +19,13 @@ use tokio::sync::{mpsc::UnboundedSender, watch};
 
 use crate::{
     daemon::{
+        budget,
         gate::{Gate, LoopSignals, Plan, PodReader, PodSettings},
         process::{GateEnd, spawn_gate},
     },
     host::{
         cri::{self, PodSandbox},
-        paths,
+        paths, system,
     },
     kernel::{
         dispatch::Dispatcher,
@@ -264,6 +265,17 @@ impl Pods {
             match gate_for(pod, read) {
                 Ok(None) => {}
                 Ok(Some((settings, netns))) => {
+                    // Refused, not OOM-killed: a gate that would not fit waits for room.
+                    let room = self
+                        .node
+                        .memory_budget
+                        .map_or(Ok(()), |b| b.room_for(1, budget::PER_POD, system::cgroup_memory().map(|c| c.used)));
+                    if let Err(why) = room {
+                        let wait = self.failed.failed(&pod.id, Instant::now());
+                        tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated; trying again in {} s", wait.as_secs());
+                        self.endpoint.1.set(&pod_name(pod), "memory-budget", &why);
+                        continue;
+                    }
                     if let Err(e) = self.start(pod, settings, netns) {
                         let wait = self.failed.failed(&pod.id, Instant::now());
                         tracing::warn!(
@@ -312,6 +324,8 @@ impl Pods {
             .map_err(|e| crate::error::Error::io("write the pod's name to", &name_file, e))?;
         let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
         self.endpoint.0.add(gate.endpoint(Some(pod_name(pod))));
+        // Refused earlier for memory, gated now.
+        self.endpoint.1.clear(&pod_name(pod));
         tracing::info!(pod = %pod_name(pod), netns = %gate.label, ports = ?ports, "gating the pod");
         self.running.insert(
             pod.id.clone(),
@@ -424,6 +438,7 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
         heal_interval: node.heal_interval,
         metrics: None,
         agent_port: settings.agent_port,
+        memory_budget: None,
         ready_max_shed: node.ready_max_shed,
         ready_window: node.ready_window,
         reloader: None,
@@ -524,6 +539,7 @@ mod tests {
             heal_interval: std::time::Duration::from_secs(77),
             metrics: Some("127.0.0.1:1".parse().unwrap()),
             agent_port: Some(9400),
+            memory_budget: None,
             ready_max_shed: 42,
             ready_window: std::time::Duration::from_secs(43),
             reloader: None,

@@ -34,6 +34,14 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
     if plan.ports.len() > shed_common::capacity::MAX_PORTS as usize {
         return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
     }
+    // Every namespace's gate must fit the memory budget: refused here, before
+    // anything changes, rather than OOM-killed half attached.
+    if let Some(budget) = plan.memory_budget {
+        let used = system::cgroup_memory().map(|c| c.used);
+        budget
+            .room_for(plan.namespaces.len() as u64, super::budget::PER_NAMESPACE, used)
+            .map_err(|reason| Error::MemoryBudget { reason })?;
+    }
     // Bound in the namespace shedctl starts in (the host's), even with --netns.
     let metrics = plan.metrics.map(metrics::bind).transpose()?;
     let readiness = ReadinessRule { max_shed_percent: plan.ready_max_shed, window: plan.ready_window };

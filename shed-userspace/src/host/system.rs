@@ -635,3 +635,74 @@ format:
         );
     }
 }
+
+/// The daemon's memory cgroup as the kernel accounts it: what it holds
+/// (bytes; the kernel charges BPF maps to the cgroup of the process that
+/// creates them, so every gate counts) and its limit (None: unlimited).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CgroupMemory {
+    pub used: u64,
+    pub limit: Option<u64>,
+}
+
+/// [`CgroupMemory`] of this process (cgroup v2, else v1's memory
+/// controller); None where neither can be read.
+pub(crate) fn cgroup_memory() -> Option<CgroupMemory> {
+    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_memory_in(&own, std::path::Path::new("/sys/fs/cgroup"))
+}
+
+/// Reads the memory cgroup that `proc_self_cgroup` (its `/proc/self/cgroup`) names under `root`.
+fn cgroup_memory_in(proc_self_cgroup: &str, root: &std::path::Path) -> Option<CgroupMemory> {
+    let read = |path: std::path::PathBuf| fs::read_to_string(path).ok().map(|s| s.trim().to_owned());
+    let number = |s: String| s.parse::<u64>().ok();
+    // v1: `4:memory:/path`, its files under root/memory; a limit this large is v1's "none".
+    if let Some(path) = proc_self_cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers.split(',').any(|c| c == "memory").then_some(path)
+    }) {
+        let dir = root.join("memory").join(path.trim_start_matches('/'));
+        let used = number(read(dir.join("memory.usage_in_bytes"))?)?;
+        let limit = number(read(dir.join("memory.limit_in_bytes"))?).filter(|&l| l < 1 << 60);
+        return Some(CgroupMemory { used, limit });
+    }
+    // v2: `0::/path`, memory.current and memory.max (`max`: none).
+    let path = proc_self_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = root.join(path.trim_start_matches('/'));
+    let used = number(read(dir.join("memory.current"))?)?;
+    let limit = read(dir.join("memory.max")).and_then(number);
+    Some(CgroupMemory { used, limit })
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::*;
+
+    #[test]
+    fn v1_and_v2_memory_cgroups_are_read_and_unlimited_is_none() {
+        let root = tempfile::tempdir().unwrap();
+        let v1 = root.path().join("memory/agent");
+        fs::create_dir_all(&v1).unwrap();
+        fs::write(v1.join("memory.usage_in_bytes"), "104857600\n").unwrap();
+        fs::write(v1.join("memory.limit_in_bytes"), "268435456\n").unwrap();
+        let v1_cgroup = "9:name=systemd:/\n4:memory:/agent\n0::/\n";
+        assert_eq!(
+            cgroup_memory_in(v1_cgroup, root.path()),
+            Some(CgroupMemory { used: 100 << 20, limit: Some(256 << 20) })
+        );
+        fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(cgroup_memory_in(v1_cgroup, root.path()).unwrap().limit, None, "v1's no limit");
+        let v2 = root.path().join("kubepods/pod1");
+        fs::create_dir_all(&v2).unwrap();
+        fs::write(v2.join("memory.current"), "52428800\n").unwrap();
+        fs::write(v2.join("memory.max"), "268435456\n").unwrap();
+        assert_eq!(
+            cgroup_memory_in("0::/kubepods/pod1\n", root.path()),
+            Some(CgroupMemory { used: 50 << 20, limit: Some(256 << 20) })
+        );
+        fs::write(v2.join("memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_memory_in("0::/kubepods/pod1\n", root.path()).unwrap().limit, None);
+        assert_eq!(cgroup_memory_in("0::/nowhere\n", root.path()), None, "unreadable: none");
+    }
+}

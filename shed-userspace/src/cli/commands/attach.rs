@@ -50,6 +50,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         heal_interval: args.heal_interval,
         metrics: args.metrics,
         agent_port: args.agent_port,
+        memory_budget: crate::daemon::budget::Budget::of(args.memory_budget, system::cgroup_memory()),
         ready_max_shed: args.ready_max_shed,
         ready_window: args.ready_window,
         reloader: reload::reloader(&args),

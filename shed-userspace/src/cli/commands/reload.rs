@@ -33,6 +33,7 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
         ("heal-interval", format!("{:?}", args.heal_interval)),
         ("max-connections", args.max_connections.to_string()),
         ("max-clients", args.max_clients.to_string()),
+        ("memory-budget", args.memory_budget.to_string()),
         ("kernel-log", args.kernel_log.to_string()),
         ("ready-max-shed", args.ready_max_shed.to_string()),
         ("ready-window", format!("{:?}", args.ready_window)),

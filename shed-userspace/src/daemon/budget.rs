@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The daemon's memory budget (`--memory-budget`). The kernel charges a
+//! gate's BPF maps, and the verifier's work while it loads them, to the
+//! memory cgroup of the process that creates them: in a container, every
+//! gate counts against the container's limit. Past it the OOM killer ends
+//! the whole daemon, and every gate it held fails open at once. So a gate
+//! that would not fit is refused instead: at attach (too many `--netns`
+//! namespaces, exit 4, nothing attached), and for a pod (`--pods`: the pod
+//! is left ungated, logged and shown in `shed_pod_refused`, and tried again
+//! later, when another pod may have gone).
+use crate::host::system::CgroupMemory;
+
+const MIB: u64 = 1 << 20;
+/// What one more namespace's gate costs at its peak: its own maps and
+/// programs, and the verifier's memory while they load (B10: 91 MiB with
+/// one namespace, 223 MiB with three, in a cgroup of 256 MiB).
+pub(crate) const PER_NAMESPACE: u64 = 64 * MIB;
+/// What one more pod's gate costs (its maps, the daemon's share of its
+/// bookkeeping; its accounting runs through the node's dispatcher): B10's
+/// 269 MiB at 10 pods against 86 MiB at 1 is about 20 MiB a pod.
+pub(crate) const PER_POD: u64 = 24 * MIB;
+/// The share of the cgroup's limit the daemon plans to use when no budget
+/// is given: the rest is headroom for what the estimates miss.
+const OF_LIMIT_PERCENT: u64 = 90;
+
+/// How much memory the daemon may hold, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Budget(pub u64);
+
+impl Budget {
+    /// `--memory-budget MIB`, or with 0, 90% of the cgroup's limit; None
+    /// when neither is set (no limit to be killed at).
+    pub(crate) fn of(flag_mib: u32, cgroup: Option<CgroupMemory>) -> Option<Self> {
+        if flag_mib > 0 {
+            return Some(Self(u64::from(flag_mib) * MIB));
+        }
+        cgroup?.limit.map(|limit| Self(limit / 100 * OF_LIMIT_PERCENT))
+    }
+
+    /// Whether `gates` more gates of `each` bytes fit beside what the cgroup
+    /// holds now (`used`; unknown: counted as nothing held yet); why not.
+    pub(crate) fn room_for(self, gates: u64, each: u64, used: Option<u64>) -> Result<(), String> {
+        let need = used.unwrap_or(0) + gates * each;
+        if need <= self.0 {
+            return Ok(());
+        }
+        Err(format!(
+            "{gates} more gate(s) need about {} MiB with the {} MiB held, over the memory budget of {} MiB: \
+             raise the container's memory limit or --memory-budget, or gate fewer namespaces",
+            gates * each / MIB,
+            used.unwrap_or(0) / MIB,
+            self.0 / MIB
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_the_flag_or_most_of_the_cgroup_limit() {
+        let cgroup = |limit| Some(CgroupMemory { used: 80 * MIB, limit });
+        assert_eq!(Budget::of(300, cgroup(Some(256 * MIB))), Some(Budget(300 * MIB)), "the flag wins");
+        assert_eq!(Budget::of(0, cgroup(Some(256 * MIB))), Some(Budget(256 * MIB / 100 * 90)));
+        assert_eq!(Budget::of(0, cgroup(None)), None, "no limit: nothing to plan for");
+        assert_eq!(Budget::of(0, None), None);
+    }
+
+    #[test]
+    fn gates_fit_until_the_budget_and_the_refusal_says_what_to_do() {
+        let budget = Budget::of(0, Some(CgroupMemory { used: 0, limit: Some(256 * MIB) })).unwrap();
+        // A 256 MiB limit (the DaemonSet's before): three namespaces beside
+        // 20 MiB held fit (B10 saw them peak at 223 MiB), four do not (five
+        // were OOM-killed).
+        assert!(budget.room_for(3, PER_NAMESPACE, Some(20 * MIB)).is_ok());
+        let why = budget.room_for(4, PER_NAMESPACE, Some(20 * MIB)).unwrap_err();
+        assert!(
+            why.contains("4 more gate(s) need about 256 MiB with the 20 MiB held") && why.contains("230 MiB"),
+            "{why}"
+        );
+        assert!(why.contains("--memory-budget"), "{why}");
+        // Pods: as many as fit beside what is held now.
+        assert!(budget.room_for(1, PER_POD, Some(206 * MIB)).is_ok());
+        assert!(budget.room_for(1, PER_POD, Some(207 * MIB)).is_err());
+    }
+}
