@@ -189,7 +189,7 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
             let spec = PortSpec::new(100, action::RST, false, count_mode::WORK, ControlConfig::default());
             loaded.maps.protect(PORT, &spec).expect("protect the port");
             let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
-            loaded.dispatched = Some(dispatcher.add(&mut loaded, inum).expect("hand the namespace over"));
+            loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, inum).expect("hand the namespace over")));
             loaded
         })
         .expect("namespace")

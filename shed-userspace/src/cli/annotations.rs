@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 
 use crate::cli::{AttachArgs, Command, config};
 
-/// Every annotation of shed's starts with this.
-pub const PREFIX: &str = "shed.io/";
+pub use crate::cli::config::ANNOTATION_PREFIX as PREFIX;
 
 /// Why a pod's annotations do not make a gate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -39,6 +39,9 @@ enum Kind {
     TierTable,
 }
 
+/// Every annotation of shed's starts with this: a pod's `shed.io/limit` is the file's `limit`.
+pub const ANNOTATION_PREFIX: &str = "shed.io/";
+
 /// Every key: (key, the flag it stands for, its shape).
 const KEYS: &[(&str, &str, Kind)] = &[
     ("ports", "port", Kind::IntList),
@@ -214,7 +217,7 @@ pub(crate) fn in_annotation_terms(reason: &str) -> String {
         let flag = &after[..len];
         match KEYS.iter().find(|(_, f, _)| *f == flag) {
             Some((key, _, _)) => {
-                out.push_str(crate::cli::annotations::PREFIX);
+                out.push_str(ANNOTATION_PREFIX);
                 out.push_str(key);
             }
             None => out.push_str(&rest[at..at + 2 + len]),

@@ -20,38 +20,6 @@ pub(super) const OBJECTIVE_MARGIN: f64 = 0.97;
 /// Below or above the limit by less than this is no change (it only absorbs rounding).
 const NO_CHANGE: f64 = 1e-9;
 
-/// Minimum over a moving span of control windows.
-#[derive(Clone, Debug)]
-pub(super) struct WindowedMin {
-    pub(super) span: usize,
-    /// (value, windows it covered)
-    pub(super) values: VecDeque<(f64, usize)>,
-    pub(super) covered: usize,
-}
-
-impl WindowedMin {
-    pub(super) fn push(&mut self, v: f64, windows: usize) -> f64 {
-        self.values.push_back((v, windows));
-        self.covered += windows;
-        while self.covered > self.span && self.values.len() > 1 {
-            let (_, w) = self.values.pop_front().expect("len > 1");
-            self.covered -= w;
-        }
-        self.min()
-    }
-
-    /// Forgets every value.
-    pub(super) fn reset(&mut self) {
-        self.values.clear();
-        self.covered = 0;
-    }
-
-    /// The minimum now (infinite while empty).
-    pub(super) fn min(&self) -> f64 {
-        self.values.iter().map(|&(v, _)| v).fold(f64::INFINITY, f64::min)
-    }
-}
-
 /// The rate the service answers at while every worker is busy: the median of
 /// the answer rates of the recent windows in which requests queued throughout
 /// (a median, because a window in which a burst began or drained understates

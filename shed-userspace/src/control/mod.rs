@@ -67,6 +67,7 @@ mod gradient;
 mod gradient2;
 mod guards;
 pub(crate) mod handshake;
+pub(crate) mod minimum;
 mod queue;
 pub(crate) mod reserve;
 pub(crate) mod retry;
@@ -83,7 +84,8 @@ use std::collections::VecDeque;
 use serde::Serialize;
 use shed_common::ControlConfig;
 
-use guards::{ServedRate, WindowedMin};
+use guards::ServedRate;
+use minimum::WindowedMin;
 pub(crate) use queue::QUEUE_TARGET_US;
 
 /// Which limiter runs a port.

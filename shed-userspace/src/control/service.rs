@@ -31,7 +31,7 @@
 //! not come down; its probe then confirms the slower service. A server whose
 //! workers read when free never holds more than its workers, and is probed
 //! only when its service time rises.
-use super::guards::WindowedMin;
+use super::minimum::WindowedMin;
 
 /// Weight of each window in the smoothed rate and mean service the knee is
 /// taken from: one window of a few dozen requests is noisy, and the best and

@@ -237,7 +237,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
     let mut local_addrs = LocalAddrs::default();
     local_addrs.refresh(&mut loaded.maps)?;
     match (&plan.dispatcher, filter) {
-        (Some(dispatcher), Ok(filter)) => loaded.dispatched = Some(dispatcher.add(&mut loaded, filter.inum)?),
+        (Some(dispatcher), Ok(filter)) => loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, filter.inum)?)),
         _ => loaded.attach_accounting()?,
     }
     for (iface, hook) in &targets {
@@ -334,6 +334,92 @@ pub(super) fn run(
         daemon::run(loaded, settings).await
     })?;
     Ok(())
+}
+
+/// Starts a namespace's gate on a thread of its own that enters the namespace
+/// first (interfaces, addresses, sockets and the listen-queue counters are all
+/// read as that thread sees them), sets the gate up and runs its loop until
+/// `signals.stop`; the pins of a named namespace go with it. With a `barrier`,
+/// it reports its set-up there and runs only on the go-ahead (every namespace
+/// set up, or none stays attached); without, a failed set-up is its end.
+pub(super) fn spawn_gate(
+    gate: Gate,
+    plan: std::sync::Arc<Plan>,
+    signals: LoopSignals,
+    barrier: Option<(std::sync::mpsc::Sender<anyhow::Result<()>>, std::sync::mpsc::Receiver<Instance>)>,
+    mut end: GateEnd,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("shed-{}", gate.label))
+        .spawn(move || {
+            let _span = tracing::info_span!("gate", netns = %gate.label).entered();
+            let loaded = set_up(&gate, &plan).with_context(|| format!("network namespace {}", gate.label));
+            let (mut loaded, following, instance) = match (loaded, barrier) {
+                (Ok((loaded, following)), Some((ready, go))) => {
+                    let _ = ready.send(Ok(()));
+                    drop(ready);
+                    // Every namespace answered: run, or (one of them failed) detach.
+                    let Ok(instance) = go.recv() else { return end.tell(Ok(())) };
+                    (loaded, following, instance)
+                }
+                (Ok((loaded, following)), None) => {
+                    tracing::info!("gate set up: judging every new connection");
+                    (loaded, following, Instance)
+                }
+                (Err(e), barrier) => {
+                    // Pinned before what failed: a pod's set-up tried again pins there anew.
+                    if gate.netns.is_some() {
+                        let _ = crate::kernel::maps::remove_pins(&gate.pin_dir);
+                    }
+                    if let Some((ready, _)) = barrier {
+                        let _ = ready.send(Err(e));
+                        return end.tell(Ok(()));
+                    }
+                    return end.tell(Err(e));
+                }
+            };
+            let result = run(&gate, &mut loaded, following, instance, &plan, signals);
+            drop(loaded); // detaches its links, inside the namespace
+            if gate.netns.is_some() {
+                // The namespace's ports are gone (or the daemon stops): so are its pins.
+                let _ = crate::kernel::maps::remove_pins(&gate.pin_dir);
+            }
+            end.tell(result.with_context(|| format!("network namespace {}", gate.label)));
+        })
+        .context("starting a gate thread")
+}
+
+/// Tells the daemon how a gate thread ended, once; a thread that panics tells it too.
+pub(super) struct GateEnd {
+    done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
+    label: String,
+    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    told: bool,
+}
+
+impl GateEnd {
+    /// Tells `done` as `(label, result)`.
+    pub(super) fn new(
+        done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
+        label: String,
+        gate: &Gate,
+    ) -> Self {
+        Self { done, label, ended: gate.ended.clone(), told: false }
+    }
+
+    fn tell(&mut self, result: anyhow::Result<()>) {
+        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.done.send((self.label.clone(), result));
+        self.told = true;
+    }
+}
+
+impl Drop for GateEnd {
+    fn drop(&mut self) {
+        if !self.told {
+            self.tell(Err(anyhow::anyhow!("the gate's thread panicked")));
+        }
+    }
 }
 
 /// Hands every record the kernel programs log to this process's log (and so

@@ -20,8 +20,7 @@ use tokio::sync::{mpsc::UnboundedSender, watch};
 use crate::{
     daemon::{
         budget,
-        gate::{Gate, LoopSignals, Plan, PodReader, PodSettings},
-        process::{GateEnd, spawn_gate},
+        gate::{Gate, GateEnd, LoopSignals, Plan, PodReader, PodSettings, spawn_gate},
     },
     host::{
         cri::{self, PodSandbox},

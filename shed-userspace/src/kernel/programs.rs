@@ -19,9 +19,11 @@ use crate::{
 
 /// The kernel object with its programs loaded (verified) but not attached.
 pub struct Loaded {
-    /// Where a pod's gate counts through the node's dispatcher: dropped first,
-    /// so no event reaches the programs once they are going.
-    pub dispatched: Option<crate::kernel::dispatch::Dispatched>,
+    /// Where a pod's gate counts through the node's dispatcher (a
+    /// `kernel::dispatch::Dispatched`, held only to be dropped: first, so no
+    /// event reaches the programs once they are going; kept opaque here so
+    /// that the dispatcher, which loads through this module, is not imported by it).
+    pub dispatched: Option<Box<dyn Send>>,
     pub ebpf: Ebpf,
     pub maps: GateMaps,
     /// The program that counts connections ([`object::SockStateHook::program`]).
