@@ -98,12 +98,11 @@ fn shedctl_pods_shows_what_each_pods_annotations_ask_for() {
 
 /// Waits until the agent says `pod`'s gate is set up (its programs attached), for at most 10 s.
 fn wait_gated(gate: &Gate, netns: &str) {
-    let line = format!("netns={netns}}}: shed::daemon::process: gate set up");
     shed_testkit::gate::poll(
         Duration::from_secs(10),
         &format!("{netns} gated"),
         || gate.log(),
-        |log| log.contains(&line),
+        |log| shed_testkit::gate::gated_line(log, netns).is_some(),
     );
 }
 

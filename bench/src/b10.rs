@@ -82,8 +82,7 @@ fn held_by(pid: i32) -> Result<Held> {
 
 /// When the agent's log says `netns`'s gate was set up (its line's UTC time).
 fn gated_at(log: &str, netns: &str) -> Option<SystemTime> {
-    let marker = format!("netns={netns}}}: shed::daemon::process: gate set up");
-    let line = log.lines().find(|l| l.contains(&marker))?;
+    let line = shed_testkit::gate::gated_line(log, netns)?;
     log_time(line.split_whitespace().next()?)
 }
 

@@ -259,3 +259,10 @@ pub fn loaded_shed_programs() -> Vec<String> {
         .filter(|n| n.starts_with("shed_"))
         .collect()
 }
+
+/// The daemon's log line that says `netns`'s gate is set up (its programs
+/// attached and judging), if the log has it; whichever module logs it.
+pub fn gated_line<'a>(log: &'a str, netns: &str) -> Option<&'a str> {
+    let span = format!("gate{{netns={netns}}}:");
+    log.lines().find(|l| l.contains(&span) && l.contains(": gate set up: judging every new connection"))
+}
