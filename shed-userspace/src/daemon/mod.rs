@@ -50,6 +50,8 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How often netfilter NAT is looked at again (a rule added after attach,
 /// such as a sidecar's redirect, is reported within this).
 const NAT_EVERY: Duration = Duration::from_secs(5);
+/// A look at NAT that takes longer than this (a hung `nft`) is reported as NAT unreadable.
+const NAT_LOOK_LIMIT: Duration = Duration::from_secs(10);
 
 /// Settings of the control loop.
 pub struct LoopSettings {
@@ -157,7 +159,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     let mut accept_queues = AcceptQueues::default();
     let mut refused = refused::RefusedRequests::default();
     let mut last_heal_check: Option<Instant> = None;
-    let mut last_nat: Option<Instant> = None;
+    let mut nat = NatWatch::default();
     // What the operator last set, to log each live change once (see `crate::daemon::audit`).
     let mut audited = crate::daemon::audit::read(&loaded.maps).unwrap_or_default();
     let mut last_audit = Instant::now();
@@ -247,11 +249,8 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                     }
                     last_heal_check = Some(Instant::now());
                 }
-                if last_nat.is_none_or(|t| t.elapsed() >= NAT_EVERY) {
-                    let protected: Vec<u16> = ports.keys().copied().collect();
-                    look_at_nat(&settings.nat, &protected, settings.allow_nat);
-                    last_nat = Some(Instant::now());
-                }
+                let protected: Vec<u16> = ports.keys().copied().collect();
+                nat.tick(&settings.nat, &protected, settings.allow_nat).await;
                 if last_client_sweep.elapsed() >= CLIENT_SWEEP {
                     match loaded.maps.forget_idle_clients(&idle_clients) {
                         Ok(idle) => idle_clients = idle,
@@ -271,14 +270,59 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     }
 }
 
-/// Looks at the namespace's netfilter NAT again and reports what changed:
-/// a rule that now takes a protected port past the gate (added after attach,
-/// as a sidecar's init container does), one that went, and a ruleset that
-/// cannot be read.
-fn look_at_nat(report: &crate::observe::report::NatReport, ports: &[u16], allowed: bool) {
-    let look = crate::host::nat::look();
-    let bypassed = look.bypassed(ports);
+/// Looks at the namespace's netfilter NAT every [`NAT_EVERY`], off the loop:
+/// the look runs `nft`, which a large ruleset makes slow and a hung tool
+/// would make endless, and the loop must keep ticking meanwhile.
+#[derive(Default)]
+struct NatWatch {
+    /// The look under way (on a blocking thread of this gate's runtime, so in
+    /// its namespace), and when it began.
+    pending: Option<(tokio::task::JoinHandle<crate::host::nat::NatLook>, Instant)>,
+    last: Option<Instant>,
+    slow_reported: bool,
+}
+
+impl NatWatch {
+    async fn tick(&mut self, report: &crate::observe::report::NatReport, ports: &[u16], allowed: bool) {
+        match self.pending.take() {
+            Some((look, _)) if look.is_finished() => {
+                if let Ok(look) = look.await {
+                    report_nat(report, ports, allowed, &look);
+                }
+                self.last = Some(Instant::now());
+                self.slow_reported = false;
+            }
+            Some((look, since)) => {
+                if since.elapsed() > NAT_LOOK_LIMIT && !self.slow_reported {
+                    tracing::warn!(
+                        "reading netfilter NAT has taken over {} s (is nft stuck?): NAT is reported unreadable until it answers",
+                        NAT_LOOK_LIMIT.as_secs()
+                    );
+                    report.set(crate::observe::report::NatSeen { readable: false, ..report.read() });
+                    self.slow_reported = true;
+                }
+                self.pending = Some((look, since));
+            }
+            None if self.last.is_none_or(|t| t.elapsed() >= NAT_EVERY) => {
+                self.pending = Some((tokio::task::spawn_blocking(crate::host::nat::look), Instant::now()));
+            }
+            None => {}
+        }
+    }
+}
+
+/// Reports what a look at the namespace's NAT changed: a rule that now takes
+/// a protected port past the gate (added after attach, as a sidecar's init
+/// container does), one that went, and a ruleset that cannot be read (what
+/// was seen before it stays reported: an unread rule is not a rule gone).
+fn report_nat(
+    report: &crate::observe::report::NatReport,
+    ports: &[u16],
+    allowed: bool,
+    look: &crate::host::nat::NatLook,
+) {
     let before = report.read();
+    let bypassed = if look.readable { look.bypassed(ports) } else { before.bypassed.clone() };
     for (port, what) in &bypassed {
         if before.bypassed.get(port) != Some(what) {
             tracing::warn!(

@@ -52,6 +52,8 @@ pub(super) struct Pods {
     /// annotations (said once; a sandbox's annotations never change, so they
     /// are not read again), or every port detached by an operator.
     refused: BTreeMap<String, String>,
+    /// Pods left ungated for the memory budget, by sandbox id: their names (for the metric).
+    over_budget: BTreeMap<String, String>,
     /// Sandboxes whose gate failed to set up or ended with an error: tried
     /// again when their time comes.
     failed: Retries,
@@ -168,6 +170,9 @@ struct PodGate {
     /// When its gate was started: one that ran longer than the longest wait
     /// before it failed starts its waits over.
     started: Instant,
+    /// Beats once the gate is set up (its maps loaded and charged): until
+    /// then its memory is booked against the budget by estimate.
+    heartbeat: crate::observe::report::Heartbeat,
 }
 
 impl Pods {
@@ -205,6 +210,7 @@ impl Pods {
             networks: cri::Networks::default(),
             running: BTreeMap::new(),
             refused: BTreeMap::new(),
+            over_budget: BTreeMap::new(),
             failed: Retries::default(),
             last_error: None,
         }
@@ -252,6 +258,14 @@ impl Pods {
             keep
         });
         self.failed.keep_present(&present);
+        // A pod refused for memory that went: its series goes with it.
+        self.over_budget.retain(|id, pod| {
+            let keep = present.contains(id.as_str());
+            if !keep {
+                self.endpoint.1.clear(pod);
+            }
+            keep
+        });
         let now = Instant::now();
         for pod in &pods {
             if self.running.contains_key(&pod.id)
@@ -265,14 +279,17 @@ impl Pods {
                 Ok(None) => {}
                 Ok(Some((settings, netns))) => {
                     // Refused, not OOM-killed: a gate that would not fit waits for room.
-                    let room = self
-                        .node
-                        .memory_budget
-                        .map_or(Ok(()), |b| b.room_for(1, budget::PER_POD, system::cgroup_memory().map(|c| c.used)));
+                    // Gates still setting up are not charged yet: booked by estimate
+                    // (a burst of pods all see the same cgroup figure).
+                    let setting_up = self.running.values().filter(|g| g.heartbeat.age().is_none()).count() as u64;
+                    let room = self.node.memory_budget.map_or(Ok(()), |b| {
+                        b.room_for(setting_up + 1, budget::PER_POD, system::cgroup_memory().map(|c| c.used))
+                    });
                     if let Err(why) = room {
                         let wait = self.failed.failed(&pod.id, Instant::now());
                         tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated; trying again in {} s", wait.as_secs());
                         self.endpoint.1.set(&pod_name(pod), "memory-budget", &why);
+                        self.over_budget.insert(pod.id.clone(), pod_name(pod));
                         continue;
                     }
                     if let Err(e) = self.start(pod, settings, netns) {
@@ -324,11 +341,20 @@ impl Pods {
         let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
         self.endpoint.0.add(gate.endpoint(Some(pod_name(pod))));
         // Refused earlier for memory, gated now.
-        self.endpoint.1.clear(&pod_name(pod));
+        if self.over_budget.remove(&pod.id).is_some() {
+            self.endpoint.1.clear(&pod_name(pod));
+        }
         tracing::info!(pod = %pod_name(pod), netns = %gate.label, ports = ?ports, "gating the pod");
         self.running.insert(
             pod.id.clone(),
-            PodGate { pod: pod_name(pod), label: gate.label, stop, thread: Some(thread), started: Instant::now() },
+            PodGate {
+                pod: pod_name(pod),
+                label: gate.label,
+                stop,
+                thread: Some(thread),
+                started: Instant::now(),
+                heartbeat: gate.heartbeat.clone(),
+            },
         );
         Ok(())
     }

@@ -156,7 +156,8 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
         pid = std::process::id(),
         "shed gate running; SIGINT or SIGTERM detaches"
     );
-    let heartbeats: Vec<_> = gates.iter().map(|(gate, _, _)| gate.heartbeat.clone()).collect();
+    // Each gate's heartbeat, and whether it has ended (its ports detached: it beats no more).
+    let heartbeats: Vec<_> = gates.iter().map(|(gate, _, _)| (gate.heartbeat.clone(), gate.ended.clone())).collect();
     let mut threads = Vec::new();
     for (_, go, thread) in gates {
         let _ = go.send(Instance);
@@ -184,7 +185,10 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
                     // Fed only while every namespace's control loop has ticked
                     // lately: systemd restarts a daemon whose loops stalled.
                     if let Some(n) = &notifier
-                        && heartbeats.iter().all(|h| h.age().is_some_and(|age| age < HEALTHY_WITHIN))
+                        && heartbeats.iter().all(|(beat, ended)| {
+                            ended.load(std::sync::atomic::Ordering::Relaxed)
+                                || beat.age().is_some_and(|age| age < HEALTHY_WITHIN)
+                        })
                     {
                         n.send("WATCHDOG=1");
                     }

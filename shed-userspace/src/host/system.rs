@@ -662,14 +662,20 @@ fn cgroup_memory_in(proc_self_cgroup: &str, root: &std::path::Path) -> Option<Cg
         let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
         controllers.split(',').any(|c| c == "memory").then_some(path)
     }) {
-        let dir = root.join("memory").join(path.trim_start_matches('/'));
+        // In a container without a cgroup namespace the path is the host's,
+        // and the container's own cgroup is what is mounted: then it is the root.
+        let dir = [root.join("memory").join(path.trim_start_matches('/')), root.join("memory")]
+            .into_iter()
+            .find(|d| d.join("memory.usage_in_bytes").exists())?;
         let used = number(read(dir.join("memory.usage_in_bytes"))?)?;
         let limit = number(read(dir.join("memory.limit_in_bytes"))?).filter(|&l| l < 1 << 60);
         return Some(CgroupMemory { used, limit });
     }
     // v2: `0::/path`, memory.current and memory.max (`max`: none).
     let path = proc_self_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = root.join(path.trim_start_matches('/'));
+    let dir = [root.join(path.trim_start_matches('/')), root.to_owned()]
+        .into_iter()
+        .find(|d| d.join("memory.current").exists())?;
     let used = number(read(dir.join("memory.current"))?)?;
     let limit = read(dir.join("memory.max")).and_then(number);
     Some(CgroupMemory { used, limit })
@@ -704,5 +710,15 @@ mod cgroup_tests {
         fs::write(v2.join("memory.max"), "max\n").unwrap();
         assert_eq!(cgroup_memory_in("0::/kubepods/pod1\n", root.path()).unwrap().limit, None);
         assert_eq!(cgroup_memory_in("0::/nowhere\n", root.path()), None, "unreadable: none");
+        // A v1 container without a cgroup namespace: /proc names the host's
+        // path, and its own cgroup is mounted at the controller's root.
+        let mounted = tempfile::tempdir().unwrap();
+        fs::create_dir_all(mounted.path().join("memory")).unwrap();
+        fs::write(mounted.path().join("memory/memory.usage_in_bytes"), "1048576\n").unwrap();
+        fs::write(mounted.path().join("memory/memory.limit_in_bytes"), "1073741824\n").unwrap();
+        assert_eq!(
+            cgroup_memory_in("4:memory:/kubepods/burstable/pod9/abc\n", mounted.path()),
+            Some(CgroupMemory { used: 1 << 20, limit: Some(1 << 30) })
+        );
     }
 }

@@ -34,6 +34,8 @@ use crate::{
 
 /// How often the sampler reads the gate's maps.
 const SAMPLE: Duration = Duration::from_millis(100);
+/// How long the answered connection is drained of what the check sent before it closes.
+const DRAIN_WAIT: Duration = Duration::from_millis(5);
 /// With several protected ports, how long a check may take to name one
 /// (HAProxy's `agent-send "8080\n"`, written as it connects).
 const NAMED_PORT_WAIT: Duration = Duration::from_millis(1);
@@ -157,8 +159,12 @@ fn answer(listener: &TcpListener, weights: &std::sync::Mutex<Weights>, ended: &A
         let weight = weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).for_port(named);
         let _ = conn.write_all(steer::agent_line(weight).as_bytes());
         let _ = conn.shutdown(Shutdown::Write);
-        // Whatever the check sent (HAProxy's `agent-send`) is read before the
-        // close, which would otherwise reset the connection, and the line with it.
+        // Whatever the check sent (HAProxy's `agent-send`, which may come just
+        // after the connect) is read before the close, which would otherwise
+        // reset the connection, and the line with it; waiting at most a few
+        // milliseconds, so a client that never sends nor closes holds little.
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(DRAIN_WAIT));
         let _ = conn.read(&mut [0u8; 256]);
     }
 }
