@@ -30,6 +30,7 @@ use crate::{
     control::steer::{self, Load, Steering},
     error::Error,
     kernel::maps::{GateMaps, PortSnapshot},
+    observe::lock,
 };
 
 /// How often the sampler reads the gate's maps.
@@ -117,7 +118,7 @@ fn sample(pin_dir: &std::path::Path, weights: &std::sync::Mutex<Weights>, ended:
             ports.entry(snapshot.port).or_default().sample(elapsed, load(snapshot));
         }
         let by_port = ports.iter().map(|(&port, s)| (port, s.weight())).collect();
-        weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_port = by_port;
+        lock(weights).by_port = by_port;
     }
 }
 
@@ -153,10 +154,10 @@ fn answer(listener: &TcpListener, weights: &std::sync::Mutex<Weights>, ended: &A
             continue;
         };
         let _ = conn.set_nonblocking(true);
-        let several = weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).by_port.len() > 1;
+        let several = lock(weights).by_port.len() > 1;
         // One port: the answer at once. Several: a check may name one first.
         let named = if several { named_port(&conn) } else { None };
-        let weight = weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner).for_port(named);
+        let weight = lock(weights).for_port(named);
         let _ = conn.write_all(steer::agent_line(weight).as_bytes());
         let _ = conn.shutdown(Shutdown::Write);
         // Whatever the check sent (HAProxy's `agent-send`, which may come just

@@ -17,6 +17,7 @@ use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, rou
 
 use crate::{
     kernel::maps::GateMaps,
+    observe::lock,
     observe::metrics::{CONTENT_TYPE, GateSource, Scrape},
     observe::report::{Decisions, HEALTHY_WITHIN, HealReport, Heartbeat, NatReport, TaskErrors},
     observe::stats::PortStats,
@@ -383,11 +384,6 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
         }
     }
     (StatusCode::OK, "ready\n".to_owned())
-}
-
-/// A lock whose holder panicked still guards usable data (counters, a history).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -19,12 +19,12 @@ pub struct Decisions(Arc<Mutex<BTreeMap<(u16, Reason), u64>>>);
 
 impl Decisions {
     pub(crate) fn record(&self, port: u16, reason: Reason) {
-        let mut counts = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut counts = crate::observe::lock(&self.0);
         *counts.entry((port, reason)).or_default() += 1;
     }
 
     pub fn of(&self, port: u16) -> Vec<(Reason, u64)> {
-        let counts = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let counts = crate::observe::lock(&self.0);
         counts.iter().filter(|((p, _), _)| *p == port).map(|((_, r), n)| (*r, *n)).collect()
     }
 }
@@ -38,7 +38,7 @@ impl TaskErrors {
     /// Counts a failure of `task`; logs the first and then every hundredth, so
     /// a task that fails every second does not flood the log.
     pub(crate) fn record(&self, task: &'static str, error: &dyn std::fmt::Display) {
-        let mut counts = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut counts = crate::observe::lock(&self.0);
         let n = counts.entry(task).or_default();
         *n += 1;
         if *n == 1 || (*n).is_multiple_of(100) {
@@ -48,7 +48,7 @@ impl TaskErrors {
 
     /// Every task's failures so far.
     pub fn counts(&self) -> Vec<(&'static str, u64)> {
-        let counts = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let counts = crate::observe::lock(&self.0);
         counts.iter().map(|(t, n)| (*t, *n)).collect()
     }
 }
