@@ -131,10 +131,9 @@ impl Steering {
             return None;
         }
         self.since_step = Duration::ZERO;
-        let verdict = self.judge();
+        let (verdict, refused) = self.judge();
         match verdict {
             Verdict::Overloaded => {
-                let (refused, _) = self.refused_share();
                 self.weight = (self.weight * (1.0 - refused).clamp(MAX_CUT, MIN_CUT)).max(f64::from(FLOOR));
                 self.since_cut = Duration::ZERO;
             }
@@ -150,21 +149,18 @@ impl Steering {
         Some(verdict)
     }
 
-    /// The window's refused share, and whether it had enough attempts to say anything.
-    fn refused_share(&self) -> (f64, bool) {
-        let (Some((_, first)), Some((_, last))) = (self.samples.front(), self.samples.back()) else {
-            return (0.0, false);
-        };
+    /// The window's refused share (0 when it holds fewer than [`MIN_ATTEMPTS`]:
+    /// too few to say anything; any refusal still stops growth in `judge`).
+    fn refused_share(&self) -> f64 {
+        let (Some((_, first)), Some((_, last))) = (self.samples.front(), self.samples.back()) else { return 0.0 };
         let attempts = last.attempts.saturating_sub(first.attempts);
         let refused = last.refused.saturating_sub(first.refused).min(attempts);
-        if attempts < MIN_ATTEMPTS {
-            return (0.0, refused > 0);
-        }
-        (refused as f64 / attempts as f64, true)
+        if attempts < MIN_ATTEMPTS { 0.0 } else { refused as f64 / attempts as f64 }
     }
 
-    fn judge(&self) -> Verdict {
-        let (refused, _) = self.refused_share();
+    /// The verdict on the window, and its refused share (what a cut keeps the rest of).
+    fn judge(&self) -> (Verdict, f64) {
+        let refused = self.refused_share();
         let n = self.samples.len().max(1) as f64;
         let queue = self
             .samples
@@ -175,13 +171,14 @@ impl Steering {
         let used = self.samples.iter().map(|(_, l)| l.in_flight as f64 / f64::from(l.limit.max(1))).sum::<f64>() / n;
         let any_refused =
             self.samples.front().zip(self.samples.back()).is_some_and(|((_, f), (_, l))| l.refused > f.refused);
-        if refused > MAX_REFUSED || queue > QUEUE_OVER {
+        let verdict = if refused > MAX_REFUSED || queue > QUEUE_OVER {
             if self.since_cut >= CUT_HOLD { Verdict::Overloaded } else { Verdict::Hold }
         } else if !any_refused && queue <= ROOM_QUEUE && used <= ROOM_USED && self.since_cut >= ROOM_HOLD {
             Verdict::Room
         } else {
             Verdict::Hold
-        }
+        };
+        (verdict, refused)
     }
 }
 
