@@ -169,13 +169,8 @@ pub(super) struct LoopSignals {
 /// namespace that takes connections to or from a protected port past the
 /// gate: they would reach the listener unjudged.
 fn refuse_nat_bypass(ports: &[u16], allow: bool) -> anyhow::Result<()> {
-    let look = crate::host::nat::look();
-    if !look.readable {
-        tracing::warn!(
-            "cannot read netfilter NAT here (neither nft nor iptables-legacy-save runs): a NAT rule that takes connections past the gate would go unseen (shed_nat_readable 0); install nftables"
-        );
-    }
-    for (port, what) in look.bypassed(ports) {
+    // An unreadable ruleset is said once, by the loop's first look (`daemon::NatWatch`).
+    for (port, what) in crate::host::nat::look().bypassed(ports) {
         if allow {
             tracing::warn!(port, nat = %what, "--allow-nat: connections this NAT rewrites reach the listener unjudged");
             continue;
