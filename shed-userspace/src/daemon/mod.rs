@@ -342,3 +342,39 @@ fn report_nat(
     }
     report.set(crate::observe::report::NatSeen { looked: true, readable: look.readable, bypassed, allowed });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::nat::{LocalNat, NatLook};
+    use crate::observe::report::NatReport;
+
+    fn redirect(from: u16) -> LocalNat {
+        LocalNat {
+            place: "nftables table ip late chain prerouting".into(),
+            from_ports: vec![from],
+            to_port: Some(15006),
+        }
+    }
+
+    #[test]
+    fn a_look_reports_a_bypass_until_a_readable_look_no_longer_finds_it() {
+        let report = NatReport::default();
+        let ports = [8080, 9090];
+        report_nat(&report, &ports, false, &NatLook { found: vec![redirect(8080), redirect(7000)], readable: true });
+        let seen = report.read();
+        assert_eq!(seen.bypassed.keys().copied().collect::<Vec<_>>(), [8080], "only a protected port's");
+        assert!(seen.looked && seen.readable && !seen.allowed);
+        assert!(report.not_ready().is_some_and(|why| why.starts_with("port 8080: nftables table ip late")));
+        // A look that could not read the rules is not a rule gone.
+        report_nat(&report, &ports, false, &NatLook { found: vec![], readable: false });
+        let seen = report.read();
+        assert!(!seen.readable && seen.bypassed.contains_key(&8080), "{seen:?}");
+        // A readable look without it: gone, and ready again.
+        report_nat(&report, &ports, false, &NatLook { found: vec![], readable: true });
+        assert!(report.read().bypassed.is_empty() && report.not_ready().is_none());
+        // Allowed (--allow-nat): reported, never unready.
+        report_nat(&report, &ports, true, &NatLook { found: vec![redirect(9090)], readable: true });
+        assert!(report.read().bypassed.contains_key(&9090) && report.not_ready().is_none());
+    }
+}
