@@ -61,6 +61,31 @@ fn veth_namespace(server_ns: &str, ns: &str, (server_if, ns_if): (&str, &str), n
     }
 }
 
+/// Whether a connection from `ns` to `addr` is refused (the gate judged it, its
+/// limit full) before `bound` passes; tried every 200 ms.
+fn refused_within(ns: &str, addr: SocketAddr, bound: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        let r = testbed::run_in(ns, move || testbed::connect(addr, Duration::from_millis(500))).unwrap();
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+            _ if start.elapsed() > bound => return false,
+            _ => thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// The namespace's links with their attached programs, for a failure's message.
+fn links(ns: &str) -> String {
+    let out = Command::new("ip").args(["-n", ns, "-d", "link", "show"]).output().expect("run ip");
+    let tc = Command::new("ip").args(["netns", "exec", ns, "bpftool", "net", "show"]).output();
+    format!(
+        "links in {ns}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        tc.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    )
+}
+
 /// A source address for the `i`th forged SYN: spread over 100.64.0.0/10, or all in one /24.
 fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
     let h = i.wrapping_mul(2_654_435_761);
@@ -404,32 +429,24 @@ fn interfaces_that_appear_after_attach_are_gated_and_non_ethernet_ones_refused()
     let new_addr = SocketAddr::from(([10, 202, 0, 1], PORT));
     let _new_backend = Backend::start(&bed.server_ns, new_addr, Service::Echo).expect("backend on the new address");
     // The daemon hears of new interfaces (and addresses) from rtnetlink; until it
-    // has gated one, connections through it get in (and count).
-    let start = Instant::now();
-    let refused = loop {
-        let r = testbed::run_in(&late_ns, move || testbed::connect(new_addr, Duration::from_millis(500))).unwrap();
-        match r {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break true,
-            _ if start.elapsed() > Duration::from_secs(5) => break false,
-            _ => thread::sleep(Duration::from_millis(200)),
-        }
-    };
+    // has gated one, connections through it get in (and count). Attaching takes
+    // the kernel's rtnl lock, which the deferred clean-up of namespaces deleted
+    // by earlier tests can hold for seconds on a loaded machine (a CI run once
+    // went past 5 s): the wait is for the event, bounded generously.
+    let refused = refused_within(&late_ns, new_addr, Duration::from_secs(20));
     let logs = gate.log();
-    assert!(refused, "a SYN through the new interface is judged (limit full):\n{logs}");
+    assert!(refused, "a SYN through the new interface is judged (limit full):\n{logs}\n{}", links(&bed.server_ns));
     assert!(logs.contains("new interface gated") && logs.contains("shedtun0"), "{logs}");
 
     // The same interface deleted and created again under its name (a new index): gated again.
     veth_namespace(&bed.server_ns, &late_ns, ("shedtn-n", "shedtn-p"), "10.202.0");
-    let start = Instant::now();
-    let refused_again = loop {
-        let r = testbed::run_in(&late_ns, move || testbed::connect(new_addr, Duration::from_millis(500))).unwrap();
-        match r {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break true,
-            _ if start.elapsed() > Duration::from_secs(5) => break false,
-            _ => thread::sleep(Duration::from_millis(200)),
-        }
-    };
-    assert!(refused_again, "a SYN through the re-created interface is judged:\n{}", gate.log());
+    let refused_again = refused_within(&late_ns, new_addr, Duration::from_secs(20));
+    assert!(
+        refused_again,
+        "a SYN through the re-created interface is judged:\n{}\n{}",
+        gate.log(),
+        links(&bed.server_ns)
+    );
     drop(held);
 }
 

@@ -52,6 +52,8 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const NAT_EVERY: Duration = Duration::from_secs(5);
 /// A look at NAT that takes longer than this (a hung `nft`) is reported as NAT unreadable.
 const NAT_LOOK_LIMIT: Duration = Duration::from_secs(10);
+/// An attach to a new interface slower than this is logged (it holds the loop).
+const SLOW_ATTACH: Duration = Duration::from_secs(1);
 
 /// Settings of the control loop.
 pub struct LoopSettings {
@@ -111,9 +113,15 @@ impl FollowInterfaces {
             }
             self.seen.push((iface.clone(), index));
             let hook = self.hook.unwrap_or_else(|| default_hook(&iface));
+            let started = Instant::now();
             match loaded.attach_gate(&iface, hook, self.xdp_mode) {
                 Ok(()) => tracing::info!(iface = %iface, hook = %hook, "new interface gated"),
                 Err(e) => tracing::warn!(iface = %iface, "new interface not gated: {e}"),
+            }
+            // Attaching takes the kernel's rtnl lock, which a burst of namespace
+            // deletions can hold for seconds; the loop waits meanwhile.
+            if started.elapsed() > SLOW_ATTACH {
+                tracing::warn!(iface = %iface, took_ms = started.elapsed().as_millis(), "attaching to a new interface was slow (the kernel's rtnl lock was busy?): the loop waited");
             }
         }
     }
