@@ -83,9 +83,43 @@ fn echo_round_trip(stream: &mut TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-fn limit_5_rst(hook: &str, v6: bool) {
+/// The kernel's SYN cookie counters in `ns`: (sent, received), from `nstat`.
+fn syncookies(ns: &str) -> (u64, u64) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nstat", "-az", "TcpExtSyncookiesSent", "TcpExtSyncookiesRecv"])
+        .output()
+        .expect("run nstat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let read = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in nstat's output:\n{text}"))
+    };
+    (read("TcpExtSyncookiesSent"), read("TcpExtSyncookiesRecv"))
+}
+
+/// Twenty clients one after another at `--limit 5 --action rst`: exactly five
+/// connect and work, fifteen are refused at once, the books return to zero.
+/// With `cookies`, the server namespace answers every SYN with a SYN cookie
+/// (`tcp_syncookies=2`, as a listener in overflow does): each handshake then
+/// completes on the listener itself, with no request socket, and the gate
+/// must recognise the cookie to judge it (else it passes, `late_completed`).
+fn limit_5_rst(hook: &str, v6: bool, cookies: bool) {
     let _one = exclusive();
-    let bed = Testbed::create(if v6 { "shedt6" } else { "shedt4" }).expect("testbed");
+    let prefix = match (v6, cookies) {
+        (false, false) => "shedt4",
+        (true, false) => "shedt6",
+        (false, true) => "shedc4",
+        (true, true) => "shedc6",
+    };
+    let bed = Testbed::create(prefix).expect("testbed");
+    if cookies {
+        let set = std::process::Command::new("ip")
+            .args(["netns", "exec", &bed.server_ns, "sysctl", "-qw", "net.ipv4.tcp_syncookies=2"])
+            .status()
+            .expect("run sysctl");
+        assert!(set.success(), "tcp_syncookies=2 in the server namespace");
+    }
     let _peer = (hook == "xdp").then(|| xdp_peer(&bed));
     let addr = bed.server_addr(v6, PORT);
     let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
@@ -110,6 +144,16 @@ fn limit_5_rst(hook: &str, v6: bool) {
     let s = wait_for_stats(PORT, Duration::from_secs(3), "5 established", |s| field(s, "established") == 5);
     assert_eq!((field(&s, "admitted"), field(&s, "rejected"), field(&s, "in_flight")), (5, 15, 5), "{s}");
     assert_eq!(field(&s, "rst_sent"), 15, "{s}");
+    // One client after another: each of the five was judged at its completing
+    // ACK (none completed unjudged); the rest were refused at their SYN, the
+    // limit already held (`e2e_untrusted` refuses at the ACK through cookies).
+    assert_eq!(field(&s, "late_completed"), 0, "{hook} v6={v6}: no handshake completed unjudged: {s}");
+    assert_eq!((field(&s, "syn_passed"), field(&s, "refused_at_ack")), (5, 0), "{hook} v6={v6}: {s}");
+    if cookies {
+        // The kernel saw only the five SYNs the gate passed, answered each with
+        // a cookie, and completed each on its cookie.
+        assert_eq!(syncookies(&bed.server_ns), (5, 5), "{hook} v6={v6}: SYN cookies (sent, received)");
+    }
     for stream in &mut held {
         echo_round_trip(stream).expect("admitted connections work");
     }
@@ -126,22 +170,42 @@ fn limit_5_rst(hook: &str, v6: bool) {
 
 #[test]
 fn limit_5_with_rst_tc_ipv4() {
-    limit_5_rst("tc", false);
+    limit_5_rst("tc", false, false);
 }
 
 #[test]
 fn limit_5_with_rst_xdp_ipv4() {
-    limit_5_rst("xdp", false);
+    limit_5_rst("xdp", false, false);
 }
 
 #[test]
 fn limit_5_with_rst_tc_ipv6() {
-    limit_5_rst("tc", true);
+    limit_5_rst("tc", true, false);
 }
 
 #[test]
 fn limit_5_with_rst_xdp_ipv6() {
-    limit_5_rst("xdp", true);
+    limit_5_rst("xdp", true, false);
+}
+
+#[test]
+fn limit_5_through_kernel_syn_cookies_tc_ipv4() {
+    limit_5_rst("tc", false, true);
+}
+
+#[test]
+fn limit_5_through_kernel_syn_cookies_xdp_ipv4() {
+    limit_5_rst("xdp", false, true);
+}
+
+#[test]
+fn limit_5_through_kernel_syn_cookies_tc_ipv6() {
+    limit_5_rst("tc", true, true);
+}
+
+#[test]
+fn limit_5_through_kernel_syn_cookies_xdp_ipv6() {
+    limit_5_rst("xdp", true, true);
 }
 
 /// A port is listed by `stats` (what scripts and orchestration wait for)

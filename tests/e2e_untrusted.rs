@@ -177,11 +177,20 @@ fn handshake_completing_acks_are_admitted_up_to_the_limit_and_the_cap() {
     // A forged client address the client namespace does not own: its SYN-ACKs reach the
     // client veth (a fixed neighbour entry), where we capture them instead of the kernel answering.
     let forged_addr = Ipv4Addr::new(10, 200, 0, 77);
-    for (label, args, expected) in
-        [("limit 3", vec!["--limit", "3"], 3u64), ("client cap 2", vec!["--limit", "100", "--client-cap", "2"], 2)]
-    {
+    // The third round answers every SYN with a kernel SYN cookie (as a listener
+    // in overflow does, here forced by `tcp_syncookies=2`): the completing ACK
+    // then finds the listener, with no request socket, and is judged only if
+    // the gate recognises the cookie.
+    for (label, args, expected, cookies) in [
+        ("limit 3", vec!["--limit", "3"], 3u64, false),
+        ("client cap 2", vec!["--limit", "100", "--client-cap", "2"], 2, false),
+        ("limit 3 through SYN cookies", vec!["--limit", "3"], 3, true),
+    ] {
         // A fresh pair of namespaces each round: the last round's connections stay open.
         let bed = Testbed::create("shedtk").expect("testbed");
+        if cookies {
+            ip(&["netns", "exec", &bed.server_ns, "sysctl", "-qw", "net.ipv4.tcp_syncookies=2"]);
+        }
         let addr = bed.server_addr(false, PORT);
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
         ip(&["-n", &bed.client_ns, "link", "set", "dev", &bed.client_if, "address", "02:00:00:00:00:77"]);
@@ -219,6 +228,17 @@ fn handshake_completing_acks_are_admitted_up_to_the_limit_and_the_cap() {
         assert_eq!(field(&rejected, "late_completed"), 0, "{label}: {rejected}");
         assert_eq!(field(&rejected, "rejected"), 10 - expected, "{label}: the rest were refused: {rejected}");
         assert_eq!(field(&rejected, "refused_at_ack"), 10 - expected, "{label}: at their ACK: {rejected}");
+        if cookies {
+            let nstat = Command::new("ip")
+                .args(["netns", "exec", &bed.server_ns, "nstat", "-az", "TcpExtSyncookiesRecv"])
+                .output()
+                .expect("run nstat");
+            let text = String::from_utf8_lossy(&nstat.stdout);
+            let received = text
+                .lines()
+                .find_map(|l| l.strip_prefix("TcpExtSyncookiesRecv")?.split_whitespace().next()?.parse::<u64>().ok());
+            assert_eq!(received, Some(expected), "{label}: the admitted completed on their cookies:\n{text}");
+        }
     }
 }
 
