@@ -181,7 +181,8 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
 
     let _one = exclusive();
     let bed = Testbed::create("shedds").expect("testbed");
-    let dispatcher = Arc::new(Dispatcher::start(1024).expect("start the dispatcher"));
+    // Room for 64 connections: the churn below goes well past it.
+    let dispatcher = Arc::new(Dispatcher::start(64).expect("start the dispatcher"));
     let gate_in = |ns: &str| {
         let dispatcher = dispatcher.clone();
         testbed::run_in(ns, move || {
@@ -218,6 +219,10 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
         held
     })
     .expect("client namespace");
+    let snapshot_of = |loaded: &Loaded| {
+        let config = loaded.maps.config(PORT).unwrap();
+        loaded.maps.snapshot(PORT, config).unwrap()
+    };
     let counts = |loaded: &Loaded| {
         let config = loaded.maps.config(PORT).unwrap();
         let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
@@ -245,6 +250,38 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     drop(held);
     settled(&server_gate, 0, "the closes to reach the server's gate");
     settled(&client_gate, 0, "the closes to reach the client's gate");
+    poll(Duration::from_secs(3), "the dispatcher to forget the closed", || dispatcher.followed(), |&n| n == 0);
+
+    // Churn past the dispatcher's room (64): 200 connections to the server's
+    // namespace, one after another, each with a request, while the client's
+    // namespace holds 2 of its own. Each close frees its entry, so every one
+    // is counted with its request, and the other gate's count stays exact.
+    const CHURN: u64 = 200;
+    let own_held = testbed::run_in(&bed.client_ns, move || {
+        [own_addr, own_addr].map(|addr| testbed::connect(addr, Duration::from_secs(1)).expect("connect"))
+    })
+    .expect("client namespace");
+    settled(&client_gate, 2, "the client's gate to count its 2 held");
+    let (_, enter_before, _, _) = counts(&server_gate);
+    let opened_before = snapshot_of(&server_gate).state.opened;
+    testbed::run_in(&bed.client_ns, move || {
+        for _ in 0..CHURN {
+            let mut s = testbed::connect(server_addr, Duration::from_secs(1)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(b"ping").unwrap();
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).expect("echo");
+        }
+    })
+    .expect("client namespace");
+    settled(&server_gate, 0, "the churn's closes to reach the server's gate");
+    let (_, enter_after, _, _) = counts(&server_gate);
+    assert_eq!(snapshot_of(&server_gate).state.opened - opened_before, CHURN, "every churned connection counted");
+    assert!(enter_after - enter_before >= CHURN, "and each one's request: {enter_before} -> {enter_after}");
+    assert_eq!(counts(&client_gate).0, 2, "the other namespace's count is untouched");
+    poll(Duration::from_secs(3), "the dispatcher to forget the churn", || dispatcher.followed(), |&n| n == 2);
+    drop(own_held);
+    settled(&client_gate, 0, "the client's gate to count its 2 closed");
 
     // Taken back: the server's namespace is handed to no gate, the client's still is.
     drop(server_gate.dispatched.take());
@@ -254,11 +291,7 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     })
     .expect("client namespace");
     settled(&client_gate, 1, "the client's gate to count on");
-    let opened = |loaded: &Loaded| {
-        let config = loaded.maps.config(PORT).unwrap();
-        loaded.maps.snapshot(PORT, config).unwrap().state.opened
-    };
-    assert_eq!(opened(&server_gate), 3, "a gate taken back counts no new connection");
+    assert_eq!(snapshot_of(&server_gate).state.opened, 3 + CHURN, "a gate taken back counts no new connection");
     drop(later);
 }
 

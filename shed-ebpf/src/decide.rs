@@ -851,7 +851,8 @@ fn valid_cookie(seg: &Segment) -> bool {
     let mut tcp = [0u8; 20];
     tcp[0..2].copy_from_slice(&seg.client_port.to_be_bytes());
     tcp[2..4].copy_from_slice(&seg.server_port.to_be_bytes());
-    tcp[4..8].copy_from_slice(&seg.seq.to_be_bytes());
+    let seq = if fault!("cookie_byte_order") { seg.seq.to_le_bytes() } else { seg.seq.to_be_bytes() };
+    tcp[4..8].copy_from_slice(&seq);
     tcp[8..12].copy_from_slice(&seg.ack_seq.to_be_bytes());
     tcp[12] = 0x50;
     tcp[13] = 0x10;

@@ -37,7 +37,9 @@ pub fn sock_state(ctx: &RawTracePointContext) {
     if new == tcp_state::CLOSE {
         // SAFETY: plain data copied out of the map.
         let Some(gate) = (unsafe { SHED_DISPATCH_SOCKS.get(&sk) }).copied() else { return };
-        let _ = SHED_DISPATCH_SOCKS.remove(&sk);
+        if !fault!("dispatch_close_kept") {
+            let _ = SHED_DISPATCH_SOCKS.remove(&sk);
+        }
         if !fault!("dispatch_close_dropped") {
             hand_over(ctx, gate, dispatch::SOCK_STATE);
         }

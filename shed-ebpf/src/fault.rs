@@ -38,6 +38,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "an ACK to a request socket is judged whatever its sequence number (ACKs the kernel drops re-take lapsed reservations)",
     ),
     ("late_ack_unjudged", "handshake-completing ACKs are never judged"),
+    (
+        "cookie_byte_order",
+        "the kernel SYN cookie check reads the ACK's sequence number in the wrong byte order (cookie-completed handshakes pass unjudged)",
+    ),
     ("turns_unjudged", "a request on a kept-alive connection is never judged (a pool carries overload past the gate)"),
     ("stacked_judged_twice", "a segment crossing stacked devices is judged on each"),
     ("ack_needs_local_table", "a handshake-completing ACK is judged only if its address is in the local table"),
@@ -81,6 +85,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     ),
     ("dispatch_requests_dropped", "the pods' dispatcher hands over no per-request event (no pod connection is busy)"),
     ("dispatch_close_dropped", "the pods' dispatcher forgets a pod connection's close without handing it over"),
+    (
+        "dispatch_close_kept",
+        "the pods' dispatcher keeps a closed connection in its node-wide map (it fills, and new connections go uncounted)",
+    ),
 ];
 
 const CHOSEN: &str = match option_env!("SHED_KERNEL_FAULT") {

@@ -32,6 +32,8 @@ struct Tables {
     _ebpf: Ebpf,
     targets: ProgramArray<MapData>,
     netns: HashMap<MapData, u32, u32>,
+    /// The pods' connections being followed, each with its gate's number.
+    socks: HashMap<MapData, u64, u32>,
     /// Gate numbers not in use.
     free: BTreeSet<u32>,
 }
@@ -53,6 +55,8 @@ impl Dispatcher {
             .map_err(|e| Error::map("open the dispatcher's targets", e))?;
         let netns = HashMap::try_from(take(map::DISPATCH_NETNS)?)
             .map_err(|e| Error::map("open the dispatcher's namespaces", e))?;
+        let socks = HashMap::try_from(take(map::DISPATCH_SOCKS)?)
+            .map_err(|e| Error::map("open the dispatcher's connections", e))?;
         offsets.set(0, filter, 0).map_err(|e| Error::map("write the dispatcher's namespace offsets", e))?;
         for (name, event, _) in program::DISPATCHERS {
             let prog: &mut RawTracePoint = ebpf
@@ -64,7 +68,7 @@ impl Dispatcher {
             prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
         }
         let free = (0..dispatch::GATES).collect();
-        Ok(Self { tables: Mutex::new(Tables { _ebpf: ebpf, targets, netns, free }) })
+        Ok(Self { tables: Mutex::new(Tables { _ebpf: ebpf, targets, netns, socks, free }) })
     }
 
     /// Hands the connections of namespace `inum` to `loaded`'s accounting
@@ -98,6 +102,13 @@ impl Dispatcher {
             return Err(e);
         }
         Ok(Dispatched { dispatcher: Arc::clone(self), gate, inum })
+    }
+
+    /// The pods' connections followed now (each until its close): what the
+    /// node's `--max-connections` bounds.
+    pub fn followed(&self) -> usize {
+        let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        tables.socks.keys().filter(Result::is_ok).count()
     }
 
     /// Gates handed connections now.
