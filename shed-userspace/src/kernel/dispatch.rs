@@ -108,7 +108,7 @@ impl Dispatcher {
     /// node's `--max-connections` bounds.
     pub fn followed(&self) -> usize {
         let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        tables.socks.keys().filter(Result::is_ok).count()
+        tables.socks.keys().flatten().count()
     }
 
     /// Gates handed connections now.
