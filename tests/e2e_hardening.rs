@@ -400,6 +400,32 @@ fn nat_that_bypasses_the_gate_is_refused_at_attach() {
         "{}",
         gate.log()
     );
+    drop(gate);
+
+    // A DNAT to each of the namespace's own addresses, and a redirect that
+    // keeps the port (only the address changes under the gate): each refused.
+    let (v4, v6) = (bed.server_v4, bed.server_addr(true, PORT).ip());
+    for (family, rule, shown) in [
+        ("ip", format!("tcp dport 8081 dnat to {v4}:8080"), "port 8081 to local port 8080"),
+        ("ip6", format!("tcp dport 8081 dnat to [{v6}]:8080"), "port 8081 to local port 8080"),
+        ("ip", "tcp dport 8081 dnat to 127.0.0.1:8080".to_owned(), "port 8081 to local port 8080"),
+        ("ip", "tcp dport 8080 redirect".to_owned(), "port 8080 to a local address"),
+    ] {
+        nft(&bed.server_ns, "flush ruleset\n");
+        nft(
+            &bed.server_ns,
+            &format!(
+                "table {family} own {{\n chain prerouting {{ type nat hook prerouting priority -100; {rule}; }}\n}}\n"
+            ),
+        );
+        let refused =
+            Gate::launch(&shedctl, &args, Log::Capture).err().unwrap_or_else(|| panic!("attach refuses `{rule}`"));
+        let why = refused.to_string();
+        assert!(
+            why.contains(&format!("port 8080: nftables table {family} own chain prerouting: {shown}")),
+            "{rule}: {why}"
+        );
+    }
 }
 
 /// A NAT rule added after attach (a sidecar's init container redirecting

@@ -371,7 +371,7 @@ pub fn on_data_ready(sk: u64) {
         entry.arrival_ns = unsafe { bpf_ktime_get_ns() };
     }
     if entry.silent != 0 {
-        entry.silent = 0;
+        entry.silent = u8::from(fault!("silence_ended_twice"));
         end_silence(entry.slot, entry.silent_epoch);
     }
     if entry.busy == 0 {

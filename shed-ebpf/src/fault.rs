@@ -63,6 +63,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("http_head_unchecked", "the http answer goes out on the first segment of a request, before its head is complete"),
     ("adjustment_ignored", "the healer's adjustment of a port's count is not applied (drift stays in the limit)"),
     ("silent_not_held", "connections in their idle grace (work mode) do not count in flight"),
+    (
+        "silence_ended_twice",
+        "a connection's first bytes end its silence but leave it marked silent (its answer or close ends it again)",
+    ),
     ("client_key_misread", "an IPv6 client is keyed by its /48, not by the port's --client-prefix-v6"),
     ("client_quota_ignored", "a port at its quota of the shared client map adds clients all the same"),
     ("connection_quota_ignored", "a port at its quota of the shared connection map tracks connections all the same"),

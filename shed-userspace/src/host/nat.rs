@@ -77,10 +77,14 @@ impl NatLook {
 /// Reads every NAT statement of the calling thread's namespace that ends at
 /// one of its own addresses (or loopback).
 pub(crate) fn look() -> NatLook {
-    let local: BTreeSet<IpAddr> = crate::host::system::local_addresses()
-        .map(|addrs| addrs.keys().map(|a| std::net::Ipv6Addr::from(*a).to_canonical()).collect())
-        .unwrap_or_default();
+    let local = crate::host::system::local_addresses().map(|addrs| own_addresses(addrs.keys())).unwrap_or_default();
     local_nat(&local)
+}
+
+/// The namespace's addresses as the rules spell them: the gate's table keeps
+/// IPv4 mapped into IPv6 (`::ffff:10.0.0.1`), a rule writes `10.0.0.1`.
+fn own_addresses<'a>(table: impl IntoIterator<Item = &'a [u8; 16]>) -> BTreeSet<IpAddr> {
+    table.into_iter().map(|a| std::net::Ipv6Addr::from(*a).to_canonical()).collect()
 }
 
 /// Reads every NAT statement of this namespace that ends at a local
@@ -240,6 +244,48 @@ mod tests {
         );
         assert!(found[0].describe().contains("port 80 to local port 8080"), "{}", found[0].describe());
         assert!(from_nft_json("not json", &local()).is_empty());
+    }
+
+    /// Each form of the namespace's own addresses, read from the table the
+    /// gate keeps (IPv4 mapped into IPv6), is what a rule's target is checked
+    /// against: a DNAT to the IPv4 address, the IPv6 one, or loopback, and a
+    /// redirect with or without a port, all end at a local listener.
+    #[test]
+    fn a_dnat_to_each_form_of_an_own_address_is_local() {
+        let table =
+            [shed_common::ipv4_mapped([10, 200, 0, 1]), "fd00:5ed::1".parse::<std::net::Ipv6Addr>().unwrap().octets()];
+        let own = own_addresses(&table);
+        let dnat = |addr: &str| {
+            format!(
+                r#"{{"nftables": [{{"rule": {{"family": "inet", "table": "t", "chain": "c", "expr": [
+                {{"match": {{"op": "==", "left": {{"payload": {{"protocol": "tcp", "field": "dport"}}}}, "right": 8081}}}},
+                {{"dnat": {{"addr": "{addr}", "port": 8080}}}}]}}}}]}}"#
+            )
+        };
+        for addr in ["10.200.0.1", "fd00:5ed::1", "127.0.0.1", "127.0.0.53", "::1"] {
+            let found = from_nft_json(&dnat(addr), &own);
+            assert_eq!(found.len(), 1, "nft dnat to {addr} ends here");
+            assert_eq!(found[0].bypasses(&[8080]), Some(8080), "{addr}");
+            let text = format!("-A PREROUTING -p tcp -m tcp --dport 8081 -j DNAT --to-destination {addr}\n");
+            let text = if addr.contains(':') { text.replace(addr, &format!("[{addr}]:8080")) } else { text };
+            assert_eq!(
+                from_iptables_save(&text, "iptables-legacy", &own).len(),
+                1,
+                "iptables DNAT to {addr} ends here"
+            );
+        }
+        for addr in ["10.200.0.2", "fd00:5ed::2", "::ffff:10.200.0.2"] {
+            assert!(from_nft_json(&dnat(addr), &own).is_empty(), "{addr} is another host");
+        }
+        let redirect = r#"{"nftables": [{"rule": {"family": "ip", "table": "t", "chain": "c", "expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}},
+            {"redirect": null}]}}]}"#;
+        let found = from_nft_json(redirect, &own);
+        assert_eq!((found.len(), found[0].to_port), (1, None), "a redirect without a port: {found:?}");
+        assert_eq!(found[0].bypasses(&[8080]), Some(8080), "its address changes under the gate");
+        let found =
+            from_iptables_save("-A PREROUTING -p tcp -m tcp --dport 8080 -j REDIRECT\n", "iptables-legacy", &own);
+        assert_eq!((found.len(), found[0].bypasses(&[8080])), (1, Some(8080)), "REDIRECT without --to-ports");
     }
 
     #[test]
