@@ -69,8 +69,8 @@ fn systemd_unit_passes_systemd_analyze_verify() {
 /// is made by systemd at start (`RuntimeDirectory=`), for on an empty /run a
 /// `ReadWritePaths=` entry that does not exist fails the service
 /// (226/NAMESPACE) before shedctl runs; and its sandbox holds the exposure
-/// `systemd-analyze security` reports at or under 4.5 (6.1 before it was
-/// tightened).
+/// `systemd-analyze security` reports at or under 3.0 (6.1, then 4.4, before
+/// it was tightened; `cargo xtask systemd` boots it under a real systemd).
 #[test]
 fn systemd_unit_makes_its_run_directory_and_stays_sandboxed() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/systemd/shed.service");
@@ -93,12 +93,12 @@ fn systemd_unit_makes_its_run_directory_and_stays_sandboxed() {
         assert!(!rw.trim_start_matches('-').starts_with("/run"), "{rw}: missing after a reboot; use RuntimeDirectory=");
     }
     let out = Command::new("systemd-analyze")
-        .args(["security", "--offline=true", "--threshold=45", path])
+        .args(["security", "--offline=true", "--threshold=30", path])
         .output()
         .expect("systemd-analyze (systemd)");
     let report = String::from_utf8_lossy(&out.stdout);
     let overall = report.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("");
-    assert!(out.status.success(), "exposure above 4.5: {overall}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "exposure above 3.0: {overall}\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Every config file shipped (the example `shed.toml`, the ConfigMap's) is

@@ -6,6 +6,7 @@ mod image;
 mod mutants;
 mod package;
 mod setup;
+mod systemd;
 
 use std::{
     path::{Path, PathBuf},
@@ -77,6 +78,11 @@ enum Task {
     /// Build the Debian package (target/package/shed_VERSION_ARCH.deb): shedctl, the
     /// systemd unit, /etc/shed/shed.toml, man pages and completions; installs without Rust.
     Package,
+    /// The Debian package's unit under a real systemd (root): boots a Debian
+    /// container built here with systemd-nspawn, checks the gate is up and
+    /// judging, reboots (empty /run) and checks again. Opt-in, not part of
+    /// `test`: its first run downloads a Debian root from the mirror.
+    Systemd,
     /// Build the OCI image localhost/shed:VERSION with podman (no Docker daemon): a
     /// static shedctl on scratch; deploy/kubernetes/daemonset.yaml runs that tag.
     Image,
@@ -116,14 +122,12 @@ fn main() -> Result<()> {
         Task::Soak { connections } => long_run("e2e_soak", "SHED_SOAK_CONNECTIONS", connections),
         Task::Demo { seconds } => shed_bench(&["demo".to_owned(), "--seconds".to_owned(), seconds.to_string()]),
         Task::Package => {
-            setup::setup()?;
-            build_ebpf()?;
-            cargo(&["build", "--release", "--package", "shed-userspace"])?;
-            let out = workspace_root().join("target/package");
-            std::fs::create_dir_all(&out)?;
-            let deb = package::build(&workspace_root().join("target/release/shedctl"), &out)?;
-            println!("built {}", deb.display());
+            println!("built {}", build_package()?.display());
             Ok(())
+        }
+        Task::Systemd => {
+            require_root("the check boots a container and loads real programs")?;
+            systemd::check(&build_package()?)
         }
         Task::Image => {
             setup::setup()?;
@@ -145,6 +149,16 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Sets up, builds release shedctl and the Debian package; its path.
+fn build_package() -> Result<PathBuf> {
+    setup::setup()?;
+    build_ebpf()?;
+    cargo(&["build", "--release", "--package", "shed-userspace"])?;
+    let out = workspace_root().join("target/package");
+    std::fs::create_dir_all(&out)?;
+    package::build(&workspace_root().join("target/release/shedctl"), &out)
 }
 
 pub fn workspace_root() -> PathBuf {

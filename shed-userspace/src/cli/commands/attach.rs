@@ -28,8 +28,13 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
     let namespaces = if args.ports.is_empty() { Vec::new() } else { process::namespaces(&args.netns)? };
     system::check_kernel()?;
     system::check_bpffs()?;
-    system::check_tracefs()?;
-    system::check_tracepoint_layouts()?;
+    // tracefs (the regular tracepoint's id and record layout) only where the
+    // raw tracepoint cannot count connections: a kernel whose BTF lacks the
+    // socket's layout. Containers and sandboxed units often lack tracefs.
+    if crate::kernel::object::SockStateHook::Auto.program() == shed_common::program::SOCK_STATE {
+        system::check_tracefs()?;
+        system::check_tracepoint_layouts()?;
+    }
     process::run(Plan {
         ports: args.ports.clone(),
         spec,
