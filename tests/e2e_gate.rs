@@ -343,8 +343,13 @@ fn established_connections_survive_a_lower_limit_and_other_ports_are_untouched()
         .collect();
     wait_for_stats(PORT, Duration::from_secs(3), "5 established", |s| field(s, "in_flight") == 5);
 
-    let out = shedctl(&["set", "--port", "8080", "--limit", "4"]);
+    // --json: the port as the gate now holds it, in stats' fields.
+    let out = shedctl(&["set", "--port", "8080", "--limit", "4", "--json"]);
     assert!(out.status.success(), "set failed: {}", String::from_utf8_lossy(&out.stderr));
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON list");
+    assert_eq!(printed.as_array().map(Vec::len), Some(1), "{printed}");
+    assert_eq!((printed[0]["port"].as_u64(), printed[0]["limit"].as_u64()), (Some(8080), Some(4)), "{printed}");
+    assert_eq!(printed[0]["in_flight"].as_u64(), Some(5), "{printed}");
     assert_eq!(field(&stats(PORT), "limit"), 4);
     for stream in &mut held {
         echo_round_trip(stream).expect("established connections keep working under a lower limit");

@@ -616,6 +616,11 @@ pub struct SetArgs {
     /// Dry-run off, as attach says it (--no-dry-run).
     #[arg(long, conflicts_with = "dry_run")]
     pub no_dry_run: bool,
+
+    /// Print the port as it now is, a JSON list with one object per namespace
+    /// changed, in `stats --json`'s fields (--json).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -680,8 +685,9 @@ mod vocabulary_tests {
             assert!(crate::cli::config::has_key(&key), "--{flag} has no config key `{key}`");
         }
         // Every `set` flag is a setting of attach too, under the same name.
-        for flag in
-            set.iter().filter(|f| !["port", "netns", "pod", "help", "share", "tier-action"].contains(&f.as_str()))
+        for flag in set
+            .iter()
+            .filter(|f| !["port", "netns", "pod", "help", "share", "tier-action", "json"].contains(&f.as_str()))
         {
             assert!(attach.contains(flag), "set --{flag} is not an attach flag");
         }

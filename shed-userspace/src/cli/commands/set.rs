@@ -10,6 +10,7 @@ use crate::{
     host::system::{self, Need},
     kernel::maps::GateMaps,
     kernel::options::{Action, Count},
+    observe::stats::PortStats,
 };
 
 pub fn execute(args: SetArgs) -> anyhow::Result<()> {
@@ -28,14 +29,28 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     }
     // Every check is done: from here on only writes (the daemon logs each with who asked).
     crate::daemon::audit::note_request();
+    let mut changed = Vec::new();
     for (gate, plan) in gates.iter_mut().zip(plans) {
         write(&mut gate.maps, &args, &plan)?;
+        if args.json {
+            // Read back: what the gate now holds, not what was asked.
+            for snapshot in gate.maps.snapshots(Some(args.port))? {
+                let mut stats = PortStats::new(&snapshot, None);
+                stats.netns.clone_from(&gate.netns);
+                stats.pod.clone_from(&gate.pod);
+                changed.push(stats);
+            }
+            continue;
+        }
         let netns = match &gate.pod {
             Some(pod) if several => format!("pod {pod}: "),
             _ if several => format!("netns {}: ", gate.netns),
             _ => String::new(),
         };
         println!("{netns}{}", plan.summary(&args));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&changed)?);
     }
     Ok(())
 }
