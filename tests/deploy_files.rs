@@ -445,7 +445,6 @@ fn shell_words(line: &str) -> Vec<String> {
     for c in line.chars() {
         match (quote, c) {
             (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => word.push(c),
             (None, '\'' | '"') => {
                 quote = Some(c);
                 started = true;
@@ -456,7 +455,8 @@ fn shell_words(line: &str) -> Vec<String> {
                 }
                 started = false;
             }
-            (None, c) => word.push(c),
+            // Inside quotes, or a plain character.
+            (_, c) => word.push(c),
         }
     }
     if started || !word.is_empty() {
