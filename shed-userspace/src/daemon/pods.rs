@@ -435,13 +435,17 @@ fn netns_name(path: &Path) -> String {
 /// A pod's plan: its annotations' settings for its ports; the node's for
 /// where and how its gate attaches, map sizes, healing and logging. The
 /// node's tiers hold in every pod (the kubelet probes pods from the node:
-/// a node that exempts itself keeps its pods' probes flowing), the pod's
-/// own over them for the same network.
+/// a node that exempts its own addresses keeps its pods' probes flowing), the
+/// pod's own over them for the same network, but for the node's loopback
+/// tiers: a pod's loopback is the pod's own, where a sidecar proxy (Istio,
+/// Linkerd) hands the app every request, and the node's `127.0.0.0/8 =
+/// exempt` would exempt them all. A pod may tier its loopback itself.
 fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
     let mut ports = settings.ports;
     ports.sort_unstable();
     ports.dedup();
-    let mut tiers = node.tiers.clone();
+    let mut tiers: BTreeMap<_, _> =
+        node.tiers.iter().filter(|(cidr, _)| !cidr.within_loopback()).map(|(c, t)| (*c, *t)).collect();
     tiers.extend(settings.tiers);
     Plan {
         ports,
@@ -580,17 +584,34 @@ mod tests {
                 addr: shed_common::ipv4_mapped(v4.octets()),
             }
         };
-        let node = Plan { tiers: [(cidr("10.0.0.0/8"), 0), (cidr("192.168.0.0/16"), 3)].into(), ..node };
+        let loopback_v6 =
+            crate::kernel::options::Cidr { prefix_len: 128, addr: std::net::Ipv6Addr::LOCALHOST.octets() };
+        let node = Plan {
+            tiers: [
+                (cidr("10.0.0.0/8"), 0),
+                (cidr("192.168.0.0/16"), 3),
+                (cidr("127.0.0.0/8"), 0),
+                (cidr("127.0.0.1/32"), 1),
+                (loopback_v6, 0),
+            ]
+            .into(),
+            ..node
+        };
         let mut settings = (reader())(&[("shed.io/ports".to_owned(), "x".to_owned())].into()).unwrap().unwrap();
         settings.ports = vec![9090, 8080, 9090];
-        settings.tiers = [(cidr("192.168.0.0/16"), 1), (cidr("172.16.0.0/12"), 2)].into();
+        settings.tiers = [(cidr("192.168.0.0/16"), 1), (cidr("172.16.0.0/12"), 2), (cidr("127.0.0.6/32"), 2)].into();
         let plan = pod_plan(&node, settings, "cni-7".into());
         assert_eq!(plan.ports, [8080, 9090], "each port once");
         let tiers: Vec<(String, u8)> = plan.tiers.iter().map(|(c, t)| (c.to_string(), *t)).collect();
         assert_eq!(
             tiers,
-            [("10.0.0.0/8".to_owned(), 0), ("172.16.0.0/12".to_owned(), 2), ("192.168.0.0/16".to_owned(), 1)],
-            "the node's tiers, the pod's over them"
+            [
+                ("10.0.0.0/8".to_owned(), 0),
+                ("172.16.0.0/12".to_owned(), 2),
+                ("192.168.0.0/16".to_owned(), 1),
+                ("127.0.0.6/32".to_owned(), 2)
+            ],
+            "the node's tiers but its loopback ones (a pod's sidecar), the pod's over them"
         );
         assert_eq!(plan.namespaces, [Some("cni-7".to_owned())]);
         assert!(plan.ifaces.is_empty(), "every interface of the pod's namespace");

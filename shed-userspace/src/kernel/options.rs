@@ -180,6 +180,13 @@ impl Cidr {
     pub fn is_v4(&self) -> bool {
         self.prefix_len >= 96 && self.addr[..12] == ipv4_mapped([0; 4])[..12]
     }
+
+    /// Whether every address of it is a loopback one (in 127.0.0.0/8, or ::1).
+    pub fn within_loopback(&self) -> bool {
+        let v6_loopback = std::net::Ipv6Addr::LOCALHOST.octets();
+        (self.is_v4() && self.prefix_len >= 104 && self.addr[12] == 127)
+            || (self.prefix_len == 128 && self.addr == v6_loopback)
+    }
 }
 
 impl fmt::Display for Cidr {
