@@ -241,11 +241,12 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     settled(&server_gate, 3, "the server's gate to count its 3 connections");
     settled(&client_gate, 2, "the client's gate to count its 2");
     let (_, enter, _, service) = counts(&server_gate);
-    // Each request made its connection busy (data ready) and its answer
-    // idle again; read then answered, it timed its service (recv, send).
-    assert!(enter >= 3 && service >= 3, "server's gate saw the requests: {:?}", counts(&server_gate));
+    // Each request (two per connection, each one segment) made its connection
+    // busy (data ready) and its answer idle again; read then answered, it
+    // timed its service (recv, send): one of each per request, exactly.
+    assert_eq!((enter, service), (6, 6), "server's gate saw the 6 requests: {:?}", counts(&server_gate));
     let (_, enter, _, service) = counts(&client_gate);
-    assert!(enter >= 2 && service >= 2, "client's gate saw the requests: {:?}", counts(&client_gate));
+    assert_eq!((enter, service), (4, 4), "client's gate saw the 4 requests: {:?}", counts(&client_gate));
 
     drop(held);
     settled(&server_gate, 0, "the closes to reach the server's gate");

@@ -113,7 +113,12 @@ impl HandshakeRing {
             let open = load(&c.admitted).saturating_sub(load(&c.completed));
             if epoch == now_epoch {
                 out.current += open;
-            } else if live(epoch, now_epoch) {
+            } else if live(epoch, now_epoch) || epoch == now_epoch + 1 {
+                // The next epoch's cell: another CPU's clock read is already
+                // past the edge this one has not reached. Its admissions are
+                // live; counted as lapsed, a burst across the edge could give
+                // the last place once on each side. (Cells further ahead were
+                // written under a shorter epoch, before the shift grew: stale.)
                 out.others += open;
             } else {
                 out.lapsed += open;
@@ -350,7 +355,8 @@ mod tests {
         assert_eq!(ring.outstanding(104), 1, "epoch 100 lapsed at 104");
         assert_eq!(ring.lapsed_unfolded(104), 3);
         assert_eq!(ring.outstanding(105), 0);
-        assert_eq!(ring.outstanding(99), 0, "cells from the future (a shorter epoch) do not count");
+        assert_eq!(ring.outstanding(99), 3, "the next epoch's cell counts: another CPU is past the edge");
+        assert_eq!(ring.outstanding(98), 0, "cells further ahead (written under a shorter epoch) do not");
         // A late completion (completed > admitted) never counts below zero.
         ring.cells[cell_of(101)].completed = 3;
         assert_eq!(ring.outstanding(101), 3);
