@@ -313,3 +313,110 @@ fn the_retry_after_is_set_live_and_reported() {
         assert!(scraped().ends_with(&format!("}} {expected}")), "{}", scraped());
     }
 }
+
+/// The answer names why and whom it refused, for each rule and tier judged at
+/// the SYN, to a POST with a body (curl) and to half a head, pushed (answered
+/// at once: the client may be waiting for it); nothing reaches the listener.
+/// One client namespace, two clients: its IPv4 and its IPv6 address.
+#[test]
+fn the_503_names_each_reason_and_tier_for_a_post_and_a_pushed_head() {
+    let _gate_turn = exclusive();
+    let bed = Testbed::create("shedhr").expect("testbed");
+    let server = Server::start(&bed.server_ns);
+    let args = [
+        "--port",
+        "8080",
+        "--limit",
+        "10",
+        "--count",
+        "connections",
+        "--algo",
+        "fixed",
+        "--action",
+        "http",
+        "--client-cap",
+        "1",
+        "--retry-after",
+        "2",
+    ];
+    let _gate = Gate::start(&bed, &args);
+    let (v4, v6) = (bed.server_addr(false, PORT), bed.server_addr(true, PORT));
+    // The client namespace's IPv4 address (Testbed's fixed plan).
+    let client_v4 = "10.200.0.2/32";
+    let hold = |addr: SocketAddr| {
+        testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(5)))
+            .expect("client namespace")
+            .expect("admitted")
+    };
+    let shedctl = |args: &[&str]| {
+        let out = support::gate::shedctl(args);
+        assert!(out.status.success(), "shedctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // The answer's head, to a POST with a body.
+    let post = |bed: &Testbed| {
+        let out =
+            client(bed, Duration::from_secs(10), "curl", &["-sS", "-i", "-X", "POST", "--data", "a=1&b=2", &url(v4)]);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    // The answer to half a head, pushed (TCP_NODELAY: PSH on the segment).
+    let pushed = |bed: &Testbed| {
+        testbed::run_in(&bed.client_ns, move || {
+            let mut s = testbed::connect(v4, Duration::from_secs(5)).expect("the gate answers the handshake");
+            s.set_nodelay(true).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // Half a head, pushed: the client may be waiting, so it is
+            // answered now (OPERATIONS: "or the client pushes").
+            s.write_all(b"POST /orders HTTP/1.1\r\nHost: shop\r\n").unwrap();
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            answer
+        })
+        .expect("client namespace")
+    };
+    let check = |what: &str, text: &str, shed: &str| {
+        assert!(text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{what}:\n{text}");
+        assert!(text.contains(&format!("\r\nShed: kernel; {shed}\r\n")), "{what}: not `{shed}`:\n{text}");
+        assert!(text.contains("\r\nRetry-After: 002\r\n"), "{what}:\n{text}");
+    };
+    let accepted = || server.accepted.load(Ordering::Relaxed);
+
+    // The client's cap: its IPv4 address holds its one connection.
+    let _held_v4 = hold(v4);
+    wait_for_stats(PORT, Duration::from_secs(5), "the first held", |s| field(s, "in_flight") == 1);
+    check("client cap, POST", &post(&bed), "reason=client-cap; tier=normal");
+    check("client cap, pushed head", &pushed(&bed), "reason=client-cap; tier=normal");
+
+    // The limit: the IPv6 client takes the second place of two.
+    shedctl(&["set", "--port", "8080", "--client-cap", "0", "--limit", "2"]);
+    let _held_v6 = hold(v6);
+    wait_for_stats(PORT, Duration::from_secs(5), "both held", |s| field(s, "in_flight") == 2);
+    check("limit, POST", &post(&bed), "reason=limit; tier=normal");
+    check("limit, pushed head", &pushed(&bed), "reason=limit; tier=normal");
+
+    // A tier's share, with room left in the port: low may hold a quarter of 4,
+    // and the IPv4 client, now low, holds one.
+    shedctl(&["set", "--port", "8080", "--limit", "4", "--share", "low=0.25"]);
+    shedctl(&["tier", "add", client_v4, "low"]);
+    check("share, low, POST", &post(&bed), "reason=share; tier=low");
+    check("share, low, pushed head", &pushed(&bed), "reason=share; tier=low");
+
+    // The limit for a low client; a critical one on this tiered port is judged
+    // only at its ACK (its SYN proves nothing), where the kernel's handshake is
+    // under way: refused with a reset, as documented, never a 503.
+    shedctl(&["set", "--port", "8080", "--limit", "2", "--share", "low=1"]);
+    check("limit, low, POST", &post(&bed), "reason=limit; tier=low");
+    shedctl(&["tier", "add", client_v4, "critical"]);
+    let at_ack = field(&stats(PORT), "refused_at_ack");
+    let reset = post(&bed);
+    assert!(!reset.contains("HTTP/1.1"), "a critical client refused at its ACK is reset:\n{reset}");
+    assert_eq!(field(&stats(PORT), "refused_at_ack"), at_ack + 1, "{}", stats(PORT));
+
+    assert_eq!(accepted(), 2, "only the two held connections reached the listener, no refused one");
+    let s = stats(PORT);
+    let reasons = &s["rejected_by_reason"];
+    assert_eq!(
+        (reasons["client_cap"].as_u64(), reasons["limit"].as_u64(), reasons["share"].as_u64()),
+        (Some(2), Some(4), Some(2)),
+        "{s}"
+    );
+}
