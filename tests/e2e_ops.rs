@@ -426,3 +426,53 @@ fn systemd_hears_ready_once_the_port_is_judged_then_the_watchdog_and_stopping() 
     assert!(gate.stop().success(), "{}", gate.log());
     assert_eq!(next(), "STOPPING=1");
 }
+
+/// `--metrics-token-file`: `/metrics` answers only a scrape that carries the
+/// token (every tenant's series are behind it on a node's host network);
+/// `/healthz` and `/readyz` stay open for probes. An empty token file, or a
+/// token with nothing to guard, is refused at attach with the fix.
+#[test]
+fn metrics_answer_only_a_scrape_with_the_token() {
+    const ADDR: &str = "127.0.0.1:19492";
+    let _one = exclusive();
+    let bed = Testbed::create("shedmt").expect("testbed");
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-Token_42\n").unwrap();
+    let token = token_file.to_str().unwrap();
+    let shedctl_path = std::path::PathBuf::from(shed_testkit::gate::shedctl_path());
+    let base = ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080"];
+    let refused = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        Gate::launch(&shedctl_path, &args, shed_testkit::gate::Log::Capture)
+            .err()
+            .unwrap_or_else(|| panic!("attach {extra:?} is refused"))
+            .to_string()
+    };
+    let why = refused(&["--metrics-token-file", token]);
+    assert!(why.contains("--metrics-token-file") && why.contains("give --metrics too"), "{why}");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, " \n").unwrap();
+    let why = refused(&["--metrics", ADDR, "--metrics-token-file", empty.to_str().unwrap()]);
+    assert!(why.contains("it is empty") && why.contains("write one token"), "{why}");
+
+    let args: Vec<&str> = base.iter().copied().chain(["--metrics", ADDR, "--metrics-token-file", token]).collect();
+    let _gate = Gate::attach(&args);
+    let get = |path: &str, headers: &[&str]| support::metrics::http_get_with(ADDR, path, headers);
+    let (status, body) = get("/metrics", &[]);
+    assert_eq!(status, "HTTP/1.1 401 Unauthorized", "{body}");
+    assert!(body.contains("Authorization: Bearer") && !body.contains("shed_limit"), "{body}");
+    for wrong in [
+        "Authorization: Bearer s3cret-Token_4",
+        "Authorization: Bearer s3cret-Token_43",
+        "Authorization: s3cret-Token_42",
+    ] {
+        assert_eq!(get("/metrics", &[wrong]).0, "HTTP/1.1 401 Unauthorized", "{wrong}");
+    }
+    let (status, body) = get("/metrics", &["Authorization: Bearer s3cret-Token_42"]);
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.contains("shed_limit{"), "{body}");
+    for probe in ["/healthz", "/readyz"] {
+        assert_eq!(get(probe, &[]).0, "HTTP/1.1 200 OK", "{probe} needs no token");
+    }
+}

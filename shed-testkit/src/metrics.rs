@@ -8,9 +8,15 @@ use std::{
 
 /// One HTTP GET; returns the status line and the body.
 pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    http_get_with(addr, path, &[])
+}
+
+/// [`http_get`] with extra header lines (`"Authorization: Bearer x"`).
+pub fn http_get_with(addr: &str, path: &str, headers: &[&str]) -> (String, String) {
     let mut conn = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)).expect("connect metrics");
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let extra: String = headers.iter().flat_map(|h| [*h, "\r\n"]).collect();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n").unwrap();
     let mut response = String::new();
     conn.read_to_string(&mut response).expect("read response");
     let (head, body) = response.split_once("\r\n\r\n").expect("a header and a body");

@@ -75,6 +75,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("netns", "netns", Kind::StrOrList),
     ("handshake-window", "handshake-window", Kind::Duration),
     ("metrics", "metrics", Kind::Str),
+    ("metrics-token-file", "metrics-token-file", Kind::Str),
     ("agent-port", "agent-port", Kind::Int),
     ("heal-interval", "heal-interval", Kind::Duration),
     ("max-connections", "max-connections", Kind::Int),
@@ -237,6 +238,7 @@ const NODE_KEYS: &[&str] = &[
     "xdp-mode",
     "netns",
     "metrics",
+    "metrics-token-file",
     "heal-interval",
     "max-connections",
     "max-clients",
@@ -402,6 +404,9 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     if let Some(metrics) = args.metrics {
         t.insert("metrics".into(), s(&metrics));
     }
+    if let Some(file) = &args.metrics_token_file {
+        t.insert("metrics-token-file".into(), s(&file.display()));
+    }
     if let Some(port) = args.agent_port {
         t.insert("agent-port".into(), int(port.into()));
     }
@@ -512,6 +517,8 @@ mod tests {
         "40",
         "--metrics",
         "127.0.0.1:9464",
+        "--metrics-token-file",
+        "/etc/shed/metrics-token",
         "--agent-port",
         "9500",
         "--heal-interval",

@@ -272,6 +272,12 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_listen_addr)]
     pub metrics: Option<SocketAddr>,
 
+    /// With --metrics: /metrics answers only a scrape that carries this file's
+    /// token (`Authorization: Bearer TOKEN`); /healthz and /readyz stay open for
+    /// probes (--metrics-token-file /etc/shed/metrics-token).
+    #[arg(long)]
+    pub metrics_token_file: Option<PathBuf>,
+
     /// Answer a load balancer's agent checks (HAProxy `agent-check`) on this port of
     /// every address of each gated namespace (a pod: its own address): one line, this
     /// backend's weight (`70%`), from 10% to 100%, never drain; with several ports, the one a

@@ -49,6 +49,8 @@ pub(crate) struct Plan {
     pub heal_interval: Duration,
     /// The metrics endpoint's address, and its readiness rule.
     pub metrics: Option<SocketAddr>,
+    /// `--metrics-token-file`'s token: /metrics answers only a scrape that carries it.
+    pub metrics_token: Option<std::sync::Arc<str>>,
     /// `--agent-port`: where each gate answers a load balancer's agent checks.
     pub agent_port: Option<u16>,
     /// `--memory-budget` (or most of the cgroup's limit): gates that would not fit are refused.

@@ -466,6 +466,7 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
         handshake_window: settings.handshake_window,
         heal_interval: node.heal_interval,
         metrics: None,
+        metrics_token: None,
         agent_port: settings.agent_port,
         memory_budget: None,
         ready_max_shed: node.ready_max_shed,
@@ -567,6 +568,7 @@ mod tests {
             handshake_window: std::time::Duration::from_secs(9),
             heal_interval: std::time::Duration::from_secs(77),
             metrics: Some("127.0.0.1:1".parse().unwrap()),
+            metrics_token: Some("secret".into()),
             agent_port: Some(9400),
             memory_budget: None,
             ready_max_shed: 42,
@@ -628,6 +630,9 @@ mod tests {
         );
         assert_eq!(plan.window, std::time::Duration::from_millis(100));
         assert_eq!(plan.agent_port, Some(9500), "the pod's agent port (its annotation, else the node's config)");
-        assert!(plan.metrics.is_none() && plan.pods.is_none(), "the node's endpoint and agent are the node's");
+        assert!(
+            plan.metrics.is_none() && plan.metrics_token.is_none() && plan.pods.is_none(),
+            "the node's endpoint and agent are the node's"
+        );
     }
 }

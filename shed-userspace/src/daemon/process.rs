@@ -135,7 +135,12 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
         endpoint::serve(
             listener,
-            endpoint::Endpoint { gates: registry.clone(), refused_pods: refused_pods.clone(), readiness },
+            endpoint::Endpoint {
+                gates: registry.clone(),
+                refused_pods: refused_pods.clone(),
+                readiness,
+                token: plan.metrics_token.clone(),
+            },
         );
     }
     lock.write_pid()?;

@@ -72,6 +72,8 @@ pub(crate) struct Endpoint {
     pub gates: GateRegistry,
     pub refused_pods: RefusedPods,
     pub readiness: ReadinessRule,
+    /// `--metrics-token-file`: /metrics answers only `Authorization: Bearer` it.
+    pub token: Option<Arc<str>>,
 }
 
 /// The gates the endpoint serves, shared with the daemon, which adds a pod's
@@ -159,6 +161,7 @@ struct Shared {
     registry: GateRegistry,
     refused_pods: RefusedPods,
     readiness: ReadinessRule,
+    token: Option<Arc<str>>,
 }
 
 impl Shared {
@@ -194,6 +197,7 @@ pub(crate) fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
                 registry: endpoint.gates,
                 refused_pods: endpoint.refused_pods,
                 readiness: endpoint.readiness,
+                token: endpoint.token,
             };
             // The gates set up before the endpoint starts are all there: their maps open now.
             let expected = shared.registry.current().len();
@@ -315,7 +319,28 @@ async fn sample_shedding(shared: Shared) {
     }
 }
 
-async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
+/// Whether the request carries `Authorization: Bearer <token>`, compared in
+/// time that does not depend on where a guess first differs.
+fn authorized(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    let Some(given) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let Some(given) = given.strip_prefix("Bearer ") else { return false };
+    given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
+}
+
+async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap) -> axum::response::Response {
+    if let Some(token) = &shared.token
+        && !authorized(&headers, token)
+    {
+        // Every tenant's per-pod series: only for the scraper that holds the token.
+        return (
+            StatusCode::UNAUTHORIZED,
+            [("content-type", "text/plain"), ("www-authenticate", "Bearer")],
+            "/metrics needs `Authorization: Bearer <token>` (the daemon's --metrics-token-file)\n",
+        )
+            .into_response();
+    }
     let scrape = tokio::task::spawn_blocking(move || {
         let gates = shared.gates();
         let maps: Vec<_> = gates.iter().map(|g| g.maps()).collect();
@@ -340,13 +365,16 @@ async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
     })
     .await;
     match scrape {
-        Ok(Ok(body)) => (StatusCode::OK, [("content-type", CONTENT_TYPE)], body),
+        Ok(Ok(body)) => (StatusCode::OK, [("content-type", CONTENT_TYPE)], body).into_response(),
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             [("content-type", "text/plain")],
             format!("reading the gate's maps: {e}\n"),
-        ),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], format!("{e}\n")),
+        )
+            .into_response(),
+        Err(e) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], format!("{e}\n")).into_response()
+        }
     }
 }
 

@@ -19,6 +19,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let (spec, tiers) = checked_plan(&args)?;
+    let metrics_token = args.metrics_token_file.as_deref().map(metrics_token).transpose()?;
     // `auto`: the runtime's socket found here, before anything changes.
     let cri_socket =
         if args.pods { crate::host::cri::resolve_socket(&args.cri_socket)? } else { args.cri_socket.clone() };
@@ -54,6 +55,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         handshake_window: args.handshake_window,
         heal_interval: args.heal_interval,
         metrics: args.metrics,
+        metrics_token,
         agent_port: args.agent_port,
         memory_budget: crate::daemon::budget::Budget::of(args.memory_budget, system::cgroup_memory()),
         ready_max_shed: args.ready_max_shed,
@@ -82,6 +84,12 @@ fn checked_plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u
         }
         .into());
     }
+    if args.metrics_token_file.is_some() && args.metrics.is_none() {
+        return Err(crate::error::Error::InvalidPlan {
+            reason: "--metrics-token-file guards the metrics endpoint, and there is none: give --metrics too".into(),
+        }
+        .into());
+    }
     // A plan refused for its flags is a usage error (the typed refusals keep their own kind).
     args.plan().map_err(|e| {
         if e.downcast_ref::<crate::error::Error>().is_some() {
@@ -96,4 +104,23 @@ fn checked_plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u
 pub(crate) fn printed_config(args: &AttachArgs) -> anyhow::Result<String> {
     checked_plan(args)?;
     Ok(config::render(args))
+}
+
+/// The token in `--metrics-token-file` (surrounding whitespace dropped).
+fn metrics_token(file: &std::path::Path) -> anyhow::Result<std::sync::Arc<str>> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        anyhow::anyhow!(
+            "--metrics-token-file {}: cannot read it ({e}): give a file that holds the scrape's bearer token",
+            file.display()
+        )
+    })?;
+    let token = text.trim();
+    if token.is_empty() || token.chars().any(char::is_whitespace) {
+        anyhow::bail!(
+            "--metrics-token-file {}: {}: write one token, such as the output of `head -c 32 /dev/urandom | base64`",
+            file.display(),
+            if token.is_empty() { "it is empty" } else { "the token has whitespace inside" }
+        );
+    }
+    Ok(token.into())
 }

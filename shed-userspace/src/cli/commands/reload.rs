@@ -28,6 +28,7 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
         ("xdp-mode", format!("{:?}", args.xdp_mode)),
         ("netns", format!("{:?}", args.netns)),
         ("metrics", format!("{:?}", args.metrics)),
+        ("metrics-token-file", format!("{:?}", args.metrics_token_file)),
         ("agent-port", format!("{:?}", args.agent_port)),
         ("handshake-window", format!("{:?}", args.handshake_window)),
         ("heal-interval", format!("{:?}", args.heal_interval)),
