@@ -862,12 +862,13 @@ mod tests {
                 "`--client-share`" => format!("{}%", a.client_share),
                 "`--metrics`, `/healthz`, `/readyz`" => if a.metrics.is_none() { "off" } else { "on" }.to_owned(),
                 "`--agent-port`" => if a.agent_port.is_none() { "off" } else { "on" }.to_owned(),
+                "`--metrics-token-file`" => if a.metrics_token_file.is_none() { "off" } else { "on" }.to_owned(),
                 "`--kernel-log`" => if a.kernel_log { "on" } else { "off" }.to_owned(),
                 "`--dry-run`" => if a.dry_run { "on" } else { "off" }.to_owned(),
                 other => panic!("the README's defaults name {other}: add it here"),
             }
         };
-        assert!(table.len() >= 7, "the README's defaults table: {table:?}");
+        assert!(table.len() >= 8, "the README's defaults table: {table:?}");
         for (flag, said) in &table {
             assert_eq!(said, &actual(flag), "README says {flag} defaults to {said}");
         }
