@@ -181,7 +181,8 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
 
     let _one = exclusive();
     let bed = Testbed::create("shedds").expect("testbed");
-    // Room for 64 connections: the churn below goes well past it.
+    // Room for 64 connections, 16 a gate: the churn below goes well past the
+    // room, the hog below past a gate's quota.
     let dispatcher = Arc::new(Dispatcher::start(64).expect("start the dispatcher"));
     let gate_in = |ns: &str| {
         let dispatcher = dispatcher.clone();
@@ -190,13 +191,15 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
             let spec = PortSpec::new(100, action::RST, false, count_mode::WORK, ControlConfig::default());
             loaded.maps.protect(PORT, &spec).expect("protect the port");
             let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
-            loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, inum).expect("hand the namespace over")));
-            loaded
+            let dispatched = dispatcher.add(&mut loaded, inum).expect("hand the namespace over");
+            let number = dispatched.gate();
+            loaded.dispatched = Some(Box::new(dispatched));
+            (loaded, number)
         })
         .expect("namespace")
     };
-    let mut server_gate = gate_in(&bed.server_ns);
-    let client_gate = gate_in(&bed.client_ns);
+    let (mut server_gate, server_number) = gate_in(&bed.server_ns);
+    let (client_gate, client_number) = gate_in(&bed.client_ns);
     assert_eq!(dispatcher.gates(), 2);
     let server_addr = bed.server_addr(false, PORT);
     let own_addr: SocketAddr = ([127, 0, 0, 1], PORT).into();
@@ -284,6 +287,35 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     drop(own_held);
     settled(&client_gate, 0, "the client's gate to count its 2 closed");
 
+    // One namespace holds 20 connections, past its quota of 16: the dispatcher
+    // follows 16 (the gate counts all 20 open), and the other namespace's new
+    // connections are followed and counted exactly meanwhile.
+    let hog = testbed::run_in(&bed.client_ns, move || {
+        (0..20).map(|_| testbed::connect(server_addr, Duration::from_secs(1)).expect("connect")).collect::<Vec<_>>()
+    })
+    .expect("client namespace");
+    settled(&server_gate, 20, "the hog's 20 counted open");
+    let books = dispatcher.books(server_number);
+    assert_eq!((books.followed, books.unfollowed), (16, 4), "the quota: {books:?}");
+    let own_more = testbed::run_in(&bed.client_ns, move || {
+        [own_addr, own_addr].map(|addr| {
+            let mut s = testbed::connect(addr, Duration::from_secs(1)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(b"ping").unwrap();
+            s.read_exact(&mut [0u8; 4]).expect("echo");
+            s
+        })
+    })
+    .expect("client namespace");
+    settled(&client_gate, 2, "the other namespace's 2 counted while the hog holds its quota");
+    let books = dispatcher.books(client_number);
+    assert_eq!((books.followed, books.unfollowed), (2, 0), "{books:?}");
+    drop((hog, own_more));
+    // The 16 followed closes reach the gate, the 4 unfollowed do not (its healer's work).
+    settled(&server_gate, 4, "the followed closes");
+    settled(&client_gate, 0, "the other namespace's closes");
+    poll(Duration::from_secs(3), "the quota's room back", || dispatcher.books(server_number).followed, |&n| n == 0);
+
     // Taken back: the server's namespace is handed to no gate, the client's still is.
     drop(server_gate.dispatched.take());
     assert_eq!(dispatcher.gates(), 1);
@@ -292,7 +324,7 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     })
     .expect("client namespace");
     settled(&client_gate, 1, "the client's gate to count on");
-    assert_eq!(snapshot_of(&server_gate).state.opened, 3 + CHURN, "a gate taken back counts no new connection");
+    assert_eq!(snapshot_of(&server_gate).state.opened, 3 + CHURN + 20, "a gate taken back counts no new connection");
     drop(later);
 }
 

@@ -26,6 +26,32 @@ pub const SEND: u32 = 3;
 /// Entries of `SHED_DISPATCH_TARGETS`.
 pub const SLOTS: u32 = GATES * EVENTS;
 
+/// A gate may have at most this share (1 / `QUOTA_DIVISOR`) of the
+/// dispatcher's connections followed at once: one pod's connections, on any
+/// port, cannot fill the node-wide table and blind the other pods' accounting.
+/// Past it a pod's new connection still counts open in its gate (which its
+/// healer corrects), unfollowed: counted in its [`DispatchBooks::unfollowed`].
+pub const QUOTA_DIVISOR: u32 = 4;
+
+/// The name of the dispatcher object's global holding the per-gate quota
+/// (connections / [`QUOTA_DIVISOR`]), written at load.
+pub const QUOTA_GLOBAL: &str = "SHED_DISPATCH_QUOTA";
+
+/// One gate's books at the dispatcher (`SHED_DISPATCH_BOOKS`, one per gate).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DispatchBooks {
+    /// Connections followed now (added at the handshake's end, taken at the close).
+    pub followed: u64,
+    /// Connections not followed: the gate was at its quota, or the table full.
+    pub unfollowed: u64,
+}
+const _: () = assert!(core::mem::size_of::<DispatchBooks>() == 16);
+
+#[cfg(feature = "user")]
+// SAFETY: plain integers, no padding.
+unsafe impl aya::Pod for DispatchBooks {}
+
 /// The index of `gate`'s program for `event` in `SHED_DISPATCH_TARGETS`
 /// (past [`SLOTS`] for a gate out of range, which the tail call refuses).
 pub const fn target(gate: u32, event: u32) -> u32 {

@@ -87,6 +87,9 @@ pub mod map {
     /// connection of a pod is, from its handshake's end to its close.
     /// Written by the dispatcher.
     pub const DISPATCH_SOCKS: &str = "SHED_DISPATCH_SOCKS";
+    /// `Array<DispatchBooks>` of [`crate::dispatch::GATES`]: each gate's
+    /// followed and unfollowed connections. Written by the dispatcher.
+    pub const DISPATCH_BOOKS: &str = "SHED_DISPATCH_BOOKS";
 
     /// `LruHashMap<u64 sock address, RefusedTurn>`: requests refused on
     /// kept-alive connections, until the daemon closes their sockets. Written
@@ -101,7 +104,7 @@ pub mod map {
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 32] = [
+    pub const ALL: [&str; 33] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -130,6 +133,7 @@ pub mod map {
         DISPATCH_TARGETS,
         DISPATCH_NETNS,
         DISPATCH_SOCKS,
+        DISPATCH_BOOKS,
         REFUSED_TURNS,
         TURN_TC,
         TURN_XDP,

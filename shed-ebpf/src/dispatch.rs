@@ -4,19 +4,19 @@
 //! to the gate of the socket's pod by tail call. The dispatcher's own object
 //! loads only these; a gate's object never loads them.
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_probe_read_kernel,
     macros::map,
-    maps::{HashMap, ProgramArray},
+    maps::{Array, HashMap, ProgramArray},
     programs::RawTracePointContext,
 };
 use shed_common::{
     capacity::MAX_SOCKS,
-    dispatch::{self, GATES, SLOTS},
+    dispatch::{self, DispatchBooks, GATES, SLOTS},
     tcp_state,
 };
 
-use crate::{fault::fault, maps::SHED_NETNS};
+use crate::{atomic, fault::fault, maps::SHED_NETNS};
 
 #[map]
 pub static SHED_DISPATCH_TARGETS: ProgramArray = ProgramArray::with_max_entries(SLOTS, 0);
@@ -26,6 +26,14 @@ pub static SHED_DISPATCH_NETNS: HashMap<u32, u32> = HashMap::with_max_entries(GA
 
 #[map]
 pub static SHED_DISPATCH_SOCKS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_SOCKS, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static SHED_DISPATCH_BOOKS: Array<DispatchBooks> = Array::with_max_entries(GATES, 0);
+
+/// Connections one gate may have followed at once ([`dispatch::QUOTA_GLOBAL`]);
+/// 0: no quota (an object whose loader did not set it).
+#[unsafe(no_mangle)]
+static SHED_DISPATCH_QUOTA: u32 = 0;
 
 /// `inet_sock_set_state(sk, oldstate, newstate)`: a handshake's end goes to
 /// the gate of the socket's namespace, which is remembered for the socket's
@@ -37,8 +45,12 @@ pub fn sock_state(ctx: &RawTracePointContext) {
     if new == tcp_state::CLOSE {
         // SAFETY: plain data copied out of the map.
         let Some(gate) = (unsafe { SHED_DISPATCH_SOCKS.get(&sk) }).copied() else { return };
-        if !fault!("dispatch_close_kept") {
-            let _ = SHED_DISPATCH_SOCKS.remove(&sk);
+        if !fault!("dispatch_close_kept")
+            && SHED_DISPATCH_SOCKS.remove(&sk).is_ok()
+            && let Some(books) = SHED_DISPATCH_BOOKS.get_ptr_mut(gate)
+        {
+            // SAFETY: a map value, valid for this run; only the remover takes it back.
+            atomic::add(unsafe { &raw mut (*books).followed }, u64::MAX);
         }
         if !fault!("dispatch_close_dropped") {
             hand_over(ctx, gate, dispatch::SOCK_STATE);
@@ -47,10 +59,28 @@ pub fn sock_state(ctx: &RawTracePointContext) {
         let Some(inum) = netns_inum(sk) else { return };
         // SAFETY: plain data copied out of the map.
         let Some(gate) = (unsafe { SHED_DISPATCH_NETNS.get(&inum) }).copied() else { return };
-        // Full: the gate still counts it open (below), but sees neither its
-        // requests nor its close; the gate's healer corrects the count.
-        let _ = SHED_DISPATCH_SOCKS.insert(&sk, &gate, 0);
+        follow(sk, gate);
         hand_over(ctx, gate, dispatch::SOCK_STATE);
+    }
+}
+
+/// Remembers `sk` as `gate`'s, within the gate's quota. Not followed (the
+/// quota reached, or the table full), the gate still counts it open, but sees
+/// neither its requests nor its close: its healer corrects the count, and the
+/// other gates keep their room.
+#[inline(always)]
+fn follow(sk: u64, gate: u32) {
+    let Some(books) = SHED_DISPATCH_BOOKS.get_ptr_mut(gate) else { return };
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    let quota = u64::from(unsafe { core::ptr::read_volatile(&raw const SHED_DISPATCH_QUOTA) });
+    // SAFETY: a map value, valid for this run; its fields are updated atomically.
+    let (followed, unfollowed) = unsafe { (&raw mut (*books).followed, &raw mut (*books).unfollowed) };
+    // Taken first, judged on the value taken: racing CPUs cannot pass the quota together.
+    let before = atomic::add(followed, 1);
+    let over = quota != 0 && before >= quota && !fault!("dispatch_quota_ignored");
+    if over || SHED_DISPATCH_SOCKS.insert(&sk, &gate, u64::from(BPF_NOEXIST)).is_err() {
+        atomic::add(followed, u64::MAX);
+        atomic::add(unfollowed, 1);
     }
 }
 

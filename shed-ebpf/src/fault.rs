@@ -90,6 +90,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("dispatch_requests_dropped", "the pods' dispatcher hands over no per-request event (no pod connection is busy)"),
     ("dispatch_close_dropped", "the pods' dispatcher forgets a pod connection's close without handing it over"),
     (
+        "dispatch_quota_ignored",
+        "the pods' dispatcher follows a gate's connections past its quota (one pod can fill the node-wide table)",
+    ),
+    (
         "dispatch_close_kept",
         "the pods' dispatcher keeps a closed connection in its node-wide map (it fills, and new connections go uncounted)",
     ),

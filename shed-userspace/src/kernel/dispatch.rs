@@ -14,7 +14,7 @@ use aya::{
     maps::{Array, HashMap, MapData, ProgramArray},
     programs::RawTracePoint,
 };
-use shed_common::{NetnsFilter, dispatch, map, program};
+use shed_common::{NetnsFilter, dispatch, dispatch::DispatchBooks, map, program};
 
 use crate::{
     error::Error,
@@ -34,6 +34,8 @@ struct Tables {
     netns: HashMap<MapData, u32, u32>,
     /// The pods' connections being followed, each with its gate's number.
     socks: HashMap<MapData, u64, u32>,
+    /// Each gate's followed and unfollowed connections.
+    books: Array<MapData, DispatchBooks>,
     /// Gate numbers not in use.
     free: BTreeSet<u32>,
 }
@@ -57,6 +59,8 @@ impl Dispatcher {
             .map_err(|e| Error::map("open the dispatcher's namespaces", e))?;
         let socks = HashMap::try_from(take(map::DISPATCH_SOCKS)?)
             .map_err(|e| Error::map("open the dispatcher's connections", e))?;
+        let books = Array::try_from(take(map::DISPATCH_BOOKS)?)
+            .map_err(|e| Error::map("open the dispatcher's books", e))?;
         offsets.set(0, filter, 0).map_err(|e| Error::map("write the dispatcher's namespace offsets", e))?;
         for (name, event, _) in program::DISPATCHERS {
             let prog: &mut RawTracePoint = ebpf
@@ -68,7 +72,7 @@ impl Dispatcher {
             prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
         }
         let free = (0..dispatch::GATES).collect();
-        Ok(Self { tables: Mutex::new(Tables { _ebpf: ebpf, targets, netns, socks, free }) })
+        Ok(Self { tables: Mutex::new(Tables { _ebpf: ebpf, targets, netns, socks, books, free }) })
     }
 
     /// Hands the connections of namespace `inum` to `loaded`'s accounting
@@ -111,6 +115,13 @@ impl Dispatcher {
         tables.socks.keys().flatten().count()
     }
 
+    /// `gate`'s books: its connections followed now, and those it was not
+    /// (its quota, a quarter of `--max-connections`, reached, or the table full).
+    pub fn books(&self, gate: u32) -> DispatchBooks {
+        let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        tables.books.get(&gate, 0).unwrap_or_default()
+    }
+
     /// Gates handed connections now.
     pub fn gates(&self) -> usize {
         dispatch::GATES as usize - self.tables.lock().unwrap_or_else(PoisonError::into_inner).free.len()
@@ -128,6 +139,11 @@ impl Dispatched {
     /// The gate's number at the dispatcher.
     pub fn gate(&self) -> u32 {
         self.gate
+    }
+
+    /// The gate's books at the dispatcher ([`Dispatcher::books`]).
+    pub fn books(&self) -> DispatchBooks {
+        self.dispatcher.books(self.gate)
     }
 }
 

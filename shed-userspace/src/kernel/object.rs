@@ -70,6 +70,9 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let rcv_isn: &'static u32 = Box::leak(Box::new(rcv_isn_offset()));
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
+    // A dispatcher's per-gate quota of its connections (see shed_common::dispatch).
+    let quota: &'static u32 =
+        Box::leak(Box::new((options.connections / shed_common::dispatch::QUOTA_DIVISOR).max(1)));
     let (socks, dispatch) = if options.dispatcher {
         (1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, options.connections))
     } else {
@@ -88,7 +91,8 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
         // Not strict: an older object loaded for comparison has none.
         .override_global(shed_common::handshake::RCV_NXT_OFFSET_GLOBAL, rcv_nxt, false)
         .override_global(shed_common::handshake::RCV_ISN_OFFSET_GLOBAL, rcv_isn, false)
-        .override_global(shed_common::SOCK_LAYOUT_GLOBAL, layout, false);
+        .override_global(shed_common::SOCK_LAYOUT_GLOBAL, layout, false)
+        .override_global(shed_common::dispatch::QUOTA_GLOBAL, quota, false);
     loader
 }
 
