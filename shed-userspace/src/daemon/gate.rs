@@ -125,6 +125,7 @@ pub(super) struct Gate {
     pub(super) heartbeat: crate::observe::report::Heartbeat,
     pub(super) task_errors: crate::observe::report::TaskErrors,
     pub(super) nat: crate::observe::report::NatReport,
+    pub(super) dispatch: crate::observe::report::DispatchReport,
     /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
     pub(super) ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -141,6 +142,7 @@ impl Gate {
             heartbeat: crate::observe::report::Heartbeat::default(),
             task_errors: crate::observe::report::TaskErrors::default(),
             nat: crate::observe::report::NatReport::default(),
+            dispatch: crate::observe::report::DispatchReport::default(),
             ended: std::sync::Arc::default(),
         }
     }
@@ -156,6 +158,7 @@ impl Gate {
             heartbeat: self.heartbeat.clone(),
             task_errors: self.task_errors.clone(),
             nat: self.nat.clone(),
+            dispatch: self.dispatch.clone(),
             ended: self.ended.clone(),
         }
     }
@@ -234,7 +237,11 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
     let mut local_addrs = LocalAddrs::default();
     local_addrs.refresh(&mut loaded.maps)?;
     match (&plan.dispatcher, filter) {
-        (Some(dispatcher), Ok(filter)) => loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, filter.inum)?)),
+        (Some(dispatcher), Ok(filter)) => {
+            let dispatched = dispatcher.add(&mut loaded, filter.inum)?;
+            gate.dispatch.set(dispatcher.clone(), dispatched.gate());
+            loaded.dispatched = Some(Box::new(dispatched));
+        }
         _ => loaded.attach_accounting()?,
     }
     for (iface, hook) in &targets {

@@ -59,8 +59,8 @@ impl Dispatcher {
             .map_err(|e| Error::map("open the dispatcher's namespaces", e))?;
         let socks = HashMap::try_from(take(map::DISPATCH_SOCKS)?)
             .map_err(|e| Error::map("open the dispatcher's connections", e))?;
-        let books = Array::try_from(take(map::DISPATCH_BOOKS)?)
-            .map_err(|e| Error::map("open the dispatcher's books", e))?;
+        let books =
+            Array::try_from(take(map::DISPATCH_BOOKS)?).map_err(|e| Error::map("open the dispatcher's books", e))?;
         offsets.set(0, filter, 0).map_err(|e| Error::map("write the dispatcher's namespace offsets", e))?;
         for (name, event, _) in program::DISPATCHERS {
             let prog: &mut RawTracePoint = ebpf

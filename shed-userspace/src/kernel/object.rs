@@ -71,8 +71,7 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     // A dispatcher's per-gate quota of its connections (see shed_common::dispatch).
-    let quota: &'static u32 =
-        Box::leak(Box::new((options.connections / shed_common::dispatch::QUOTA_DIVISOR).max(1)));
+    let quota: &'static u32 = Box::leak(Box::new((options.connections / shed_common::dispatch::QUOTA_DIVISOR).max(1)));
     let (socks, dispatch) = if options.dispatcher {
         (1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, options.connections))
     } else {

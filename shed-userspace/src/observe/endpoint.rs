@@ -128,6 +128,8 @@ pub(crate) struct EndpointGate {
     /// Set when the gate's loop has ended (its ports all detached): it is
     /// then left out of every answer, and its maps are let go.
     pub ended: Arc<std::sync::atomic::AtomicBool>,
+    /// A pod's gate at the node's dispatcher.
+    pub dispatch: crate::observe::report::DispatchReport,
 }
 
 /// One gate's maps and shedding history, opened once by the endpoint thread.
@@ -358,6 +360,7 @@ async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap) -
                     task_errors: &g.gate.task_errors,
                     nat: &g.gate.nat,
                     heartbeat: &g.gate.heartbeat,
+                    dispatch: &g.gate.dispatch,
                 })
             })
             .collect();

@@ -70,6 +70,8 @@ pub(crate) struct GateMetrics {
     pub nat: NatSeen,
     /// Since the gate's control loop last ticked (zero before its first tick).
     pub loop_age: std::time::Duration,
+    /// A pod's gate at the node's dispatcher (zero for a gate that counts its own).
+    pub dispatch: shed_common::dispatch::DispatchBooks,
 }
 
 /// What a scrape reads of one namespace's gate: its maps and what its control loop counts.
@@ -82,6 +84,7 @@ pub(crate) struct GateSource<'a> {
     pub task_errors: &'a TaskErrors,
     pub nat: &'a NatReport,
     pub heartbeat: &'a Heartbeat,
+    pub dispatch: &'a crate::observe::report::DispatchReport,
 }
 
 /// The daemon process as Prometheus' process metrics name it, from /proc/self.
@@ -144,6 +147,7 @@ impl Scrape {
                 bpf_memory_bytes: maps.memory_bytes(),
                 nat,
                 loop_age: source.heartbeat.age().unwrap_or_default(),
+                dispatch: source.dispatch.books(),
             });
         }
         Ok(Self { ports, gates, process: ProcessStats::read(), refused_pods })
@@ -437,6 +441,18 @@ const GATE_FAMILIES: &[Figure<GateMetrics, u64>] = &[
         "1 while the gate can read its namespace's netfilter NAT rules (nft, or the legacy iptables tools), looked at every 5 s; 0: a NAT rule taking a port past the gate would go unseen (install nftables).",
         MetricType::Gauge,
         |g| u64::from(!g.nat.looked || g.nat.readable),
+    ),
+    (
+        "shed_dispatch_followed",
+        "A pod's connections the node's dispatcher follows now (each pod at most a quarter of --max-connections; 0 for a gate that counts its own).",
+        MetricType::Gauge,
+        |g| g.dispatch.followed,
+    ),
+    (
+        "shed_dispatch_unfollowed",
+        "A pod's connections the node's dispatcher did not follow: the pod held its quota (a quarter of --max-connections) or the table was full. Each still counts open in its gate until the healer corrects it; its requests and close go unseen.",
+        MetricType::Counter,
+        |g| g.dispatch.unfollowed,
     ),
     (
         "shed_later_fragments",
@@ -770,6 +786,7 @@ mod tests {
                 bpf_memory_bytes: 4096,
                 nat: NatSeen { looked: true, readable: false, ..NatSeen::default() },
                 loop_age: std::time::Duration::from_millis(1500),
+                dispatch: shed_common::dispatch::DispatchBooks { followed: 12, unfollowed: 3 },
             }],
             process: ProcessStats { cpu_seconds: 1.5, resident_bytes: 10, open_fds: 7, start_time_seconds: 100.0 },
         }
@@ -804,6 +821,8 @@ mod tests {
             "shed_nat_bypassed{netns=\"blue\",port=\"8080\"} 1",
             "shed_nat_readable{netns=\"blue\"} 0",
             "shed_loop_tick_age_seconds{netns=\"blue\"} 1.5",
+            "shed_dispatch_followed{netns=\"blue\"} 12",
+            "shed_dispatch_unfollowed_total{netns=\"blue\"} 3",
             "shed_task_errors_total{netns=\"blue\",task=\"heal\"} 2",
             "shed_limit_decisions_total{netns=\"blue\",port=\"8080\",reason=\"grow\"} 3",
             "shed_tier_admitted_total{netns=\"blue\",port=\"8080\",tier=\"critical\"} 0",

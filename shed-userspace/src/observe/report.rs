@@ -201,3 +201,31 @@ impl NatReport {
         ))
     }
 }
+
+/// A pod's gate at the node's dispatcher, for the metrics: which dispatcher
+/// and gate number (None: the gate counts its own connections).
+#[derive(Clone, Default)]
+pub struct DispatchReport(Arc<Mutex<Option<Handed>>>);
+
+/// The dispatcher a pod's gate was handed to, and its number there.
+type Handed = (Arc<crate::kernel::dispatch::Dispatcher>, u32);
+
+impl std::fmt::Debug for DispatchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("DispatchReport").field(&self.0.lock().ok().and_then(|d| d.as_ref().map(|(_, g)| *g))).finish()
+    }
+}
+
+impl DispatchReport {
+    pub(crate) fn set(&self, dispatcher: Arc<crate::kernel::dispatch::Dispatcher>, gate: u32) {
+        if let Ok(mut d) = self.0.lock() {
+            *d = Some((dispatcher, gate));
+        }
+    }
+
+    /// The gate's books at the dispatcher (zero for a gate that counts its own).
+    pub fn books(&self) -> shed_common::dispatch::DispatchBooks {
+        let handed = self.0.lock().ok().and_then(|d| d.clone());
+        handed.map(|(dispatcher, gate)| dispatcher.books(gate)).unwrap_or_default()
+    }
+}
