@@ -182,6 +182,18 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let out = shedctl(&["set", "--pod", "default/later", "--port", "8080", "--limit", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let _second = echo(addr(&later)).expect("a second connection, under the raised limit");
+    // Its two connections are followed by the node's dispatcher, within its quota.
+    let dispatch = |name: &str| {
+        let scrape = shed_testkit::metrics::scrape(METRICS);
+        shed_testkit::metrics::value(&scrape, name, &[("pod", "later")])
+    };
+    shed_testkit::gate::poll(
+        Duration::from_secs(3),
+        "the dispatcher to follow the pod's 2",
+        || dispatch("shed_dispatch_followed"),
+        |&n| n == 2.0,
+    );
+    assert_eq!(dispatch("shed_dispatch_unfollowed_total"), 0.0);
     let out = shedctl(&["stats", "--pod", "default/nope"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
