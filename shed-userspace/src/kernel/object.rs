@@ -83,6 +83,7 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
         .map_max_entries(shed_common::map::DISPATCH_TARGETS, dispatch.0)
         .map_max_entries(shed_common::map::DISPATCH_NETNS, dispatch.1)
         .map_max_entries(shed_common::map::DISPATCH_SOCKS, dispatch.2)
+        .map_max_entries(shed_common::map::DISPATCH_BOOKS, dispatch.1)
         .override_global(aya_log::LEVEL, level, strict)
         .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
         .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict)
