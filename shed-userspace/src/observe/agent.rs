@@ -136,19 +136,18 @@ fn load(s: &PortSnapshot) -> Load {
     }
 }
 
-/// The queue wait and the wait it is held against: the p99 wait (the tail
-/// moves first, so traffic moves before the limit has to cut: B13's shift
-/// took one step longer on the percentile the controller follows) against
-/// what the `queue` controller aimed at (its target, 3/4 of the service
-/// time, and what `--target-latency` allows); for another algorithm, the
+/// The queue wait and the wait it is held against: the `queue` controller's
+/// own (the percentile it follows, and what it aimed at: its target, 3/4 of
+/// the service time, `--target-latency`), so the weight and the limit read
+/// one signal; else, for another algorithm, the p99 wait against the
 /// configured target or 3/4 of the median service time.
 fn queue_signal(status: &shed_common::ControlStatus, control: &shed_common::ControlConfig) -> Load {
-    let objective_us = if status.queue_objective_us > 0 {
-        status.queue_objective_us
+    let (queue_wait_us, objective_us) = if status.queue_objective_us > 0 {
+        (status.queue_wait_followed_us, status.queue_objective_us)
     } else {
-        u64::from(control.queue_target_us).max(status.service_p50_us * 3 / 4)
+        (status.queue_wait_p99_us, u64::from(control.queue_target_us).max(status.service_p50_us * 3 / 4))
     };
-    Load { queue_wait_us: status.queue_wait_p99_us, objective_us, ..Load::default() }
+    Load { queue_wait_us, objective_us, ..Load::default() }
 }
 
 /// Answers every agent check with the current weight until `ended`.
@@ -199,23 +198,24 @@ fn named_port(conn: &std::net::TcpStream) -> Option<u16> {
 mod tests {
     use super::*;
 
-    /// The weight holds the p99 queue wait against what the `queue`
-    /// controller aimed at (here raised by `--target-latency` to 40 ms), not
-    /// against the configured target alone.
+    /// The weight reads the `queue` controller's own signal: the wait at the
+    /// percentile it follows against the wait it aimed at (here raised by an
+    /// objective to 40 ms), not the p99 against the configured target.
     #[test]
-    fn the_weight_holds_the_p99_wait_against_the_queue_controllers_aim() {
+    fn the_weight_reads_the_queue_controllers_own_wait_and_objective() {
         let control = shed_common::ControlConfig { queue_target_us: 5_000, ..Default::default() };
         let status = shed_common::ControlStatus {
             queue_wait_p99_us: 90_000,
             service_p50_us: 20_000,
+            queue_wait_followed_us: 30_000,
             queue_objective_us: 40_000,
             ..Default::default()
         };
         let load = queue_signal(&status, &control);
-        assert_eq!((load.queue_wait_us, load.objective_us), (90_000, 40_000));
-        // Another algorithm (no aim of the queue controller's): the target,
-        // or 3/4 of the median service time if longer.
-        let other = shed_common::ControlStatus { queue_objective_us: 0, ..status };
+        assert_eq!((load.queue_wait_us, load.objective_us), (30_000, 40_000));
+        // Another algorithm (no objective of the queue controller's): the p99
+        // against the target, or 3/4 of the median service time if longer.
+        let other = shed_common::ControlStatus { queue_objective_us: 0, queue_wait_followed_us: 0, ..status };
         let load = queue_signal(&other, &control);
         assert_eq!((load.queue_wait_us, load.objective_us), (90_000, 15_000));
     }
