@@ -596,14 +596,8 @@ pub struct ControlStatus {
     pub accept_backlog: u32,
     /// Listen-queue drops counted against this port so far.
     pub listen_drops_total: u64,
-    /// The `queue` controller's last window: the queue wait at the percentile
-    /// it follows, and the wait it aimed at (its target, at least 3/4 of the
-    /// service time, and what `--target-latency` allows); 0 for another
-    /// algorithm. What a load balancer's weight reads (`observe::agent`).
-    pub queue_wait_followed_us: u64,
-    pub queue_objective_us: u64,
 }
-const _: () = assert!(size_of::<ControlStatus>() == 144);
+const _: () = assert!(size_of::<ControlStatus>() == 128);
 
 /// Builds the IPv4-mapped IPv6 form of an IPv4 address, as the socket tracepoint reports it.
 #[inline(always)]

@@ -389,8 +389,6 @@ pub(crate) struct Controller {
     stage: service::ServiceStage,
     /// queue: the last proposal's cut came from the queue inside the service.
     inside_cut: bool,
-    /// queue: the wait the last proposal aimed at, us (0 before one).
-    queue_objective_us: f64,
 }
 
 impl Controller {
@@ -418,14 +416,7 @@ impl Controller {
             windows_since_cut: u32::MAX,
             stage: service::ServiceStage::new(span),
             inside_cut: false,
-            queue_objective_us: 0.0,
         }
-    }
-
-    /// The queue wait the `queue` controller aimed at in its last proposal,
-    /// us (0 for another algorithm, or before its first).
-    pub(crate) fn queue_objective_us(&self) -> u64 {
-        self.queue_objective_us as u64
     }
 
     pub(crate) fn settings(&self) -> &Settings {

@@ -42,7 +42,6 @@ impl Controller {
         // waiting per worker, which waits up to a service time: never aim
         // below 3/4 of the median service time.
         let target = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * s.service_us as f64).max(objective_wait);
-        self.queue_objective_us = target;
         // Little's law: the requests queued beyond the target are the excess
         // wait times the rate requests are served.
         let in_kernel = (s.queue_wait_us as f64 - target) / 1e6 * (s.samples as f64 / seconds);

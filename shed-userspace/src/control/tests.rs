@@ -733,20 +733,3 @@ fn the_objective_sees_the_queue_inside_a_server_that_reads_at_once() {
     c.objective(&sample, 1, Some(at_knee));
     assert_eq!(c.objective(&sample, 1, Some(at_knee)).unwrap().limit, 0.0);
 }
-
-/// What the `queue` controller aimed at is published (the agent's weight
-/// reads it): its target, or 3/4 of the service time if that is longer; 0
-/// for another algorithm.
-#[test]
-fn the_queue_controller_publishes_the_wait_it_aimed_at() {
-    let settings = Settings { algo: Algo::Queue, initial_limit: 40, queue_target_us: 5_000.0, ..Settings::default() };
-    let mut c = Controller::new(settings, 3);
-    assert_eq!(c.queue_objective_us(), 0, "before its first window");
-    c.on_window(&WindowSample { service_us: 2_000, ..window(10_000, 40) });
-    assert_eq!(c.queue_objective_us(), 5_000, "its target");
-    c.on_window(&WindowSample { service_us: 20_000, ..window(10_000, 40) });
-    assert_eq!(c.queue_objective_us(), 15_000, "3/4 of a 20 ms service");
-    let mut other = Controller::new(Settings { algo: Algo::Gradient, ..settings }, 3);
-    other.on_window(&window(10_000, 40));
-    assert_eq!(other.queue_objective_us(), 0, "not the queue controller");
-}

@@ -316,8 +316,6 @@ impl PortControl {
             accept_queue: reading.accept.waiting,
             accept_backlog: reading.accept.backlog,
             listen_drops_total: self.listen_drops_total,
-            queue_wait_followed_us: if self.controller.queue_objective_us() > 0 { sample.queue_wait_us } else { 0 },
-            queue_objective_us: self.controller.queue_objective_us(),
         }
     }
 }

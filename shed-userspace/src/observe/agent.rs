@@ -132,22 +132,11 @@ fn load(s: &PortSnapshot) -> Load {
         refused: rejected,
         in_flight: s.in_flight(),
         limit: s.limit,
-        ..queue_signal(&s.status, &s.control)
+        queue_wait_us: s.status.queue_wait_p99_us,
+        // The queue controller's own objective: its target, and never less
+        // than 3/4 of the median service time (see `control`).
+        objective_us: u64::from(s.control.queue_target_us).max(s.status.service_p50_us * 3 / 4),
     }
-}
-
-/// The queue wait and the wait it is held against: the `queue` controller's
-/// own (the percentile it follows, and what it aimed at: its target, 3/4 of
-/// the service time, `--target-latency`), so the weight and the limit read
-/// one signal; else, for another algorithm, the p99 wait against the
-/// configured target or 3/4 of the median service time.
-fn queue_signal(status: &shed_common::ControlStatus, control: &shed_common::ControlConfig) -> Load {
-    let (queue_wait_us, objective_us) = if status.queue_objective_us > 0 {
-        (status.queue_wait_followed_us, status.queue_objective_us)
-    } else {
-        (status.queue_wait_p99_us, u64::from(control.queue_target_us).max(status.service_p50_us * 3 / 4))
-    };
-    Load { queue_wait_us, objective_us, ..Load::default() }
 }
 
 /// Answers every agent check with the current weight until `ended`.
@@ -197,28 +186,6 @@ fn named_port(conn: &std::net::TcpStream) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The weight reads the `queue` controller's own signal: the wait at the
-    /// percentile it follows against the wait it aimed at (here raised by an
-    /// objective to 40 ms), not the p99 against the configured target.
-    #[test]
-    fn the_weight_reads_the_queue_controllers_own_wait_and_objective() {
-        let control = shed_common::ControlConfig { queue_target_us: 5_000, ..Default::default() };
-        let status = shed_common::ControlStatus {
-            queue_wait_p99_us: 90_000,
-            service_p50_us: 20_000,
-            queue_wait_followed_us: 30_000,
-            queue_objective_us: 40_000,
-            ..Default::default()
-        };
-        let load = queue_signal(&status, &control);
-        assert_eq!((load.queue_wait_us, load.objective_us), (30_000, 40_000));
-        // Another algorithm (no objective of the queue controller's): the p99
-        // against the target, or 3/4 of the median service time if longer.
-        let other = shed_common::ControlStatus { queue_objective_us: 0, queue_wait_followed_us: 0, ..status };
-        let load = queue_signal(&other, &control);
-        assert_eq!((load.queue_wait_us, load.objective_us), (90_000, 15_000));
-    }
 
     /// Serves checks from `weights` until the returned flag is set.
     fn agent(weights: &[(u16, u32)]) -> (SocketAddr, Arc<std::sync::Mutex<Weights>>, Arc<AtomicBool>) {
