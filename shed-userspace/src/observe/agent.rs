@@ -134,7 +134,11 @@ fn load(s: &PortSnapshot) -> Load {
         limit: s.limit,
         queue_wait_us: s.status.queue_wait_p99_us,
         // The queue controller's own objective: its target, and never less
-        // than 3/4 of the median service time (see `control`).
+        // than 3/4 of the median service time (see `control`). Not the wait
+        // the controller aims at, which takes `--target-latency`'s slack too:
+        // steering on that moved B13's shift one 250 ms step later (2.01 s
+        // against 1.76 s, 2026-12-04); traffic should leave a backend whose
+        // queue outgrows its service, before the SLO's slack is spent.
         objective_us: u64::from(s.control.queue_target_us).max(s.status.service_p50_us * 3 / 4),
     }
 }
