@@ -74,21 +74,6 @@ fn echo_round_trip(stream: &mut TcpStream) -> io::Result<()> {
     Ok(())
 }
 
-/// The kernel's SYN cookie counters in `ns`: (sent, received), from `nstat`.
-fn syncookies(ns: &str) -> (u64, u64) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "nstat", "-az", "TcpExtSyncookiesSent", "TcpExtSyncookiesRecv"])
-        .output()
-        .expect("run nstat");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let read = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| panic!("{name} not in nstat's output:\n{text}"))
-    };
-    (read("TcpExtSyncookiesSent"), read("TcpExtSyncookiesRecv"))
-}
-
 /// Twenty clients one after another at `--limit 5 --action rst`: exactly five
 /// connect and work, fifteen are refused at once, the books return to zero.
 /// With `cookies`, the server namespace answers every SYN with a SYN cookie
@@ -105,11 +90,7 @@ fn limit_5_rst(hook: &str, v6: bool, cookies: bool) {
     };
     let bed = Testbed::create(prefix).expect("testbed");
     if cookies {
-        let set = std::process::Command::new("ip")
-            .args(["netns", "exec", &bed.server_ns, "sysctl", "-qw", "net.ipv4.tcp_syncookies=2"])
-            .status()
-            .expect("run sysctl");
-        assert!(set.success(), "tcp_syncookies=2 in the server namespace");
+        testbed::always_syn_cookies(&bed.server_ns).expect("tcp_syncookies=2 in the server namespace");
     }
     let _peer = (hook == "xdp").then(|| xdp_peer(&bed));
     let addr = bed.server_addr(v6, PORT);
@@ -143,7 +124,8 @@ fn limit_5_rst(hook: &str, v6: bool, cookies: bool) {
     if cookies {
         // The kernel saw only the five SYNs the gate passed, answered each with
         // a cookie, and completed each on its cookie.
-        assert_eq!(syncookies(&bed.server_ns), (5, 5), "{hook} v6={v6}: SYN cookies (sent, received)");
+        let cookies = testbed::syn_cookies(&bed.server_ns).expect("nstat");
+        assert_eq!(cookies, (5, 5), "{hook} v6={v6}: SYN cookies (sent, received)");
     }
     for stream in &mut held {
         echo_round_trip(stream).expect("admitted connections work");

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed::kernel::maps::GateMaps;
+use shed::{host::system::monotonic_ns, kernel::maps::GateMaps};
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
 
@@ -172,14 +172,6 @@ fn churn_returns_every_count_to_zero() {
     }
     let s = stats(PORT);
     assert_eq!(field(&s, "busy"), 0, "{s}");
-}
-
-/// The kernel's monotonic clock (what `bpf_ktime_get_ns` reads), in ns.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid out-pointer for clock_gettime.
-    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) }, 0);
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A work-mode burst whose requests arrive a moment behind their handshakes:

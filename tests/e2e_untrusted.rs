@@ -190,7 +190,7 @@ fn handshake_completing_acks_are_admitted_up_to_the_limit_and_the_cap() {
         // A fresh pair of namespaces each round: the last round's connections stay open.
         let bed = Testbed::create("shedtk").expect("testbed");
         if cookies {
-            ip(&["netns", "exec", &bed.server_ns, "sysctl", "-qw", "net.ipv4.tcp_syncookies=2"]);
+            testbed::always_syn_cookies(&bed.server_ns).expect("tcp_syncookies=2 in the server namespace");
         }
         let addr = bed.server_addr(false, PORT);
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
@@ -230,15 +230,8 @@ fn handshake_completing_acks_are_admitted_up_to_the_limit_and_the_cap() {
         assert_eq!(field(&rejected, "rejected"), 10 - expected, "{label}: the rest were refused: {rejected}");
         assert_eq!(field(&rejected, "refused_at_ack"), 10 - expected, "{label}: at their ACK: {rejected}");
         if cookies {
-            let nstat = Command::new("ip")
-                .args(["netns", "exec", &bed.server_ns, "nstat", "-az", "TcpExtSyncookiesRecv"])
-                .output()
-                .expect("run nstat");
-            let text = String::from_utf8_lossy(&nstat.stdout);
-            let received = text
-                .lines()
-                .find_map(|l| l.strip_prefix("TcpExtSyncookiesRecv")?.split_whitespace().next()?.parse::<u64>().ok());
-            assert_eq!(received, Some(expected), "{label}: the admitted completed on their cookies:\n{text}");
+            let (_, received) = testbed::syn_cookies(&bed.server_ns).expect("nstat");
+            assert_eq!(received, expected, "{label}: the admitted completed on their cookies");
         }
     }
 }

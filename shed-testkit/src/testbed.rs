@@ -114,6 +114,32 @@ pub fn defer_accept_for(socket: &socket2::Socket, seconds: libc::c_int) -> io::R
     Ok(())
 }
 
+/// Makes the kernel in `ns` answer every SYN with a SYN cookie
+/// (`tcp_syncookies=2`), as a listener in overflow does: a handshake then
+/// completes on the listener itself, with no request socket.
+pub fn always_syn_cookies(ns: &str) -> io::Result<()> {
+    let status =
+        Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_syncookies=2"]).status()?;
+    if !status.success() {
+        return Err(io::Error::other(format!("sysctl tcp_syncookies=2 in {ns}: {status}")));
+    }
+    Ok(())
+}
+
+/// The kernel's SYN cookie counters in `ns`: (sent, received), from `nstat`.
+pub fn syn_cookies(ns: &str) -> io::Result<(u64, u64)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nstat", "-az", "TcpExtSyncookiesSent", "TcpExtSyncookiesRecv"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let read = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("{name} not in nstat's output:\n{text}")))
+    };
+    Ok((read("TcpExtSyncookiesSent")?, read("TcpExtSyncookiesRecv")?))
+}
+
 /// Enters `ns` on the calling thread (it stays there).
 pub fn enter(ns: &str) -> io::Result<()> {
     let file = File::open(format!("/run/netns/{ns}"))?;

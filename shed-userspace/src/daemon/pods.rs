@@ -444,8 +444,8 @@ fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
     let mut ports = settings.ports;
     ports.sort_unstable();
     ports.dedup();
-    let mut tiers: BTreeMap<_, _> =
-        node.tiers.iter().filter(|(cidr, _)| !cidr.within_loopback()).map(|(c, t)| (*c, *t)).collect();
+    let mut tiers = node.tiers.clone();
+    tiers.retain(|cidr, _| !cidr.within_loopback());
     tiers.extend(settings.tiers);
     Plan {
         ports,

@@ -140,11 +140,6 @@ impl Dispatched {
     pub fn gate(&self) -> u32 {
         self.gate
     }
-
-    /// The gate's books at the dispatcher ([`Dispatcher::books`]).
-    pub fn books(&self) -> DispatchBooks {
-        self.dispatcher.books(self.gate)
-    }
 }
 
 impl Drop for Dispatched {
