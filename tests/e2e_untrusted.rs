@@ -75,15 +75,10 @@ fn refused_within(ns: &str, addr: SocketAddr, bound: Duration) -> bool {
     }
 }
 
-/// The namespace's links with their attached programs, for a failure's message.
+/// The namespace's links (with any XDP program), for a failure's message.
 fn links(ns: &str) -> String {
     let out = Command::new("ip").args(["-n", ns, "-d", "link", "show"]).output().expect("run ip");
-    let tc = Command::new("ip").args(["netns", "exec", ns, "bpftool", "net", "show"]).output();
-    format!(
-        "links in {ns}:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        tc.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
-    )
+    format!("links in {ns}:\n{}", String::from_utf8_lossy(&out.stdout))
 }
 
 /// A source address for the `i`th forged SYN: spread over 100.64.0.0/10, or all in one /24.
