@@ -863,3 +863,80 @@ fn ipv6_destination_options_do_not_evade_the_limit() {
         }
     }
 }
+
+/// One address cannot stack admissions past its cap before any of them is
+/// established. A `TCP_DEFER_ACCEPT` listener (nginx `deferred`, HAProxy
+/// `defer-accept`) keeps each handshake a request socket until its first
+/// bytes: one address makes 40 non-blocking connects, then sends one byte on
+/// each. Admissions at the ACK are charged to their client until the kernel
+/// establishes them (or they lapse), so exactly the cap (5) reaches the
+/// server, under `drop` (the refused retransmit, refused again) and `rst`.
+/// Before, every handshake-completing ACK saw the client holding nothing
+/// established: 40 of 40 were served.
+#[test]
+fn a_deferred_accept_listener_cannot_stack_one_client_past_its_cap() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let _one = exclusive();
+    let bed = Testbed::create("shedhd").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    for action in ["drop", "rst"] {
+        // A server that accepts (once the first bytes complete a handshake) and holds what it accepts.
+        let (accepted, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let server = {
+            let (accepted, stop) = (accepted.clone(), stop.clone());
+            testbed::spawn_in(&bed.server_ns, move || {
+                let listener = support::handshake::deferring_listener(addr);
+                listener.set_nonblocking(true).unwrap();
+                let mut held = Vec::new();
+                while !stop.load(Relaxed) {
+                    match listener.accept() {
+                        Ok((c, _)) => {
+                            held.push(c);
+                            accepted.store(held.len(), Relaxed);
+                        }
+                        Err(_) => thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            })
+        };
+        let gate = Gate::start(
+            &bed,
+            &["--port", "8080", "--limit", "50", "--client-cap", "5", "--count", "connections", "--action", action],
+        );
+        let clients: Vec<socket2::Socket> = testbed::run_in(&bed.client_ns, move || {
+            let clients: Vec<socket2::Socket> = (0..40)
+                .map(|_| {
+                    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                    s.set_nonblocking(true).unwrap();
+                    let _ = s.connect(&addr.into());
+                    s
+                })
+                .collect();
+            // Each byte goes as soon as its connection completes on the client's side,
+            // while the ACK's admission is still pending (the handshake window).
+            let mut sent = vec![false; clients.len()];
+            let start = Instant::now();
+            while sent.contains(&false) && start.elapsed() < Duration::from_millis(300) {
+                for (c, sent) in clients.iter().zip(&mut sent) {
+                    *sent = *sent || c.send(b"G").is_ok();
+                }
+            }
+            clients
+        })
+        .unwrap();
+        let s = wait_for_stats(PORT, Duration::from_secs(5), "the cap's connections established", |s| {
+            field(s, "established") >= 5
+        });
+        // Time for the refused ones to retransmit (drop) and be refused again.
+        thread::sleep(Duration::from_millis(1_500));
+        let later = stats(PORT);
+        let served = accepted.load(Relaxed);
+        println!("{action}: 40 deferred connects from one address, cap 5: {served} reached the server; {later}");
+        assert_eq!(served, 5, "{action}: exactly the cap reaches the server: {s} then {later}");
+        assert_eq!(field(&later, "established"), 5, "{action}: {later}");
+        assert!(later["rejected_by_reason"]["client_cap"].as_u64().unwrap() >= 35, "{action}: {later}");
+        stop.store(true, Relaxed);
+        server.join().unwrap().unwrap();
+        drop((clients, gate));
+    }
+}

@@ -841,6 +841,9 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                 let run = run_on(loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
                 let verdict = verdict_of(hook, &run, &mut out);
                 loaded.maps.clients.remove(&client_key).unwrap();
+                // An admission charged to the client stays pending for the handshake
+                // window: the next case judges the client afresh.
+                let _ = loaded.maps.pending_clients.remove(&client_key);
                 let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
                 let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
                 // What the cells gained (an epoch that began between the write and

@@ -50,6 +50,17 @@ pub mod map {
     /// closed; kernel atomics). Only confirmed handshakes enter it, so forged
     /// sources cannot fill it.
     pub const CLIENTS: &str = "SHED_CLIENTS";
+    /// `LruHashMap<ClientKey, HandshakeRing>`: a client's admissions at the ACK
+    /// that the kernel has not established yet, in the port's handshake
+    /// epochs, so caps and shares count them (they lapse with their epoch,
+    /// like the port's own ring). Kernel only.
+    pub const PENDING_CLIENTS: &str = "SHED_PENDING_CLIENTS";
+    /// `Array<HandshakeRing>` of one zeroed entry: the value a client's first
+    /// pending admission inserts (too large for the kernel program's stack). Never written.
+    pub const EMPTY_RING: &str = "SHED_EMPTY_RING";
+    /// `PerCpuArray<u64>` of one word a kernel program writes and reads back
+    /// at once, so the verifier merges the paths that computed the value. Kernel only.
+    pub const FORGET: &str = "SHED_FORGET";
     /// `Array<Contention>` indexed by slot: when a client at its share was last
     /// judged and when one under it was last refused (the client share). Kernel-written.
     pub const CONTENTION: &str = "SHED_CONTENTION";
@@ -104,7 +115,7 @@ pub mod map {
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 33] = [
+    pub const ALL: [&str; 36] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -122,6 +133,9 @@ pub mod map {
         TIERS,
         RESERVE,
         CLIENTS,
+        PENDING_CLIENTS,
+        EMPTY_RING,
+        FORGET,
         CONTENTION,
         NETNS,
         RST_BUCKETS,
@@ -198,4 +212,10 @@ pub mod capacity {
     /// Clients counted against a per-client cap, across ports, by default
     /// (`--max-clients`). Not preallocated either.
     pub const MAX_CLIENTS: u32 = 65_536;
+    /// Clients with admissions still pending: a handshake window is
+    /// milliseconds (8 ms by default: 1,024 clients is 128,000 new clients a
+    /// second). An LRU, preallocated (about 200 KiB), so a flood of real
+    /// clients evicts the least recent, whose pending admissions then count
+    /// only once established.
+    pub const MAX_PENDING_CLIENTS: u32 = 1_024;
 }

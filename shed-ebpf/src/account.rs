@@ -298,7 +298,7 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
         }
     }
     // Counted first, released after: never in neither count.
-    release(slot, &key, now, user.shift());
+    release(slot, &key, config.counts_clients().then_some(&client), now, user.shift());
     Ok(())
 }
 
@@ -317,9 +317,10 @@ fn end_silence(slot: u32, epoch: u64) {
 /// Releases the admission reservation of `key`'s connection: it now counts as
 /// established (or busy), or it closed.
 #[inline(always)]
-fn release(slot: u32, key: &FlowKey, now: u64, shift: u32) {
+/// `client`: the admission was charged to it (the port counts clients).
+fn release(slot: u32, key: &FlowKey, client: Option<&ClientKey>, now: u64, shift: u32) {
     let flow = stamp_hash(&key.client_addr, &key.server_addr, key.client_port, key.server_port);
-    let (took, in_time) = complete(slot, shift, flow, now);
+    let (took, in_time) = complete(slot, shift, flow, client, now);
     if let Some(ns) = took {
         record(slot, Histogram::Handshake, ns);
     }

@@ -22,9 +22,10 @@ use crate::{
     atomic,
     fault::fault,
     maps::{
-        SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS, SHED_PORT_STATE,
-        SHED_REFUSED_TURNS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX, SHED_SILENT, SHED_SOCKS, SHED_STAMPS,
-        SHED_USER_STATE, count, count_gate, is_local, is_loopback, local_kind, port_config, stamp_hash, tier_of,
+        SHED_CLIENTS, SHED_CONTENTION, SHED_COUNTERS, SHED_EMPTY_RING, SHED_HANDSHAKES, SHED_LAST_PASSED, SHED_LIMITS,
+        SHED_PENDING_CLIENTS, SHED_PORT_STATE, SHED_REFUSED_TURNS, SHED_RESERVE, SHED_RST_BUCKETS, SHED_RST_PREFIX,
+        SHED_SILENT, SHED_SOCKS, SHED_STAMPS, SHED_USER_STATE, count, count_gate, is_local, is_loopback, local_kind,
+        port_config, stamp_hash, tier_of,
     },
     parse::{FLAG_FIN, FLAG_PSH, LoadBytes, Segment},
     reject::Answer,
@@ -310,7 +311,7 @@ impl Port {
     /// segment of the flow another CPU passed as a duplicate: the completion
     /// then found the claim and left the release to this CPU.
     #[inline(always)]
-    fn stamp(&self, claim: Claim, flow: u32, syn_ns: u64) {
+    fn stamp(&self, claim: Claim, flow: u32, seg: &Segment, syn_ns: u64) {
         let Some(stamp) = SHED_STAMPS.get_ptr_mut(claim.0) else { return };
         let head = stamp.cast::<u64>();
         let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
@@ -326,6 +327,7 @@ impl Port {
         }
         if atomic::load(head) == HandshakeStamp::head(flow, stamp_state::COMPLETED) {
             ring::close(self.ring, self.epoch, self.epoch);
+            uncharge_client(&self.config, &seg.client_addr, self.epoch, self.epoch);
         }
     }
 
@@ -478,6 +480,12 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
+    // Then the client's charge: its admissions under way count against its
+    // cap (the port's reservation given back if it is refused).
+    if reason.is_none() && !charge_client(&port.config, seg, port.epoch, enforce) {
+        ring::close(port.ring, port.epoch, port.epoch);
+        reason = Some(counter::REJECTED_CLIENT_CAP);
+    }
     if let Some(reason) = reason.map(opaque) {
         if enforce {
             claim.give_back(flow);
@@ -490,7 +498,7 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
         // Dry run admits it, and accounts it as any admission.
         port.reserve(others, false);
     }
-    port.stamp(claim, flow, port.now_ns);
+    port.stamp(claim, flow, seg, port.now_ns);
     port.count(counter::ADMITTED);
     port.count(counter::ADMITTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
     Verdict::Pass
@@ -899,6 +907,70 @@ fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
     unsafe { SHED_CLIENTS.get(&key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
 }
 
+/// A client's admissions at the ACK that the kernel has not established yet
+/// ([`shed_common::map::PENDING_CLIENTS`]): a `TCP_DEFER_ACCEPT` listener keeps
+/// them as request sockets until their first bytes, so without them one
+/// address could stack admissions past its cap before any is established.
+/// Charged in the port's handshake epochs, they lapse like the port's own
+/// reservations.
+///
+/// Charges one admission to `seg`'s client, judged with the value the
+/// fetch-add returned (so racing CPUs cannot stack one client past its cap
+/// either): false, nothing charged, if the client's established connections
+/// and its admissions under way would pass its cap. A subprogram: the ACK
+/// path's one extra call.
+#[inline(never)]
+fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64, enforce: bool) -> bool {
+    if !config.counts_clients() || fault!("client_pending_ignored") {
+        return true;
+    }
+    let key = &config.client_key(&seg.client_addr);
+    // No room in the table: counted once established, as before it had one.
+    let Some(pending) = pending_ring(key, true) else { return true };
+    // The ring walked here, not in `ring::outstanding`: a call deeper would
+    // pass the 512-byte stack (XDP entry, `ack`, this). Its paths merge after.
+    // SAFETY: map value; cells are read field by field while other CPUs add to them.
+    let others = crate::maps::forget(unsafe { &*pending }.split(epoch, |field| atomic::load(field)).others);
+    let Some((cell, mine)) = ring::open(pending, epoch) else { return true };
+    let cap = u64::from(config.client_cap);
+    // SAFETY: plain data.
+    let established = unsafe { SHED_CLIENTS.get(key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 });
+    if enforce && cap != 0 && established + others + mine > cap + u64::from(fault!("client_cap_off_by_one")) {
+        ring::undo(cell);
+        return false;
+    }
+    true
+}
+
+/// The ring of `key`'s admissions under way; `create`: a client without one
+/// gets one (the table is an LRU: the least recent client's goes, its
+/// admissions then counted once established).
+#[inline(always)]
+fn pending_ring(key: &ClientKey, create: bool) -> Option<*mut HandshakeRing> {
+    if let Some(pending) = SHED_PENDING_CLIENTS.get_ptr_mut(key) {
+        return Some(pending);
+    }
+    if !create {
+        return None;
+    }
+    let empty = SHED_EMPTY_RING.get(0)?;
+    // Another CPU may insert it first: this then finds that one.
+    let _ = SHED_PENDING_CLIENTS.insert(key, empty, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
+    SHED_PENDING_CLIENTS.get_ptr_mut(key)
+}
+
+/// Releases an admission charged to `seg`'s client at `epoch` (its handshake
+/// completed, or the port refused it after the charge), unless it lapsed.
+#[inline(never)]
+fn uncharge_client(config: &PortConfig, client: &[u8; 16], epoch: u64, now_epoch: u64) {
+    if !config.counts_clients() || fault!("client_pending_not_released") {
+        return;
+    }
+    if let Some(pending) = pending_ring(&config.client_key(client), false) {
+        ring::close(pending, epoch, now_epoch);
+    }
+}
+
 /// Why a reply (a reset, or an `http` answer) may not go to `client` now, as
 /// the counter to count: a source that cannot be a client (`RST_SUPPRESSED`),
 /// or a spent RST cap (`RST_RATE_LIMITED`, the budget taken otherwise).
@@ -1054,7 +1126,8 @@ fn note_client(client: &ClientKey, held: u64) {
 /// Returns the handshake time (ns) if the flow was stamped, and whether its
 /// reservation was still live (false: a late completion).
 #[inline(always)]
-pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, bool) {
+/// `client`: the admission was charged to that client (the port counts clients).
+pub fn complete(slot: u32, shift: u32, flow: u32, client: Option<&ClientKey>, now_ns: u64) -> (Option<u64>, bool) {
     let Some(stamp) = find_stamp(slot, flow) else { return (None, false) };
     // SAFETY: map value, copied out as plain data.
     let mut seen = unsafe { core::ptr::read_volatile(stamp) };
@@ -1084,7 +1157,15 @@ pub fn complete(slot: u32, shift: u32, flow: u32, now_ns: u64) -> (Option<u64>, 
     if fault!("handshake_not_released") {
         return (Some(took), true);
     }
-    (Some(took), ring::close(handshakes, stamp.epoch, now_ns >> shift))
+    let in_time = ring::close(handshakes, stamp.epoch, now_ns >> shift);
+    if in_time
+        && let Some(client) = client
+        && !fault!("client_pending_not_released")
+        && let Some(pending) = pending_ring(client, false)
+    {
+        ring::close(pending, stamp.epoch, now_ns >> shift);
+    }
+    (Some(took), in_time)
 }
 
 /// `work` connections of the port accepted within the idle grace that have

@@ -24,6 +24,14 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("tier_lookup_skipped", "every client is treated as tier normal"),
     ("client_share_ignored", "a client holding its share is not refused while others are"),
     ("client_cap_off_by_one", "a client at its cap gets one more connection"),
+    (
+        "client_pending_ignored",
+        "a client's admissions not yet established do not count against its cap (a deferred-accept listener stacks it past)",
+    ),
+    (
+        "client_pending_not_released",
+        "a client's admission stays charged once established (counted twice until it lapses)",
+    ),
     ("dry_run_enforced", "dry-run rejects instead of only counting"),
     ("tier_action_ignored", "a tier's own action is ignored for the port's"),
     ("rst_to_own_address", "resets go to this host's own and loopback addresses"),

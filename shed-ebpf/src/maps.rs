@@ -10,7 +10,9 @@ use shed_common::{
     ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed,
     LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, RefusedTurn, SockEntry, SockLayout,
     TierReserve, UserPortState,
-    capacity::{MAX_CLIENTS, MAX_PORTS, MAX_REFUSED_TURNS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS},
+    capacity::{
+        MAX_CLIENTS, MAX_PENDING_CLIENTS, MAX_PORTS, MAX_REFUSED_TURNS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS,
+    },
     handshake::STAMPS_PER_PORT,
     is_ipv4_mapped, local_addr,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
@@ -229,6 +231,33 @@ pub static SHED_NETNS: Array<NetnsFilter> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_CLIENTS: HashMap<ClientKey, i64> = HashMap::with_max_entries(MAX_CLIENTS, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static SHED_PENDING_CLIENTS: LruHashMap<ClientKey, HandshakeRing> =
+    LruHashMap::with_max_entries(MAX_PENDING_CLIENTS, 0);
+
+/// A word a program writes and reads back at once, so that the verifier
+/// forgets which path made the value ([`forget`]). Per CPU.
+#[map]
+pub static SHED_FORGET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// `n` written to this CPU's [`SHED_FORGET`] and read back: the verifier
+/// cannot tell one path's value from another's behind it (map memory holds
+/// unknown scalars), so the paths that computed it merge there rather than
+/// each walking the rest of the program. (0 if the lookup failed, which it
+/// does not: an array's one entry.)
+#[inline(always)]
+pub fn forget(n: u64) -> u64 {
+    let Some(word) = SHED_FORGET.get_ptr_mut(0) else { return 0 };
+    // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+    unsafe {
+        core::ptr::write_volatile(word, n);
+        core::ptr::read_volatile(word)
+    }
+}
+
+#[map]
+pub static SHED_EMPTY_RING: Array<HandshakeRing> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SHED_CONTENTION: Array<Contention> = Array::with_max_entries(MAX_PORTS, 0);

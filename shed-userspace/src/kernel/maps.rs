@@ -33,6 +33,8 @@ pub struct GateMaps {
     pub tiers: LpmTrie<MapData, [u8; 16], u32>,
     pub reserve: Array<MapData, TierReserve>,
     pub clients: HashMap<MapData, ClientKey, i64>,
+    /// A client's admissions not yet established (an LRU).
+    pub pending_clients: HashMap<MapData, ClientKey, HandshakeRing>,
     pub contention: Array<MapData, Contention>,
     pub netns: Array<MapData, NetnsFilter>,
     pub port_slots: Array<MapData, u32>,
@@ -213,6 +215,7 @@ impl GateMaps {
             tiers: typed(map::TIERS, open(map::TIERS)?)?,
             reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
             clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
+            pending_clients: typed(map::PENDING_CLIENTS, open(map::PENDING_CLIENTS)?)?,
             contention: typed(map::CONTENTION, open(map::CONTENTION)?)?,
             netns: typed(map::NETNS, open(map::NETNS)?)?,
             port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
@@ -514,6 +517,7 @@ impl GateMaps {
             self.user_state.map(),
             self.counters.map(),
             self.handshakes.map(),
+            self.silent.map(),
             self.stamps.map(),
             self.local_addrs.map(),
             self.gate_counters.map(),
@@ -525,9 +529,12 @@ impl GateMaps {
             self.tiers.map(),
             self.reserve.map(),
             self.clients.map(),
+            self.pending_clients.map(),
+            self.contention.map(),
             self.netns.map(),
             self.port_slots.map(),
             self.slot_config.map(),
+            self.refused_turns.map(),
         ]
         .map(|m| m.fd().as_fd().as_raw_fd());
         fds.iter().filter_map(|fd| memlock_of(*fd)).sum()

@@ -72,14 +72,15 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     // A dispatcher's per-gate quota of its connections (see shed_common::dispatch).
     let quota: &'static u32 = Box::leak(Box::new((options.connections / shed_common::dispatch::QUOTA_DIVISOR).max(1)));
-    let (socks, dispatch) = if options.dispatcher {
-        (1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, options.connections))
+    let (socks, pending, dispatch) = if options.dispatcher {
+        (1, 1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, options.connections))
     } else {
-        (options.connections, (1, 1, 1))
+        (options.connections, shed_common::capacity::MAX_PENDING_CLIENTS, (1, 1, 1))
     };
     loader
         .map_max_entries(shed_common::map::SOCKS, socks)
         .map_max_entries(shed_common::map::CLIENTS, options.clients)
+        .map_max_entries(shed_common::map::PENDING_CLIENTS, pending)
         .map_max_entries(shed_common::map::DISPATCH_TARGETS, dispatch.0)
         .map_max_entries(shed_common::map::DISPATCH_NETNS, dispatch.1)
         .map_max_entries(shed_common::map::DISPATCH_SOCKS, dispatch.2)
