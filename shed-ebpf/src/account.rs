@@ -31,13 +31,14 @@ use shed_common::{
 
 use crate::{
     atomic::add as atomic_add,
-    decide::{client_add, client_release, complete},
+    client::{client_add, client_release},
     fault::fault,
     maps::{
         SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SILENT, SHED_SOCKS, SHED_USER_STATE, count, port_config,
         sock_layout, stamp_hash, tier_of,
     },
     ring,
+    stamp::complete,
 };
 
 const IPPROTO_TCP: u16 = 6;

@@ -23,14 +23,20 @@
 
 mod account;
 mod atomic;
+mod client;
 mod decide;
 mod dispatch;
 mod fault;
+mod http_answer;
 mod maps;
 mod parse;
+mod proof;
 mod rare;
 mod reject;
+mod reply;
 mod ring;
+mod stacked;
+mod stamp;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
@@ -44,9 +50,9 @@ use aya_ebpf::{
 use shed_common::{counter, gate_counter};
 
 use crate::{
-    decide::Verdict,
     maps::{count, count_gate, protected},
     parse::Parsed,
+    reply::Verdict,
 };
 
 /// How much of a TC packet must be linear for the parser's direct reads:
@@ -119,10 +125,10 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
             let now = unsafe { bpf_ktime_get_ns() };
             // Crossing stacked devices (bridge, VLAN, macvlan, bond): judged once.
             let ifindex = bytes.ifindex();
-            if decide::passed_already(seg, syn, now, ifindex) {
+            if stacked::passed_already(seg, syn, now, ifindex) {
                 // Where it is now: the next device of the stack compares with
                 // this one, and a repeat on this very device is a new segment.
-                decide::remember_passed(seg, syn, now, ifindex);
+                stacked::remember_passed(seg, syn, now, ifindex);
                 return Outcome::of(Outcome::PASS);
             }
             let loopback = ifindex == parse::LOOPBACK_IFINDEX;
@@ -130,12 +136,12 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
                 decide::syn(seg, loopback, now)
             } else {
                 match decide::ack(seg, bytes, loopback, now) {
-                    Verdict::Unclaimed => decide::http_segment(seg, bytes, loopback, now),
+                    Verdict::Unclaimed => http_answer::http_segment(seg, bytes, loopback, now),
                     verdict => verdict,
                 }
             };
             if matches!(verdict, Verdict::Pass) {
-                decide::remember_passed(seg, syn, now, ifindex);
+                stacked::remember_passed(seg, syn, now, ifindex);
             }
             verdict
         }
@@ -163,7 +169,7 @@ fn judge_turn<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> O
     let verdict = decide::turn(seg, bytes, sk, ifindex == parse::LOOPBACK_IFINDEX);
     if matches!(verdict, Verdict::Pass) {
         // SAFETY: reading the clock has no preconditions.
-        decide::remember_passed(seg, false, unsafe { bpf_ktime_get_ns() }, ifindex);
+        stacked::remember_passed(seg, false, unsafe { bpf_ktime_get_ns() }, ifindex);
     }
     outcome_of(verdict, data, data_end, seg)
 }

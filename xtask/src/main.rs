@@ -246,7 +246,7 @@ fn build_ebpf_with(fault: Option<&str>) -> Result<()> {
     if let Some(at) = bytes.windows(11).position(|w| w == b".rodata.cst") {
         bail!(
             "the kernel object has a mergeable constant section (.rodata.cst*, at byte {at}), which aya 0.14 \
-             relocates wrongly: pass such values from the stack (see client_add in shed-ebpf/src/decide.rs)"
+             relocates wrongly: pass such values from the stack (see client_add in shed-ebpf/src/client.rs)"
         );
     }
     if std::fs::read(&object).ok().as_deref() != Some(&bytes[..]) {

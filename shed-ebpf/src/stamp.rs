@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
+//! The stamp protocol: where a handshake-completing ACK claims its flow's
+//! stamp before it is judged ([`Claim`]), so a second segment of the same
+//! handshake takes no second reservation, and how the kernel's confirmation
+//! of the connection releases the reservation the stamp remembers
+//! ([`complete`]). See [`shed_common::handshake`].
+use shed_common::{ClientKey, HandshakeStamp, handshake::STAMP_PROBES, handshake::stamp_index, handshake::stamp_state};
+
+use crate::{
+    atomic,
+    client::pending_ring,
+    fault::fault,
+    maps::{SHED_HANDSHAKES, SHED_STAMPS, stamp_hash},
+    parse::Segment,
+    ring,
+};
+
+/// Where a handshake-completing ACK claimed its flow's stamp: the index of
+/// the slot it tried to claim (it holds it if the slot's head reads its
+/// flow, claimed), or [`Claim::DUPLICATE`]. One scalar whose value the
+/// judging path never branches on: the verifier walks that path once, not
+/// once per outcome of the claim.
+#[derive(Clone, Copy)]
+pub(crate) struct Claim(u32);
+
+impl Claim {
+    /// The flow's handshake holds a reservation already, or another CPU is
+    /// judging it right now: this segment passes, counted nowhere.
+    pub(crate) const DUPLICATE: Self = Self(u32::MAX);
+
+    /// Claims a stamp for `flow` before its ACK is judged, so that a second
+    /// handshake-completing segment of the same flow (a duplicate ACK, the
+    /// request that completes a deferred accept, or the request right behind
+    /// the ACK judged on another CPU at the same time) finds the handshake
+    /// held and takes no second reservation. Its own slot first; else the
+    /// first slot holding no other handshake under way; else the first (whose
+    /// handshake then lapses: counting too much, never too little). A claim is
+    /// one compare-and-swap of the slot's head word, so two CPUs never both
+    /// hold a slot.
+    #[inline(never)]
+    pub(crate) fn take(slot: u32, flow: u32, epoch: u64) -> Self {
+        let slot = slot ^ u32::from(fault!("stamp_wrong_key"));
+        let mut chosen = stamp_index(slot, flow, 0);
+        let mut free = false;
+        for probe in 0..STAMP_PROBES {
+            let index = stamp_index(slot, flow, probe);
+            let Some(stamp) = SHED_STAMPS.get(index) else { break };
+            // SAFETY: map value, copied out as plain data (a torn copy at worst misjudges one slot).
+            let seen = unsafe { core::ptr::read_volatile(stamp) };
+            if seen.flow == flow {
+                if seen.holds(flow, epoch) && !fault!("duplicate_ack_reserved") {
+                    return Self::DUPLICATE;
+                }
+                chosen = index;
+                break;
+            }
+            if !free && seen.free_for(flow, epoch) {
+                chosen = index;
+                free = true;
+            }
+        }
+        let Some(stamp) = SHED_STAMPS.get_ptr_mut(chosen) else { return Self(chosen) };
+        // SAFETY: map value, copied out as plain data.
+        let seen = unsafe { core::ptr::read_volatile(stamp) };
+        let head = stamp.cast::<u64>();
+        if !atomic::compare_exchange(head, HandshakeStamp::head(seen.flow, seen.state), HandshakeStamp::head(flow, stamp_state::CLAIMED))
+            // SAFETY: map value, read as plain data.
+            && unsafe { (*stamp).flow } == flow
+        {
+            // Another CPU claimed the slot first for this very flow: it is judging it.
+            return Self::DUPLICATE;
+        }
+        Self(chosen)
+    }
+
+    /// The index of the stamp slot it claimed.
+    #[inline(always)]
+    pub(crate) const fn index(self) -> u32 {
+        self.0
+    }
+
+    #[inline(always)]
+    pub(crate) fn is_duplicate(self) -> bool {
+        self.0 == Self::DUPLICATE.0
+    }
+
+    /// Gives back a claimed slot: the flow was refused.
+    #[inline(always)]
+    pub(crate) fn give_back(self, flow: u32) {
+        if let Some(stamp) = SHED_STAMPS.get_ptr_mut(self.0) {
+            let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
+            atomic::compare_exchange(stamp.cast::<u64>(), claimed, HandshakeStamp::head(flow, stamp_state::COMPLETED));
+        }
+    }
+}
+
+/// The stamp `flow` took at admission, if it is still there.
+#[inline(always)]
+pub(crate) fn find_stamp(slot: u32, flow: u32) -> Option<*mut HandshakeStamp> {
+    for probe in 0..STAMP_PROBES {
+        let stamp = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, probe))?;
+        // SAFETY: map value, read as plain data.
+        if unsafe { (*stamp).flow } == flow {
+            return Some(stamp);
+        }
+    }
+    None
+}
+
+#[inline(always)]
+pub(crate) fn flow_of(seg: &Segment) -> u32 {
+    stamp_hash(&seg.client_addr, &seg.server_addr, seg.client_port, seg.server_port)
+}
+
+/// The reservation of an admitted flow, released when its handshake completes.
+/// Returns the handshake time (ns) if the flow was stamped, and whether its
+/// reservation was still live (false: a late completion).
+#[inline(always)]
+/// `client`: the admission was charged to that client (the port counts clients).
+pub fn complete(slot: u32, shift: u32, flow: u32, client: Option<&ClientKey>, now_ns: u64) -> (Option<u64>, bool) {
+    let Some(stamp) = find_stamp(slot, flow) else { return (None, false) };
+    // SAFETY: map value, copied out as plain data.
+    let mut seen = unsafe { core::ptr::read_volatile(stamp) };
+    // Completed while a CPU still judges the ACK (the request behind it passed
+    // as a duplicate on another CPU and completed the handshake first): that
+    // CPU finds the claim completed and releases its own reservation.
+    let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
+    let completed = HandshakeStamp::head(flow, stamp_state::COMPLETED);
+    if seen.state == stamp_state::CLAIMED {
+        if atomic::compare_exchange(stamp.cast::<u64>(), claimed, completed) {
+            return (None, true);
+        }
+        // The claimant admitted it between the read and the swap: read it again
+        // (else that reservation lapsed and this completion counted late).
+        // SAFETY: as above.
+        seen = unsafe { core::ptr::read_volatile(stamp) };
+    }
+    // One compare-and-swap: a lapsed stamp may be taken by another flow's
+    // claim meanwhile, which this completion must not undo.
+    let admitted = HandshakeStamp::head(flow, stamp_state::ADMITTED);
+    if seen.state != stamp_state::ADMITTED || !atomic::compare_exchange(stamp.cast::<u64>(), admitted, completed) {
+        return (None, false);
+    }
+    let stamp = seen;
+    let took = now_ns.saturating_sub(stamp.syn_ns);
+    let Some(handshakes) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
+    if fault!("handshake_not_released") {
+        return (Some(took), true);
+    }
+    let in_time = ring::close(handshakes, stamp.epoch, now_ns >> shift);
+    if in_time
+        && let Some(client) = client
+        && !fault!("client_pending_not_released")
+        && let Some(pending) = pending_ring(client, false)
+    {
+        ring::close(pending, stamp.epoch, now_ns >> shift);
+    }
+    (Some(took), in_time)
+}
