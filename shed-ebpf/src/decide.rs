@@ -388,7 +388,7 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
     // Then the client's charge: its admissions under way count against its
     // cap (the port's reservation given back if it is refused).
     if reason.is_none() && !charge_client(&port.config, seg, port.epoch, enforce) {
-        ring::close(port.ring, port.epoch, port.epoch);
+        ring::undo_at(port.ring, port.epoch);
         reason = Some(counter::REJECTED_CLIENT_CAP);
     }
     if let Some(reason) = reason.map(opaque) {

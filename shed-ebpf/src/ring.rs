@@ -31,6 +31,18 @@ pub fn undo(cell: *mut HandshakeCell) {
     atomic::add(unsafe { &raw mut (*cell).admitted }, u64::MAX);
 }
 
+/// Takes back an [`open`] of `epoch` refused after the fact (by a later
+/// check), if its cell still holds that epoch (the same program run: it does).
+#[inline(always)]
+pub fn undo_at(ring: *mut HandshakeRing, epoch: u64) {
+    // SAFETY: map value; `cell_of` is < RING.
+    if let Some(cell) = unsafe { (*ring).cells.get_mut(cell_of(epoch)) }
+        && atomic::load(&cell.epoch) == epoch
+    {
+        undo(cell);
+    }
+}
+
 /// Releases one opened at `epoch`, if its cell still holds that epoch and it
 /// is live at `now_epoch`, short of its last live epoch; false if not
 /// (nothing released: it lapses with its epoch). Not in the last one: the

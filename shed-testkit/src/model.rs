@@ -544,7 +544,10 @@ fn judged(state: &ModelState, t: u8, step: Step, counters: &mut [u64; counter::C
         Refusal::None => None,
         Refusal::ShareTrickled => {
             counters[counter::TRICKLE] += 1;
-            None
+            // Let through its tier's share, a connection still meets its client's cap
+            // where it is admitted (at the ACK, the client's charge).
+            let at_cap = state.config.client_cap != 0 && state.client_held >= i64::from(state.config.client_cap);
+            (step == Step::Ack && at_cap).then_some(counter::REJECTED_CLIENT_CAP)
         }
         Refusal::Limit => Some(counter::REJECTED_LIMIT),
         Refusal::Share => Some(counter::REJECTED_SHARE),
@@ -761,6 +764,26 @@ mod rules {
         assert!(turns[15] && turns[31]);
         // Under its share the cap applies.
         assert_eq!(refusal_at_syn(&ModelState { in_flight: 0, ..full }, tier::LOW), Refusal::ClientCap);
+    }
+
+    /// The trickle lets a connection through its tier's share and asks the
+    /// rules nothing more; where it is admitted, at the ACK, its client is
+    /// still charged, and a client at its cap is refused there.
+    #[test]
+    fn a_trickled_ack_still_meets_its_clients_cap() {
+        // Normal (50% of 10) over its share on a tiered port: judged at the ACK; the 16th is trickled.
+        let mut s = ModelState { trickle_seen: 15, ..state(10, 6) };
+        let mut counters = [0u64; counter::COUNT];
+        assert_eq!(refusal(&s, tier::NORMAL, Step::Ack), Refusal::ShareTrickled);
+        assert_eq!(judged(&s, tier::NORMAL, Step::Ack, &mut counters), None, "no cap: let through");
+        s.config.client_cap = 2;
+        s.client_held = 1;
+        assert_eq!(judged(&s, tier::NORMAL, Step::Ack, &mut counters), None, "under its cap");
+        s.client_held = 2;
+        assert_eq!(judged(&s, tier::NORMAL, Step::Ack, &mut counters), Some(counter::REJECTED_CLIENT_CAP));
+        assert_eq!(counters[counter::TRICKLE], 3, "each was trickled");
+        // A kept-alive request is not charged: the trickle asks nothing more of it.
+        assert_eq!(judged(&s, tier::NORMAL, Step::Turn, &mut counters), None);
     }
 
     #[test]
