@@ -119,29 +119,36 @@ pub(crate) fn flow_of(seg: &Segment) -> u32 {
 /// `client`: the admission was charged to that client (the port counts clients).
 pub fn complete(slot: u32, shift: u32, flow: u32, client: Option<&ClientKey>, now_ns: u64) -> (Option<u64>, bool) {
     let Some(stamp) = find_stamp(slot, flow) else { return (None, false) };
-    // SAFETY: map value, copied out as plain data.
-    let mut seen = unsafe { core::ptr::read_volatile(stamp) };
+    let head = stamp.cast::<u64>();
     // Completed while a CPU still judges the ACK (the request behind it passed
     // as a duplicate on another CPU and completed the handshake first): that
     // CPU finds the claim completed and releases its own reservation.
     let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
     let completed = HandshakeStamp::head(flow, stamp_state::COMPLETED);
-    if seen.state == stamp_state::CLAIMED {
-        if atomic::compare_exchange(stamp.cast::<u64>(), claimed, completed) {
-            return (None, true);
-        }
-        // The claimant admitted it between the read and the swap: read it again
-        // (else that reservation lapsed and this completion counted late).
-        // SAFETY: as above.
-        seen = unsafe { core::ptr::read_volatile(stamp) };
+    if atomic::load(head) == claimed && atomic::compare_exchange(head, claimed, completed) {
+        return (None, true);
     }
-    // One compare-and-swap: a lapsed stamp may be taken by another flow's
-    // claim meanwhile, which this completion must not undo.
+    // The head first, then the epoch, each read on its own: the claimant
+    // writes the epoch before it swaps the head to admitted, so a head read
+    // as admitted vouches for the epoch read after it. (One copy of the whole
+    // stamp could pair the new head with the slot's last epoch, read a moment
+    // before the claimant wrote it: that completion was counted late and its
+    // reservation lapsed, about one soak in ten once the charge of the client
+    // made the claimant slower.) One compare-and-swap: a lapsed stamp may be
+    // taken by another flow's claim meanwhile, which this completion must not
+    // undo; while the head still reads admitted, nobody rewrote the epoch.
     let admitted = HandshakeStamp::head(flow, stamp_state::ADMITTED);
-    if seen.state != stamp_state::ADMITTED || !atomic::compare_exchange(stamp.cast::<u64>(), admitted, completed) {
+    if atomic::load(head) != admitted {
         return (None, false);
     }
-    let stamp = seen;
+    // SAFETY: map value, plain fields read after the head vouched for them.
+    let (epoch, syn_ns) = unsafe {
+        (core::ptr::read_volatile(&raw const (*stamp).epoch), core::ptr::read_volatile(&raw const (*stamp).syn_ns))
+    };
+    if !atomic::compare_exchange(head, admitted, completed) {
+        return (None, false);
+    }
+    let stamp = HandshakeStamp { epoch, syn_ns, ..HandshakeStamp::default() };
     let took = now_ns.saturating_sub(stamp.syn_ns);
     let Some(handshakes) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
     if fault!("handshake_not_released") {
