@@ -49,7 +49,7 @@ pub(crate) fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
 /// and its admissions under way would pass its cap. A subprogram: the ACK
 /// path's one extra call.
 #[inline(never)]
-pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64, enforce: bool) -> bool {
+pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64) -> bool {
     if !config.counts_clients() || fault!("client_pending_ignored") {
         return true;
     }
@@ -64,7 +64,7 @@ pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64, enfo
     let cap = u64::from(config.client_cap);
     // SAFETY: plain data.
     let established = unsafe { SHED_CLIENTS.get(key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 });
-    if enforce && cap != 0 && established + others + mine > cap + u64::from(fault!("client_cap_off_by_one")) {
+    if cap != 0 && established + others + mine > cap + u64::from(fault!("client_cap_off_by_one")) {
         ring::undo(cell);
         return false;
     }

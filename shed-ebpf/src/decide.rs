@@ -386,8 +386,9 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
         reason = Some(counter::REJECTED_LIMIT);
     }
     // Then the client's charge: its admissions under way count against its
-    // cap (the port's reservation given back if it is refused).
-    if reason.is_none() && !charge_client(&port.config, seg, port.epoch, enforce) {
+    // cap (the port's reservation given back if it is refused; a dry run
+    // counts the refusal and admits, uncharged).
+    if reason.is_none() && !charge_client(&port.config, seg, port.epoch) {
         ring::undo_at(port.ring, port.epoch);
         reason = Some(counter::REJECTED_CLIENT_CAP);
     }

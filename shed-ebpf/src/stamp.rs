@@ -45,8 +45,7 @@ impl Claim {
         for probe in 0..STAMP_PROBES {
             let index = stamp_index(slot, flow, probe);
             let Some(stamp) = SHED_STAMPS.get(index) else { break };
-            // SAFETY: map value, copied out as plain data (a torn copy at worst misjudges one slot).
-            let seen = unsafe { core::ptr::read_volatile(stamp) };
+            let seen = read(stamp);
             if seen.flow == flow {
                 if seen.holds(flow, epoch) && !fault!("duplicate_ack_reserved") {
                     return Self::DUPLICATE;
@@ -60,8 +59,7 @@ impl Claim {
             }
         }
         let Some(stamp) = SHED_STAMPS.get_ptr_mut(chosen) else { return Self(chosen) };
-        // SAFETY: map value, copied out as plain data.
-        let seen = unsafe { core::ptr::read_volatile(stamp) };
+        let seen = read(stamp);
         let head = stamp.cast::<u64>();
         if !atomic::compare_exchange(head, HandshakeStamp::head(seen.flow, seen.state), HandshakeStamp::head(flow, stamp_state::CLAIMED))
             // SAFETY: map value, read as plain data.
@@ -163,4 +161,18 @@ pub fn complete(slot: u32, shift: u32, flow: u32, client: Option<&ClientKey>, no
         ring::close(pending, stamp.epoch, now_ns >> shift);
     }
     (Some(took), in_time)
+}
+
+/// A stamp as one CPU may trust it while others write it: the head word
+/// (flow and state) first, then the epoch. A claimant writes the epoch before
+/// it swaps the head to admitted, so a head read as admitted vouches for the
+/// epoch read after it; one copy of the whole stamp could pair the new head
+/// with the slot's last epoch (a live handshake then judged a second time,
+/// or its completion counted late, and a reservation lapsed).
+#[inline(always)]
+fn read(stamp: *const HandshakeStamp) -> HandshakeStamp {
+    let head = atomic::load(stamp.cast::<u64>());
+    // SAFETY: map value; a plain field read after the head.
+    let epoch = unsafe { core::ptr::read_volatile(&raw const (*stamp).epoch) };
+    HandshakeStamp { flow: head as u32, state: (head >> 32) as u32, epoch, syn_ns: 0 }
 }
