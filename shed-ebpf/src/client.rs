@@ -32,8 +32,14 @@ pub(crate) fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
     } else {
         config.client_key(client)
     };
+    established_of(&key)
+}
+
+/// The established connections the socket tracepoint counts for `key`.
+#[inline(always)]
+fn established_of(key: &ClientKey) -> u64 {
     // SAFETY: plain data.
-    unsafe { SHED_CLIENTS.get(&key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
+    unsafe { SHED_CLIENTS.get(key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
 }
 
 /// A client's admissions at the ACK that the kernel has not established yet
@@ -62,9 +68,7 @@ pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64) -> b
     let others = crate::maps::forget(unsafe { &*pending }.split(epoch, |field| atomic::load(field)).others);
     let Some((cell, mine)) = ring::open(pending, epoch) else { return true };
     let cap = u64::from(config.client_cap);
-    // SAFETY: plain data.
-    let established = unsafe { SHED_CLIENTS.get(key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 });
-    if cap != 0 && established + others + mine > cap + u64::from(fault!("client_cap_off_by_one")) {
+    if cap != 0 && established_of(key) + others + mine > cap + u64::from(fault!("client_cap_off_by_one")) {
         ring::undo(cell);
         return false;
     }
@@ -92,10 +96,20 @@ pub(crate) fn pending_ring(key: &ClientKey, create: bool) -> Option<*mut Handsha
 /// completed, or the port refused it after the charge), unless it lapsed.
 #[inline(never)]
 pub(crate) fn uncharge_client(config: &PortConfig, client: &[u8; 16], epoch: u64, now_epoch: u64) {
-    if !config.counts_clients() || fault!("client_pending_not_released") {
+    if config.counts_clients() {
+        release_charge(&config.client_key(client), epoch, now_epoch);
+    }
+}
+
+/// Releases an admission charged to `key` at `epoch`, unless it lapsed: the
+/// one release of a charge, whether its handshake completed or the port
+/// refused it after the charge.
+#[inline(always)]
+pub(crate) fn release_charge(key: &ClientKey, epoch: u64, now_epoch: u64) {
+    if fault!("client_pending_not_released") {
         return;
     }
-    if let Some(pending) = pending_ring(&config.client_key(client), false) {
+    if let Some(pending) = pending_ring(key, false) {
         ring::close(pending, epoch, now_epoch);
     }
 }

@@ -8,7 +8,7 @@ use shed_common::{ClientKey, HandshakeStamp, handshake::STAMP_PROBES, handshake:
 
 use crate::{
     atomic,
-    client::pending_ring,
+    client::release_charge,
     fault::fault,
     maps::{SHED_HANDSHAKES, SHED_STAMPS, stamp_hash},
     parse::Segment,
@@ -153,12 +153,8 @@ pub fn complete(slot: u32, shift: u32, flow: u32, client: Option<&ClientKey>, no
         return (Some(took), true);
     }
     let in_time = ring::close(handshakes, stamp.epoch, now_ns >> shift);
-    if in_time
-        && let Some(client) = client
-        && !fault!("client_pending_not_released")
-        && let Some(pending) = pending_ring(client, false)
-    {
-        ring::close(pending, stamp.epoch, now_ns >> shift);
+    if in_time && let Some(client) = client {
+        release_charge(client, stamp.epoch, now_ns >> shift);
     }
     (Some(took), in_time)
 }
