@@ -940,3 +940,81 @@ fn a_deferred_accept_listener_cannot_stack_one_client_past_its_cap() {
         drop((clients, gate));
     }
 }
+
+/// One byte of a request on each of ten connections, from one address: the
+/// server reads it and waits for the rest, forever, and the ten held
+/// `--limit 10` shut against every other client (30 of 30 refused before).
+/// The share is now held to what a client holds: once another client is
+/// refused, the daemon closes the requests the hog's server has sat on for a
+/// second, oldest first, down to its share (5): exactly five closed (the
+/// five sent first), the other five untouched, and from then on the other
+/// client's 30 requests are all served.
+#[test]
+fn partial_requests_cannot_hold_the_port_past_their_clients_share() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhp").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let other = std::net::IpAddr::V4(bed.add_client_v4(3).expect("second client address"));
+    let service_us = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
+    let mut hog: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
+        (0..10)
+            .map(|_| {
+                let mut c = testbed::connect(addr, Duration::from_secs(1)).expect("the port has room");
+                c.write_all(b"G").unwrap();
+                // Read one at a time, so the oldest request is the first one sent.
+                thread::sleep(Duration::from_millis(10));
+                c
+            })
+            .collect()
+    })
+    .unwrap();
+    wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
+    let request = |from: std::net::IpAddr| {
+        testbed::run_in(&bed.client_ns, move || {
+            let mut c = testbed::connect_from(from, addr, Duration::from_secs(1)).ok()?;
+            c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            c.write_all(b"GET\n").ok()?;
+            let mut b = [0u8; 3];
+            c.read_exact(&mut b).ok().map(|()| b == *b"OK\n")
+        })
+        .unwrap()
+        .unwrap_or(false)
+    };
+    // Alone, the hog holds the port; the other client is refused at its ACK
+    // and tries again every 100 ms, as a client does, until it is served.
+    let start = Instant::now();
+    let mut refused = 0;
+    while !request(other) {
+        refused += 1;
+        assert!(start.elapsed() < Duration::from_secs(5), "never served: {}", stats(PORT));
+        thread::sleep(Duration::from_millis(100));
+    }
+    println!("the other client served after {refused} refusals, {:?}", start.elapsed());
+    assert!(refused >= 1, "the port was full at first");
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "the hog's oldest requests closed", |s| {
+        field(s, "stalled_closed") >= 5
+    });
+    assert_eq!(field(&s, "stalled_closed"), 5, "closed down to the share (5 of 10), no further: {s}");
+    let served = (0..30).filter(|_| request(other)).count();
+    let s = stats(PORT);
+    println!("hog's 10 one-byte requests, then another client: {served} of 30 served; {s}");
+    assert_eq!(served, 30, "the other client is served once the hog is at its share: {s}");
+    assert_eq!(field(&s, "stalled_closed"), 5, "the hog at its share keeps the rest: {s}");
+    // Which of the hog's connections were closed: reset, the five sent first.
+    let reset: Vec<bool> = hog
+        .iter_mut()
+        .map(|c| {
+            c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut b = [0u8; 1];
+            match c.read(&mut b) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+            }
+        })
+        .collect();
+    assert_eq!(reset, [true, true, true, true, true, false, false, false, false, false], "the oldest five: {s}");
+    assert_eq!(field(&s, "busy"), 5, "{s}");
+}

@@ -325,7 +325,9 @@ pub struct UserPortState {
     /// Seconds an `http` answer's Retry-After tells the client when the port
     /// sets none: the controller's queue wait rounded up (at least 1).
     pub retry_after_s: u32,
-    pub _pad: u32,
+    /// Requests the daemon closed because a client over its share of a
+    /// contended port had its server sit on them unanswered (reported only).
+    pub stalled_closed: u32,
 }
 const _: () = assert!(size_of::<UserPortState>() == 56);
 

@@ -16,6 +16,11 @@ use super::window::histogram_percentile;
 /// One measuring period of admission-to-established times.
 const HANDSHAKE_PERIOD: Duration = Duration::from_secs(1);
 
+/// The epoch shift of a window of `fixed` (`--handshake-window`; zero: the default).
+pub(crate) fn shift_for(fixed: Duration) -> u32 {
+    if fixed.is_zero() { handshake::DEFAULT_SHIFT } else { handshake::shift_for_window(fixed.as_nanos() as u64) }
+}
+
 /// The window's policy for one port.
 #[derive(Clone, Debug)]
 pub(crate) struct HandshakeWindow {
@@ -40,12 +45,7 @@ pub(crate) struct HandshakeStep {
 impl HandshakeWindow {
     /// `fixed`: `--handshake-window`, or zero for the default.
     pub(crate) fn new(fixed: Duration) -> Self {
-        let shift = if fixed.is_zero() {
-            handshake::DEFAULT_SHIFT
-        } else {
-            handshake::shift_for_window(fixed.as_nanos() as u64)
-        };
-        Self { shift, written: false, period_start: None, times: (0, 0) }
+        Self { shift: shift_for(fixed), written: false, period_start: None, times: (0, 0) }
     }
 
     /// One control window: `current_shift` is what the port's map holds,

@@ -269,8 +269,9 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
     // Last: a port is listed (`stats`, `/readyz`) once written, so only when
     // every interface's program is attached and judges it (attaching loads
     // the program: a second of the verifier's, during which nothing is judged).
+    let spec = PortSpec { handshake_shift: crate::control::handshake::shift_for(plan.handshake_window), ..plan.spec };
     for &port in &plan.ports {
-        loaded.maps.protect(port, &plan.spec)?;
+        loaded.maps.protect(port, &spec)?;
     }
     gate.heartbeat.beat();
     Ok((loaded, Following { local_addrs, seen, agent }))

@@ -15,6 +15,7 @@ mod pods;
 mod port;
 pub(crate) mod process;
 mod refused;
+mod stalled;
 
 pub(crate) use lock::{ConfigLock, DaemonLock, PinGuard, require_running};
 pub use lock::{Liveness, liveness, ready};
@@ -166,6 +167,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     let mut healer = crate::daemon::heal::Healer::new(settings.heal_interval, settings.heal_report.clone());
     let mut accept_queues = AcceptQueues::default();
     let mut refused = refused::RefusedRequests::default();
+    let mut stalled = stalled::StalledRequests::default();
     let mut last_heal_check: Option<Instant> = None;
     let mut nat = NatWatch::default();
     // What the operator last set, to log each live change once (see `crate::daemon::audit`).
@@ -223,6 +225,9 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 }
                 if let Err(e) = refused.close(&mut loaded.maps) {
                     settings.task_errors.record("refused requests", &e);
+                }
+                if let Err(e) = stalled.close(&mut loaded.maps, &ports, system::monotonic_ns()) {
+                    settings.task_errors.record("stalled requests", &e);
                 }
                 let slots: Vec<u32> = ports.values().map(|c| c.slot).collect();
                 if let Err(e) = loaded.maps.set_quotas(&slots) {

@@ -269,7 +269,11 @@ impl GateMaps {
             aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
         let reset = |e| Error::map("reset port state", e);
         self.state.set(slot, PortState::default(), 0).map_err(reset)?;
-        self.user_state.set(slot, UserPortState::default(), 0).map_err(reset)?;
+        // The window's shift before the port is judged: an admission stamped in
+        // one shift's epochs and completed in another's counts late and lapses
+        // (the first window wrote it, with handshakes under way: the soak, 1 in 10).
+        let user = UserPortState { handshake_shift: spec.handshake_shift, ..UserPortState::default() };
+        self.user_state.set(slot, user, 0).map_err(reset)?;
         self.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
         self.silent.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
         // A slot's last port's largest client must not make this port defer SYNs.
@@ -298,6 +302,24 @@ impl GateMaps {
         self.write_config(port, config)?;
         self.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
         Ok(config)
+    }
+
+    /// A port's limit now.
+    pub(crate) fn limit(&self, slot: u32) -> Result<u32, Error> {
+        self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))
+    }
+
+    /// A port's largest client and when a client under its share was last refused.
+    pub(crate) fn contention_of(&self, slot: u32) -> Result<Contention, Error> {
+        self.contention.get(&slot, 0).map_err(|e| Error::map("read contention", e))
+    }
+
+    /// Counts requests the daemon closed for a client over its share (see `daemon::stalled`).
+    pub(crate) fn add_stalled_closed(&mut self, slot: u32, n: u32) -> Result<(), Error> {
+        self.update_user_state(slot, "write stalled requests closed", |user| {
+            user.stalled_closed = user.stalled_closed.wrapping_add(n);
+            true
+        })
     }
 
     pub fn set_limit(&mut self, slot: u32, limit: u32) -> Result<(), Error> {
@@ -670,6 +692,9 @@ pub struct PortSpec {
     pub rst_per_prefix_per_sec: u32,
     /// Seconds an `http` answer's Retry-After says; 0: derived from the controller each window.
     pub retry_after_s: u16,
+    /// The handshake ring's epoch shift from the first judgement on (0: the
+    /// kernel's default until the daemon's first window writes it).
+    pub handshake_shift: u32,
     pub share_permille: [u16; shed_common::tier::COUNT],
     pub tier_action: [u8; shed_common::tier::COUNT],
     pub action: u8,
@@ -689,6 +714,7 @@ impl PortSpec {
             rst_per_sec: shed_common::DEFAULT_RST_PER_SEC,
             rst_per_prefix_per_sec: shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC,
             retry_after_s: 0,
+            handshake_shift: 0,
             share_permille: shed_common::tier::DEFAULT_SHARE_PERMILLE,
             tier_action: [shed_common::tier::ACTION_DEFAULT; shed_common::tier::COUNT],
             action,

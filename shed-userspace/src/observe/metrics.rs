@@ -356,6 +356,12 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
         s.drift_corrected
     }),
     (
+        "shed_stalled_closed",
+        "Requests closed because a client over its share of a contended port had its server sit on them unanswered for a second.",
+        MetricType::Counter,
+        |s| s.stalled_closed,
+    ),
+    (
         "shed_listen_drops",
         "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
         MetricType::Counter,

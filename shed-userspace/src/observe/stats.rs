@@ -197,6 +197,9 @@ pub(crate) struct PortStats {
     pub idle_expired: u64,
     /// Connections the daemon corrected against the kernel's socket table (missed events).
     pub drift_corrected: u64,
+    /// Requests the daemon closed, cumulative: a client over its share of a
+    /// contended port had its server sit on them unanswered for a second.
+    pub stalled_closed: u64,
     /// Rates over the sampling interval; null when only one sample was taken.
     pub syn_per_sec: Option<f64>,
     pub admitted_per_sec: Option<f64>,
@@ -314,6 +317,7 @@ impl PortStats {
             handshakes_lapsed: now.handshakes_lapsed(),
             idle_expired: now.idle_expired(),
             drift_corrected: now.user.drift_corrected,
+            stalled_closed: u64::from(now.user.stalled_closed),
             syn_per_sec: rate(counter::SYN_SEEN),
             admitted_per_sec: rate(counter::ADMITTED),
             rejected_per_sec: REJECTIONS.iter().map(|&c| rate(c)).sum(),
