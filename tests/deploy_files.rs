@@ -393,74 +393,18 @@ print("consistent")
 
 /// Every `shedctl` command the README and the guides show in a code block
 /// parses with the CLI as built: a flag renamed, removed or never given to a
-/// verb in the words fails here (`set --retry-after` once did).
+/// verb in the words fails here (`set --retry-after` once did). Each also
+/// runs against a live gate: `e2e_ops`'s `every_documented_shedctl_command_runs`.
 #[test]
 fn every_documented_shedctl_command_parses() {
     use clap::Parser as _;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut docs = vec![root.join("README.md")];
-    docs.extend(
-        std::fs::read_dir(root.join("docs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "md")),
-    );
-    let mut checked = 0;
-    for doc in &docs {
-        let text = std::fs::read_to_string(doc).unwrap();
-        let (mut in_block, mut pending) = (false, String::new());
-        for line in text.lines() {
-            if line.trim_start().starts_with("```") {
-                in_block = !in_block;
-                continue;
-            }
-            if !in_block {
-                continue;
-            }
-            // A continued line joins the next.
-            if let Some(head) = line.strip_suffix('\\') {
-                pending.push_str(head);
-                continue;
-            }
-            let line = std::mem::take(&mut pending) + line;
-            // The command alone: no comment, pipe, redirect or second command.
-            let command = line.split(" #").next().unwrap().split(['|', ';', '>', '&']).next().unwrap().trim();
-            let command = command.strip_prefix("sudo ").unwrap_or(command).trim();
-            if !command.starts_with("shedctl ") {
-                continue;
-            }
-            let words = shell_words(command);
-            if let Err(e) = shed::cli::Cli::try_parse_from(&words) {
-                panic!("{}: `{command}` does not parse:\n{e}", doc.display());
-            }
-            checked += 1;
+    let commands = shed_testkit::docs::documented_commands(&root);
+    for c in &commands {
+        if let Err(e) = shed::cli::Cli::try_parse_from(&c.words) {
+            panic!("{}: `{}` does not parse:\n{e}", c.doc.display(), c.command);
         }
     }
+    let checked = commands.len();
     assert!(checked >= 25, "only {checked} documented commands found: is the parsing above still right?");
-}
-
-/// Splits a command line into words as a shell would for plain quoting.
-fn shell_words(line: &str) -> Vec<String> {
-    let (mut words, mut word, mut quote, mut started) = (Vec::new(), String::new(), None, false);
-    for c in line.chars() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                started = true;
-            }
-            (None, c) if c.is_whitespace() => {
-                if started || !word.is_empty() {
-                    words.push(std::mem::take(&mut word));
-                }
-                started = false;
-            }
-            // Inside quotes, or a plain character.
-            (_, c) => word.push(c),
-        }
-    }
-    if started || !word.is_empty() {
-        words.push(word);
-    }
-    words
 }

@@ -9,6 +9,7 @@
 
 pub mod cri;
 pub mod delay;
+pub mod docs;
 pub mod fleet;
 pub mod frames;
 pub mod gate;
