@@ -686,6 +686,44 @@ fn connections_that_send_nothing_do_not_hold_the_limit() {
     assert_eq!(field(&later, "in_flight"), 10, "{later}");
 }
 
+/// A kept-alive line server behind `--limit 10 --action rst` (the default
+/// share, half), and a second client address beside the testbed's own.
+struct ShareBed {
+    bed: Testbed,
+    addr: SocketAddr,
+    other: std::net::IpAddr,
+    _backend: Backend,
+    _gate: Gate,
+}
+
+impl ShareBed {
+    fn new(name: &str) -> Self {
+        let bed = Testbed::create(name).expect("testbed");
+        let addr = bed.server_addr(false, PORT);
+        let other = std::net::IpAddr::V4(bed.add_client_v4(3).expect("second client address"));
+        let service_us = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+        let backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
+        let gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
+        Self { bed, addr, other, _backend: backend, _gate: gate }
+    }
+
+    /// Ten connections from the testbed's client address, each sending
+    /// `partial` (a request line never finished), `spacing` apart.
+    fn hog(bed: &Testbed, addr: SocketAddr, partial: &'static [u8], spacing: Duration) -> Vec<TcpStream> {
+        testbed::run_in(&bed.client_ns, move || {
+            (0..10)
+                .map(|_| {
+                    let mut c = testbed::connect(addr, Duration::from_secs(1)).expect("the port has room");
+                    c.write_all(partial).unwrap();
+                    thread::sleep(spacing);
+                    c
+                })
+                .collect()
+        })
+        .unwrap()
+    }
+}
+
 /// One client holds the limit with partial requests (work the server owes,
 /// so they count). While it holds its share (half, by default) and a client
 /// holding less is refused, its new connections are refused, and the room its
@@ -693,23 +731,9 @@ fn connections_that_send_nothing_do_not_hold_the_limit() {
 #[test]
 fn one_client_cannot_hold_more_than_its_share_while_others_are_refused() {
     let _one = exclusive();
-    let bed = Testbed::create("shedhs").expect("testbed");
-    let addr = bed.server_addr(false, PORT);
-    let other = std::net::IpAddr::V4(bed.add_client_v4(3).expect("second client address"));
-    let service_us = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
-    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
+    let ShareBed { bed, addr, other, _backend, _gate } = ShareBed::new("shedhs");
     // Alone, the hog fills the port: nobody else is refused.
-    let mut hog: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
-        (0..10)
-            .map(|_| {
-                let mut c = testbed::connect(addr, Duration::from_secs(1)).expect("the port has room");
-                c.write_all(b"GE").unwrap();
-                c
-            })
-            .collect()
-    })
-    .unwrap();
+    let mut hog = ShareBed::hog(&bed, addr, b"GE", Duration::ZERO);
     wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
     // Another client is refused: at its ACK, its source proven.
     let served_then = |c: std::io::Result<TcpStream>| {
@@ -956,24 +980,9 @@ fn a_deferred_accept_listener_cannot_stack_one_client_past_its_cap() {
 #[test]
 fn partial_requests_cannot_hold_the_port_past_their_clients_share() {
     let _one = exclusive();
-    let bed = Testbed::create("shedhp").expect("testbed");
-    let addr = bed.server_addr(false, PORT);
-    let other = std::net::IpAddr::V4(bed.add_client_v4(3).expect("second client address"));
-    let service_us = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
-    let _backend = Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us }).expect("backend");
-    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "10", "--action", "rst"]);
-    let mut hog: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
-        (0..10)
-            .map(|_| {
-                let mut c = testbed::connect(addr, Duration::from_secs(1)).expect("the port has room");
-                c.write_all(b"G").unwrap();
-                // Read one at a time, so the oldest request is the first one sent.
-                thread::sleep(Duration::from_millis(10));
-                c
-            })
-            .collect()
-    })
-    .unwrap();
+    let ShareBed { bed, addr, other, _backend, _gate } = ShareBed::new("shedhp");
+    // Sent (and read) 10 ms apart, so the oldest request is the first one sent.
+    let mut hog = ShareBed::hog(&bed, addr, b"G", Duration::from_millis(10));
     wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
     let request = |from: std::net::IpAddr| {
         testbed::run_in(&bed.client_ns, move || {
