@@ -1031,3 +1031,51 @@ fn partial_requests_cannot_hold_the_port_past_their_clients_share() {
     assert_eq!(reset, [true, true, true, true, true, false, false, false, false, false], "the oldest five: {s}");
     assert_eq!(field(&s, "busy"), 5, "{s}");
 }
+
+/// The share binds whatever forged SYNs do to its budget. A full port passes
+/// up to 100 SYNs a second from clients under their share, to be judged (and
+/// refused, proving contention) at their ACK; a flood of forged SYNs spent
+/// that budget, so a real newcomer's SYN was reset at the SYN, its refusal
+/// never counted, and the hog kept the port (its requests never closed).
+/// Past the budget such a SYN is now refused with a cookie of ours: a real
+/// client's ACK answers it and proves it (the kernel then resets it), so the
+/// share binds, the hog's stalled requests are closed down to its share, and
+/// the newcomer is served, under 10,000 forged SYNs a second.
+#[test]
+fn forged_syns_cannot_keep_the_share_from_binding() {
+    let _one = exclusive();
+    let ShareBed { bed, addr, other, _backend, _gate } = ShareBed::new("shedhf");
+    let hog = ShareBed::hog(&bed, addr, b"G", Duration::ZERO);
+    wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
+    let server = bed.server_v4;
+    let flood = testbed::spawn_in(&bed.client_ns, move || {
+        testbed::syn_flood_at(server, PORT, 10_000, Duration::from_secs(8), |i| {
+            Ipv4Addr::new(10, 78, (i % 200) as u8, (i / 200 % 250) as u8 + 1)
+        })
+    });
+    // The flood spends the budget first.
+    thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let (mut attempts, mut served) = (0, false);
+    while !served && start.elapsed() < Duration::from_secs(6) {
+        attempts += 1;
+        served = testbed::run_in(&bed.client_ns, move || {
+            let mut c = testbed::connect_from(other, addr, Duration::from_secs(1)).ok()?;
+            c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            c.write_all(b"GET\n").ok()?;
+            let mut b = [0u8; 3];
+            c.read_exact(&mut b).ok().map(|()| b == *b"OK\n")
+        })
+        .unwrap()
+        .unwrap_or(false);
+        thread::sleep(Duration::from_millis(100));
+    }
+    let took = start.elapsed();
+    let sent = flood.join().unwrap().expect("in the namespace").expect("raw socket");
+    let s = stats(PORT);
+    println!("forged SYNs: {sent}; the other client served: {served} after {attempts} attempts, {took:?}; {s}");
+    assert!(sent >= 50_000, "the flood ran: {sent}");
+    assert!(served, "the share binds through the flood: {s}");
+    assert_eq!(field(&s, "stalled_closed"), 5, "{s}");
+    drop(hog);
+}

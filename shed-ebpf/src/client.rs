@@ -154,6 +154,20 @@ pub fn client_add(client: &ClientKey) -> bool {
     true
 }
 
+/// A verified client (its ACK answered a SYN-ACK) was refused: if it holds
+/// less than its share of `limit`, the share binds for a while
+/// ([`shed_common::CONTENDED_FOR_NS`]): a client holding its share is then
+/// refused, and the daemon closes what such a client's server sits on.
+#[inline(never)]
+pub(crate) fn note_verified_refusal(config: &PortConfig, limit: u32, client: &[u8; 16], now_ns: u64) {
+    let Some(cap) = config.share_cap(limit) else { return };
+    let Some(contention) = SHED_CONTENTION.get_ptr_mut(config.slot) else { return };
+    if client_held(config, client) < cap {
+        // SAFETY: map value; a plain store.
+        unsafe { (*contention).refused_ns = now_ns };
+    }
+}
+
 /// Keeps the port's largest client current: `client` now holds `held`.
 /// Plain stores: CPUs racing here at worst leave a count one off until the
 /// next open or close of that client sets it again.

@@ -20,7 +20,7 @@ use shed_common::{
 
 use crate::{
     atomic,
-    client::{charge_client, client_held, over_client_cap, uncharge_client},
+    client::{charge_client, client_held, note_verified_refusal, over_client_cap, uncharge_client},
     fault::fault,
     http_answer::{http_flow, http_reason, http_reply, http_request, retry_after},
     maps::{
@@ -170,32 +170,31 @@ impl Port {
 
     /// A verified client was refused: if it holds less than its share, the
     /// share binds for a while (see [`Self::over_share_while_contended`]).
-    #[inline(never)]
+    #[inline(always)]
     fn note_refused(&self, seg: &Segment) {
-        let Some(cap) = self.config.share_cap(self.limit as u32) else { return };
-        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return };
-        if client_held(&self.config, &seg.client_addr) < cap {
-            // SAFETY: map value; a plain store.
-            unsafe { (*contention).refused_ns = self.now_ns };
-        }
+        note_verified_refusal(&self.config, self.limit as u32, &seg.client_addr, self.now_ns);
     }
 
     /// Whether the client share may bind on this port now: some client holds
-    /// its share or more, and this client holds less. Not on a tiered port:
-    /// critical and normal are judged at their ACK already, and low is the
-    /// tier refused first, at its SYN.
+    /// its share or more, and this client holds less ([`ShareAtSyn`]). Not on
+    /// a tiered port: critical and normal are judged at their ACK already, and
+    /// low is the tier refused first, at its SYN.
     #[inline(never)]
-    fn share_may_bind(&self, seg: &Segment) -> bool {
+    fn share_may_bind(&self, seg: &Segment) -> u32 {
         if self.config.tiered != 0 {
-            return false;
+            return ShareAtSyn::NO;
         }
-        let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
-        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return false };
+        let Some(cap) = self.config.share_cap(self.limit as u32) else { return ShareAtSyn::NO };
+        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return ShareAtSyn::NO };
         // SAFETY: map value, read as plain data; the budget is taken by compare-and-swap.
         unsafe {
-            (*contention).largest_held >= cap
-                && client_held(&self.config, &seg.client_addr) < cap
-                && take(&raw mut (*contention).deferred_tat, self.now_ns, shed_common::DEFERRED_PER_SEC)
+            if (*contention).largest_held < cap || client_held(&self.config, &seg.client_addr) >= cap {
+                ShareAtSyn::NO
+            } else if take(&raw mut (*contention).deferred_tat, self.now_ns, shed_common::DEFERRED_PER_SEC) {
+                ShareAtSyn::DEFER
+            } else {
+                ShareAtSyn::PROVE
+            }
         }
     }
 
@@ -240,6 +239,9 @@ impl Port {
     #[inline(always)]
     /// `at_syn`: the segment is a SYN (an `http` refusal then answers it with
     /// a cookie; at the ACK the kernel's handshake is under way: a reset).
+    /// `prove`: a SYN from a client under its share that `rst` answers with a
+    /// cookie too, so that its ACK proves it ([`ShareAtSyn::PROVE`]).
+    #[allow(clippy::too_many_arguments)]
     fn reject(
         &self,
         reason: usize,
@@ -248,6 +250,7 @@ impl Port {
         from_loopback: bool,
         reset: Reset,
         at_syn: bool,
+        prove: bool,
     ) -> Verdict {
         self.count(reason);
         let shifted = usize::from(fault!("tier_counter_shifted"));
@@ -260,7 +263,7 @@ impl Port {
             self.count(why);
             return Verdict::Drop;
         }
-        let reset = if act == action::HTTP && at_syn {
+        let reset = if at_syn && (act == action::HTTP || (prove && !fault!("share_unproven"))) {
             http::syn_ack(
                 http::cookie(crate::maps::cookie_key(), http_flow(seg), http_reason(reason), self.now_ns),
                 seg.seq,
@@ -270,6 +273,19 @@ impl Port {
         };
         Verdict::Rst { slot: self.slot, reset }
     }
+}
+
+/// What the client share asks of a SYN the full port would refuse
+/// ([`Port::share_may_bind`]).
+struct ShareAtSyn;
+
+impl ShareAtSyn {
+    /// Nothing: refused as any.
+    const NO: u32 = 0;
+    /// Passed holding nothing, to be judged at its ACK (within the budget).
+    const DEFER: u32 = 1;
+    /// The budget is spent: refused with a cookie of ours, whose ACK proves the client.
+    const PROVE: u32 = 2;
 }
 
 /// Judges a SYN to a protected port (the caller checked the port's slot).
@@ -310,8 +326,17 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
     // client under its share then passes (holding nothing), so that the
     // client's refusal, at its ACK, comes from a proven source and makes the
     // share bind; forged SYNs meanwhile meet the kernel's SYN cookies.
-    if reason == Some(counter::REJECTED_LIMIT) && port.share_may_bind(seg) {
-        reason = None;
+    // Past the budget (a flood of forged SYNs spends it), the SYN is refused
+    // with a cookie of ours even under `rst`: a real client's ACK answers it,
+    // and its refusal there makes the share bind (`http_answer::http_segment`)
+    // whatever forged SYNs do to the budget; the kernel then resets it.
+    let mut prove = false;
+    if reason == Some(counter::REJECTED_LIMIT) {
+        let share = port.share_may_bind(seg);
+        if share == ShareAtSyn::DEFER {
+            reason = None;
+        }
+        prove = share == ShareAtSyn::PROVE;
     }
     let enforce = port.config.dry_run == 0 || fault!("dry_run_enforced");
     // Dry run passes it; what enforcing would refuse is counted once, at the
@@ -320,7 +345,7 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
         && enforce
     {
         let seq = seg.seq.wrapping_sub(u32::from(fault!("rst_ack_number")));
-        return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq), true);
+        return port.reject(reason, tier, seg, from_loopback, Reset::to_syn(seq), true, prove);
     }
     port.count(counter::SYN_PASSED);
     Verdict::Pass
@@ -398,7 +423,7 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
             port.count(counter::REFUSED_AT_ACK);
             // Verified refusals by tier: what the daemon's tier hold-back reacts to.
             port.count(counter::VERIFIED_REJECTED_BY_TIER + (usize::from(tier) & (tier::COUNT - 1)));
-            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq), false);
+            return port.reject(reason, tier, seg, from_loopback, Reset::to_ack(seg.ack_seq), false, false);
         }
         port.count(counter::DRY_RUN_WOULD_REJECT);
         // Dry run admits it, and accounts it as any admission.

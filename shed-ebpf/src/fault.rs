@@ -23,6 +23,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("held_back_ignored", "the room held back for higher tiers is not applied"),
     ("tier_lookup_skipped", "every client is treated as tier normal"),
     ("client_share_ignored", "a client holding its share is not refused while others are"),
+    (
+        "share_unproven",
+        "past the deferral budget a SYN from a client under its share is reset without a cookie (forged SYNs keep the share from binding)",
+    ),
     ("client_cap_off_by_one", "a client at its cap gets one more connection"),
     (
         "client_pending_ignored",

@@ -6,8 +6,9 @@
 use shed_common::{PortConfig, counter, http, rst::Reset, tier};
 
 use crate::{
+    client::note_verified_refusal,
     fault::fault,
-    maps::{SHED_USER_STATE, count, is_local, port_config, tier_of},
+    maps::{SHED_LIMITS, SHED_USER_STATE, count, is_local, port_config, tier_of},
     parse::FLAG_FIN,
     parse::FLAG_PSH,
     parse::LoadBytes,
@@ -55,7 +56,11 @@ pub(crate) fn http_flow(seg: &Segment) -> http::Flow<'_> {
 #[inline(never)]
 pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: u64) -> Verdict {
     let Some(config) = port_config(seg.server_port) else { return Verdict::Pass };
-    if !config.answers_http() {
+    // Any port with a client share hands out cookies too, to SYNs it must
+    // refuse past the share's budget (`decide::syn`): their ACKs prove a
+    // client under its share was refused.
+    let answers = config.answers_http();
+    if !answers && config.client_share == 0 {
         return Verdict::Pass;
     }
     let slot = config.slot;
@@ -63,7 +68,9 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
     // another is not judged): a forwarded segment is never answered, whatever
     // its acknowledgment number happens to check as.
     if !is_local(&seg.server_addr) {
-        count(slot, counter::NOT_LOCAL);
+        if answers {
+            count(slot, counter::NOT_LOCAL);
+        }
         return Verdict::Pass;
     }
     let checked = if fault!("http_cookie_unchecked") {
@@ -73,9 +80,19 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
         http::check(crate::maps::cookie_key(), http_flow(seg), seg.ack_seq, now_ns)
     };
     let Some(acked) = checked else {
-        count(slot, counter::HTTP_BAD_COOKIE);
+        if answers {
+            count(slot, counter::HTTP_BAD_COOKIE);
+        }
         return Verdict::Pass;
     };
+    // A proven client, refused: the share binds if it holds less than its share.
+    if let Some(&limit) = SHED_LIMITS.get(slot) {
+        note_verified_refusal(&config, limit, &seg.client_addr, now_ns);
+    }
+    if !answers {
+        // `rst`: the kernel, which has no socket for it, resets it.
+        return Verdict::Pass;
+    }
     let tier = if config.tiered != 0 { tier_of(&seg.client_addr) } else { tier::NORMAL };
     let index = http::answer_index(acked.reason, tier);
     let answer_len = crate::reject::answer_len(index);

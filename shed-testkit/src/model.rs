@@ -81,6 +81,11 @@ pub struct ModelState {
     /// SYNs to be judged at their ACK this second (100 a second).
     pub largest_held: u64,
     pub deferral_budget: bool,
+    /// The initial sequence number of the gate's cookie SYN-ACK, when it
+    /// answered a SYN with one: the model does not compute cookies (their key
+    /// is the loader's secret), it takes the kernel's and checks the rest of
+    /// the frame ([`answered_cookie`]).
+    pub syn_cookie: u32,
     /// The namespace's own addresses (IPv4-mapped for IPv4); loopback is always local.
     pub local: Vec<[u8; 16]>,
     /// Longest-prefix tiers: (prefix length over the mapped address, address, tier).
@@ -371,6 +376,9 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     };
+    // Past that budget (forged SYNs spend it) the same SYN is refused with a
+    // cookie SYN-ACK of the gate's, even under `rst`: a real client's ACK
+    // proves it, and its refusal there makes the share bind.
     // Dry run: passes what it would refuse (counted at the handshake-completing ACK: decide_ack).
     if c.dry_run != 0 {
         counters[counter::SYN_PASSED] += 1;
@@ -475,7 +483,7 @@ pub fn decide_turn(frame: &[u8], state: &ModelState, refused_before: Option<usiz
     let act = if own == tier::ACTION_DEFAULT { c.action } else { own };
     let tls_or_h2 = payload.len() >= 8 && (payload[0] == 0x16 || payload.starts_with(b"PRI "));
     if act != action::HTTP || tls_or_h2 {
-        let verdict = answer(frame, &seg, state, t, Step::Turn, &mut counters);
+        let verdict = answer(frame, &seg, state, t, Step::Turn, false, &mut counters);
         return Outcome { verdict, counters, gate, reserved: 0 };
     }
     let verdict = match reply(state, t, &seg.client, Step::Turn) {
@@ -568,16 +576,19 @@ fn refuse(
 ) -> Expected {
     counters[reason] += 1;
     counters[counter::REJECTED_BY_TIER + usize::from(t)] += 1;
-    answer(frame, segment, state, t, step, counters)
+    let proved = step == Step::Syn && reason == counter::REJECTED_LIMIT && proved_at_its_ack(state);
+    answer(frame, segment, state, t, step, proved, counters)
 }
 
-/// What a refusal at `step` sends, and the counters of what it sent.
+/// What a refusal at `step` sends, and the counters of what it sent;
+/// `proved`: a SYN the share answers with the gate's cookie ([`proved_at_its_ack`]).
 fn answer(
     frame: &[u8],
     segment: &Syn,
     state: &ModelState,
     t: u8,
     step: Step,
+    proved: bool,
     counters: &mut [u64; counter::COUNT],
 ) -> Expected {
     match reply(state, t, &segment.client, step) {
@@ -585,6 +596,19 @@ fn answer(
         Reply::Withheld(why) => {
             counters[why] += 1;
             Expected::Drop
+        }
+        Reply::Rst if proved => {
+            counters[counter::HTTP_SYN_ACK] += 1;
+            let syn_ack = 0x12;
+            Expected::Rst(segment_reply(
+                frame,
+                segment,
+                state.syn_cookie,
+                segment.seq.wrapping_add(1),
+                syn_ack,
+                65_535,
+                &[],
+            ))
         }
         Reply::Rst => {
             counters[counter::RST_SENT] += 1;
@@ -650,6 +674,25 @@ fn deferred_to_its_ack(state: &ModelState) -> bool {
         && state.deferral_budget
         && client_share_cap(state.config.client_share, state.limit)
             .is_some_and(|cap| state.largest_held >= cap as u64 && state.client_held < cap)
+}
+
+/// Whether a SYN refused at the limit is answered with the gate's cookie so
+/// that its ACK proves its client: as [`deferred_to_its_ack`], with the
+/// budget spent.
+fn proved_at_its_ack(state: &ModelState) -> bool {
+    state.config.tiered == 0
+        && !state.deferral_budget
+        && client_share_cap(state.config.client_share, state.limit)
+            .is_some_and(|cap| state.largest_held >= cap as u64 && state.client_held < cap)
+}
+
+/// The cookie (initial sequence number) of the gate's SYN-ACK `reply` to
+/// `frame` (0 if `frame` is not a segment or `reply` too short): replies
+/// carry no IP options, so the TCP header follows the frame's own tags.
+pub fn answered_cookie(frame: &[u8], reply: &[u8]) -> u32 {
+    let (Frame::Syn(syn) | Frame::Ack(syn)) = parse(frame) else { return 0 };
+    let at = syn.l2_len + if syn.v6 { 40 } else { 20 } + 4;
+    reply.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// What one client may hold while others are refused (`--client-share`, a
@@ -718,6 +761,7 @@ mod rules {
             contended: false,
             largest_held: 0,
             deferral_budget: false,
+            syn_cookie: 0,
             local: Vec::new(),
             tiers: Vec::new(),
         }
@@ -826,6 +870,25 @@ mod rules {
         assert_eq!(client_share_cap(50, 1), None);
         assert_eq!(client_share_cap(0, 100), None);
         assert_eq!(client_share_cap(30, 10), Some(3));
+    }
+
+    #[test]
+    fn past_the_budget_a_newcomer_under_its_share_is_refused_with_a_cookie() {
+        // Untiered, full (limit 10), the largest client at its share (5), this client under it.
+        let mut s = ModelState {
+            config: PortConfig { tiered: 0, client_share: 50, action: action::RST, ..state(10, 10).config },
+            largest_held: 5,
+            client_held: 1,
+            ..state(10, 10)
+        };
+        s.deferral_budget = true;
+        assert!(deferred_to_its_ack(&s) && !proved_at_its_ack(&s), "within the budget: passed to its ACK");
+        s.deferral_budget = false;
+        assert!(proved_at_its_ack(&s), "past it: a cookie, whose ACK proves the client");
+        assert!(!proved_at_its_ack(&ModelState { client_held: 5, ..s.clone() }), "a client at its share: no proof owed");
+        assert!(!proved_at_its_ack(&ModelState { largest_held: 4, ..s.clone() }), "nobody at the share");
+        let tiered = ModelState { config: PortConfig { tiered: 1, ..s.config }, ..s.clone() };
+        assert!(!proved_at_its_ack(&tiered), "tiered: judged at the ACK already");
     }
 
     #[test]
