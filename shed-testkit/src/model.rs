@@ -885,7 +885,10 @@ mod rules {
         assert!(deferred_to_its_ack(&s) && !proved_at_its_ack(&s), "within the budget: passed to its ACK");
         s.deferral_budget = false;
         assert!(proved_at_its_ack(&s), "past it: a cookie, whose ACK proves the client");
-        assert!(!proved_at_its_ack(&ModelState { client_held: 5, ..s.clone() }), "a client at its share: no proof owed");
+        assert!(
+            !proved_at_its_ack(&ModelState { client_held: 5, ..s.clone() }),
+            "a client at its share: no proof owed"
+        );
         assert!(!proved_at_its_ack(&ModelState { largest_held: 4, ..s.clone() }), "nobody at the share");
         let tiered = ModelState { config: PortConfig { tiered: 1, ..s.config }, ..s.clone() };
         assert!(!proved_at_its_ack(&tiered), "tiered: judged at the ACK already");
