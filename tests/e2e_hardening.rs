@@ -892,25 +892,20 @@ fn ipv6_destination_options_do_not_evade_the_limit() {
     }
 }
 
-/// One address cannot stack admissions past its cap before any of them is
-/// established. A `TCP_DEFER_ACCEPT` listener (nginx `deferred`, HAProxy
-/// `defer-accept`) keeps each handshake a request socket until its first
-/// bytes: one address makes 40 non-blocking connects, then sends one byte on
-/// each. Admissions at the ACK are charged to their client until the kernel
-/// establishes them (or they lapse), so exactly the cap (5) reaches the
-/// server, under `drop` (the refused retransmit, refused again) and `rst`.
-/// Before, every handshake-completing ACK saw the client holding nothing
-/// established: 40 of 40 were served.
-#[test]
-fn a_deferred_accept_listener_cannot_stack_one_client_past_its_cap() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-    let _one = exclusive();
-    let bed = Testbed::create("shedhd").expect("testbed");
-    let addr = bed.server_addr(false, PORT);
-    for action in ["drop", "rst"] {
-        // A server that accepts (once the first bytes complete a handshake) and holds what it accepts.
+/// A `TCP_DEFER_ACCEPT` listener in the server namespace that accepts (once
+/// the first bytes complete a handshake) and holds what it accepts; counts
+/// them. Stopped, and its connections closed, on drop.
+struct DeferredServer {
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl DeferredServer {
+    fn start(bed: &Testbed, addr: SocketAddr) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
         let (accepted, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-        let server = {
+        let thread = {
             let (accepted, stop) = (accepted.clone(), stop.clone());
             testbed::spawn_in(&bed.server_ns, move || {
                 let listener = support::handshake::deferring_listener(addr);
@@ -927,46 +922,117 @@ fn a_deferred_accept_listener_cannot_stack_one_client_past_its_cap() {
                 }
             })
         };
+        Self { accepted, stop, thread: Some(thread) }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for DeferredServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap().unwrap();
+        }
+    }
+}
+
+/// `n` non-blocking connects from the testbed's client address, each sending
+/// one byte as soon as its connection completes on the client's side, while
+/// the ACK's admission is still pending (the handshake window).
+fn deferred_connects(bed: &Testbed, addr: SocketAddr, n: usize) -> Vec<socket2::Socket> {
+    testbed::run_in(&bed.client_ns, move || {
+        let clients: Vec<socket2::Socket> = (0..n)
+            .map(|_| {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                s.set_nonblocking(true).unwrap();
+                let _ = s.connect(&addr.into());
+                s
+            })
+            .collect();
+        let mut sent = vec![false; clients.len()];
+        let start = Instant::now();
+        while sent.contains(&false) && start.elapsed() < Duration::from_millis(300) {
+            for (c, sent) in clients.iter().zip(&mut sent) {
+                *sent = *sent || c.send(b"G").is_ok();
+            }
+        }
+        clients
+    })
+    .unwrap()
+}
+
+/// One address cannot stack admissions past its cap before any of them is
+/// established. A `TCP_DEFER_ACCEPT` listener (nginx `deferred`, HAProxy
+/// `defer-accept`) keeps each handshake a request socket until its first
+/// bytes: one address makes 40 non-blocking connects, then sends one byte on
+/// each. Admissions at the ACK are charged to their client until the kernel
+/// establishes them (or they lapse), so exactly the cap (5) reaches the
+/// server, under `drop` (the refused retransmit, refused again) and `rst`.
+/// Before, every handshake-completing ACK saw the client holding nothing
+/// established: 40 of 40 were served.
+#[test]
+fn a_deferred_accept_listener_cannot_stack_one_client_past_its_cap() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhd").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    for action in ["drop", "rst"] {
+        let server = DeferredServer::start(&bed, addr);
         let gate = Gate::start(
             &bed,
             &["--port", "8080", "--limit", "50", "--client-cap", "5", "--count", "connections", "--action", action],
         );
-        let clients: Vec<socket2::Socket> = testbed::run_in(&bed.client_ns, move || {
-            let clients: Vec<socket2::Socket> = (0..40)
-                .map(|_| {
-                    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-                    s.set_nonblocking(true).unwrap();
-                    let _ = s.connect(&addr.into());
-                    s
-                })
-                .collect();
-            // Each byte goes as soon as its connection completes on the client's side,
-            // while the ACK's admission is still pending (the handshake window).
-            let mut sent = vec![false; clients.len()];
-            let start = Instant::now();
-            while sent.contains(&false) && start.elapsed() < Duration::from_millis(300) {
-                for (c, sent) in clients.iter().zip(&mut sent) {
-                    *sent = *sent || c.send(b"G").is_ok();
-                }
-            }
-            clients
-        })
-        .unwrap();
+        let clients = deferred_connects(&bed, addr, 40);
         let s = wait_for_stats(PORT, Duration::from_secs(5), "the cap's connections established", |s| {
             field(s, "established") >= 5
         });
         // Time for the refused ones to retransmit (drop) and be refused again.
         thread::sleep(Duration::from_millis(1_500));
         let later = stats(PORT);
-        let served = accepted.load(Relaxed);
+        let served = server.accepted();
         println!("{action}: 40 deferred connects from one address, cap 5: {served} reached the server; {later}");
         assert_eq!(served, 5, "{action}: exactly the cap reaches the server: {s} then {later}");
         assert_eq!(field(&later, "established"), 5, "{action}: {later}");
         assert!(later["rejected_by_reason"]["client_cap"].as_u64().unwrap() >= 35, "{action}: {later}");
-        stop.store(true, Relaxed);
-        server.join().unwrap().unwrap();
-        drop((clients, gate));
+        drop((clients, gate, server));
     }
+}
+
+/// The share sees a client's admissions under way too: while it binds (a
+/// client under its share was refused within the second), one address facing
+/// a deferred-accept listener stacks no more than its share (10% of 50: 5)
+/// in the handshake window, where only its established connections counted.
+#[test]
+fn a_deferred_accept_listener_cannot_stack_one_client_past_its_share() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhe").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    let server = DeferredServer::start(&bed, addr);
+    let _gate = Gate::start(
+        &bed,
+        &["--port", "8080", "--limit", "50", "--client-share", "10", "--count", "connections", "--action", "rst"],
+    );
+    // The share binds: as if another client under its share had just been refused.
+    let mut maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
+    let slot = maps.config(PORT).unwrap().slot;
+    let mut contention = maps.contention.get(&slot, 0).unwrap();
+    contention.refused_ns = shed::host::system::monotonic_ns();
+    maps.contention.set(slot, contention, 0).unwrap();
+    let clients = deferred_connects(&bed, addr, 40);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "the share's connections established", |s| {
+        field(s, "established") >= 5
+    });
+    thread::sleep(Duration::from_millis(300));
+    let later = stats(PORT);
+    let served = server.accepted();
+    println!("40 deferred connects from one address, share 5 while it binds: {served} reached the server; {later}");
+    assert_eq!(served, 5, "exactly the share reaches the server: {s} then {later}");
+    assert_eq!(field(&later, "established"), 5, "{later}");
+    // 35 at least: a byte sent before its reset arrived is refused again.
+    assert!(later["rejected_by_reason"]["client_share"].as_u64().unwrap() >= 35, "{later}");
+    drop(clients);
 }
 
 /// One byte of a request on each of ten connections, from one address: the

@@ -3,7 +3,7 @@
 //! by the socket tracepoint), their admissions still under way
 //! (`SHED_PENDING_CLIENTS`, charged at the ACK), and the port's largest
 //! client (`SHED_CONTENTION`), which the client cap and share judge.
-use shed_common::{ClientKey, HandshakeRing, PortConfig};
+use shed_common::{ClientKey, HandshakeRing, PortConfig, counter};
 
 use crate::{
     atomic,
@@ -51,28 +51,32 @@ fn established_of(key: &ClientKey) -> u64 {
 ///
 /// Charges one admission to `seg`'s client, judged with the value the
 /// fetch-add returned (so racing CPUs cannot stack one client past its cap
-/// either): false, nothing charged, if the client's established connections
-/// and its admissions under way would pass its cap. A subprogram: the ACK
-/// path's one extra call.
+/// either): nothing charged, and the refusal's counter returned
+/// (`REJECTED_CLIENT_CAP`, `REJECTED_CLIENT_SHARE`), if the client's
+/// established connections and its admissions under way would pass its cap,
+/// or `share` (what it may hold while the share binds; `u64::MAX` when it
+/// does not); 0 when charged. A subprogram: the ACK path's one extra call.
 #[inline(never)]
-pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64) -> bool {
+pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64, share: u64) -> usize {
     if !config.counts_clients() || fault!("client_pending_ignored") {
-        return true;
+        return 0;
     }
     let key = &config.client_key(&seg.client_addr);
     // No room in the table: counted once established, as before it had one.
-    let Some(pending) = pending_ring(key, true) else { return true };
+    let Some(pending) = pending_ring(key, true) else { return 0 };
     // The ring walked here, not in `ring::outstanding`: a call deeper would
     // pass the 512-byte stack (XDP entry, `ack`, this). Its paths merge after.
     // SAFETY: map value; cells are read field by field while other CPUs add to them.
     let others = crate::maps::forget(unsafe { &*pending }.split(epoch, |field| atomic::load(field)).others);
-    let Some((cell, mine)) = ring::open(pending, epoch) else { return true };
+    let Some((cell, mine)) = ring::open(pending, epoch) else { return 0 };
     let cap = u64::from(config.client_cap);
-    if cap != 0 && established_of(key) + others + mine > cap + u64::from(fault!("client_cap_off_by_one")) {
+    let held = established_of(key) + others + mine;
+    let over_cap = cap != 0 && held > cap + u64::from(fault!("client_cap_off_by_one"));
+    if over_cap || held > share {
         ring::undo(cell);
-        return false;
+        return if over_cap { counter::REJECTED_CLIENT_CAP } else { counter::REJECTED_CLIENT_SHARE };
     }
-    true
+    0
 }
 
 /// The ring of `key`'s admissions under way; `create`: a client without one

@@ -168,6 +168,23 @@ impl Port {
         Contention::recent(unsafe { (*contention).refused_ns }, self.now_ns)
     }
 
+    /// What one client may hold now, its admissions under way included: its
+    /// share while the share binds (a client under its share was refused
+    /// lately), else no bound (`u64::MAX`). Through [`crate::maps::forget`]:
+    /// the charge after it is walked once, not once per way here.
+    #[inline(always)]
+    fn share_binding(&self) -> u64 {
+        let bound = match (self.config.share_cap(self.limit as u32), SHED_CONTENTION.get(self.slot)) {
+            (Some(cap), Some(c))
+                if Contention::recent(c.refused_ns, self.now_ns) && !fault!("client_share_ignored") =>
+            {
+                cap
+            }
+            _ => u64::MAX,
+        };
+        crate::maps::forget(bound)
+    }
+
     /// A verified client was refused: if it holds less than its share, the
     /// share binds for a while (see [`Self::over_share_while_contended`]).
     #[inline(always)]
@@ -411,11 +428,14 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
         reason = Some(counter::REJECTED_LIMIT);
     }
     // Then the client's charge: its admissions under way count against its
-    // cap (the port's reservation given back if it is refused; a dry run
-    // counts the refusal and admits, uncharged).
-    if reason.is_none() && !charge_client(&port.config, seg, port.epoch) {
-        ring::undo_at(port.ring, port.epoch);
-        reason = Some(counter::REJECTED_CLIENT_CAP);
+    // cap and, while the share binds, its share (the port's reservation given
+    // back if it is refused; a dry run counts the refusal and admits, uncharged).
+    if reason.is_none() {
+        let refused = charge_client(&port.config, seg, port.epoch, port.share_binding());
+        if refused != 0 {
+            ring::undo_at(port.ring, port.epoch);
+            reason = Some(refused);
+        }
     }
     if let Some(reason) = reason.map(opaque) {
         if enforce {
