@@ -187,9 +187,13 @@ impl Port {
 
     /// A verified client was refused: if it holds less than its share, the
     /// share binds for a while (see [`Self::over_share_while_contended`]).
+    /// Only a refusal for room (the limit) is contention: one for the client's
+    /// own cap, or for its tier's share, says nothing of another client's hold.
     #[inline(always)]
-    fn note_refused(&self, seg: &Segment) {
-        note_verified_refusal(&self.config, self.limit as u32, &seg.client_addr, self.now_ns);
+    fn note_refused(&self, seg: &Segment, reason: Option<usize>) {
+        if reason == Some(counter::REJECTED_LIMIT) {
+            note_verified_refusal(&self.config, self.limit as u32, &seg.client_addr, self.now_ns);
+        }
     }
 
     /// Whether the client share may bind on this port now: some client holds
@@ -421,12 +425,10 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
     // The share was judged at the SYN unless the tier was deferred to here.
     let share = deferred_to_ack(&port.config, tier);
     let mut reason = port.refusal(tier, port.held + others + current, seg, share, true);
-    if reason.is_some() {
-        port.note_refused(seg);
-    }
     if reason.is_none() && !port.reserve(others, enforce) {
         reason = Some(counter::REJECTED_LIMIT);
     }
+    port.note_refused(seg, reason);
     // Then the client's charge: its admissions under way count against its
     // cap and, while the share binds, its share (the port's reservation given
     // back if it is refused; a dry run counts the refusal and admits, uncharged).
@@ -516,7 +518,7 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
             port.count(counter::DRY_RUN_WOULD_REJECT);
             return Verdict::Pass;
         }
-        port.note_refused(seg);
+        port.note_refused(seg, Some(reason));
         let reason = opaque(reason);
         remember_refused(sk, seg, reason, port.config.action_for(tier), now_ns);
         port.count(counter::REFUSED_REQUEST);

@@ -85,8 +85,14 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
         }
         return Verdict::Pass;
     };
-    // A proven client, refused: the share binds if it holds less than its share.
-    if let Some(&limit) = SHED_LIMITS.get(slot) {
+    // A proven client refused for room: the share binds if it holds less than
+    // its share. Only at our offset 0 (the ACK of our SYN-ACK, or the request
+    // with it) and for the limit, the only cookie `rst` hands out: a blind
+    // guess then checks once in 2^31, not 2^20.
+    if acked.offset == 0
+        && acked.reason == http::reason::LIMIT
+        && let Some(&limit) = SHED_LIMITS.get(slot)
+    {
         note_verified_refusal(&config, limit, &seg.client_addr, now_ns);
     }
     if !answers {

@@ -226,7 +226,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 if let Err(e) = refused.close(&mut loaded.maps) {
                     settings.task_errors.record("refused requests", &e);
                 }
-                if let Err(e) = stalled.close(&mut loaded.maps, &ports, system::monotonic_ns()) {
+                if let Err(e) = stalled.close(&mut loaded.maps, &ports) {
                     settings.task_errors.record("stalled requests", &e);
                 }
                 let slots: Vec<u32> = ports.values().map(|c| c.slot).collect();

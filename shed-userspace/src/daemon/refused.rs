@@ -7,13 +7,12 @@
 //! descriptor of the service and the client's later segments find no socket.
 //! A `drop` refusal is left alone: its client is not answered, and its
 //! retransmissions are dropped by the gate's record until the client gives up.
-use crate::{host::sockdiag::SocketTable, kernel::maps::GateMaps};
+use crate::{host::sockdiag::Closer, kernel::maps::GateMaps};
 
 /// Closes refused requests' sockets; opened on the gate's thread, inside its namespace.
 #[derive(Default)]
 pub(super) struct RefusedRequests {
-    /// `Err` after opening failed (then the sockets close when their servers time them out).
-    table: Option<Result<SocketTable, ()>>,
+    closer: Closer,
 }
 
 impl RefusedRequests {
@@ -23,23 +22,11 @@ impl RefusedRequests {
         if turns.is_empty() {
             return Ok(0);
         }
-        let table = self.table.get_or_insert_with(|| {
-            SocketTable::open().map_err(|e| {
-                tracing::warn!(
-                    "sock_diag: {e}: the sockets of requests refused on kept-alive connections stay open until \
-                     their servers close them (they hold nothing under the limit)"
-                );
-            })
-        });
-        let Ok(table) = table.as_mut() else { return Ok(0) };
-        let mut closed = 0;
-        for turn in &turns {
-            match table.destroy(&turn.flow) {
-                Ok(true) => closed += 1,
-                Ok(false) => {}
-                Err(e) => return Err(crate::error::Error::io("close a refused request's socket", "sock_diag", e)),
-            }
+        let left_open = "the sockets of requests refused on kept-alive connections stay open until their servers \
+                         close them (they hold nothing under the limit)";
+        match self.closer.close(turns.iter().map(|turn| &turn.flow), left_open) {
+            (closed, None) => Ok(closed),
+            (_, Some(e)) => Err(crate::error::Error::io("close a refused request's socket", "sock_diag", e)),
         }
-        Ok(closed)
     }
 }

@@ -35,6 +35,39 @@ const REQ_LEN: usize = 8 + SOCKID_LEN;
 /// rqueue, wqueue, uid, inode.
 const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
 
+/// Closes server sockets by their connections (`SOCK_DESTROY`, what `ss -K`
+/// does) through a [`SocketTable`] opened on first use in the calling
+/// thread's namespace. A table that cannot be opened is logged once, naming
+/// what then stays open, and every later call closes nothing.
+#[derive(Default)]
+pub(crate) struct Closer {
+    table: Option<Result<SocketTable, ()>>,
+}
+
+impl Closer {
+    /// Closes each of `flows` that is still open; how many it closed, and the
+    /// error that stopped it, if one did (those closed before it counted).
+    pub(crate) fn close<'a>(
+        &mut self,
+        flows: impl IntoIterator<Item = &'a FlowKey>,
+        left_open: &str,
+    ) -> (usize, Option<io::Error>) {
+        let table = self
+            .table
+            .get_or_insert_with(|| SocketTable::open().map_err(|e| tracing::warn!("sock_diag: {e}: {left_open}")));
+        let Ok(table) = table.as_mut() else { return (0, None) };
+        let mut closed = 0;
+        for flow in flows {
+            match table.destroy(flow) {
+                Ok(true) => closed += 1,
+                Ok(false) => {}
+                Err(e) => return (closed, Some(e)),
+            }
+        }
+        (closed, None)
+    }
+}
+
 /// A netlink socket for dumping the namespace's TCP connections.
 pub(crate) struct SocketTable {
     fd: OwnedFd,
