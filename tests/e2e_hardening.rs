@@ -708,6 +708,19 @@ impl ShareBed {
         Self { bed, addr, other, _backend: backend, _gate: gate }
     }
 
+    /// One request line from `from`, answered `OK` within a second.
+    fn request(bed: &Testbed, addr: SocketAddr, from: std::net::IpAddr) -> bool {
+        testbed::run_in(&bed.client_ns, move || {
+            let mut c = testbed::connect_from(from, addr, Duration::from_secs(1)).ok()?;
+            c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            c.write_all(b"GET\n").ok()?;
+            let mut b = [0u8; 3];
+            c.read_exact(&mut b).ok().map(|()| b == *b"OK\n")
+        })
+        .unwrap()
+        .unwrap_or(false)
+    }
+
     /// Ten connections from the testbed's client address, each sending
     /// `partial` (a request line never finished), `spacing` apart.
     fn hog(bed: &Testbed, addr: SocketAddr, partial: &'static [u8], spacing: Duration) -> Vec<TcpStream> {
@@ -1050,17 +1063,7 @@ fn partial_requests_cannot_hold_the_port_past_their_clients_share() {
     // Sent (and read) 10 ms apart, so the oldest request is the first one sent.
     let mut hog = ShareBed::hog(&bed, addr, b"G", Duration::from_millis(10));
     wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
-    let request = |from: std::net::IpAddr| {
-        testbed::run_in(&bed.client_ns, move || {
-            let mut c = testbed::connect_from(from, addr, Duration::from_secs(1)).ok()?;
-            c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-            c.write_all(b"GET\n").ok()?;
-            let mut b = [0u8; 3];
-            c.read_exact(&mut b).ok().map(|()| b == *b"OK\n")
-        })
-        .unwrap()
-        .unwrap_or(false)
-    };
+    let request = |from: std::net::IpAddr| ShareBed::request(&bed, addr, from);
     // Alone, the hog holds the port; the other client is refused at its ACK
     // and tries again every 100 ms, as a client does, until it is served.
     let start = Instant::now();
@@ -1121,17 +1124,7 @@ fn forged_syns_cannot_keep_the_share_from_binding() {
     });
     // The flood spends the budget first.
     thread::sleep(Duration::from_millis(300));
-    let request = || {
-        testbed::run_in(&bed.client_ns, move || {
-            let mut c = testbed::connect_from(other, addr, Duration::from_secs(1)).ok()?;
-            c.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-            c.write_all(b"GET\n").ok()?;
-            let mut b = [0u8; 3];
-            c.read_exact(&mut b).ok().map(|()| b == *b"OK\n")
-        })
-        .unwrap()
-        .unwrap_or(false)
-    };
+    let request = || ShareBed::request(&bed, addr, other);
     // The newcomer's first try is refused, and proven so at once: the share
     // binds from it (before, its SYN was reset unless it won one of the
     // budget's 100 places a second against 10,000 forged SYNs).
