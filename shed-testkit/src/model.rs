@@ -376,9 +376,6 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
         counters[counter::SYN_PASSED] += 1;
         return pass(counters);
     };
-    // Past that budget (forged SYNs spend it) the same SYN is refused with a
-    // cookie SYN-ACK of the gate's, even under `rst`: a real client's ACK
-    // proves it, and its refusal there makes the share bind.
     // Dry run: passes what it would refuse (counted at the handshake-completing ACK: decide_ack).
     if c.dry_run != 0 {
         counters[counter::SYN_PASSED] += 1;
@@ -576,6 +573,10 @@ fn refuse(
 ) -> Expected {
     counters[reason] += 1;
     counters[counter::REJECTED_BY_TIER + usize::from(t)] += 1;
+    // Past the deferral budget (forged SYNs spend it) a SYN refused at the
+    // limit whose client the share waits on gets a cookie SYN-ACK of the
+    // gate's, even under `rst`: a real client's ACK proves it, and its refusal
+    // there makes the share bind.
     let proved = step == Step::Syn && reason == counter::REJECTED_LIMIT && proved_at_its_ack(state);
     answer(frame, segment, state, t, step, proved, counters)
 }
@@ -667,23 +668,25 @@ fn refusal(state: &ModelState, t: u8, step: Step) -> Refusal {
     rules.into_iter().find(|(broken, _)| *broken).map_or(Refusal::None, |(_, why)| why)
 }
 
-/// Whether a SYN refused at the limit passes instead, to be judged at its ACK
-/// (an untiered port: on a tiered one critical and normal are judged there already).
-fn deferred_to_its_ack(state: &ModelState) -> bool {
+/// Whether the share waits on this SYN's client to prove itself: the port's
+/// largest client holds its share and this one less (an untiered port: on a
+/// tiered one critical and normal are judged at their ACK already).
+fn share_waits_on_its_client(state: &ModelState) -> bool {
     state.config.tiered == 0
-        && state.deferral_budget
         && client_share_cap(state.config.client_share, state.limit)
             .is_some_and(|cap| state.largest_held >= cap as u64 && state.client_held < cap)
 }
 
+/// Whether a SYN refused at the limit passes instead, to be judged at its ACK
+/// (within the budget).
+fn deferred_to_its_ack(state: &ModelState) -> bool {
+    state.deferral_budget && share_waits_on_its_client(state)
+}
+
 /// Whether a SYN refused at the limit is answered with the gate's cookie so
-/// that its ACK proves its client: as [`deferred_to_its_ack`], with the
-/// budget spent.
+/// that its ACK proves its client: the budget spent.
 fn proved_at_its_ack(state: &ModelState) -> bool {
-    state.config.tiered == 0
-        && !state.deferral_budget
-        && client_share_cap(state.config.client_share, state.limit)
-            .is_some_and(|cap| state.largest_held >= cap as u64 && state.client_held < cap)
+    !state.deferral_budget && share_waits_on_its_client(state)
 }
 
 /// The cookie (initial sequence number) of the gate's SYN-ACK `reply` to

@@ -377,7 +377,7 @@ impl GateMaps {
 
     pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
         let slot = config.slot;
-        let limit = self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))?;
+        let limit = self.limit(slot)?;
         let control = self.control(slot)?;
         let status = self.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
         let reserve = self.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
