@@ -549,11 +549,18 @@ fn judged(state: &ModelState, t: u8, step: Step, counters: &mut [u64; counter::C
         Refusal::None => None,
         Refusal::ShareTrickled => {
             counters[counter::TRICKLE] += 1;
-            // Let through its tier's share, a connection still meets its client's cap
-            // where it is admitted (at the ACK, the client's charge).
-            let at_cap = state.config.client_cap != 0 && state.client_held >= i64::from(state.config.client_cap);
-            (step == Step::Ack && at_cap).then_some(counter::REJECTED_CLIENT_CAP)
+            // Let through its tier's share, a connection still meets its client's
+            // cap and share where it is admitted (at the ACK, the client's charge).
+            if step == Step::Ack { reason_of(client_refusal(state, step)) } else { None }
         }
+        other => reason_of(other),
+    }
+}
+
+/// The counter of a refusal (None: admitted).
+fn reason_of(refusal: Refusal) -> Option<usize> {
+    match refusal {
+        Refusal::None | Refusal::ShareTrickled => None,
         Refusal::Limit => Some(counter::REJECTED_LIMIT),
         Refusal::Share => Some(counter::REJECTED_SHARE),
         Refusal::ClientCap => Some(counter::REJECTED_CLIENT_CAP),
@@ -624,8 +631,9 @@ fn answer(
 /// held back for the tiers above it, sheds lower tiers first, except that every
 /// 16th such refusal on a CPU is let through (the trickle); a client holding its
 /// cap is refused; at the ACK, a client holding its share of the limit is refused
-/// while others are being refused. One the trickle lets through is an admission:
-/// no later rule is asked of it.
+/// while others are being refused. One the trickle lets through passes the
+/// client rules too, except at the ACK, where its client is charged
+/// ([`judged`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     None,
@@ -655,17 +663,28 @@ fn refusal(state: &ModelState, t: u8, step: Step) -> Refusal {
         Step::Ack => c.tiered != 0 && t < tier::LOW,
     };
     let trickle_turn = (state.trickle_seen + 1).is_multiple_of(TRICKLE_EVERY);
+    let rules = [
+        (port_room <= 0, Refusal::Limit),
+        (share_judged && tier_room <= 0, if trickle_turn { Refusal::ShareTrickled } else { Refusal::Share }),
+    ];
+    rules.into_iter().find(|(broken, _)| *broken).map_or_else(|| client_refusal(state, step), |(_, why)| why)
+}
+
+/// The client rules, ranked: a client holding its cap; past the SYN, a client
+/// holding its share of the limit while others are being refused.
+fn client_refusal(state: &ModelState, step: Step) -> Refusal {
+    let c = &state.config;
     let at_cap = c.client_cap != 0 && state.client_held >= i64::from(c.client_cap);
     let over_its_share = step != Step::Syn
         && state.contended
         && client_share_cap(c.client_share, state.limit).is_some_and(|cap| state.client_held >= cap);
-    let rules = [
-        (port_room <= 0, Refusal::Limit),
-        (share_judged && tier_room <= 0, if trickle_turn { Refusal::ShareTrickled } else { Refusal::Share }),
-        (at_cap, Refusal::ClientCap),
-        (over_its_share, Refusal::ClientShare),
-    ];
-    rules.into_iter().find(|(broken, _)| *broken).map_or(Refusal::None, |(_, why)| why)
+    if at_cap {
+        Refusal::ClientCap
+    } else if over_its_share {
+        Refusal::ClientShare
+    } else {
+        Refusal::None
+    }
 }
 
 /// Whether the share waits on this SYN's client to prove itself: the port's
@@ -815,9 +834,10 @@ mod rules {
 
     /// The trickle lets a connection through its tier's share and asks the
     /// rules nothing more; where it is admitted, at the ACK, its client is
-    /// still charged, and a client at its cap is refused there.
+    /// still charged, and a client at its cap, or at its share while the port
+    /// is contended, is refused there.
     #[test]
-    fn a_trickled_ack_still_meets_its_clients_cap() {
+    fn a_trickled_ack_still_meets_its_clients_cap_and_share() {
         // Normal (50% of 10) over its share on a tiered port: judged at the ACK; the 16th is trickled.
         let mut s = ModelState { trickle_seen: 15, ..state(10, 6) };
         let mut counters = [0u64; counter::COUNT];
@@ -831,6 +851,17 @@ mod rules {
         assert_eq!(counters[counter::TRICKLE], 3, "each was trickled");
         // A kept-alive request is not charged: the trickle asks nothing more of it.
         assert_eq!(judged(&s, tier::NORMAL, Step::Turn, &mut counters), None);
+        // The client share (30% of 10: 3), under its cap.
+        s.config.client_cap = 0;
+        s.config.client_share = 30;
+        s.client_held = 3;
+        assert_eq!(judged(&s, tier::NORMAL, Step::Ack, &mut counters), None, "uncontended: let through");
+        s.contended = true;
+        assert_eq!(judged(&s, tier::NORMAL, Step::Ack, &mut counters), Some(counter::REJECTED_CLIENT_SHARE));
+        s.client_held = 2;
+        assert_eq!(judged(&s, tier::NORMAL, Step::Ack, &mut counters), None, "under its share");
+        s.client_held = 3;
+        assert_eq!(judged(&s, tier::NORMAL, Step::Turn, &mut counters), None, "a request is not charged");
     }
 
     #[test]
