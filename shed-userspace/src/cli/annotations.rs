@@ -7,7 +7,10 @@
 //! is that pod's error, naming the annotation.
 use std::collections::BTreeMap;
 
-use crate::cli::{AttachArgs, Command, config};
+use crate::{
+    cli::{AttachArgs, Command, config},
+    daemon::plan::{GatePlan, PodRefusal},
+};
 
 pub use crate::cli::config::ANNOTATION_PREFIX as PREFIX;
 
@@ -62,24 +65,17 @@ pub fn pod_attach_args(
 }
 
 /// [`pod_attach_args`] as the daemon reads a pod (`attach --pods`): the
-/// settings of its gate, or why it cannot have one.
+/// plan of its gate, or why it cannot have one.
 pub(crate) fn pod_settings(
     annotations: &BTreeMap<String, String>,
     defaults: Option<&std::path::Path>,
-) -> Result<Option<crate::daemon::gate::PodSettings>, String> {
-    let Some(args) = pod_attach_args(annotations, defaults).map_err(|e| e.to_string())? else { return Ok(None) };
-    let (spec, tiers) = args.plan().map_err(|e| format!("annotations: {e:#}"))?;
-    Ok(Some(crate::daemon::gate::PodSettings {
-        ports: args.ports,
-        spec,
-        tiers,
-        action: args.action,
-        count: args.count,
-        dry_run: args.dry_run,
-        window: args.window,
-        handshake_window: args.handshake_window,
-        agent_port: args.agent_port,
-    }))
+) -> Result<Option<GatePlan>, PodRefusal> {
+    let refused = |e: AnnotationError| PodRefusal { annotation: Some(e.key), reason: e.reason };
+    let Some(args) = pod_attach_args(annotations, defaults).map_err(refused)? else { return Ok(None) };
+    Ok(Some(
+        args.gate_plan()
+            .map_err(|e| refused(AnnotationError { key: format!("{PREFIX}*"), reason: format!("{e:#}") }))?,
+    ))
 }
 
 #[cfg(test)]

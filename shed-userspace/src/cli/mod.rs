@@ -363,6 +363,22 @@ impl AttachArgs {
         Ok((spec, tiers))
     }
 
+    /// The plan of the gate these flags ask for ([`Self::plan`]'s checks first).
+    pub(crate) fn gate_plan(&self) -> anyhow::Result<crate::daemon::plan::GatePlan> {
+        let (spec, tiers) = self.plan()?;
+        Ok(crate::daemon::plan::GatePlan {
+            ports: self.ports.clone(),
+            spec,
+            tiers,
+            action: self.action,
+            count: self.count,
+            dry_run: self.dry_run,
+            window: self.window,
+            handshake_window: self.handshake_window,
+            agent_port: self.agent_port,
+        })
+    }
+
     /// The controller settings and the starting limit, checked for consistency.
     pub fn control(&self) -> Result<(ControlConfig, u32), String> {
         let algo = match (self.algo, self.limit) {

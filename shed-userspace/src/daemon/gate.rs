@@ -2,18 +2,20 @@
 //! One namespace's gate, on its own thread inside the namespace: set up (load,
 //! pin, configure, attach), then the control loop and the kernel-log
 //! forwarder until the daemon stops; detached on the way out, still inside.
-use std::{collections::BTreeMap, fs, net::SocketAddr, time::Duration};
+use std::{fs, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 
 use crate::{
-    daemon::{self, FollowInterfaces, LocalAddrs, LoopSettings, Reloader},
+    daemon::{
+        self, FollowInterfaces, LocalAddrs, LoopSettings,
+        plan::{GatePlan, NodePlan},
+    },
     error::Error,
     host::system,
     kernel::{
         maps::PortSpec,
-        object::{LoadOptions, SockStateHook},
-        options::{Action, Cidr, Count, Hook, XdpAttachMode},
+        options::{Action, Hook, XdpAttachMode},
         programs::{Loaded, Prepared, default_hook},
     },
 };
@@ -21,93 +23,50 @@ use crate::{
 /// Longest control-loop period.
 const TICK: Duration = Duration::from_millis(100);
 
-/// What `attach` decided and checked: everything the daemon runs its gates with.
-pub(crate) struct Plan {
-    /// The ports to protect (a port given twice is protected once).
-    pub ports: Vec<u16>,
-    pub spec: PortSpec,
-    pub tiers: BTreeMap<Cidr, u8>,
-    /// The namespaces to gate (None: the daemon's own), each once ([`namespaces`]).
-    pub namespaces: Vec<Option<String>>,
-    /// `--iface`; empty: every interface of the namespace, followed as they come and go.
-    pub ifaces: Vec<String>,
-    pub hook: Option<Hook>,
-    pub xdp_mode: XdpAttachMode,
-    pub action: Action,
-    pub count: Count,
-    pub dry_run: bool,
-    /// `--max-connections`, `--max-clients`, `--kernel-log`.
-    pub max_connections: u32,
-    pub max_clients: u32,
-    pub kernel_log: bool,
-    /// `--allow-nat`: attach even where netfilter NAT takes connections past the gate.
-    pub allow_nat: bool,
-    /// The shortest control window.
-    pub window: Duration,
-    /// A fixed handshake window, or zero for the default (about 8 ms).
-    pub handshake_window: Duration,
-    pub heal_interval: Duration,
-    /// The metrics endpoint's address, and its readiness rule.
-    pub metrics: Option<SocketAddr>,
-    /// `--metrics-token-file`'s token: /metrics answers only a scrape that carries it.
-    pub metrics_token: Option<std::sync::Arc<str>>,
-    /// `--agent-port`: where each gate answers a load balancer's agent checks.
-    pub agent_port: Option<u16>,
-    /// `--memory-budget` (or most of the cgroup's limit): gates that would not fit are refused.
-    pub memory_budget: Option<super::budget::Budget>,
-    pub ready_max_shed: u8,
-    pub ready_window: Duration,
-    /// Makes a gate's reloader of the config file (SIGHUP), if one was given.
-    pub reloader: Option<Box<dyn Fn() -> Reloader + Send + Sync>>,
-    /// `--pods`: where the pods that ask for a gate are found, and how their asking is read.
-    pub pods: Option<PodSource>,
-    /// A pod's gate: the node's dispatcher its connections are counted through
-    /// (None: its accounting programs attach themselves, as a node's gate's do).
-    pub dispatcher: Option<std::sync::Arc<crate::kernel::dispatch::Dispatcher>>,
-    /// A pod's gate: the node agent's spare object, its programs verified
-    /// ahead (taken once, by the set-up; None: it loads its own).
-    pub spare: std::sync::Mutex<Option<Prepared>>,
+/// What one gate's thread runs with: the node's plan, the gate's own, where
+/// it stands, and the live handles it starts from.
+pub(super) struct GateStart {
+    pub(super) node: Arc<NodePlan>,
+    pub(super) plan: GatePlan,
+    pub(super) scope: Scope,
+    pub(super) handles: Handles,
 }
 
-/// `--pods`: the container runtime's CRI socket, and the reader of a pod's annotations.
-pub(crate) struct PodSource {
-    pub socket: std::path::PathBuf,
-    pub read: PodReader,
+/// Where a gate stands: a namespace the node names, or a pod's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// `--netns` (or the daemon's own): the node's `--iface`, its config's
+    /// reloads, and beside the node's other named namespaces.
+    Named,
+    /// A pod's namespace: every interface, the pod's annotations (no reload).
+    Pod,
 }
 
-/// Reads a pod's annotations: the settings of the gate it asks for, `None`
-/// when it asks for none, or why it cannot have one.
-pub(crate) type PodReader = Box<dyn Fn(&BTreeMap<String, String>) -> Result<Option<PodSettings>, String> + Send + Sync>;
-
-/// What a pod's annotations set for its gate (the node's plan gives the rest).
-#[derive(Debug)]
-pub(crate) struct PodSettings {
-    pub ports: Vec<u16>,
-    pub spec: PortSpec,
-    pub tiers: BTreeMap<Cidr, u8>,
-    pub action: Action,
-    pub count: Count,
-    pub dry_run: bool,
-    pub window: Duration,
-    pub handshake_window: Duration,
-    pub agent_port: Option<u16>,
+/// Live handles a gate starts from (a pod's, from the node agent).
+#[derive(Default)]
+pub(super) struct Handles {
+    /// The node's dispatcher its connections are counted through (None: its
+    /// accounting programs attach themselves, as a named namespace's do).
+    pub(super) dispatcher: Option<Arc<crate::kernel::dispatch::Dispatcher>>,
+    /// The node agent's spare object, its programs verified ahead (None: it loads its own).
+    pub(super) spare: Option<Prepared>,
 }
 
-impl Plan {
-    /// The hook a spare object is verified for: the plan's, else TC (a
-    /// pod's interfaces are loopback and, with most CNI plugins, a veth).
-    pub(super) fn spare_hook(&self) -> Hook {
-        self.hook.unwrap_or(Hook::Tc)
+impl GateStart {
+    /// The interfaces to gate: the node's `--iface` for a named namespace
+    /// (empty: all, followed), every interface of a pod's.
+    fn ifaces(&self) -> &[String] {
+        match self.scope {
+            Scope::Named => &self.node.ifaces,
+            Scope::Pod => &[],
+        }
     }
 
-    pub(super) fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            connections: self.max_connections,
-            clients: self.max_clients,
-            kernel_log: self.kernel_log,
-            sock_state: SockStateHook::Auto,
-            dispatcher: false,
-        }
+    /// Whether other gates of this node count sockets beside this one in a
+    /// namespace filter that cannot tell them apart (named namespaces only;
+    /// a pod's gate warns, as a single namespace's does).
+    fn beside_others(&self) -> bool {
+        self.scope == Scope::Named && self.node.namespaces.len() > 1
     }
 }
 
@@ -127,7 +86,7 @@ pub(super) struct Gate {
     pub(super) nat: crate::observe::report::NatReport,
     pub(super) dispatch: crate::observe::report::DispatchReport,
     /// Set when the gate's thread has ended (its ports detached, or the daemon stops).
-    pub(super) ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(super) ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Gate {
@@ -143,7 +102,7 @@ impl Gate {
             task_errors: crate::observe::report::TaskErrors::default(),
             nat: crate::observe::report::NatReport::default(),
             dispatch: crate::observe::report::DispatchReport::default(),
-            ended: std::sync::Arc::default(),
+            ended: Arc::default(),
         }
     }
 
@@ -195,22 +154,22 @@ pub(super) type Considered = Vec<(String, u32)>;
 /// Enters the gate's namespace (this thread), then loads, pins, configures
 /// and attaches its programs; returns them with the addresses written and
 /// the interfaces considered (gated or left out), for the loop to follow.
-pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Following)> {
+pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Loaded, Following)> {
     if let Some(netns) = &gate.netns {
         system::enter_netns(netns)?;
     }
-    refuse_nat_bypass(&plan.ports, plan.allow_nat)?;
+    let (node, plan) = (start.node.clone(), &start.plan);
+    refuse_nat_bypass(&plan.ports, node.allow_nat)?;
     // In the namespace, before anything loads: a busy port refuses the gate.
     let agent = plan.agent_port.map(crate::observe::agent::bind).transpose()?;
     // Taken before the interfaces are chosen: one that appears meanwhile is
     // not in it, and the loop gates it on its first look.
     let seen = system::interfaces_indexed();
-    let targets = targets(&plan.ifaces, plan.hook)?;
+    let targets = targets(start.ifaces(), node.hook)?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
-    let spare = plan.spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-    let mut loaded = match spare.filter(|s| s.fits(plan.load_options(), plan.spare_hook())) {
+    let mut loaded = match start.handles.spare.take().filter(|s| s.fits(node.load_options(), node.spare_hook())) {
         Some(spare) => Loaded::from_prepared(spare, Some(&gate.pin_dir)),
-        None => Loaded::sized(Some(&gate.pin_dir), plan.load_options()),
+        None => Loaded::sized(Some(&gate.pin_dir), node.load_options()),
     }
     .context("loading the kernel programs")?;
     for (&cidr, &tier) in &plan.tiers {
@@ -220,7 +179,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
     match filter.clone() {
         Ok(filter) => loaded.maps.set_netns_filter(filter)?,
         // Several gates on one port would each count the others' connections.
-        Err(why) if plan.namespaces.len() > 1 => anyhow::bail!(
+        Err(why) if start.beside_others() => anyhow::bail!(
             "cannot tell the namespaces' sockets apart ({why}), so several namespaces cannot be gated at once: gate one namespace per daemon"
         ),
         Err(why) => tracing::warn!(
@@ -236,7 +195,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
     // Before any gate: only SYNs addressed to these are judged.
     let mut local_addrs = LocalAddrs::default();
     local_addrs.refresh(&mut loaded.maps)?;
-    match (&plan.dispatcher, filter) {
+    match (&start.handles.dispatcher, filter) {
         (Some(dispatcher), Ok(filter)) => {
             let dispatched = dispatcher.add(&mut loaded, filter.inum)?;
             gate.dispatch.set(dispatcher.clone(), dispatched.gate());
@@ -245,26 +204,7 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
         _ => loaded.attach_accounting()?,
     }
     for (iface, hook) in &targets {
-        // Native XDP_TX on a veth is delivered only to a peer running XDP itself (generic mode
-        // transmits an skb, which arrives anyway).
-        let native = plan.xdp_mode != XdpAttachMode::Generic;
-        if *hook == Hook::Xdp
-            && native
-            && matches!(plan.action, Action::Rst | Action::Http)
-            && system::driver(iface).as_deref() == Some("veth")
-        {
-            tracing::warn!(
-                iface = %iface,
-                "XDP on a veth with --action rst: the RSTs (XDP_TX) reach the other end only if it runs an XDP program of its own; otherwise refused clients time out instead, while rst_sent still counts them. Use --hook tc (the default on veth) or --action drop"
-            );
-        }
-        loaded.attach_gate(iface, *hook, plan.xdp_mode)?;
-        match hook {
-            Hook::Xdp => {
-                tracing::info!(iface = %iface, hook = %hook, xdp_mode = %plan.xdp_mode, "gate attached");
-            }
-            Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
-        }
+        attach_to(&mut loaded, iface, *hook, &node, plan.action)?;
     }
     // Last: a port is listed (`stats`, `/readyz`) once written, so only when
     // every interface's program is attached and judges it (attaching loads
@@ -275,6 +215,29 @@ pub(super) fn set_up(gate: &Gate, plan: &Plan) -> anyhow::Result<(Loaded, Follow
     }
     gate.heartbeat.beat();
     Ok((loaded, Following { local_addrs, seen, agent }))
+}
+
+/// Attaches the gate's program to `iface` on `hook`, saying so.
+fn attach_to(loaded: &mut Loaded, iface: &str, hook: Hook, node: &NodePlan, action: Action) -> anyhow::Result<()> {
+    // Native XDP_TX on a veth is delivered only to a peer running XDP itself (generic mode
+    // transmits an skb, which arrives anyway).
+    let native = node.xdp_mode != XdpAttachMode::Generic;
+    if hook == Hook::Xdp
+        && native
+        && matches!(action, Action::Rst | Action::Http)
+        && system::driver(iface).as_deref() == Some("veth")
+    {
+        tracing::warn!(
+            iface = %iface,
+            "XDP on a veth with --action rst: the RSTs (XDP_TX) reach the other end only if it runs an XDP program of its own; otherwise refused clients time out instead, while rst_sent still counts them. Use --hook tc (the default on veth) or --action drop"
+        );
+    }
+    loaded.attach_gate(iface, hook, node.xdp_mode)?;
+    match hook {
+        Hook::Xdp => tracing::info!(iface = %iface, hook = %hook, xdp_mode = %node.xdp_mode, "gate attached"),
+        Hook::Tc => tracing::info!(iface = %iface, hook = %hook, "gate attached"),
+    }
+    Ok(())
 }
 
 /// What a gate's set-up hands its loop besides the programs: the addresses
@@ -292,9 +255,10 @@ pub(super) fn run(
     loaded: &mut Loaded,
     Following { local_addrs, seen, agent }: Following,
     _go: Instance,
-    plan: &Plan,
+    start: &GateStart,
     signals: LoopSignals,
 ) -> anyhow::Result<()> {
+    let (node, plan) = (&start.node, &start.plan);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     if let Some(listener) = agent {
         if let Ok(addr) = listener.local_addr() {
@@ -303,25 +267,25 @@ pub(super) fn run(
         crate::observe::agent::serve(listener, gate.pin_dir.clone(), gate.label.clone(), gate.ended.clone());
     }
     let follow_interfaces =
-        plan.ifaces.is_empty().then_some(FollowInterfaces { hook: plan.hook, xdp_mode: plan.xdp_mode, seen });
+        start.ifaces().is_empty().then_some(FollowInterfaces { hook: node.hook, xdp_mode: node.xdp_mode, seen });
     let settings = LoopSettings {
         tick: TICK.min(plan.window),
         handshake_window: plan.handshake_window,
         decisions: gate.decisions.clone(),
         follow_interfaces,
         local_addrs,
-        heal_interval: plan.heal_interval,
+        heal_interval: node.heal_interval,
         heal_report: gate.heal.clone(),
         heartbeat: gate.heartbeat.clone(),
         task_errors: gate.task_errors.clone(),
         nat: gate.nat.clone(),
-        allow_nat: plan.allow_nat,
-        reload: plan.reloader.as_ref().map(|make| make()),
+        allow_nat: node.allow_nat,
+        reload: node.reloader.as_ref().filter(|_| start.scope == Scope::Named).map(|make| make()),
         stop: signals.stop,
         reload_requests: signals.reload,
     };
     // aya-log's records wait in a ring buffer until read: poll it beside the loop.
-    let kernel_log = if plan.kernel_log {
+    let kernel_log = if node.kernel_log {
         match aya_log::EbpfLogger::init(&mut loaded.ebpf) {
             Ok(logger) => Some(logger),
             Err(e) => {
@@ -347,9 +311,9 @@ pub(super) fn run(
 /// `signals.stop`; the pins of a named namespace go with it. With a `barrier`,
 /// it reports its set-up there and runs only on the go-ahead (every namespace
 /// set up, or none stays attached); without, a failed set-up is its end.
-pub(super) fn spawn_gate(
+pub(super) fn spawn(
     gate: Gate,
-    plan: std::sync::Arc<Plan>,
+    mut start: GateStart,
     signals: LoopSignals,
     barrier: Option<(std::sync::mpsc::Sender<anyhow::Result<()>>, std::sync::mpsc::Receiver<Instance>)>,
     mut end: GateEnd,
@@ -358,7 +322,7 @@ pub(super) fn spawn_gate(
         .name(format!("shed-{}", gate.label))
         .spawn(move || {
             let _span = tracing::info_span!("gate", netns = %gate.label).entered();
-            let loaded = set_up(&gate, &plan).with_context(|| format!("network namespace {}", gate.label));
+            let loaded = set_up(&gate, &mut start).with_context(|| format!("network namespace {}", gate.label));
             let (mut loaded, following, instance) = match (loaded, barrier) {
                 (Ok((loaded, following)), Some((ready, go))) => {
                     let _ = ready.send(Ok(()));
@@ -383,7 +347,7 @@ pub(super) fn spawn_gate(
                     return end.tell(Err(e));
                 }
             };
-            let result = run(&gate, &mut loaded, following, instance, &plan, signals);
+            let result = run(&gate, &mut loaded, following, instance, &start, signals);
             drop(loaded); // detaches its links, inside the namespace
             if gate.netns.is_some() {
                 // The namespace's ports are gone (or the daemon stops): so are its pins.
@@ -394,27 +358,35 @@ pub(super) fn spawn_gate(
         .context("starting a gate thread")
 }
 
+/// A gate, as the daemon's control channel names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum GateId {
+    /// A namespace the node names, by its label.
+    Named(String),
+    /// A pod's, by its sandbox id.
+    Pod(String),
+}
+
+/// Where every gate tells how it ended.
+pub(super) type GateEnds = tokio::sync::mpsc::UnboundedSender<(GateId, anyhow::Result<()>)>;
+
 /// Tells the daemon how a gate thread ended, once; a thread that panics tells it too.
 pub(super) struct GateEnd {
-    done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
-    label: String,
-    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: GateEnds,
+    id: GateId,
+    ended: Arc<std::sync::atomic::AtomicBool>,
     told: bool,
 }
 
 impl GateEnd {
-    /// Tells `done` as `(label, result)`.
-    pub(super) fn new(
-        done: tokio::sync::mpsc::UnboundedSender<(String, anyhow::Result<()>)>,
-        label: String,
-        gate: &Gate,
-    ) -> Self {
-        Self { done, label, ended: gate.ended.clone(), told: false }
+    /// Tells `done` as `(id, result)`.
+    pub(super) fn new(done: GateEnds, id: GateId, gate: &Gate) -> Self {
+        Self { done, id, ended: gate.ended.clone(), told: false }
     }
 
     fn tell(&mut self, result: anyhow::Result<()>) {
         self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
-        let _ = self.done.send((self.label.clone(), result));
+        let _ = self.done.send((self.id.clone(), result));
         self.told = true;
     }
 }
@@ -475,4 +447,23 @@ fn targets(ifaces: &[String], hook: Option<Hook>) -> Result<Vec<(String, Hook)>,
         }
     }
     Ok(targets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_gate_takes_the_nodes_interfaces_and_a_pods_gate_every_one() {
+        let mut node = crate::daemon::plan::tests::node_plan();
+        node.namespaces = vec![Some("a".into()), Some("b".into())];
+        let node = Arc::new(node);
+        let start = |scope| GateStart { node: node.clone(), plan: node.gate.clone(), scope, handles: Handles::default() };
+        let named = start(Scope::Named);
+        assert_eq!(named.ifaces(), ["eth9"], "--iface");
+        assert!(named.beside_others(), "two named namespaces");
+        let pod = start(Scope::Pod);
+        assert!(pod.ifaces().is_empty(), "every interface of the pod's namespace, followed");
+        assert!(!pod.beside_others(), "a pod's gate stands alone");
+    }
 }

@@ -11,6 +11,7 @@ pub(crate) mod budget;
 pub(crate) mod gate;
 pub mod heal;
 mod lock;
+pub(crate) mod plan;
 mod pods;
 mod port;
 pub(crate) mod process;

@@ -15,12 +15,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{mpsc::UnboundedSender, watch};
+use tokio::sync::watch;
 
 use crate::{
     daemon::{
         budget,
-        gate::{Gate, GateEnd, LoopSignals, Plan, PodReader, PodSettings, spawn_gate},
+        gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, LoopSignals, Scope},
+        plan::{GatePlan, NodePlan, PodReader, PodRefusal},
     },
     host::{
         cri::{self, PodSandbox},
@@ -38,9 +39,9 @@ use crate::{
 /// The pods the daemon gates, and those it will not.
 pub(super) struct Pods {
     socket: PathBuf,
-    node: Arc<Plan>,
+    node: Arc<NodePlan>,
     reloads: watch::Receiver<u64>,
-    done: UnboundedSender<(String, anyhow::Result<()>)>,
+    done: GateEnds,
     /// The metrics endpoint's gates (each pod's joins it) and refused pods.
     endpoint: (GateRegistry, RefusedPods),
     client: Option<cri::Client>,
@@ -178,9 +179,9 @@ struct PodGate {
 impl Pods {
     pub(super) fn new(
         socket: PathBuf,
-        node: Arc<Plan>,
+        node: Arc<NodePlan>,
         reloads: watch::Receiver<u64>,
-        done: UnboundedSender<(String, anyhow::Result<()>)>,
+        done: GateEnds,
         endpoint: (GateRegistry, RefusedPods),
     ) -> Self {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
@@ -303,10 +304,9 @@ impl Pods {
                 }
                 Err(why) => {
                     tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated");
-                    // The annotation it names, for the metric (`annotation shed.io/limit: ...`).
-                    let key = why.strip_prefix("annotation ").and_then(|w| w.split(':').next()).unwrap_or("");
-                    if key.starts_with("shed.io/") {
-                        self.endpoint.1.set(&pod_name(pod), key, &why);
+                    // The annotation it names, for the metric.
+                    if let Some(annotation) = &why.annotation {
+                        self.endpoint.1.set(&pod_name(pod), annotation, &why.to_string());
                     }
                     self.refused.insert(pod.id.clone(), pod_name(pod));
                 }
@@ -322,23 +322,21 @@ impl Pods {
         cri::pod_sandboxes(client, &self.socket, &mut self.networks).await
     }
 
-    fn start(&mut self, pod: &PodSandbox, settings: PodSettings, netns: String) -> anyhow::Result<()> {
-        let ports = settings.ports.clone();
-        let plan = Arc::new(Plan {
-            dispatcher: self.dispatcher.clone(),
-            spare: std::sync::Mutex::new(self.spare.take()),
-            ..pod_plan(&self.node, settings, netns.clone())
-        });
+    fn start(&mut self, pod: &PodSandbox, settings: GatePlan, netns: String) -> anyhow::Result<()> {
+        let plan = pod_plan(&self.node, settings);
+        let ports = plan.ports.clone();
+        let handles = Handles { dispatcher: self.dispatcher.clone(), spare: self.spare.take() };
+        let start = GateStart { node: self.node.clone(), plan, scope: Scope::Pod, handles };
         let gate = Gate::new(Some(netns));
         let (stop, stopped) = watch::channel(false);
         let signals = LoopSignals { stop: stopped, reload: self.reloads.clone() };
-        let end = GateEnd::new(self.done.clone(), pod.id.clone(), &gate);
+        let end = GateEnd::new(self.done.clone(), GateId::Pod(pod.id.clone()), &gate);
         // Named for stats, top and `--pod` before its pins appear.
         let name_file = Path::new(paths::POD_NAMES).join(&gate.label);
         std::fs::create_dir_all(paths::POD_NAMES)
             .and_then(|()| std::fs::write(&name_file, pod_name(pod)))
             .map_err(|e| crate::error::Error::io("write the pod's name to", &name_file, e))?;
-        let thread = spawn_gate(gate.clone(), plan, signals, None, end)?;
+        let thread = gate::spawn(gate.clone(), start, signals, None, end)?;
         self.endpoint.0.add(gate.endpoint(Some(pod_name(pod))));
         // Refused earlier for memory, gated now.
         if self.over_budget.remove(&pod.id).is_some() {
@@ -412,12 +410,17 @@ fn pod_name(pod: &PodSandbox) -> String {
 
 /// What a pod's gate would be (its settings and namespace), `None` when it
 /// asks for none, or why it cannot have one.
-fn gate_for(pod: &PodSandbox, read: &PodReader) -> Result<Option<(PodSettings, String)>, String> {
+fn gate_for(pod: &PodSandbox, read: &PodReader) -> Result<Option<(GatePlan, String)>, PodRefusal> {
     let Some(settings) = read(&pod.annotations)? else { return Ok(None) };
     if pod.host_network {
-        return Err("a host-network pod shares the node's namespace: gate its ports with the node's own --port".into());
+        return Err(PodRefusal::of_pod(
+            "a host-network pod shares the node's namespace: gate its ports with the node's own --port",
+        ));
     }
-    let path = pod.netns.as_deref().ok_or("the runtime reports no network namespace for the pod")?;
+    let path = pod
+        .netns
+        .as_deref()
+        .ok_or_else(|| PodRefusal::of_pod("the runtime reports no network namespace for the pod"))?;
     Ok(Some((settings, netns_name(path))))
 }
 
@@ -432,50 +435,23 @@ fn netns_name(path: &Path) -> String {
     }
 }
 
-/// A pod's plan: its annotations' settings for its ports; the node's for
-/// where and how its gate attaches, map sizes, healing and logging. The
-/// node's tiers hold in every pod (the kubelet probes pods from the node:
-/// a node that exempts its own addresses keeps its pods' probes flowing), the
-/// pod's own over them for the same network, but for the node's loopback
-/// tiers: a pod's loopback is the pod's own, where a sidecar proxy (Istio,
-/// Linkerd) hands the app every request, and the node's `127.0.0.0/8 =
-/// exempt` would exempt them all. A pod may tier its loopback itself.
-fn pod_plan(node: &Plan, settings: PodSettings, netns: String) -> Plan {
+/// A pod's gate plan: its annotations' settings, each port once, and its
+/// tiers: the node's hold in every pod (the kubelet probes pods from the
+/// node: a node that exempts its own addresses keeps its pods' probes
+/// flowing), the pod's own over them for the same network, but for the
+/// node's loopback tiers: a pod's loopback is the pod's own, where a sidecar
+/// proxy (Istio, Linkerd) hands the app every request, and the node's
+/// `127.0.0.0/8 = exempt` would exempt them all. A pod may tier its loopback
+/// itself. Where and how its gate attaches, map sizes, healing and logging
+/// are the node's ([`NodePlan`]).
+fn pod_plan(node: &NodePlan, settings: GatePlan) -> GatePlan {
     let mut ports = settings.ports;
     ports.sort_unstable();
     ports.dedup();
-    let mut tiers = node.tiers.clone();
+    let mut tiers = node.gate.tiers.clone();
     tiers.retain(|cidr, _| !cidr.within_loopback());
     tiers.extend(settings.tiers);
-    Plan {
-        ports,
-        spec: settings.spec,
-        tiers,
-        namespaces: vec![Some(netns)],
-        ifaces: Vec::new(),
-        hook: node.hook,
-        xdp_mode: node.xdp_mode,
-        action: settings.action,
-        count: settings.count,
-        dry_run: settings.dry_run,
-        max_connections: node.max_connections,
-        max_clients: node.max_clients,
-        kernel_log: node.kernel_log,
-        allow_nat: node.allow_nat,
-        window: settings.window,
-        handshake_window: settings.handshake_window,
-        heal_interval: node.heal_interval,
-        metrics: None,
-        metrics_token: None,
-        agent_port: settings.agent_port,
-        memory_budget: None,
-        ready_max_shed: node.ready_max_shed,
-        ready_window: node.ready_window,
-        reloader: None,
-        pods: None,
-        dispatcher: None,
-        spare: std::sync::Mutex::new(None),
-    }
+    GatePlan { ports, tiers, ..settings }
 }
 
 #[cfg(test)]
@@ -515,8 +491,8 @@ mod tests {
     fn reader() -> PodReader {
         Box::new(|a: &BTreeMap<String, String>| match a.get("shed.io/ports").map(String::as_str) {
             None => Ok(None),
-            Some("bad") => Err("annotation shed.io/ports: bad".to_owned()),
-            Some(_) => Ok(Some(PodSettings {
+            Some("bad") => Err(PodRefusal { annotation: Some("shed.io/ports".into()), reason: "bad".into() }),
+            Some(_) => Ok(Some(GatePlan {
                 ports: vec![8080],
                 spec: crate::kernel::maps::PortSpec::default(),
                 tiers: BTreeMap::new(),
@@ -538,9 +514,13 @@ mod tests {
         assert_eq!((settings.ports.as_slice(), netns.as_str()), (&[8080][..], "cni-1"));
         assert!(gate_for(&pod(&[("app", "x")], Some("/var/run/netns/cni-1"), false), &read).unwrap().is_none());
         let bad = gate_for(&pod(&[("shed.io/ports", "bad")], Some("/run/netns/a"), false), &read);
-        assert_eq!(bad.unwrap_err(), "annotation shed.io/ports: bad");
-        assert!(gate_for(&pod(&asks, None, true), &read).unwrap_err().contains("host-network"));
-        assert!(gate_for(&pod(&asks, None, false), &read).unwrap_err().contains("no network namespace"));
+        let bad = bad.unwrap_err();
+        assert_eq!(bad.annotation.as_deref(), Some("shed.io/ports"), "named for the metric");
+        assert_eq!(bad.to_string(), "annotation shed.io/ports: bad");
+        let host = gate_for(&pod(&asks, None, true), &read).unwrap_err();
+        assert!(host.annotation.is_none() && host.to_string().contains("host-network"), "{host}");
+        let nowhere = gate_for(&pod(&asks, None, false), &read).unwrap_err();
+        assert!(nowhere.annotation.is_none() && nowhere.to_string().contains("no network namespace"), "{nowhere}");
         assert_eq!(netns_name(Path::new("/run/netns/cni-2")), "cni-2");
         assert_eq!(netns_name(Path::new("/proc/42/ns/net")), "/proc/42/ns/net", "not a name: the path");
         assert_eq!(netns_name(Path::new("/srv/netns/cni-3")), "/srv/netns/cni-3");
@@ -548,36 +528,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pods_plan_takes_its_ports_settings_and_the_nodes_attachment() {
-        let node = Plan {
-            ports: vec![9999],
-            spec: crate::kernel::maps::PortSpec::default(),
-            tiers: BTreeMap::new(),
-            namespaces: vec![None],
-            ifaces: vec!["eth9".into()],
-            hook: Some(crate::kernel::options::Hook::Xdp),
-            xdp_mode: crate::kernel::options::XdpAttachMode::Generic,
-            action: crate::kernel::options::Action::Drop,
-            count: crate::kernel::options::Count::Work,
-            dry_run: true,
-            max_connections: 1234,
-            max_clients: 567,
-            kernel_log: true,
-            allow_nat: true,
-            window: std::time::Duration::from_secs(9),
-            handshake_window: std::time::Duration::from_secs(9),
-            heal_interval: std::time::Duration::from_secs(77),
-            metrics: Some("127.0.0.1:1".parse().unwrap()),
-            metrics_token: Some("secret".into()),
-            agent_port: Some(9400),
-            memory_budget: None,
-            ready_max_shed: 42,
-            ready_window: std::time::Duration::from_secs(43),
-            reloader: None,
-            pods: None,
-            dispatcher: None,
-            spare: std::sync::Mutex::new(None),
-        };
+    fn a_pods_plan_is_its_annotations_with_the_nodes_tiers_but_loopback() {
         let cidr = |s: &str| {
             let (addr, len) = s.split_once('/').unwrap();
             let v4: std::net::Ipv4Addr = addr.parse().unwrap();
@@ -588,21 +539,19 @@ mod tests {
         };
         let loopback_v6 =
             crate::kernel::options::Cidr { prefix_len: 128, addr: std::net::Ipv6Addr::LOCALHOST.octets() };
-        let node = Plan {
-            tiers: [
-                (cidr("10.0.0.0/8"), 0),
-                (cidr("192.168.0.0/16"), 3),
-                (cidr("127.0.0.0/8"), 0),
-                (cidr("127.0.0.1/32"), 1),
-                (loopback_v6, 0),
-            ]
-            .into(),
-            ..node
-        };
+        let mut node = crate::daemon::plan::tests::node_plan();
+        node.gate.tiers = [
+            (cidr("10.0.0.0/8"), 0),
+            (cidr("192.168.0.0/16"), 3),
+            (cidr("127.0.0.0/8"), 0),
+            (cidr("127.0.0.1/32"), 1),
+            (loopback_v6, 0),
+        ]
+        .into();
         let mut settings = (reader())(&[("shed.io/ports".to_owned(), "x".to_owned())].into()).unwrap().unwrap();
         settings.ports = vec![9090, 8080, 9090];
         settings.tiers = [(cidr("192.168.0.0/16"), 1), (cidr("172.16.0.0/12"), 2), (cidr("127.0.0.6/32"), 2)].into();
-        let plan = pod_plan(&node, settings, "cni-7".into());
+        let plan = pod_plan(&node, settings);
         assert_eq!(plan.ports, [8080, 9090], "each port once");
         let tiers: Vec<(String, u8)> = plan.tiers.iter().map(|(c, t)| (c.to_string(), *t)).collect();
         assert_eq!(
@@ -615,14 +564,6 @@ mod tests {
             ],
             "the node's tiers but its loopback ones (a pod's sidecar), the pod's over them"
         );
-        assert_eq!(plan.namespaces, [Some("cni-7".to_owned())]);
-        assert!(plan.ifaces.is_empty(), "every interface of the pod's namespace");
-        assert_eq!((plan.hook, plan.xdp_mode), (node.hook, node.xdp_mode), "the node's attachment");
-        assert_eq!((plan.max_connections, plan.max_clients, plan.kernel_log, plan.allow_nat), (1234, 567, true, true));
-        assert_eq!(
-            (plan.heal_interval, plan.ready_max_shed, plan.ready_window),
-            (node.heal_interval, 42, node.ready_window)
-        );
         assert_eq!(
             (plan.action, plan.count, plan.dry_run),
             (crate::kernel::options::Action::Rst, crate::kernel::options::Count::Connections, false),
@@ -630,9 +571,5 @@ mod tests {
         );
         assert_eq!(plan.window, std::time::Duration::from_millis(100));
         assert_eq!(plan.agent_port, Some(9500), "the pod's agent port (its annotation, else the node's config)");
-        assert!(
-            plan.metrics.is_none() && plan.metrics_token.is_none() && plan.pods.is_none(),
-            "the node's endpoint and agent are the node's"
-        );
     }
 }

@@ -3,7 +3,14 @@
 //! one thread per network namespace that sets its gate up and runs its loop,
 //! a ready barrier (every namespace set up, or none stays attached), the
 //! metrics endpoint, and a clean exit.
-use std::{fs, path::Path, sync::Arc};
+use std::{
+    fs,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use anyhow::Context as _;
 
@@ -11,7 +18,8 @@ use crate::{
     control::Algo,
     daemon::{
         DaemonLock, PinGuard,
-        gate::{Gate, GateEnd, Instance, LoopSignals, Plan, spawn_gate},
+        gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, Instance, LoopSignals, Scope},
+        plan::NodePlan,
         pods::Pods,
     },
     error::Error,
@@ -20,7 +28,7 @@ use crate::{
     observe::{
         endpoint::{self, ReadinessRule},
         metrics,
-        report::HEALTHY_WITHIN,
+        report::{HEALTHY_WITHIN, Heartbeat},
     },
 };
 
@@ -28,219 +36,53 @@ use crate::{
 /// the host's lock and the pin folder, sets every namespace's gate up, and
 /// leaves nothing attached or pinned on the way out. Refuses, changing
 /// nothing, too many ports or a metrics address it cannot listen on.
-pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
-    plan.ports = dedup(&plan.ports);
-    // `attach` refused more already (AttachArgs::plan); a plan built elsewhere is held to it too.
-    if plan.ports.len() > shed_common::capacity::MAX_PORTS as usize {
-        return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS }.into());
-    }
-    // Every namespace's gate must fit the memory budget: refused here, before
-    // anything changes, rather than OOM-killed half attached.
-    if let Some(budget) = plan.memory_budget {
-        let used = system::cgroup_memory().map(|c| c.used);
-        budget
-            .room_for(plan.namespaces.len() as u64, super::budget::PER_NAMESPACE, used)
-            .map_err(|reason| Error::MemoryBudget { reason })?;
-    }
+pub(crate) fn run(mut plan: NodePlan) -> anyhow::Result<()> {
+    plan.gate.ports = dedup(&plan.gate.ports);
+    refuse_what_cannot_fit(&plan)?;
     // Bound in the namespace shedctl starts in (the host's), even with --netns.
     let metrics = plan.metrics.map(metrics::bind).transpose()?;
-    let readiness = ReadinessRule { max_shed_percent: plan.ready_max_shed, window: plan.ready_window };
     let plan = Arc::new(plan);
-    let mut lock = match DaemonLock::acquire() {
-        Ok(lock) => lock,
-        Err(Error::AlreadyRunning { pid, ports: running }) => {
-            let protected: Vec<u16> = maps::GateMaps::open_gates(None)
-                .unwrap_or_default()
-                .iter()
-                .flat_map(|g| g.maps.port_configs().unwrap_or_default().into_keys())
-                .collect();
-            if let Some(port) = plan.ports.iter().find(|p| protected.contains(p)) {
-                return Err(Error::PortAlreadyProtected { port: *port, pid }.into());
-            }
-            return Err(Error::AlreadyRunning { pid, ports: running }.into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if Path::new(paths::PIN_DIR).exists() {
-        tracing::warn!(pins = paths::PIN_DIR, "removing pins left by a daemon that exited uncleanly");
-        maps::remove_pins(Path::new(paths::PIN_DIR))?;
-    }
-    fs::create_dir_all(paths::PIN_DIR).map_err(|e| Error::io("create pin folder", paths::PIN_DIR, e))?;
-    // Root only: whoever can open the pins can retune or blind the gate.
-    fs::set_permissions(paths::PIN_DIR, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
-    let _pins = PinGuard;
-
+    let mut lock = take_lock(&plan.gate.ports)?;
+    let _pins = make_pin_folder()?;
     // Signals are this thread's alone, caught from before the first load: the
     // default action of a SIGTERM during set-up would leave pins behind, and a
     // handler installed per gate thread could miss one sent between two.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
-    let mut signals = {
+    let signals = {
         let _context = runtime.enter();
         Signals::install()?
     };
-
-    // One gate per namespace, each on a thread of its own that enters the
-    // namespace first: interfaces, addresses, sockets and the listen-queue
-    // counters are all read as that thread sees them.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (reload, reloads) = tokio::sync::watch::channel(0u64);
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut gates = Vec::new();
-    for netns in &plan.namespaces {
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<Instance>();
-        let gate = Gate::new(netns.clone());
-        let loop_signals = LoopSignals { stop: stopped.clone(), reload: reloads.clone() };
-        let end = GateEnd::new(done_tx.clone(), gate.label.clone(), &gate);
-        let thread = spawn_gate(gate.clone(), plan.clone(), loop_signals, Some((ready_tx.clone(), go_rx)), end)?;
-        gates.push((gate, go_tx, thread));
-    }
+    let (control, mut ends) = Control::new();
+    let named = NamedGates::start(&plan, &control)?;
     // What the metrics endpoint serves: these gates, and the pods' as they come.
     let (registry, refused_pods) = (endpoint::GateRegistry::default(), endpoint::RefusedPods::default());
     // `attach --pods`: each pod that asks gets a gate of its own, found and followed here.
-    let (pod_done_tx, mut pod_done_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut pods = plan.pods.as_ref().map(|source| {
+    let pods = plan.pods.as_ref().map(|source| {
         Pods::new(
             source.socket.clone(),
             plan.clone(),
-            reloads.clone(),
-            pod_done_tx.clone(),
+            control.reloads.clone(),
+            control.ends.clone(),
             (registry.clone(), refused_pods.clone()),
         )
     });
-    drop(pod_done_tx);
-    drop((ready_tx, done_tx));
-    let mut failure = None;
-    for _ in &gates {
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => _ = failure.get_or_insert(e),
-            Err(_) => _ = failure.get_or_insert(anyhow::anyhow!("a gate thread ended during set-up")),
-        }
-    }
-    if let Some(e) = failure {
-        // Nothing half-applied: every namespace set up so far detaches.
-        for (_, go, thread) in gates {
-            drop(go);
-            let _ = thread.join();
-        }
-        return Err(e);
-    }
-
-    for (gate, _, _) in &gates {
+    let named = named.ready()?;
+    for gate in &named.gates {
         registry.add(gate.endpoint(None));
     }
     if let Some(listener) = metrics {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics at /metrics");
+        let readiness = ReadinessRule { max_shed_percent: plan.ready_max_shed, window: plan.ready_window };
         endpoint::serve(
             listener,
-            endpoint::Endpoint {
-                gates: registry.clone(),
-                refused_pods: refused_pods.clone(),
-                readiness,
-                token: plan.metrics_token.clone(),
-            },
+            endpoint::Endpoint { gates: registry, refused_pods, readiness, token: plan.metrics_token.clone() },
         );
     }
     lock.write_pid()?;
-    for &port in &plan.ports {
-        tracing::info!(port, "protecting port");
-    }
-    let labels: Vec<&str> = gates.iter().map(|(g, _, _)| g.label.as_str()).collect();
-    tracing::info!(
-        ports = plan.ports.len(),
-        netns = %labels.join(","),
-        algo = %Algo::from_raw(plan.spec.control.algo),
-        limit = plan.spec.limit,
-        count = %plan.count,
-        tiers = plan.tiers.len(),
-        action = %plan.action,
-        dry_run = plan.dry_run,
-        pins = paths::PIN_DIR,
-        pid = std::process::id(),
-        "shed gate running; SIGINT or SIGTERM detaches"
-    );
-    // Each gate's heartbeat, and whether it has ended (its ports detached: it beats no more).
-    let heartbeats: Vec<_> = gates.iter().map(|(gate, _, _)| (gate.heartbeat.clone(), gate.ended.clone())).collect();
-    let mut threads = Vec::new();
-    for (_, go, thread) in gates {
-        let _ = go.send(Instance);
-        threads.push(thread);
-    }
-    // systemd (Type=notify): ready now, every port attached and judged.
-    let notifier = Notifier::from_env();
-    if let Some(notifier) = &notifier {
-        let ports: Vec<String> = plan.ports.iter().map(u16::to_string).collect();
-        notifier.send(&format!("READY=1\nSTATUS=gating port(s) {}\nMAINPID={}", ports.join(", "), std::process::id()));
-    }
-    let watchdog_every = notifier.as_ref().and_then(Notifier::watchdog_every);
-    // Signals go to every gate; a namespace that fails stops them all at once
-    // (the daemon exits with its error); one whose ports were all detached
-    // just ends, and the others run on.
-    let failure = runtime.block_on(async {
-        let (mut running, mut failure, mut stopping) = (threads.len(), None, false);
-        let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_hours(1)));
-        let mut look = tokio::time::interval(super::pods::LOOK_EVERY);
-        // A slow runtime delays the next look; it does not bunch them up.
-        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while running > 0 || (pods.is_some() && !stopping) {
-            tokio::select! {
-                _ = watchdog.tick(), if watchdog_every.is_some() && !stopping => {
-                    // Fed only while every namespace's control loop has ticked
-                    // lately: systemd restarts a daemon whose loops stalled.
-                    if let Some(n) = &notifier
-                        && heartbeats.iter().all(|(beat, ended)| {
-                            ended.load(std::sync::atomic::Ordering::Relaxed)
-                                || beat.age().is_some_and(|age| age < HEALTHY_WITHIN)
-                        })
-                    {
-                        n.send("WATCHDOG=1");
-                    }
-                }
-                _ = signals.interrupt.recv() => {
-                    if let Some(n) = &notifier {
-                        n.send("STOPPING=1");
-                    }
-                    tracing::info!("SIGINT: detaching");
-                    let _ = stop.send(true);
-                    stopping = true;
-                }
-                _ = signals.terminate.recv() => {
-                    if let Some(n) = &notifier {
-                        n.send("STOPPING=1");
-                    }
-                    tracing::info!("SIGTERM: detaching");
-                    let _ = stop.send(true);
-                    stopping = true;
-                }
-                _ = signals.hang_up.recv() => reload.send_modify(|n| *n += 1),
-                Some((label, result)) = done_rx.recv() => {
-                    running -= 1;
-                    if let Err(e) = result {
-                        tracing::error!(netns = %label, "{e:#}: stopping every gate");
-                        let _ = stop.send(true);
-                        stopping = true;
-                        failure.get_or_insert(e);
-                    }
-                }
-                _ = look.tick(), if pods.is_some() && !stopping => {
-                    if let Some(pods) = pods.as_mut() {
-                        pods.look().await;
-                    }
-                }
-                Some((id, result)) = pod_done_rx.recv() => {
-                    if let Some(pods) = pods.as_mut() {
-                        pods.ended(&id, result);
-                    }
-                }
-            }
-        }
-        if let Some(pods) = pods.as_mut() {
-            pods.stop_all().await;
-        }
-        failure
-    });
+    announce(&plan, &named.gates);
+    let (heartbeats, threads) = named.go();
+    let supervisor = Supervisor::new(control, threads.len(), heartbeats, pods, &plan.gate.ports);
+    let failure = runtime.block_on(supervisor.run(signals, &mut ends));
     for thread in threads {
         let _ = thread.join();
     }
@@ -249,6 +91,268 @@ pub(crate) fn run(mut plan: Plan) -> anyhow::Result<()> {
     }
     tracing::info!("detached; pins removed");
     Ok(())
+}
+
+/// Refuses, before anything changes, more ports than the maps hold, and
+/// gates that would not fit the memory budget (rather than OOM-killed half attached).
+fn refuse_what_cannot_fit(plan: &NodePlan) -> Result<(), Error> {
+    // `attach` refused more already (AttachArgs::plan); a plan built elsewhere is held to it too.
+    if plan.gate.ports.len() > shed_common::capacity::MAX_PORTS as usize {
+        return Err(Error::TooManyPorts { max: shed_common::capacity::MAX_PORTS });
+    }
+    if let Some(budget) = plan.memory_budget {
+        let used = system::cgroup_memory().map(|c| c.used);
+        budget
+            .room_for(plan.namespaces.len() as u64, super::budget::PER_NAMESPACE, used)
+            .map_err(|reason| Error::MemoryBudget { reason })?;
+    }
+    Ok(())
+}
+
+/// The host's daemon lock; refused, naming the port, when a running daemon
+/// already protects one of `ports`.
+fn take_lock(ports: &[u16]) -> Result<DaemonLock, Error> {
+    match DaemonLock::acquire() {
+        Err(Error::AlreadyRunning { pid, ports: running }) => {
+            let protected: Vec<u16> = maps::GateMaps::open_gates(None)
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|g| g.maps.port_configs().unwrap_or_default().into_keys())
+                .collect();
+            if let Some(port) = ports.iter().find(|p| protected.contains(p)) {
+                return Err(Error::PortAlreadyProtected { port: *port, pid });
+            }
+            Err(Error::AlreadyRunning { pid, ports: running })
+        }
+        other => other,
+    }
+}
+
+/// The pin folder, made afresh (pins an unclean exit left are removed) and
+/// root's only: whoever can open the pins can retune or blind the gate.
+fn make_pin_folder() -> Result<PinGuard, Error> {
+    if Path::new(paths::PIN_DIR).exists() {
+        tracing::warn!(pins = paths::PIN_DIR, "removing pins left by a daemon that exited uncleanly");
+        maps::remove_pins(Path::new(paths::PIN_DIR))?;
+    }
+    fs::create_dir_all(paths::PIN_DIR).map_err(|e| Error::io("create pin folder", paths::PIN_DIR, e))?;
+    fs::set_permissions(paths::PIN_DIR, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;
+    Ok(PinGuard)
+}
+
+/// Says what runs.
+fn announce(plan: &NodePlan, gates: &[Gate]) {
+    for &port in &plan.gate.ports {
+        tracing::info!(port, "protecting port");
+    }
+    let labels: Vec<&str> = gates.iter().map(|g| g.label.as_str()).collect();
+    let gate = &plan.gate;
+    tracing::info!(
+        ports = gate.ports.len(),
+        netns = %labels.join(","),
+        algo = %Algo::from_raw(gate.spec.control.algo),
+        limit = gate.spec.limit,
+        count = %gate.count,
+        tiers = gate.tiers.len(),
+        action = %gate.action,
+        dry_run = gate.dry_run,
+        pins = paths::PIN_DIR,
+        pid = std::process::id(),
+        "shed gate running; SIGINT or SIGTERM detaches"
+    );
+}
+
+/// The one channel between the daemon and every gate, named or a pod's:
+/// stop and reload go out to each, and each tells how it ended.
+struct Control {
+    stop: tokio::sync::watch::Sender<bool>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    reload: tokio::sync::watch::Sender<u64>,
+    reloads: tokio::sync::watch::Receiver<u64>,
+    ends: GateEnds,
+}
+
+impl Control {
+    fn new() -> (Self, tokio::sync::mpsc::UnboundedReceiver<(GateId, anyhow::Result<()>)>) {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (reload, reloads) = tokio::sync::watch::channel(0u64);
+        let (ends, ended) = tokio::sync::mpsc::unbounded_channel();
+        (Self { stop, stopped, reload, reloads, ends }, ended)
+    }
+
+    /// What a named namespace's gate hears: the daemon's stop, and reloads.
+    fn signals(&self) -> LoopSignals {
+        LoopSignals { stop: self.stopped.clone(), reload: self.reloads.clone() }
+    }
+}
+
+/// Each named gate's heartbeat, and whether it has ended (its ports
+/// detached: it beats no more).
+type Heartbeats = Vec<(Heartbeat, Arc<AtomicBool>)>;
+
+/// The gates of the namespaces the node names, each on a thread of its own
+/// that enters the namespace first (interfaces, addresses, sockets and the
+/// listen-queue counters are all read as that thread sees them).
+struct NamedGates {
+    gates: Vec<Gate>,
+    go: Vec<std::sync::mpsc::Sender<Instance>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    ready: std::sync::mpsc::Receiver<anyhow::Result<()>>,
+}
+
+impl NamedGates {
+    fn start(plan: &Arc<NodePlan>, control: &Control) -> anyhow::Result<Self> {
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let mut named = Self { gates: Vec::new(), go: Vec::new(), threads: Vec::new(), ready };
+        for netns in &plan.namespaces {
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<Instance>();
+            let gate = Gate::new(netns.clone());
+            let end = GateEnd::new(control.ends.clone(), GateId::Named(gate.label.clone()), &gate);
+            let start = GateStart {
+                node: plan.clone(),
+                plan: plan.gate.clone(),
+                scope: Scope::Named,
+                handles: Handles::default(),
+            };
+            let thread = gate::spawn(gate.clone(), start, control.signals(), Some((ready_tx.clone(), go_rx)), end)?;
+            named.gates.push(gate);
+            named.go.push(go_tx);
+            named.threads.push(thread);
+        }
+        Ok(named)
+    }
+
+    /// Waits for every namespace's set-up: all ready, or (one failed) every
+    /// namespace set up so far detaches, nothing half-applied.
+    fn ready(self) -> anyhow::Result<Self> {
+        let mut failure = None;
+        for _ in &self.gates {
+            match self.ready.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => _ = failure.get_or_insert(e),
+                Err(_) => _ = failure.get_or_insert(anyhow::anyhow!("a gate thread ended during set-up")),
+            }
+        }
+        let Some(e) = failure else { return Ok(self) };
+        drop(self.go);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        Err(e)
+    }
+
+    /// Lets every gate run; returns their heartbeats (with whether each has
+    /// ended: its ports detached, it beats no more) and their threads.
+    fn go(self) -> (Heartbeats, Vec<std::thread::JoinHandle<()>>) {
+        let heartbeats = self.gates.iter().map(|gate| (gate.heartbeat.clone(), gate.ended.clone())).collect();
+        for go in self.go {
+            let _ = go.send(Instance);
+        }
+        (heartbeats, self.threads)
+    }
+}
+
+/// The daemon's loop once every named gate runs: signals go to every gate;
+/// a named namespace that fails stops them all at once (the daemon exits
+/// with its error); one whose ports were all detached just ends, and the
+/// others run on; pods are looked for and followed.
+struct Supervisor {
+    control: Control,
+    /// Named gates still running.
+    running: usize,
+    heartbeats: Heartbeats,
+    pods: Option<Pods>,
+    notifier: Option<Notifier>,
+    stopping: bool,
+    failure: Option<anyhow::Error>,
+}
+
+impl Supervisor {
+    fn new(control: Control, running: usize, heartbeats: Heartbeats, pods: Option<Pods>, ports: &[u16]) -> Self {
+        // systemd (Type=notify): ready now, every port attached and judged.
+        let notifier = Notifier::from_env();
+        if let Some(notifier) = &notifier {
+            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            notifier.send(&format!(
+                "READY=1\nSTATUS=gating port(s) {}\nMAINPID={}",
+                ports.join(", "),
+                std::process::id()
+            ));
+        }
+        Self { control, running, heartbeats, pods, notifier, stopping: false, failure: None }
+    }
+
+    async fn run(
+        mut self,
+        mut signals: Signals,
+        ends: &mut tokio::sync::mpsc::UnboundedReceiver<(GateId, anyhow::Result<()>)>,
+    ) -> Option<anyhow::Error> {
+        let watchdog_every = self.notifier.as_ref().and_then(Notifier::watchdog_every);
+        let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_hours(1)));
+        let mut look = tokio::time::interval(super::pods::LOOK_EVERY);
+        // A slow runtime delays the next look; it does not bunch them up.
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while self.running > 0 || (self.pods.is_some() && !self.stopping) {
+            tokio::select! {
+                _ = watchdog.tick(), if watchdog_every.is_some() && !self.stopping => self.feed_watchdog(),
+                _ = signals.interrupt.recv() => self.stop("SIGINT: detaching"),
+                _ = signals.terminate.recv() => self.stop("SIGTERM: detaching"),
+                _ = signals.hang_up.recv() => self.control.reload.send_modify(|n| *n += 1),
+                Some((id, result)) = ends.recv() => self.ended(id, result),
+                _ = look.tick(), if self.pods.is_some() && !self.stopping => {
+                    if let Some(pods) = self.pods.as_mut() {
+                        pods.look().await;
+                    }
+                }
+            }
+        }
+        if let Some(pods) = self.pods.as_mut() {
+            pods.stop_all().await;
+        }
+        self.failure
+    }
+
+    /// Fed only while every namespace's control loop has ticked lately:
+    /// systemd restarts a daemon whose loops stalled.
+    fn feed_watchdog(&self) {
+        let alive = |(beat, ended): &(Heartbeat, Arc<AtomicBool>)| {
+            ended.load(Ordering::Relaxed) || beat.age().is_some_and(|age| age < HEALTHY_WITHIN)
+        };
+        if let Some(n) = &self.notifier
+            && self.heartbeats.iter().all(alive)
+        {
+            n.send("WATCHDOG=1");
+        }
+    }
+
+    fn stop(&mut self, why: &str) {
+        if let Some(n) = &self.notifier {
+            n.send("STOPPING=1");
+        }
+        tracing::info!("{why}");
+        let _ = self.control.stop.send(true);
+        self.stopping = true;
+    }
+
+    fn ended(&mut self, id: GateId, result: anyhow::Result<()>) {
+        match id {
+            GateId::Pod(id) => {
+                if let Some(pods) = self.pods.as_mut() {
+                    pods.ended(&id, result);
+                }
+            }
+            GateId::Named(label) => {
+                self.running -= 1;
+                if let Err(e) = result {
+                    tracing::error!(netns = %label, "{e:#}: stopping every gate");
+                    let _ = self.control.stop.send(true);
+                    self.stopping = true;
+                    self.failure.get_or_insert(e);
+                }
+            }
+        }
+    }
 }
 
 /// The daemon's signals, installed once for every gate.

@@ -1,16 +1,13 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shedctl attach`: check everything before anything changes, plan, and run
 //! the daemon (`daemon::process`).
-use std::collections::BTreeMap;
-
 use crate::{
     cli::{AttachArgs, annotations, commands::reload, config},
     daemon::{
-        gate::{Plan, PodSource},
+        plan::{GatePlan, NodePlan, PodSource},
         process,
     },
     host::system::{self, Need},
-    kernel::{maps::PortSpec, options::Cidr},
 };
 
 pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
@@ -18,7 +15,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         print!("{}", printed_config(&args)?);
         return Ok(());
     }
-    let (spec, tiers) = checked_plan(&args)?;
+    let gate = checked_plan(&args)?;
     let metrics_token = args.metrics_token_file.as_deref().map(metrics_token).transpose()?;
     // `auto`: the runtime's socket found here, before anything changes.
     let cri_socket =
@@ -36,27 +33,19 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         system::check_tracefs()?;
         system::check_tracepoint_layouts()?;
     }
-    process::run(Plan {
-        ports: args.ports.clone(),
-        spec,
-        tiers,
+    process::run(NodePlan {
+        gate,
         namespaces,
         ifaces: args.ifaces.clone(),
         hook: args.hook,
         xdp_mode: args.xdp_mode,
-        action: args.action,
-        count: args.count,
-        dry_run: args.dry_run,
         max_connections: args.max_connections,
         max_clients: args.max_clients,
         kernel_log: args.kernel_log,
         allow_nat: args.allow_nat,
-        window: args.window,
-        handshake_window: args.handshake_window,
         heal_interval: args.heal_interval,
         metrics: args.metrics,
         metrics_token,
-        agent_port: args.agent_port,
         memory_budget: crate::daemon::budget::Budget::of(args.memory_budget, system::cgroup_memory()),
         ready_max_shed: args.ready_max_shed,
         ready_window: args.ready_window,
@@ -69,15 +58,13 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
                 read: Box::new(move |pod| annotations::pod_settings(pod, defaults.as_deref())),
             }
         }),
-        dispatcher: None,
-        spare: std::sync::Mutex::new(None),
     })
 }
 
 /// What `attach` would be given, checked as `attach` checks it before
 /// anything changes (ports, the plan: limits, tiers, `http` on a TLS port),
 /// but for the host's own readiness.
-fn checked_plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u8>)> {
+fn checked_plan(args: &AttachArgs) -> anyhow::Result<GatePlan> {
     if args.ports.is_empty() && !args.pods {
         return Err(crate::error::Error::InvalidPlan {
             reason: "no port to protect: give --port, or `ports = [8080]` in the config file (or --pods)".into(),
@@ -91,7 +78,7 @@ fn checked_plan(args: &AttachArgs) -> anyhow::Result<(PortSpec, BTreeMap<Cidr, u
         .into());
     }
     // A plan refused for its flags is a usage error (the typed refusals keep their own kind).
-    args.plan().map_err(|e| {
+    args.gate_plan().map_err(|e| {
         if e.downcast_ref::<crate::error::Error>().is_some() {
             e
         } else {
