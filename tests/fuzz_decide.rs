@@ -469,6 +469,30 @@ fn run_on(
     if hook == "xdp" { loaded.xdp().unwrap().test_run(opts) } else { loaded.tc().unwrap().test_run(opts) }
 }
 
+/// Forgets the stamp the gate keyed by `hash` in `slot`'s block (the flow's
+/// handshake is then judged afresh).
+fn forget_stamp(loaded: &mut Loaded, slot: u32, hash: u32) {
+    use shed_common::{HandshakeStamp, handshake::STAMPS_PER_PORT};
+    for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
+        if loaded.maps.stamps.get(&i, 0).unwrap().flow == hash {
+            loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
+        }
+    }
+}
+
+/// The hash of the one admitted stamp in `slot`'s block not among `known`
+/// (other flows'): the flow just admitted.
+fn admitted_stamp(loaded: &Loaded, slot: u32, known: &[u32]) -> Option<u32> {
+    use shed_common::handshake::{STAMPS_PER_PORT, stamp_state};
+    let fresh: Vec<u32> = (slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT)
+        .map(|i| loaded.maps.stamps.get(&i, 0).unwrap())
+        .filter(|s| s.state == stamp_state::ADMITTED && !known.contains(&s.flow))
+        .map(|s| s.flow)
+        .collect();
+    assert_eq!(fresh.len(), 1, "one new admitted stamp: {fresh:?}");
+    fresh.first().copied()
+}
+
 /// The kernel object with both hooks' programs loaded. Loading verifies a
 /// program, which takes seconds here: longer than the four 537 ms epochs a
 /// case's books live (`Books::write`). Loaded lazily, inside the first case
@@ -774,6 +798,9 @@ struct AckSpec {
     client_share: u8,
     contended: bool,
     http: bool,
+    /// Whether the gate's stamp of this flow's handshake is forgotten first
+    /// (else an ACK of a handshake admitted before is a duplicate).
+    forget: bool,
 }
 
 fn ack_spec(flows: usize) -> impl Strategy<Value = AckSpec> {
@@ -789,13 +816,15 @@ fn ack_spec(flows: usize) -> impl Strategy<Value = AckSpec> {
         prop_oneof![Just(0u8), Just(30), Just(50)],
         any::<bool>(),
         prop::bool::weighted(0.2),
+        prop::bool::weighted(0.7),
     )
-        .prop_map(|(flow, tier, client_share, contended, http)| AckSpec {
+        .prop_map(|(flow, tier, client_share, contended, http, forget)| AckSpec {
             flow,
             tier,
             client_share,
             contended,
             http,
+            forget,
         })
 }
 
@@ -803,8 +832,11 @@ fn ack_spec(flows: usize) -> impl Strategy<Value = AckSpec> {
 /// of a few request sockets the kernel holds (a `TCP_DEFER_ACCEPT` listener
 /// keeps them), in a generated port state, to the loaded programs and to the
 /// model's `decide_ack`; verdicts, reset bytes, counters and the reservation
-/// taken must agree. Each case starts with the port's stamps cleared, so that
-/// a flow admitted in one case is judged afresh in the next.
+/// taken must agree. The gate's stamps carry over between cases: an ACK of a
+/// handshake admitted in an earlier case is a duplicate, unless the case
+/// forgets the flow's stamp first (the harness's own record says which:
+/// admitted, by the model, within the last second). The trickle's clock is
+/// the harness's own too, counted from the model's refusals.
 #[test]
 fn kernel_and_model_agree_on_handshake_completing_acks() {
     let _one = one_fuzzer();
@@ -829,67 +861,92 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     let client = ipv4_mapped(flows[0].spec.client_v4);
     let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].spec.client_v4))).unwrap();
     let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
-    let (admitted, refused) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
+    let (admitted, refused, duplicates) =
+        (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
     // Refusals of an `http` port at the ACK, answered with a reset.
     let http_resets = std::cell::Cell::new(0u64);
     let mut disagreements = 0u32;
+    for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
+        loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
+    }
+    // The harness's own books: when each flow's handshake was last admitted
+    // (by the model), and the stamp hash the gate keys it by (learned at its
+    // first admission, to forget it); the trickle's clock on this CPU.
+    let admitted_at = std::cell::RefCell::new([None::<std::time::Instant>; 4]);
+    let hash_of = std::cell::RefCell::new([None::<u32>; 4]);
+    let trickle_seen = std::cell::Cell::new(trickle_clock(&loaded, slot));
     let loaded = std::cell::RefCell::new(loaded);
+    // A reservation lives 4 epochs of 537 ms (at least 1.6 s): a flow admitted
+    // within the last second still holds its handshake, one older is forgotten.
+    const HELD_FOR: std::time::Duration = std::time::Duration::from_secs(1);
     for hook in ["xdp", "tc"] {
         let mut runner = carried_runner(cases);
         let result = runner.run(&(state_spec(), ack_spec(flows.len())), |(ss, a)| {
             let mut loaded = loaded.borrow_mut();
             let flow = &flows[a.flow];
             set_client_tier(&mut loaded, client_cidr, a.tier);
-            let attempt = |loaded: &mut Loaded| {
-                let mut config = loaded.maps.config(PORT).unwrap();
-                config.client_share = a.client_share;
-                let client_key = ss.write(loaded, slot, &mut config, &client);
-                if a.http {
-                    config.action = action::HTTP;
-                    loaded.maps.write_config(PORT, config).unwrap();
+            let since = admitted_at.borrow()[a.flow].map(|at| at.elapsed());
+            if a.forget || since.is_some_and(|s| s >= HELD_FOR) {
+                if let Some(hash) = hash_of.borrow()[a.flow] {
+                    forget_stamp(&mut loaded, slot, hash);
                 }
-                let now = shed::host::system::monotonic_ns();
-                let mut contention = loaded.maps.contention.get(&slot, 0).unwrap();
-                contention.refused_ns = if a.contended { now } else { 0 };
-                loaded.maps.contention.set(slot, contention, 0).unwrap();
-                for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
-                    loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
-                }
-                // The trickle's clock as the kernel holds it on this CPU (a retried case
-                // may have moved it).
-                let tiers = a.tier.map(|t| (128, client, t)).into_iter().collect();
-                let state = ss.model(config, trickle_clock(loaded, slot), a.contended, Vec::new(), tiers);
-                let expected = model::decide_ack(&flow.ack, &state);
-                let ring_before = loaded.maps.handshakes.get(&slot, 0).unwrap();
-                let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
-                let mut out = vec![0u8; flow.ack.len() + 256];
-                let xdp_ctx = support::outside::xdp_ctx(ifindex, flow.ack.len());
-                let opts = TestRunOptions {
-                    data_in: Some(&flow.ack),
-                    data_out: Some(&mut out),
-                    ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
-                    ..Default::default()
-                };
-                let run = run_on(loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
-                let verdict = verdict_of(hook, &run, &mut out);
-                loaded.maps.clients.remove(&client_key).unwrap();
-                // An admission charged to the client stays pending for the handshake
-                // window: the next case judges the client afresh.
-                let _ = loaded.maps.pending_clients.remove(&client_key);
-                let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
-                let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
-                // What the cells gained (an epoch that began between the write and
-                // the run opens a fresh cell: it held nothing before).
-                let ring_after = loaded.maps.handshakes.get(&slot, 0).unwrap();
-                let reserved: u64 = ring_after
-                    .cells
-                    .iter()
-                    .zip(&ring_before.cells)
-                    .map(|(now, was)| if now.epoch == was.epoch { now.admitted - was.admitted } else { now.admitted })
-                    .sum();
-                (expected, verdict, out, counters, reserved)
+                admitted_at.borrow_mut()[a.flow] = None;
+            }
+            let held = admitted_at.borrow()[a.flow].is_some();
+            let mut config = loaded.maps.config(PORT).unwrap();
+            config.client_share = a.client_share;
+            let client_key = ss.write(&mut loaded, slot, &mut config, &client);
+            if a.http {
+                config.action = action::HTTP;
+                loaded.maps.write_config(PORT, config).unwrap();
+            }
+            let now = shed::host::system::monotonic_ns();
+            let mut contention = loaded.maps.contention.get(&slot, 0).unwrap();
+            contention.refused_ns = if a.contended { now } else { 0 };
+            loaded.maps.contention.set(slot, contention, 0).unwrap();
+            let tiers = a.tier.map(|t| (128, client, t)).into_iter().collect();
+            let state = ss.model(config, trickle_seen.get(), a.contended, Vec::new(), tiers);
+            let expected = model::decide_ack(&flow.ack, &state, held);
+            let ring_before = loaded.maps.handshakes.get(&slot, 0).unwrap();
+            let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let mut out = vec![0u8; flow.ack.len() + 256];
+            let xdp_ctx = support::outside::xdp_ctx(ifindex, flow.ack.len());
+            let opts = TestRunOptions {
+                data_in: Some(&flow.ack),
+                data_out: Some(&mut out),
+                ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
+                ..Default::default()
             };
-            let (expected, verdict, out, counters, reserved) = attempt(&mut loaded);
+            let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
+            let verdict = verdict_of(hook, &run, &mut out);
+            loaded.maps.clients.remove(&client_key).unwrap();
+            // An admission charged to the client stays pending for the handshake
+            // window: the next case judges the client afresh.
+            let _ = loaded.maps.pending_clients.remove(&client_key);
+            let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
+            let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
+            // What the cells gained (an epoch that began between the write and
+            // the run opens a fresh cell: it held nothing before).
+            let ring_after = loaded.maps.handshakes.get(&slot, 0).unwrap();
+            let reserved: u64 = ring_after
+                .cells
+                .iter()
+                .zip(&ring_before.cells)
+                .map(|(now, was)| if now.epoch == was.epoch { now.admitted - was.admitted } else { now.admitted })
+                .sum();
+            trickle_seen.set(
+                trickle_seen.get() + expected.counters[counter::REJECTED_SHARE] + expected.counters[counter::TRICKLE],
+            );
+            if expected.reserved == 1 {
+                admitted_at.borrow_mut()[a.flow] = Some(std::time::Instant::now());
+                if hash_of.borrow()[a.flow].is_none() {
+                    let known: Vec<u32> = hash_of.borrow().iter().flatten().copied().collect();
+                    hash_of.borrow_mut()[a.flow] = admitted_stamp(&loaded, slot, &known);
+                }
+            }
+            if held {
+                duplicates.set(duplicates.get() + 1);
+            }
             prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, a);
             if verdict == Expected::Pass {
                 prop_assert_eq!(&out, &flow.ack, "{}: a passed ACK is untouched", hook);
@@ -915,9 +972,10 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     }
     let reached = reached.into_inner();
     println!(
-        "ack fuzz: {cases} cases per hook; admitted {}, refused {}; counters reached {reached:?}; disagreements {disagreements}",
+        "ack fuzz: {cases} cases per hook; admitted {}, refused {}, duplicates {}; counters reached {reached:?}; disagreements {disagreements}",
         admitted.get(),
         refused.get(),
+        duplicates.get(),
     );
     assert_eq!(disagreements, 0, "kernel and model disagree on an ACK (see above)");
     // Every rule of the ACK is exercised.
@@ -939,6 +997,7 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
         ],
     );
     assert_reached(&reached, (floor / 16).max(1), &[("the trickle at the ACK", counter::TRICKLE)]);
+    assert!(duplicates.get() >= floor, "{} duplicate ACKs of an admitted handshake (floor {floor})", duplicates.get());
     assert!(http_resets.get() >= floor, "an http port reset {} refused ACKs (floor {floor})", http_resets.get());
 }
 

@@ -396,8 +396,11 @@ pub fn decide(frame: &[u8], state: &ModelState) -> Outcome {
 /// less are being refused (contention); a refusal is counted as refused at the
 /// ACK and by verified tier, and answered with a reset (`rst`, and `http`: the
 /// kernel's handshake is under way) or dropped; dry run admits what it would
-/// refuse and counts it; an admission takes one reservation.
-pub fn decide_ack(frame: &[u8], state: &ModelState) -> Outcome {
+/// refuse and counts it; an admission takes one reservation. Each handshake is
+/// judged once: `held`, an ACK of a handshake admitted before whose
+/// reservation still lives (a duplicate ACK), passes, counted nowhere; a
+/// refused one is judged afresh.
+pub fn decide_ack(frame: &[u8], state: &ModelState, held: bool) -> Outcome {
     let mut counters = [0u64; counter::COUNT];
     let gate = [0u64; gate_counter::COUNT];
     let Frame::Ack(ack) = parse(frame) else { panic!("decide_ack is for ACK frames") };
@@ -406,6 +409,9 @@ pub fn decide_ack(frame: &[u8], state: &ModelState) -> Outcome {
     let admitted_by_tier = counter::ADMITTED_BY_TIER + usize::from(t);
     if t == tier::EXEMPT {
         counters[admitted_by_tier] += 1;
+        return Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
+    }
+    if held {
         return Outcome { verdict: Expected::Pass, counters, gate, reserved: 0 };
     }
     let reason = judged(state, t, Step::Ack, &mut counters);

@@ -458,7 +458,8 @@ mod tests {
         let mut node = crate::daemon::plan::tests::node_plan();
         node.namespaces = vec![Some("a".into()), Some("b".into())];
         let node = Arc::new(node);
-        let start = |scope| GateStart { node: node.clone(), plan: node.gate.clone(), scope, handles: Handles::default() };
+        let start =
+            |scope| GateStart { node: node.clone(), plan: node.gate.clone(), scope, handles: Handles::default() };
         let named = start(Scope::Named);
         assert_eq!(named.ifaces(), ["eth9"], "--iface");
         assert!(named.beside_others(), "two named namespaces");
