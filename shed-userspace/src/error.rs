@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Library errors. Each says what went wrong and, where the operator can act,
-//! what to do about it.
+//! what to do about it; a cause is its source, said once ([`chain`]).
 use std::{io, path::PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -87,20 +87,20 @@ pub enum Error {
     #[error("too many ports: a gate protects at most {max} ports")]
     TooManyPorts { max: u32 },
 
-    #[error("loading the kernel object failed: {source}")]
+    #[error("loading the kernel object failed")]
     Load {
         #[source]
         source: Box<aya::EbpfError>,
     },
 
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Program {
         op: String,
         #[source]
         source: Box<aya::programs::ProgramError>,
     },
 
-    #[error("{op} failed: {source}")]
+    #[error("{op} failed")]
     Map {
         op: String,
         #[source]
@@ -116,13 +116,27 @@ pub enum Error {
     #[error("the container runtime (CRI) at {}: {reason}", socket.display())]
     Cri { socket: PathBuf, reason: String },
 
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}", path.display())]
     Io {
         op: &'static str,
         path: PathBuf,
         #[source]
         source: io::Error,
     },
+}
+
+/// `error` and each of its causes, as `a: b: c`: what a log line says of an
+/// error. [`Error`]'s messages leave their source to the chain, as aya's
+/// `MapError` does, so `{}` alone names the step that failed, not why.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        message.push_str(": ");
+        message.push_str(&e.to_string());
+        cause = e.source();
+    }
+    message
 }
 
 /// `shedctl`'s exit status, by what went wrong (documented in OPERATIONS, "Exit codes").
@@ -207,5 +221,16 @@ mod tests {
         assert_eq!(Error::exit_code_of(&anyhow::anyhow!("something else")), exit::RUNTIME);
         let distinct = [exit::OK, exit::RUNTIME, exit::USAGE, exit::NOT_RUNNING, exit::REFUSED];
         assert!(distinct.iter().enumerate().all(|(i, a)| distinct[i + 1..].iter().all(|b| a != b)));
+    }
+
+    #[test]
+    fn a_cause_is_said_once_by_the_chain_not_by_the_message() {
+        let io = Error::io("create pin folder", "/sys/fs/bpf/shed", std::io::Error::other("read-only file system"));
+        assert_eq!(io.to_string(), "create pin folder /sys/fs/bpf/shed", "the step, not its source");
+        assert_eq!(super::chain(&io), "create pin folder /sys/fs/bpf/shed: read-only file system");
+        let map = Error::map("write config of port 8080", aya::maps::MapError::KeyNotFound);
+        assert_eq!(super::chain(&map), "write config of port 8080 failed: key not found");
+        let wrapped = anyhow::Error::new(map).context("attaching");
+        assert_eq!(format!("{wrapped:#}"), "attaching: write config of port 8080 failed: key not found");
     }
 }

@@ -52,8 +52,8 @@ fn main() {
     }
 }
 
-/// The error and its causes, each said once: our errors already name their
-/// cause in their own message, so `{:#}` would repeat it.
+/// The error and its causes, each said once (a cause that repeats its own
+/// source in its message, as some foreign errors do, is not said again).
 fn chain_message(err: &anyhow::Error) -> String {
     let mut message = err.to_string();
     for cause in err.chain().skip(1) {

@@ -173,7 +173,7 @@ pub(crate) struct PinGuard;
 impl Drop for PinGuard {
     fn drop(&mut self) {
         if let Err(e) = maps::remove_pins(Path::new(paths::PIN_DIR)) {
-            tracing::error!("{e}");
+            tracing::error!("{}", crate::error::chain(&e));
         }
     }
 }

@@ -118,7 +118,7 @@ impl FollowInterfaces {
             let started = Instant::now();
             match loaded.attach_gate(&iface, hook, self.xdp_mode) {
                 Ok(()) => tracing::info!(iface = %iface, hook = %hook, "new interface gated"),
-                Err(e) => tracing::warn!(iface = %iface, "new interface not gated: {e}"),
+                Err(e) => tracing::warn!(iface = %iface, "new interface not gated: {}", crate::error::chain(&e)),
             }
             // Attaching takes the kernel's rtnl lock, which a burst of namespace
             // deletions can hold for seconds; the loop waits meanwhile.

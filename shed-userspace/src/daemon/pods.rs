@@ -100,7 +100,7 @@ impl Spare {
         match made {
             Ok(Ok(spare)) => Some(spare),
             Ok(Err(e)) => {
-                tracing::debug!("{e}: the next pod's gate loads its own programs");
+                tracing::debug!("{}: the next pod's gate loads its own programs", crate::error::chain(&e));
                 None
             }
             Err(_) => None,
@@ -193,8 +193,9 @@ impl Pods {
             }
             Err(e) => {
                 tracing::warn!(
-                    "{e}: each pod's gate attaches its own accounting programs, which every socket event of the \
-                     node then runs once per gated pod"
+                    "{}: each pod's gate attaches its own accounting programs, which every socket event of the \
+                     node then runs once per gated pod",
+                    crate::error::chain(&e)
                 );
                 None
             }
@@ -234,7 +235,7 @@ impl Pods {
         let pods = match listed {
             Ok(pods) => pods,
             Err(e) => {
-                let e = e.to_string();
+                let e = crate::error::chain(&e);
                 if self.last_error.as_ref() != Some(&e) {
                     tracing::warn!("--pods: {e}; the pods gated so far stay gated, the rest wait for the runtime");
                     self.last_error = Some(e);

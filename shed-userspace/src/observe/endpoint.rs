@@ -182,7 +182,9 @@ impl Shared {
                 Ok(maps) => {
                     open.push(Arc::new(OpenGate { gate, maps: Mutex::new(Some(maps)), history: Mutex::default() }));
                 }
-                Err(e) => tracing::debug!(netns = %gate.netns, "metrics endpoint: gate not open yet: {e}"),
+                Err(e) => {
+                    tracing::debug!(netns = %gate.netns, "metrics endpoint: gate not open yet: {}", crate::error::chain(&e));
+                }
             }
         }
         open.clone()
@@ -372,7 +374,7 @@ async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap) -
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             [("content-type", "text/plain")],
-            format!("reading the gate's maps: {e}\n"),
+            format!("reading the gate's maps: {}\n", crate::error::chain(&e)),
         )
             .into_response(),
         Err(e) => {
