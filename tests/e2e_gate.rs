@@ -706,21 +706,21 @@ fn drift_is_healed_against_the_socket_table_and_a_restart_adopts_open_connection
     // A missed close: the count says 3 more than there are.
     let mut maps = GateMaps::open_pinned().unwrap();
     let slot = maps.config(PORT).unwrap().slot;
-    let mut state = maps.state.get(&slot, 0).unwrap();
+    let mut state = maps.raw().state.get(&slot, 0).unwrap();
     state.opened += 3;
-    maps.state.set(slot, state, 0).unwrap();
+    maps.raw_mut().state.set(slot, state, 0).unwrap();
     assert_eq!(field(&stats(PORT), "established"), 7);
     let s = wait_for_stats(PORT, Duration::from_secs(5), "drift corrected", |s| field(s, "established") == 4);
     assert!(field(&s, "drift_corrected") >= 3, "{s}");
 
     // A lost socket entry (missed ESTABLISHED) and a phantom one (missed close): both healed.
     let (key, mut phantom) =
-        maps.socks.iter().filter_map(Result::ok).find(|(_, e)| e.port == PORT).expect("a tracked socket");
-    maps.socks.remove(&key).unwrap();
+        maps.raw().socks.iter().filter_map(Result::ok).find(|(_, e)| e.port == PORT).expect("a tracked socket");
+    maps.raw_mut().socks.remove(&key).unwrap();
     phantom.flow.client_port = 1; // no such connection
-    maps.socks.insert(0xdead_0000_0000_0001, phantom, 0).unwrap();
+    maps.raw_mut().socks.insert(0xdead_0000_0000_0001, phantom, 0).unwrap();
     wait_for_stats(PORT, Duration::from_secs(6), "socket table reconciled", |s| field(s, "established") == 4);
-    let tracked = maps.socks.iter().filter_map(Result::ok).filter(|(_, e)| e.port == PORT).count();
+    let tracked = maps.raw().socks.iter().filter_map(Result::ok).filter(|(_, e)| e.port == PORT).count();
     assert_eq!(tracked, 4, "the lost entry was adopted again and the phantom forgotten");
 
     // A crash and a restart: the new daemon adopts the 4 open connections and enforces the limit with them.

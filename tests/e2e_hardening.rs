@@ -613,9 +613,9 @@ fn drift_on_a_busy_port_is_corrected_while_connections_churn() {
     // Five phantom connections.
     let mut maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
     let slot = maps.config(PORT).unwrap().slot;
-    let mut user = maps.user_state.get(&slot, 0).unwrap();
+    let mut user = maps.raw().user_state.get(&slot, 0).unwrap();
     user.established_adjust += 5;
-    maps.user_state.set(slot, user, 0).unwrap();
+    maps.raw_mut().user_state.set(slot, user, 0).unwrap();
     // Churn: a connection opened and closed every few milliseconds, for up to 20 s.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let churn = {
@@ -810,7 +810,7 @@ fn handshake_stamps_are_keyed_with_a_secret() {
     let slot = maps.config(PORT).unwrap().slot;
     let per_port = shed_common::handshake::STAMPS_PER_PORT;
     let stamps: Vec<shed_common::HandshakeStamp> =
-        (slot * per_port..(slot + 1) * per_port).map(|i| maps.stamps.get(&i, 0).unwrap()).collect();
+        (slot * per_port..(slot + 1) * per_port).map(|i| maps.raw().stamps.get(&i, 0).unwrap()).collect();
     let used = stamps.iter().filter(|s| s.flow != 0).count();
     // Two of 20 flows share a slot about one run in six (a completed stamp is free to reuse).
     assert!(used >= 15, "the admitted flows took stamps: {used}");
@@ -1030,9 +1030,9 @@ fn a_deferred_accept_listener_cannot_stack_one_client_past_its_share() {
     // The share binds: as if another client under its share had just been refused.
     let mut maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
     let slot = maps.config(PORT).unwrap().slot;
-    let mut contention = maps.contention.get(&slot, 0).unwrap();
+    let mut contention = maps.raw().contention.get(&slot, 0).unwrap();
     contention.refused_ns = shed::host::system::monotonic_ns();
-    maps.contention.set(slot, contention, 0).unwrap();
+    maps.raw_mut().contention.set(slot, contention, 0).unwrap();
     let clients = deferred_connects(&bed, addr, 40);
     let s = wait_for_stats(PORT, Duration::from_secs(5), "the share's connections established", |s| {
         field(s, "established") >= 5
@@ -1132,7 +1132,7 @@ fn forged_syns_cannot_keep_the_share_from_binding() {
     assert!(!request(), "the port is full");
     let maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
     let slot = maps.config(PORT).unwrap().slot;
-    let refused_ns = maps.contention.get(&slot, 0).unwrap().refused_ns;
+    let refused_ns = maps.raw().contention.get(&slot, 0).unwrap().refused_ns;
     let now = shed::host::system::monotonic_ns();
     assert!(
         refused_ns != 0 && now - refused_ns < 1_000_000_000,

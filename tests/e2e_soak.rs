@@ -130,14 +130,14 @@ fn churn_returns_every_count_to_zero() {
             field(s, "in_flight") == 0 && field(s, "established") == 0 && field(s, "pending") == 0
         });
         let slot = maps.config(port).unwrap().slot;
-        let raw = maps.state.get(&slot, 0).unwrap();
+        let raw = maps.raw().state.get(&slot, 0).unwrap();
         assert_eq!(raw.opened, connected[i], "port {port}: one socket opened per connection: {raw:?}");
         assert_eq!(raw.closed, raw.opened, "port {port}: every socket opened was closed once: {raw:?}");
         assert_eq!(raw.busy_exit, raw.busy_enter, "port {port}: every busy spell ended once: {raw:?}");
         // Admission is at the handshake-completing ACK: each connection was judged
         // once (a retransmitted SYN takes nothing, a repeated ACK no second place),
         // and its reservation was released by its own completion, none lapsed.
-        let ring = maps.handshakes.get(&slot, 0).unwrap();
+        let ring = maps.raw().handshakes.get(&slot, 0).unwrap();
         for cell in &ring.cells {
             assert!(cell.completed <= cell.admitted, "port {port}: a reservation released twice: {ring:?}");
         }
@@ -153,7 +153,7 @@ fn churn_returns_every_count_to_zero() {
         );
         // The idle grace's books (work mode): a connection's silence ends once
         // (first bytes, the server's greeting or the close), never twice.
-        let silent = maps.silent.get(&slot, 0).unwrap();
+        let silent = maps.raw().silent.get(&slot, 0).unwrap();
         for cell in &silent.cells {
             assert!(cell.completed <= cell.admitted, "port {port}: a silence ended twice: {silent:?}");
         }
@@ -161,9 +161,9 @@ fn churn_returns_every_count_to_zero() {
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let socks = maps.socks.keys().count();
+        let socks = maps.raw().socks.keys().count();
         // Idle clients are forgotten on the second 5 s sweep that finds them idle.
-        let clients = maps.clients.keys().count();
+        let clients = maps.raw().clients.keys().count();
         if socks == 0 && clients == 0 {
             break;
         }

@@ -207,7 +207,7 @@ fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
     // Other clients, one per address of 100.64.0.0/16.
     let fake = |i: u32| ClientKey { slot, addr: ipv4_mapped([100, 64, (i >> 8) as u8, i as u8]) };
     for i in 0..MAX_CLIENTS {
-        maps.clients.insert(fake(i), 1, 0).unwrap();
+        maps.raw_mut().clients.insert(fake(i), 1, 0).unwrap();
     }
     // The client's connections cannot be counted against its cap: each is counted
     // as client_map_full instead, and the port's limit still holds.
@@ -219,7 +219,7 @@ fn a_full_client_map_is_counted_and_the_port_limit_still_holds() {
     assert_eq!(field(&s, "client_map_full"), 5, "{s}");
     assert_eq!(s["rejected_by_reason"]["limit"].as_u64(), Some(1), "{s}");
     for i in 0..MAX_CLIENTS {
-        maps.clients.remove(&fake(i)).unwrap();
+        maps.raw_mut().clients.remove(&fake(i)).unwrap();
     }
     drop(held);
 }

@@ -288,7 +288,7 @@ impl Books {
             busy_exit: BASE,
             ..PortState::default()
         };
-        maps.state.set(slot, state, 0).unwrap();
+        maps.raw_mut().state.set(slot, state, 0).unwrap();
         // Epochs of 2^29 ns (537 ms), the longest either ring allows: the earlier
         // cell (one epoch back) stays live for at least two more epochs after this
         // write, so the kernel sees the books as written unless the program runs
@@ -300,7 +300,7 @@ impl Books {
         } else {
             UserPortState { established_adjust: self.adjust, ..base }
         };
-        maps.user_state.set(slot, user, 0).unwrap();
+        maps.raw_mut().user_state.set(slot, user, 0).unwrap();
         // The earlier cell one epoch back and the ended one six back: an epoch that
         // begins before the program runs leaves each where it was (live, or ended).
         // The next epoch's cell: an edge the program crosses before it reads
@@ -316,9 +316,9 @@ impl Books {
         };
         let now = shed::host::system::monotonic_ns();
         let handshakes = ring(now >> user.shift(), self.current, self.earlier, self.lapsed, self.next);
-        maps.handshakes.set(slot, handshakes, 0).unwrap();
+        maps.raw_mut().handshakes.set(slot, handshakes, 0).unwrap();
         let silent = ring(now >> user.silent_shift(), (self.silent.0, 0), 0, self.silent.1, 0);
-        maps.silent.set(slot, silent, 0).unwrap();
+        maps.raw_mut().silent.set(slot, silent, 0).unwrap();
     }
 }
 
@@ -438,11 +438,11 @@ impl StateSpec {
         (config.rst_per_prefix_per_sec, config.rst_per_sec) = self.rst_rates;
         loaded.maps.write_config(PORT, *config).unwrap();
         loaded.maps.set_limit(slot, self.limit).unwrap();
-        loaded.maps.reserve.set(slot, TierReserve { held_back: self.held_back }, 0).unwrap();
+        loaded.maps.raw_mut().reserve.set(slot, TierReserve { held_back: self.held_back }, 0).unwrap();
         self.books.write(&mut loaded.maps, slot);
         // What the client holds, as the socket tracepoint would have counted it.
         let client_key = ClientKey { slot, addr: model::reference::client_addr(client, config.client_prefix_v6) };
-        loaded.maps.clients.insert(client_key, self.client_held, 0).unwrap();
+        loaded.maps.raw_mut().clients.insert(client_key, self.client_held, 0).unwrap();
         let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
         let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(client));
         let mut port_buckets: Array<_, u64> = Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
@@ -455,7 +455,7 @@ impl StateSpec {
             deferred_tat: if self.deferral_budget { 0 } else { exhausted_bucket() },
             ..Contention::default()
         };
-        loaded.maps.contention.set(slot, contention, 0).unwrap();
+        loaded.maps.raw_mut().contention.set(slot, contention, 0).unwrap();
         client_key
     }
 }
@@ -474,8 +474,8 @@ fn run_on(
 fn forget_stamp(loaded: &mut Loaded, slot: u32, hash: u32) {
     use shed_common::{HandshakeStamp, handshake::STAMPS_PER_PORT};
     for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
-        if loaded.maps.stamps.get(&i, 0).unwrap().flow == hash {
-            loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
+        if loaded.maps.raw().stamps.get(&i, 0).unwrap().flow == hash {
+            loaded.maps.raw_mut().stamps.set(i, HandshakeStamp::default(), 0).unwrap();
         }
     }
 }
@@ -485,7 +485,7 @@ fn forget_stamp(loaded: &mut Loaded, slot: u32, hash: u32) {
 fn admitted_stamp(loaded: &Loaded, slot: u32, known: &[u32]) -> Option<u32> {
     use shed_common::handshake::{STAMPS_PER_PORT, stamp_state};
     let fresh: Vec<u32> = (slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT)
-        .map(|i| loaded.maps.stamps.get(&i, 0).unwrap())
+        .map(|i| loaded.maps.raw().stamps.get(&i, 0).unwrap())
         .filter(|s| s.state == stamp_state::ADMITTED && !known.contains(&s.flow))
         .map(|s| s.flow)
         .collect();
@@ -531,7 +531,7 @@ fn client_of(fs: &FrameSpec) -> [u8; 16] {
 /// The trickle's clock as the kernel holds it on CPU 0 (the test thread's):
 /// share refusals plus trickle admissions so far.
 fn trickle_clock(loaded: &Loaded, slot: u32) -> u64 {
-    let values = loaded.maps.counters.get(&slot, 0).unwrap();
+    let values = loaded.maps.raw().counters.get(&slot, 0).unwrap();
     values[0].values[counter::REJECTED_SHARE] + values[0].values[counter::TRICKLE]
 }
 
@@ -620,8 +620,18 @@ fn kernel_and_model_agree_on_every_frame() {
         tiers.push((prefix_len, addr, t));
     }
     let cpus = aya::util::nr_cpus().unwrap();
-    loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
-    loaded.maps.gate_counters.set(0, PerCpuValues::try_from(vec![GateCounters::default(); cpus]).unwrap(), 0).unwrap();
+    loaded
+        .maps
+        .raw_mut()
+        .counters
+        .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
+        .unwrap();
+    loaded
+        .maps
+        .raw_mut()
+        .gate_counters
+        .set(0, PerCpuValues::try_from(vec![GateCounters::default(); cpus]).unwrap(), 0)
+        .unwrap();
     // Share rejections and trickle admissions so far, as the model counts them.
     let trickle_seen = std::cell::Cell::new(0u64);
     // SYNs a full port passed to be judged at their ACK (one client holding its share).
@@ -689,7 +699,7 @@ fn kernel_and_model_agree_on_every_frame() {
                 }
                 _ => expected,
             };
-            loaded.maps.clients.remove(&client_key).unwrap();
+            loaded.maps.raw_mut().clients.remove(&client_key).unwrap();
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
             prop_assert_eq!(
@@ -857,7 +867,12 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     let slot = loaded.maps.protect(PORT, &spec).unwrap().slot;
     // No local table: an ACK is judged whatever its destination (the kernel found its socket).
     let cpus = aya::util::nr_cpus().unwrap();
-    loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
+    loaded
+        .maps
+        .raw_mut()
+        .counters
+        .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
+        .unwrap();
     let client = ipv4_mapped(flows[0].spec.client_v4);
     let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].spec.client_v4))).unwrap();
     let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
@@ -867,7 +882,7 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     let http_resets = std::cell::Cell::new(0u64);
     let mut disagreements = 0u32;
     for i in slot * STAMPS_PER_PORT..(slot + 1) * STAMPS_PER_PORT {
-        loaded.maps.stamps.set(i, HandshakeStamp::default(), 0).unwrap();
+        loaded.maps.raw_mut().stamps.set(i, HandshakeStamp::default(), 0).unwrap();
     }
     // The harness's own books: when each flow's handshake was last admitted
     // (by the model), and the stamp hash the gate keys it by (learned at its
@@ -901,13 +916,13 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                 loaded.maps.write_config(PORT, config).unwrap();
             }
             let now = shed::host::system::monotonic_ns();
-            let mut contention = loaded.maps.contention.get(&slot, 0).unwrap();
+            let mut contention = loaded.maps.raw().contention.get(&slot, 0).unwrap();
             contention.refused_ns = if a.contended { now } else { 0 };
-            loaded.maps.contention.set(slot, contention, 0).unwrap();
+            loaded.maps.raw_mut().contention.set(slot, contention, 0).unwrap();
             let tiers = a.tier.map(|t| (128, client, t)).into_iter().collect();
             let state = ss.model(config, trickle_seen.get(), a.contended, Vec::new(), tiers);
             let expected = model::decide_ack(&flow.ack, &state, held);
-            let ring_before = loaded.maps.handshakes.get(&slot, 0).unwrap();
+            let ring_before = loaded.maps.raw().handshakes.get(&slot, 0).unwrap();
             let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let mut out = vec![0u8; flow.ack.len() + 256];
             let xdp_ctx = support::outside::xdp_ctx(ifindex, flow.ack.len());
@@ -919,15 +934,15 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
             };
             let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
             let verdict = verdict_of(hook, &run, &mut out);
-            loaded.maps.clients.remove(&client_key).unwrap();
+            loaded.maps.raw_mut().clients.remove(&client_key).unwrap();
             // An admission charged to the client stays pending for the handshake
             // window: the next case judges the client afresh.
-            let _ = loaded.maps.pending_clients.remove(&client_key);
+            let _ = loaded.maps.raw_mut().pending_clients.remove(&client_key);
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
             // What the cells gained (an epoch that began between the write and
             // the run opens a fresh cell: it held nothing before).
-            let ring_after = loaded.maps.handshakes.get(&slot, 0).unwrap();
+            let ring_after = loaded.maps.raw().handshakes.get(&slot, 0).unwrap();
             let reserved: u64 = ring_after
                 .cells
                 .iter()
@@ -1063,7 +1078,12 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
     support::pin_to_cpu(0);
     let skb_ctx = support::outside::skb_ctx(ifindex);
     let cpus = aya::util::nr_cpus().unwrap();
-    loaded.maps.counters.set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0).unwrap();
+    loaded
+        .maps
+        .raw_mut()
+        .counters
+        .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
+        .unwrap();
     let client = ipv4_mapped(flows[0].next.client_v4);
     let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].next.client_v4))).unwrap();
     let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
@@ -1085,14 +1105,14 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             config.retry_after_s = t.retry_after_s;
             loaded.maps.write_config(PORT, config).unwrap();
             let now = shed::host::system::monotonic_ns();
-            let mut contention = loaded.maps.contention.get(&slot, 0).unwrap();
+            let mut contention = loaded.maps.raw().contention.get(&slot, 0).unwrap();
             contention.refused_ns = if t.contended { now } else { 0 };
-            loaded.maps.contention.set(slot, contention, 0).unwrap();
+            loaded.maps.raw_mut().contention.set(slot, contention, 0).unwrap();
             // The gate's record of this request's last refusal, if it has one (and the case keeps it).
-            let records: Vec<_> = loaded.maps.refused_turns.iter().filter_map(Result::ok).collect();
+            let records: Vec<_> = loaded.maps.raw().refused_turns.iter().filter_map(Result::ok).collect();
             let record = records.iter().find(|(_, r)| r.flow.client_port == flow.next.client_port);
             if let (Some((sk, _)), true) = (record, t.forget) {
-                loaded.maps.refused_turns.remove(sk).unwrap();
+                loaded.maps.raw_mut().refused_turns.remove(sk).unwrap();
             }
             let refused_before =
                 record.filter(|(_, r)| !t.forget && r.seq == flow.next.seq).map(|(_, r)| r.reason as usize);
@@ -1113,7 +1133,7 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             };
             let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
             let verdict = verdict_of(hook, &run, &mut out);
-            loaded.maps.clients.remove(&client_key).unwrap();
+            loaded.maps.raw_mut().clients.remove(&client_key).unwrap();
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
             prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, t);

@@ -118,7 +118,7 @@ impl Harness {
     fn hold(&mut self, n: u64) {
         let slot = self.loaded.maps.config(PORT).unwrap().slot;
         let state = shed_common::PortState { opened: n, busy_enter: n, ..Default::default() };
-        self.loaded.maps.state.set(slot, state, 0).unwrap();
+        self.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
     }
 }
 
@@ -181,7 +181,7 @@ fn reservations_count_until_the_window_ends() {
         let mut ring = shed_common::HandshakeRing::default();
         ring.cells[shed_common::handshake::cell_of(epoch)] =
             shed_common::HandshakeCell { epoch, admitted: 1, completed: 0 };
-        h.loaded.maps.handshakes.set(slot, ring, 0).unwrap();
+        h.loaded.maps.raw_mut().handshakes.set(slot, ring, 0).unwrap();
         let syn = frame(&Spec { client_port: 40_001, ..Spec::default() });
         let refused = h.run(hook, &syn).unwrap().0;
         let started = std::time::Instant::now();
@@ -600,7 +600,7 @@ fn per_client_cap_reads_established_connections_per_source_and_ipv6_prefix() {
             (ipv4_mapped([192, 0, 2, 3]), 2),
             (config.client_key(&host(1, 0)).addr, 3),
         ] {
-            h.loaded.maps.clients.insert(ClientKey { slot, addr }, held, 0).unwrap();
+            h.loaded.maps.raw_mut().clients.insert(ClientKey { slot, addr }, held, 0).unwrap();
         }
         assert_eq!(h.run(hook, &v4([192, 0, 2, 2], 10)).unwrap().0, rst(hook), "{hook:?}: a client at its cap");
         assert_eq!(h.run(hook, &v4([192, 0, 2, 3], 10)).unwrap().0, pass(hook), "{hook:?}: under its cap");
@@ -1272,9 +1272,9 @@ fn http_refusal_answers_every_segment_from_its_cookie() {
             config.retry_after_s = 0;
             h.loaded.maps.write_config(PORT, config).unwrap();
             let slot = config.slot;
-            let mut user = h.loaded.maps.user_state.get(&slot, 0).unwrap();
+            let mut user = h.loaded.maps.raw().user_state.get(&slot, 0).unwrap();
             user.retry_after_s = 42;
-            h.loaded.maps.user_state.set(slot, user, 0).unwrap();
+            h.loaded.maps.raw_mut().user_state.set(slot, user, 0).unwrap();
             let (_, out) = h.run(hook, &frame(&data)).unwrap();
             let text = http_503(42, "limit", "normal");
             assert_eq!(
@@ -1379,7 +1379,7 @@ fn a_gate_verified_ahead_judges_with_its_own_maps() {
     assert_eq!(run(&mut loaded), TC_ACT_OK, "under the limit written after the programs were verified");
     let slot = loaded.maps.config(PORT).unwrap().slot;
     let full = shed_common::PortState { opened: 1, busy_enter: 1, ..Default::default() };
-    loaded.maps.state.set(slot, full, 0).unwrap();
+    loaded.maps.raw_mut().state.set(slot, full, 0).unwrap();
     assert_eq!(run(&mut loaded), TC_ACT_REDIRECT, "at the limit: the reset, from the same maps");
     drop(loaded);
     std::fs::remove_dir_all(&pins).unwrap();
@@ -1413,8 +1413,8 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
         c.action = act;
         h.loaded.maps.write_config(KEPT, c).unwrap();
         // A new decision: the last one's record forgotten.
-        for sk in h.loaded.maps.refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-            h.loaded.maps.refused_turns.remove(&sk).unwrap();
+        for sk in h.loaded.maps.raw().refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+            h.loaded.maps.raw_mut().refused_turns.remove(&sk).unwrap();
         }
     };
     let (seq, ack) = (kept.next.seq, kept.next.ack);
@@ -1433,9 +1433,9 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
 
         // Another connection busy: the port is at its limit.
         let slot = config.slot;
-        let mut state = h.loaded.maps.state.get(&slot, 0).unwrap();
+        let mut state = h.loaded.maps.raw().state.get(&slot, 0).unwrap();
         state.busy_enter += 1;
-        h.loaded.maps.state.set(slot, state, 0).unwrap();
+        h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
         for attempt in ["request", "retransmitted request"] {
             let (verdict, out) = h.run(hook, &kept.frame).unwrap();
             assert_eq!(verdict, rst(hook), "{hook:?}: {attempt}");
@@ -1447,7 +1447,7 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
             [1, 1, 1, 2],
             "{hook:?}: refused once, answered twice"
         );
-        let refused: Vec<_> = h.loaded.maps.refused_turns.iter().filter_map(Result::ok).map(|(_, t)| t).collect();
+        let refused: Vec<_> = h.loaded.maps.raw().refused_turns.iter().filter_map(Result::ok).map(|(_, t)| t).collect();
         assert_eq!(refused.len(), 1, "{hook:?}: the refused request is recorded for the daemon");
         assert_eq!(
             (refused[0].flow.client_port, refused[0].flow.server_port, refused[0].seq, refused[0].action),
@@ -1488,7 +1488,7 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
         c.count_mode = count_mode::WORK;
         h.loaded.maps.write_config(KEPT, c).unwrap();
         state.busy_exit += 1;
-        h.loaded.maps.state.set(slot, state, 0).unwrap();
+        h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
     }
     drop(kept.server);
 }

@@ -213,8 +213,8 @@ impl Turns {
     fn per_packet_ns(&mut self, pass_only: bool, n: u32) -> Result<f64> {
         // A fresh refusal each run: the record of the last one is forgotten first.
         let forget = |loaded: &mut Loaded| -> Result<()> {
-            for sk in loaded.maps.refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
-                loaded.maps.refused_turns.remove(&sk)?;
+            for sk in loaded.maps.raw().refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+                loaded.maps.raw_mut().refused_turns.remove(&sk)?;
             }
             Ok(())
         };

@@ -195,19 +195,10 @@ impl Healer {
         let mut found = !stale.is_subset(&self.stale_before);
         let mut acted = false;
         for key in confirmed(&stale, &self.stale_before) {
-            let entry = tracked[key];
-            if maps.socks.remove(key).is_ok() {
+            // The close was missed, so its client still counts it: forgotten with it.
+            if maps.forget_socket(*key, &tracked[key]) {
                 acted = true;
                 tracked.remove(key);
-                if entry.capped != 0 {
-                    // The close was missed, so its client still counts it. A read-modify-write:
-                    // a kernel add racing it (microseconds, on a connection whose close we
-                    // missed) would be lost, loosening that client's cap by one.
-                    let client = shed_common::ClientKey { slot: entry.slot, addr: entry.client };
-                    if let Ok(held) = maps.clients.get(&client, 0) {
-                        let _ = maps.clients.insert(client, (held - 1).max(0), 0);
-                    }
-                }
             }
         }
         self.stale_before = stale;
@@ -219,8 +210,7 @@ impl Healer {
         for flow in confirmed(&untracked, &self.untracked_before) {
             let Some(config) = configs.get(&flow.server_port) else { continue };
             // Exempt clients are never counted, so never adopted either.
-            let tier = maps.tiers.get(&aya::maps::lpm_trie::Key::new(128, flow.client_addr), 0).ok();
-            if tier == Some(u32::from(shed_common::tier::EXEMPT)) {
+            if maps.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
                 continue;
             }
             let entry = SockEntry {
@@ -239,13 +229,11 @@ impl Healer {
                 silent_epoch: 0,
             };
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
-            const BPF_NOEXIST: u64 = 1;
-            match maps.socks.insert(key, entry, BPF_NOEXIST) {
-                Ok(()) => {
-                    acted = true;
-                    tracked.insert(key, entry);
-                }
-                Err(_) => adopt_failed += 1,
+            if maps.adopt_socket(key, entry) {
+                acted = true;
+                tracked.insert(key, entry);
+            } else {
+                adopt_failed += 1;
             }
         }
         self.untracked_before = untracked;
@@ -267,12 +255,7 @@ impl Healer {
             let certain = (beyond(drift.0, opens, closes), beyond(drift.1, enters, exits));
             let now = Drift { seen: drift, certain };
             if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), &now) {
-                let n = (drift.0.unsigned_abs()).max(drift.1.unsigned_abs());
-                let mut user = snapshot.user;
-                user.established_adjust -= drift.0;
-                user.busy_adjust -= drift.1;
-                user.drift_corrected += n;
-                maps.user_state.set(slot, user, 0).map_err(|e| Error::map("write drift correction", e))?;
+                maps.correct_drift(slot, drift)?;
                 tracing::warn!(
                     port,
                     established_drift = drift.0,

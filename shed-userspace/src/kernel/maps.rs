@@ -15,7 +15,11 @@ use shed_common::{
 
 use crate::{error::Error, host::paths, kernel::options::Cidr};
 
-pub struct GateMaps {
+/// The gate's maps as the kernel shares them, typed. For harnesses and
+/// benchmarks that plant a state ([`GateMaps::raw_mut`]): a write here
+/// bypasses every write protocol [`GateMaps`] keeps (a config before its
+/// slot, a client's count with its socket, a ring's reset with its port).
+pub struct RawMaps {
     pub ports: HashMap<MapData, u16, PortConfig>,
     pub state: Array<MapData, PortState>,
     pub user_state: Array<MapData, UserPortState>,
@@ -40,6 +44,13 @@ pub struct GateMaps {
     pub port_slots: Array<MapData, u32>,
     pub slot_config: Array<MapData, PortConfig>,
     pub refused_turns: HashMap<MapData, u64, RefusedTurn>,
+}
+
+/// Every map of one gate, and the only writer of them in the daemon: each
+/// write protocol (protect a port, heal a count, reload a setting) is a
+/// method here.
+pub struct GateMaps {
+    raw: RawMaps,
 }
 
 /// Everything known about one port at one instant.
@@ -128,6 +139,16 @@ where
 }
 
 impl GateMaps {
+    /// The maps themselves, to read as the kernel holds them.
+    pub fn raw(&self) -> &RawMaps {
+        &self.raw
+    }
+
+    /// The maps themselves, to plant a state (tests, benchmarks): see [`RawMaps`].
+    pub fn raw_mut(&mut self) -> &mut RawMaps {
+        &mut self.raw
+    }
+
     /// Takes the maps out of a freshly loaded object, pinning each under `pin_dir` if given.
     pub(crate) fn from_ebpf(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
         Self::build(|name| {
@@ -198,29 +219,31 @@ impl GateMaps {
 
     fn build(mut open: impl FnMut(&str) -> Result<Map, Error>) -> Result<Self, Error> {
         Ok(Self {
-            ports: typed(map::PORTS, open(map::PORTS)?)?,
-            state: typed(map::PORT_STATE, open(map::PORT_STATE)?)?,
-            user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
-            counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
-            handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
-            silent: typed(map::SILENT, open(map::SILENT)?)?,
-            stamps: typed(map::STAMPS, open(map::STAMPS)?)?,
-            local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
-            gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,
-            socks: typed(map::SOCKS, open(map::SOCKS)?)?,
-            limits: typed(map::LIMITS, open(map::LIMITS)?)?,
-            latency: typed(map::LATENCY, open(map::LATENCY)?)?,
-            control: typed(map::CONTROL, open(map::CONTROL)?)?,
-            status: typed(map::STATUS, open(map::STATUS)?)?,
-            tiers: typed(map::TIERS, open(map::TIERS)?)?,
-            reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
-            clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
-            pending_clients: typed(map::PENDING_CLIENTS, open(map::PENDING_CLIENTS)?)?,
-            contention: typed(map::CONTENTION, open(map::CONTENTION)?)?,
-            netns: typed(map::NETNS, open(map::NETNS)?)?,
-            port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
-            slot_config: typed(map::SLOT_CONFIG, open(map::SLOT_CONFIG)?)?,
-            refused_turns: typed(map::REFUSED_TURNS, open(map::REFUSED_TURNS)?)?,
+            raw: RawMaps {
+                ports: typed(map::PORTS, open(map::PORTS)?)?,
+                state: typed(map::PORT_STATE, open(map::PORT_STATE)?)?,
+                user_state: typed(map::USER_STATE, open(map::USER_STATE)?)?,
+                counters: typed(map::COUNTERS, open(map::COUNTERS)?)?,
+                handshakes: typed(map::HANDSHAKES, open(map::HANDSHAKES)?)?,
+                silent: typed(map::SILENT, open(map::SILENT)?)?,
+                stamps: typed(map::STAMPS, open(map::STAMPS)?)?,
+                local_addrs: typed(map::LOCAL_ADDRS, open(map::LOCAL_ADDRS)?)?,
+                gate_counters: typed(map::GATE_COUNTERS, open(map::GATE_COUNTERS)?)?,
+                socks: typed(map::SOCKS, open(map::SOCKS)?)?,
+                limits: typed(map::LIMITS, open(map::LIMITS)?)?,
+                latency: typed(map::LATENCY, open(map::LATENCY)?)?,
+                control: typed(map::CONTROL, open(map::CONTROL)?)?,
+                status: typed(map::STATUS, open(map::STATUS)?)?,
+                tiers: typed(map::TIERS, open(map::TIERS)?)?,
+                reserve: typed(map::RESERVE, open(map::RESERVE)?)?,
+                clients: typed(map::CLIENTS, open(map::CLIENTS)?)?,
+                pending_clients: typed(map::PENDING_CLIENTS, open(map::PENDING_CLIENTS)?)?,
+                contention: typed(map::CONTENTION, open(map::CONTENTION)?)?,
+                netns: typed(map::NETNS, open(map::NETNS)?)?,
+                port_slots: typed(map::PORT_SLOTS, open(map::PORT_SLOTS)?)?,
+                slot_config: typed(map::SLOT_CONFIG, open(map::SLOT_CONFIG)?)?,
+                refused_turns: typed(map::REFUSED_TURNS, open(map::REFUSED_TURNS)?)?,
+            },
         })
     }
 
@@ -230,6 +253,7 @@ impl GateMaps {
     /// retransmissions are dropped too, until the table's LRU evicts it.
     pub(crate) fn take_refused_turns(&mut self) -> Result<Vec<RefusedTurn>, Error> {
         let found: Vec<(u64, RefusedTurn)> = self
+            .raw
             .refused_turns
             .iter()
             .filter(|r| {
@@ -239,18 +263,19 @@ impl GateMaps {
             .map_err(|e| Error::map("read refused requests", e))?;
         for (sk, _) in &found {
             // Gone already (the LRU evicted it): nothing to take.
-            let _ = self.refused_turns.remove(sk);
+            let _ = self.raw.refused_turns.remove(sk);
         }
         Ok(found.into_iter().map(|(_, turn)| turn).collect())
     }
 
     /// Protected ports and their configuration, by port.
     pub(crate) fn port_configs(&self) -> Result<BTreeMap<u16, PortConfig>, Error> {
-        self.ports.iter().collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| Error::map("read protected ports", e))
+        self.raw.ports.iter().collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| Error::map("read protected ports", e))
     }
 
     pub fn config(&self, port: u16) -> Result<PortConfig, Error> {
-        self.ports
+        self.raw
+            .ports
             .get(&port, 0)
             .map_err(|_| Error::PortNotProtected { port, protected: self.port_list().unwrap_or_default() })
     }
@@ -268,25 +293,25 @@ impl GateMaps {
         let cpus =
             aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
         let reset = |e| Error::map("reset port state", e);
-        self.state.set(slot, PortState::default(), 0).map_err(reset)?;
+        self.raw.state.set(slot, PortState::default(), 0).map_err(reset)?;
         // The window's shift before the port is judged: an admission stamped in
         // one shift's epochs and completed in another's counts late and lapses
         // (the first window wrote it, with handshakes under way: the soak, 1 in 10).
         let user = UserPortState { handshake_shift: spec.handshake_shift, ..UserPortState::default() };
-        self.user_state.set(slot, user, 0).map_err(reset)?;
-        self.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
-        self.silent.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
+        self.raw.user_state.set(slot, user, 0).map_err(reset)?;
+        self.raw.handshakes.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
+        self.raw.silent.set(slot, HandshakeRing::default(), 0).map_err(reset)?;
         // A slot's last port's largest client must not make this port defer SYNs.
-        self.contention.set(slot, Contention::default(), 0).map_err(reset)?;
+        self.raw.contention.set(slot, Contention::default(), 0).map_err(reset)?;
         let zero =
             aya::maps::PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| reset(e.into()))?;
-        self.counters.set(slot, zero, 0).map_err(reset)?;
+        self.raw.counters.set(slot, zero, 0).map_err(reset)?;
         let zero =
             aya::maps::PerCpuValues::try_from(vec![PortLatency::default(); cpus]).map_err(|e| reset(e.into()))?;
-        self.latency.set(slot, zero, 0).map_err(reset)?;
-        self.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
-        self.reserve.set(slot, TierReserve::default(), 0).map_err(reset)?;
-        self.control.set(slot, spec.control, 0).map_err(reset)?;
+        self.raw.latency.set(slot, zero, 0).map_err(reset)?;
+        self.raw.status.set(slot, ControlStatus::default(), 0).map_err(reset)?;
+        self.raw.reserve.set(slot, TierReserve::default(), 0).map_err(reset)?;
+        self.raw.control.set(slot, spec.control, 0).map_err(reset)?;
         self.set_limit(slot, spec.limit)?;
         let mut config = PortConfig::new(slot, spec.action, spec.dry_run, spec.count_mode);
         config.share_permille = spec.share_permille;
@@ -300,18 +325,18 @@ impl GateMaps {
         config.retry_after_s = spec.retry_after_s;
         // The config first, then the port's slot: the gate never finds a slot without its config.
         self.write_config(port, config)?;
-        self.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
+        self.raw.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
         Ok(config)
     }
 
     /// A port's limit now.
     pub(crate) fn limit(&self, slot: u32) -> Result<u32, Error> {
-        self.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))
+        self.raw.limits.get(&slot, 0).map_err(|e| Error::map("read limit", e))
     }
 
     /// A port's largest client and when a client under its share was last refused.
     pub(crate) fn contention_of(&self, slot: u32) -> Result<Contention, Error> {
-        self.contention.get(&slot, 0).map_err(|e| Error::map("read contention", e))
+        self.raw.contention.get(&slot, 0).map_err(|e| Error::map("read contention", e))
     }
 
     /// Counts requests the daemon closed for a client over its share (see `daemon::stalled`).
@@ -323,24 +348,24 @@ impl GateMaps {
     }
 
     pub fn set_limit(&mut self, slot: u32, limit: u32) -> Result<(), Error> {
-        self.limits.set(slot, limit, 0).map_err(|e| Error::map("write limit", e))
+        self.raw.limits.set(slot, limit, 0).map_err(|e| Error::map("write limit", e))
     }
 
     pub(crate) fn write_control(&mut self, slot: u32, control: ControlConfig) -> Result<(), Error> {
-        self.control.set(slot, control, 0).map_err(|e| Error::map("write controller settings", e))
+        self.raw.control.set(slot, control, 0).map_err(|e| Error::map("write controller settings", e))
     }
 
     pub(crate) fn write_reserve(&mut self, slot: u32, reserve: TierReserve) -> Result<(), Error> {
-        self.reserve.set(slot, reserve, 0).map_err(|e| Error::map("write tier reserve", e))
+        self.raw.reserve.set(slot, reserve, 0).map_err(|e| Error::map("write tier reserve", e))
     }
 
     pub(crate) fn write_status(&mut self, slot: u32, status: ControlStatus) -> Result<(), Error> {
-        self.status.set(slot, status, 0).map_err(|e| Error::map("write controller status", e))
+        self.raw.status.set(slot, status, 0).map_err(|e| Error::map("write controller status", e))
     }
 
     /// The port's latency histograms, summed over CPUs (cumulative since attach).
     pub fn latency(&self, slot: u32) -> Result<PortLatency, Error> {
-        let per_cpu = self.latency.get(&slot, 0).map_err(|e| Error::map("read latency histograms", e))?;
+        let per_cpu = self.raw.latency.get(&slot, 0).map_err(|e| Error::map("read latency histograms", e))?;
         let mut sum = PortLatency::default();
         for cpu in per_cpu.iter() {
             for (total, part) in [
@@ -359,34 +384,37 @@ impl GateMaps {
 
     /// Writes a port's config: the authoritative hash and the gate's copy by slot.
     pub fn write_config(&mut self, port: u16, config: PortConfig) -> Result<(), Error> {
-        self.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))?;
-        self.slot_config.set(config.slot, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))
+        self.raw.ports.insert(port, config, 0).map_err(|e| Error::map(format!("write config of port {port}"), e))?;
+        self.raw
+            .slot_config
+            .set(config.slot, config, 0)
+            .map_err(|e| Error::map(format!("write config of port {port}"), e))
     }
 
     /// Stops protecting `port`. Its sockets still release their counts as they close.
     pub(crate) fn unprotect(&mut self, port: u16) -> Result<(), Error> {
         // The slot first: the gate stops judging the port before its config goes.
-        self.port_slots.set(u32::from(port), 0, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
-        self.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
+        self.raw.port_slots.set(u32::from(port), 0, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
+        self.raw.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
     }
 
     /// A port's controller settings.
     pub fn control(&self, slot: u32) -> Result<ControlConfig, Error> {
-        self.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))
+        self.raw.control.get(&slot, 0).map_err(|e| Error::map("read controller settings", e))
     }
 
     pub fn snapshot(&self, port: u16, config: PortConfig) -> Result<PortSnapshot, Error> {
         let slot = config.slot;
         let limit = self.limit(slot)?;
         let control = self.control(slot)?;
-        let status = self.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
-        let reserve = self.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
-        let state = self.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-        let user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-        let ring = self.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
-        let silent = self.silent.get(&slot, 0).map_err(|e| Error::map("read silent connections", e))?;
+        let status = self.raw.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
+        let reserve = self.raw.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
+        let state = self.raw.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let user = self.raw.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let ring = self.raw.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
+        let silent = self.raw.silent.get(&slot, 0).map_err(|e| Error::map("read silent connections", e))?;
         let now_ns = crate::host::system::monotonic_ns();
-        let per_cpu = self.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
+        let per_cpu = self.raw.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
         let mut counters = PortCounters::default();
         for cpu in per_cpu.iter() {
             for (sum, v) in counters.values.iter_mut().zip(cpu.values) {
@@ -408,7 +436,8 @@ impl GateMaps {
 
     /// Every client network with a tier.
     pub(crate) fn tier_entries(&self) -> Result<BTreeMap<Cidr, u8>, Error> {
-        self.tiers
+        self.raw
+            .tiers
             .iter()
             .map(|r| r.map(|(k, t)| (Cidr { prefix_len: k.prefix_len(), addr: k.data() }, t as u8)))
             .collect::<Result<_, _>>()
@@ -416,14 +445,16 @@ impl GateMaps {
     }
 
     pub fn set_tier(&mut self, cidr: Cidr, tier: u8) -> Result<(), Error> {
-        self.tiers
+        self.raw
+            .tiers
             .insert(&Key::new(cidr.prefix_len, cidr.addr), u32::from(tier), 0)
             .map_err(|e| Error::map(format!("write tier of {cidr}"), e))?;
         self.sync_tiered()
     }
 
     pub fn remove_tier(&mut self, cidr: Cidr) -> Result<(), Error> {
-        self.tiers
+        self.raw
+            .tiers
             .remove(&Key::new(cidr.prefix_len, cidr.addr))
             .map_err(|e| Error::map(format!("remove tier of {cidr}"), e))?;
         self.sync_tiered()
@@ -432,7 +463,7 @@ impl GateMaps {
     /// Whether any client network has a tier: one step into the trie, not a
     /// walk of it (a walk per insert made loading n tiers quadratic).
     fn any_tier(&self) -> Result<bool, Error> {
-        self.tiers.keys().next().transpose().map(|k| k.is_some()).map_err(|e| Error::map("read tiers", e))
+        self.raw.tiers.keys().next().transpose().map(|k| k.is_some()).map_err(|e| Error::map("read tiers", e))
     }
 
     /// Tier shares apply on every port exactly while some client has a tier.
@@ -450,7 +481,7 @@ impl GateMaps {
     /// Clients of `slot` with what they hold against the cap, most first.
     pub fn client_counts(&self, slot: u32) -> Result<Vec<(ClientKey, i64)>, Error> {
         let mut out: Vec<(ClientKey, i64)> =
-            self.clients.iter().filter_map(Result::ok).filter(|(k, _)| k.slot == slot).collect();
+            self.raw.clients.iter().filter_map(Result::ok).filter(|(k, _)| k.slot == slot).collect();
         out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(out)
     }
@@ -461,7 +492,7 @@ impl GateMaps {
         use aya::maps::IterableMap as _;
         let capacity =
             |map: &MapData| map.info().map(|info| info.max_entries()).map_err(|e| Error::map("read map size", e));
-        let (connections, clients) = (capacity(self.socks.map())?, capacity(self.clients.map())?);
+        let (connections, clients) = (capacity(self.raw.socks.map())?, capacity(self.raw.clients.map())?);
         let quotas = (shed_common::map_quota(connections, slots.len()), shed_common::map_quota(clients, slots.len()));
         for &slot in slots {
             self.update_user_state(slot, "write map quotas", |user| {
@@ -486,12 +517,12 @@ impl GateMaps {
         // entry made the sweep quadratic on the control loop's thread.
         let mut idle = std::collections::HashSet::new();
         let mut forgotten: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
-        for (key, held) in self.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
+        for (key, held) in self.raw.clients.iter().filter_map(Result::ok).collect::<Vec<_>>() {
             if held > 0 {
                 continue;
             }
             if idle_before.contains(&key) {
-                if self.clients.remove(&key).is_ok() {
+                if self.raw.clients.remove(&key).is_ok() {
                     *forgotten.entry(key.slot).or_default() += 1;
                 }
             } else {
@@ -515,15 +546,58 @@ impl GateMaps {
         use std::os::fd::{AsFd as _, AsRawFd as _};
 
         use aya::maps::IterableMap as _;
-        let fd = self.socks.map().fd().as_fd().as_raw_fd();
+        let fd = self.raw.socks.map().fd().as_fd().as_raw_fd();
         match lookup_batch::<u64, SockEntry>(fd) {
             Ok(entries) => Ok(entries.into_iter().collect()),
             // Kernels without batch lookups for hash maps: one entry at a time.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                self.socks.iter().collect::<Result<_, _>>().map_err(|e| Error::map("read tracked sockets", e))
+                self.raw.socks.iter().collect::<Result<_, _>>().map_err(|e| Error::map("read tracked sockets", e))
             }
             Err(e) => Err(Error::io("read", "tracked sockets (BPF_MAP_LOOKUP_BATCH)", e)),
         }
+    }
+
+    /// Forgets a tracked socket whose close the gate missed (the healer found
+    /// it gone from the kernel's table): its entry, and the count its client
+    /// still holds for it. Returns whether the entry was there. (The client's
+    /// count is read, lowered and written: a kernel add racing it, on a
+    /// connection whose close was missed, would be lost, loosening that
+    /// client's cap by one.)
+    pub(crate) fn forget_socket(&mut self, key: u64, entry: &SockEntry) -> bool {
+        if self.raw.socks.remove(&key).is_err() {
+            return false;
+        }
+        if entry.capped != 0 {
+            let client = ClientKey { slot: entry.slot, addr: entry.client };
+            if let Ok(held) = self.raw.clients.get(&client, 0) {
+                let _ = self.raw.clients.insert(client, (held - 1).max(0), 0);
+            }
+        }
+        true
+    }
+
+    /// Tracks a connection the gate missed opening (the healer found it in the
+    /// kernel's table), under `key`, unless the key is taken. Returns whether
+    /// it was added.
+    pub(crate) fn adopt_socket(&mut self, key: u64, entry: SockEntry) -> bool {
+        const BPF_NOEXIST: u64 = 1;
+        self.raw.socks.insert(key, entry, BPF_NOEXIST).is_ok()
+    }
+
+    /// The tier of the client at `addr` (its longest prefix), if it has one.
+    pub(crate) fn tier_of(&self, addr: [u8; 16]) -> Option<u8> {
+        self.raw.tiers.get(&Key::new(128, addr), 0).ok().map(|t| t as u8)
+    }
+
+    /// Takes a drift out of a port's counts (established, busy), counted in
+    /// `drift_corrected` as the larger of the two.
+    pub(crate) fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error> {
+        self.update_user_state(slot, "write drift correction", |user| {
+            user.established_adjust -= drift.0;
+            user.busy_adjust -= drift.1;
+            user.drift_corrected += drift.0.unsigned_abs().max(drift.1.unsigned_abs());
+            true
+        })
     }
 
     /// Kernel memory the gate's maps hold now, in bytes (the `memlock` the
@@ -534,36 +608,36 @@ impl GateMaps {
 
         use aya::maps::IterableMap as _;
         let fds = [
-            self.ports.map(),
-            self.state.map(),
-            self.user_state.map(),
-            self.counters.map(),
-            self.handshakes.map(),
-            self.silent.map(),
-            self.stamps.map(),
-            self.local_addrs.map(),
-            self.gate_counters.map(),
-            self.socks.map(),
-            self.limits.map(),
-            self.latency.map(),
-            self.control.map(),
-            self.status.map(),
-            self.tiers.map(),
-            self.reserve.map(),
-            self.clients.map(),
-            self.pending_clients.map(),
-            self.contention.map(),
-            self.netns.map(),
-            self.port_slots.map(),
-            self.slot_config.map(),
-            self.refused_turns.map(),
+            self.raw.ports.map(),
+            self.raw.state.map(),
+            self.raw.user_state.map(),
+            self.raw.counters.map(),
+            self.raw.handshakes.map(),
+            self.raw.silent.map(),
+            self.raw.stamps.map(),
+            self.raw.local_addrs.map(),
+            self.raw.gate_counters.map(),
+            self.raw.socks.map(),
+            self.raw.limits.map(),
+            self.raw.latency.map(),
+            self.raw.control.map(),
+            self.raw.status.map(),
+            self.raw.tiers.map(),
+            self.raw.reserve.map(),
+            self.raw.clients.map(),
+            self.raw.pending_clients.map(),
+            self.raw.contention.map(),
+            self.raw.netns.map(),
+            self.raw.port_slots.map(),
+            self.raw.slot_config.map(),
+            self.raw.refused_turns.map(),
         ]
         .map(|m| m.fd().as_fd().as_raw_fd());
         fds.iter().filter_map(|fd| memlock_of(*fd)).sum()
     }
 
     pub(crate) fn set_netns_filter(&mut self, filter: NetnsFilter) -> Result<(), Error> {
-        self.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
+        self.raw.netns.set(0, filter, 0).map_err(|e| Error::map("write namespace filter", e))
     }
 
     /// Writes the namespace's own addresses (see [`shed_common::local_addr`]):
@@ -578,8 +652,8 @@ impl GateMaps {
         let mut changed = false;
         for (slot, entry) in table.iter().enumerate() {
             let slot = slot as u32;
-            if self.local_addrs.get(&slot, 0).ok().as_ref() != Some(entry) {
-                self.local_addrs.set(slot, *entry, 0).map_err(|e| Error::map("write local addresses", e))?;
+            if self.raw.local_addrs.get(&slot, 0).ok().as_ref() != Some(entry) {
+                self.raw.local_addrs.set(slot, *entry, 0).map_err(|e| Error::map("write local addresses", e))?;
                 changed = true;
             }
         }
@@ -590,7 +664,7 @@ impl GateMaps {
     pub fn local_addrs(&self) -> Result<BTreeMap<[u8; 16], u32>, Error> {
         let mut out = BTreeMap::new();
         for slot in 0..shed_common::local_addr::SLOTS {
-            let entry = self.local_addrs.get(&slot, 0).map_err(|e| Error::map("read local addresses", e))?;
+            let entry = self.raw.local_addrs.get(&slot, 0).map_err(|e| Error::map("read local addresses", e))?;
             if entry.kind != 0 {
                 out.insert(entry.addr, entry.kind);
             }
@@ -620,16 +694,16 @@ impl GateMaps {
         what: &'static str,
         change: impl FnOnce(&mut UserPortState) -> bool,
     ) -> Result<(), Error> {
-        let mut user = self.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let mut user = self.raw.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
         if change(&mut user) {
-            self.user_state.set(slot, user, 0).map_err(|e| Error::map(what, e))?;
+            self.raw.user_state.set(slot, user, 0).map_err(|e| Error::map(what, e))?;
         }
         Ok(())
     }
 
     /// Gate-wide counters summed over CPUs, by [`gate_counter`] index.
     pub fn gate_counters(&self) -> Result<[u64; gate_counter::COUNT], Error> {
-        let per_cpu = self.gate_counters.get(&0, 0).map_err(|e| Error::map("read gate counters", e))?;
+        let per_cpu = self.raw.gate_counters.get(&0, 0).map_err(|e| Error::map("read gate counters", e))?;
         let mut sum = [0u64; gate_counter::COUNT];
         for cpu in per_cpu.iter() {
             for (s, v) in sum.iter_mut().zip(cpu.values) {
@@ -643,7 +717,7 @@ impl GateMaps {
     /// that carries no traffic, so one case's admissions do not hold the next one's slots).
     pub fn clear_handshakes(&mut self) {
         for slot in self.port_configs().unwrap_or_default().values().map(|c| c.slot) {
-            let _ = self.handshakes.set(slot, HandshakeRing::default(), 0);
+            let _ = self.raw.handshakes.set(slot, HandshakeRing::default(), 0);
         }
     }
 }
