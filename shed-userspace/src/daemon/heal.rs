@@ -179,69 +179,94 @@ impl Healer {
         // between is gone from both; one that opens in between is caught next pass.
         let mut tracked: HashMap<u64, SockEntry> = maps.tracked_sockets()?;
         let counts_read = event_counts(maps, configs)?;
+        let (live, table_records) = self.live_flows(&ports)?;
+        let records = (tracked.len() + table_records) as u64;
+        let mut outcome = PassOutcome { records, found: false, acted: false, adopt_failed: 0 };
+        self.forget_stale(maps, configs, &mut tracked, &live, &mut outcome);
+        self.adopt_untracked(maps, configs, &mut tracked, &live, &mut outcome);
+        self.correct_counts(maps, configs, &tracked, (&counts_before, &counts_read), &mut outcome)?;
+        Ok(outcome)
+    }
+
+    /// The connections of `ports` the kernel's socket table holds, and the
+    /// records read for them.
+    fn live_flows(&mut self, ports: &BTreeSet<u16>) -> Result<(HashSet<FlowKey>, usize), Error> {
         let mut live = Vec::new();
         let table = match &mut self.table {
             Some(table) => table,
             None => self.table.insert(SocketTable::open().map_err(|e| Error::io("open", "sock_diag socket", e))?),
         };
-        let table_records =
-            table.held(&ports, &mut live).map_err(|e| Error::io("read socket table", "sock_diag", e))?;
-        let live: HashSet<FlowKey> = live.into_iter().collect();
-        let records = (tracked.len() + table_records) as u64;
+        let records = table.held(ports, &mut live).map_err(|e| Error::io("read socket table", "sock_diag", e))?;
+        Ok((live.into_iter().collect(), records))
+    }
 
+    /// Forgets the tracked sockets of our ports that the table no longer
+    /// holds, seen so by this pass and the last.
+    fn forget_stale(
+        &mut self,
+        maps: &mut GateMaps,
+        configs: &BTreeMap<u16, PortConfig>,
+        tracked: &mut HashMap<u64, SockEntry>,
+        live: &HashSet<FlowKey>,
+        outcome: &mut PassOutcome,
+    ) {
         let ours = |e: &SockEntry| configs.get(&e.port).is_some_and(|c| c.slot == e.slot);
         let stale: HashSet<u64> =
             tracked.iter().filter(|(_, e)| ours(e) && !live.contains(&e.flow)).map(|(k, _)| *k).collect();
-        let mut found = !stale.is_subset(&self.stale_before);
-        let mut acted = false;
+        outcome.found |= !stale.is_subset(&self.stale_before);
         for key in confirmed(&stale, &self.stale_before) {
             // The close was missed, so its client still counts it: forgotten with it.
             if maps.forget_socket(*key, &tracked[key]) {
-                acted = true;
+                outcome.acted = true;
                 tracked.remove(key);
             }
         }
         self.stale_before = stale;
+    }
 
+    /// Tracks the table's connections the gate missed opening, seen so by
+    /// this pass and the last (never an exempt client's: those are not counted).
+    fn adopt_untracked(
+        &mut self,
+        maps: &mut GateMaps,
+        configs: &BTreeMap<u16, PortConfig>,
+        tracked: &mut HashMap<u64, SockEntry>,
+        live: &HashSet<FlowKey>,
+        outcome: &mut PassOutcome,
+    ) {
         let tracked_flows: HashSet<FlowKey> = tracked.values().map(|e| e.flow).collect();
         let untracked: HashSet<FlowKey> = live.difference(&tracked_flows).copied().collect();
-        found |= !untracked.is_subset(&self.untracked_before);
-        let mut adopt_failed = 0;
+        outcome.found |= !untracked.is_subset(&self.untracked_before);
         for flow in confirmed(&untracked, &self.untracked_before) {
             let Some(config) = configs.get(&flow.server_port) else { continue };
-            // Exempt clients are never counted, so never adopted either.
             if maps.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
                 continue;
             }
-            let entry = SockEntry {
-                slot: config.slot,
-                port: flow.server_port,
-                busy: 0,
-                capped: 0,
-                arrival_ns: 0,
-                pickup_ns: 0,
-                client: config.client_key(&flow.client_addr).addr,
-                flow: *flow,
-                multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
-                // Adopted as established and idle: it adds to no ring, so it releases from none.
-                silent: 0,
-                _pad2: [0; 2],
-                silent_epoch: 0,
-            };
+            let entry = adopted(config, flow);
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
             if maps.adopt_socket(key, entry) {
-                acted = true;
+                outcome.acted = true;
                 tracked.insert(key, entry);
             } else {
-                adopt_failed += 1;
+                outcome.adopt_failed += 1;
             }
         }
         self.untracked_before = untracked;
+    }
 
-        // Counts against the tracked sockets. On a busy port connections open and
-        // close while the pass reads: every event since the pass began may have
-        // landed on one side of the comparison and not the other, so only the
-        // drift beyond that many events is certain.
+    /// Each port's counts against the tracked sockets. On a busy port
+    /// connections open and close while the pass reads: every event since the
+    /// pass began may have landed on one side of the comparison and not the
+    /// other, so only the drift beyond that many events is certain, and it is
+    /// corrected once two passes agree on it.
+    fn correct_counts(
+        &mut self,
+        maps: &mut GateMaps,
+        configs: &BTreeMap<u16, PortConfig>,
+        tracked: &HashMap<u64, SockEntry>,
+        (counts_before, counts_read): (&EventCounts, &EventCounts),
+        outcome: &mut PassOutcome,
+    ) -> Result<(), Error> {
         for (&port, config) in configs {
             let slot = config.slot;
             let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
@@ -263,13 +288,32 @@ impl Healer {
                     "corrected in-flight drift against the socket table"
                 );
                 self.drift_before.remove(&slot);
-                acted = true;
+                outcome.acted = true;
             } else {
-                found |= drift != (0, 0) && self.drift_before.get(&slot).map(|d| d.seen) != Some(drift);
+                outcome.found |= drift != (0, 0) && self.drift_before.get(&slot).map(|d| d.seen) != Some(drift);
                 self.drift_before.insert(slot, now);
             }
         }
-        Ok(PassOutcome { records, found, acted, adopt_failed })
+        Ok(())
+    }
+}
+
+/// The entry a connection the gate missed opening is tracked under: as
+/// established and idle, so it adds to no ring and releases from none.
+fn adopted(config: &PortConfig, flow: &FlowKey) -> SockEntry {
+    SockEntry {
+        slot: config.slot,
+        port: flow.server_port,
+        busy: 0,
+        capped: 0,
+        arrival_ns: 0,
+        pickup_ns: 0,
+        client: config.client_key(&flow.client_addr).addr,
+        flow: *flow,
+        multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
+        silent: 0,
+        _pad2: [0; 2],
+        silent_epoch: 0,
     }
 }
 
@@ -285,8 +329,11 @@ struct PassOutcome {
     adopt_failed: u64,
 }
 
-/// Each port's raw event counts (opened, closed, busy enter and exit).
-fn event_counts(maps: &GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<BTreeMap<u16, [u64; 4]>, Error> {
+/// Each port's raw event counts (opened, closed, busy enter and exit), by port.
+type EventCounts = BTreeMap<u16, [u64; 4]>;
+
+/// Each port's raw event counts now.
+fn event_counts(maps: &GateMaps, configs: &BTreeMap<u16, PortConfig>) -> Result<EventCounts, Error> {
     let mut out = BTreeMap::new();
     for (&port, config) in configs {
         let s = maps.snapshot(port, *config)?.state;
