@@ -355,6 +355,41 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     }
     t.insert("xdp-mode".into(), s(&args.xdp_mode.name()));
     t.insert("action".into(), s(&args.action));
+    render_judging(&mut t, args);
+    match args.netns.as_slice() {
+        [] => {}
+        [one] => _ = t.insert("netns".into(), s(one)),
+        several => _ = t.insert("netns".into(), Value::Array(several.iter().map(|n| s(n)).collect())),
+    }
+    t.insert("handshake-window".into(), int(args.handshake_window.as_millis() as u64));
+    if let Some(metrics) = args.metrics {
+        t.insert("metrics".into(), s(&metrics));
+    }
+    if let Some(file) = &args.metrics_token_file {
+        t.insert("metrics-token-file".into(), s(&file.display()));
+    }
+    if let Some(port) = args.agent_port {
+        t.insert("agent-port".into(), int(port.into()));
+    }
+    t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
+    t.insert("max-connections".into(), int(args.max_connections.into()));
+    t.insert("max-clients".into(), int(args.max_clients.into()));
+    t.insert("memory-budget".into(), int(args.memory_budget.into()));
+    t.insert("kernel-log".into(), Value::Boolean(args.kernel_log));
+    t.insert("allow-nat".into(), Value::Boolean(args.allow_nat));
+    t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
+    t.insert("ready-window".into(), int(args.ready_window.as_secs()));
+    if args.pods {
+        t.insert("pods".into(), Value::Boolean(true));
+        t.insert("cri-socket".into(), s(&args.cri_socket.display()));
+    }
+    toml::to_string(&t).expect("a table always serializes")
+}
+
+/// The keys of how a port is judged (the limiter, tiers, clients, resets), in `render`'s order.
+fn render_judging(t: &mut toml::Table, args: &AttachArgs) {
+    let int = |n: u64| Value::Integer(n as i64);
+    let s = |v: &dyn std::fmt::Display| Value::String(v.to_string());
     if let Some(limit) = args.limit {
         t.insert("limit".into(), int(limit.into()));
     }
@@ -395,34 +430,6 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     t.insert("rst-prefix-rate".into(), int(args.rst_prefix_rate.into()));
     t.insert("retry-after".into(), int(args.retry_after.into()));
     t.insert("dry-run".into(), Value::Boolean(args.dry_run));
-    match args.netns.as_slice() {
-        [] => {}
-        [one] => _ = t.insert("netns".into(), s(one)),
-        several => _ = t.insert("netns".into(), Value::Array(several.iter().map(|n| s(n)).collect())),
-    }
-    t.insert("handshake-window".into(), int(args.handshake_window.as_millis() as u64));
-    if let Some(metrics) = args.metrics {
-        t.insert("metrics".into(), s(&metrics));
-    }
-    if let Some(file) = &args.metrics_token_file {
-        t.insert("metrics-token-file".into(), s(&file.display()));
-    }
-    if let Some(port) = args.agent_port {
-        t.insert("agent-port".into(), int(port.into()));
-    }
-    t.insert("heal-interval".into(), int(args.heal_interval.as_secs()));
-    t.insert("max-connections".into(), int(args.max_connections.into()));
-    t.insert("max-clients".into(), int(args.max_clients.into()));
-    t.insert("memory-budget".into(), int(args.memory_budget.into()));
-    t.insert("kernel-log".into(), Value::Boolean(args.kernel_log));
-    t.insert("allow-nat".into(), Value::Boolean(args.allow_nat));
-    t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
-    t.insert("ready-window".into(), int(args.ready_window.as_secs()));
-    if args.pods {
-        t.insert("pods".into(), Value::Boolean(true));
-        t.insert("cri-socket".into(), s(&args.cri_socket.display()));
-    }
-    toml::to_string(&t).expect("a table always serializes")
 }
 
 /// Where a relative `tier-file` in a config file points: next to the config file.
