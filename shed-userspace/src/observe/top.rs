@@ -164,7 +164,13 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
         Layout::vertical([Constraint::Length(1), Constraint::Length(3), Constraint::Length(3), Constraint::Min(6)])
             .areas(inner);
 
-    let r = &view.rates;
+    draw_summary(frame, summary, s, &view.rates);
+    draw_history(frame, limit_row, flight_row, view);
+    draw_tables(frame, tables, s, &view.rates);
+}
+
+/// The port's one-line summary: limit, in-flight and its parts, the rates.
+fn draw_summary(frame: &mut Frame, summary: Rect, s: &PortStats, r: &Rates) {
     frame.render_widget(
         Paragraph::new(Line::from(vec![
             Span::styled(format!("limit {}", s.limit), Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD)),
@@ -187,7 +193,10 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
         ])),
         summary,
     );
+}
 
+/// The limit and in-flight over the last windows, on one scale.
+fn draw_history(frame: &mut Frame, limit_row: Rect, flight_row: Rect, view: &PortView) {
     // One scale for both, so in-flight touching the limit looks like it.
     let width = usize::from(limit_row.width.saturating_sub(12));
     let tail = |v: &VecDeque<u64>| -> Vec<u64> { v.iter().skip(v.len().saturating_sub(width)).copied().collect() };
@@ -199,7 +208,10 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
         frame.render_widget(Paragraph::new(format!("{name}\n0..{scale}")), label);
         frame.render_widget(Sparkline::default().data(tail(series)).max(scale).style(Style::new().fg(color)), spark);
     }
+}
 
+/// The rates by tier and reason, and the last window's latencies.
+fn draw_tables(frame: &mut Frame, tables: Rect, s: &PortStats, r: &Rates) {
     let [by_tier, latency] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(tables);
     let mut tier_rows: Vec<Row> = (0..tier::COUNT)
         .map(|t| {
