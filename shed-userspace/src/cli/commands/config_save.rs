@@ -15,7 +15,7 @@ use crate::{
     control::Algo,
     daemon,
     host::system::{self, Need},
-    kernel::maps::GateMaps,
+    kernel::maps::{GateMaps, PortSnapshot},
     kernel::options::{Action, Count},
 };
 
@@ -40,17 +40,7 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
     };
     let snapshots = maps.snapshots(None)?;
     let Some(first) = snapshots.first() else { anyhow::bail!("the running gate protects no port: nothing to save") };
-    let settings = shared(&first.config, &first.control);
-    for s in &snapshots[1..] {
-        if shared(&s.config, &s.control) != settings {
-            anyhow::bail!(
-                "ports {} and {} have different settings, and a config file gives every port the same: make them agree with `shedctl set` first; nothing written",
-                first.port,
-                s.port
-            );
-        }
-    }
-    let (port_config, control) = settings;
+    let (port_config, control) = agreed_settings(&snapshots)?;
     if port_config.share_permille != tier::DEFAULT_SHARE_PERMILLE
         || port_config.tier_action != [tier::ACTION_DEFAULT; tier::COUNT]
     {
@@ -63,9 +53,52 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::new(),
         Err(e) => return Err(e).with_context(|| format!("read {}", file.display())),
     };
+    let ports = snapshots.iter().map(|s| Value::Integer(s.port.into())).collect();
+    table.insert("ports".into(), Value::Array(ports));
+    port_keys(&mut table, &port_config);
+    limiter_keys(&mut table, &control, first.limit);
+    if table.remove("tier-file").is_some() {
+        eprintln!("note: `tier-file` replaced by the live tiers, written as [tiers]");
+    }
+    let tiers: BTreeMap<String, Value> = maps
+        .tier_entries()?
+        .into_iter()
+        .map(|(cidr, t)| (cidr.to_string(), Value::String(crate::kernel::options::tier_name(t).into())))
+        .collect();
+    if tiers.is_empty() {
+        table.remove("tiers");
+    } else {
+        table.insert("tiers".into(), Value::Table(tiers.into_iter().collect()));
+    }
+    let out = format!(
+        "# Written by `shedctl config save` from the running gate (keys it does not hold kept from this file).\n{}",
+        toml::to_string(&table)?
+    );
+    write_checked(file, &out)?;
+    println!("saved the live settings of {} port(s) to {}", snapshots.len(), file.display());
+    Ok(())
+}
+
+/// The settings every port shares, or why they cannot be saved as one file's.
+fn agreed_settings(snapshots: &[PortSnapshot]) -> anyhow::Result<(PortConfig, ControlConfig)> {
+    let first = &snapshots[0];
+    let settings = shared(&first.config, &first.control);
+    for s in &snapshots[1..] {
+        if shared(&s.config, &s.control) != settings {
+            anyhow::bail!(
+                "ports {} and {} have different settings, and a config file gives every port the same: make them agree with `shedctl set` first; nothing written",
+                first.port,
+                s.port
+            );
+        }
+    }
+    Ok(settings)
+}
+
+/// The keys of how every port is judged, from the gate's config.
+fn port_keys(table: &mut Table, port_config: &PortConfig) {
     let int = |n: u64| Value::Integer(n as i64);
     let text = |s: String| Value::String(s);
-    table.insert("ports".into(), Value::Array(snapshots.iter().map(|s| int(s.port.into())).collect()));
     table.insert("action".into(), text(Action::from_raw(port_config.action).to_string()));
     table.insert("dry-run".into(), Value::Boolean(port_config.dry_run != 0));
     table.insert("count".into(), text(Count::from_raw(port_config.count_mode).name().into()));
@@ -75,15 +108,19 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
     table.insert("rst-rate".into(), int(port_config.rst_per_sec.into()));
     table.insert("rst-prefix-rate".into(), int(port_config.rst_per_prefix_per_sec.into()));
     table.insert("retry-after".into(), int(port_config.retry_after_s.into()));
+}
+
+/// The limiter's keys, from the gate's controller settings and its limit now.
+fn limiter_keys(table: &mut Table, control: &ControlConfig, limit: u32) {
+    let int = |n: u64| Value::Integer(n as i64);
     let algo = Algo::from_raw(control.algo);
-    let limit = first.limit;
     if algo == Algo::Fixed {
         table.remove("algo");
         table.remove("initial-limit");
         table.insert("limit".into(), int(limit.into()));
     } else {
         table.remove("limit");
-        table.insert("algo".into(), text(algo.to_string()));
+        table.insert("algo".into(), Value::String(algo.to_string()));
         table.insert("initial-limit".into(), int(limit.clamp(control.min_limit, control.max_limit).into()));
         table.insert("min-limit".into(), int(control.min_limit.into()));
         table.insert("max-limit".into(), int(control.max_limit.into()));
@@ -101,32 +138,17 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
         0 => table.remove("target-latency"),
         ms => table.insert("target-latency".into(), int(ms.into())),
     };
-    if table.remove("tier-file").is_some() {
-        eprintln!("note: `tier-file` replaced by the live tiers, written as [tiers]");
-    }
-    let tiers: BTreeMap<String, Value> = maps
-        .tier_entries()?
-        .into_iter()
-        .map(|(cidr, t)| (cidr.to_string(), text(crate::kernel::options::tier_name(t).into())))
-        .collect();
-    if tiers.is_empty() {
-        table.remove("tiers");
-    } else {
-        table.insert("tiers".into(), Value::Table(tiers.into_iter().collect()));
-    }
-    let out = format!(
-        "# Written by `shedctl config save` from the running gate (keys it does not hold kept from this file).\n{}",
-        toml::to_string(&table)?
-    );
-    // Only a file `attach` accepts, and written whole or not at all.
-    let args = config::file_args(file, &out, &|_| false)?;
+}
+
+/// Writes `out` to `file` only if `attach` accepts it, and whole or not at all.
+fn write_checked(file: &Path, out: &str) -> anyhow::Result<()> {
+    let args = config::file_args(file, out, &|_| false)?;
     let cli = config::parse_cli(["shedctl", "attach"].into_iter().map(std::ffi::OsString::from).chain(args))?;
     if let crate::cli::Command::Attach(args) = cli.command {
         args.control().map_err(anyhow::Error::msg)?;
     }
     let temp = file.with_extension("toml.new");
-    std::fs::write(&temp, &out).with_context(|| format!("write {}", temp.display()))?;
+    std::fs::write(&temp, out).with_context(|| format!("write {}", temp.display()))?;
     std::fs::rename(&temp, file).with_context(|| format!("replace {}", file.display()))?;
-    println!("saved the live settings of {} port(s) to {}", snapshots.len(), file.display());
     Ok(())
 }
