@@ -180,37 +180,47 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
         return Ok(());
     }
     let skaddr = event.sk()?;
-
     if newstate == tcp_state::CLOSE {
-        // SAFETY: plain data copied out of the map.
-        let Some(entry) = (unsafe { SHED_SOCKS.get(&skaddr) }).copied() else {
-            return Ok(());
-        };
-        if SHED_SOCKS.remove(&skaddr).is_ok()
-            && let Some(state) = state_field(entry.slot)
-        {
-            if entry.silent != 0 {
-                end_silence(entry.slot, entry.silent_epoch);
-            }
-            if entry.busy != 0 {
-                // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
-                atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
-            }
-            if !(fault!("close_not_counted") && entry.busy != 0) {
-                // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
-                atomic_add(unsafe { &raw mut (*state).closed }, 1);
-            }
-            if entry.capped != 0 && !fault!("client_not_released") {
-                client_release(&ClientKey { slot: entry.slot, addr: entry.client });
-            }
-        }
+        untrack(skaddr);
         return Ok(());
     }
+    if event.old_state()? != tcp_state::SYN_RECV {
+        return Ok(());
+    }
+    established(event, skaddr)
+}
 
-    let oldstate = event.old_state()?;
-    if newstate != tcp_state::ESTABLISHED || oldstate != tcp_state::SYN_RECV {
-        return Ok(());
+/// A tracked socket closed: its counts released (silent, busy, open, its client's).
+#[inline(always)]
+fn untrack(skaddr: u64) {
+    // SAFETY: plain data copied out of the map.
+    let Some(entry) = (unsafe { SHED_SOCKS.get(&skaddr) }).copied() else {
+        return;
+    };
+    if SHED_SOCKS.remove(&skaddr).is_ok()
+        && let Some(state) = state_field(entry.slot)
+    {
+        if entry.silent != 0 {
+            end_silence(entry.slot, entry.silent_epoch);
+        }
+        if entry.busy != 0 {
+            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+            atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
+        }
+        if !(fault!("close_not_counted") && entry.busy != 0) {
+            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+            atomic_add(unsafe { &raw mut (*state).closed }, 1);
+        }
+        if entry.capped != 0 && !fault!("client_not_released") {
+            client_release(&ClientKey { slot: entry.slot, addr: entry.client });
+        }
     }
+}
+
+/// A handshake of a protected port completed: the connection is tracked
+/// and counted, then its handshake's reservation released.
+#[inline(always)]
+fn established<E: StateChange>(event: &E, skaddr: u64) -> Result<(), i32> {
     let local_port = event.local_port()?;
     let Some(config) = port_config(local_port) else {
         return Ok(());
@@ -266,11 +276,29 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
             crate::rare::client_map_full(slot);
         }
     }
+    track(skaddr, &entry, state, &user, &client);
+    // Counted first, released after: never in neither count.
+    release(slot, &key, config.counts_clients().then_some(&client), now, user.shift());
+    Ok(())
+}
+
+/// Inserts a new connection's entry and counts it (open, busy or silent),
+/// within the port's quota of the shared map; a connection that finds no room
+/// is not counted (fail-open), and the healer adopts it when room frees.
+#[inline(always)]
+fn track(
+    skaddr: u64,
+    entry: &SockEntry,
+    state: *mut shed_common::PortState,
+    user: &shed_common::UserPortState,
+    client: &ClientKey,
+) {
+    let slot = entry.slot;
     // A port at its quota of the shared map is full for itself only: the
     // other ports keep their room.
     // SAFETY: `state` is a slot of an array map, valid for this run; copied as plain data.
     let room = user.connection_room(&unsafe { *state }) || fault!("connection_quota_ignored");
-    let inserted = if room { SHED_SOCKS.insert(&skaddr, &entry, u64::from(BPF_NOEXIST)) } else { Err(-E2BIG) };
+    let inserted = if room { SHED_SOCKS.insert(&skaddr, entry, u64::from(BPF_NOEXIST)) } else { Err(-E2BIG) };
     match inserted {
         Ok(()) => {
             if entry.silent != 0
@@ -287,7 +315,7 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
         }
         Err(err) => {
             if entry.capped != 0 {
-                client_release(&client);
+                client_release(client);
             }
             // Already tracked: a repeated event, nothing lost. Anything else (the map
             // is full, or out of memory): this connection is not counted (fail-open),
@@ -298,9 +326,6 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
             }
         }
     }
-    // Counted first, released after: never in neither count.
-    release(slot, &key, config.counts_clients().then_some(&client), now, user.shift());
-    Ok(())
 }
 
 /// Ends a connection's silence (its first bytes, its server's first answer,
