@@ -505,6 +505,22 @@ fn loaded_for_both_hooks() -> Loaded {
     loaded
 }
 
+/// One run of `hook`'s program on `frame` arriving on `ifindex`: its
+/// verdict, and the bytes it sent out.
+fn judge(loaded: &mut Loaded, hook: &str, frame: &[u8], ifindex: u32) -> (Expected, Vec<u8>) {
+    let mut out = vec![0u8; frame.len() + 256];
+    let ctx = if hook == "xdp" {
+        support::outside::xdp_ctx(ifindex, frame.len())
+    } else {
+        support::outside::skb_ctx(ifindex)
+    };
+    let opts =
+        TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ctx_in: Some(&ctx), ..Default::default() };
+    let run = run_on(loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
+    let verdict = verdict_of(hook, &run, &mut out);
+    (verdict, out)
+}
+
 /// What a run did with its frame (`out`, cut to the bytes it sent out).
 fn verdict_of(hook: &str, run: &aya::programs::TestRunResult, out: &mut Vec<u8>) -> Expected {
     out.truncate(run.data_size_out as usize);
@@ -857,7 +873,6 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
     let _listener = support::handshake::deferring_listener(std::net::SocketAddr::from((bed.server_v4, PORT)));
     let flows: Vec<_> = (0..4).map(|_| support::handshake::held(&bed, PORT)).collect();
     support::pin_to_cpu(0);
-    let skb_ctx = support::outside::skb_ctx(ifindex);
     let mut loaded = loaded_for_both_hooks();
     let spec = PortSpec {
         rst_per_sec: 0,
@@ -924,16 +939,7 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
             let expected = model::decide_ack(&flow.ack, &state, held);
             let ring_before = loaded.maps.raw().handshakes.get(&slot, 0).unwrap();
             let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
-            let mut out = vec![0u8; flow.ack.len() + 256];
-            let xdp_ctx = support::outside::xdp_ctx(ifindex, flow.ack.len());
-            let opts = TestRunOptions {
-                data_in: Some(&flow.ack),
-                data_out: Some(&mut out),
-                ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
-                ..Default::default()
-            };
-            let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
-            let verdict = verdict_of(hook, &run, &mut out);
+            let (verdict, out) = judge(&mut loaded, hook, &flow.ack, ifindex);
             loaded.maps.raw_mut().clients.remove(&client_key).unwrap();
             // An admission charged to the client stays pending for the handshake
             // window: the next case judges the client afresh.
@@ -1076,7 +1082,6 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
         .collect();
     assert!(support::kept::wait_idle(&loaded.maps, PORT, flows.len()), "the connections idle in the books");
     support::pin_to_cpu(0);
-    let skb_ctx = support::outside::skb_ctx(ifindex);
     let cpus = aya::util::nr_cpus().unwrap();
     loaded
         .maps
@@ -1123,16 +1128,7 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             let state = ss.model(config, trickle_clock(&loaded, slot), t.contended, Vec::new(), tiers);
             let expected = model::decide_turn(&segment, &state, refused_before);
             let counters_before = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
-            let mut out = vec![0u8; segment.len() + 256];
-            let xdp_ctx = support::outside::xdp_ctx(ifindex, segment.len());
-            let opts = TestRunOptions {
-                data_in: Some(&segment),
-                data_out: Some(&mut out),
-                ctx_in: Some(if hook == "xdp" { &xdp_ctx } else { &skb_ctx }),
-                ..Default::default()
-            };
-            let run = run_on(&mut loaded, hook, opts).unwrap_or_else(|e| panic!("{hook}: test run failed: {e:?}"));
-            let verdict = verdict_of(hook, &run, &mut out);
+            let (verdict, out) = judge(&mut loaded, hook, &segment, ifindex);
             loaded.maps.raw_mut().clients.remove(&client_key).unwrap();
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
