@@ -521,6 +521,13 @@ fn judge(loaded: &mut Loaded, hook: &str, frame: &[u8], ifindex: u32) -> (Expect
     (verdict, out)
 }
 
+/// Zeroes `slot`'s counters on every CPU (the trickle's clock starts at 0).
+fn zero_port_counters(loaded: &mut Loaded, slot: u32) {
+    let cpus = aya::util::nr_cpus().unwrap();
+    let zero = PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap();
+    loaded.maps.raw_mut().counters.set(slot, zero, 0).unwrap();
+}
+
 /// What a run did with its frame (`out`, cut to the bytes it sent out).
 fn verdict_of(hook: &str, run: &aya::programs::TestRunResult, out: &mut Vec<u8>) -> Expected {
     out.truncate(run.data_size_out as usize);
@@ -635,18 +642,12 @@ fn kernel_and_model_agree_on_every_frame() {
         loaded.maps.set_tier(c, t).unwrap();
         tiers.push((prefix_len, addr, t));
     }
-    let cpus = aya::util::nr_cpus().unwrap();
-    loaded
-        .maps
-        .raw_mut()
-        .counters
-        .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
-        .unwrap();
+    zero_port_counters(&mut loaded, slot);
     loaded
         .maps
         .raw_mut()
         .gate_counters
-        .set(0, PerCpuValues::try_from(vec![GateCounters::default(); cpus]).unwrap(), 0)
+        .set(0, PerCpuValues::try_from(vec![GateCounters::default(); aya::util::nr_cpus().unwrap()]).unwrap(), 0)
         .unwrap();
     // Share rejections and trickle admissions so far, as the model counts them.
     let trickle_seen = std::cell::Cell::new(0u64);
@@ -880,14 +881,8 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
         ..PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default())
     };
     let slot = loaded.maps.protect(PORT, &spec).unwrap().slot;
-    // No local table: an ACK is judged whatever its destination (the kernel found its socket).
-    let cpus = aya::util::nr_cpus().unwrap();
-    loaded
-        .maps
-        .raw_mut()
-        .counters
-        .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
-        .unwrap();
+    // No local table: an ACK is judged whatever its destination (the kernel found its socket);
+    // its counters start at zero (`protect`).
     let client = ipv4_mapped(flows[0].spec.client_v4);
     let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].spec.client_v4))).unwrap();
     let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
@@ -1082,13 +1077,7 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
         .collect();
     assert!(support::kept::wait_idle(&loaded.maps, PORT, flows.len()), "the connections idle in the books");
     support::pin_to_cpu(0);
-    let cpus = aya::util::nr_cpus().unwrap();
-    loaded
-        .maps
-        .raw_mut()
-        .counters
-        .set(slot, PerCpuValues::try_from(vec![PortCounters::default(); cpus]).unwrap(), 0)
-        .unwrap();
+    zero_port_counters(&mut loaded, slot);
     let client = ipv4_mapped(flows[0].next.client_v4);
     let client_cidr = parse_cidr(&format!("{}/32", std::net::Ipv4Addr::from(flows[0].next.client_v4))).unwrap();
     let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
