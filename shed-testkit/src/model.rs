@@ -632,7 +632,7 @@ fn answer(
 }
 
 /// Why a client of tier `t` is refused at `step`, by the policy's rules,
-/// each stated on its own and then ranked (docs/DESIGN.md, "Untrusted traffic"):
+/// each stated on its own and then ranked (docs/DESIGN.md, "The policy, ranked"):
 /// the whole limit is a hard stop; a tier's share of the limit, less the room
 /// held back for the tiers above it, sheds lower tiers first, except that every
 /// 16th such refusal on a CPU is let through (the trickle); a client holding its
