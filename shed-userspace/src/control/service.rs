@@ -350,6 +350,9 @@ mod tests {
         let h = window(&mut stage, 80, 40_000, 32).unwrap();
         assert_eq!((h.in_service, h.knee), (32.0, 8.0));
         assert_eq!((h.waiting(), h.wait_us()), (24.0, 30_000.0));
+        // No answer at all: those waiting have no rate to wait by, and no wait is read.
+        let stalled = Held { rate: 0.0, ..h };
+        assert_eq!((stalled.waiting(), stalled.wait_us()), (24.0, 0.0));
     }
 
     #[test]
