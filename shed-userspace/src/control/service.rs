@@ -356,6 +356,20 @@ mod tests {
     }
 
     #[test]
+    fn the_knee_follows_the_best_rate_over_the_span_not_only_the_first() {
+        let mut stage = ServiceStage::new(100);
+        // Half the workers busy at first: 400/s at 10 ms, a knee of 4.
+        let h = window(&mut stage, 40, 10_000, 4).unwrap();
+        assert_eq!(h.knee, 4.0);
+        // Then all 8: the smoothed rate climbs toward 800/s, and the knee with it.
+        let mut knee = 0.0;
+        for _ in 0..30 {
+            knee = window(&mut stage, 80, 10_000, 8).unwrap().knee;
+        }
+        assert!((7.5..=8.0).contains(&knee), "knee {knee}: the best rate seen, not the first");
+    }
+
+    #[test]
     fn a_slow_services_thin_windows_are_pooled_until_there_are_enough_answers() {
         let mut stage = ServiceStage::new(100);
         // 4 workers x 100 ms: 4 answers a window, 10 needed to judge.
