@@ -434,6 +434,41 @@ mod tests {
     }
 
     #[test]
+    fn a_short_services_probe_counts_its_first_window_under_the_limit() {
+        let mut stage = ServiceStage::new(100);
+        window(&mut stage, 80, 10_000, 8);
+        window(&mut stage, 80, 40_000, 32);
+        let hold = stage.start_probe(32.0, 1.0, 1).unwrap();
+        window(&mut stage, 80, 20_000, hold as u64);
+        assert_eq!(stage.during_probe(1), (hold, false), "began above the probe's limit");
+        // Began under it, and the service (19 ms, smoothed) is within a fifth
+        // of the window: its answers count at once.
+        window(&mut stage, 80, 10_000, hold as u64);
+        assert!(stage.during_probe(1).1, "drained in its first window under the limit");
+    }
+
+    #[test]
+    fn a_long_services_probe_waits_two_windows_under_the_limit_before_counting() {
+        let mut stage = ServiceStage::new(100);
+        let observe = |stage: &mut ServiceStage, seconds: f64, mean_us: u64, in_flight: u64| {
+            stage.observe(2, mean_us, seconds, 1, in_flight, 1);
+        };
+        // 500 ms services: a knee of 10 at 20/s, then 40 held.
+        observe(&mut stage, 0.1, 500_000, 10);
+        observe(&mut stage, 0.1, 2_000_000, 40);
+        let hold = stage.start_probe(40.0, 1.0, 1).unwrap();
+        observe(&mut stage, 0.1, 500_000, hold as u64);
+        // Under the limit for 50 ms, then 100 ms: 150 ms is less than the two
+        // windows (200 ms) a service this long waits for, so nothing counts yet.
+        observe(&mut stage, 0.05, 500_000, hold as u64);
+        observe(&mut stage, 0.1, 500_000, hold as u64);
+        observe(&mut stage, 0.1, 500_000, hold as u64);
+        assert_eq!(stage.probe.unwrap().drained_answers, 0, "150 ms under: not yet");
+        observe(&mut stage, 0.1, 500_000, hold as u64);
+        assert_eq!(stage.probe.unwrap().drained_answers, 2, "250 ms under: counted");
+    }
+
+    #[test]
     fn a_probe_that_cannot_drain_ends_and_confirms_nothing() {
         let mut stage = ServiceStage::new(100);
         window(&mut stage, 80, 10_000, 8);
