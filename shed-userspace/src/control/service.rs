@@ -469,6 +469,36 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_is_due_only_past_half_a_knee_held_above_it() {
+        let mut stage = ServiceStage::new(100);
+        // 8 workers x 10 ms: a knee of 8.
+        window(&mut stage, 80, 10_000, 8);
+        // 12 held: 4 above the knee, exactly half of it: no probe.
+        assert_eq!(window(&mut stage, 80, 15_000, 12).unwrap().knee, 8.0);
+        assert_eq!(stage.start_probe(12.0, 1.0, 1), None, "half a knee above it: not yet");
+        // 13 held: past half a knee.
+        window(&mut stage, 80, 16_250, 13);
+        assert_eq!(stage.start_probe(13.0, 1.0, 1), Some(4.0));
+    }
+
+    #[test]
+    fn a_probe_is_due_when_the_shortest_service_rose_by_a_quarter() {
+        // A span of two windows, so the shortest service follows the service.
+        let mut stage = ServiceStage::new(2);
+        window(&mut stage, 80, 10_000, 8);
+        // Services of 11 ms: a tenth longer than the 10 ms confirmed, no queue.
+        for _ in 0..6 {
+            window(&mut stage, 80, 11_000, 8);
+        }
+        assert_eq!(stage.start_probe(20.0, 1.0, 1), None, "risen by less than a quarter");
+        // Services of 20 ms: the shortest passes 12.5 ms.
+        for _ in 0..6 {
+            window(&mut stage, 80, 20_000, 16);
+        }
+        assert!(stage.start_probe(20.0, 1.0, 1).is_some(), "risen by more than a quarter");
+    }
+
+    #[test]
     fn a_probe_that_cannot_drain_ends_and_confirms_nothing() {
         let mut stage = ServiceStage::new(100);
         window(&mut stage, 80, 10_000, 8);
