@@ -457,6 +457,7 @@ mod tests {
         observe(&mut stage, 0.1, 500_000, 10);
         observe(&mut stage, 0.1, 2_000_000, 40);
         let hold = stage.start_probe(40.0, 1.0, 1).unwrap();
+        assert_eq!(stage.probe.unwrap().windows_left, 20, "four of its 500 ms services, in 100 ms windows");
         observe(&mut stage, 0.1, 500_000, hold as u64);
         // Under the limit for 50 ms, then 100 ms: 150 ms is less than the two
         // windows (200 ms) a service this long waits for, so nothing counts yet.
@@ -476,8 +477,10 @@ mod tests {
         // 12 held: 4 above the knee, exactly half of it: no probe.
         assert_eq!(window(&mut stage, 80, 15_000, 12).unwrap().knee, 8.0);
         assert_eq!(stage.start_probe(12.0, 1.0, 1), None, "half a knee above it: not yet");
-        // 13 held: past half a knee.
+        // 13 held: past half a knee. A probe holds half the knee, and only
+        // below the limit in force.
         window(&mut stage, 80, 16_250, 13);
+        assert_eq!(stage.start_probe(4.0, 1.0, 1), None, "the limit is the probe's already");
         assert_eq!(stage.start_probe(13.0, 1.0, 1), Some(4.0));
     }
 
