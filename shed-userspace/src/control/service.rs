@@ -403,6 +403,7 @@ mod tests {
         assert_eq!(stage.during_probe(1), (4.0, false), "drained, but too few answers to judge by yet");
         window(&mut stage, 16, 40_000, 4);
         assert_eq!(stage.during_probe(1), (16.0, true), "drained: back to the limit before");
+        assert_eq!(stage.until_probe, stage.probe_interval, "drained to the service it had: no sooner again");
         let h = window(&mut stage, 16, 50_000, 8).unwrap();
         assert!((h.knee - 8.0).abs() < 0.5 && (h.shortest_us - 50_000.0).abs() < 1.0, "{h:?}");
         assert_eq!(stage.start_probe(16.0, 1.0, 1), None, "confirmed: not due again");
