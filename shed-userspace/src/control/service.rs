@@ -503,6 +503,23 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_finds_a_queue_only_where_the_drained_service_is_a_fifth_shorter() {
+        let mut stage = ServiceStage::new(100);
+        // A first knee of 40 at 50 ms, then the queue grows: a probe at 20.
+        window(&mut stage, 80, 50_000, 40);
+        window(&mut stage, 80, 80_000, 64);
+        assert_eq!(stage.start_probe(64.0, 1.0, 1), Some(20.0));
+        window(&mut stage, 80, 60_000, 20);
+        assert_eq!(stage.during_probe(1), (20.0, false));
+        window(&mut stage, 80, 45_000, 8);
+        assert_eq!(stage.during_probe(1), (20.0, false), "under it for less than a service time");
+        // Drained to 45 ms: a tenth shorter than the 50 ms it began from, not a fifth.
+        window(&mut stage, 80, 45_000, 8);
+        assert!(stage.during_probe(1).1);
+        assert_eq!(stage.until_probe, stage.probe_interval, "nothing found: the usual interval");
+    }
+
+    #[test]
     fn a_probe_that_cannot_drain_ends_and_confirms_nothing() {
         let mut stage = ServiceStage::new(100);
         window(&mut stage, 80, 10_000, 8);
