@@ -311,6 +311,45 @@ mod tests {
     }
 
     #[test]
+    fn the_floor_and_full_weight_are_reported_even_within_the_band() {
+        let mut l = Load::default();
+        // 97 -> 100: 3 points, within the band, but full weight is said.
+        let mut s = Steering { weight: 97.0, reported: 97, since_cut: ROOM_HOLD, ..Steering::default() };
+        run(&mut s, &mut l, 50, 0, 0.3, 0.2, 0.3);
+        assert_eq!(s.weight(), 100);
+        // 12 -> 10 (a cut to the floor): 2 points, said too.
+        let mut s = Steering { weight: 12.0, reported: 12, ..Steering::default() };
+        run(&mut s, &mut l, 50, 30, 1.0, 3.0, 0.3);
+        assert_eq!(s.weight(), FLOOR);
+        // Between them, a change within the band is held.
+        let mut s = Steering { weight: 50.0, reported: 50, since_cut: ROOM_HOLD, ..Steering::default() };
+        s.weight = 52.0;
+        run(&mut s, &mut l, 50, 0, 0.9, 1.5, 0.3);
+        assert_eq!(s.weight(), 50, "52 held at 50");
+    }
+
+    #[test]
+    fn the_weight_is_judged_every_step_exactly() {
+        let (mut s, l) = (Steering::default(), Load::default());
+        assert!(s.sample(STEP - Duration::from_millis(1), l).is_none(), "before the step");
+        let mut s = Steering::default();
+        assert!(s.sample(STEP, l).is_some(), "at the step");
+    }
+
+    #[test]
+    fn sparse_samples_keep_two_to_judge_by() {
+        // Samples 2 s apart (longer than the window): the two latest still
+        // make a window, and its refusals count.
+        let mut s = Steering::default();
+        let mut l = Load { limit: 20, in_flight: 20, objective_us: 10_000, ..Load::default() };
+        s.sample(Duration::from_secs(2), l);
+        l.attempts += 100;
+        l.refused += 50;
+        assert_eq!(s.sample(Duration::from_secs(2), l), Some(Verdict::Overloaded));
+        assert!(s.weight() < 100, "cut by the refused share");
+    }
+
+    #[test]
     fn counters_that_go_back_never_count_as_refusals() {
         let (mut s, mut l) = (Steering::default(), Load::default());
         run(&mut s, &mut l, 50, 0, 0.3, 0.2, 1.0);
