@@ -350,6 +350,25 @@ mod tests {
     }
 
     #[test]
+    fn a_window_with_any_refusal_has_no_room_to_grow() {
+        let idle = Load { limit: 20, in_flight: 1, objective_us: 10_000, ..Load::default() };
+        let window = |refused: [u64; 2]| Steering {
+            samples: [
+                (Duration::ZERO, Load { refused: refused[0], ..idle }),
+                (STEP, Load { refused: refused[1], ..idle }),
+            ]
+            .into(),
+            since_cut: ROOM_HOLD,
+            ..Steering::default()
+        };
+        // Too few attempts for a share, but one refusal: no room.
+        assert_eq!(window([0, 1]).judge().0, Verdict::Hold);
+        assert_eq!(window([1, 1]).judge().0, Verdict::Room);
+        // Counters that went back (the gate restarted) are no refusal.
+        assert_eq!(window([5, 0]).judge().0, Verdict::Room);
+    }
+
+    #[test]
     fn counters_that_go_back_never_count_as_refusals() {
         let (mut s, mut l) = (Steering::default(), Load::default());
         run(&mut s, &mut l, 50, 0, 0.3, 0.2, 1.0);
