@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn the_weight_is_judged_every_step_exactly() {
         let (mut s, l) = (Steering::default(), Load::default());
-        assert!(s.sample(STEP - Duration::from_millis(1), l).is_none(), "before the step");
+        assert!(s.sample(Duration::from_millis(249), l).is_none(), "before the step");
         let mut s = Steering::default();
         assert!(s.sample(STEP, l).is_some(), "at the step");
     }
@@ -366,6 +366,19 @@ mod tests {
         assert_eq!(window([1, 1]).judge().0, Verdict::Room);
         // Counters that went back (the gate restarted) are no refusal.
         assert_eq!(window([5, 0]).judge().0, Verdict::Room);
+        // Overload is past 1% refused, or past twice the objective's wait: at either, not yet.
+        let mut at = window([0, 1]);
+        at.samples[1].1.attempts = 100;
+        assert_eq!(at.judge(), (Verdict::Hold, 0.01));
+        at.samples[1].1.refused = 2;
+        assert_eq!(at.judge().0, Verdict::Overloaded);
+        let mut queued = window([0, 0]);
+        for (_, l) in &mut queued.samples {
+            l.queue_wait_us = 20_000;
+        }
+        assert_eq!(queued.judge().0, Verdict::Hold, "twice the objective");
+        queued.samples[1].1.queue_wait_us = 20_002;
+        assert_eq!(queued.judge().0, Verdict::Overloaded);
     }
 
     #[test]
