@@ -953,6 +953,12 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
             trickle_seen.set(
                 trickle_seen.get() + expected.counters[counter::REJECTED_SHARE] + expected.counters[counter::TRICKLE],
             );
+            prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, a);
+            if verdict == Expected::Pass {
+                prop_assert_eq!(&out, &flow.ack, "{}: a passed ACK is untouched", hook);
+            }
+            prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, ss, a);
+            prop_assert_eq!(reserved, expected.reserved, "{} reservations for {:?} / {:?}", hook, ss, a);
             if expected.reserved == 1 {
                 admitted_at.borrow_mut()[a.flow] = Some(std::time::Instant::now());
                 if hash_of.borrow()[a.flow].is_none() {
@@ -960,15 +966,10 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
                     hash_of.borrow_mut()[a.flow] = admitted_stamp(&loaded, slot, &known);
                 }
             }
-            if held {
+            // A duplicate judged as one (an exempt client passes before its stamp is looked at).
+            if held && counters.iter().all(|&n| n == 0) {
                 duplicates.set(duplicates.get() + 1);
             }
-            prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, a);
-            if verdict == Expected::Pass {
-                prop_assert_eq!(&out, &flow.ack, "{}: a passed ACK is untouched", hook);
-            }
-            prop_assert_eq!(counters, expected.counters, "{} counters for {:?} / {:?}", hook, ss, a);
-            prop_assert_eq!(reserved, expected.reserved, "{} reservations for {:?} / {:?}", hook, ss, a);
             for (i, &n) in counters.iter().enumerate() {
                 if n > 0 {
                     reached.borrow_mut()[i] += 1;
@@ -1013,7 +1014,13 @@ fn kernel_and_model_agree_on_handshake_completing_acks() {
         ],
     );
     assert_reached(&reached, (floor / 16).max(1), &[("the trickle at the ACK", counter::TRICKLE)]);
-    assert!(duplicates.get() >= floor, "{} duplicate ACKs of an admitted handshake (floor {floor})", duplicates.get());
+    // Over both hooks: at least 1% of their cases.
+    assert!(
+        duplicates.get() >= 2 * floor,
+        "{} duplicate ACKs of an admitted handshake (floor {})",
+        duplicates.get(),
+        2 * floor
+    );
     assert!(http_resets.get() >= floor, "an http port reset {} refused ACKs (floor {floor})", http_resets.get());
 }
 

@@ -127,14 +127,20 @@ pub enum Error {
 
 /// `error` and each of its causes, as `a: b: c`: what a log line says of an
 /// error. [`Error`]'s messages leave their source to the chain, as aya's
-/// `MapError` does, so `{}` alone names the step that failed, not why.
+/// `MapError` does, so `{}` alone names the step that failed, not why. Some
+/// foreign errors say their source in their own message too (aya's
+/// `EbpfError::MapError`): a cause already said is not said again.
 pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        message.push_str(": ");
-        message.push_str(&e.to_string());
-        cause = e.source();
+    said_once(error.to_string(), std::iter::successors(error.source(), |e| e.source()).map(ToString::to_string))
+}
+
+/// `message`, then each of `causes` not already in it, joined by `: `.
+pub fn said_once(mut message: String, causes: impl Iterator<Item = String>) -> String {
+    for cause in causes {
+        if !message.contains(&cause) {
+            message.push_str(": ");
+            message.push_str(&cause);
+        }
     }
     message
 }
@@ -232,5 +238,8 @@ mod tests {
         assert_eq!(super::chain(&map), "write config of port 8080 failed: key not found");
         let wrapped = anyhow::Error::new(map).context("attaching");
         assert_eq!(format!("{wrapped:#}"), "attaching: write config of port 8080 failed: key not found");
+        // A cause that a message already said is not said again.
+        let load = Error::Load { source: Box::new(aya::EbpfError::MapError(aya::maps::MapError::KeyNotFound)) };
+        assert_eq!(super::chain(&load), "loading the kernel object failed: map error: key not found");
     }
 }

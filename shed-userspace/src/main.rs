@@ -52,16 +52,7 @@ fn main() {
     }
 }
 
-/// The error and its causes, each said once (a cause that repeats its own
-/// source in its message, as some foreign errors do, is not said again).
+/// The error and its causes, each said once ([`shed::error::said_once`]).
 fn chain_message(err: &anyhow::Error) -> String {
-    let mut message = err.to_string();
-    for cause in err.chain().skip(1) {
-        let cause = cause.to_string();
-        if !message.contains(&cause) {
-            message.push_str(": ");
-            message.push_str(&cause);
-        }
-    }
-    message
+    shed::error::said_once(err.to_string(), err.chain().skip(1).map(ToString::to_string))
 }

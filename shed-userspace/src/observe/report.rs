@@ -37,11 +37,13 @@ pub struct TaskErrors(Arc<Mutex<BTreeMap<&'static str, u64>>>);
 impl TaskErrors {
     /// Counts a failure of `task`; logs the first and then every hundredth, so
     /// a task that fails every second does not flood the log.
-    pub(crate) fn record(&self, task: &'static str, error: &dyn std::fmt::Display) {
+    /// The error is said with its causes ([`crate::error::chain`]).
+    pub(crate) fn record(&self, task: &'static str, error: &(dyn std::error::Error + 'static)) {
         let mut counts = crate::observe::lock(&self.0);
         let n = counts.entry(task).or_default();
         *n += 1;
         if *n == 1 || (*n).is_multiple_of(100) {
+            let error = crate::error::chain(error);
             tracing::warn!(task, failures = *n, "periodic task failed, retrying with the last good state: {error}");
         }
     }
@@ -85,9 +87,10 @@ mod tests {
     #[test]
     fn task_errors_are_counted_per_task() {
         let errors = TaskErrors::default();
-        errors.record("addresses", &"getifaddrs: Too many open files");
-        errors.record("addresses", &"again");
-        errors.record("heal", &"sock_diag");
+        let error = |what: &str| std::io::Error::other(what.to_owned());
+        errors.record("addresses", &error("getifaddrs: Too many open files"));
+        errors.record("addresses", &error("again"));
+        errors.record("heal", &error("sock_diag"));
         assert_eq!(errors.counts(), [("addresses", 2), ("heal", 1)]);
     }
 
