@@ -185,4 +185,17 @@ mod tests {
         let args = pod_attach_args(&limited, Some(&file)).unwrap().expect("a fixed limit over the file's queue");
         assert_eq!(args.limit, Some(50));
     }
+
+    #[test]
+    fn a_pods_settings_are_its_gates_plan_or_a_refusal_naming_the_annotation() {
+        let plain = annotations(&[("app", "web")]);
+        assert!(matches!(pod_settings(&plain, None), Ok(None)), "no shed annotations: no gate");
+        let pod = annotations(&[("shed.io/ports", "8080"), ("shed.io/limit", "12"), ("shed.io/action", "http")]);
+        let plan = pod_settings(&pod, None).unwrap().expect("a gate");
+        assert_eq!((plan.ports.as_slice(), plan.action, plan.spec.limit), ([8080].as_slice(), Action::Http, 12));
+        let bad = annotations(&[("shed.io/ports", "8080"), ("shed.io/limit", "lots")]);
+        let refusal = pod_settings(&bad, None).unwrap_err();
+        assert_eq!(refusal.annotation.as_deref(), Some("shed.io/limit"));
+        assert!(refusal.reason.contains("lots"), "{}", refusal.reason);
+    }
 }

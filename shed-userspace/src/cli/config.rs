@@ -551,6 +551,11 @@ mod tests {
     fn only_the_files_own_keys_are_keys() {
         assert!(has_key("limit") && has_key("ready-window"));
         assert!(!has_key("no-such-key") && !has_key("") && !has_key("Limit"));
+        // keys() lists each of them once (the docs' check walks it).
+        let listed: Vec<&str> = keys().collect();
+        assert_eq!(listed.len(), KEYS.len());
+        assert!(["ports", "limit", "ready-window", "cri-socket"].iter().all(|k| listed.contains(k)), "{listed:?}");
+        assert!(listed.iter().all(|k| has_key(k)));
     }
 
     #[test]

@@ -733,3 +733,41 @@ fn the_objective_sees_the_queue_inside_a_server_that_reads_at_once() {
     c.objective(&sample, 1, Some(at_knee));
     assert_eq!(c.objective(&sample, 1, Some(at_knee)).unwrap().limit, 0.0);
 }
+
+#[test]
+fn a_queue_inside_is_probed_only_when_the_objective_is_not_met() {
+    // 8 workers x 10 ms, then 32 held (24 waiting inside, 30 ms each at
+    // 800/s) while clients are turned away: a drain probe is due. Within an
+    // objective that admits 30 ms of waiting the bursts it lets in would be
+    // turned away by a probe, so none starts; past it, or without one, it does.
+    let windows = |objective_us: f64| {
+        let settings = Settings {
+            algo: Algo::Queue,
+            initial_limit: 40,
+            min_limit: 1,
+            objective_us,
+            cooldown_windows: 0,
+            ..Settings::default()
+        };
+        let mut c = Controller::new(settings, 0);
+        let served = |service_mean_us: u64, in_flight: u64, rejected: u64| WindowSample {
+            in_flight,
+            samples: 80,
+            latency_us: service_mean_us,
+            queue_wait_us: 0,
+            service_us: service_mean_us,
+            answered: 80,
+            service_mean_us,
+            listen_drops: 0,
+            rejected,
+            windows: 1,
+            elapsed_us: 100_000,
+        };
+        let first = c.on_window(&served(10_000, 8, 0));
+        assert_ne!(first.reason, Reason::Probe, "nothing held above the knee yet");
+        c.on_window(&served(40_000, 32, 5))
+    };
+    assert_ne!(windows(1_000_000.0).reason, Reason::Probe, "30 ms inside is within a 1 s objective");
+    assert_eq!(windows(20_000.0).reason, Reason::Probe, "past a 20 ms objective");
+    assert_eq!(windows(0.0).reason, Reason::Probe, "no objective");
+}
