@@ -145,6 +145,11 @@ mod tests {
         let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
         let name = "shed-image-test";
         let _ = podman().args(["rm", "--force", name]).output();
+        // The folders the container shares with the host: on a machine where no
+        // gate ran yet the daemon's own is not there, and podman refuses a missing one.
+        for dir in ["/run/shed", "/run/netns"] {
+            std::fs::create_dir_all(dir).expect(dir);
+        }
         let out = podman()
             .args(["run", "--detach", "--name", name, "--network", "host", "--pid", "host", "--privileged"])
             // No more files or processes than this process may have (podman's defaults can

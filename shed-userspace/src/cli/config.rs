@@ -548,6 +548,15 @@ mod tests {
     ];
 
     #[test]
+    fn a_refusal_names_each_flag_as_its_annotation_and_leaves_other_dashes() {
+        assert_eq!(
+            in_annotation_terms("--limit is fixed; --algo adapts it (see --help, -- or --no-such-flag)"),
+            "shed.io/limit is fixed; shed.io/algo adapts it (see --help, -- or --no-such-flag)"
+        );
+        assert_eq!(in_annotation_terms("ends with --ready-window"), "ends with shed.io/ready-window");
+    }
+
+    #[test]
     fn only_the_files_own_keys_are_keys() {
         assert!(has_key("limit") && has_key("ready-window"));
         assert!(!has_key("no-such-key") && !has_key("") && !has_key("Limit"));

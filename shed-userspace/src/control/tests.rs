@@ -735,11 +735,24 @@ fn the_objective_sees_the_queue_inside_a_server_that_reads_at_once() {
 }
 
 #[test]
-fn a_queue_inside_is_probed_only_when_the_objective_is_not_met() {
-    // 8 workers x 10 ms, then 32 held (24 waiting inside, 30 ms each at
-    // 800/s) while clients are turned away: a drain probe is due. Within an
+fn a_queue_inside_is_probed_only_past_the_objective_and_held_through_overflows() {
+    // 12 workers x 10 ms, then 48 held (36 waiting inside, 30 ms each at
+    // 1,200/s) while clients are turned away: a drain probe is due. Within an
     // objective that admits 30 ms of waiting the bursts it lets in would be
     // turned away by a probe, so none starts; past it, or without one, it does.
+    let served = |service_mean_us: u64, in_flight: u64, rejected: u64| WindowSample {
+        in_flight,
+        samples: 120,
+        latency_us: service_mean_us,
+        queue_wait_us: 0,
+        service_us: service_mean_us,
+        answered: 120,
+        service_mean_us,
+        listen_drops: 0,
+        rejected,
+        windows: 1,
+        elapsed_us: 100_000,
+    };
     let windows = |objective_us: f64| {
         let settings = Settings {
             algo: Algo::Queue,
@@ -750,24 +763,63 @@ fn a_queue_inside_is_probed_only_when_the_objective_is_not_met() {
             ..Settings::default()
         };
         let mut c = Controller::new(settings, 0);
-        let served = |service_mean_us: u64, in_flight: u64, rejected: u64| WindowSample {
-            in_flight,
-            samples: 80,
-            latency_us: service_mean_us,
-            queue_wait_us: 0,
-            service_us: service_mean_us,
-            answered: 80,
-            service_mean_us,
-            listen_drops: 0,
-            rejected,
-            windows: 1,
-            elapsed_us: 100_000,
-        };
-        let first = c.on_window(&served(10_000, 8, 0));
+        let first = c.on_window(&served(10_000, 12, 0));
         assert_ne!(first.reason, Reason::Probe, "nothing held above the knee yet");
-        c.on_window(&served(40_000, 32, 5))
+        (c.on_window(&served(40_000, 48, 5)), c, first.limit)
     };
-    assert_ne!(windows(1_000_000.0).reason, Reason::Probe, "30 ms inside is within a 1 s objective");
-    assert_eq!(windows(20_000.0).reason, Reason::Probe, "past a 20 ms objective");
-    assert_eq!(windows(0.0).reason, Reason::Probe, "no objective");
+    assert_ne!(windows(1_000_000.0).0.reason, Reason::Probe, "30 ms inside is within a 1 s objective");
+    assert_eq!(windows(20_000.0).0.reason, Reason::Probe, "past a 20 ms objective");
+    let (start, mut c, before) = windows(0.0);
+    assert_eq!(start, Decision { limit: 6, reason: Reason::Probe }, "no objective: half the knee of 12");
+    // The queue does not drain (45 held): the probe holds its limit through
+    // listen-queue overflows, and the window that ends it cuts the limit it
+    // returns to.
+    let overflowing = WindowSample { listen_drops: 3, ..served(40_000, 45, 0) };
+    let mut held = 0;
+    loop {
+        let d = c.on_window(&overflowing);
+        assert_eq!(d.reason, Reason::Probe);
+        if !c.stage.probing() {
+            assert_eq!(d.limit, (f64::from(before) * c.settings().backoff).round() as u32, "ended: cut");
+            break;
+        }
+        assert_eq!(d.limit, 6, "under way: held, overflow or not");
+        held += 1;
+        assert!(held < 100, "the probe never ended");
+    }
+    assert!(held >= 1, "held for a window before it ended");
+}
+
+#[test]
+fn the_queue_inside_is_cut_past_three_quarters_of_its_shortest_service() {
+    let settings = Settings { algo: Algo::Queue, initial_limit: 40, ..Settings::default() };
+    // 120 answers in 0.1 s; 48 held inside where 12 are in service: 36 wait.
+    let held = Held { in_service: 48.0, knee: 12.0, rate: 1_200.0, shortest_us: 20_000.0 };
+    let window = |queue_wait_us: u64| WindowSample {
+        in_flight: 48,
+        samples: 120,
+        latency_us: 80_000,
+        queue_wait_us,
+        service_us: 20_000,
+        answered: 120,
+        service_mean_us: 20_000,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 100_000,
+    };
+    assert!(settings.queue_target_us < 15_000.0, "the test needs the service's part to be the target");
+    // Three quarters of 20 ms may wait: 15 ms at 1,200/s is 18 requests, so
+    // 18 are in excess, a quarter of them cut.
+    let mut c = Controller::new(settings, 0);
+    assert_eq!(c.propose_queue(&window(0), 1, None, Some(held)), 40.0 - 0.25 * 18.0);
+    assert!(c.inside_cut, "the queue inside decided the cut");
+    // The same excess in the kernel (30 ms waited, 15 ms of it beyond the
+    // target, at 1,200/s): a tie is the kernel's queue.
+    let mut c = Controller::new(settings, 0);
+    assert_eq!(c.propose_queue(&window(30_000), 1, None, Some(held)), 40.0 - 0.25 * 18.0);
+    assert!(!c.inside_cut, "a tie is not the queue inside");
+    let mut c = Controller::new(settings, 0);
+    c.propose_queue(&window(31_000), 1, None, Some(held));
+    assert!(!c.inside_cut, "more in the kernel");
 }

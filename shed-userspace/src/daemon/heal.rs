@@ -29,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed_common::{FlowKey, PortConfig, SockEntry, counter};
+use shed_common::{FlowKey, PortConfig, SockEntry, UserPortState, counter};
 
 use crate::{
     error::Error,
@@ -37,6 +37,39 @@ use crate::{
     kernel::maps::GateMaps,
     observe::report::{HealReport, PassReason},
 };
+
+/// What a pass changes in the gate's books: the pinned maps ([`GateMaps`]),
+/// or a plain table in the unit tests, which hold the pass's decisions.
+trait Books {
+    /// Forgets a tracked socket (and its client's charge); false if it was gone.
+    fn forget_socket(&mut self, key: u64, entry: &SockEntry) -> bool;
+    /// Tracks a socket under `key`; false if the key is taken or the map full.
+    fn adopt_socket(&mut self, key: u64, entry: SockEntry) -> bool;
+    /// The tier of the client at `addr`, if it has one.
+    fn tier_of(&self, addr: [u8; 16]) -> Option<u8>;
+    /// The port's daemon-side state (the healer's adjustments).
+    fn user_state(&self, port: u16, config: PortConfig) -> Result<UserPortState, Error>;
+    /// Takes a drift (established, busy) out of the port's counts.
+    fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error>;
+}
+
+impl Books for GateMaps {
+    fn forget_socket(&mut self, key: u64, entry: &SockEntry) -> bool {
+        GateMaps::forget_socket(self, key, entry)
+    }
+    fn adopt_socket(&mut self, key: u64, entry: SockEntry) -> bool {
+        GateMaps::adopt_socket(self, key, entry)
+    }
+    fn tier_of(&self, addr: [u8; 16]) -> Option<u8> {
+        GateMaps::tier_of(self, addr)
+    }
+    fn user_state(&self, port: u16, config: PortConfig) -> Result<UserPortState, Error> {
+        Ok(self.snapshot(port, config)?.user)
+    }
+    fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error> {
+        GateMaps::correct_drift(self, slot, drift)
+    }
+}
 
 /// Keys of adopted sockets: user-space addresses, never a kernel socket's.
 const ADOPTED_KEY_BASE: u64 = 0x0000_5eed_0000_0000;
@@ -204,7 +237,7 @@ impl Healer {
     /// holds, seen so by this pass and the last.
     fn forget_stale(
         &mut self,
-        maps: &mut GateMaps,
+        books: &mut impl Books,
         configs: &BTreeMap<u16, PortConfig>,
         tracked: &mut HashMap<u64, SockEntry>,
         live: &HashSet<FlowKey>,
@@ -216,7 +249,7 @@ impl Healer {
         outcome.found |= !stale.is_subset(&self.stale_before);
         for key in confirmed(&stale, &self.stale_before) {
             // The close was missed, so its client still counts it: forgotten with it.
-            if maps.forget_socket(*key, &tracked[key]) {
+            if books.forget_socket(*key, &tracked[key]) {
                 outcome.acted = true;
                 tracked.remove(key);
             }
@@ -228,7 +261,7 @@ impl Healer {
     /// this pass and the last (never an exempt client's: those are not counted).
     fn adopt_untracked(
         &mut self,
-        maps: &mut GateMaps,
+        books: &mut impl Books,
         configs: &BTreeMap<u16, PortConfig>,
         tracked: &mut HashMap<u64, SockEntry>,
         live: &HashSet<FlowKey>,
@@ -239,12 +272,12 @@ impl Healer {
         outcome.found |= !untracked.is_subset(&self.untracked_before);
         for flow in confirmed(&untracked, &self.untracked_before) {
             let Some(config) = configs.get(&flow.server_port) else { continue };
-            if maps.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
+            if books.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
                 continue;
             }
             let entry = adopted(config, flow);
             let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
-            if maps.adopt_socket(key, entry) {
+            if books.adopt_socket(key, entry) {
                 outcome.acted = true;
                 tracked.insert(key, entry);
             } else {
@@ -261,7 +294,7 @@ impl Healer {
     /// corrected once two passes agree on it.
     fn correct_counts(
         &mut self,
-        maps: &mut GateMaps,
+        books: &mut impl Books,
         configs: &BTreeMap<u16, PortConfig>,
         tracked: &HashMap<u64, SockEntry>,
         (counts_before, counts_read): (&EventCounts, &EventCounts),
@@ -271,16 +304,16 @@ impl Healer {
             let slot = config.slot;
             let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
             let (open, busy) = (ours().count() as i64, ours().filter(|e| e.busy != 0).count() as i64);
-            let snapshot = maps.snapshot(port, *config)?;
+            let user = books.user_state(port, *config)?;
             // The kernel's counts as they were when the entries were read (the
             // adjustments are the healer's own, unchanged since).
             let Some(at_read) = counts_read.get(&port) else { continue };
-            let drift = drift_at_read(at_read, &snapshot.user, open, busy);
+            let drift = drift_at_read(at_read, &user, open, busy);
             let (opens, closes, enters, exits) = events_since(counts_before.get(&port), at_read);
             let certain = (beyond(drift.0, opens, closes), beyond(drift.1, enters, exits));
             let now = Drift { seen: drift, certain };
             if let Some(drift) = drift_to_correct(self.drift_before.get(&slot), &now) {
-                maps.correct_drift(slot, drift)?;
+                books.correct_drift(slot, drift)?;
                 tracing::warn!(
                     port,
                     established_drift = drift.0,
@@ -536,5 +569,153 @@ mod tests {
             })
             .collect();
         assert_eq!(keys.len(), 2_000, "one map key per adopted connection");
+    }
+
+    /// The gate's books as a plain table: what a pass forgets and adopts.
+    #[derive(Default)]
+    struct Table {
+        socks: HashMap<u64, SockEntry>,
+        exempt: Vec<[u8; 16]>,
+        full: bool,
+        user: UserPortState,
+        corrected: Vec<(u32, (i64, i64))>,
+    }
+
+    impl Books for Table {
+        fn forget_socket(&mut self, key: u64, _: &SockEntry) -> bool {
+            self.socks.remove(&key).is_some()
+        }
+        fn adopt_socket(&mut self, key: u64, entry: SockEntry) -> bool {
+            !self.full && self.socks.insert(key, entry).is_none()
+        }
+        fn tier_of(&self, addr: [u8; 16]) -> Option<u8> {
+            self.exempt.contains(&addr).then_some(shed_common::tier::EXEMPT)
+        }
+        fn user_state(&self, _: u16, _: PortConfig) -> Result<UserPortState, Error> {
+            Ok(self.user)
+        }
+        fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error> {
+            self.user.established_adjust -= drift.0;
+            self.user.busy_adjust -= drift.1;
+            self.corrected.push((slot, drift));
+            Ok(())
+        }
+    }
+
+    fn flow(client: u8, server_port: u16) -> FlowKey {
+        FlowKey {
+            client_addr: shed_common::ipv4_mapped([10, 0, 0, client]),
+            server_addr: shed_common::ipv4_mapped([10, 0, 0, 1]),
+            client_port: 40_000 + u16::from(client),
+            server_port,
+        }
+    }
+
+    /// Port 8080 gated in slot 1.
+    fn configs() -> BTreeMap<u16, PortConfig> {
+        let config = PortConfig {
+            slot: 1,
+            ..PortConfig::new(8080, shed_common::action::DROP, false, shed_common::count_mode::CONNECTIONS)
+        };
+        BTreeMap::from([(8080, config)])
+    }
+
+    fn outcome() -> PassOutcome {
+        PassOutcome { records: 0, found: false, acted: false, adopt_failed: 0 }
+    }
+
+    #[test]
+    fn a_tracked_socket_of_ours_gone_from_the_table_is_forgotten_on_the_second_pass() {
+        let configs = configs();
+        let entry =
+            |client: u8, slot: u32, port: u16| SockEntry { slot, ..adopted(&configs[&8080], &flow(client, port)) };
+        // 1: ours and gone; 2: ours and live; 3: another gate's slot; 4: a port not ours.
+        let tracked: HashMap<u64, SockEntry> = HashMap::from([
+            (1, entry(1, 1, 8080)),
+            (2, entry(2, 1, 8080)),
+            (3, entry(3, 9, 8080)),
+            (4, entry(4, 1, 9090)),
+        ]);
+        let live = HashSet::from([flow(2, 8080)]);
+        let mut books = Table { socks: tracked.clone(), ..Table::default() };
+        let mut healer = Healer::new(Duration::from_secs(30), HealReport::default());
+        let pass = |healer: &mut Healer, books: &mut Table, tracked: &mut HashMap<u64, SockEntry>| {
+            let mut outcome = outcome();
+            healer.forget_stale(books, &configs, tracked, &live, &mut outcome);
+            (outcome.found, outcome.acted)
+        };
+        let mut first = tracked.clone();
+        assert_eq!(pass(&mut healer, &mut books, &mut first), (true, false), "seen once: found, not acted on");
+        assert_eq!(first.len(), 4);
+        let mut second = tracked.clone();
+        assert_eq!(pass(&mut healer, &mut books, &mut second), (false, true), "seen again: forgotten");
+        let mut left: Vec<u64> = second.keys().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, [2, 3, 4], "only ours that the table lost");
+        assert!(!books.socks.contains_key(&1) && books.socks.len() == 3);
+        // A socket the gate already forgot (its close arrived late) is left as read.
+        let mut third = tracked.clone();
+        assert_eq!(pass(&mut healer, &mut books, &mut third), (false, false));
+        assert!(third.contains_key(&1));
+    }
+
+    #[test]
+    fn a_live_connection_the_gate_missed_is_adopted_on_the_second_pass_unless_exempt() {
+        let configs = configs();
+        let (ours, exempt, elsewhere) = (flow(1, 8080), flow(2, 8080), flow(3, 9090));
+        let live = HashSet::from([ours, exempt, elsewhere]);
+        let key = ADOPTED_KEY_BASE | (fxhash(&ours) & 0xffff_ffff);
+        let pass = |healer: &mut Healer, books: &mut Table, tracked: &mut HashMap<u64, SockEntry>| {
+            let mut outcome = outcome();
+            healer.adopt_untracked(books, &configs, tracked, &live, &mut outcome);
+            (outcome.found, outcome.acted, outcome.adopt_failed)
+        };
+        let mut books = Table { exempt: vec![exempt.client_addr], ..Table::default() };
+        let mut healer = Healer::new(Duration::from_secs(30), HealReport::default());
+        let mut tracked = HashMap::new();
+        assert_eq!(pass(&mut healer, &mut books, &mut tracked), (true, false, 0), "seen once: found, not adopted");
+        assert!(tracked.is_empty() && books.socks.is_empty());
+        assert_eq!(pass(&mut healer, &mut books, &mut tracked), (false, true, 0), "seen again: adopted");
+        let expected = adopted(&configs[&8080], &ours);
+        assert_eq!(books.socks, HashMap::from([(key, expected)]), "ours only: not the exempt client, not port 9090");
+        assert_eq!(tracked, books.socks);
+        // Once tracked it is not untracked; a full map counts what it could not adopt.
+        assert_eq!(pass(&mut healer, &mut books, &mut tracked), (false, false, 0));
+        let mut full = Table { exempt: vec![exempt.client_addr], full: true, ..Table::default() };
+        let mut healer = Healer::new(Duration::from_secs(30), HealReport::default());
+        let mut tracked = HashMap::new();
+        pass(&mut healer, &mut full, &mut tracked);
+        assert_eq!(pass(&mut healer, &mut full, &mut tracked), (false, false, 1));
+        assert!(tracked.is_empty());
+    }
+
+    #[test]
+    fn a_drift_seen_on_two_passes_is_corrected_once() {
+        let configs = configs();
+        let entry = |client: u8, busy: u8| SockEntry { busy, ..adopted(&configs[&8080], &flow(client, 8080)) };
+        // Three tracked, one busy; the counts say 5 opened and 1 busy spell begun.
+        let tracked = HashMap::from([(1, entry(1, 1)), (2, entry(2, 0)), (3, entry(3, 0))]);
+        let counts: EventCounts = BTreeMap::from([(8080, [5, 0, 1, 0])]);
+        let mut books = Table::default();
+        let mut healer = Healer::new(Duration::from_secs(30), HealReport::default());
+        let mut pass = |books: &mut Table| {
+            let mut outcome = outcome();
+            healer.correct_counts(books, &configs, &tracked, (&counts, &counts), &mut outcome).unwrap();
+            (outcome.found, outcome.acted)
+        };
+        assert_eq!(pass(&mut books), (true, false), "two phantom connections, seen once");
+        assert!(books.corrected.is_empty());
+        assert_eq!(pass(&mut books), (false, true), "seen again: corrected");
+        assert_eq!(books.corrected, [(1, (2, 0))]);
+        assert_eq!(pass(&mut books), (false, false), "the counts agree now: nothing found, nothing done");
+        assert_eq!(books.corrected.len(), 1);
+    }
+
+    #[test]
+    fn an_adopted_connection_is_multiplexed_only_on_a_multiplexed_port() {
+        let mut config = configs()[&8080];
+        assert_eq!(adopted(&config, &flow(1, 8080)).multiplexed, 0);
+        config.count_mode = shed_common::count_mode::MULTIPLEXED;
+        assert_eq!(adopted(&config, &flow(1, 8080)).multiplexed, 1);
     }
 }

@@ -475,6 +475,11 @@ mod tests {
         retries.keep_present(&BTreeSet::from(["b"]));
         assert!(!retries.waiting("a", start), "a pod gone is forgotten");
         assert!(retries.waiting("b", start));
+        // A gate that ran well starts its waits over.
+        assert_eq!(retries.failed("b", start), 2 * RETRY_FIRST);
+        retries.forget("b");
+        assert!(!retries.waiting("b", start));
+        assert_eq!(retries.failed("b", start), RETRY_FIRST, "from the first wait again");
     }
 
     fn pod(annotations: &[(&str, &str)], netns: Option<&str>, host_network: bool) -> PodSandbox {
