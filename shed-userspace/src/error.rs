@@ -134,10 +134,12 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     said_once(error.to_string(), std::iter::successors(error.source(), |e| e.source()).map(ToString::to_string))
 }
 
-/// `message`, then each of `causes` not already in it, joined by `: `.
+/// `message`, then each of `causes` that it does not already end with,
+/// joined by `: ` (a cause repeated inside a longer text is said again:
+/// a short cause may be a phrase the message uses for something else).
 pub fn said_once(mut message: String, causes: impl Iterator<Item = String>) -> String {
     for cause in causes {
-        if !message.contains(&cause) {
+        if !message.ends_with(&cause) {
             message.push_str(": ");
             message.push_str(&cause);
         }

@@ -553,6 +553,8 @@ mod tests {
             in_annotation_terms("--limit is fixed; --algo adapts it (see --help, -- or --no-such-flag)"),
             "shed.io/limit is fixed; shed.io/algo adapts it (see --help, -- or --no-such-flag)"
         );
+        // A flag spelled other than its key is named by the key.
+        assert_eq!(in_annotation_terms("--port 8080 twice; --tier a=b"), "shed.io/ports 8080 twice; shed.io/tiers a=b");
         assert_eq!(in_annotation_terms("ends with --ready-window"), "ends with shed.io/ready-window");
     }
 
@@ -562,7 +564,8 @@ mod tests {
         assert!(!has_key("no-such-key") && !has_key("") && !has_key("Limit"));
         // keys() lists each of them once (the docs' check walks it).
         let listed: Vec<&str> = keys().collect();
-        assert_eq!(listed.len(), KEYS.len());
+        let distinct: std::collections::BTreeSet<&str> = listed.iter().copied().collect();
+        assert_eq!((listed.len(), distinct.len()), (KEYS.len(), KEYS.len()), "{listed:?}");
         assert!(["ports", "limit", "ready-window", "cri-socket"].iter().all(|k| listed.contains(k)), "{listed:?}");
         assert!(listed.iter().all(|k| has_key(k)));
     }

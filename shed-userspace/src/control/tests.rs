@@ -794,15 +794,17 @@ fn a_queue_inside_is_probed_only_past_the_objective_and_held_through_overflows()
 fn the_queue_inside_is_cut_past_three_quarters_of_its_shortest_service() {
     let settings = Settings { algo: Algo::Queue, initial_limit: 40, ..Settings::default() };
     // 120 answers in 0.1 s; 48 held inside where 12 are in service: 36 wait.
+    // The window's service (40 ms) is what the queue inside made of the
+    // shortest (20 ms): the target inside follows the shortest.
     let held = Held { in_service: 48.0, knee: 12.0, rate: 1_200.0, shortest_us: 20_000.0 };
     let window = |queue_wait_us: u64| WindowSample {
         in_flight: 48,
         samples: 120,
         latency_us: 80_000,
         queue_wait_us,
-        service_us: 20_000,
+        service_us: 40_000,
         answered: 120,
-        service_mean_us: 20_000,
+        service_mean_us: 40_000,
         listen_drops: 0,
         rejected: 0,
         windows: 1,
@@ -814,12 +816,13 @@ fn the_queue_inside_is_cut_past_three_quarters_of_its_shortest_service() {
     let mut c = Controller::new(settings, 0);
     assert_eq!(c.propose_queue(&window(0), 1, None, Some(held)), 40.0 - 0.25 * 18.0);
     assert!(c.inside_cut, "the queue inside decided the cut");
-    // The same excess in the kernel (30 ms waited, 15 ms of it beyond the
-    // target, at 1,200/s): a tie is the kernel's queue.
+    // The same excess in the kernel (45 ms waited, 15 ms of it beyond its
+    // target of three quarters of the window's service, at 1,200/s): a tie
+    // is the kernel's queue.
     let mut c = Controller::new(settings, 0);
-    assert_eq!(c.propose_queue(&window(30_000), 1, None, Some(held)), 40.0 - 0.25 * 18.0);
+    assert_eq!(c.propose_queue(&window(45_000), 1, None, Some(held)), 40.0 - 0.25 * 18.0);
     assert!(!c.inside_cut, "a tie is not the queue inside");
     let mut c = Controller::new(settings, 0);
-    c.propose_queue(&window(31_000), 1, None, Some(held));
+    c.propose_queue(&window(46_000), 1, None, Some(held));
     assert!(!c.inside_cut, "more in the kernel");
 }

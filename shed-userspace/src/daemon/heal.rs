@@ -38,8 +38,9 @@ use crate::{
     observe::report::{HealReport, PassReason},
 };
 
-/// What a pass changes in the gate's books: the pinned maps ([`GateMaps`]),
-/// or a plain table in the unit tests, which hold the pass's decisions.
+/// What a pass reads and changes in the gate's books: the pinned maps
+/// ([`GateMaps`]), or a plain table in the unit tests, which hold the pass's
+/// decisions.
 trait Books {
     /// Forgets a tracked socket (and its client's charge); false if it was gone.
     fn forget_socket(&mut self, key: u64, entry: &SockEntry) -> bool;
@@ -629,7 +630,8 @@ mod tests {
         let configs = configs();
         let entry =
             |client: u8, slot: u32, port: u16| SockEntry { slot, ..adopted(&configs[&8080], &flow(client, port)) };
-        // 1: ours and gone; 2: ours and live; 3: another gate's slot; 4: a port not ours.
+        // 1: ours and gone; 2: ours and live; 3: a slot the port no longer
+        // holds (an earlier protection's); 4: a port not ours.
         let tracked: HashMap<u64, SockEntry> = HashMap::from([
             (1, entry(1, 1, 8080)),
             (2, entry(2, 1, 8080)),
@@ -712,9 +714,14 @@ mod tests {
     }
 
     #[test]
-    fn an_adopted_connection_is_multiplexed_only_on_a_multiplexed_port() {
+    fn an_adopted_connection_is_established_and_idle_under_its_ports_slot() {
         let mut config = configs()[&8080];
-        assert_eq!(adopted(&config, &flow(1, 8080)).multiplexed, 0);
+        let entry = adopted(&config, &flow(1, 8080));
+        assert_eq!((entry.slot, entry.port, entry.flow), (1, 8080, flow(1, 8080)));
+        assert_eq!(entry.client, flow(1, 8080).client_addr, "charged to its client's key (an IPv4 address whole)");
+        assert_eq!((entry.busy, entry.capped, entry.silent), (0, 0, 0), "idle, in no ring, releasing no charge");
+        assert_eq!((entry.arrival_ns, entry.pickup_ns, entry.silent_epoch), (0, 0, 0));
+        assert_eq!(entry.multiplexed, 0);
         config.count_mode = shed_common::count_mode::MULTIPLEXED;
         assert_eq!(adopted(&config, &flow(1, 8080)).multiplexed, 1);
     }
