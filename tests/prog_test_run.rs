@@ -1076,84 +1076,93 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
             (hook == Hook::Xdp).then(|| h.loaded.ebpf.program(shed_common::program::XDP).unwrap().try_into().unwrap());
         let tc: Option<&aya::programs::SchedClassifier> =
             (hook == Hook::Tc).then(|| h.loaded.ebpf.program(shed_common::program::TC).unwrap().try_into().unwrap());
-        let first = epoch_now() + 4;
-        // Per CPU and round: admitted, and the epochs the run began and ended in.
-        let runs: Vec<Vec<(bool, u64, u64)>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = flows
-                .iter()
-                .enumerate()
-                .map(|(cpu, flow)| {
-                    let ns = bed.server_ns.clone();
-                    scope.spawn(move || {
-                        shed_testkit::testbed::enter(&ns).unwrap();
-                        support::pin_to_cpu(cpu);
-                        let mut out = vec![0u8; flow.ack.len() + 64];
-                        (0..ROUNDS)
-                            .map(|r| {
-                                // Both CPUs spin on the clock and start on the same epoch edge.
-                                while epoch_now() < first + r * EPOCHS_PER_ROUND {
-                                    std::hint::spin_loop();
-                                }
-                                let began = epoch_now();
-                                let opts = TestRunOptions {
-                                    data_in: Some(&flow.ack),
-                                    data_out: Some(&mut out),
-                                    ..Default::default()
-                                };
-                                let verdict = match (xdp, tc) {
-                                    (Some(p), _) => i64::from(p.test_run(opts).unwrap().return_value),
-                                    (_, Some(p)) => i64::from(p.test_run(opts).unwrap().return_value as i32),
-                                    _ => unreachable!("one hook's program"),
-                                };
-                                (verdict == pass(hook), began, epoch_now())
-                            })
-                            .collect()
+        // Rounds count only where both runs fit one epoch edge (65 us): a noisy
+        // moment of the machine can leave too few, so another batch is run
+        // (at most MOST_BATCHES); every judged round of every batch is checked.
+        const MOST_BATCHES: u64 = 3;
+        let (mut judged, mut admitted, mut neither, mut straddled, mut batches) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        while batches < MOST_BATCHES && judged < ROUNDS / 2 {
+            batches += 1;
+            // Past the last batch's reservations (a round's own spacing).
+            let first = epoch_now() + EPOCHS_PER_ROUND.max(4);
+            // Per CPU and round: admitted, and the epochs the run began and ended in.
+            let runs: Vec<Vec<(bool, u64, u64)>> = std::thread::scope(|scope| {
+                let workers: Vec<_> = flows
+                    .iter()
+                    .enumerate()
+                    .map(|(cpu, flow)| {
+                        let ns = bed.server_ns.clone();
+                        scope.spawn(move || {
+                            shed_testkit::testbed::enter(&ns).unwrap();
+                            support::pin_to_cpu(cpu);
+                            let mut out = vec![0u8; flow.ack.len() + 64];
+                            (0..ROUNDS)
+                                .map(|r| {
+                                    // Both CPUs spin on the clock and start on the same epoch edge.
+                                    while epoch_now() < first + r * EPOCHS_PER_ROUND {
+                                        std::hint::spin_loop();
+                                    }
+                                    let began = epoch_now();
+                                    let opts = TestRunOptions {
+                                        data_in: Some(&flow.ack),
+                                        data_out: Some(&mut out),
+                                        ..Default::default()
+                                    };
+                                    let verdict = match (xdp, tc) {
+                                        (Some(p), _) => i64::from(p.test_run(opts).unwrap().return_value),
+                                        (_, Some(p)) => i64::from(p.test_run(opts).unwrap().return_value as i32),
+                                        _ => unreachable!("one hook's program"),
+                                    };
+                                    (verdict == pass(hook), began, epoch_now())
+                                })
+                                .collect()
+                        })
                     })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).collect()
-        });
-        let (mut judged, mut admitted, mut neither, mut straddled) = (0u64, 0u64, 0u64, 0u64);
-        for r in 0..ROUNDS as usize {
-            let (a, b) = (runs[0][r], runs[1][r]);
-            admitted += u64::from(a.0) + u64::from(b.0);
-            // Judged exactly: both runs within one epoch or across one edge (the
-            // CPU still before it counts the next epoch's cell, where the other
-            // already added), and the round before ended long enough ago that
-            // its reservation had lapsed. A CPU that stalled epochs behind the
-            // other finds its reservation lapsed (its flow never completes).
-            let after_last = r == 0 || {
-                let (pa, pb) = (runs[0][r - 1], runs[1][r - 1]);
-                a.1.min(b.1) >= pa.2.max(pb.2) + LIVE_EPOCHS
-            };
-            if a.2.max(b.2) - a.1.min(b.1) > 1 || !after_last {
-                continue;
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap()).collect()
+            });
+            for r in 0..ROUNDS as usize {
+                let (a, b) = (runs[0][r], runs[1][r]);
+                admitted += u64::from(a.0) + u64::from(b.0);
+                // Judged exactly: both runs within one epoch or across one edge (the
+                // CPU still before it counts the next epoch's cell, where the other
+                // already added), and the round before ended long enough ago that
+                // its reservation had lapsed. A CPU that stalled epochs behind the
+                // other finds its reservation lapsed (its flow never completes).
+                let after_last = r == 0 || {
+                    let (pa, pb) = (runs[0][r - 1], runs[1][r - 1]);
+                    a.1.min(b.1) >= pa.2.max(pb.2) + LIVE_EPOCHS
+                };
+                if a.2.max(b.2) - a.1.min(b.1) > 1 || !after_last {
+                    continue;
+                }
+                judged += 1;
+                straddled += u64::from(a.1.min(b.1) != a.2.max(b.2));
+                let taken = u8::from(a.0) + u8::from(b.0);
+                assert!(
+                    taken <= 1,
+                    "{hook:?} round {r}: both racing ACKs took the last slot: {a:?} {b:?}, round before {:?}",
+                    (r > 0).then(|| (runs[0][r - 1], runs[1][r - 1]))
+                );
+                // Both refused: one opened the epoch's cell (reused from an ended
+                // epoch) while the other's reset of it was under way, and found its
+                // place too high: a refusal, never an overshoot (ring::start_epoch).
+                neither += u64::from(taken == 0);
             }
-            judged += 1;
-            straddled += u64::from(a.1.min(b.1) != a.2.max(b.2));
-            let taken = u8::from(a.0) + u8::from(b.0);
-            assert!(
-                taken <= 1,
-                "{hook:?} round {r}: both racing ACKs took the last slot: {a:?} {b:?}, round before {:?}",
-                (r > 0).then(|| (runs[0][r - 1], runs[1][r - 1]))
-            );
-            // Both refused: one opened the epoch's cell (reused from an ended
-            // epoch) while the other's reset of it was under way, and found its
-            // place too high: a refusal, never an overshoot (ring::start_epoch).
-            neither += u64::from(taken == 0);
         }
         let c = h.counters();
+        let rounds = batches * ROUNDS;
         println!(
-            "{hook:?}: {judged} of {ROUNDS} rounds judged ({straddled} across an epoch edge), {neither} of them admitted neither, {admitted} admitted"
+            "{hook:?}: {judged} of {rounds} rounds judged ({straddled} across an epoch edge), {neither} of them admitted neither, {admitted} admitted"
         );
-        assert!(judged >= ROUNDS / 2, "{hook:?}: only {judged} of {ROUNDS} rounds ran within one epoch");
+        assert!(judged >= ROUNDS / 2, "{hook:?}: only {judged} of {rounds} rounds ran within one epoch");
         // Every round here opens a reused cell on both CPUs at once (1 to 2% of
         // rounds meet the reset under way); traffic rarely does.
         assert!(neither * 20 <= judged, "{hook:?}: {neither} of {judged} rounds admitted neither ACK");
         // A run that passed uncounted was its flow's own duplicate (a CPU that
         // stalled past a round sent its ACK while its last admission still held).
         assert!(c[counter::ADMITTED] <= admitted, "{hook:?}");
-        assert_eq!(c[counter::REFUSED_AT_ACK], 2 * ROUNDS - admitted, "{hook:?}");
+        assert_eq!(c[counter::REFUSED_AT_ACK], 2 * rounds - admitted, "{hook:?}");
     }
 }
 
