@@ -48,8 +48,8 @@ trait Books {
     fn adopt_socket(&mut self, key: u64, entry: SockEntry) -> bool;
     /// The tier of the client at `addr`, if it has one.
     fn tier_of(&self, addr: [u8; 16]) -> Option<u8>;
-    /// The port's daemon-side state (the healer's adjustments).
-    fn user_state(&self, port: u16, config: PortConfig) -> Result<UserPortState, Error>;
+    /// The daemon-side state of the port in `slot` (the healer's adjustments).
+    fn user_state(&self, slot: u32) -> Result<UserPortState, Error>;
     /// Takes a drift (established, busy) out of the port's counts.
     fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error>;
 }
@@ -64,8 +64,8 @@ impl Books for GateMaps {
     fn tier_of(&self, addr: [u8; 16]) -> Option<u8> {
         GateMaps::tier_of(self, addr)
     }
-    fn user_state(&self, port: u16, config: PortConfig) -> Result<UserPortState, Error> {
-        Ok(self.snapshot(port, config)?.user)
+    fn user_state(&self, slot: u32) -> Result<UserPortState, Error> {
+        GateMaps::user_state(self, slot)
     }
     fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error> {
         GateMaps::correct_drift(self, slot, drift)
@@ -305,7 +305,7 @@ impl Healer {
             let slot = config.slot;
             let ours = || tracked.values().filter(|e| e.slot == slot && e.port == port);
             let (open, busy) = (ours().count() as i64, ours().filter(|e| e.busy != 0).count() as i64);
-            let user = books.user_state(port, *config)?;
+            let user = books.user_state(slot)?;
             // The kernel's counts as they were when the entries were read (the
             // adjustments are the healer's own, unchanged since).
             let Some(at_read) = counts_read.get(&port) else { continue };
@@ -592,7 +592,7 @@ mod tests {
         fn tier_of(&self, addr: [u8; 16]) -> Option<u8> {
             self.exempt.contains(&addr).then_some(shed_common::tier::EXEMPT)
         }
-        fn user_state(&self, _: u16, _: PortConfig) -> Result<UserPortState, Error> {
+        fn user_state(&self, _: u32) -> Result<UserPortState, Error> {
             Ok(self.user)
         }
         fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error> {

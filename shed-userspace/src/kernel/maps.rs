@@ -410,7 +410,7 @@ impl GateMaps {
         let status = self.raw.status.get(&slot, 0).map_err(|e| Error::map("read controller status", e))?;
         let reserve = self.raw.reserve.get(&slot, 0).map_err(|e| Error::map("read tier reserve", e))?;
         let state = self.raw.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
-        let user = self.raw.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let user = self.user_state(slot)?;
         let ring = self.raw.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
         let silent = self.raw.silent.get(&slot, 0).map_err(|e| Error::map("read silent connections", e))?;
         let now_ns = crate::host::system::monotonic_ns();
@@ -686,6 +686,11 @@ impl GateMaps {
         })
     }
 
+    /// A port's `UserPortState` (the daemon's own adjustments and settings).
+    pub(crate) fn user_state(&self, slot: u32) -> Result<UserPortState, Error> {
+        self.raw.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))
+    }
+
     /// Reads a port's `UserPortState`, lets `change` edit it, and writes it
     /// back only if `change` says it changed (`what` names the write in errors).
     fn update_user_state(
@@ -694,7 +699,7 @@ impl GateMaps {
         what: &'static str,
         change: impl FnOnce(&mut UserPortState) -> bool,
     ) -> Result<(), Error> {
-        let mut user = self.raw.user_state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+        let mut user = self.user_state(slot)?;
         if change(&mut user) {
             self.raw.user_state.set(slot, user, 0).map_err(|e| Error::map(what, e))?;
         }
