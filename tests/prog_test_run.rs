@@ -5,7 +5,7 @@
 //! byte by byte. Needs root.
 mod support;
 
-use aya::{TestRun as _, TestRunOptions};
+use aya::{TestRun as _, TestRunOptions, maps::IterableMap as _};
 use shed::{kernel::maps::PortSpec, kernel::programs::Loaded};
 use shed_common::{ControlConfig, action, count_mode, counter, gate_counter, ipv4_mapped, local_addr};
 use support::frames::*;
@@ -1392,6 +1392,80 @@ fn a_gate_verified_ahead_judges_with_its_own_maps() {
     assert_eq!(run(&mut loaded), TC_ACT_REDIRECT, "at the limit: the reset, from the same maps");
     drop(loaded);
     std::fs::remove_dir_all(&pins).unwrap();
+}
+
+/// A pod's gate object is sized for a pod: each map as `LoadOptions::pod`
+/// says, in the kernel (eight slots, the packed port table, its own
+/// connection and client tables). It protects eight ports, one word of the
+/// port table apart, refuses a ninth by name, and judges each port by its
+/// own slot, also after a neighbour in the same word is let go.
+#[test]
+fn a_pods_gate_object_is_sized_for_a_pod_and_judges_its_eight_ports() {
+    use shed::kernel::object::LoadOptions;
+    let options = LoadOptions::pod(2_048, 512, false);
+    let mut loaded = Loaded::sized(None, options).expect("load a pod's object");
+    let entries = |m: &aya::maps::MapData| m.info().expect("map info").max_entries();
+    let raw = loaded.maps.raw();
+    let slots = [
+        entries(raw.ports.map()),
+        entries(raw.slot_config.map()),
+        entries(raw.state.map()),
+        entries(raw.user_state.map()),
+        entries(raw.counters.map()),
+        entries(raw.handshakes.map()),
+        entries(raw.silent.map()),
+        entries(raw.limits.map()),
+        entries(raw.latency.map()),
+        entries(raw.control.map()),
+        entries(raw.status.map()),
+        entries(raw.contention.map()),
+        entries(raw.reserve.map()),
+    ];
+    assert_eq!(slots, [shed_common::capacity::POD_MAX_PORTS; 13]);
+    assert_eq!(entries(raw.stamps.map()), 8 * shed_common::handshake::STAMPS_PER_PORT);
+    assert_eq!((entries(raw.socks.map()), entries(raw.clients.map())), (2_048, 512));
+    assert_eq!((entries(raw.refused_turns.map()), entries(raw.pending_clients.map())), (1_024, 128));
+    assert_eq!(entries(raw.port_slots.map()), shed_common::port_table::WORDS);
+    for (name, size) in options.map_sizes() {
+        let found = aya::maps::loaded_maps()
+            .filter_map(Result::ok)
+            .filter(|m| m.name_as_str() == Some(&name[..name.len().min(15)]))
+            .any(|m| m.max_entries() == size);
+        assert!(found, "{name}: no map of {size} entries loaded");
+    }
+    // Ports 8080-8087 share one word of the port table.
+    let spec = PortSpec::new(1, action::RST, false, count_mode::WORK, ControlConfig::default());
+    for port in 8080..8088 {
+        assert_eq!(loaded.maps.protect(port, &spec).unwrap().slot, u32::from(port - 8080));
+        assert_eq!(loaded.maps.port_slot(port).unwrap(), u32::from(port - 8080) + 1);
+    }
+    let ninth = loaded.maps.protect(9090, &spec).unwrap_err();
+    assert!(matches!(ninth, shed::error::Error::TooManyPorts { max: 8 }), "{ninth}");
+    assert_eq!(loaded.maps.port_slot(9090).unwrap(), 0, "nothing half-written");
+    let local = [(ipv4_mapped(SERVER_V4), local_addr::UNICAST)];
+    loaded.maps.set_local_addrs(&local.into_iter().collect()).unwrap();
+    let run = |loaded: &mut Loaded, port: u16| {
+        let syn = frame(&Spec { server_port: port, ..Spec::default() });
+        let mut out = vec![0u8; syn.len() + 256];
+        let opts = TestRunOptions { data_in: Some(&syn), data_out: Some(&mut out), ..Default::default() };
+        loaded.tc().unwrap().test_run(opts).unwrap().return_value as i32
+    };
+    // One port at its limit: only it refuses.
+    let full = shed_common::PortState { opened: 1, busy_enter: 1, ..Default::default() };
+    loaded.maps.raw_mut().state.set(5, full, 0).unwrap();
+    for port in 8080..8088 {
+        let expected = if port == 8085 { TC_ACT_REDIRECT } else { TC_ACT_OK };
+        assert_eq!(run(&mut loaded, port), expected, "port {port}");
+    }
+    // Its neighbours in the word let go: it is still judged in its slot.
+    for port in [8084, 8086, 8087] {
+        loaded.maps.unprotect(port).unwrap();
+        assert_eq!(loaded.maps.port_slot(port).unwrap(), 0);
+    }
+    assert_eq!(loaded.maps.port_slot(8085).unwrap(), 6);
+    assert_eq!(run(&mut loaded, 8085), TC_ACT_REDIRECT, "still at its limit, in its own slot");
+    assert_eq!(run(&mut loaded, 8084), TC_ACT_OK);
+    assert_eq!(run(&mut loaded, 8083), TC_ACT_OK);
 }
 
 /// A request on a kept-alive connection that owes no answer (a real loopback

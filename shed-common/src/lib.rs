@@ -24,6 +24,7 @@ pub mod latency;
 mod layout;
 mod names;
 mod policy;
+pub mod port_table;
 pub mod ratelimit;
 pub mod rst;
 mod tracepoint;

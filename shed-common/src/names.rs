@@ -203,7 +203,8 @@ pub mod capacity {
     /// TCP port numbers: the maps indexed by port have one entry each.
     pub const PORT_NUMBERS: u32 = 1 << 16;
     /// Established sockets tracked across all ports, by default (`--max-connections`).
-    /// The map is not preallocated: it costs memory for the sockets it holds, not for this.
+    /// Its entries are not preallocated (about 200 bytes each as they come),
+    /// its buckets are: 16 bytes per entry of this size, 4 MiB.
     pub const MAX_SOCKS: u32 = 262_144;
     /// Refused requests awaiting the daemon's close (it drains them every tick).
     pub const MAX_REFUSED_TURNS: u32 = 8_192;
@@ -218,4 +219,15 @@ pub mod capacity {
     /// clients evicts the least recent, whose pending admissions then count
     /// only once established.
     pub const MAX_PENDING_CLIENTS: u32 = 1_024;
+    /// Ports one pod's gate can protect: a pod's object is sized for this
+    /// many slots, an eighth of a node gate's, so its per-port maps cost an
+    /// eighth too (`shed.io/ports` lists at most this many).
+    pub const POD_MAX_PORTS: u32 = 8;
+    /// Established sockets one pod's gate tracks, by default
+    /// (`--pod-max-connections`). A hash map's buckets are allocated when
+    /// it is created, used or not (16 bytes each): 256 KiB here, where the
+    /// node's 262,144 cost 4 MiB in every pod.
+    pub const POD_MAX_CONNECTIONS: u32 = 16_384;
+    /// Clients one pod's gate counts against a cap, by default (`--pod-max-clients`).
+    pub const POD_MAX_CLIENTS: u32 = 4_096;
 }

@@ -10,11 +10,9 @@ use shed_common::{
     ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LastPassed,
     LocalAddr, NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, RefusedTurn, SockEntry, SockLayout,
     TierReserve, UserPortState,
-    capacity::{
-        MAX_CLIENTS, MAX_PENDING_CLIENTS, MAX_PORTS, MAX_REFUSED_TURNS, MAX_SOCKS, MAX_TIER_ENTRIES, PORT_NUMBERS,
-    },
+    capacity::{MAX_CLIENTS, MAX_PENDING_CLIENTS, MAX_PORTS, MAX_REFUSED_TURNS, MAX_SOCKS, MAX_TIER_ENTRIES},
     handshake::STAMPS_PER_PORT,
-    is_ipv4_mapped, local_addr,
+    is_ipv4_mapped, local_addr, port_table,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
 };
 
@@ -96,8 +94,9 @@ pub fn stamp_hash(client: &[u8; 16], server: &[u8; 16], client_port: u16, server
 #[map]
 pub static SHED_PORTS: HashMap<u16, PortConfig> = HashMap::with_max_entries(MAX_PORTS, 0);
 
+/// Each port's slot + 1, a byte a port (see [`shed_common::port_table`]).
 #[map]
-pub static SHED_PORT_SLOTS: Array<u32> = Array::with_max_entries(PORT_NUMBERS, 0);
+pub static SHED_PORT_SLOTS: Array<u64> = Array::with_max_entries(port_table::WORDS, 0);
 
 #[map]
 pub static SHED_SLOT_CONFIG: Array<PortConfig> = Array::with_max_entries(MAX_PORTS, 0);
@@ -106,7 +105,7 @@ pub static SHED_SLOT_CONFIG: Array<PortConfig> = Array::with_max_entries(MAX_POR
 /// "not protected" answer after the first).
 #[inline(always)]
 pub fn port_config(port: u16) -> Option<PortConfig> {
-    let slot = *SHED_PORT_SLOTS.get(u32::from(port))?;
+    let slot = port_table::slot_plus_one(*SHED_PORT_SLOTS.get(port_table::word_of(port))?, port);
     if slot == 0 {
         return None;
     }
@@ -116,7 +115,7 @@ pub fn port_config(port: u16) -> Option<PortConfig> {
 /// Whether `port` is protected (one array lookup).
 #[inline(always)]
 pub fn protected(port: u16) -> bool {
-    SHED_PORT_SLOTS.get(u32::from(port)).is_some_and(|&slot| slot != 0)
+    SHED_PORT_SLOTS.get(port_table::word_of(port)).is_some_and(|&word| port_table::slot_plus_one(word, port) != 0)
 }
 
 #[map]

@@ -6,6 +6,7 @@ use shed::{
 };
 
 fn main() {
+    shed::host::system::limit_malloc_arenas();
     let logs = tracing_subscriber::fmt()
         // SHED_LOG, else the Rust ecosystem's RUST_LOG, else info.
         .with_env_filter(

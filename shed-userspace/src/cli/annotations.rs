@@ -61,6 +61,18 @@ pub fn pod_attach_args(
     let Command::Attach(args) = cli.command else { unreachable!("parsed as attach") };
     // The checks across settings (a limiter's bounds, the http action's ports, ...).
     args.plan().map_err(|e| refused(format!("{e:#}")))?;
+    let ports: std::collections::BTreeSet<u16> = args.ports.iter().copied().collect();
+    let most = shed_common::capacity::POD_MAX_PORTS as usize;
+    if ports.len() > most {
+        return Err(AnnotationError {
+            key: format!("{PREFIX}ports"),
+            reason: format!(
+                "{} ports: a pod's gate protects at most {most} (its maps are sized for a pod): list the ports \
+                 clients call, or run the busiest on a pod of their own",
+                ports.len()
+            ),
+        });
+    }
     Ok(Some(args))
 }
 
@@ -144,6 +156,13 @@ mod tests {
         assert_eq!((e.key.as_str(), e.reason.contains("true or false")), ("shed.io/dry-run", true), "{e}");
         let e = error(&[("shed.io/limit", "5")]);
         assert_eq!(e.key, "shed.io/ports", "settings without ports: {e}");
+        let most = shed_common::capacity::POD_MAX_PORTS as u16;
+        let listed = |n: u16| (0..n).map(|i| (8000 + i).to_string()).collect::<Vec<_>>().join(",");
+        let fits = annotations(&[("shed.io/ports", &listed(most))]);
+        assert_eq!(pod_attach_args(&fits, None).unwrap().unwrap().ports.len(), usize::from(most));
+        let e = error(&[("shed.io/ports", &listed(most + 1))]);
+        assert_eq!(e.key, "shed.io/ports", "{e}");
+        assert!(e.reason.starts_with(&format!("{} ports: a pod's gate protects at most {most} ", most + 1)), "{e}");
         let e = error(&[("shed.io/ports", "")]);
         assert_eq!(e.key, "shed.io/ports", "{e}");
         assert!(e.to_string().starts_with("annotation shed.io/ports: "), "{e}");

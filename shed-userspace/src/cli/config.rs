@@ -87,6 +87,8 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("ready-window", "ready-window", Kind::Duration),
     ("pods", "pods", Kind::Bool),
     ("cri-socket", "cri-socket", Kind::Str),
+    ("pod-max-connections", "pod-max-connections", Kind::Int),
+    ("pod-max-clients", "pod-max-clients", Kind::Int),
 ];
 
 /// Every key of the config file.
@@ -250,6 +252,8 @@ const NODE_KEYS: &[&str] = &[
     "tier-file",
     "pods",
     "cri-socket",
+    "pod-max-connections",
+    "pod-max-clients",
 ];
 
 /// The flags a pod's annotation stands for: `key` a config key that concerns
@@ -382,6 +386,8 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     if args.pods {
         t.insert("pods".into(), Value::Boolean(true));
         t.insert("cri-socket".into(), s(&args.cri_socket.display()));
+        t.insert("pod-max-connections".into(), int(args.pod_max_connections.into()));
+        t.insert("pod-max-clients".into(), int(args.pod_max_clients.into()));
     }
     toml::to_string(&t).expect("a table always serializes")
 }
@@ -545,6 +551,10 @@ mod tests {
         "--pods",
         "--cri-socket",
         "/run/k3s/containerd/containerd.sock",
+        "--pod-max-connections",
+        "32768",
+        "--pod-max-clients",
+        "1024",
     ];
 
     #[test]

@@ -163,6 +163,17 @@ pub struct AttachArgs {
     #[arg(long, default_value = crate::host::cri::DEFAULT_SOCKET)]
     pub cri_socket: PathBuf,
 
+    /// With --pods, the established connections each pod's gate counts; past it a pod's new
+    /// connections are admitted uncounted (connection_map_full). Each pod's table costs 16 bytes
+    /// an entry at once (256 KiB at the default), then ~200 bytes a connection (--pod-max-connections 16384).
+    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CONNECTIONS)]
+    pub pod_max_connections: u32,
+
+    /// With --pods, the clients each pod's gate counts for a client cap or share; past it new
+    /// clients are not capped (client_map_full) (--pod-max-clients 4096).
+    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CLIENTS)]
+    pub pod_max_clients: u32,
+
     /// Interface to gate; repeat for several (--iface eth0 --iface lo).
     /// Default: every interface of the namespace, loopback included.
     #[arg(long = "iface", value_parser = parse_interface)]
@@ -292,7 +303,8 @@ pub struct AttachArgs {
     pub heal_interval: Duration,
 
     /// Most established connections counted across ports; past it new connections are
-    /// admitted uncounted (connection_map_full). Memory grows with use, ~200 bytes each (--max-connections 262144).
+    /// admitted uncounted (connection_map_full). The table costs 16 bytes an entry at once
+    /// (4 MiB at the default), then ~200 bytes a connection (--max-connections 262144).
     #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_SOCKS)]
     pub max_connections: u32,
 

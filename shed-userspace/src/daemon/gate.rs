@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use crate::{
     daemon::{
         self, FollowInterfaces, LocalAddrs, LoopSettings,
-        plan::{GatePlan, NodePlan},
+        plan::{GatePlan, NodePlan, Scope},
     },
     error::Error,
     host::system,
@@ -30,16 +30,6 @@ pub(super) struct GateStart {
     pub(super) plan: GatePlan,
     pub(super) scope: Scope,
     pub(super) handles: Handles,
-}
-
-/// Where a gate stands: a namespace the node names, or a pod's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Scope {
-    /// `--netns` (or the daemon's own): the node's `--iface`, its config's
-    /// reloads, and beside the node's other named namespaces.
-    Named,
-    /// A pod's namespace: every interface, the pod's annotations (no reload).
-    Pod,
 }
 
 /// Live handles a gate starts from (a pod's, from the node agent).
@@ -167,9 +157,10 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
     let seen = system::interfaces_indexed();
     let targets = targets(start.ifaces(), node.hook)?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
-    let mut loaded = match start.handles.spare.take().filter(|s| s.fits(node.load_options(), node.spare_hook())) {
+    let options = node.load_options(start.scope);
+    let mut loaded = match start.handles.spare.take().filter(|s| s.fits(options, node.spare_hook())) {
         Some(spare) => Loaded::from_prepared(spare, Some(&gate.pin_dir)),
-        None => Loaded::sized(Some(&gate.pin_dir), node.load_options()),
+        None => Loaded::sized(Some(&gate.pin_dir), options),
     }
     .context("loading the kernel programs")?;
     for (&cidr, &tier) in &plan.tiers {
@@ -296,6 +287,7 @@ pub(super) fn run(
     } else {
         None
     };
+    crate::host::system::release_freed_memory();
     runtime.block_on(async {
         if let Some(logger) = kernel_log {
             tokio::spawn(forward_kernel_log(logger));

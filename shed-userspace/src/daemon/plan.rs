@@ -36,6 +36,18 @@ pub(crate) struct GatePlan {
     pub agent_port: Option<u16>,
 }
 
+/// Where a gate stands: a namespace the node names, or a pod's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// `--netns` (or the daemon's own): the node's `--iface`, its config's
+    /// reloads, beside the node's other named namespaces, its maps sized by
+    /// the node's flags.
+    Named,
+    /// A pod's namespace: every interface, the pod's annotations (no
+    /// reload), its maps sized for a pod.
+    Pod,
+}
+
 /// What the daemon runs with for its whole life.
 pub(crate) struct NodePlan {
     /// The gate of each namespace the node names (`--netns`, else its own);
@@ -50,6 +62,9 @@ pub(crate) struct NodePlan {
     /// `--max-connections`, `--max-clients`, `--kernel-log`.
     pub max_connections: u32,
     pub max_clients: u32,
+    /// `--pod-max-connections`, `--pod-max-clients`: each pod's gate's tables.
+    pub pod_max_connections: u32,
+    pub pod_max_clients: u32,
     pub kernel_log: bool,
     /// `--allow-nat`: attach even where netfilter NAT takes connections past the gate.
     pub allow_nat: bool,
@@ -75,14 +90,19 @@ impl NodePlan {
         self.hook.unwrap_or(Hook::Tc)
     }
 
-    /// How each gate's object is sized and loaded.
-    pub(super) fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            connections: self.max_connections,
-            clients: self.max_clients,
-            kernel_log: self.kernel_log,
-            sock_state: SockStateHook::Auto,
-            dispatcher: false,
+    /// How a gate's object is sized and loaded: a named namespace's for
+    /// the node's flags, a pod's for a pod ([`LoadOptions::pod`]).
+    pub(super) fn load_options(&self, scope: Scope) -> LoadOptions {
+        match scope {
+            Scope::Named => LoadOptions {
+                connections: self.max_connections,
+                clients: self.max_clients,
+                slots: shed_common::capacity::MAX_PORTS,
+                kernel_log: self.kernel_log,
+                sock_state: SockStateHook::Auto,
+                dispatcher: false,
+            },
+            Scope::Pod => LoadOptions::pod(self.pod_max_connections, self.pod_max_clients, self.kernel_log),
         }
     }
 }
@@ -139,6 +159,8 @@ pub(crate) mod tests {
             xdp_mode: crate::kernel::options::XdpAttachMode::Generic,
             max_connections: 1234,
             max_clients: 567,
+            pod_max_connections: 4321,
+            pod_max_clients: 765,
             kernel_log: true,
             allow_nat: true,
             heal_interval: std::time::Duration::from_secs(77),

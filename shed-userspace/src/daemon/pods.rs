@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use crate::{
     daemon::{
         budget,
-        gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, LoopSignals, Scope},
-        plan::{GatePlan, NodePlan, PodReader, PodRefusal},
+        gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, LoopSignals},
+        plan::{GatePlan, NodePlan, PodReader, PodRefusal, Scope},
     },
     host::{
         cri::{self, PodSandbox},
@@ -111,7 +111,11 @@ impl Spare {
         let (options, hook) = (self.options, self.hook);
         self.making = std::thread::Builder::new()
             .name("shed-spare".into())
-            .spawn(move || Loaded::prepare(options, hook))
+            .spawn(move || {
+                let prepared = Loaded::prepare(options, hook);
+                system::release_freed_memory();
+                prepared
+            })
             .map_err(|e| tracing::debug!("{e}: no spare gate object"))
             .ok();
     }
@@ -201,7 +205,7 @@ impl Pods {
             }
         };
         Self {
-            spare: Spare::start(node.load_options(), node.spare_hook()),
+            spare: Spare::start(node.load_options(Scope::Pod), node.spare_hook()),
             dispatcher,
             socket,
             node,

@@ -18,8 +18,8 @@ use crate::{
     control::Algo,
     daemon::{
         DaemonLock, PinGuard,
-        gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, Instance, LoopSignals, Scope},
-        plan::NodePlan,
+        gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, Instance, LoopSignals},
+        plan::{NodePlan, Scope},
         pods::Pods,
     },
     error::Error,

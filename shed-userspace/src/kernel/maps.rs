@@ -10,7 +10,7 @@ use aya::{
 use shed_common::{
     ClientKey, Contention, ControlConfig, ControlStatus, GateCounters, HandshakeRing, HandshakeStamp, LocalAddr,
     NetnsFilter, PortConfig, PortCounters, PortLatency, PortState, RefusedTurn, SockEntry, TierReserve, UserPortState,
-    capacity::MAX_PORTS, gate_counter, handshake, map,
+    capacity::MAX_PORTS, gate_counter, handshake, map, port_table,
 };
 
 use crate::{error::Error, host::paths, kernel::options::Cidr};
@@ -41,7 +41,8 @@ pub struct RawMaps {
     pub pending_clients: HashMap<MapData, ClientKey, HandshakeRing>,
     pub contention: Array<MapData, Contention>,
     pub netns: Array<MapData, NetnsFilter>,
-    pub port_slots: Array<MapData, u32>,
+    /// Each port's slot + 1, a byte a port ([`shed_common::port_table`]).
+    pub port_slots: Array<MapData, u64>,
     pub slot_config: Array<MapData, PortConfig>,
     pub refused_turns: HashMap<MapData, u64, RefusedTurn>,
 }
@@ -289,7 +290,9 @@ impl GateMaps {
     /// Starts protecting `port` in a free slot with zeroed accounting.
     pub fn protect(&mut self, port: u16, spec: &PortSpec) -> Result<PortConfig, Error> {
         let used: Vec<u32> = self.port_configs()?.values().map(|c| c.slot).collect();
-        let slot = (0..MAX_PORTS).find(|s| !used.contains(s)).ok_or(Error::TooManyPorts { max: MAX_PORTS })?;
+        // The object's own slots: a pod's holds fewer than a node gate's.
+        let slots = self.raw.limits.len().min(MAX_PORTS);
+        let slot = (0..slots).find(|s| !used.contains(s)).ok_or(Error::TooManyPorts { max: slots })?;
         let cpus =
             aya::util::nr_cpus().map_err(|(_, e)| Error::io("count CPUs", "/sys/devices/system/cpu/possible", e))?;
         let reset = |e| Error::map("reset port state", e);
@@ -325,8 +328,24 @@ impl GateMaps {
         config.retry_after_s = spec.retry_after_s;
         // The config first, then the port's slot: the gate never finds a slot without its config.
         self.write_config(port, config)?;
-        self.raw.port_slots.set(u32::from(port), slot + 1, 0).map_err(|e| Error::map("write port slot", e))?;
+        self.set_port_slot(port, slot as u8 + 1).map_err(|e| Error::map("write port slot", e))?;
         Ok(config)
+    }
+
+    /// Writes `port`'s byte of its word in `SHED_PORT_SLOTS` (0: unprotected).
+    /// A read-modify-write of eight ports' word: the writers of another
+    /// process hold [`crate::daemon::ConfigLock`] (`set`, `tier`, `detach`, a
+    /// reload), and a gate's set-up writes its maps before any other can.
+    fn set_port_slot(&mut self, port: u16, slot_plus_one: u8) -> Result<(), aya::maps::MapError> {
+        let word = self.raw.port_slots.get(&port_table::word_of(port), 0)?;
+        self.raw.port_slots.set(port_table::word_of(port), port_table::with_slot(word, port, slot_plus_one), 0)
+    }
+
+    /// `port`'s slot + 1 as the gate finds it (0: unprotected).
+    pub fn port_slot(&self, port: u16) -> Result<u32, Error> {
+        let word =
+            self.raw.port_slots.get(&port_table::word_of(port), 0).map_err(|e| Error::map("read port slot", e))?;
+        Ok(port_table::slot_plus_one(word, port))
     }
 
     /// A port's limit now.
@@ -392,9 +411,9 @@ impl GateMaps {
     }
 
     /// Stops protecting `port`. Its sockets still release their counts as they close.
-    pub(crate) fn unprotect(&mut self, port: u16) -> Result<(), Error> {
+    pub fn unprotect(&mut self, port: u16) -> Result<(), Error> {
         // The slot first: the gate stops judging the port before its config goes.
-        self.raw.port_slots.set(u32::from(port), 0, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
+        self.set_port_slot(port, 0).map_err(|e| Error::map(format!("remove port {port}"), e))?;
         self.raw.ports.remove(&port).map_err(|e| Error::map(format!("remove port {port}"), e))
     }
 

@@ -4,6 +4,8 @@ use std::path::Path;
 
 use aya::{Ebpf, EbpfLoader};
 
+use shed_common::capacity::{MAX_PORTS, POD_MAX_PORTS};
+
 use crate::error::Error;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shed.bpf.o"));
@@ -22,6 +24,10 @@ pub struct LoadOptions {
     pub connections: u32,
     /// `SHED_CLIENTS`: clients under a per-client cap (`--max-clients`).
     pub clients: u32,
+    /// Ports the gate can protect: the slots of every per-port map (a node's
+    /// gate [`MAX_PORTS`], a pod's [`POD_MAX_PORTS`]). The refused requests'
+    /// and pending clients' tables are sized in proportion.
+    pub slots: u32,
     /// `--kernel-log`: aya-log's level global at warn instead of off (see
     /// shed-ebpf's `rare` module); off, the verifier prunes every log call.
     pub kernel_log: bool,
@@ -38,15 +44,83 @@ pub struct LoadOptions {
 impl LoadOptions {
     /// The dispatchers' object: tables for `connections` sockets.
     pub fn dispatcher(connections: u32) -> Self {
-        Self { connections, clients: 1, kernel_log: false, sock_state: SockStateHook::Auto, dispatcher: true }
+        Self { connections, clients: 1, slots: 1, kernel_log: false, sock_state: SockStateHook::Auto, dispatcher: true }
+    }
+
+    /// A pod's gate: [`POD_MAX_PORTS`] slots, and its own tables of
+    /// `connections` and `clients` (`--pod-max-connections`, `--pod-max-clients`).
+    pub fn pod(connections: u32, clients: u32, kernel_log: bool) -> Self {
+        Self {
+            connections,
+            clients,
+            slots: POD_MAX_PORTS,
+            kernel_log,
+            sock_state: SockStateHook::Auto,
+            dispatcher: false,
+        }
+    }
+
+    /// Each map this sizes, with its entries: the per-port maps by slot, the
+    /// tables of connections and clients, and aya-log's ring (a page while
+    /// the kernel programs do not log, where its default is 128 KiB).
+    pub fn map_sizes(&self) -> Vec<(&'static str, u32)> {
+        use shed_common::{capacity, handshake::STAMPS_PER_PORT, map, ratelimit::PREFIX_BUCKETS_PER_PORT};
+        let slots = self.slots.clamp(1, MAX_PORTS);
+        let share = |of: u32| (u64::from(of) * u64::from(slots) / u64::from(MAX_PORTS)).max(1) as u32;
+        let (socks, pending, dispatch) = if self.dispatcher {
+            (1, 1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, self.connections))
+        } else {
+            (self.connections, share(capacity::MAX_PENDING_CLIENTS), (1, 1, 1))
+        };
+        let mut sizes: Vec<(&'static str, u32)> = PER_SLOT.iter().map(|&name| (name, slots)).collect();
+        sizes.extend([
+            (map::STAMPS, slots * STAMPS_PER_PORT),
+            (map::RST_PREFIX_BUCKETS, slots * PREFIX_BUCKETS_PER_PORT),
+            (map::REFUSED_TURNS, share(capacity::MAX_REFUSED_TURNS)),
+            (map::SOCKS, socks),
+            (map::CLIENTS, self.clients),
+            (map::PENDING_CLIENTS, pending),
+            (map::DISPATCH_TARGETS, dispatch.0),
+            (map::DISPATCH_NETNS, dispatch.1),
+            (map::DISPATCH_SOCKS, dispatch.2),
+            (map::DISPATCH_BOOKS, dispatch.1),
+        ]);
+        if !self.kernel_log {
+            sizes.push((AYA_LOGS, LOG_RING_OFF));
+        }
+        sizes
     }
 }
+
+/// The maps with one entry per slot (port).
+const PER_SLOT: [&str; 14] = [
+    shed_common::map::PORTS,
+    shed_common::map::SLOT_CONFIG,
+    shed_common::map::PORT_STATE,
+    shed_common::map::USER_STATE,
+    shed_common::map::COUNTERS,
+    shed_common::map::HANDSHAKES,
+    shed_common::map::SILENT,
+    shed_common::map::LIMITS,
+    shed_common::map::LATENCY,
+    shed_common::map::CONTROL,
+    shed_common::map::STATUS,
+    shed_common::map::RST_BUCKETS,
+    shed_common::map::CONTENTION,
+    shed_common::map::RESERVE,
+];
+
+/// aya-log's ring buffer in the kernel object (aya-log-ebpf names it so).
+const AYA_LOGS: &str = "AYA_LOGS";
+/// Its size while nothing logs: one page, the least a ring buffer takes.
+const LOG_RING_OFF: u32 = 4096;
 
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             connections: shed_common::capacity::MAX_SOCKS,
             clients: shed_common::capacity::MAX_CLIENTS,
+            slots: MAX_PORTS,
             kernel_log: false,
             sock_state: SockStateHook::Auto,
             dispatcher: false,
@@ -72,19 +146,10 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     // A dispatcher's per-gate quota of its connections (see shed_common::dispatch).
     let quota: &'static u32 = Box::leak(Box::new((options.connections / shed_common::dispatch::QUOTA_DIVISOR).max(1)));
-    let (socks, pending, dispatch) = if options.dispatcher {
-        (1, 1, (shed_common::dispatch::SLOTS, shed_common::dispatch::GATES, options.connections))
-    } else {
-        (options.connections, shed_common::capacity::MAX_PENDING_CLIENTS, (1, 1, 1))
-    };
+    for (name, entries) in options.map_sizes() {
+        loader.map_max_entries(name, entries);
+    }
     loader
-        .map_max_entries(shed_common::map::SOCKS, socks)
-        .map_max_entries(shed_common::map::CLIENTS, options.clients)
-        .map_max_entries(shed_common::map::PENDING_CLIENTS, pending)
-        .map_max_entries(shed_common::map::DISPATCH_TARGETS, dispatch.0)
-        .map_max_entries(shed_common::map::DISPATCH_NETNS, dispatch.1)
-        .map_max_entries(shed_common::map::DISPATCH_SOCKS, dispatch.2)
-        .map_max_entries(shed_common::map::DISPATCH_BOOKS, dispatch.1)
         .override_global(aya_log::LEVEL, level, strict)
         .override_global(shed_common::handshake::FLOW_SECRET_GLOBAL, secret, strict)
         .override_global(shed_common::handshake::SNT_ISN_OFFSET_GLOBAL, snt_isn, strict)
@@ -232,4 +297,53 @@ pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
 /// the benchmarks' `SHED_BENCH_OBJECT` for an A/B of two builds in one run).
 pub(crate) fn load_file(path: &Path) -> Result<Ebpf, Error> {
     loader(LoadOptions::default(), false).load_file(path).map_err(|source| Error::Load { source: Box::new(source) })
+}
+
+#[cfg(test)]
+mod tests {
+    use shed_common::{capacity, map};
+
+    use super::*;
+
+    fn size(options: &LoadOptions, name: &str) -> Option<u32> {
+        options.map_sizes().iter().find(|(n, _)| *n == name).map(|&(_, e)| e)
+    }
+
+    #[test]
+    fn a_pods_object_holds_an_eighth_of_a_node_gates_slots_and_its_own_tables() {
+        let node = LoadOptions::default();
+        let pod = LoadOptions::pod(2_048, 512, false);
+        for name in PER_SLOT {
+            assert_eq!((size(&node, name), size(&pod, name)), (Some(MAX_PORTS), Some(POD_MAX_PORTS)), "{name}");
+        }
+        assert_eq!(size(&node, map::STAMPS), Some(64 * 1024));
+        assert_eq!(size(&pod, map::STAMPS), Some(8 * 1024));
+        assert_eq!(size(&pod, map::RST_PREFIX_BUCKETS), Some(8 * 1024));
+        assert_eq!((size(&node, map::REFUSED_TURNS), size(&pod, map::REFUSED_TURNS)), (Some(8_192), Some(1_024)));
+        assert_eq!((size(&node, map::PENDING_CLIENTS), size(&pod, map::PENDING_CLIENTS)), (Some(1_024), Some(128)));
+        assert_eq!((size(&node, map::SOCKS), size(&pod, map::SOCKS)), (Some(capacity::MAX_SOCKS), Some(2_048)));
+        assert_eq!((size(&node, map::CLIENTS), size(&pod, map::CLIENTS)), (Some(capacity::MAX_CLIENTS), Some(512)));
+        // A gate's dispatch tables are a placeholder entry each.
+        for name in [map::DISPATCH_TARGETS, map::DISPATCH_NETNS, map::DISPATCH_SOCKS, map::DISPATCH_BOOKS] {
+            assert_eq!((size(&node, name), size(&pod, name)), (Some(1), Some(1)), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_dispatchers_object_has_its_tables_and_one_slot() {
+        let dispatcher = LoadOptions::dispatcher(100_000);
+        assert_eq!(size(&dispatcher, map::DISPATCH_SOCKS), Some(100_000));
+        assert_eq!(size(&dispatcher, map::DISPATCH_TARGETS), Some(shed_common::dispatch::SLOTS));
+        assert_eq!(size(&dispatcher, map::DISPATCH_NETNS), Some(shed_common::dispatch::GATES));
+        assert_eq!((size(&dispatcher, map::SOCKS), size(&dispatcher, map::LIMITS)), (Some(1), Some(1)));
+        assert_eq!(size(&dispatcher, map::STAMPS), Some(shed_common::handshake::STAMPS_PER_PORT));
+    }
+
+    #[test]
+    fn the_log_ring_is_a_page_unless_the_programs_log() {
+        assert_eq!(size(&LoadOptions::default(), AYA_LOGS), Some(4096));
+        let logging = LoadOptions { kernel_log: true, ..LoadOptions::default() };
+        assert_eq!(size(&logging, AYA_LOGS), None, "the object's own size");
+        assert_eq!(size(&LoadOptions::pod(1, 1, true), AYA_LOGS), None);
+    }
 }

@@ -41,6 +41,8 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
         xdp_mode: args.xdp_mode,
         max_connections: args.max_connections,
         max_clients: args.max_clients,
+        pod_max_connections: args.pod_max_connections,
+        pod_max_clients: args.pod_max_clients,
         kernel_log: args.kernel_log,
         allow_nat: args.allow_nat,
         heal_interval: args.heal_interval,

@@ -30,6 +30,8 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
     };
 
     if let Some(port) = args.port {
+        // The port table packs eight ports a word: a reload writing a neighbour meanwhile would undo this.
+        let lock = daemon::ConfigLock::take()?;
         let gates = GateMaps::open_gates(args.netns.as_deref())?;
         let several = gates.len() > 1;
         let mut gates = maps::protecting(gates, port)?;
@@ -37,6 +39,7 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
         for gate in &mut gates {
             gate.maps.unprotect(port)?;
         }
+        drop(lock);
         let still = match GateMaps::open_gates(None) {
             Ok(gates) => gates,
             Err(Error::NoGate { .. }) => Vec::new(),

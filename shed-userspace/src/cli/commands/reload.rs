@@ -41,6 +41,8 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
         ("allow-nat", args.allow_nat.to_string()),
         ("pods", args.pods.to_string()),
         ("cri-socket", args.cri_socket.display().to_string()),
+        ("pod-max-connections", args.pod_max_connections.to_string()),
+        ("pod-max-clients", args.pod_max_clients.to_string()),
     ])
 }
 
