@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! B10: the node agent's cost against pods gated. A private containerd makes
-//! 1, 10 and 100 annotated pod sandboxes through the CRI API; `shedctl attach
+//! 1, 10 and 110 (the kubelet's default most) annotated pod sandboxes through the CRI API; `shedctl attach
 //! --pods` finds them and gates each in its own namespace. Per level: how long
 //! the agent took to gate them all from its start, how long one more pod
 //! created then took from its sandbox being ready to its gate being set up,
@@ -280,7 +280,7 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
 }
 
 pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, String)> {
-    let levels: &[usize] = scale.pick(&[1, 10, 100], &[1, 10], &[1, 2]);
+    let levels: &[usize] = scale.pick(&[1, 10, 110], &[1, 10], &[1, 2]);
     let mut rows = Vec::new();
     for (i, &pods) in levels.iter().enumerate() {
         println!("B10: {pods} pod(s)");

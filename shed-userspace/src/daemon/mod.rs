@@ -31,7 +31,7 @@ use crate::{
     error::Error,
     host::{paths, system},
     kernel::{
-        maps::GateMaps,
+        maps::{Activity, GateMaps},
         options::{Hook, XdpAttachMode},
         programs::{Loaded, default_hook},
     },
@@ -49,9 +49,21 @@ const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
 /// How often the namespace's addresses and interfaces are looked at again.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
-/// How often netfilter NAT is looked at again (a rule added after attach,
-/// such as a sidecar's redirect, is reported within this).
+/// How often netfilter NAT is looked at again while the gate is new (a rule
+/// added after attach, such as a sidecar's init container's redirect, is
+/// reported within this), and for a minute after a look that found a change.
 const NAT_EVERY: Duration = Duration::from_secs(5);
+/// How often once a gate's NAT has stayed the same for [`NAT_SETTLES`]: each
+/// look runs `nft` and `iptables-legacy-save` (about 8 ms of CPU), which at
+/// 110 pods every 5 s was a sixth of a core.
+const NAT_EVERY_SETTLED: Duration = Duration::from_secs(30);
+const NAT_SETTLES: Duration = Duration::from_secs(60);
+/// A gate whose ports see nothing (no segment judged, no socket event) for
+/// this long ticks every [`QUIET_TICK`] instead of every window, and is back
+/// to its windows on the first tick that sees anything: the kernel judges by
+/// the limit in place meanwhile. A node's idle pods cost a wake-up a second each.
+const QUIET_AFTER: Duration = Duration::from_secs(2);
+const QUIET_TICK: Duration = Duration::from_secs(1);
 /// A look at NAT that takes longer than this (a hung `nft`) is reported as NAT unreadable.
 const NAT_LOOK_LIMIT: Duration = Duration::from_secs(10);
 /// An attach to a new interface slower than this is logged (it holds the loop).
@@ -151,6 +163,39 @@ impl LocalAddrs {
     }
 }
 
+/// The loop's pace: every window while the gate's ports see anything, every
+/// [`QUIET_TICK`] once they have seen nothing for [`QUIET_AFTER`].
+#[derive(Debug)]
+struct Pace {
+    busy: Duration,
+    /// The ports' activity count last seen, and when it last changed.
+    seen: Option<u64>,
+    changed_at: Instant,
+    quiet: bool,
+}
+
+impl Pace {
+    fn new(busy: Duration, now: Instant) -> Self {
+        Self { busy, seen: None, changed_at: now, quiet: false }
+    }
+
+    /// Takes what the ports do; returns the new tick when the pace changes.
+    /// Work held (a request owing an answer) keeps the pace, as anything
+    /// that happens does: a queue inside the server may grow unseen.
+    fn observe(&mut self, activity: Activity, now: Instant) -> Option<Duration> {
+        if self.seen != Some(activity.events) || activity.holding {
+            self.seen = Some(activity.events);
+            self.changed_at = now;
+        }
+        let quiet = now.duration_since(self.changed_at) >= QUIET_AFTER && self.busy < QUIET_TICK;
+        if quiet == self.quiet {
+            return None;
+        }
+        self.quiet = quiet;
+        Some(if quiet { QUIET_TICK } else { self.busy })
+    }
+}
+
 /// Runs until told to stop or until every port has been detached. A failing
 /// periodic task (the address refresh, a port's window, healing ...) is
 /// logged, counted in `settings.task_errors` and tried again on the next
@@ -158,6 +203,7 @@ impl LocalAddrs {
 pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(), Error> {
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = Pace::new(settings.tick, Instant::now());
     let mut settings = settings;
     let mut last_watch = Instant::now();
     // Opened on the gate's own thread, inside its namespace.
@@ -273,6 +319,16 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                     last_client_sweep = Instant::now();
                 }
                 let instant = Instant::now();
+                match loaded.maps.activity(ports.values()) {
+                    Ok(activity) => {
+                        if let Some(tick) = pace.observe(activity, instant) {
+                            tracing::debug!(tick_ms = tick.as_millis(), "the loop's pace changes");
+                            ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
+                    Err(e) => settings.task_errors.record("activity", &e),
+                }
                 let port_set: BTreeSet<u16> = ports.keys().copied().collect();
                 for control in &mut controls {
                     if let Err(e) = control.run(&mut loaded.maps, instant, &settings.decisions, &mut accept_queues, &port_set) {
@@ -293,15 +349,30 @@ struct NatWatch {
     /// its namespace), and when it began.
     pending: Option<(tokio::task::JoinHandle<crate::host::nat::NatLook>, Instant)>,
     last: Option<Instant>,
+    /// The first look, and the last that found the rules changed.
+    changed: Option<Instant>,
     slow_reported: bool,
 }
 
 impl NatWatch {
+    /// Between looks: [`NAT_EVERY`] until the rules have stayed the same for [`NAT_SETTLES`].
+    fn every(&self) -> Duration {
+        let settled = self.changed.is_some_and(|t| t.elapsed() >= NAT_SETTLES);
+        if settled { NAT_EVERY_SETTLED } else { NAT_EVERY }
+    }
+
     async fn tick(&mut self, report: &crate::observe::report::NatReport, ports: &[u16], allowed: bool) {
         match self.pending.take() {
             Some((look, _)) if look.is_finished() => {
                 if let Ok(look) = look.await {
+                    let before = report.read();
                     report_nat(report, ports, allowed, &look);
+                    let after = report.read();
+                    if self.changed.is_none()
+                        || (before.readable, &before.bypassed) != (after.readable, &after.bypassed)
+                    {
+                        self.changed = Some(Instant::now());
+                    }
                 }
                 self.last = Some(Instant::now());
                 self.slow_reported = false;
@@ -317,7 +388,7 @@ impl NatWatch {
                 }
                 self.pending = Some((look, since));
             }
-            None if self.last.is_none_or(|t| t.elapsed() >= NAT_EVERY) => {
+            None if self.last.is_none_or(|t| t.elapsed() >= self.every()) => {
                 self.pending = Some((tokio::task::spawn_blocking(crate::host::nat::look), Instant::now()));
             }
             None => {}
@@ -369,6 +440,43 @@ mod tests {
             from_ports: vec![from],
             to_port: Some(15006),
         }
+    }
+
+    #[test]
+    fn a_gate_that_sees_nothing_for_two_seconds_ticks_once_a_second_until_anything_happens() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let seen = |events: u64| Activity { events, holding: false };
+        let mut pace = Pace::new(Duration::from_millis(100), t0);
+        assert_eq!(pace.observe(seen(7), at(0)), None, "busy from the start");
+        assert_eq!(pace.observe(seen(7), at(1_900)), None);
+        assert_eq!(pace.observe(seen(8), at(1_999)), None, "something happened: the two seconds start again");
+        assert_eq!(pace.observe(seen(8), at(3_998)), None);
+        assert_eq!(pace.observe(seen(8), at(3_999)), Some(QUIET_TICK), "two seconds of nothing");
+        assert_eq!(pace.observe(seen(8), at(4_999)), None, "stays quiet");
+        assert_eq!(pace.observe(seen(9), at(5_999)), Some(Duration::from_millis(100)), "anything: windows again");
+        assert_eq!(pace.observe(seen(9), at(6_000)), None);
+        // Work held keeps the pace, though nothing changes.
+        let held = Activity { events: 9, holding: true };
+        assert_eq!(pace.observe(held, at(8_000)), None);
+        assert_eq!(pace.observe(held, at(20_000)), None, "a request owing an answer is not quiet");
+        assert_eq!(pace.observe(seen(9), at(21_999)), None);
+        assert_eq!(pace.observe(seen(9), at(22_000)), Some(QUIET_TICK), "two seconds after the work went");
+        // A window already a second or longer has no slower pace to take.
+        let mut slow = Pace::new(Duration::from_secs(1), t0);
+        assert_eq!((slow.observe(seen(1), at(0)), slow.observe(seen(1), at(60_000))), (None, None));
+    }
+
+    #[test]
+    fn nat_is_looked_at_every_five_seconds_until_it_has_stayed_the_same_for_a_minute() {
+        let mut watch = NatWatch::default();
+        assert_eq!(watch.every(), NAT_EVERY, "before the first look");
+        watch.changed = Some(Instant::now());
+        assert_eq!(watch.every(), NAT_EVERY, "just changed");
+        watch.changed = Instant::now().checked_sub(NAT_SETTLES - Duration::from_secs(1));
+        assert_eq!(watch.every(), NAT_EVERY);
+        watch.changed = Instant::now().checked_sub(NAT_SETTLES);
+        assert_eq!(watch.every(), NAT_EVERY_SETTLED);
     }
 
     #[test]

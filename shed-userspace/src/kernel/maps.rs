@@ -54,6 +54,15 @@ pub struct GateMaps {
     raw: RawMaps,
 }
 
+/// What a gate's ports do, read cheaply every tick (see [`GateMaps::activity`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Counters and socket events summed over the ports.
+    pub events: u64,
+    /// Whether any port holds work now.
+    pub holding: bool,
+}
+
 /// Everything known about one port at one instant.
 #[derive(Clone, Copy, Debug)]
 pub struct PortSnapshot {
@@ -441,6 +450,33 @@ impl GateMaps {
             }
         }
         Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, ring, silent, now_ns, counters })
+    }
+
+    /// What the ports of `configs` do: how much has happened so far (their
+    /// counters and socket events summed: it only grows while anything
+    /// happens) and whether any holds work (a connection owing an answer; in
+    /// the modes that count connections, any connection). Two map reads a
+    /// port, where a snapshot takes nine.
+    pub(crate) fn activity<'a>(&self, configs: impl IntoIterator<Item = &'a PortConfig>) -> Result<Activity, Error> {
+        let mut activity = Activity::default();
+        for config in configs {
+            let slot = config.slot;
+            let per_cpu = self.raw.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
+            for cpu in per_cpu.iter() {
+                activity.events = cpu.values.iter().fold(activity.events, |s, &v| s.wrapping_add(v));
+            }
+            let state = self.raw.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
+            activity.events = [state.opened, state.closed, state.busy_enter, state.busy_exit, state.clients_added]
+                .iter()
+                .fold(activity.events, |s, &v| s.wrapping_add(v));
+            let open = if config.count_mode == shed_common::count_mode::WORK {
+                state.busy_enter != state.busy_exit
+            } else {
+                state.opened != state.closed
+            };
+            activity.holding |= open;
+        }
+        Ok(activity)
     }
 
     /// Snapshots of every protected port (or just `only`), by port.

@@ -59,7 +59,8 @@ impl TaskErrors {
 #[derive(Clone, Debug, Default)]
 pub struct Heartbeat(Arc<AtomicU64>);
 
-/// A control loop silent this long is not healthy (it ticks every window, 100 ms by default).
+/// A control loop silent this long is not healthy (it ticks every window, 100 ms by default, or
+/// once a second while its ports see nothing).
 pub(crate) const HEALTHY_WITHIN: Duration = Duration::from_secs(5);
 
 impl Heartbeat {
