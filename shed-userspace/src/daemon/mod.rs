@@ -57,7 +57,7 @@ const NAT_EVERY: Duration = Duration::from_secs(5);
 /// look runs `nft` and `iptables-legacy-save` (about 8 ms of CPU), which at
 /// 110 pods every 5 s was a sixth of a core.
 const NAT_EVERY_SETTLED: Duration = Duration::from_secs(30);
-const NAT_SETTLES: Duration = Duration::from_secs(60);
+const NAT_SETTLES: Duration = Duration::from_mins(1);
 /// A gate whose ports see nothing (no segment judged, no socket event) for
 /// this long ticks every [`QUIET_TICK`] instead of every window, and is back
 /// to its windows on the first tick that sees anything: the kernel judges by
@@ -473,7 +473,7 @@ mod tests {
         assert_eq!(watch.every(), NAT_EVERY, "before the first look");
         watch.changed = Some(Instant::now());
         assert_eq!(watch.every(), NAT_EVERY, "just changed");
-        watch.changed = Instant::now().checked_sub(NAT_SETTLES - Duration::from_secs(1));
+        watch.changed = Instant::now().checked_sub(Duration::from_secs(59));
         assert_eq!(watch.every(), NAT_EVERY);
         watch.changed = Instant::now().checked_sub(NAT_SETTLES);
         assert_eq!(watch.every(), NAT_EVERY_SETTLED);
