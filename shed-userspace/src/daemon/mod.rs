@@ -47,8 +47,10 @@ const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
-/// How often the namespace's addresses and interfaces are looked at again.
+/// How often the namespace's addresses and interfaces are looked at again
+/// (rtnetlink's notifications bring a look forward), and while the gate is quiet.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+const QUIET_WATCH_EVERY: Duration = Duration::from_secs(10);
 /// How often netfilter NAT is looked at again while the gate is new (a rule
 /// added after attach, such as a sidecar's init container's redirect, is
 /// reported within this), and for a minute after a look that found a change.
@@ -179,6 +181,11 @@ impl Pace {
         Self { busy, seen: None, changed_at: now, quiet: false }
     }
 
+    /// Whether the gate is quiet now: its windows wait for the next thing that happens.
+    fn quiet(&self) -> bool {
+        self.quiet
+    }
+
     /// Takes what the ports do; returns the new tick when the pace changes.
     /// Work held (a request owing an answer) keeps the pace, as anything
     /// that happens does: a queue inside the server may grow unseen.
@@ -242,7 +249,8 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 // A link or address change is acted on within this tick; the
                 // once-a-second look covers anything a notification missed.
                 let notified = links.as_ref().is_some_and(system::LinkWatch::changed);
-                if notified || last_watch.elapsed() >= WATCH_EVERY {
+                let watch_every = if pace.quiet() { QUIET_WATCH_EVERY } else { WATCH_EVERY };
+                if notified || last_watch.elapsed() >= watch_every {
                     if let Err(e) = settings.local_addrs.refresh(&mut loaded.maps) {
                         settings.task_errors.record("addresses", &e);
                     }
@@ -328,6 +336,10 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                         }
                     }
                     Err(e) => settings.task_errors.record("activity", &e),
+                }
+                if pace.quiet() {
+                    // Nothing happened: no window to judge (the next spans the quiet time).
+                    continue;
                 }
                 let port_set: BTreeSet<u16> = ports.keys().copied().collect();
                 for control in &mut controls {

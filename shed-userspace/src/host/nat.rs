@@ -7,7 +7,12 @@
 //! finds the handshake the connection completes. Read from `nft -j list
 //! ruleset` (nftables, and iptables-nft's rules) and `iptables-legacy-save`.
 
-use std::{collections::BTreeSet, net::IpAddr, process::Command};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::Path,
+    process::Command,
+};
 
 /// One NAT statement that ends at a local listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,13 +100,42 @@ fn local_nat(local: &BTreeSet<IpAddr>) -> NatLook {
         look.readable = true;
         look.found.extend(from_nft_json(&json, local));
     }
-    for (tool, family) in [("iptables-legacy-save", "iptables-legacy"), ("ip6tables-legacy-save", "ip6tables-legacy")] {
+    for (tool, family, tables) in [
+        ("iptables-legacy-save", "iptables-legacy", "ip_tables_names"),
+        ("ip6tables-legacy-save", "ip6tables-legacy", "ip6_tables_names"),
+    ] {
+        if !installed(tool) {
+            continue;
+        }
+        // The kernel lists the namespace's legacy tables: without a `nat`
+        // one there is nothing to read (and no process to start every look).
+        if !legacy_table(tables, "nat") {
+            look.readable = true;
+            continue;
+        }
         if let Some(text) = run(tool, &["-t", "nat"]) {
             look.readable = true;
             look.found.extend(from_iptables_save(&text, family, local));
         }
     }
     look
+}
+
+/// Whether this namespace has legacy iptables table `table`: listed in
+/// `/proc/thread-self/net/{ip,ip6}_tables_names` (absent while the module
+/// is not loaded, when no namespace has one).
+fn legacy_table(names: &str, table: &str) -> bool {
+    std::fs::read_to_string(Path::new("/proc/thread-self/net").join(names))
+        .is_ok_and(|listed| listed.lines().any(|l| l.trim() == table))
+}
+
+/// Whether `program` is on the PATH (looked up once per process).
+fn installed(program: &'static str) -> bool {
+    static FOUND: std::sync::Mutex<BTreeMap<&'static str, bool>> = std::sync::Mutex::new(BTreeMap::new());
+    let mut found = FOUND.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *found.entry(program).or_insert_with(|| {
+        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+    })
 }
 
 fn run(program: &str, args: &[&str]) -> Option<String> {
