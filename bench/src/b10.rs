@@ -80,6 +80,47 @@ fn held_by(pid: i32) -> Result<Held> {
     Ok(held)
 }
 
+/// A memory cgroup the agent runs in, as a container's limit counts it: the
+/// kernel charges it the BPF maps and the verifier's work besides the
+/// process's own memory (cgroup v2 if mounted so, else v1's memory
+/// controller). No limit is set; removed on drop.
+struct Charged {
+    dir: std::path::PathBuf,
+    v2: bool,
+}
+
+impl Charged {
+    fn join(pid: i32) -> Result<Self> {
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let root = if v2 { Path::new("/sys/fs/cgroup") } else { Path::new("/sys/fs/cgroup/memory") };
+        let dir = root.join(format!("shed-b10-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).context("move the agent into its cgroup")?;
+        Ok(Self { dir, v2 })
+    }
+
+    fn read(&self, v2: &str, v1: &str) -> u64 {
+        let file = self.dir.join(if self.v2 { v2 } else { v1 });
+        std::fs::read_to_string(file).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// Bytes charged now.
+    fn now(&self) -> u64 {
+        self.read("memory.current", "memory.usage_in_bytes")
+    }
+
+    /// The most bytes charged at once so far.
+    fn peak(&self) -> u64 {
+        self.read("memory.peak", "memory.max_usage_in_bytes")
+    }
+}
+
+impl Drop for Charged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 /// When the agent's log says `netns`'s gate was set up (its line's UTC time).
 fn gated_at(log: &str, netns: &str) -> Option<SystemTime> {
     let line = shed_testkit::gate::gated_line(log, netns)?;
@@ -220,6 +261,7 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     let ungated = socket_costs(scale, &|| Ok((0, 0)))?;
     let started = Instant::now();
     let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
+    let charged = Charged::join(gate.pid())?;
     let deadline = started + Duration::from_secs(60 + 3 * pods as u64);
     while made.iter().any(|p| gated_at(&gate.log(), &p.netns).is_none()) {
         if Instant::now() > deadline {
@@ -261,9 +303,11 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         }
         None => None,
     };
+    let (cgroup_now, cgroup_peak) = (charged.now(), charged.peak());
     let pid = gate.pid();
     let gated = socket_costs(scale, &|| held_by(pid).map(|h| h.runs))?;
     drop(gate);
+    drop(charged);
     let gates = (pods + 1) as f64;
     Ok(serde_json::json!({
         "pods": pods,
@@ -275,6 +319,9 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         // The node's own socket events while idle (the agent's netlink and CRI calls among them).
         "idle_program_runs_per_s": after.runs.0.saturating_sub(before.runs.0) as f64 / idle.as_secs_f64(),
         "rss_bytes": after.rss_bytes,
+        // What a container's memory limit counts: the process, its maps, and at the peak the verifier's work.
+        "cgroup_bytes": cgroup_now,
+        "cgroup_peak_bytes": cgroup_peak,
         "map_memlock_bytes": after.maps.1,
         "map_memlock_bytes_per_pod": after.maps.1 as f64 / gates,
         "programs": after.programs.0,
@@ -307,8 +354,8 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
          agent and with every pod gated (medians of 5), and, from the kernel's BPF statistics, the runs of the \
          agent's programs and their time per round trip and per connection (a dispatcher's time includes the \
          gate program it tail-calls).\n\n\
-         | pods | all gated (s) | one more gated (s) | CPU to gate all (s) | idle CPU (%) | idle CPU, every gate past its first minute (%) | RSS (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         | pods | all gated (s) | one more gated (s) | CPU to gate all (s) | idle CPU (%) | idle CPU, every gate past its first minute (%) | RSS (MiB) | cgroup memory, idle / peak (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut costs = String::from(
         "\n| pods | round trip before (µs) | gated | connection before (µs) | gated | shed program runs per round trip | their ns | runs per connection | their ns | runs per s, idle |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -317,7 +364,7 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     for r in &rows {
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.0} | {:.1} | {} | {:.0} |",
+            "| {} | {:.1} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {:.0} |",
             r["pods"],
             r["all_gated_s"].as_f64().unwrap_or(0.0),
             r["late_pod_gated_s"].as_f64().unwrap_or(0.0),
@@ -325,6 +372,8 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
             r["idle_cpu_percent"].as_f64().unwrap_or(0.0),
             r["idle_cpu_percent_settled"].as_f64().map_or("-".to_owned(), |v| format!("{v:.2}")),
             mib(&r["rss_bytes"]),
+            mib(&r["cgroup_bytes"]),
+            mib(&r["cgroup_peak_bytes"]),
             mib(&r["map_memlock_bytes"]),
             mib(&r["map_memlock_bytes_per_pod"]),
             r["programs"],
