@@ -15,10 +15,17 @@ const MIB: u64 = 1 << 20;
 /// programs, and the verifier's memory while they load (B10: 91 MiB with
 /// one namespace, 223 MiB with three, in a cgroup of 256 MiB).
 pub(crate) const PER_NAMESPACE: u64 = 64 * MIB;
-/// What one more pod's gate costs (its maps, the daemon's share of its
-/// bookkeeping; its accounting runs through the node's dispatcher): B10's
-/// 269 MiB at 10 pods against 86 MiB at 1 is about 20 MiB a pod.
-pub(crate) const PER_POD: u64 = 24 * MIB;
+/// What one more pod's gate holds once set up (its maps, sized for a pod,
+/// its programs, the daemon's share of its bookkeeping; its accounting runs
+/// through the node's dispatcher): B10's cgroup held 204 MiB idle at 110
+/// pods against 12 MiB at 10, about 2 MiB a pod (20 MiB before the pod-sized
+/// objects); twice that, for the object parsed while it waits to load.
+pub(crate) const PER_POD: u64 = 4 * MIB;
+/// What a gate object costs while the verifier works on it, on top: B10's
+/// peak of 157 MiB with one pod (the dispatchers', the pod's and the spare's
+/// loads, two at a time) against 6 MiB held after. At most one object per
+/// CPU is in the verifier at once (`kernel::programs::verified`).
+pub(crate) const VERIFYING: u64 = 80 * MIB;
 /// The share of the cgroup's limit the daemon plans to use when no budget
 /// is given: the rest is headroom for what the estimates miss.
 const OF_LIMIT_PERCENT: u64 = 90;
@@ -35,6 +42,15 @@ impl Budget {
             return Some(Self(u64::from(flag_mib) * MIB));
         }
         cgroup?.limit.map(|limit| Self(limit / 100 * OF_LIMIT_PERCENT))
+    }
+
+    /// Whether `pods` more pods' gates fit beside what the cgroup holds now
+    /// (`used`): each holds [`PER_POD`] once set up, and up to one per CPU
+    /// (`verifiers`) is in the verifier at once, [`VERIFYING`] each; why not.
+    pub(crate) fn room_for_pods(self, pods: u64, verifiers: u64, used: Option<u64>) -> Result<(), String> {
+        let loading = pods.min(verifiers.max(1));
+        let each = PER_POD + (loading * VERIFYING).div_ceil(pods.max(1));
+        self.room_for(pods, each, used)
     }
 
     /// Whether `gates` more gates of `each` bytes fit beside what the cgroup
@@ -80,8 +96,13 @@ mod tests {
             "{why}"
         );
         assert!(why.contains("--memory-budget"), "{why}");
-        // Pods: as many as fit beside what is held now.
-        assert!(budget.room_for(1, PER_POD, Some(206 * MIB)).is_ok());
-        assert!(budget.room_for(1, PER_POD, Some(207 * MIB)).is_err());
+        // Pods: as many as fit beside what is held now, one verified at a time per CPU.
+        assert!(budget.room_for_pods(1, 2, Some(146 * MIB)).is_ok(), "146 + 4 + 80 = 230");
+        assert!(budget.room_for_pods(1, 2, Some(147 * MIB)).is_err());
+        assert!(budget.room_for_pods(10, 2, Some(30 * MIB)).is_ok(), "30 + 40 + 160 = 230");
+        let why = budget.room_for_pods(10, 2, Some(31 * MIB)).unwrap_err();
+        assert!(why.starts_with("10 more gate(s) need about 200 MiB with the 31 MiB held"), "{why}");
+        // More CPUs, more verifying at once.
+        assert!(budget.room_for_pods(10, 4, Some(30 * MIB)).is_err());
     }
 }

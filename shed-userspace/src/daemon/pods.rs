@@ -19,7 +19,6 @@ use tokio::sync::watch;
 
 use crate::{
     daemon::{
-        budget,
         gate::{self, Gate, GateEnd, GateEnds, GateId, GateStart, Handles, LoopSignals},
         plan::{GatePlan, NodePlan, PodReader, PodRefusal, Scope},
     },
@@ -289,13 +288,16 @@ impl Pods {
                     // (a burst of pods all see the same cgroup figure).
                     let setting_up = self.running.values().filter(|g| g.heartbeat.age().is_none()).count() as u64;
                     let room = self.node.memory_budget.map_or(Ok(()), |b| {
-                        b.room_for(setting_up + 1, budget::PER_POD, system::cgroup_memory().map(|c| c.used))
+                        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+                        b.room_for_pods(setting_up + 1, cpus, system::cgroup_memory().map(|c| c.used))
                     });
                     if let Err(why) = room {
-                        let wait = self.failed.failed(&pod.id, Instant::now());
-                        tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated; trying again in {} s", wait.as_secs());
-                        self.endpoint.1.set(&pod_name(pod), "memory-budget", &why);
-                        self.over_budget.insert(pod.id.clone(), pod_name(pod));
+                        // Tried again every pass, without backing off: room comes as
+                        // the pods setting up finish loading (a node's pods at once).
+                        if self.over_budget.insert(pod.id.clone(), pod_name(pod)).is_none() {
+                            tracing::warn!(pod = %pod_name(pod), "{why}: the pod is left ungated until there is room");
+                            self.endpoint.1.set(&pod_name(pod), "memory-budget", &why);
+                        }
                         continue;
                     }
                     if let Err(e) = self.start(pod, settings, netns) {
