@@ -481,6 +481,53 @@ fn nat_added_after_attach_is_reported_until_it_goes() {
     assert_eq!(support::metrics::http_get(METRICS, "/readyz").0, "HTTP/1.1 200 OK");
 }
 
+/// Legacy iptables' NAT is read only where the namespace has a legacy `nat`
+/// table, so looking makes none (before, each look ran `iptables-legacy-save
+/// -t nat`, which made one in every gated namespace). A redirect added with
+/// `iptables-legacy` after attach is reported, with its place, and judged
+/// again once deleted (the table stays, empty).
+#[test]
+fn legacy_iptables_nat_is_read_where_its_table_is() {
+    const METRICS: &str = "127.0.0.1:19482";
+    let _one = exclusive();
+    let bed = Testbed::create("shedhy").expect("testbed");
+    let legacy_tables = || {
+        let out =
+            Command::new("ip").args(["netns", "exec", &bed.server_ns, "cat", "/proc/net/ip_tables_names"]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    };
+    let bypassed = || {
+        let scrape = support::metrics::scrape(METRICS);
+        let labels = [("netns", bed.server_ns.as_str()), ("port", "8080")];
+        support::metrics::value(&scrape, "shed_nat_bypassed", &labels)
+    };
+    let args =
+        ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080", "--metrics", METRICS];
+    let gate = Gate::attach(&args);
+    // Two looks (every 5 s while the gate is new) have run.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(bypassed(), 0.0);
+    assert!(!legacy_tables().lines().any(|t| t == "nat"), "looking made a nat table: {}", legacy_tables());
+    let iptables = |args: &[&str]| {
+        let status = Command::new("ip")
+            .args(["netns", "exec", &bed.server_ns, "iptables-legacy", "-t", "nat"])
+            .args(args)
+            .status()
+            .expect("run iptables-legacy (cargo xtask setup installs iptables)");
+        assert!(status.success(), "iptables-legacy {args:?}");
+    };
+    let rule = ["PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006"];
+    iptables(&[&["-A"], &rule[..]].concat());
+    assert!(legacy_tables().lines().any(|t| t == "nat"));
+    poll(Duration::from_secs(15), "the legacy redirect reported", bypassed, |&b| b == 1.0);
+    let (status, body) = support::metrics::http_get(METRICS, "/readyz");
+    assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+    assert!(body.contains("port 8080: iptables-legacy nat PREROUTING"), "{body}");
+    iptables(&[&["-D"], &rule[..]].concat());
+    poll(Duration::from_secs(15), "the legacy redirect gone", bypassed, |&b| b == 0.0);
+    drop(gate);
+}
+
 /// TPROXY hands a connection to a listener on another port without NAT: the
 /// segments keep the port on the wire, the kernel's request socket carries
 /// it, and the gate judges it there (protect the port clients use).

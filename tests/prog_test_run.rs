@@ -1468,6 +1468,53 @@ fn a_pods_gate_object_is_sized_for_a_pod_and_judges_its_eight_ports() {
     assert_eq!(run(&mut loaded, 8083), TC_ACT_OK);
 }
 
+/// What the daemon's quiet pace reads (`GateMaps::activity`): every counter
+/// and socket event of the ports summed, and whether any holds work: a
+/// request owing an answer in `work` mode, any connection in the modes that
+/// count connections.
+#[test]
+fn a_gates_activity_sums_its_events_and_sees_work_held_by_count_mode() {
+    let mut loaded = Loaded::sized(None, shed::kernel::object::LoadOptions::pod(1_024, 256, false)).unwrap();
+    let work = PortSpec::new(9, action::RST, false, count_mode::WORK, ControlConfig::default());
+    let held = PortSpec::new(9, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+    let a = loaded.maps.protect(8080, &work).unwrap();
+    let b = loaded.maps.protect(8081, &held).unwrap();
+    let activity = |loaded: &Loaded| loaded.maps.activity([&a, &b]).unwrap();
+    assert_eq!(activity(&loaded), shed::kernel::maps::Activity { events: 0, holding: false });
+    let state = |opened, closed, busy_enter, busy_exit| shed_common::PortState {
+        opened,
+        closed,
+        busy_enter,
+        busy_exit,
+        ..Default::default()
+    };
+    // Port a: a request owes its answer, then is answered.
+    loaded.maps.raw_mut().state.set(a.slot, state(1, 0, 1, 0), 0).unwrap();
+    assert_eq!(activity(&loaded), shed::kernel::maps::Activity { events: 2, holding: true });
+    loaded.maps.raw_mut().state.set(a.slot, state(1, 0, 1, 1), 0).unwrap();
+    assert_eq!(
+        activity(&loaded),
+        shed::kernel::maps::Activity { events: 3, holding: false },
+        "an idle connection is not work"
+    );
+    // Port b counts connections: an open one is work, answered or not.
+    loaded.maps.raw_mut().state.set(b.slot, state(1, 0, 1, 1), 0).unwrap();
+    assert_eq!(activity(&loaded), shed::kernel::maps::Activity { events: 6, holding: true });
+    loaded.maps.raw_mut().state.set(b.slot, state(1, 1, 1, 1), 0).unwrap();
+    assert!(!activity(&loaded).holding, "closed: nothing held");
+    // A segment judged on b's slot is an event: counted on one CPU.
+    let local = [(ipv4_mapped(SERVER_V4), local_addr::UNICAST)];
+    loaded.maps.set_local_addrs(&local.into_iter().collect()).unwrap();
+    let syn = frame(&Spec { server_port: 8081, ..Spec::default() });
+    let mut out = vec![0u8; syn.len() + 256];
+    let opts = TestRunOptions { data_in: Some(&syn), data_out: Some(&mut out), ..Default::default() };
+    assert_eq!(loaded.tc().unwrap().test_run(opts).unwrap().return_value as i32, TC_ACT_OK);
+    let after = activity(&loaded).events;
+    let counted: u64 = loaded.maps.snapshot(8081, b).unwrap().counters.values.iter().sum();
+    assert!(counted > 0, "the SYN was counted");
+    assert_eq!(after, 7 + counted);
+}
+
 /// A request on a kept-alive connection that owes no answer (a real loopback
 /// connection, its server socket idle in the gate's books, filled in by the
 /// gate's own accounting programs) is judged as a new connection. Under the

@@ -96,6 +96,7 @@ fn bpf_linker() -> Result<()> {
 fn debian_packages() -> Result<()> {
     // iproute2: namespaces and veth for the tests and the demo; util-linux: setpriv and unshare in the tests.
     // nftables: the static-cap comparison in `cargo xtask bench`; fonts-dejavu-core: the text of its plots.
+    // iptables: iptables-legacy, whose NAT rules the gate reads too (e2e_hardening).
     // nghttp2-proxy (nghttpx) and nghttp2-client (h2load): a real HTTP/2 server and
     // load generator for the multiplexed-connection test and the bursty benchmark (B8).
     // prometheus: promtool, which checks and unit-tests deploy/prometheus's rules.
@@ -115,6 +116,7 @@ fn debian_packages() -> Result<()> {
         ("setpriv", "util-linux"),
         ("unshare", "util-linux"),
         ("nft", "nftables"),
+        ("iptables-legacy", "iptables"),
         ("nghttpx", "nghttp2-proxy"),
         ("h2load", "nghttp2-client"),
         ("promtool", "prometheus"),
@@ -146,7 +148,7 @@ fn debian_packages() -> Result<()> {
     let missing: Vec<&str> = wanted.iter().filter(|(what, _)| !present(what)).map(|(_, pkg)| *pkg).collect();
     if missing.is_empty() {
         println!(
-            "setup: iproute2, util-linux, nftables, nghttp2, promtool, podman, curl, lintian, containerd, CNI, busybox, protoc, urllib3 and fonts-dejavu-core present"
+            "setup: iproute2, util-linux, nftables, iptables, nghttp2, promtool, podman, curl, lintian, containerd, CNI, busybox, protoc, urllib3 and fonts-dejavu-core present"
         );
         return Ok(());
     }

@@ -48,8 +48,9 @@ const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
 /// How often the namespace's addresses and interfaces are looked at again
-/// (rtnetlink's notifications bring a look forward).
+/// (rtnetlink's notifications bring a look forward), and while the gate is quiet.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+const QUIET_WATCH_EVERY: Duration = Duration::from_secs(10);
 /// How often netfilter NAT is looked at again while the gate is new (a rule
 /// added after attach, such as a sidecar's init container's redirect, is
 /// reported within this), and for a minute after a look that found a change.
@@ -59,16 +60,12 @@ const NAT_EVERY: Duration = Duration::from_secs(5);
 /// which for 110 pods every 5 s was a sixth of a core.
 const NAT_EVERY_SETTLED: Duration = Duration::from_mins(1);
 const NAT_SETTLES: Duration = Duration::from_mins(1);
-/// A gate whose ports see nothing (no segment judged, no socket event) and
-/// hold no work for this long ticks every [`QUIET_TICK`] instead of every
-/// window, each tick only asking whether anything happened, and is back to
-/// its windows on the first tick that sees anything (or a link notified):
-/// the kernel judges by the limit in place meanwhile. Its other tasks
-/// (addresses, NAT, healing, the audit, ports detached) run every
-/// [`QUIET_ROUND_EVERY`]. A node's idle pods cost two map reads a port a second each.
+/// A gate whose ports see nothing (no segment judged, no socket event) for
+/// this long ticks every [`QUIET_TICK`] instead of every window, and is back
+/// to its windows on the first tick that sees anything: the kernel judges by
+/// the limit in place meanwhile. A node's idle pods cost a wake-up a second each.
 const QUIET_AFTER: Duration = Duration::from_secs(2);
 const QUIET_TICK: Duration = Duration::from_secs(1);
-const QUIET_ROUND_EVERY: Duration = Duration::from_secs(10);
 /// A look at NAT that takes longer than this (a hung `nft`) is reported as NAT unreadable.
 const NAT_LOOK_LIMIT: Duration = Duration::from_secs(10);
 /// An attach to a new interface slower than this is logged (it holds the loop).
@@ -214,9 +211,6 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     let mut ticker = tokio::time::interval(settings.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pace = Pace::new(settings.tick, Instant::now());
-    let mut last_round = Instant::now();
-    // The ports as the last whole round read them (a quiet tick asks only what they did).
-    let mut known_ports = std::collections::BTreeMap::new();
     let mut settings = settings;
     let mut last_watch = Instant::now();
     // Opened on the gate's own thread, inside its namespace.
@@ -255,14 +249,8 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 // A link or address change is acted on within this tick; the
                 // once-a-second look covers anything a notification missed.
                 let notified = links.as_ref().is_some_and(system::LinkWatch::changed);
-                if pace.quiet() && !notified && last_round.elapsed() < QUIET_ROUND_EVERY {
-                    pace_ticker(&mut pace, &mut ticker, loaded.maps.activity(known_ports.values()), &settings.task_errors);
-                    if pace.quiet() {
-                        continue;
-                    }
-                }
-                last_round = Instant::now();
-                if notified || last_watch.elapsed() >= WATCH_EVERY {
+                let watch_every = if pace.quiet() { QUIET_WATCH_EVERY } else { WATCH_EVERY };
+                if notified || last_watch.elapsed() >= watch_every {
                     if let Err(e) = settings.local_addrs.refresh(&mut loaded.maps) {
                         settings.task_errors.record("addresses", &e);
                     }
@@ -339,8 +327,16 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                     last_client_sweep = Instant::now();
                 }
                 let instant = Instant::now();
-                pace_ticker(&mut pace, &mut ticker, loaded.maps.activity(ports.values()), &settings.task_errors);
-                known_ports = ports.clone();
+                match loaded.maps.activity(ports.values()) {
+                    Ok(activity) => {
+                        if let Some(tick) = pace.observe(activity, instant) {
+                            tracing::debug!(tick_ms = tick.as_millis(), "the loop's pace changes");
+                            ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
+                    Err(e) => settings.task_errors.record("activity", &e),
+                }
                 if pace.quiet() {
                     // Nothing happened: no window to judge (the next spans the quiet time).
                     continue;
@@ -353,25 +349,6 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 }
             }
         }
-    }
-}
-
-/// Takes what the ports did into the pace, and the ticker to a new pace.
-fn pace_ticker(
-    pace: &mut Pace,
-    ticker: &mut tokio::time::Interval,
-    activity: Result<Activity, Error>,
-    errors: &crate::observe::report::TaskErrors,
-) {
-    match activity {
-        Ok(activity) => {
-            if let Some(tick) = pace.observe(activity, Instant::now()) {
-                tracing::debug!(tick_ms = tick.as_millis(), "the loop's pace changes");
-                *ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            }
-        }
-        Err(e) => errors.record("activity", &e),
     }
 }
 

@@ -125,8 +125,12 @@ fn local_nat(local: &BTreeSet<IpAddr>) -> NatLook {
 /// `/proc/thread-self/net/{ip,ip6}_tables_names` (absent while the module
 /// is not loaded, when no namespace has one).
 fn legacy_table(names: &str, table: &str) -> bool {
-    std::fs::read_to_string(Path::new("/proc/thread-self/net").join(names))
-        .is_ok_and(|listed| listed.lines().any(|l| l.trim() == table))
+    std::fs::read_to_string(Path::new("/proc/thread-self/net").join(names)).is_ok_and(|listed| lists(&listed, table))
+}
+
+/// Whether the kernel's list of table names (one a line) holds `table`.
+fn lists(listed: &str, table: &str) -> bool {
+    listed.lines().any(|l| l.trim() == table)
 }
 
 /// Whether `program` is on the PATH (looked up once per process).
@@ -233,6 +237,14 @@ fn split_destination(d: &str) -> (&str, Option<&str>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_legacy_table_is_read_only_where_the_kernel_lists_it() {
+        assert!(super::lists("filter\nnat\n", "nat"));
+        assert!(!super::lists("filter\nmangle\n", "nat"));
+        assert!(!super::lists("", "nat"), "no table at all");
+        assert!(!super::lists("natural\n", "nat"), "a whole name, not a prefix");
+    }
+
     use super::*;
 
     const RULESET: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},

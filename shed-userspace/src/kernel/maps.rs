@@ -457,7 +457,7 @@ impl GateMaps {
     /// happens) and whether any holds work (a connection owing an answer; in
     /// the modes that count connections, any connection). Two map reads a
     /// port, where a snapshot takes nine.
-    pub(crate) fn activity<'a>(&self, configs: impl IntoIterator<Item = &'a PortConfig>) -> Result<Activity, Error> {
+    pub fn activity<'a>(&self, configs: impl IntoIterator<Item = &'a PortConfig>) -> Result<Activity, Error> {
         let mut activity = Activity::default();
         for config in configs {
             let slot = config.slot;
