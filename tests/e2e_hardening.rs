@@ -428,6 +428,12 @@ fn nat_that_bypasses_the_gate_is_refused_at_attach() {
     }
 }
 
+/// `shed_nat_bypassed` of port 8080 in namespace `ns`, scraped from `metrics`.
+fn nat_bypassed_8080(metrics: &str, ns: &str) -> f64 {
+    let scrape = support::metrics::scrape(metrics);
+    support::metrics::value(&scrape, "shed_nat_bypassed", &[("netns", ns), ("port", "8080")])
+}
+
 /// A NAT rule added after attach (a sidecar's init container redirecting
 /// inbound traffic, a late DNAT) is seen within seconds: the port is reported
 /// bypassed in the metrics and on `/readyz`, with the rule, and judged again
@@ -437,11 +443,7 @@ fn nat_added_after_attach_is_reported_until_it_goes() {
     const METRICS: &str = "127.0.0.1:19481";
     let _one = exclusive();
     let bed = Testbed::create("shedhl").expect("testbed");
-    let bypassed = || {
-        let scrape = support::metrics::scrape(METRICS);
-        let labels = [("netns", bed.server_ns.as_str()), ("port", "8080")];
-        support::metrics::value(&scrape, "shed_nat_bypassed", &labels)
-    };
+    let bypassed = || nat_bypassed_8080(METRICS, &bed.server_ns);
     let args =
         ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080", "--metrics", METRICS];
     let gate = Gate::attach(&args);
@@ -496,11 +498,7 @@ fn legacy_iptables_nat_is_read_where_its_table_is() {
             Command::new("ip").args(["netns", "exec", &bed.server_ns, "cat", "/proc/net/ip_tables_names"]).output();
         out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
     };
-    let bypassed = || {
-        let scrape = support::metrics::scrape(METRICS);
-        let labels = [("netns", bed.server_ns.as_str()), ("port", "8080")];
-        support::metrics::value(&scrape, "shed_nat_bypassed", &labels)
-    };
+    let bypassed = || nat_bypassed_8080(METRICS, &bed.server_ns);
     let args =
         ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080", "--metrics", METRICS];
     let gate = Gate::attach(&args);

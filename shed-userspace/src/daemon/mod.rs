@@ -48,7 +48,8 @@ const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
 /// How often the namespace's addresses and interfaces are looked at again
-/// (rtnetlink's notifications bring a look forward), and while the gate is quiet.
+/// (rtnetlink's notifications bring a look forward), and while the gate is
+/// quiet (see [`QUIET_AFTER`]).
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 const QUIET_WATCH_EVERY: Duration = Duration::from_secs(10);
 /// How often netfilter NAT is looked at again while the gate is new (a rule
@@ -63,7 +64,8 @@ const NAT_SETTLES: Duration = Duration::from_mins(1);
 /// A gate whose ports see nothing (no segment judged, no socket event) for
 /// this long ticks every [`QUIET_TICK`] instead of every window, and is back
 /// to its windows on the first tick that sees anything: the kernel judges by
-/// the limit in place meanwhile. A node's idle pods cost a wake-up a second each.
+/// the limit in place meanwhile; it skips its windows (the next spans the
+/// quiet time). A node's idle pods cost a round a second each.
 const QUIET_AFTER: Duration = Duration::from_secs(2);
 const QUIET_TICK: Duration = Duration::from_secs(1);
 /// A look at NAT that takes longer than this (a hung `nft`) is reported as NAT unreadable.

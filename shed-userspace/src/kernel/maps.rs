@@ -442,6 +442,12 @@ impl GateMaps {
         let ring = self.raw.handshakes.get(&slot, 0).map_err(|e| Error::map("read handshakes", e))?;
         let silent = self.raw.silent.get(&slot, 0).map_err(|e| Error::map("read silent connections", e))?;
         let now_ns = crate::host::system::monotonic_ns();
+        let counters = self.counters(slot)?;
+        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, ring, silent, now_ns, counters })
+    }
+
+    /// A port's counters, summed over the CPUs.
+    fn counters(&self, slot: u32) -> Result<PortCounters, Error> {
         let per_cpu = self.raw.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
         let mut counters = PortCounters::default();
         for cpu in per_cpu.iter() {
@@ -449,7 +455,7 @@ impl GateMaps {
                 *sum = sum.wrapping_add(v);
             }
         }
-        Ok(PortSnapshot { port, config, limit, control, status, reserve, state, user, ring, silent, now_ns, counters })
+        Ok(counters)
     }
 
     /// What the ports of `configs` do: how much has happened so far (their
@@ -461,10 +467,7 @@ impl GateMaps {
         let mut activity = Activity::default();
         for config in configs {
             let slot = config.slot;
-            let per_cpu = self.raw.counters.get(&slot, 0).map_err(|e| Error::map("read counters", e))?;
-            for cpu in per_cpu.iter() {
-                activity.events = cpu.values.iter().fold(activity.events, |s, &v| s.wrapping_add(v));
-            }
+            activity.events = self.counters(slot)?.values.iter().fold(activity.events, |s, &v| s.wrapping_add(v));
             let state = self.raw.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
             activity.events = [state.opened, state.closed, state.busy_enter, state.busy_exit, state.clients_added]
                 .iter()
