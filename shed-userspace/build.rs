@@ -30,9 +30,18 @@ fn main() {
         },
         PathBuf::from,
     );
+    embed(&object, "shed.bpf.o");
+    // The shared object, built beside it (`shed-shared`).
+    let mut shared = object.into_os_string();
+    shared.push("-shared");
+    embed(&PathBuf::from(shared), "shed-shared.bpf.o");
+}
+
+/// Copies `object` into OUT_DIR as `name` for `include_bytes!`, or an empty placeholder.
+fn embed(object: &std::path::Path, name: &str) {
     println!("cargo:rerun-if-changed={}", object.display());
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join("shed.bpf.o");
-    if let Ok(bytes) = fs::read(&object) {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo")).join(name);
+    if let Ok(bytes) = fs::read(object) {
         fs::write(&out, bytes).expect("write embedded eBPF object");
     } else {
         println!(

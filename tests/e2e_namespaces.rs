@@ -328,6 +328,94 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     drop(later);
 }
 
+/// The node agent's shared object (`Dispatcher::start_shared`): one TC
+/// program and one set of dispatchers, verified once, judge and count for
+/// every pod; each pod brings only its maps (`Loaded::maps_only`). Two
+/// namespaces serving the same port at a limit of one connection each: each
+/// is judged against its own count (one held in the first refuses the first
+/// namespace's next, not the second's), counts its own requests, and a
+/// namespace taken back is judged no more while the other still is.
+#[test]
+fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
+    use std::{io::Read as _, io::Write as _, os::unix::fs::MetadataExt as _, sync::Arc};
+
+    use shed::kernel::{dispatch::Dispatcher, maps::PortSpec, object::LoadOptions, programs::Loaded};
+    use shed_common::{ControlConfig, action, count_mode, counter, local_addr};
+
+    let _one = exclusive();
+    let (a, b) = (Testbed::create("shsa").expect("testbed"), Testbed::create("shsb").expect("testbed"));
+    let dispatcher = Arc::new(Dispatcher::start_shared(64).expect("start the shared object"));
+    assert!(dispatcher.shared());
+    let gate_in = |bed: &Testbed| {
+        let (dispatcher, iface) = (dispatcher.clone(), bed.server_if.clone());
+        let server = bed.server_v4.octets();
+        testbed::run_in(&bed.server_ns, move || {
+            let mut loaded = Loaded::maps_only(None, LoadOptions::pod(1024, 256, false)).expect("the pod's maps");
+            let spec = PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+            loaded.maps.protect(PORT, &spec).expect("protect the port");
+            let mut mapped = [0u8; 16];
+            mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+            mapped[12..].copy_from_slice(&server);
+            loaded.maps.set_local_addrs(&[(mapped, local_addr::UNICAST)].into_iter().collect()).expect("addresses");
+            let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
+            let dispatched = dispatcher.add(&mut loaded, inum).expect("hand the namespace over");
+            loaded.dispatched = Some(Box::new(dispatched));
+            loaded.shared_links.push(dispatcher.attach_tc(&iface).expect("attach the shared TC program"));
+            loaded
+        })
+        .expect("namespace")
+    };
+    let (mut gate_a, gate_b) = (gate_in(&a), gate_in(&b));
+    assert_eq!(dispatcher.gates(), 2);
+    let addr: SocketAddr = a.server_addr(false, PORT);
+    assert_eq!(addr, b.server_addr(false, PORT), "the same address in both");
+    let _backends = [&a, &b].map(|bed| Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend"));
+    let connect = |bed: &Testbed| {
+        testbed::run_in(&bed.client_ns, move || {
+            let mut s = testbed::connect(addr, Duration::from_secs(1))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(b"ping")?;
+            s.read_exact(&mut [0u8; 4])?;
+            Ok::<_, io::Error>(s)
+        })
+        .expect("client namespace")
+    };
+    let counts = |loaded: &Loaded| {
+        let config = loaded.maps.config(PORT).unwrap();
+        let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
+        let service: u64 = loaded.maps.latency(config.slot).unwrap().service.iter().sum();
+        (snapshot.established(), snapshot.state.busy_enter, service, snapshot.counters.values[counter::RST_SENT])
+    };
+    let settled = |loaded: &Loaded, want: (u64, u64, u64), what: &str| {
+        poll(
+            Duration::from_secs(3),
+            what,
+            || counts(loaded),
+            |&(open, enter, service, _)| (open, enter, service) == want,
+        )
+    };
+
+    let held_a = connect(&a).expect("the first connection to A is admitted");
+    settled(&gate_a, (1, 1, 1), "A's gate to count its connection and request");
+    let refused = connect(&a);
+    assert!(refused.is_err(), "A's second connection is refused at its limit of 1: {refused:?}");
+    assert_eq!(counts(&gate_a).3, 1, "with one reset: {:?}", counts(&gate_a));
+    // B's own count is 0: its first is admitted, though A holds one on the same port.
+    let held_b = connect(&b).expect("the first connection to B is admitted");
+    settled(&gate_b, (1, 1, 1), "B's gate to count its own");
+    assert!(connect(&b).is_err(), "B's second is refused at its own limit");
+    assert_eq!(counts(&gate_a).0, 1, "A counts none of B's");
+
+    // A taken back (its link and its gate): A judges no more, B still does.
+    gate_a.shared_links.clear();
+    drop(gate_a.dispatched.take());
+    assert_eq!(dispatcher.gates(), 1);
+    let more_a = connect(&a).expect("A ungated admits past its old limit");
+    assert!(connect(&b).is_err(), "B is still judged");
+    drop((held_a, held_b, more_a));
+    poll(Duration::from_secs(3), "B's close counted", || counts(&gate_b), |&(open, ..)| open == 0);
+}
+
 /// A memory cgroup for the daemon, as a container's limit is (cgroup v2 if
 /// mounted so, else v1's memory controller); removed on drop.
 struct MemoryCgroup {

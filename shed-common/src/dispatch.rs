@@ -37,6 +37,16 @@ pub const QUOTA_DIVISOR: u32 = 4;
 /// (connections / [`QUOTA_DIVISOR`]), written at load.
 pub const QUOTA_GLOBAL: &str = "SHED_DISPATCH_QUOTA";
 
+/// The shared object (shed-ebpf built with its `shared` feature, embedded
+/// beside the gate's): its programs judge and count for every pod of the
+/// node, each pod's state in maps of its own that the agent puts in the
+/// object's `ArrayOfMaps` at the pod's gate (`map::GATED`); its TC program
+/// finds the gate by the namespace of the packet's device, its dispatchers
+/// by the socket's (both in `SHED_DISPATCH_NETNS`). The programs are verified once per agent,
+/// not once per pod. A pod's maps come from the gate's object, loaded at a
+/// pod's sizes, which the shared object's inner maps are declared with.
+pub const SHARED_OBJECT: &str = "shed-shared";
+
 /// One gate's books at the dispatcher (`SHED_DISPATCH_BOOKS`, one per gate).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -449,8 +449,12 @@ pub struct NetnsFilter {
     pub inum: u32,
     pub skc_net_offset: u32,
     pub net_inum_offset: u32,
+    /// `sk_buff.dev` and `net_device.nd_net.net`: where a shared object's TC
+    /// program finds the namespace of the device a packet arrived on (0: unknown).
+    pub skb_dev_offset: u32,
+    pub dev_net_offset: u32,
 }
-const _: () = assert!(size_of::<NetnsFilter>() == 16);
+const _: () = assert!(size_of::<NetnsFilter>() == 24);
 
 /// A client of a port, for the per-client cap.
 #[repr(C)]

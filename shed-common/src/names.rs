@@ -113,6 +113,37 @@ pub mod map {
     /// `PerCpuArray<u64>[1]`: the socket the gate hands its turn program (kernel only).
     pub const TURN_SOCKET: &str = "SHED_TURN_SOCKET";
 
+    /// `PerCpuArray<u32>[2]`: a shared object's gate of the program running
+    /// now (+1, 0: none), and the one to restore after a turn program (kernel only).
+    pub const GATE_NOW: &str = "SHED_GATE_NOW";
+
+    /// The maps a pod keeps of its own under a shared object (see
+    /// [`crate::dispatch`]), each with the `ArrayOfMaps` by gate that the
+    /// shared programs find it in.
+    pub const GATED: [(&str, &str); 21] = [
+        (PORT_SLOTS, "SHED_PORT_SLOTS_OF"),
+        (SLOT_CONFIG, "SHED_SLOT_CONFIG_OF"),
+        (PORT_STATE, "SHED_PORT_STATE_OF"),
+        (USER_STATE, "SHED_USER_STATE_OF"),
+        (COUNTERS, "SHED_COUNTERS_OF"),
+        (HANDSHAKES, "SHED_HANDSHAKES_OF"),
+        (SILENT, "SHED_SILENT_OF"),
+        (STAMPS, "SHED_STAMPS_OF"),
+        (REFUSED_TURNS, "SHED_REFUSED_TURNS_OF"),
+        (LOCAL_ADDRS, "SHED_LOCAL_ADDRS_OF"),
+        (GATE_COUNTERS, "SHED_GATE_COUNTERS_OF"),
+        (SOCKS, "SHED_SOCKS_OF"),
+        (LIMITS, "SHED_LIMITS_OF"),
+        (LATENCY, "SHED_LATENCY_OF"),
+        (RST_BUCKETS, "SHED_RST_BUCKETS_OF"),
+        (RST_PREFIX_BUCKETS, "SHED_RST_PREFIX_OF"),
+        (CLIENTS, "SHED_CLIENTS_OF"),
+        (PENDING_CLIENTS, "SHED_PENDING_CLIENTS_OF"),
+        (CONTENTION, "SHED_CONTENTION_OF"),
+        (RESERVE, "SHED_RESERVE_OF"),
+        (TIERS, "SHED_TIERS_OF"),
+    ];
+
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
     pub const ALL: [&str; 36] = [

@@ -33,10 +33,7 @@ use crate::{
     atomic::add as atomic_add,
     client::{client_add, client_release},
     fault::fault,
-    maps::{
-        SHED_LATENCY, SHED_NETNS, SHED_PORT_STATE, SHED_SILENT, SHED_SOCKS, SHED_USER_STATE, count, port_config,
-        sock_layout, stamp_hash, tier_of,
-    },
+    maps::{SHED_NETNS, count, gate, port_config, shared, sock_layout, stamp_hash, tier_of},
     ring,
     stamp::complete,
 };
@@ -165,7 +162,7 @@ pub fn on_sock_state<E: StateChange>(event: &E) {
 }
 
 fn state_field(slot: u32) -> Option<*mut shed_common::PortState> {
-    SHED_PORT_STATE.get_ptr_mut(slot)
+    gate::port_state().and_then(|m| m.get_ptr_mut(slot))
 }
 
 fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
@@ -194,10 +191,10 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
 #[inline(always)]
 fn untrack(skaddr: u64) {
     // SAFETY: plain data copied out of the map.
-    let Some(entry) = (unsafe { SHED_SOCKS.get(&skaddr) }).copied() else {
+    let Some(entry) = (unsafe { gate::socks().and_then(|m| m.get(&skaddr)) }).copied() else {
         return;
     };
-    if SHED_SOCKS.remove(&skaddr).is_ok()
+    if gate::socks().map_or(Err(-1), |m| m.remove(&skaddr)).is_ok()
         && let Some(state) = state_field(entry.slot)
     {
         if entry.silent != 0 {
@@ -248,7 +245,7 @@ fn established<E: StateChange>(event: &E, skaddr: u64) -> Result<(), i32> {
     let client = config.client_key(&client_addr);
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+    let user = gate::user_state().and_then(|m| m.get(slot)).copied().unwrap_or_default();
     // Accepted, nothing sent yet: in `work` mode silent (counted for the idle
     // grace only: a burst of connections whose requests follow a moment later
     // must not overshoot the limit, a connection that never sends must not
@@ -298,11 +295,15 @@ fn track(
     // other ports keep their room.
     // SAFETY: `state` is a slot of an array map, valid for this run; copied as plain data.
     let room = user.connection_room(&unsafe { *state }) || fault!("connection_quota_ignored");
-    let inserted = if room { SHED_SOCKS.insert(&skaddr, entry, u64::from(BPF_NOEXIST)) } else { Err(-E2BIG) };
+    let inserted = if room {
+        gate::socks().map_or(Err(-1), |m| m.insert(&skaddr, entry, u64::from(BPF_NOEXIST)))
+    } else {
+        Err(-E2BIG)
+    };
     match inserted {
         Ok(()) => {
             if entry.silent != 0
-                && let Some(silent) = SHED_SILENT.get_ptr_mut(slot)
+                && let Some(silent) = gate::silent().and_then(|m| m.get_ptr_mut(slot))
             {
                 let _ = ring::open(silent, entry.silent_epoch);
             }
@@ -333,10 +334,10 @@ fn track(
 /// not ended it already.
 #[inline(always)]
 fn end_silence(slot: u32, epoch: u64) {
-    let Some(silent) = SHED_SILENT.get_ptr_mut(slot) else { return };
+    let Some(silent) = gate::silent().and_then(|m| m.get_ptr_mut(slot)) else { return };
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let shift = SHED_USER_STATE.get(slot).copied().unwrap_or_default().silent_shift();
+    let shift = gate::user_state().and_then(|m| m.get(slot)).copied().unwrap_or_default().silent_shift();
     ring::close(silent, epoch, now >> shift);
 }
 
@@ -360,6 +361,10 @@ fn release(slot: u32, key: &FlowKey, client: Option<&ClientKey>, now: u64, shift
 /// the daemon could not tell: counting too much beats counting nothing).
 #[inline(always)]
 fn in_protected_netns(skaddr: u64) -> bool {
+    // A shared object's dispatcher found the gate by this very namespace.
+    if shared() {
+        return true;
+    }
     let Some(filter) = SHED_NETNS.get(0) else { return true };
     if filter.enabled == 0 {
         return true;
@@ -378,7 +383,7 @@ fn in_protected_netns(skaddr: u64) -> bool {
 /// protected ports are in `SHED_SOCKS`, so the address alone decides.
 #[inline(always)]
 fn tracked(sk: u64) -> Option<*mut SockEntry> {
-    SHED_SOCKS.get_ptr_mut(&sk)
+    gate::socks().and_then(|m| m.get_ptr_mut(&sk))
 }
 
 /// Bytes moved by a recv/send event (0 for errors and MSG_PEEK).
@@ -481,7 +486,7 @@ enum Histogram {
 
 #[inline(always)]
 fn record(slot: u32, which: Histogram, ns: u64) {
-    let Some(hist) = SHED_LATENCY.get_ptr_mut(slot) else { return };
+    let Some(hist) = gate::latency().and_then(|m| m.get_ptr_mut(slot)) else { return };
     let b = latency::bucket(ns / 1000) + usize::from(fault!("latency_bucket_shifted"));
     // Verifier workaround: LLVM bounds-checks one copy of the index and adds
     // another to the pointer. Laundering it through the stack makes the mask

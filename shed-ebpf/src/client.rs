@@ -8,7 +8,7 @@ use shed_common::{ClientKey, HandshakeRing, PortConfig, counter};
 use crate::{
     atomic,
     fault::fault,
-    maps::{SHED_CLIENTS, SHED_CONTENTION, SHED_EMPTY_RING, SHED_PENDING_CLIENTS, SHED_PORT_STATE, SHED_USER_STATE},
+    maps::{SHED_EMPTY_RING, gate},
     parse::Segment,
     ring,
 };
@@ -39,7 +39,7 @@ pub(crate) fn client_held(config: &PortConfig, client: &[u8; 16]) -> u64 {
 #[inline(always)]
 fn established_of(key: &ClientKey) -> u64 {
     // SAFETY: plain data.
-    unsafe { SHED_CLIENTS.get(key) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
+    unsafe { gate::clients().and_then(|m| m.get(key)) }.map_or(0, |&held| if held < 0 { 0 } else { held as u64 })
 }
 
 /// A client's admissions at the ACK that the kernel has not established yet
@@ -84,7 +84,7 @@ pub(crate) fn charge_client(config: &PortConfig, seg: &Segment, epoch: u64, shar
 /// admissions then counted once established).
 #[inline(always)]
 pub(crate) fn pending_ring(key: &ClientKey, create: bool) -> Option<*mut HandshakeRing> {
-    if let Some(pending) = SHED_PENDING_CLIENTS.get_ptr_mut(key) {
+    if let Some(pending) = gate::pending_clients().and_then(|m| m.get_ptr_mut(key)) {
         return Some(pending);
     }
     if !create {
@@ -92,8 +92,9 @@ pub(crate) fn pending_ring(key: &ClientKey, create: bool) -> Option<*mut Handsha
     }
     let empty = SHED_EMPTY_RING.get(0)?;
     // Another CPU may insert it first: this then finds that one.
-    let _ = SHED_PENDING_CLIENTS.insert(key, empty, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
-    SHED_PENDING_CLIENTS.get_ptr_mut(key)
+    let _ =
+        gate::pending_clients().map_or(Err(-1), |m| m.insert(key, empty, u64::from(aya_ebpf::bindings::BPF_NOEXIST)));
+    gate::pending_clients().and_then(|m| m.get_ptr_mut(key))
 }
 
 /// Releases an admission charged to `seg`'s client at `epoch` (its handshake
@@ -121,7 +122,7 @@ pub(crate) fn release_charge(key: &ClientKey, epoch: u64, now_epoch: u64) {
 /// Releases one connection of `client` (it closed).
 #[inline(always)]
 pub fn client_release(client: &ClientKey) {
-    if let Some(held) = SHED_CLIENTS.get_ptr_mut(client) {
+    if let Some(held) = gate::clients().and_then(|m| m.get_ptr_mut(client)) {
         let before = atomic::add(held.cast::<u64>(), u64::MAX);
         note_client(client, before.wrapping_sub(1));
     }
@@ -131,12 +132,12 @@ pub fn client_release(client: &ClientKey) {
 /// map is full (the connection is then not counted against the cap).
 #[inline(always)]
 pub fn client_add(client: &ClientKey) -> bool {
-    if SHED_CLIENTS.get_ptr_mut(client).is_none() {
+    if gate::clients().and_then(|m| m.get_ptr_mut(client)).is_none() {
         // A port at its quota of the shared client map adds no new client (its
         // connections go uncounted against caps and shares), so that one port's
         // clients, say a /48 of /64s, cannot fill the map for every port.
-        let Some(state) = SHED_PORT_STATE.get_ptr_mut(client.slot) else { return false };
-        let user = SHED_USER_STATE.get(client.slot).copied().unwrap_or_default();
+        let Some(state) = gate::port_state().and_then(|m| m.get_ptr_mut(client.slot)) else { return false };
+        let user = gate::user_state().and_then(|m| m.get(client.slot)).copied().unwrap_or_default();
         // SAFETY: map value, copied as plain data.
         if !user.client_room(&unsafe { *state }) && !fault!("client_quota_ignored") {
             return false;
@@ -147,12 +148,15 @@ pub fn client_add(client: &ClientKey) -> bool {
         let mut zero = 1i64;
         // SAFETY: a write to a local.
         unsafe { core::ptr::write_volatile(&mut zero, 0) };
-        if SHED_CLIENTS.insert(client, &zero, u64::from(aya_ebpf::bindings::BPF_NOEXIST)).is_ok() {
+        if gate::clients()
+            .map_or(Err(-1), |m| m.insert(client, &zero, u64::from(aya_ebpf::bindings::BPF_NOEXIST)))
+            .is_ok()
+        {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic::add(unsafe { &raw mut (*state).clients_added }, 1);
         }
     }
-    let Some(held) = SHED_CLIENTS.get_ptr_mut(client) else { return false };
+    let Some(held) = gate::clients().and_then(|m| m.get_ptr_mut(client)) else { return false };
     let before = atomic::add(held.cast::<u64>(), 1);
     note_client(client, before + 1);
     true
@@ -165,7 +169,7 @@ pub fn client_add(client: &ClientKey) -> bool {
 #[inline(never)]
 pub(crate) fn note_verified_refusal(config: &PortConfig, limit: u32, client: &[u8; 16], now_ns: u64) {
     let Some(cap) = config.share_cap(limit) else { return };
-    let Some(contention) = SHED_CONTENTION.get_ptr_mut(config.slot) else { return };
+    let Some(contention) = gate::contention().and_then(|m| m.get_ptr_mut(config.slot)) else { return };
     if client_held(config, client) < cap {
         // SAFETY: map value; a plain store.
         unsafe { (*contention).refused_ns = now_ns };
@@ -179,7 +183,7 @@ pub(crate) fn note_verified_refusal(config: &PortConfig, limit: u32, client: &[u
 pub(crate) fn note_client(client: &ClientKey, held: u64) {
     // A close of a count the healer already took back reads below zero: none held.
     let held = if (held as i64) < 0 { 0 } else { held };
-    let Some(c) = SHED_CONTENTION.get_ptr_mut(client.slot) else { return };
+    let Some(c) = gate::contention().and_then(|m| m.get_ptr_mut(client.slot)) else { return };
     // SAFETY: map value, plain data.
     unsafe {
         if (*c).largest == client.addr {

@@ -23,10 +23,7 @@ use crate::{
     client::{charge_client, client_held, note_verified_refusal, over_client_cap, uncharge_client},
     fault::fault,
     http_answer::{http_flow, http_reason, http_reply, http_request, retry_after},
-    maps::{
-        SHED_CONTENTION, SHED_COUNTERS, SHED_HANDSHAKES, SHED_LIMITS, SHED_PORT_STATE, SHED_REFUSED_TURNS,
-        SHED_RESERVE, SHED_SILENT, SHED_STAMPS, SHED_USER_STATE, count, is_local, port_config, tier_of,
-    },
+    maps::{count, gate, is_local, port_config, tier_of},
     parse::FLAG_FIN,
     parse::LoadBytes,
     parse::Segment,
@@ -68,14 +65,14 @@ impl Port {
             count(slot, counter::NOT_LOCAL);
             return None;
         }
-        let state = SHED_PORT_STATE.get(slot)?;
-        let limit = u64::from(*SHED_LIMITS.get(slot)?);
-        let mut user = SHED_USER_STATE.get(slot).copied().unwrap_or_default();
+        let state = gate::port_state().and_then(|m| m.get(slot))?;
+        let limit = u64::from(*gate::limits().and_then(|m| m.get(slot))?);
+        let mut user = gate::user_state().and_then(|m| m.get(slot)).copied().unwrap_or_default();
         if fault!("adjustment_ignored") {
             (user.established_adjust, user.busy_adjust) = (0, 0);
         }
-        let ring = SHED_HANDSHAKES.get_ptr_mut(slot)?;
-        let counters = SHED_COUNTERS.get_ptr_mut(slot)?;
+        let ring = gate::handshakes().and_then(|m| m.get_ptr_mut(slot))?;
+        let counters = gate::counters().and_then(|m| m.get_ptr_mut(slot))?;
         Some(Self {
             slot,
             config,
@@ -160,7 +157,7 @@ impl Port {
             return false;
         }
         let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
-        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return false };
+        let Some(contention) = gate::contention().and_then(|m| m.get_ptr_mut(self.slot)) else { return false };
         if client_held(&self.config, &seg.client_addr) < cap {
             return false;
         }
@@ -174,7 +171,8 @@ impl Port {
     /// the charge after it is walked once, not once per way here.
     #[inline(always)]
     fn share_binding(&self) -> u64 {
-        let bound = match (self.config.share_cap(self.limit as u32), SHED_CONTENTION.get(self.slot)) {
+        let bound = match (self.config.share_cap(self.limit as u32), gate::contention().and_then(|m| m.get(self.slot)))
+        {
             (Some(cap), Some(c))
                 if Contention::recent(c.refused_ns, self.now_ns) && !fault!("client_share_ignored") =>
             {
@@ -206,7 +204,7 @@ impl Port {
             return ShareAtSyn::NO;
         }
         let Some(cap) = self.config.share_cap(self.limit as u32) else { return ShareAtSyn::NO };
-        let Some(contention) = SHED_CONTENTION.get_ptr_mut(self.slot) else { return ShareAtSyn::NO };
+        let Some(contention) = gate::contention().and_then(|m| m.get_ptr_mut(self.slot)) else { return ShareAtSyn::NO };
         // SAFETY: map value, read as plain data; the budget is taken by compare-and-swap.
         unsafe {
             if (*contention).largest_held < cap || client_held(&self.config, &seg.client_addr) >= cap {
@@ -237,7 +235,7 @@ impl Port {
     /// then found the claim and left the release to this CPU.
     #[inline(always)]
     fn stamp(&self, claim: Claim, flow: u32, seg: &Segment, syn_ns: u64) {
-        let Some(stamp) = SHED_STAMPS.get_ptr_mut(claim.index()) else { return };
+        let Some(stamp) = gate::stamps().and_then(|m| m.get_ptr_mut(claim.index())) else { return };
         let head = stamp.cast::<u64>();
         let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
         if atomic::load(head) == claimed {
@@ -502,7 +500,7 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
     if tier == tier::EXEMPT {
         return Verdict::Pass;
     }
-    let refused = SHED_REFUSED_TURNS.get_ptr(&sk);
+    let refused = gate::refused_turns().and_then(|m| m.get_ptr(&sk));
     // SAFETY: map value, read as plain data.
     let again = refused.filter(|&t| unsafe { (*t).seq } == seg.seq).map(|t| unsafe { (*t).reason } as usize);
     let reason = if let Some(reason) = again {
@@ -566,7 +564,7 @@ fn remember_refused(sk: u64, seg: &Segment, reason: usize, act: u8, now_ns: u64)
         reason: reason as u32,
         action: u32::from(act),
     };
-    let _ = SHED_REFUSED_TURNS.insert(&sk, &turn, 0);
+    let _ = gate::refused_turns().map_or(Err(-1), |m| m.insert(&sk, &turn, 0));
 }
 
 /// Room the daemon holds back from `tier` for the tiers above it.
@@ -575,7 +573,7 @@ fn held_back(slot: u32, tier: u8) -> u64 {
     if fault!("held_back_ignored") {
         return 0;
     }
-    SHED_RESERVE.get(slot).and_then(|r| r.held_back.get(tier as usize)).map_or(0, |&h| u64::from(h))
+    gate::reserve().and_then(|m| m.get(slot)).and_then(|r| r.held_back.get(tier as usize)).map_or(0, |&h| u64::from(h))
 }
 
 /// One share rejection in [`tier::TRICKLE_EVERY`] (per CPU) is admitted instead.
@@ -584,7 +582,7 @@ fn trickle(slot: u32) -> bool {
     if fault!("trickle_never") {
         return false;
     }
-    let Some(counters) = SHED_COUNTERS.get_ptr_mut(slot) else { return false };
+    let Some(counters) = gate::counters().and_then(|m| m.get_ptr_mut(slot)) else { return false };
     // SAFETY: per-CPU value. The share-rejection count doubles as the trickle's clock.
     let seen = unsafe { (*counters).values[counter::REJECTED_SHARE] + (*counters).values[counter::TRICKLE] };
     seen % tier::TRICKLE_EVERY == tier::TRICKLE_EVERY - 1
@@ -597,7 +595,7 @@ fn silent(slot: u32, mode: u8, user: &UserPortState, now_ns: u64) -> u64 {
     if mode != count_mode::WORK || fault!("silent_not_held") {
         return 0;
     }
-    let Some(silent) = SHED_SILENT.get_ptr(slot) else { return 0 };
+    let Some(silent) = gate::silent().and_then(|m| m.get_ptr(slot)) else { return 0 };
     let (others, current) = ring::outstanding(silent, now_ns >> user.silent_shift());
     others + current
 }

@@ -16,7 +16,11 @@ use shed_common::{
     tcp_state,
 };
 
-use crate::{atomic, fault::fault, maps::SHED_NETNS};
+use crate::{
+    account, atomic,
+    fault::fault,
+    maps::{SHED_NETNS, enter_gate, leave_gate, shared},
+};
 
 #[map]
 pub static SHED_DISPATCH_TARGETS: ProgramArray = ProgramArray::with_max_entries(SLOTS, 0);
@@ -96,10 +100,25 @@ pub fn socket_event(ctx: &RawTracePointContext, event: u32) {
     }
 }
 
-/// Tail-calls the gate's program for `event`; returns only if there is none
-/// (the pod's gate is going or gone: nothing to count).
+/// Hands `event` to `gate`: a shared object counts it here, under the
+/// gate's own maps; otherwise a tail call to the gate's program for it,
+/// which returns only if there is none (the pod's gate is going or gone:
+/// nothing to count).
 #[inline(always)]
 fn hand_over(ctx: &RawTracePointContext, gate: u32, event: u32) {
+    if shared() {
+        let before = enter_gate(gate);
+        match event {
+            dispatch::SOCK_STATE => {
+                account::on_sock_state(&account::RawStateChange { sk: ctx.arg(0), old: ctx.arg(1), new: ctx.arg(2) })
+            }
+            dispatch::DATA_READY => account::on_data_ready(ctx.arg(0)),
+            dispatch::RECV => account::on_recv(ctx.arg(0), ctx.arg(1), ctx.arg(2)),
+            _ => account::on_send(ctx.arg(0), ctx.arg(1), ctx.arg(2)),
+        }
+        leave_gate(before);
+        return;
+    }
     // SAFETY: a tail call into a program of the same type, on the same context.
     unsafe { SHED_DISPATCH_TARGETS.tail_call(ctx, dispatch::target(gate, event)) };
 }
@@ -116,4 +135,25 @@ fn netns_inum(sk: u64) -> Option<u32> {
     let net: u64 = unsafe { bpf_probe_read_kernel((sk + u64::from(filter.skc_net_offset)) as *const u64) }.ok()?;
     // SAFETY: as above.
     unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) }.ok()
+}
+
+/// A shared object's gate for a packet: the one of the namespace of the
+/// device it arrived on (`skb->dev->nd_net`, at the agent's BTF offsets).
+/// Not `bpf_get_netns_cookie`, which reads the packet's socket: a SYN from
+/// another namespace across a veth still carries its sender's.
+#[inline(always)]
+pub fn gate_of_skb(skb: u64) -> Option<u32> {
+    let filter = SHED_NETNS.get(0)?;
+    if filter.enabled == 0 || filter.skb_dev_offset == 0 || filter.dev_net_offset == 0 {
+        return None;
+    }
+    // SAFETY: probe reads of kernel memory at offsets from the kernel's own BTF
+    // (a TC program's context is the kernel's sk_buff); failures are errors.
+    let dev: u64 = unsafe { bpf_probe_read_kernel((skb + u64::from(filter.skb_dev_offset)) as *const u64) }.ok()?;
+    // SAFETY: as above.
+    let net: u64 = unsafe { bpf_probe_read_kernel((dev + u64::from(filter.dev_net_offset)) as *const u64) }.ok()?;
+    // SAFETY: as above.
+    let inum: u32 = unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) }.ok()?;
+    // SAFETY: plain data copied out of the map.
+    unsafe { SHED_DISPATCH_NETNS.get(&inum) }.copied()
 }

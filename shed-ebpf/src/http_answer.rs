@@ -8,7 +8,7 @@ use shed_common::{PortConfig, counter, http, rst::Reset, tier};
 use crate::{
     client::note_verified_refusal,
     fault::fault,
-    maps::{SHED_LIMITS, SHED_USER_STATE, count, is_local, port_config, tier_of},
+    maps::{count, gate, is_local, port_config, tier_of},
     parse::FLAG_FIN,
     parse::FLAG_PSH,
     parse::LoadBytes,
@@ -91,7 +91,7 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
     // guess then checks once in 2^31, not 2^20.
     if acked.offset == 0
         && acked.reason == http::reason::LIMIT
-        && let Some(&limit) = SHED_LIMITS.get(slot)
+        && let Some(&limit) = gate::limits().and_then(|m| m.get(slot))
     {
         note_verified_refusal(&config, limit, &seg.client_addr, now_ns);
     }
@@ -134,7 +134,7 @@ pub fn http_segment<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool,
 /// The Retry-After an answer of the port gives: the port's own, or what the daemon derives.
 #[inline(always)]
 pub(crate) fn retry_after(config: &PortConfig) -> u32 {
-    let derived = SHED_USER_STATE.get(config.slot).map_or(0, |u| u.retry_after_s);
+    let derived = gate::user_state().and_then(|m| m.get(config.slot)).map_or(0, |u| u.retry_after_s);
     http::retry_after_seconds(config.retry_after_s, derived)
 }
 

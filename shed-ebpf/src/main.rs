@@ -240,6 +240,10 @@ fn count_failed(slot: u32, step: &'static str) {
 
 #[xdp]
 pub fn shed_xdp(ctx: XdpContext) -> u32 {
+    // A shared object's pods are gated at TC, which tells their namespaces apart.
+    if maps::shared() {
+        return xdp_action::XDP_PASS;
+    }
     let outcome = judge(ctx.data(), ctx.data_end(), &parse::XdpBytes(ctx.ctx));
     if outcome.kind == Outcome::PASS && maps::turn_pending() {
         // SAFETY: the turn program is an XDP program of this object; a failed
@@ -358,27 +362,50 @@ pub fn shed_xdp_drop(_ctx: XdpContext) -> u32 {
 
 #[classifier]
 pub fn shed_tc(ctx: TcContext) -> i32 {
-    if !tc_linear_head(&ctx) {
+    if !maps::shared() {
+        return tc_gate(&ctx, 0);
+    }
+    // A shared object judges for the pod whose namespace the packet arrived
+    // in; a namespace it does not gate passes.
+    let Some(gate) = dispatch::gate_of_skb(ctx.skb.skb as u64) else { return TC_ACT_OK };
+    let before = maps::enter_gate(gate);
+    let verdict = tc_gate(&ctx, before);
+    maps::leave_gate(before);
+    verdict
+}
+
+/// The TC gate under the running gate's maps; `before`: the gate to give
+/// back, handed to the turn program when it takes over.
+#[inline(always)]
+fn tc_gate(ctx: &TcContext, before: u32) -> i32 {
+    if !tc_linear_head(ctx) {
         return TC_ACT_OK;
     }
     let outcome = judge(ctx.data(), ctx.data_end(), &parse::SkbBytes(ctx.skb.skb));
     if outcome.kind == Outcome::PASS && maps::turn_pending() {
+        maps::hand_gate_to_turn(before);
         // SAFETY: the turn program is a classifier of this object; a failed
         // call (none installed) returns, and the segment passes.
-        let _ = unsafe { maps::SHED_TURN_TC.tail_call(&ctx, 0) };
+        let _ = unsafe { maps::SHED_TURN_TC.tail_call(ctx, 0) };
         return TC_ACT_OK;
     }
-    tc_finish(&ctx, outcome)
+    tc_finish(ctx, outcome)
 }
 
 /// The first segment of a kept-alive connection's next request ([`Outcome::TURN`]).
 #[classifier]
 pub fn shed_tc_turn(ctx: TcContext) -> i32 {
-    if !tc_linear_head(&ctx) {
-        return TC_ACT_OK;
+    let verdict = if tc_linear_head(&ctx) {
+        let outcome = judge_turn(ctx.data(), ctx.data_end(), &parse::SkbBytes(ctx.skb.skb));
+        tc_finish(&ctx, outcome)
+    } else {
+        TC_ACT_OK
+    };
+    if maps::shared() {
+        // The gate `shed_tc` entered, given back here: its tail call did not return.
+        maps::leave_gate(maps::take_gate_from_caller());
     }
-    let outcome = judge_turn(ctx.data(), ctx.data_end(), &parse::SkbBytes(ctx.skb.skb));
-    tc_finish(&ctx, outcome)
+    verdict
 }
 
 /// TC reads the linear head of the skb directly: makes sure the headers the

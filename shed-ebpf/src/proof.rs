@@ -8,7 +8,7 @@ use shed_common::gate_counter;
 
 use crate::{
     fault::fault,
-    maps::{SHED_SOCKS, count_gate},
+    maps::{count_gate, gate},
     parse::FLAG_FIN,
     parse::Segment,
 };
@@ -122,7 +122,7 @@ pub(crate) fn turn_socket(sk: *mut core::ffi::c_void) -> u64 {
         return 0;
     }
     let key = sk as u64;
-    let Some(entry) = SHED_SOCKS.get_ptr(&key) else { return 0 };
+    let Some(entry) = gate::socks().and_then(|m| m.get_ptr(&key)) else { return 0 };
     // SAFETY: map value, read as plain data.
     let idle = unsafe { (*entry).busy == 0 && (*entry).silent == 0 && (*entry).multiplexed == 0 };
     if idle { key } else { 0 }

@@ -9,7 +9,7 @@ use shed_common::{
 use crate::{
     atomic,
     fault::fault,
-    maps::{SHED_RST_BUCKETS, SHED_RST_PREFIX, is_loopback, local_kind},
+    maps::{gate, is_loopback, local_kind},
     reject::Answer,
 };
 
@@ -79,17 +79,24 @@ pub(crate) fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now
     }
     // The prefix first: a flood from one prefix must not spend the port's budget.
     if config.rst_per_prefix_per_sec != 0 {
-        let index = prefix_bucket_index(slot, &rst_prefix(client));
-        let Some(bucket) = SHED_RST_PREFIX.get_ptr_mut(index) else { return false };
+        let Some(bucket) = prefix_bucket(prefix_bucket_index(slot, &rst_prefix(client))) else { return false };
         if !take(bucket, now, config.rst_per_prefix_per_sec) {
             return false;
         }
     }
     if config.rst_per_sec != 0 {
-        let Some(bucket) = SHED_RST_BUCKETS.get_ptr_mut(slot) else { return false };
+        let Some(bucket) = gate::rst_buckets().and_then(|m| m.get_ptr_mut(slot)) else { return false };
         return take(bucket, now, config.rst_per_sec);
     }
     true
+}
+
+/// The prefix bucket at `index`. A subprogram: a shared object's two
+/// lookups (the gate, then its map) beside the prefix's hash would spill
+/// the hash into `rst_allowed`'s frame, which the turn program's stack cannot hold.
+#[inline(never)]
+fn prefix_bucket(index: u32) -> Option<*mut u64> {
+    gate::rst_prefix().and_then(|m| m.get_ptr_mut(index))
 }
 
 #[inline(always)]

@@ -10,7 +10,7 @@ use crate::{
     atomic,
     client::release_charge,
     fault::fault,
-    maps::{SHED_HANDSHAKES, SHED_STAMPS, stamp_hash},
+    maps::{gate, stamp_hash},
     parse::Segment,
     ring,
 };
@@ -44,7 +44,7 @@ impl Claim {
         let mut free = false;
         for probe in 0..STAMP_PROBES {
             let index = stamp_index(slot, flow, probe);
-            let Some(stamp) = SHED_STAMPS.get(index) else { break };
+            let Some(stamp) = gate::stamps().and_then(|m| m.get(index)) else { break };
             let seen = read(stamp);
             if seen.flow == flow {
                 if seen.holds(flow, epoch) && !fault!("duplicate_ack_reserved") {
@@ -58,7 +58,7 @@ impl Claim {
                 free = true;
             }
         }
-        let Some(stamp) = SHED_STAMPS.get_ptr_mut(chosen) else { return Self(chosen) };
+        let Some(stamp) = gate::stamps().and_then(|m| m.get_ptr_mut(chosen)) else { return Self(chosen) };
         let seen = read(stamp);
         let head = stamp.cast::<u64>();
         if !atomic::compare_exchange(head, HandshakeStamp::head(seen.flow, seen.state), HandshakeStamp::head(flow, stamp_state::CLAIMED))
@@ -85,7 +85,7 @@ impl Claim {
     /// Gives back a claimed slot: the flow was refused.
     #[inline(always)]
     pub(crate) fn give_back(self, flow: u32) {
-        if let Some(stamp) = SHED_STAMPS.get_ptr_mut(self.0) {
+        if let Some(stamp) = gate::stamps().and_then(|m| m.get_ptr_mut(self.0)) {
             let claimed = HandshakeStamp::head(flow, stamp_state::CLAIMED);
             atomic::compare_exchange(stamp.cast::<u64>(), claimed, HandshakeStamp::head(flow, stamp_state::COMPLETED));
         }
@@ -96,7 +96,7 @@ impl Claim {
 #[inline(always)]
 pub(crate) fn find_stamp(slot: u32, flow: u32) -> Option<*mut HandshakeStamp> {
     for probe in 0..STAMP_PROBES {
-        let stamp = SHED_STAMPS.get_ptr_mut(stamp_index(slot, flow, probe))?;
+        let stamp = gate::stamps().and_then(|m| m.get_ptr_mut(stamp_index(slot, flow, probe)))?;
         // SAFETY: map value, read as plain data.
         if unsafe { (*stamp).flow } == flow {
             return Some(stamp);
@@ -148,7 +148,7 @@ pub fn complete(slot: u32, shift: u32, flow: u32, client: Option<&ClientKey>, no
     }
     let stamp = HandshakeStamp { epoch, syn_ns, ..HandshakeStamp::default() };
     let took = now_ns.saturating_sub(stamp.syn_ns);
-    let Some(handshakes) = SHED_HANDSHAKES.get_ptr_mut(slot) else { return (Some(took), false) };
+    let Some(handshakes) = gate::handshakes().and_then(|m| m.get_ptr_mut(slot)) else { return (Some(took), false) };
     if fault!("handshake_not_released") {
         return (Some(took), true);
     }

@@ -210,17 +210,27 @@ fn build_ebpf() -> Result<()> {
 
 /// [`build_ebpf`], with one deliberate fault planted (see shed-ebpf/src/fault.rs).
 fn build_ebpf_with(fault: Option<&str>) -> Result<()> {
+    // A target folder of its own: sharing one with the host builds made each
+    // invalidate the other's host dependencies (two full rebuilds per bench run).
+    let ebpf_target = workspace_root().join("target/ebpf");
+    // The gate's object, then the node agent's shared object for its pods
+    // (shed_common::dispatch::SHARED_OBJECT), each copied where it is embedded from.
+    for (features, name) in [(None, "shed"), (Some("shared"), "shed-shared")] {
+        build_ebpf_object(&ebpf_target, fault, features, name)?;
+    }
+    Ok(())
+}
+
+/// One build of shed-ebpf (with `features`), copied to `target/bpfel-unknown-none/release/{name}`.
+fn build_ebpf_object(ebpf_target: &Path, fault: Option<&str>, features: Option<&str>, name: &str) -> Result<()> {
     // No inter-procedural register allocation: with it LLVM may keep a value in
     // R1-R5 across a call to a subprogram it knows leaves them alone, and the
     // verifier (for which every call clobbers R1-R5) refuses the read after.
     let flags = ["-C", "debuginfo=2", "-C", "link-arg=--btf", "-C", "target-cpu=v3"].join("\x1f");
-    // A target folder of its own: sharing one with the host builds made each
-    // invalidate the other's host dependencies (two full rebuilds per bench run).
-    let ebpf_target = workspace_root().join("target/ebpf");
     run(cargo_command()
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_ENCODED_RUSTFLAGS", flags)
-        .env("CARGO_TARGET_DIR", &ebpf_target)
+        .env("CARGO_TARGET_DIR", ebpf_target)
         .env_remove("RUSTFLAGS")
         .env("SHED_KERNEL_FAULT", fault.unwrap_or_default())
         .args([
@@ -232,12 +242,13 @@ fn build_ebpf_with(fault: Option<&str>) -> Result<()> {
             "bpfel-unknown-none",
             "-Z",
             "build-std=core",
-        ]))
+        ])
+        .args(features.map(|f| ["--features", f]).into_iter().flatten()))
     .context("building the kernel object (run `cargo xtask setup` if bpf-linker is missing)")?;
     // Where shed-userspace's build script embeds it from; copied only when it
     // changed, so an unchanged object does not rebuild the userspace crates.
     let built = ebpf_target.join("bpfel-unknown-none/release/shed");
-    let object = workspace_root().join("target/bpfel-unknown-none/release/shed");
+    let object = workspace_root().join("target/bpfel-unknown-none/release").join(name);
     let bytes = std::fs::read(&built).with_context(|| format!("read {}", built.display()))?;
     // Constants that LLVM pools into mergeable sections (`&0i64` in a map
     // insert) land in `.rodata.cst*`, which aya 0.14 relocates to offset 0 of

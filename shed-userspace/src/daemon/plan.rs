@@ -101,6 +101,7 @@ impl NodePlan {
                 kernel_log: self.kernel_log,
                 sock_state: SockStateHook::Auto,
                 dispatcher: false,
+                shared: false,
             },
             Scope::Pod => LoadOptions::pod(self.pod_max_connections, self.pod_max_clients, self.kernel_log),
         }

@@ -489,13 +489,17 @@ pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
         fs::metadata("/proc/thread-self/ns/net").map_err(|e| format!("stat /proc/thread-self/ns/net: {e}"))?.ino();
     // The kernel's, the same for every namespace: read once (a parse of its
     // BTF is a tenth of a second, and a node agent sets up a gate per pod).
-    static OFFSETS: std::sync::OnceLock<Result<(u32, u32), String>> = std::sync::OnceLock::new();
-    let (skc_net, net_inum) = OFFSETS
+    type Offsets = (u32, u32, u32, u32);
+    static OFFSETS: std::sync::OnceLock<Result<Offsets, String>> = std::sync::OnceLock::new();
+    let (skc_net, net_inum, skb_dev, dev_net) = OFFSETS
         .get_or_init(|| {
             let btf = crate::host::btf::Btf::from_sys_fs().ok_or("no readable BTF at /sys/kernel/btf/vmlinux")?;
             let skc_net = btf.offset_of("sock_common", &["skc_net"]).ok_or("BTF has no sock_common.skc_net")?;
             let net_inum = btf.offset_of("net", &["ns", "inum"]).ok_or("BTF has no net.ns.inum")?;
-            Ok((skc_net, net_inum))
+            // Only a shared object needs these (0: it cannot start, see kernel::dispatch).
+            let skb_dev = btf.offset_of("sk_buff", &["dev"]).unwrap_or(0);
+            let dev_net = btf.offset_of("net_device", &["nd_net", "net"]).unwrap_or(0);
+            Ok((skc_net, net_inum, skb_dev, dev_net))
         })
         .clone()?;
     Ok(shed_common::NetnsFilter {
@@ -503,6 +507,8 @@ pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
         inum: u32::try_from(inum).map_err(|_| format!("namespace inode {inum} does not fit 32 bits"))?,
         skc_net_offset: skc_net,
         net_inum_offset: net_inum,
+        skb_dev_offset: skb_dev,
+        dev_net_offset: dev_net,
     })
 }
 

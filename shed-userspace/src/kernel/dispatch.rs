@@ -2,17 +2,25 @@
 //! The node agent's one set of socket-tracepoint programs for all its pods'
 //! gates (see [`shed_common::dispatch`]): [`Dispatcher::start`] attaches the
 //! dispatchers once, [`Dispatcher::add`] hands a pod's namespace to its
-//! gate's accounting programs, and the [`Dispatched`] it returns takes them
-//! back when dropped (the pod went, or its gate ended).
+//! gate, and the [`Dispatched`] it returns takes it back when dropped (the
+//! pod went, or its gate ended).
+//!
+//! A shared dispatcher ([`Dispatcher::start_shared`]) also judges: its TC
+//! program, verified once, gates every pod ([`Dispatcher::attach_tc`]), and
+//! its dispatchers count for every pod themselves. A pod brings only its maps
+//! ([`Loaded::maps_only`]), which `add` puts in the object's arrays of maps at
+//! the pod's gate number. Otherwise each pod's gate loads its own programs,
+//! and the dispatchers tail-call its accounting programs.
 use std::{
     collections::BTreeSet,
+    os::fd::AsFd as _,
     sync::{Arc, Mutex, PoisonError},
 };
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, ProgramArray},
-    programs::RawTracePoint,
+    maps::{Array, ArrayOfMaps, HashMap, MapData, ProgramArray},
+    programs::{RawTracePoint, TcAttachType},
 };
 use shed_common::{NetnsFilter, dispatch, dispatch::DispatchBooks, map, program};
 
@@ -29,7 +37,9 @@ pub struct Dispatcher {
 
 struct Tables {
     /// The object whose programs are attached: their links live as long as it.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    /// A shared object's pods: their maps by gate, and their gates by namespace cookie.
+    shared: Option<Shared>,
     targets: ProgramArray<MapData>,
     netns: HashMap<MapData, u32, u32>,
     /// The pods' connections being followed, each with its gate's number.
@@ -40,15 +50,46 @@ struct Tables {
     free: BTreeSet<u32>,
 }
 
+/// A shared object's tables of its pods.
+struct Shared {
+    /// Each gated map's array of the pods' own (`map::GATED`'s order).
+    arrays: Vec<GatedArray>,
+}
+
+/// One gated map's array of the pods' own.
+struct GatedArray {
+    of: &'static str,
+    array: ArrayOfMaps<MapData, MapData>,
+    /// The array's own descriptor, for the deletes aya's `ArrayOfMaps` has not.
+    fd: std::os::fd::OwnedFd,
+}
+
 impl Dispatcher {
     /// Loads the dispatchers and attaches them to the socket tracepoints of
     /// the host (every namespace's sockets pass them); `connections`: the
     /// pods' connections it can follow at once (the node's `--max-connections`).
     pub fn start(connections: u32) -> Result<Self, Error> {
+        Self::started(connections, false)
+    }
+
+    /// [`Self::start`], as the shared object that judges and counts for
+    /// every pod itself (its TC program verified now, once).
+    pub fn start_shared(connections: u32) -> Result<Self, Error> {
+        Self::started(connections, true)
+    }
+
+    fn started(connections: u32, shared: bool) -> Result<Self, Error> {
         let unable = |what: String| Error::Dispatch { what };
         // Where a socket keeps its namespace: the dispatcher hands over by it.
         let filter = system::netns_filter().map_err(|why| unable(format!("tell namespaces apart: {why}")))?;
-        let mut ebpf = object::load(object::LoadOptions::dispatcher(connections))?;
+        if shared && (filter.skb_dev_offset == 0 || filter.dev_net_offset == 0) {
+            return Err(unable(
+                "judge for every pod: the kernel's BTF lacks sk_buff.dev or net_device.nd_net, by which the shared \
+                 TC program tells a packet's namespace"
+                    .into(),
+            ));
+        }
+        let mut ebpf = object::load(object::LoadOptions::dispatcher(connections, shared))?;
         let mut take =
             |name: &str| ebpf.take_map(name).ok_or_else(|| unable(format!("find map {name} in the kernel object")));
         let mut offsets: Array<MapData, NetnsFilter> =
@@ -62,6 +103,28 @@ impl Dispatcher {
         let books =
             Array::try_from(take(map::DISPATCH_BOOKS)?).map_err(|e| Error::map("open the dispatcher's books", e))?;
         offsets.set(0, filter, 0).map_err(|e| Error::map("write the dispatcher's namespace offsets", e))?;
+        let shared = if shared {
+            let arrays = map::GATED
+                .iter()
+                .map(|&(_, of)| {
+                    let opened = take(of)?;
+                    // Its own descriptor, for the deletes aya's ArrayOfMaps has not.
+                    let fd = match &opened {
+                        aya::maps::Map::ArrayOfMaps(data) => data.fd().as_fd().try_clone_to_owned(),
+                        _ => Err(std::io::Error::from(std::io::ErrorKind::InvalidInput)),
+                    }
+                    .map_err(|e| Error::io("open the array of maps", of, e))?;
+                    let array = ArrayOfMaps::try_from(opened).map_err(|e| Error::map(format!("open map {of}"), e))?;
+                    Ok(GatedArray { of, array, fd })
+                })
+                .collect::<Result<Vec<_>, Error>>()?;
+            // The judge, verified once for every pod (before the dispatchers
+            // attach: a kernel that refuses it leaves nothing attached).
+            Loaded::loaded_tc(&mut ebpf)?;
+            Some(Shared { arrays })
+        } else {
+            None
+        };
         for (name, event, _) in program::DISPATCHERS {
             let prog: &mut RawTracePoint = ebpf
                 .program_mut(name)
@@ -72,15 +135,21 @@ impl Dispatcher {
             prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
         }
         let free = (0..dispatch::GATES).collect();
-        Ok(Self { tables: Mutex::new(Tables { _ebpf: ebpf, targets, netns, socks, books, free }) })
+        Ok(Self { tables: Mutex::new(Tables { ebpf, shared, targets, netns, socks, books, free }) })
     }
 
-    /// Hands the connections of namespace `inum` to `loaded`'s accounting
-    /// programs (loaded, not attached). Nothing is changed on an error.
+    /// Whether this dispatcher's object judges and counts for every pod ([`Self::start_shared`]).
+    pub fn shared(&self) -> bool {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).shared.is_some()
+    }
+
+    /// Hands namespace `inum` to `loaded`: to its accounting
+    /// programs (loaded, not attached), or with a shared object to the
+    /// object's, `loaded`'s maps put at its gate. Nothing is changed on an error.
     pub fn add(self: &Arc<Self>, loaded: &mut Loaded, inum: u32) -> Result<Dispatched, Error> {
         let unable = |what: String| Error::Dispatch { what };
-        let programs = loaded.accounting_programs()?;
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        let programs = if tables.shared.is_some() { Vec::new() } else { loaded.accounting_programs()? };
         if tables.netns.get(&inum, 0).is_ok() {
             return Err(unable(format!("hand over namespace {inum}: another gate has it")));
         }
@@ -88,24 +157,70 @@ impl Dispatcher {
             .free
             .pop_first()
             .ok_or_else(|| unable(format!("take another gate: all {} are in use", dispatch::GATES)))?;
-        let mut written = Vec::new();
-        let mut wrote = || -> Result<(), Error> {
+        let gated = std::mem::take(&mut loaded.gated);
+        let wrote = (|| -> Result<(), Error> {
+            let tables = &mut *tables;
+            if let Some(shared) = &mut tables.shared {
+                if gated.len() != shared.arrays.len() {
+                    return Err(unable(format!(
+                        "hand over namespace {inum}: its gate has {} of the {} maps a shared object finds by gate",
+                        gated.len(),
+                        shared.arrays.len()
+                    )));
+                }
+                for (GatedArray { of, array, .. }, (name, inner)) in shared.arrays.iter_mut().zip(&gated) {
+                    debug_assert_eq!(of, name);
+                    array.set(gate, inner, 0).map_err(|e| Error::map(format!("put the pod's map in {of}"), e))?;
+                }
+            }
             for (event, fd) in (0..).zip(&programs) {
                 let index = dispatch::target(gate, event);
                 tables.targets.set(index, fd, 0).map_err(|e| Error::map("write a dispatcher target", e))?;
-                written.push(index);
             }
-            // Last: the dispatcher hands nothing over before every program is in place.
+            // Last: nothing is judged or handed over before every map or program is in place.
             tables.netns.insert(inum, gate, 0).map_err(|e| Error::map("write a dispatched namespace", e))
-        };
-        if let Err(e) = wrote() {
-            for index in written {
-                let _ = tables.targets.clear_index(&index);
-            }
-            tables.free.insert(gate);
+        })();
+        if let Err(e) = wrote {
+            Self::take_back(&mut tables, gate, inum);
             return Err(e);
         }
         Ok(Dispatched { dispatcher: Arc::clone(self), gate, inum })
+    }
+
+    /// Attaches the shared object's TC program to `iface` of this thread's
+    /// namespace; detached when what it returns is dropped.
+    pub fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
+        system::check_interface(iface)?;
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if tables.shared.is_none() {
+            return Err(Error::Dispatch { what: format!("attach to {iface}: the dispatcher's object does not judge") });
+        }
+        let prog = Loaded::loaded_tc(&mut tables.ebpf)?;
+        let id = prog
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(|e| Error::program(format!("attach the shared TC program to {iface}"), e))?;
+        let link = prog.take_link(id).map_err(|e| Error::program(format!("hold the TC link of {iface}"), e))?;
+        Ok(Box::new(link))
+    }
+
+    /// Takes back everything `gate` was given: its namespace first (no new
+    /// connection is handed over, no packet judged), then its programs or maps.
+    fn take_back(tables: &mut Tables, gate: u32, inum: u32) {
+        if tables.netns.get(&inum, 0).ok() == Some(gate) {
+            let _ = tables.netns.remove(&inum);
+        }
+        if let Some(shared) = &tables.shared {
+            for GatedArray { fd, .. } in &shared.arrays {
+                let _ = crate::kernel::maps::delete_index(fd.as_fd(), gate);
+            }
+        }
+        for event in 0..dispatch::EVENTS {
+            let _ = tables.targets.clear_index(&dispatch::target(gate, event));
+        }
+        // The gate's sockets still listed (closing with their namespace)
+        // name a number without programs or maps until it is reused, and
+        // then find nothing in the new gate's own maps.
+        tables.free.insert(gate);
     }
 
     /// The pods' connections followed now (each until its close): what the
@@ -128,7 +243,7 @@ impl Dispatcher {
     }
 }
 
-/// A namespace handed to a gate's programs, until dropped.
+/// A namespace handed to a gate, until dropped.
 pub struct Dispatched {
     dispatcher: Arc<Dispatcher>,
     gate: u32,
@@ -145,16 +260,6 @@ impl Dispatched {
 impl Drop for Dispatched {
     fn drop(&mut self) {
         let mut tables = self.dispatcher.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        // The namespace first: no new connection is handed over, then no event.
-        if tables.netns.get(&self.inum, 0).ok() == Some(self.gate) {
-            let _ = tables.netns.remove(&self.inum);
-        }
-        for event in 0..dispatch::EVENTS {
-            let _ = tables.targets.clear_index(&dispatch::target(self.gate, event));
-        }
-        // The gate's sockets still listed (closing with their namespace)
-        // name a number without programs until it is reused, and then find
-        // nothing in the new gate's own maps.
-        tables.free.insert(self.gate);
+        Dispatcher::take_back(&mut tables, self.gate, self.inum);
     }
 }

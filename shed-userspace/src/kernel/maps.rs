@@ -915,6 +915,29 @@ fn memlock_of(fd: i32) -> Option<u64> {
     info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
 }
 
+/// Deletes entry `index` of an array of maps (aya 0.14's `ArrayOfMaps` cannot):
+/// the kernel drops its reference to the inner map.
+pub(crate) fn delete_index(map: std::os::fd::BorrowedFd<'_>, index: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    /// `union bpf_attr`'s map element member, without a value.
+    #[repr(C)]
+    struct ElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+    let mut attr =
+        ElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: (&raw const index) as u64, value: 0, flags: 0 };
+    // SAFETY: the kernel reads the attr and a u32 key at `key`.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_DELETE_ELEM, (&raw mut attr).cast::<u8>(), size_of::<ElemAttr>())
+    };
+    if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// All entries of a hash map through BPF_MAP_LOOKUP_BATCH.
 fn lookup_batch<K: aya::Pod, V: aya::Pod>(map_fd: i32) -> std::io::Result<Vec<(K, V)>> {
     /// `union bpf_attr`'s `batch` member.

@@ -9,6 +9,8 @@ use shed_common::capacity::{MAX_PORTS, POD_MAX_PORTS};
 use crate::error::Error;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shed.bpf.o"));
+/// The node agent's shared object for all its pods ([`shed_common::dispatch::SHARED_OBJECT`]).
+static SHARED_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shed-shared.bpf.o"));
 
 /// The embedded object's bytes; empty when the build had no kernel object.
 pub fn bytes() -> &'static [u8] {
@@ -39,12 +41,24 @@ pub struct LoadOptions {
     /// gate's object has it the other way round (a hash map's buckets are
     /// allocated at creation, preallocated or not: 4 MiB at 262,144 entries).
     pub dispatcher: bool,
+    /// The dispatchers' object that also judges and counts for every pod
+    /// itself: the shared object ([`shed_common::dispatch::SHARED_OBJECT`]),
+    /// its `_OF` arrays sized for every gate.
+    pub shared: bool,
 }
 
 impl LoadOptions {
     /// The dispatchers' object: tables for `connections` sockets.
-    pub fn dispatcher(connections: u32) -> Self {
-        Self { connections, clients: 1, slots: 1, kernel_log: false, sock_state: SockStateHook::Auto, dispatcher: true }
+    pub fn dispatcher(connections: u32, shared: bool) -> Self {
+        Self {
+            connections,
+            clients: 1,
+            slots: 1,
+            kernel_log: false,
+            sock_state: SockStateHook::Auto,
+            dispatcher: true,
+            shared,
+        }
     }
 
     /// A pod's gate: [`POD_MAX_PORTS`] slots, and its own tables of
@@ -57,6 +71,7 @@ impl LoadOptions {
             kernel_log,
             sock_state: SockStateHook::Auto,
             dispatcher: false,
+            shared: false,
         }
     }
 
@@ -85,6 +100,10 @@ impl LoadOptions {
             (map::DISPATCH_SOCKS, dispatch.2),
             (map::DISPATCH_BOOKS, dispatch.1),
         ]);
+        // The shared object's arrays of the pods' maps.
+        if self.shared {
+            sizes.extend(map::GATED.iter().map(|&(_, of)| (of, shed_common::dispatch::GATES)));
+        }
         if !self.kernel_log {
             sizes.push((AYA_LOGS, LOG_RING_OFF));
         }
@@ -124,6 +143,7 @@ impl Default for LoadOptions {
             kernel_log: false,
             sock_state: SockStateHook::Auto,
             dispatcher: false,
+            shared: false,
         }
     }
 }
@@ -287,10 +307,11 @@ fn flow_secret() -> u64 {
 
 /// Loads the embedded object into the kernel (maps created, programs not yet loaded).
 pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
-    if OBJECT.is_empty() {
+    let object = if options.shared { SHARED_OBJECT } else { OBJECT };
+    if object.is_empty() {
         return Err(Error::EbpfObjectMissing);
     }
-    loader(options, true).load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
+    loader(options, true).load(object).map_err(|source| Error::Load { source: Box::new(source) })
 }
 
 /// Loads an object file from disk instead (another build's object, such as

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
+    maps::{Map, MapData, MapError},
     programs::{ProgramError, RawTracePoint, SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
 };
 use shed_common::program;
@@ -19,6 +20,9 @@ use crate::{
 
 /// The kernel object with its programs loaded (verified) but not attached.
 pub struct Loaded {
+    /// A pod's attachments of the node's shared TC program (dropped first:
+    /// detached before anything else of the gate goes).
+    pub shared_links: Vec<Box<dyn Send>>,
     /// Where a pod's gate counts through the node's dispatcher (a
     /// `kernel::dispatch::Dispatched`, held only to be dropped: first, so no
     /// event reaches the programs once they are going; kept opaque here so
@@ -28,6 +32,9 @@ pub struct Loaded {
     pub maps: GateMaps,
     /// The program that counts connections ([`object::SockStateHook::program`]).
     sock_state: &'static str,
+    /// The maps a shared object's programs find by gate (`map::GATED`), each
+    /// with its `_OF` array: held until handed to the node's dispatcher.
+    pub(crate) gated: Vec<(&'static str, MapData)>,
 }
 
 impl Loaded {
@@ -65,13 +72,24 @@ impl Loaded {
         Self::with(object::load_file(object)?, pin_dir, object::SockStateHook::Auto)
     }
 
+    /// A pod's gate under the node's shared object (see
+    /// [`shed_common::dispatch::SHARED_OBJECT`]): its maps only, sized as
+    /// `options` says, no program loaded (the shared object's judge and count
+    /// for it once [`crate::kernel::dispatch::Dispatcher::add`] has its maps).
+    pub fn maps_only(pin_dir: Option<&Path>, options: object::LoadOptions) -> Result<Self, Error> {
+        let mut ebpf = object::load(options)?;
+        let gated = gated_maps(&ebpf)?;
+        let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
+        Ok(Self { shared_links: Vec::new(), dispatched: None, ebpf, maps, sock_state: program::SOCK_STATE_RAW, gated })
+    }
+
     fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>, hook: object::SockStateHook) -> Result<Self, Error> {
         let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
         // The gate's XDP and TC programs load when first used (see
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
         let sock_state = Self::load_accounting(&mut ebpf, hook)?;
-        Ok(Self { dispatched: None, ebpf, maps, sock_state })
+        Ok(Self { shared_links: Vec::new(), dispatched: None, ebpf, maps, sock_state, gated: Vec::new() })
     }
 
     /// Loads the accounting programs not loaded yet; returns the one that counts connections.
@@ -143,7 +161,8 @@ impl Loaded {
         Self::loaded_tc(&mut self.ebpf)
     }
 
-    fn loaded_tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
+    /// `ebpf`'s TC program (and its turn program, installed), loaded into the kernel on first use.
+    pub(crate) fn loaded_tc(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
         if ebpf.program(program::TC_TURN).is_some() {
             let turn: &mut SchedClassifier = Self::program(ebpf, program::TC_TURN)?;
             if turn.fd().is_err() {
@@ -247,6 +266,29 @@ impl Loaded {
         }
         Ok(())
     }
+}
+
+/// Each of `ebpf`'s maps that a shared object finds by gate, with the name
+/// of its `_OF` array, on a descriptor of its own (the object keeps its).
+fn gated_maps(ebpf: &Ebpf) -> Result<Vec<(&'static str, MapData)>, Error> {
+    use std::os::fd::AsFd as _;
+    shed_common::map::GATED
+        .iter()
+        .map(|&(name, of)| {
+            let missing = || Error::map(format!("find map {name}"), MapError::InvalidName { name: name.into() });
+            let data = match ebpf.map(name).ok_or_else(missing)? {
+                Map::Array(data)
+                | Map::PerCpuArray(data)
+                | Map::HashMap(data)
+                | Map::LruHashMap(data)
+                | Map::LpmTrie(data) => data,
+                _ => return Err(missing()),
+            };
+            let fd = data.fd().as_fd().try_clone_to_owned().map_err(|e| Error::io("duplicate the fd of", name, e))?;
+            let dup = MapData::from_fd(fd).map_err(|e| Error::map(format!("open map {name} again"), e))?;
+            Ok((of, dup))
+        })
+        .collect()
 }
 
 /// A gate's kernel object, its programs verified and its maps not yet
