@@ -339,7 +339,12 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
 fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
     use std::{io::Read as _, io::Write as _, os::unix::fs::MetadataExt as _, sync::Arc};
 
-    use shed::kernel::{dispatch::Dispatcher, maps::PortSpec, object::LoadOptions, programs::Loaded};
+    use shed::kernel::{
+        dispatch::Dispatcher,
+        maps::PortSpec,
+        object::LoadOptions,
+        programs::{Loaded, SharedJudge as _},
+    };
     use shed_common::{ControlConfig, action, count_mode, counter, local_addr};
 
     let _one = exclusive();

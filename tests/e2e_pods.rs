@@ -136,6 +136,15 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     const METRICS: &str = "127.0.0.1:19479";
     let gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--metrics", METRICS]);
     wait_gated(&gate, &web.netns);
+    // One set of programs for every pod (the node's shared object): the TC
+    // judge and its turn program, and the four dispatchers, however many pods.
+    let programs = || {
+        let mut names = shed_testkit::gate::loaded_shed_programs();
+        names.sort();
+        names
+    };
+    let shared_set = programs();
+    assert_eq!(shared_set.len(), 6, "the shared object's six programs with one pod gated: {shared_set:?}");
     let web_stats = stats_of(&web.netns).expect("the annotated pod is gated");
     assert_eq!(web_stats[0]["port"], 8080, "{web_stats}");
     assert_eq!(web_stats[0]["limit"], 1, "its annotations' limit: {web_stats}");
@@ -175,6 +184,7 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let ready = std::time::Instant::now();
     wait_gated(&gate, &later.netns);
     println!("a new pod was gated {:?} after its sandbox was ready", ready.elapsed());
+    assert_eq!(programs(), shared_set, "a second pod gated loads no program of its own");
     let _later_held = echo(addr(&later)).expect("the new pod's first connection");
     let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
     assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "the new pod's limit holds");

@@ -43,6 +43,12 @@ pub(super) struct Handles {
 }
 
 impl GateStart {
+    /// The hook its interfaces are gated at: the node's shared object's,
+    /// TC, for a pod under it; otherwise `hook` (None: each interface's default).
+    pub(super) fn hook(&self, hook: Option<Hook>) -> Option<Hook> {
+        if self.handles.dispatcher.as_ref().is_some_and(|d| d.shared()) { Some(Hook::Tc) } else { hook }
+    }
+
     /// The interfaces to gate: the node's `--iface` for a named namespace
     /// (empty: all, followed), every interface of a pod's.
     fn ifaces(&self) -> &[String] {
@@ -155,12 +161,19 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
     // Taken before the interfaces are chosen: one that appears meanwhile is
     // not in it, and the loop gates it on its first look.
     let seen = system::interfaces_indexed();
-    let targets = targets(start.ifaces(), node.hook)?;
+    // A pod under the node's shared object: its programs (TC) judge and count
+    // for it, and it brings only its maps.
+    let shared = start.handles.dispatcher.as_ref().is_some_and(|d| d.shared());
+    let targets = targets(start.ifaces(), start.hook(node.hook))?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
     let options = node.load_options(start.scope);
-    let mut loaded = match start.handles.spare.take().filter(|s| s.fits(options, node.spare_hook())) {
-        Some(spare) => Loaded::from_prepared(spare, Some(&gate.pin_dir)),
-        None => Loaded::sized(Some(&gate.pin_dir), options),
+    let mut loaded = if shared {
+        Loaded::maps_only(Some(&gate.pin_dir), options)
+    } else {
+        match start.handles.spare.take().filter(|s| s.fits(options, node.spare_hook())) {
+            Some(spare) => Loaded::from_prepared(spare, Some(&gate.pin_dir)),
+            None => Loaded::sized(Some(&gate.pin_dir), options),
+        }
     }
     .context("loading the kernel programs")?;
     for (&cidr, &tier) in &plan.tiers {
@@ -191,6 +204,9 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
             let dispatched = dispatcher.add(&mut loaded, filter.inum)?;
             gate.dispatch.set(dispatcher.clone(), dispatched.gate());
             loaded.dispatched = Some(Box::new(dispatched));
+        }
+        (_, Err(why)) if shared => {
+            anyhow::bail!("the node's shared programs cannot tell this pod's namespace ({why}): not gated")
         }
         _ => loaded.attach_accounting()?,
     }
@@ -257,8 +273,11 @@ pub(super) fn run(
         }
         crate::observe::agent::serve(listener, gate.pin_dir.clone(), gate.label.clone(), gate.ended.clone());
     }
-    let follow_interfaces =
-        start.ifaces().is_empty().then_some(FollowInterfaces { hook: node.hook, xdp_mode: node.xdp_mode, seen });
+    let follow_interfaces = start.ifaces().is_empty().then_some(FollowInterfaces {
+        hook: start.hook(node.hook),
+        xdp_mode: node.xdp_mode,
+        seen,
+    });
     let settings = LoopSettings {
         tick: TICK.min(plan.window),
         handshake_window: plan.handshake_window,

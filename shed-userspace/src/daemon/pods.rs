@@ -74,18 +74,28 @@ struct Spare {
     options: LoadOptions,
     hook: Hook,
     making: Option<std::thread::JoinHandle<Result<Prepared, crate::error::Error>>>,
+    /// False under the node's shared object.
+    wanted: bool,
 }
 
 impl Spare {
     fn start(options: LoadOptions, hook: Hook) -> Self {
-        let mut spare = Self { options, hook, making: None };
+        let mut spare = Self { options, hook, making: None, wanted: true };
         spare.refill();
         spare
+    }
+
+    /// No spare, ever: the node's shared object judges for every pod.
+    fn none(options: LoadOptions, hook: Hook) -> Self {
+        Self { options, hook, making: None, wanted: false }
     }
 
     /// The spare if it is ready; a new one is made after (a failed one is
     /// said at debug and not retried until the next pod).
     fn take(&mut self) -> Option<Prepared> {
+        if !self.wanted {
+            return None;
+        }
         let Some(making) = &self.making else {
             // Its thread could not start: another try.
             self.refill();
@@ -117,6 +127,38 @@ impl Spare {
             })
             .map_err(|e| tracing::debug!("{e}: no spare gate object"))
             .ok();
+    }
+}
+
+/// The node's dispatcher: the shared object, which judges and counts for
+/// every pod itself (unless `--hook xdp`: it judges at TC), else one that
+/// counts through each pod's own programs; None if neither starts.
+fn start_dispatcher(node: &NodePlan) -> Option<Dispatcher> {
+    if node.hook != Some(Hook::Xdp) {
+        match Dispatcher::start_shared(node.max_connections) {
+            Ok(dispatcher) => {
+                tracing::info!("--pods: one set of programs, verified once, judges and counts for every pod");
+                return Some(dispatcher);
+            }
+            Err(e) => tracing::warn!(
+                "{}: each pod's gate loads its own judging programs (the verifier's second or so per pod)",
+                crate::error::chain(&e)
+            ),
+        }
+    }
+    match Dispatcher::start(node.max_connections) {
+        Ok(dispatcher) => {
+            tracing::info!("--pods: every pod's connections are counted through one set of tracepoint programs");
+            Some(dispatcher)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "{}: each pod's gate attaches its own accounting programs, which every socket event of the \
+                 node then runs once per gated pod",
+                crate::error::chain(&e)
+            );
+            None
+        }
     }
 }
 
@@ -189,22 +231,15 @@ impl Pods {
     ) -> Self {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
         let _ = std::fs::remove_dir_all(paths::POD_NAMES);
-        let dispatcher = match Dispatcher::start(node.max_connections) {
-            Ok(dispatcher) => {
-                tracing::info!("--pods: every pod's connections are counted through one set of tracepoint programs");
-                Some(Arc::new(dispatcher))
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "{}: each pod's gate attaches its own accounting programs, which every socket event of the \
-                     node then runs once per gated pod",
-                    crate::error::chain(&e)
-                );
-                None
-            }
+        let dispatcher = start_dispatcher(&node).map(Arc::new);
+        // A pod under the shared object verifies nothing: no spare to keep.
+        let spare = if dispatcher.as_ref().is_some_and(|d| d.shared()) {
+            Spare::none(node.load_options(Scope::Pod), node.spare_hook())
+        } else {
+            Spare::start(node.load_options(Scope::Pod), node.spare_hook())
         };
         Self {
-            spare: Spare::start(node.load_options(Scope::Pod), node.spare_hook()),
+            spare,
             dispatcher,
             socket,
             node,

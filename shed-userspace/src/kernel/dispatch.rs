@@ -27,7 +27,10 @@ use shed_common::{NetnsFilter, dispatch, dispatch::DispatchBooks, map, program};
 use crate::{
     error::Error,
     host::system,
-    kernel::{object, programs::Loaded},
+    kernel::{
+        object,
+        programs::{Loaded, SharedJudge},
+    },
 };
 
 /// The dispatchers, attached; their tables, written as gates come and go.
@@ -54,6 +57,12 @@ struct Tables {
 struct Shared {
     /// Each gated map's array of the pods' own (`map::GATED`'s order).
     arrays: Vec<GatedArray>,
+}
+
+impl SharedJudge for Dispatcher {
+    fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
+        self.attach_shared_tc(iface)
+    }
 }
 
 /// One gated map's array of the pods' own.
@@ -184,12 +193,15 @@ impl Dispatcher {
             Self::take_back(&mut tables, gate, inum);
             return Err(e);
         }
+        if tables.shared.is_some() {
+            loaded.shared = Some(Arc::clone(self) as Arc<dyn SharedJudge>);
+        }
         Ok(Dispatched { dispatcher: Arc::clone(self), gate, inum })
     }
 
     /// Attaches the shared object's TC program to `iface` of this thread's
     /// namespace; detached when what it returns is dropped.
-    pub fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
+    fn attach_shared_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
         system::check_interface(iface)?;
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
         if tables.shared.is_none() {

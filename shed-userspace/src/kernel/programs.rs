@@ -23,6 +23,9 @@ pub struct Loaded {
     /// A pod's attachments of the node's shared TC program (dropped first:
     /// detached before anything else of the gate goes).
     pub shared_links: Vec<Box<dyn Send>>,
+    /// The node's shared object that judges for this pod's gate, once handed
+    /// its maps: [`Self::attach_gate`] attaches its TC program.
+    pub shared: Option<std::sync::Arc<dyn SharedJudge>>,
     /// Where a pod's gate counts through the node's dispatcher (a
     /// `kernel::dispatch::Dispatched`, held only to be dropped: first, so no
     /// event reaches the programs once they are going; kept opaque here so
@@ -77,10 +80,23 @@ impl Loaded {
     /// `options` says, no program loaded (the shared object's judge and count
     /// for it once [`crate::kernel::dispatch::Dispatcher::add`] has its maps).
     pub fn maps_only(pin_dir: Option<&Path>, options: object::LoadOptions) -> Result<Self, Error> {
-        let mut ebpf = object::load(options)?;
+        // One load per CPU at once, as programs in the verifier: a node's pods
+        // starting together would otherwise each hold a parsed object at once.
+        let mut ebpf = {
+            let _turn = VerifierTurn::take();
+            object::load_maps(options)?
+        };
         let gated = gated_maps(&ebpf)?;
         let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
-        Ok(Self { shared_links: Vec::new(), dispatched: None, ebpf, maps, sock_state: program::SOCK_STATE_RAW, gated })
+        Ok(Self {
+            shared_links: Vec::new(),
+            shared: None,
+            dispatched: None,
+            ebpf,
+            maps,
+            sock_state: program::SOCK_STATE_RAW,
+            gated,
+        })
     }
 
     fn with(mut ebpf: Ebpf, pin_dir: Option<&Path>, hook: object::SockStateHook) -> Result<Self, Error> {
@@ -89,7 +105,7 @@ impl Loaded {
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
         let sock_state = Self::load_accounting(&mut ebpf, hook)?;
-        Ok(Self { shared_links: Vec::new(), dispatched: None, ebpf, maps, sock_state, gated: Vec::new() })
+        Ok(Self { shared_links: Vec::new(), shared: None, dispatched: None, ebpf, maps, sock_state, gated: Vec::new() })
     }
 
     /// Loads the accounting programs not loaded yet; returns the one that counts connections.
@@ -239,6 +255,11 @@ impl Loaded {
     /// ungated (fail-open).
     pub(crate) fn attach_gate(&mut self, iface: &str, hook: Hook, xdp_mode: XdpAttachMode) -> Result<(), Error> {
         system::check_interface(iface)?;
+        if let Some(shared) = &self.shared {
+            // Its programs are the shared object's: TC, which tells the pods' namespaces apart.
+            self.shared_links.push(shared.attach_tc(iface)?);
+            return Ok(());
+        }
         let mode = match xdp_mode {
             XdpAttachMode::Auto => XdpMode::Default,
             XdpAttachMode::Native => XdpMode::Driver,
@@ -289,6 +310,14 @@ fn gated_maps(ebpf: &Ebpf) -> Result<Vec<(&'static str, MapData)>, Error> {
             Ok((of, dup))
         })
         .collect()
+}
+
+/// The node's shared object, as a pod's gate sees it (kept a trait here so
+/// that this module, which the dispatcher loads through, does not import it).
+pub trait SharedJudge: Send + Sync {
+    /// Attaches the shared TC program to `iface` of this thread's namespace,
+    /// until what it returns is dropped.
+    fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error>;
 }
 
 /// A gate's kernel object, its programs verified and its maps not yet
