@@ -351,12 +351,13 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
     let (a, b) = (Testbed::create("shsa").expect("testbed"), Testbed::create("shsb").expect("testbed"));
     let dispatcher = Arc::new(Dispatcher::start_shared(64).expect("start the shared object"));
     assert!(dispatcher.shared());
-    let gate_in = |bed: &Testbed| {
+    let gate_in = |bed: &Testbed, connections: u32, limit: u32| {
         let (dispatcher, iface) = (dispatcher.clone(), bed.server_if.clone());
         let server = bed.server_v4.octets();
         testbed::run_in(&bed.server_ns, move || {
-            let mut loaded = Loaded::maps_only(None, LoadOptions::pod(1024, 256, false)).expect("the pod's maps");
-            let spec = PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+            let options = LoadOptions::pod(connections, 256, false);
+            let mut loaded = Loaded::maps_only(None, options).expect("the pod's maps");
+            let spec = PortSpec::new(limit, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
             loaded.maps.protect(PORT, &spec).expect("protect the port");
             let mut mapped = [0u8; 16];
             mapped[10..12].copy_from_slice(&[0xff, 0xff]);
@@ -370,7 +371,7 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
         })
         .expect("namespace")
     };
-    let (mut gate_a, gate_b) = (gate_in(&a), gate_in(&b));
+    let (mut gate_a, gate_b) = (gate_in(&a, 1024, 1), gate_in(&b, 1024, 1));
     assert_eq!(dispatcher.gates(), 2);
     let addr: SocketAddr = a.server_addr(false, PORT);
     assert_eq!(addr, b.server_addr(false, PORT), "the same address in both");
@@ -389,14 +390,21 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
         let config = loaded.maps.config(PORT).unwrap();
         let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
         let service: u64 = loaded.maps.latency(config.slot).unwrap().service.iter().sum();
-        (snapshot.established(), snapshot.state.busy_enter, service, snapshot.counters.values[counter::RST_SENT])
+        let values = snapshot.counters.values;
+        (
+            snapshot.established(),
+            snapshot.state.busy_enter,
+            service,
+            values[counter::RST_SENT],
+            values[counter::CONNECTION_MAP_FULL],
+        )
     };
     let settled = |loaded: &Loaded, want: (u64, u64, u64), what: &str| {
         poll(
             Duration::from_secs(3),
             what,
             || counts(loaded),
-            |&(open, enter, service, _)| (open, enter, service) == want,
+            |&(open, enter, service, ..)| (open, enter, service) == want,
         )
     };
 
@@ -419,6 +427,30 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
     assert!(connect(&b).is_err(), "B is still judged");
     drop((held_a, held_b, more_a));
     poll(Duration::from_secs(3), "B's close counted", || counts(&gate_b), |&(open, ..)| open == 0);
+
+    // Each pod's tables are its own: A gated again with a connection table of
+    // 4 and a limit of 100 fills its table with 8 connections (4 counted, 4
+    // past it as CONNECTION_MAP_FULL), while B's limit of 1 holds exactly.
+    drop(gate_a);
+    let gate_a = gate_in(&a, 4, 100);
+    let flood: Vec<_> = (0..8).map(|_| connect(&a).expect("under A's limit of 100")).collect();
+    let full = || counts(&gate_a).4;
+    poll(
+        Duration::from_secs(3),
+        "A's table full",
+        || (counts(&gate_a).0, full()),
+        |&(open, full)| (open, full) == (4, 4),
+    );
+    let served_b = counts(&gate_b).2;
+    let held_b = connect(&b).expect("B's first, its own table empty");
+    poll(
+        Duration::from_secs(3),
+        "B's connection and request counted beside A's full table",
+        || counts(&gate_b),
+        |&(open, _, service, ..)| (open, service) == (1, served_b + 1),
+    );
+    assert!(connect(&b).is_err(), "B's limit of 1 holds");
+    drop((flood, held_b));
 }
 
 /// A memory cgroup for the daemon, as a container's limit is (cgroup v2 if

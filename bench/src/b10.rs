@@ -6,11 +6,12 @@
 //! created then took from its sandbox being ready to its gate being set up,
 //! the daemon's CPU time and resident memory, the kernel memory of its maps
 //! and programs, and the programs loaded per pod (read from the daemon's own
-//! file descriptors, /proc/PID/fdinfo; they include the spare gate object
-//! the agent keeps verified for the next pod). And what the pods' gates cost
-//! every other socket on the node: the socket tracepoints run the agent's
-//! dispatchers, which hand a pod's socket events to that pod's gate (before
-//! them, each event of any socket ran one program per pod). Loopback round
+//! file descriptors, /proc/PID/fdinfo: one shared set judges and counts for
+//! every pod, which brings only its maps), and how long a restart of the
+//! agent leaves the pods ungated. And what the pods' gates cost every other
+//! socket on the node: the socket tracepoints run the agent's dispatchers,
+//! which count a pod's socket events under that pod's maps (before them,
+//! each event of any socket ran one program per pod). Loopback round
 //! trips and connections in the node's namespace, on a port no gate
 //! protects, before the agent starts and with every pod gated, and the runs
 //! of the agent's programs from the kernel's BPF statistics.
@@ -44,7 +45,8 @@ struct Held {
     runs: (u64, u64),
 }
 
-/// Ample for the agent to verify its next spare gate object after a pod took one.
+/// Ample for the agent to settle after a pod's set-up (to verify its next
+/// spare gate object, where pods load their own programs).
 const SPARE_SETTLES: Duration = Duration::from_secs(8);
 
 fn held_by(pid: i32) -> Result<Held> {
@@ -284,9 +286,8 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    // An idle stretch: what the agent costs while nothing changes, once it
-    // has verified the spare gate object the late pod's set-up took (a
-    // second or two of one core, once per pod that comes).
+    // An idle stretch: what the agent costs while nothing changes, once the
+    // late pod's set-up has settled.
     std::thread::sleep(SPARE_SETTLES);
     let before = held_by(gate.pid())?;
     let idle = Duration::from_secs(if pods > 2 { 10 } else { 2 });
@@ -306,12 +307,33 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     let (cgroup_now, cgroup_peak) = (charged.now(), charged.peak());
     let pid = gate.pid();
     let gated = socket_costs(scale, &|| held_by(pid).map(|h| h.runs))?;
+    // A restart (a rolling update's, the container's start aside): from the
+    // agent's exit, every pod ungated, until the new agent has gated each.
     drop(gate);
     drop(charged);
+    let stopped = SystemTime::now();
+    let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
+    let deadline = Instant::now() + Duration::from_secs(60 + 3 * pods as u64);
+    let every = made.iter().chain([&one_more]);
+    let mut restart_gap = Duration::ZERO;
+    for pod in every {
+        let at = loop {
+            if let Some(at) = gated_at(&gate.log(), &pod.netns) {
+                break at;
+            }
+            if Instant::now() > deadline {
+                bail!("not every pod gated again after a restart:\n{}", gate.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        restart_gap = restart_gap.max(at.duration_since(stopped).unwrap_or_default());
+    }
+    drop(gate);
     let gates = (pods + 1) as f64;
     Ok(serde_json::json!({
         "pods": pods,
         "all_gated_s": all_gated.as_secs_f64(),
+        "restart_ungated_s": restart_gap.as_secs_f64(),
         "late_pod_gated_s": late.as_secs_f64(),
         "cpu_s_to_gate_all": settled.cpu_s,
         "idle_cpu_percent": 100.0 * (after.cpu_s - before.cpu_s) / idle.as_secs_f64(),
@@ -348,14 +370,15 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     let mut md = String::from(
         "## B10: the node agent against pods gated\n\n`attach --pods` over a private containerd's annotated pod \
          sandboxes: the time to gate them all from the agent's start, one more pod's time from its sandbox ready \
-         to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (each pod's \
-         gate loads its own; with the spare gate object kept verified for the next pod). Then what the pods' gates \
-         cost the node's other sockets (the socket tracepoints run the agent's dispatchers): a loopback round trip and a connection on an unprotected port, before the \
+         to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (one shared set of \
+         programs judges and counts for every pod; a pod brings its maps), and how long a restart of the agent \
+         leaves the pods ungated (from the old agent's exit to the last pod gated by the new one). Then what the \
+         pods' gates cost the node's other sockets (the socket tracepoints run the agent's dispatchers): a loopback round trip and a connection on an unprotected port, before the \
          agent and with every pod gated (medians of 5), and, from the kernel's BPF statistics, the runs of the \
          agent's programs and their time per round trip and per connection (a dispatcher's time includes the \
-         gate program it tail-calls).\n\n\
-         | pods | all gated (s) | one more gated (s) | CPU to gate all (s) | idle CPU (%) | idle CPU, every gate past its first minute (%) | RSS (MiB) | cgroup memory, idle / peak (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         accounting it runs).\n\n\
+         | pods | all gated (s) | one more gated (s) | ungated by a restart (s) | CPU to gate all (s) | idle CPU (%) | idle CPU, every gate past its first minute (%) | RSS (MiB) | cgroup memory, idle / peak (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut costs = String::from(
         "\n| pods | round trip before (µs) | gated | connection before (µs) | gated | shed program runs per round trip | their ns | runs per connection | their ns | runs per s, idle |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -364,10 +387,11 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     for r in &rows {
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {:.0} |",
+            "| {} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {:.0} |",
             r["pods"],
             r["all_gated_s"].as_f64().unwrap_or(0.0),
             r["late_pod_gated_s"].as_f64().unwrap_or(0.0),
+            r["restart_ungated_s"].as_f64().unwrap_or(0.0),
             r["cpu_s_to_gate_all"].as_f64().unwrap_or(0.0),
             r["idle_cpu_percent"].as_f64().unwrap_or(0.0),
             r["idle_cpu_percent_settled"].as_f64().map_or("-".to_owned(), |v| format!("{v:.2}")),

@@ -19,7 +19,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, ArrayOfMaps, HashMap, MapData, ProgramArray},
+    maps::{Array, HashMap, MapData, ProgramArray},
     programs::{RawTracePoint, TcAttachType},
 };
 use shed_common::{NetnsFilter, dispatch, dispatch::DispatchBooks, map, program};
@@ -28,7 +28,7 @@ use crate::{
     error::Error,
     host::system,
     kernel::{
-        object,
+        maps as kernel_maps, object,
         programs::{Loaded, SharedJudge},
     },
 };
@@ -53,10 +53,10 @@ struct Tables {
     free: BTreeSet<u32>,
 }
 
-/// A shared object's tables of its pods.
+/// A shared object's tables of its pods: each gated map's array of the
+/// pods' own (`map::GATED`'s order), by name.
 struct Shared {
-    /// Each gated map's array of the pods' own (`map::GATED`'s order).
-    arrays: Vec<GatedArray>,
+    arrays: Arc<Vec<(&'static str, MapData)>>,
 }
 
 impl SharedJudge for Dispatcher {
@@ -65,12 +65,30 @@ impl SharedJudge for Dispatcher {
     }
 }
 
-/// One gated map's array of the pods' own.
-struct GatedArray {
-    of: &'static str,
-    array: ArrayOfMaps<MapData, MapData>,
-    /// The array's own descriptor, for the deletes aya's `ArrayOfMaps` has not.
-    fd: std::os::fd::OwnedFd,
+/// Sets (`Some`, in `arrays`' order) or deletes entry `gate` of every
+/// array, side by side: the kernel waits out an RCU grace period in each,
+/// and waits that overlap end together (one after another, 21 of them held
+/// up a pod's set-up, and with it every other pod's, by a third of a second).
+fn set_all(
+    arrays: &[(&'static str, MapData)],
+    gate: u32,
+    inner: Option<&[(&'static str, MapData)]>,
+) -> Result<(), Error> {
+    std::thread::scope(|scope| {
+        let running: Vec<_> = arrays
+            .iter()
+            .enumerate()
+            .map(|(i, (of, fd))| {
+                let inner = inner.map(|maps| maps[i].1.fd().as_fd());
+                scope.spawn(move || {
+                    kernel_maps::set_index(fd.fd().as_fd(), gate, inner)
+                        .map_err(|e| Error::io("put a pod's map in the shared object's", of, e))
+                })
+            })
+            .collect();
+        running.into_iter().map(|t| t.join().unwrap_or_else(|_| Ok(()))).collect::<Result<Vec<()>, Error>>()
+    })
+    .map(drop)
 }
 
 impl Dispatcher {
@@ -115,22 +133,16 @@ impl Dispatcher {
         let shared = if shared {
             let arrays = map::GATED
                 .iter()
-                .map(|&(_, of)| {
-                    let opened = take(of)?;
-                    // Its own descriptor, for the deletes aya's ArrayOfMaps has not.
-                    let fd = match &opened {
-                        aya::maps::Map::ArrayOfMaps(data) => data.fd().as_fd().try_clone_to_owned(),
-                        _ => Err(std::io::Error::from(std::io::ErrorKind::InvalidInput)),
-                    }
-                    .map_err(|e| Error::io("open the array of maps", of, e))?;
-                    let array = ArrayOfMaps::try_from(opened).map_err(|e| Error::map(format!("open map {of}"), e))?;
-                    Ok(GatedArray { of, array, fd })
+                // Held as long as the object: its programs, loaded later, name it by this descriptor.
+                .map(|&(_, of)| match take(of)? {
+                    aya::maps::Map::ArrayOfMaps(data) => Ok((of, data)),
+                    _ => Err(unable(format!("open map {of}: not an array of maps"))),
                 })
                 .collect::<Result<Vec<_>, Error>>()?;
             // The judge, verified once for every pod (before the dispatchers
             // attach: a kernel that refuses it leaves nothing attached).
             Loaded::loaded_tc(&mut ebpf)?;
-            Some(Shared { arrays })
+            Some(Shared { arrays: Arc::new(arrays) })
         } else {
             None
         };
@@ -157,43 +169,46 @@ impl Dispatcher {
     /// object's, `loaded`'s maps put at its gate. Nothing is changed on an error.
     pub fn add(self: &Arc<Self>, loaded: &mut Loaded, inum: u32) -> Result<Dispatched, Error> {
         let unable = |what: String| Error::Dispatch { what };
-        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        let programs = if tables.shared.is_some() { Vec::new() } else { loaded.accounting_programs()? };
-        if tables.netns.get(&inum, 0).is_ok() {
-            return Err(unable(format!("hand over namespace {inum}: another gate has it")));
-        }
-        let gate = tables
-            .free
-            .pop_first()
-            .ok_or_else(|| unable(format!("take another gate: all {} are in use", dispatch::GATES)))?;
+        let (gate, arrays, programs) = {
+            let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+            let arrays = tables.shared.as_ref().map(|s| Arc::clone(&s.arrays));
+            let programs = if arrays.is_some() { Vec::new() } else { loaded.accounting_programs()? };
+            if tables.netns.get(&inum, 0).is_ok() {
+                return Err(unable(format!("hand over namespace {inum}: another gate has it")));
+            }
+            let gate = tables
+                .free
+                .pop_first()
+                .ok_or_else(|| unable(format!("take another gate: all {} are in use", dispatch::GATES)))?;
+            (gate, arrays, programs)
+        };
+        // The pod's maps, outside the lock: other pods' set-ups go on meanwhile.
         let gated = std::mem::take(&mut loaded.gated);
-        let wrote = (|| -> Result<(), Error> {
-            let tables = &mut *tables;
-            if let Some(shared) = &mut tables.shared {
-                if gated.len() != shared.arrays.len() {
-                    return Err(unable(format!(
-                        "hand over namespace {inum}: its gate has {} of the {} maps a shared object finds by gate",
-                        gated.len(),
-                        shared.arrays.len()
-                    )));
+        let mut wrote = match &arrays {
+            Some(arrays) if gated.len() != arrays.len() => Err(unable(format!(
+                "hand over namespace {inum}: its gate has {} of the {} maps a shared object finds by gate",
+                gated.len(),
+                arrays.len()
+            ))),
+            Some(arrays) => set_all(arrays, gate, Some(&gated)),
+            None => Ok(()),
+        };
+        if wrote.is_ok() {
+            let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+            wrote = (|| {
+                for (event, fd) in (0..).zip(&programs) {
+                    let index = dispatch::target(gate, event);
+                    tables.targets.set(index, fd, 0).map_err(|e| Error::map("write a dispatcher target", e))?;
                 }
-                for (GatedArray { of, array, .. }, (name, inner)) in shared.arrays.iter_mut().zip(&gated) {
-                    debug_assert_eq!(of, name);
-                    array.set(gate, inner, 0).map_err(|e| Error::map(format!("put the pod's map in {of}"), e))?;
-                }
-            }
-            for (event, fd) in (0..).zip(&programs) {
-                let index = dispatch::target(gate, event);
-                tables.targets.set(index, fd, 0).map_err(|e| Error::map("write a dispatcher target", e))?;
-            }
-            // Last: nothing is judged or handed over before every map or program is in place.
-            tables.netns.insert(inum, gate, 0).map_err(|e| Error::map("write a dispatched namespace", e))
-        })();
+                // Last: nothing is judged or handed over before every map or program is in place.
+                tables.netns.insert(inum, gate, 0).map_err(|e| Error::map("write a dispatched namespace", e))
+            })();
+        }
         if let Err(e) = wrote {
-            Self::take_back(&mut tables, gate, inum);
+            self.take_back(gate, inum);
             return Err(e);
         }
-        if tables.shared.is_some() {
+        if arrays.is_some() {
             loaded.shared = Some(Arc::clone(self) as Arc<dyn SharedJudge>);
         }
         Ok(Dispatched { dispatcher: Arc::clone(self), gate, inum })
@@ -216,23 +231,28 @@ impl Dispatcher {
     }
 
     /// Takes back everything `gate` was given: its namespace first (no new
-    /// connection is handed over, no packet judged), then its programs or maps.
-    fn take_back(tables: &mut Tables, gate: u32, inum: u32) {
-        if tables.netns.get(&inum, 0).ok() == Some(gate) {
-            let _ = tables.netns.remove(&inum);
-        }
-        if let Some(shared) = &tables.shared {
-            for GatedArray { fd, .. } in &shared.arrays {
-                let _ = crate::kernel::maps::delete_index(fd.as_fd(), gate);
+    /// connection is handed over, no packet judged), then its programs or
+    /// maps (outside the lock), then the number.
+    fn take_back(&self, gate: u32, inum: u32) {
+        let arrays = {
+            let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+            if tables.netns.get(&inum, 0).ok() == Some(gate) {
+                let _ = tables.netns.remove(&inum);
             }
-        }
-        for event in 0..dispatch::EVENTS {
-            let _ = tables.targets.clear_index(&dispatch::target(gate, event));
+            for event in 0..dispatch::EVENTS {
+                let _ = tables.targets.clear_index(&dispatch::target(gate, event));
+            }
+            tables.shared.as_ref().map(|s| Arc::clone(&s.arrays))
+        };
+        if let Some(arrays) = arrays
+            && let Err(e) = set_all(&arrays, gate, None)
+        {
+            tracing::warn!("{}: a pod's maps stay referenced until its gate number is reused", crate::error::chain(&e));
         }
         // The gate's sockets still listed (closing with their namespace)
         // name a number without programs or maps until it is reused, and
         // then find nothing in the new gate's own maps.
-        tables.free.insert(gate);
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).free.insert(gate);
     }
 
     /// The pods' connections followed now (each until its close): what the
@@ -271,7 +291,6 @@ impl Dispatched {
 
 impl Drop for Dispatched {
     fn drop(&mut self) {
-        let mut tables = self.dispatcher.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        Dispatcher::take_back(&mut tables, self.gate, self.inum);
+        self.dispatcher.take_back(self.gate, self.inum);
     }
 }

@@ -915,11 +915,17 @@ fn memlock_of(fd: i32) -> Option<u64> {
     info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
 }
 
-/// Deletes entry `index` of an array of maps (aya 0.14's `ArrayOfMaps` cannot):
-/// the kernel drops its reference to the inner map.
-pub(crate) fn delete_index(map: std::os::fd::BorrowedFd<'_>, index: u32) -> std::io::Result<()> {
+/// Sets entry `index` of an array of maps to `inner` (`Some`) or deletes it
+/// (`None`: the kernel drops its reference to the inner map). Raw, as aya
+/// 0.14's `ArrayOfMaps` has no delete: and the kernel waits out an RCU grace
+/// period in each (tens of ms), so callers run them side by side.
+pub(crate) fn set_index(
+    map: std::os::fd::BorrowedFd<'_>,
+    index: u32,
+    inner: Option<std::os::fd::BorrowedFd<'_>>,
+) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    /// `union bpf_attr`'s map element member, without a value.
+    /// `union bpf_attr`'s map element member.
     #[repr(C)]
     struct ElemAttr {
         map_fd: u32,
@@ -928,13 +934,17 @@ pub(crate) fn delete_index(map: std::os::fd::BorrowedFd<'_>, index: u32) -> std:
         value: u64,
         flags: u64,
     }
+    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
     const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-    let mut attr =
-        ElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: (&raw const index) as u64, value: 0, flags: 0 };
-    // SAFETY: the kernel reads the attr and a u32 key at `key`.
-    let ret = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_MAP_DELETE_ELEM, (&raw mut attr).cast::<u8>(), size_of::<ElemAttr>())
+    let value: u32 = inner.map_or(0, |fd| fd.as_raw_fd() as u32);
+    let (command, value_at) = match inner {
+        Some(_) => (BPF_MAP_UPDATE_ELEM, (&raw const value) as u64),
+        None => (BPF_MAP_DELETE_ELEM, 0),
     };
+    let mut attr =
+        ElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: (&raw const index) as u64, value: value_at, flags: 0 };
+    // SAFETY: the kernel reads the attr, a u32 key at `key` and a u32 fd at `value`.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, command, (&raw mut attr).cast::<u8>(), size_of::<ElemAttr>()) };
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
