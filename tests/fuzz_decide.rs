@@ -445,10 +445,13 @@ impl StateSpec {
         loaded.maps.raw_mut().clients.insert(client_key, self.client_held, 0).unwrap();
         let bucket = |has_budget: bool| if has_budget { 0 } else { exhausted_bucket() };
         let prefix_index = prefix_bucket_index(slot, &model::reference::rst_prefix(client));
-        let mut port_buckets: Array<_, u64> = Array::try_from(loaded.ebpf.map_mut(map::RST_BUCKETS).unwrap()).unwrap();
+        let mut port_buckets: Array<_, u64> =
+            Array::try_from(loaded.ebpf.as_mut().expect("the gate's object").map_mut(map::RST_BUCKETS).unwrap())
+                .unwrap();
         port_buckets.set(slot, bucket(self.rst_budget.1), 0).unwrap();
         let mut prefix_buckets: Array<_, u64> =
-            Array::try_from(loaded.ebpf.map_mut(map::RST_PREFIX_BUCKETS).unwrap()).unwrap();
+            Array::try_from(loaded.ebpf.as_mut().expect("the gate's object").map_mut(map::RST_PREFIX_BUCKETS).unwrap())
+                .unwrap();
         prefix_buckets.set(prefix_index, bucket(self.rst_budget.0), 0).unwrap();
         let contention = Contention {
             largest_held: self.largest_held,

@@ -833,8 +833,15 @@ fn rst_caps_hold_when_cpus_race() {
         h.load(Hook::Xdp);
     }
     let guard = h.lock().unwrap();
-    let xdp: &aya::programs::Xdp =
-        guard.loaded.ebpf.program(shed_common::program::XDP).unwrap().try_into().expect("an XDP program");
+    let xdp: &aya::programs::Xdp = guard
+        .loaded
+        .ebpf
+        .as_ref()
+        .expect("the gate's object")
+        .program(shed_common::program::XDP)
+        .unwrap()
+        .try_into()
+        .expect("an XDP program");
     let started = std::time::Instant::now();
     let sent: u64 = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..cpus)
@@ -1072,10 +1079,26 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
         let slot = config.slot;
         // The shortest epochs (2^16 ns): thousands of rounds in a second or two.
         h.loaded.maps.set_handshake_shift(slot, MIN_SHIFT).unwrap();
-        let xdp: Option<&aya::programs::Xdp> =
-            (hook == Hook::Xdp).then(|| h.loaded.ebpf.program(shed_common::program::XDP).unwrap().try_into().unwrap());
-        let tc: Option<&aya::programs::SchedClassifier> =
-            (hook == Hook::Tc).then(|| h.loaded.ebpf.program(shed_common::program::TC).unwrap().try_into().unwrap());
+        let xdp: Option<&aya::programs::Xdp> = (hook == Hook::Xdp).then(|| {
+            h.loaded
+                .ebpf
+                .as_ref()
+                .expect("the gate's object")
+                .program(shed_common::program::XDP)
+                .unwrap()
+                .try_into()
+                .unwrap()
+        });
+        let tc: Option<&aya::programs::SchedClassifier> = (hook == Hook::Tc).then(|| {
+            h.loaded
+                .ebpf
+                .as_ref()
+                .expect("the gate's object")
+                .program(shed_common::program::TC)
+                .unwrap()
+                .try_into()
+                .unwrap()
+        });
         // Rounds count only where both runs fit one epoch edge (65 us): a noisy
         // moment of the machine can leave too few, so another batch is run
         // (at most MOST_BATCHES); every judged round of every batch is checked.
@@ -1372,7 +1395,8 @@ fn a_gate_verified_ahead_judges_with_its_own_maps() {
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/shed-test-prepared-{}", std::process::id()));
     std::fs::create_dir_all(&pins).unwrap();
     let mut loaded = Loaded::from_prepared(prepared, Some(&pins)).expect("the gate of a prepared object");
-    let tc = loaded.ebpf.program(shed_common::program::TC).expect("the TC program");
+    let tc =
+        loaded.ebpf.as_ref().expect("the gate's object").program(shed_common::program::TC).expect("the TC program");
     assert!(tc.fd().is_ok(), "already verified: no verifier time left for the set-up");
     assert!(pins.join(shed_common::map::PORTS).exists(), "its maps pinned when it became a gate");
     let spec = PortSpec::new(1, action::RST, false, count_mode::WORK, ControlConfig::default());

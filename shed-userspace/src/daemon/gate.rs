@@ -295,8 +295,9 @@ pub(super) fn run(
         reload_requests: signals.reload,
     };
     // aya-log's records wait in a ring buffer until read: poll it beside the loop.
-    let kernel_log = if node.kernel_log {
-        match aya_log::EbpfLogger::init(&mut loaded.ebpf) {
+    // A pod's gate under the shared object has no programs of its own to log.
+    let kernel_log = if let (true, Some(ebpf)) = (node.kernel_log, loaded.ebpf.as_mut()) {
+        match aya_log::EbpfLogger::init(ebpf) {
             Ok(logger) => Some(logger),
             Err(e) => {
                 tracing::warn!("kernel log unavailable ({e}): the rare paths are still counted in stats");

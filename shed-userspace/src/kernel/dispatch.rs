@@ -65,6 +65,28 @@ impl SharedJudge for Dispatcher {
     }
 }
 
+/// Loads `wanted` of `ebpf`'s programs, each on a thread of its own.
+fn load_side_by_side(ebpf: &mut Ebpf, wanted: &[&str]) -> Result<(), Error> {
+    use aya::programs::Program;
+    std::thread::scope(|scope| {
+        let loading: Vec<_> = ebpf
+            .programs_mut()
+            .filter(|(name, _)| wanted.contains(name))
+            .map(|(name, prog)| {
+                scope.spawn(move || {
+                    let loaded = match prog {
+                        Program::SchedClassifier(p) => crate::kernel::programs::verified(|| p.load()),
+                        Program::RawTracePoint(p) => crate::kernel::programs::verified(|| p.load()),
+                        _ => Ok(()),
+                    };
+                    loaded.map_err(|e| Error::program(format!("load {name}"), e))
+                })
+            })
+            .collect();
+        loading.into_iter().try_for_each(|t| t.join().unwrap_or_else(|_| Ok(())))
+    })
+}
+
 /// Sets (`Some`, in `arrays`' order) or deletes entry `gate` of every
 /// array, side by side: the kernel waits out an RCU grace period in each,
 /// and waits that overlap end together (one after another, 21 of them held
@@ -139,20 +161,29 @@ impl Dispatcher {
                     _ => Err(unable(format!("open map {of}: not an array of maps"))),
                 })
                 .collect::<Result<Vec<_>, Error>>()?;
-            // The judge, verified once for every pod (before the dispatchers
-            // attach: a kernel that refuses it leaves nothing attached).
-            Loaded::loaded_tc(&mut ebpf)?;
             Some(Shared { arrays: Arc::new(arrays) })
         } else {
             None
         };
+        // Its programs through the verifier side by side (one per CPU at
+        // once, see `verified`): the agent's start, and every pod's gate,
+        // wait for them. All before any attaches: a kernel that refuses one
+        // leaves nothing attached.
+        let mut wanted: Vec<&str> = program::DISPATCHERS.iter().map(|&(name, _, _)| name).collect();
+        if shared.is_some() {
+            wanted.extend([program::TC, program::TC_TURN]);
+        }
+        load_side_by_side(&mut ebpf, &wanted)?;
+        if shared.is_some() {
+            // The judge's turn program where its tail call finds it.
+            Loaded::install_tc_turn(&mut ebpf)?;
+        }
         for (name, event, _) in program::DISPATCHERS {
             let prog: &mut RawTracePoint = ebpf
                 .program_mut(name)
                 .ok_or_else(|| unable(format!("find program {name} in the kernel object")))?
                 .try_into()
                 .map_err(|e| Error::program(format!("open program {name}"), e))?;
-            crate::kernel::programs::verified(|| prog.load()).map_err(|e| Error::program(format!("load {name}"), e))?;
             prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
         }
         let free = (0..dispatch::GATES).collect();

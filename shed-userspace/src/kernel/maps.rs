@@ -161,10 +161,20 @@ impl GateMaps {
 
     /// Takes the maps out of a freshly loaded object, pinning each under `pin_dir` if given.
     pub(crate) fn from_ebpf(ebpf: &mut Ebpf, pin_dir: Option<&Path>) -> Result<Self, Error> {
-        Self::build(|name| {
-            let map = ebpf.take_map(name).ok_or_else(|| {
+        Self::created(pin_dir, |name| {
+            ebpf.take_map(name).ok_or_else(|| {
                 Error::map(format!("find map {name}"), aya::maps::MapError::InvalidName { name: name.into() })
-            })?;
+            })
+        })
+    }
+
+    /// The maps `create` makes by name (each pinned under `pin_dir` when given).
+    pub(crate) fn created(
+        pin_dir: Option<&Path>,
+        mut create: impl FnMut(&str) -> Result<Map, Error>,
+    ) -> Result<Self, Error> {
+        Self::build(|name| {
+            let map = create(name)?;
             if let Some(dir) = pin_dir {
                 map.pin(dir.join(name)).map_err(|error| {
                     Error::map(

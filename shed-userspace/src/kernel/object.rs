@@ -314,16 +314,36 @@ pub fn load(options: LoadOptions) -> Result<Ebpf, Error> {
     loader(options, true).load(object).map_err(|source| Error::Load { source: Box::new(source) })
 }
 
-/// Loads the gate's object for its maps alone (a pod's under the node's
-/// shared object): no program is loaded, so the kernel's BTF, which only the
-/// programs' relocations need, is not read (a parse of 14 MiB per pod).
-pub fn load_maps(options: LoadOptions) -> Result<Ebpf, Error> {
-    if OBJECT.is_empty() {
-        return Err(Error::EbpfObjectMissing);
-    }
-    let mut loader = loader(options, true);
-    loader.btf(None);
-    loader.load(OBJECT).map_err(|source| Error::Load { source: Box::new(source) })
+/// Creates map `name` of the gate's object on its own, at the size
+/// `options` give it: a pod's maps under the node's shared object, which no
+/// program of the pod's object reads. The object is parsed once per process
+/// (a load parses it again, with every program, each time: 20 ms a pod).
+pub(crate) fn create_map(options: &LoadOptions, name: &str) -> Result<aya::maps::MapData, Error> {
+    static PARSED: std::sync::OnceLock<Option<aya_obj::Object>> = std::sync::OnceLock::new();
+    let parsed = PARSED.get_or_init(|| aya_obj::Object::parse(OBJECT).ok());
+    let Some(object) = parsed else {
+        // Parsed again for its error (an empty placeholder: the build had no object).
+        return Err(match aya_obj::Object::parse(OBJECT) {
+            Err(e) if !OBJECT.is_empty() => Error::Load { source: Box::new(aya::EbpfError::ParseError(e)) },
+            _ => Error::EbpfObjectMissing,
+        });
+    };
+    let found = object.maps.get(name).ok_or_else(|| {
+        Error::map(
+            format!("find map {name} in the kernel object"),
+            aya::maps::MapError::InvalidName { name: name.into() },
+        )
+    })?;
+    let entries = options.map_sizes().iter().find(|(sized, _)| *sized == name).map_or(found.max_entries(), |s| s.1);
+    // Its shape alone: no program reads its BTF types, which are the object's.
+    let definition = aya_obj::Map::new_from_params(
+        found.map_type(),
+        found.key_size(),
+        found.value_size(),
+        entries,
+        found.map_flags(),
+    );
+    aya::maps::MapData::create(definition, name, None).map_err(|e| Error::map(format!("create map {name}"), e))
 }
 
 /// Loads an object file from disk instead (another build's object, such as
@@ -364,12 +384,37 @@ mod tests {
 
     #[test]
     fn the_dispatchers_object_has_its_tables_and_one_slot() {
-        let dispatcher = LoadOptions::dispatcher(100_000);
-        assert_eq!(size(&dispatcher, map::DISPATCH_SOCKS), Some(100_000));
-        assert_eq!(size(&dispatcher, map::DISPATCH_TARGETS), Some(shed_common::dispatch::SLOTS));
-        assert_eq!(size(&dispatcher, map::DISPATCH_NETNS), Some(shed_common::dispatch::GATES));
-        assert_eq!((size(&dispatcher, map::SOCKS), size(&dispatcher, map::LIMITS)), (Some(1), Some(1)));
-        assert_eq!(size(&dispatcher, map::STAMPS), Some(shed_common::handshake::STAMPS_PER_PORT));
+        for shared in [false, true] {
+            let dispatcher = LoadOptions::dispatcher(100_000, shared);
+            assert_eq!(size(&dispatcher, map::DISPATCH_SOCKS), Some(100_000));
+            assert_eq!(size(&dispatcher, map::DISPATCH_TARGETS), Some(shed_common::dispatch::SLOTS));
+            assert_eq!(size(&dispatcher, map::DISPATCH_NETNS), Some(shed_common::dispatch::GATES));
+            assert_eq!((size(&dispatcher, map::SOCKS), size(&dispatcher, map::LIMITS)), (Some(1), Some(1)));
+            assert_eq!(size(&dispatcher, map::STAMPS), Some(shed_common::handshake::STAMPS_PER_PORT));
+            // The shared object's arrays of the pods' maps: one entry per gate; other objects have none.
+            for (_, of) in map::GATED {
+                let want = shared.then_some(shed_common::dispatch::GATES);
+                assert_eq!(size(&dispatcher, of), want, "{of}");
+                assert_eq!(size(&LoadOptions::pod(1, 1, false), of), None, "{of}");
+            }
+        }
+    }
+
+    /// A pod's maps under the shared object are created from the object's
+    /// definitions at a pod's sizes, which the shared object's inner maps
+    /// (its arrays' templates) are declared with: an array of another length
+    /// would be refused by the kernel when the agent puts it in.
+    #[test]
+    fn a_pods_per_slot_maps_are_as_long_as_the_shared_objects_templates() {
+        let pod = LoadOptions::pod(16_384, 4_096, false);
+        for name in PER_SLOT {
+            assert_eq!(size(&pod, name), Some(POD_MAX_PORTS), "{name}");
+        }
+        assert_eq!(size(&pod, map::STAMPS), Some(POD_MAX_PORTS * shed_common::handshake::STAMPS_PER_PORT));
+        assert_eq!(
+            size(&pod, map::RST_PREFIX_BUCKETS),
+            Some(POD_MAX_PORTS * shed_common::ratelimit::PREFIX_BUCKETS_PER_PORT)
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{Map, MapData, MapError},
+    maps::{Map, MapData},
     programs::{ProgramError, RawTracePoint, SchedClassifier, TcAttachType, TracePoint, Xdp, XdpMode},
 };
 use shed_common::program;
@@ -31,7 +31,8 @@ pub struct Loaded {
     /// event reaches the programs once they are going; kept opaque here so
     /// that the dispatcher, which loads through this module, is not imported by it).
     pub dispatched: Option<Box<dyn Send>>,
-    pub ebpf: Ebpf,
+    /// The gate's object (None for a pod's maps under the shared object).
+    pub ebpf: Option<Ebpf>,
     pub maps: GateMaps,
     /// The program that counts connections ([`object::SockStateHook::program`]).
     sock_state: &'static str,
@@ -76,23 +77,37 @@ impl Loaded {
     }
 
     /// A pod's gate under the node's shared object (see
-    /// [`shed_common::dispatch::SHARED_OBJECT`]): its maps only, sized as
-    /// `options` says, no program loaded (the shared object's judge and count
-    /// for it once [`crate::kernel::dispatch::Dispatcher::add`] has its maps).
+    /// [`shed_common::dispatch::SHARED_OBJECT`]): its maps only, each created
+    /// on its own at the sizes `options` say, and no program (the shared
+    /// object's judge and count for it once
+    /// [`crate::kernel::dispatch::Dispatcher::add`] has its maps).
     pub fn maps_only(pin_dir: Option<&Path>, options: object::LoadOptions) -> Result<Self, Error> {
-        // One load per CPU at once, as programs in the verifier: a node's pods
-        // starting together would otherwise each hold a parsed object at once.
-        let mut ebpf = {
-            let _turn = VerifierTurn::take();
-            object::load_maps(options)?
-        };
-        let gated = gated_maps(&ebpf)?;
-        let maps = GateMaps::from_ebpf(&mut ebpf, pin_dir)?;
+        use std::os::fd::AsFd as _;
+        let mut held: Vec<(&'static str, MapData)> = Vec::new();
+        let create = |name: &str| -> Result<MapData, Error> { object::create_map(&options, name) };
+        let maps = GateMaps::created(pin_dir, |name| {
+            let data = create(name)?;
+            // A descriptor of its own for each the shared object finds by gate.
+            if let Some(&(gated, _)) = shed_common::map::GATED.iter().find(|(gated, _)| *gated == name) {
+                let fd =
+                    data.fd().as_fd().try_clone_to_owned().map_err(|e| Error::io("duplicate the fd of", name, e))?;
+                held.push((gated, MapData::from_fd(fd).map_err(|e| Error::map(format!("open map {name} again"), e))?));
+            }
+            Map::from_map_data(data).map_err(|e| Error::map(format!("open map {name}"), e))
+        })?;
+        // In the shared object's order; those the daemon does not read, created here alone.
+        let gated = shed_common::map::GATED
+            .iter()
+            .map(|&(name, of)| match held.iter().position(|(h, _)| *h == name) {
+                Some(at) => Ok((of, held.swap_remove(at).1)),
+                None => create(name).map(|data| (of, data)),
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
         Ok(Self {
             shared_links: Vec::new(),
             shared: None,
             dispatched: None,
-            ebpf,
+            ebpf: None,
             maps,
             sock_state: program::SOCK_STATE_RAW,
             gated,
@@ -105,7 +120,15 @@ impl Loaded {
         // [`Self::xdp`]): each takes the verifier seconds, and a gate runs one
         // of them on most hosts.
         let sock_state = Self::load_accounting(&mut ebpf, hook)?;
-        Ok(Self { shared_links: Vec::new(), shared: None, dispatched: None, ebpf, maps, sock_state, gated: Vec::new() })
+        Ok(Self {
+            shared_links: Vec::new(),
+            shared: None,
+            dispatched: None,
+            ebpf: Some(ebpf),
+            maps,
+            sock_state,
+            gated: Vec::new(),
+        })
     }
 
     /// Loads the accounting programs not loaded yet; returns the one that counts connections.
@@ -129,6 +152,13 @@ impl Loaded {
             }
         }
         Ok(sock_state)
+    }
+
+    /// The gate's object, for its programs (a pod's maps under the shared object have none).
+    fn object(&mut self) -> Result<&mut Ebpf, Error> {
+        self.ebpf.as_mut().ok_or_else(|| Error::Dispatch {
+            what: "load a program of a pod's gate: its programs are the node's shared object's".into(),
+        })
     }
 
     /// The program that counts connections: `shed_sock_state_raw`, or
@@ -160,7 +190,7 @@ impl Loaded {
         program::DISPATCHERS
             .iter()
             .map(|&(_, _, name)| {
-                let prog: &mut RawTracePoint = Self::program(&mut self.ebpf, name)?;
+                let prog: &mut RawTracePoint = Self::program(self.object()?, name)?;
                 let fd = prog.fd().map_err(|e| Error::program(format!("find program {name}'s fd"), e))?;
                 fd.try_clone().map_err(|e| Error::io("duplicate the fd of", name, e))
             })
@@ -169,12 +199,12 @@ impl Loaded {
 
     /// The gate's XDP program, loaded into the kernel on first use.
     pub fn xdp(&mut self) -> Result<&mut Xdp, Error> {
-        Self::loaded_xdp(&mut self.ebpf, program::XDP, "load XDP program")
+        Self::loaded_xdp(self.object()?, program::XDP, "load XDP program")
     }
 
     /// The gate's TC program, loaded into the kernel on first use.
     pub fn tc(&mut self) -> Result<&mut SchedClassifier, Error> {
-        Self::loaded_tc(&mut self.ebpf)
+        Self::loaded_tc(self.object()?)
     }
 
     /// `ebpf`'s TC program (and its turn program, installed), loaded into the kernel on first use.
@@ -183,9 +213,7 @@ impl Loaded {
             let turn: &mut SchedClassifier = Self::program(ebpf, program::TC_TURN)?;
             if turn.fd().is_err() {
                 verified(|| turn.load()).map_err(|e| Error::program("load TC turn program", e))?;
-                let fd = turn.fd().map_err(|e| Error::program("find the TC turn program's fd", e))?;
-                let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::TC_TURN, e))?;
-                Self::install_turn(ebpf, shed_common::map::TURN_TC, &fd)?;
+                Self::install_tc_turn(ebpf)?;
             }
         }
         let prog: &mut SchedClassifier = Self::program(ebpf, program::TC)?;
@@ -193,6 +221,14 @@ impl Loaded {
             verified(|| prog.load()).map_err(|e| Error::program("load TC program", e))?;
         }
         Ok(prog)
+    }
+
+    /// Puts the loaded TC turn program where the TC gate's tail call finds it.
+    pub(crate) fn install_tc_turn(ebpf: &mut Ebpf) -> Result<(), Error> {
+        let turn: &mut SchedClassifier = Self::program(ebpf, program::TC_TURN)?;
+        let fd = turn.fd().map_err(|e| Error::program("find the TC turn program's fd", e))?;
+        let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::TC_TURN, e))?;
+        Self::install_turn(ebpf, shed_common::map::TURN_TC, &fd)
     }
 
     /// Puts a turn program where its gate's tail call finds it (an older
@@ -206,12 +242,12 @@ impl Loaded {
 
     /// The pass-everything XDP program (for the peer of an XDP-gated veth, and as a benchmark baseline).
     pub fn xdp_pass(&mut self) -> Result<&mut Xdp, Error> {
-        Self::loaded_xdp(&mut self.ebpf, program::XDP_PASS, "load XDP pass program")
+        Self::loaded_xdp(self.object()?, program::XDP_PASS, "load XDP pass program")
     }
 
     /// The drop-everything XDP program (a benchmark baseline; never attached by `shedctl`).
     pub fn xdp_drop(&mut self) -> Result<&mut Xdp, Error> {
-        Self::loaded_xdp(&mut self.ebpf, program::XDP_DROP, "load XDP drop program")
+        Self::loaded_xdp(self.object()?, program::XDP_DROP, "load XDP drop program")
     }
 
     fn loaded_xdp<'a>(ebpf: &'a mut Ebpf, name: &str, what: &str) -> Result<&'a mut Xdp, Error> {
@@ -235,15 +271,16 @@ impl Loaded {
     /// gate so no admitted connection is established unseen.
     pub fn attach_accounting(&mut self) -> Result<(), Error> {
         if self.sock_state == program::SOCK_STATE {
-            Self::program::<TracePoint>(&mut self.ebpf, program::SOCK_STATE)?
+            Self::program::<TracePoint>(self.object()?, program::SOCK_STATE)?
                 .attach("sock", "inet_sock_set_state")
                 .map(drop)
         } else {
-            Self::program::<RawTracePoint>(&mut self.ebpf, self.sock_state)?.attach("inet_sock_set_state").map(drop)
+            let sock_state = self.sock_state;
+            Self::program::<RawTracePoint>(self.object()?, sock_state)?.attach("inet_sock_set_state").map(drop)
         }
         .map_err(|e| Error::program(format!("attach {} to sock:inet_sock_set_state", self.sock_state), e))?;
         for (name, event) in program::RAW_TRACEPOINTS {
-            Self::program::<RawTracePoint>(&mut self.ebpf, name)?
+            Self::program::<RawTracePoint>(self.object()?, name)?
                 .attach(event)
                 .map_err(|e| Error::program(format!("attach raw tracepoint sock:{event}"), e))?;
         }
@@ -287,29 +324,6 @@ impl Loaded {
         }
         Ok(())
     }
-}
-
-/// Each of `ebpf`'s maps that a shared object finds by gate, with the name
-/// of its `_OF` array, on a descriptor of its own (the object keeps its).
-fn gated_maps(ebpf: &Ebpf) -> Result<Vec<(&'static str, MapData)>, Error> {
-    use std::os::fd::AsFd as _;
-    shed_common::map::GATED
-        .iter()
-        .map(|&(name, of)| {
-            let missing = || Error::map(format!("find map {name}"), MapError::InvalidName { name: name.into() });
-            let data = match ebpf.map(name).ok_or_else(missing)? {
-                Map::Array(data)
-                | Map::PerCpuArray(data)
-                | Map::HashMap(data)
-                | Map::LruHashMap(data)
-                | Map::LpmTrie(data) => data,
-                _ => return Err(missing()),
-            };
-            let fd = data.fd().as_fd().try_clone_to_owned().map_err(|e| Error::io("duplicate the fd of", name, e))?;
-            let dup = MapData::from_fd(fd).map_err(|e| Error::map(format!("open map {name} again"), e))?;
-            Ok((of, dup))
-        })
-        .collect()
 }
 
 /// The node's shared object, as a pod's gate sees it (kept a trait here so
