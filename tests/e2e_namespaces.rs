@@ -453,6 +453,97 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
     drop((flood, held_b));
 }
 
+/// The shared object's turn program (its TC judge's tail call) judges the
+/// next request of a pod's kept-alive connection under the pod's own maps:
+/// six idle connections each send another request, which the server answers
+/// slowly, at a limit of 2: two are admitted, four refused with a reset and
+/// never read.
+#[test]
+fn a_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
+    use std::{
+        io::{Read as _, Write as _},
+        os::unix::fs::MetadataExt as _,
+        sync::{
+            Arc,
+            atomic::{AtomicU64, Ordering},
+        },
+    };
+
+    use shed::kernel::{
+        dispatch::Dispatcher,
+        maps::PortSpec,
+        object::LoadOptions,
+        programs::{Loaded, SharedJudge as _},
+    };
+    use shed_common::{ControlConfig, action, count_mode, counter, local_addr};
+
+    let _one = exclusive();
+    let bed = Testbed::create("shst").expect("testbed");
+    let dispatcher = Arc::new(Dispatcher::start_shared(64).expect("start the shared object"));
+    let (iface, server) = (bed.server_if.clone(), bed.server_v4.octets());
+    let shared = dispatcher.clone();
+    let loaded = testbed::run_in(&bed.server_ns, move || {
+        let mut loaded = Loaded::maps_only(None, LoadOptions::pod(1024, 256, false)).expect("the pod's maps");
+        let spec = PortSpec::new(2, action::RST, false, count_mode::WORK, ControlConfig::default());
+        loaded.maps.protect(PORT, &spec).expect("protect the port");
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&server);
+        loaded.maps.set_local_addrs(&[(mapped, local_addr::UNICAST)].into_iter().collect()).expect("addresses");
+        let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
+        loaded.dispatched = Some(Box::new(shared.add(&mut loaded, inum).expect("hand the namespace over")));
+        loaded.shared_links.push(shared.attach_tc(&iface).expect("attach the shared TC program"));
+        loaded
+    })
+    .expect("namespace");
+    let addr = bed.server_addr(false, PORT);
+    let service_us = Arc::new(AtomicU64::new(0));
+    let backend =
+        Backend::start(&bed.server_ns, addr, Service::KeepAlive { service_us: service_us.clone() }).expect("backend");
+    let ask = |s: &mut TcpStream| -> io::Result<()> {
+        s.write_all(b"GET\n")?;
+        s.read_exact(&mut [0u8; 3])
+    };
+    let mut idle: Vec<TcpStream> = testbed::run_in(&bed.client_ns, move || {
+        (0..6)
+            .map(|i| {
+                let mut s = testbed::connect(addr, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{i}: {e}"));
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                ask(&mut s).unwrap_or_else(|e| panic!("request on connection {i}: {e}"));
+                s
+            })
+            .collect()
+    })
+    .expect("client namespace");
+    let read_before = backend.read.load(Ordering::Relaxed);
+    let counted = |index: usize| {
+        let config = loaded.maps.config(PORT).unwrap();
+        loaded.maps.snapshot(PORT, config).unwrap().counters.values[index]
+    };
+    service_us.store(1_500_000, Ordering::Relaxed);
+    for s in &mut idle {
+        s.write_all(b"GET\n").expect("send the next request");
+    }
+    poll(
+        Duration::from_secs(3),
+        "the six next requests judged",
+        || (counted(counter::REQUEST_ADMITTED), counted(counter::REFUSED_REQUEST)),
+        |&(admitted, refused)| admitted + refused == 6,
+    );
+    assert_eq!((counted(counter::REQUEST_ADMITTED), counted(counter::REFUSED_REQUEST)), (2, 4));
+    let (mut answered, mut reset) = (0, 0);
+    for s in &mut idle {
+        match s.read_exact(&mut [0u8; 3]) {
+            Ok(()) => answered += 1,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => reset += 1,
+            Err(e) => panic!("neither answered nor reset: {e}"),
+        }
+    }
+    assert_eq!((answered, reset), (2, 4));
+    assert_eq!(backend.read.load(Ordering::Relaxed), read_before + 2, "refused requests were never read");
+    drop((idle, loaded));
+}
+
 /// A memory cgroup for the daemon, as a container's limit is (cgroup v2 if
 /// mounted so, else v1's memory controller); removed on drop.
 struct MemoryCgroup {

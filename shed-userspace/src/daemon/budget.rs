@@ -45,10 +45,11 @@ impl Budget {
     }
 
     /// Whether `pods` more pods' gates fit beside what the cgroup holds now
-    /// (`used`): each holds [`PER_POD`] once set up, and up to one per CPU
-    /// (`verifiers`) is in the verifier at once, [`VERIFYING`] each; why not.
+    /// (`used`): each holds [`PER_POD`] once set up, and up to `verifiers`
+    /// (one per CPU; none under the node's shared object, where a pod loads
+    /// no program) are in the verifier at once, [`VERIFYING`] each; why not.
     pub(crate) fn room_for_pods(self, pods: u64, verifiers: u64, used: Option<u64>) -> Result<(), String> {
-        let loading = pods.min(verifiers.max(1));
+        let loading = pods.min(verifiers);
         let each = PER_POD + (loading * VERIFYING).div_ceil(pods.max(1));
         self.room_for(pods, each, used)
     }
@@ -104,5 +105,8 @@ mod tests {
         assert!(why.starts_with("10 more gate(s) need about 200 MiB with the 31 MiB held"), "{why}");
         // More CPUs, more verifying at once.
         assert!(budget.room_for_pods(10, 4, Some(30 * MIB)).is_err());
+        // Under the shared object a pod's set-up verifies nothing: its maps alone.
+        assert!(budget.room_for_pods(50, 0, Some(30 * MIB)).is_ok(), "30 + 50 x 4 = 230");
+        assert!(budget.room_for_pods(51, 0, Some(30 * MIB)).is_err());
     }
 }

@@ -323,8 +323,13 @@ impl Pods {
                     // (a burst of pods all see the same cgroup figure).
                     let setting_up = self.running.values().filter(|g| g.heartbeat.age().is_none()).count() as u64;
                     let room = self.node.memory_budget.map_or(Ok(()), |b| {
-                        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-                        b.room_for_pods(setting_up + 1, cpus, system::cgroup_memory().map(|c| c.used))
+                        // Under the shared object a pod's set-up verifies nothing.
+                        let verifiers = if self.dispatcher.as_ref().is_some_and(|d| d.shared()) {
+                            0
+                        } else {
+                            std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+                        };
+                        b.room_for_pods(setting_up + 1, verifiers, system::cgroup_memory().map(|c| c.used))
                     });
                     if let Err(why) = room {
                         // Tried again every pass, without backing off: room comes as
