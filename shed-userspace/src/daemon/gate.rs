@@ -285,6 +285,7 @@ pub(super) fn run(
         follow_interfaces,
         local_addrs,
         heal_interval: node.heal_interval,
+        one_of_many: start.scope == Scope::Pod,
         heal_report: gate.heal.clone(),
         heartbeat: gate.heartbeat.clone(),
         task_errors: gate.task_errors.clone(),

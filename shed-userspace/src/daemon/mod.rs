@@ -44,6 +44,21 @@ const AUDIT_EVERY: Duration = Duration::from_secs(1);
 /// How often the healer checks the counters (a full pass runs only when due, see [`crate::daemon::heal`]).
 const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a quiet pod's gate asks its healer whether a pass is due. A
+/// pass reads the namespace's sockets through sock_diag, whose dump walks the
+/// host's whole connection hash (every namespace's buckets, empty or not):
+/// 110 idle pods' routine passes were most of the agent's idle CPU. A quiet
+/// gate saw no event, so its counts moved only if they were wrong already;
+/// its first tick that sees anything looks again at once.
+const QUIET_POD_HEAL_CHECK_EVERY: Duration = Duration::from_mins(5);
+
+/// How often the loop asks its healer whether a pass is due (see
+/// [`QUIET_POD_HEAL_CHECK_EVERY`]): a node's own gates keep their pace quiet
+/// or not (one gate's pass is cheap).
+fn heal_check_every(quiet: bool, one_of_many: bool) -> Duration {
+    if quiet && one_of_many { QUIET_POD_HEAL_CHECK_EVERY } else { HEAL_CHECK_EVERY }
+}
+
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
@@ -88,6 +103,9 @@ pub struct LoopSettings {
     pub local_addrs: LocalAddrs,
     /// Most time between routine healing passes.
     pub heal_interval: Duration,
+    /// A pod's gate, one of a node's many: while quiet, it looks for drift
+    /// seldom (see [`heal_check_every`]).
+    pub one_of_many: bool,
     /// What the healer did, for the metrics endpoint.
     pub heal_report: crate::observe::report::HealReport,
     /// Beaten every tick, for `/healthz`.
@@ -313,7 +331,8 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
                 }
-                if last_heal_check.is_none_or(|t| t.elapsed() >= HEAL_CHECK_EVERY) {
+                let heal_every = heal_check_every(pace.quiet(), settings.one_of_many);
+                if last_heal_check.is_none_or(|t| t.elapsed() >= heal_every) {
                     // A failed pass leaves the counts as they are: the gate keeps running.
                     if let Err(e) = healer.check(&mut loaded.maps, Instant::now()) {
                         settings.task_errors.record("heal", &e);
@@ -483,6 +502,15 @@ mod tests {
         let mut a_second = Pace::new(Duration::from_secs(1), t0);
         assert_eq!(a_second.observe(seen(1), at(0)), None);
         assert_eq!(a_second.observe(seen(1), at(60_000)), Some(QUIET_TICK), "a one-second window slows too");
+    }
+
+    #[test]
+    fn a_quiet_pods_healer_is_asked_seldom_and_every_other_gate_each_second() {
+        assert_eq!(heal_check_every(false, false), HEAL_CHECK_EVERY);
+        assert_eq!(heal_check_every(true, false), HEAL_CHECK_EVERY, "a node's own gate, quiet");
+        assert_eq!(heal_check_every(false, true), HEAL_CHECK_EVERY, "a pod's gate that sees anything");
+        assert_eq!(heal_check_every(true, true), QUIET_POD_HEAL_CHECK_EVERY);
+        assert!(QUIET_POD_HEAL_CHECK_EVERY > HEAL_CHECK_EVERY * 60);
     }
 
     #[test]
