@@ -14,7 +14,6 @@ use shed_common::{
     capacity::{
         MAX_CLIENTS, MAX_PENDING_CLIENTS, MAX_PORTS, MAX_REFUSED_TURNS, MAX_SOCKS, MAX_TIER_ENTRIES, POD_MAX_PORTS,
     },
-    dispatch::GATES,
     handshake::STAMPS_PER_PORT,
     is_ipv4_mapped, local_addr, port_table,
     ratelimit::PREFIX_BUCKETS_PER_PORT,
@@ -169,7 +168,8 @@ macro_rules! gated {
 
         #[cfg(feature = "shared")]
         #[btf_map]
-        pub static $outer: btf_maps::ArrayOfMaps<$ty, { GATES as usize }> = btf_maps::ArrayOfMaps::new();
+        pub static $outer: btf_maps::ArrayOfMaps<$ty, { shed_common::dispatch::GATES as usize }> =
+            btf_maps::ArrayOfMaps::new();
 
         #[doc = concat!("The running gate's `", stringify!($name), "`.")]
         #[inline(always)]
