@@ -328,6 +328,38 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
     drop(later);
 }
 
+/// `bed`'s server namespace gated under the shared object: a pod's maps
+/// (`connections` in its table) with `PORT` protected as `spec` says, its
+/// address local, its namespace handed over, its interface attached.
+fn gate_under_shared(
+    dispatcher: &std::sync::Arc<shed::kernel::dispatch::Dispatcher>,
+    bed: &Testbed,
+    connections: u32,
+    spec: shed::kernel::maps::PortSpec,
+) -> shed::kernel::programs::Loaded {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use shed::kernel::{
+        object::LoadOptions,
+        programs::{Loaded, SharedJudge as _},
+    };
+    let (dispatcher, iface, server) = (dispatcher.clone(), bed.server_if.clone(), bed.server_v4.octets());
+    testbed::run_in(&bed.server_ns, move || {
+        let mut loaded = Loaded::maps_only(None, LoadOptions::pod(connections, 256, false)).expect("the pod's maps");
+        loaded.maps.protect(PORT, &spec).expect("protect the port");
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&server);
+        let local = [(mapped, shed_common::local_addr::UNICAST)].into_iter().collect();
+        loaded.maps.set_local_addrs(&local).expect("addresses");
+        let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
+        loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, inum).expect("hand the namespace over")));
+        loaded.shared_links.push(dispatcher.attach_tc(&iface).expect("attach the shared TC program"));
+        loaded
+    })
+    .expect("namespace")
+}
+
 /// The node agent's shared object (`Dispatcher::start_shared`): one TC
 /// program and one set of dispatchers, verified once, judge and count for
 /// every pod; each pod brings only its maps (`Loaded::maps_only`). Two
@@ -337,39 +369,18 @@ fn the_nodes_dispatcher_hands_each_namespace_to_its_own_gate() {
 /// namespace taken back is judged no more while the other still is.
 #[test]
 fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
-    use std::{io::Read as _, io::Write as _, os::unix::fs::MetadataExt as _, sync::Arc};
+    use std::{io::Read as _, io::Write as _, sync::Arc};
 
-    use shed::kernel::{
-        dispatch::Dispatcher,
-        maps::PortSpec,
-        object::LoadOptions,
-        programs::{Loaded, SharedJudge as _},
-    };
-    use shed_common::{ControlConfig, action, count_mode, counter, local_addr};
+    use shed::kernel::{dispatch::Dispatcher, maps::PortSpec, programs::Loaded};
+    use shed_common::{ControlConfig, action, count_mode, counter};
 
     let _one = exclusive();
     let (a, b) = (Testbed::create("shsa").expect("testbed"), Testbed::create("shsb").expect("testbed"));
     let dispatcher = Arc::new(Dispatcher::start_shared(64).expect("start the shared object"));
     assert!(dispatcher.shared());
     let gate_in = |bed: &Testbed, connections: u32, limit: u32| {
-        let (dispatcher, iface) = (dispatcher.clone(), bed.server_if.clone());
-        let server = bed.server_v4.octets();
-        testbed::run_in(&bed.server_ns, move || {
-            let options = LoadOptions::pod(connections, 256, false);
-            let mut loaded = Loaded::maps_only(None, options).expect("the pod's maps");
-            let spec = PortSpec::new(limit, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
-            loaded.maps.protect(PORT, &spec).expect("protect the port");
-            let mut mapped = [0u8; 16];
-            mapped[10..12].copy_from_slice(&[0xff, 0xff]);
-            mapped[12..].copy_from_slice(&server);
-            loaded.maps.set_local_addrs(&[(mapped, local_addr::UNICAST)].into_iter().collect()).expect("addresses");
-            let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
-            let dispatched = dispatcher.add(&mut loaded, inum).expect("hand the namespace over");
-            loaded.dispatched = Some(Box::new(dispatched));
-            loaded.shared_links.push(dispatcher.attach_tc(&iface).expect("attach the shared TC program"));
-            loaded
-        })
-        .expect("namespace")
+        let spec = PortSpec::new(limit, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+        gate_under_shared(&dispatcher, bed, connections, spec)
     };
     let (mut gate_a, gate_b) = (gate_in(&a, 1024, 1), gate_in(&b, 1024, 1));
     assert_eq!(dispatcher.gates(), 2);
@@ -462,40 +473,20 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
 fn a_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
     use std::{
         io::{Read as _, Write as _},
-        os::unix::fs::MetadataExt as _,
         sync::{
             Arc,
             atomic::{AtomicU64, Ordering},
         },
     };
 
-    use shed::kernel::{
-        dispatch::Dispatcher,
-        maps::PortSpec,
-        object::LoadOptions,
-        programs::{Loaded, SharedJudge as _},
-    };
-    use shed_common::{ControlConfig, action, count_mode, counter, local_addr};
+    use shed::kernel::{dispatch::Dispatcher, maps::PortSpec};
+    use shed_common::{ControlConfig, action, count_mode, counter};
 
     let _one = exclusive();
     let bed = Testbed::create("shst").expect("testbed");
     let dispatcher = Arc::new(Dispatcher::start_shared(64).expect("start the shared object"));
-    let (iface, server) = (bed.server_if.clone(), bed.server_v4.octets());
-    let shared = dispatcher.clone();
-    let loaded = testbed::run_in(&bed.server_ns, move || {
-        let mut loaded = Loaded::maps_only(None, LoadOptions::pod(1024, 256, false)).expect("the pod's maps");
-        let spec = PortSpec::new(2, action::RST, false, count_mode::WORK, ControlConfig::default());
-        loaded.maps.protect(PORT, &spec).expect("protect the port");
-        let mut mapped = [0u8; 16];
-        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
-        mapped[12..].copy_from_slice(&server);
-        loaded.maps.set_local_addrs(&[(mapped, local_addr::UNICAST)].into_iter().collect()).expect("addresses");
-        let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
-        loaded.dispatched = Some(Box::new(shared.add(&mut loaded, inum).expect("hand the namespace over")));
-        loaded.shared_links.push(shared.attach_tc(&iface).expect("attach the shared TC program"));
-        loaded
-    })
-    .expect("namespace");
+    let spec = PortSpec::new(2, action::RST, false, count_mode::WORK, ControlConfig::default());
+    let loaded = gate_under_shared(&dispatcher, &bed, 1024, spec);
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(0));
     let backend =

@@ -28,6 +28,15 @@ struct Harness {
 /// must run its rounds without the other tests' programs between them.
 static CPUS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// The gate object's program `name`, loaded (as its harness loaded it).
+fn program_of<'a, P>(loaded: &'a Loaded, name: &str) -> &'a P
+where
+    &'a P: TryFrom<&'a aya::programs::Program>,
+{
+    let program = loaded.ebpf.as_ref().expect("the gate's object").program(name).expect("the program");
+    program.try_into().unwrap_or_else(|_| panic!("{name} of another program type"))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hook {
     Xdp,
@@ -833,15 +842,7 @@ fn rst_caps_hold_when_cpus_race() {
         h.load(Hook::Xdp);
     }
     let guard = h.lock().unwrap();
-    let xdp: &aya::programs::Xdp = guard
-        .loaded
-        .ebpf
-        .as_ref()
-        .expect("the gate's object")
-        .program(shed_common::program::XDP)
-        .unwrap()
-        .try_into()
-        .expect("an XDP program");
+    let xdp: &aya::programs::Xdp = program_of(&guard.loaded, shed_common::program::XDP);
     let started = std::time::Instant::now();
     let sent: u64 = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..cpus)
@@ -1079,26 +1080,10 @@ fn the_last_slot_goes_to_one_of_two_cpus_judging_it_at_once() {
         let slot = config.slot;
         // The shortest epochs (2^16 ns): thousands of rounds in a second or two.
         h.loaded.maps.set_handshake_shift(slot, MIN_SHIFT).unwrap();
-        let xdp: Option<&aya::programs::Xdp> = (hook == Hook::Xdp).then(|| {
-            h.loaded
-                .ebpf
-                .as_ref()
-                .expect("the gate's object")
-                .program(shed_common::program::XDP)
-                .unwrap()
-                .try_into()
-                .unwrap()
-        });
-        let tc: Option<&aya::programs::SchedClassifier> = (hook == Hook::Tc).then(|| {
-            h.loaded
-                .ebpf
-                .as_ref()
-                .expect("the gate's object")
-                .program(shed_common::program::TC)
-                .unwrap()
-                .try_into()
-                .unwrap()
-        });
+        let xdp: Option<&aya::programs::Xdp> =
+            (hook == Hook::Xdp).then(|| program_of(&h.loaded, shed_common::program::XDP));
+        let tc: Option<&aya::programs::SchedClassifier> =
+            (hook == Hook::Tc).then(|| program_of(&h.loaded, shed_common::program::TC));
         // Rounds count only where both runs fit one epoch edge (65 us): a noisy
         // moment of the machine can leave too few, so another batch is run
         // (at most MOST_BATCHES); every judged round of every batch is checked.
