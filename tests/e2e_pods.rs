@@ -278,3 +278,143 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
     let stats = stats_of(&pod.netns).expect("gated on a later try");
     assert_eq!((stats[0]["port"].as_u64(), stats[0]["limit"].as_u64()), (Some(8080), Some(1)), "{stats}");
 }
+
+/// The memory limit of the shipped DaemonSet's agent container, in bytes.
+fn daemonset_memory_limit() -> u64 {
+    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/daemonset.yaml"))
+        .expect("the shipped DaemonSet");
+    let limits = yaml.split_once("limits:").expect("its resource limits").1;
+    let memory = limits.lines().find_map(|l| l.trim().strip_prefix("memory:")).expect("a memory limit").trim();
+    let mib: u64 = memory.strip_suffix("Mi").and_then(|m| m.parse().ok()).expect("a limit in Mi");
+    mib << 20
+}
+
+/// A memory cgroup (v2 if mounted so, else v1's memory controller) with a
+/// limit, and a wrapper that starts `shedctl` inside it, so that everything
+/// the agent creates is charged there from its first byte; removed on drop.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+    v2: bool,
+    wrapper: tempfile::TempPath,
+}
+
+impl MemoryCgroup {
+    fn create(name: &str, limit: u64) -> Self {
+        let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let root = if v2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/memory" };
+        let dir = std::path::Path::new(root).join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        std::fs::write(dir.join(if v2 { "memory.max" } else { "memory.limit_in_bytes" }), limit.to_string()).unwrap();
+        let mut wrapper = tempfile::Builder::new().suffix(".sh").tempfile().unwrap();
+        let script = format!(
+            "#!/bin/sh\necho $$ > {}/cgroup.procs\nexec {} \"$@\"\n",
+            dir.display(),
+            shed_testkit::gate::shedctl_path()
+        );
+        wrapper.write_all(script.as_bytes()).unwrap();
+        let wrapper = wrapper.into_temp_path();
+        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        Self { dir, v2, wrapper }
+    }
+
+    /// Bytes charged to it now.
+    fn current(&self) -> u64 {
+        let file = if self.v2 { "memory.current" } else { "memory.usage_in_bytes" };
+        std::fs::read_to_string(self.dir.join(file)).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// Times the kernel's OOM killer ran in it.
+    fn oom_kills(&self) -> u64 {
+        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a
+/// budget a little over what it holds with no pod: the pods past it are
+/// left ungated and shown refused for memory (never gated and refused at
+/// once), the agent lives and is never OOM-killed, and a refused pod is
+/// gated once the gated ones go.
+#[test]
+fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
+    use shed_testkit::gate::{Log, poll};
+
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod5", "10.233.77.0/24").expect("a private containerd");
+    let socket = runtime.socket().display().to_string();
+    const METRICS: &str = "127.0.0.1:19481";
+    let healthy = || {
+        TcpStream::connect_timeout(&METRICS.parse().unwrap(), Duration::from_millis(200)).is_ok()
+            && shed_testkit::metrics::http_get(METRICS, "/healthz").0 == "HTTP/1.1 200 OK"
+    };
+    // What the agent holds with no pod (its shared programs and tables), in
+    // a cgroup of its own: what it frees after it exits is not charged to the next.
+    let held_mib = {
+        let cgroup = MemoryCgroup::create("shed-e2e-pod-idle", daemonset_memory_limit());
+        let args = ["--pods", "--cri-socket", &socket, "--metrics", METRICS];
+        let idle = Gate::spawn(&cgroup.wrapper, &args, Log::Capture).expect("the agent");
+        poll(Duration::from_secs(20), "the agent up", healthy, |&up| up);
+        std::thread::sleep(Duration::from_secs(2));
+        let held = cgroup.current() >> 20;
+        drop(idle);
+        held
+    };
+    // Room for two pods setting up at once (4 MiB booked each), or about ten
+    // set up (about 1 MiB each, B10): of 20 pods, some are refused.
+    let cgroup = MemoryCgroup::create("shed-e2e-pod-budget", daemonset_memory_limit());
+    let budget = (held_mib + 10).to_string();
+    let args = ["--pods", "--cri-socket", &socket, "--metrics", METRICS, "--memory-budget", &budget];
+    let gate = Gate::spawn(&cgroup.wrapper, &args, Log::Capture).expect("the agent");
+    poll(Duration::from_secs(20), "the agent up again", healthy, |&up| up);
+    let asks = [("shed.io/ports", "8080"), ("shed.io/limit", "10")];
+    let pods: Vec<_> = (0..20).map(|i| runtime.run_pod(&format!("m{i}"), &asks).expect("pod")).collect();
+    let refused_for_memory = |pod: &str| {
+        let scrape = shed_testkit::metrics::scrape(METRICS);
+        let labels = [("pod", pod), ("annotation", "memory-budget")];
+        scrape.samples.iter().any(|s| {
+            s.metric == "shed_pod_refused"
+                && s.value == prometheus_parse::Value::Gauge(1.0)
+                && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+        })
+    };
+    let gated = |netns: &str| shed_testkit::gate::gated_line(&gate.log(), netns).is_some();
+    // Settled: each pod gated or refused for memory.
+    let sorted = || {
+        let (mut gated_pods, mut refused) = (Vec::new(), Vec::new());
+        for (i, pod) in pods.iter().enumerate() {
+            match (gated(&pod.netns), refused_for_memory(&format!("m{i}"))) {
+                (true, false) => gated_pods.push(i),
+                (false, true) => refused.push(i),
+                (g, r) => return Err(format!("m{i}: gated {g}, refused for memory {r}")),
+            }
+        }
+        Ok((gated_pods, refused))
+    };
+    let (gated_pods, refused) =
+        poll(Duration::from_secs(20), "every pod gated or refused", sorted, Result::is_ok).expect("settled");
+    println!("{held_mib} MiB held with no pod, a budget of {budget} MiB: gated {gated_pods:?}, refused {refused:?}");
+    assert!(!gated_pods.is_empty() && !refused.is_empty(), "the budget holds some of the 20 pods, not all");
+    let alive = std::path::Path::new(&format!("/proc/{}", gate.pid())).exists();
+    assert!(alive && healthy(), "the agent lives: {}", gate.log());
+    assert_eq!(cgroup.oom_kills(), 0, "never OOM-killed");
+    // The gated pods go: their memory comes back, and a refused pod is gated.
+    for &i in &gated_pods {
+        runtime.remove_pod(&pods[i].id).expect("remove a gated pod");
+    }
+    poll(
+        Duration::from_secs(20),
+        "a pod refused for memory gated once there is room",
+        || refused.iter().filter(|&&i| gated(&pods[i].netns)).count(),
+        |&n| n > 0,
+    );
+    assert_eq!(cgroup.oom_kills(), 0);
+    drop(gate);
+}

@@ -119,6 +119,12 @@ impl Schedule {
         }
     }
 
+    /// Whether the last pass left something to confirm (or none has run):
+    /// the next pass is due soon, whatever the gate's pace.
+    pub(crate) fn awaits_a_pass(&self) -> bool {
+        self.last.is_none_or(|(_, _, pending)| pending)
+    }
+
     /// Records a pass that ended at `now` after `took`, leaving something to
     /// confirm (`pending`) or not.
     pub(crate) fn passed(&mut self, now: Instant, took: Duration, pending: bool) {
@@ -171,6 +177,11 @@ impl Healer {
     }
 
     /// The cheap check (the counters only); runs a pass when one is due.
+    /// Whether a pass is owed soon: the first, or one to confirm what the last saw.
+    pub(crate) fn awaits_a_pass(&self) -> bool {
+        self.schedule.awaits_a_pass()
+    }
+
     pub fn check(&mut self, maps: &mut GateMaps, now: Instant) -> Result<(), Error> {
         let configs = maps.port_configs()?;
         let evidence = Evidence::read(maps, &configs)?;
@@ -452,6 +463,16 @@ fn fxhash(flow: &FlowKey) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_is_owed_before_the_first_and_while_one_awaits_confirmation() {
+        let mut schedule = Schedule::new(Duration::from_secs(30));
+        assert!(schedule.awaits_a_pass(), "none has run");
+        schedule.passed(Instant::now(), Duration::from_millis(1), true);
+        assert!(schedule.awaits_a_pass(), "it saw something to confirm");
+        schedule.passed(Instant::now(), Duration::from_millis(1), false);
+        assert!(!schedule.awaits_a_pass(), "confirmed: only the routine pass is left");
+    }
 
     #[test]
     fn acts_only_on_what_two_passes_in_a_row_found() {

@@ -54,7 +54,9 @@ const QUIET_POD_HEAL_CHECK_EVERY: Duration = Duration::from_mins(5);
 
 /// How often the loop asks its healer whether a pass is due (see
 /// [`QUIET_POD_HEAL_CHECK_EVERY`]): a node's own gates keep their pace quiet
-/// or not (one gate's pass is cheap).
+/// or not (one gate's pass is cheap). `quiet`: the gate is, and its healer
+/// owes no pass (a restarted agent's first, which finds the connections
+/// open, and the one that confirms them, run at the usual pace).
 fn heal_check_every(quiet: bool, one_of_many: bool) -> Duration {
     if quiet && one_of_many { QUIET_POD_HEAL_CHECK_EVERY } else { HEAL_CHECK_EVERY }
 }
@@ -331,7 +333,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
                 }
-                let heal_every = heal_check_every(pace.quiet(), settings.one_of_many);
+                let heal_every = heal_check_every(pace.quiet() && !healer.awaits_a_pass(), settings.one_of_many);
                 if last_heal_check.is_none_or(|t| t.elapsed() >= heal_every) {
                     // A failed pass leaves the counts as they are: the gate keeps running.
                     if let Err(e) = healer.check(&mut loaded.maps, Instant::now()) {
