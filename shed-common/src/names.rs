@@ -146,7 +146,7 @@ pub mod map {
 
     /// Every map of the kernel object by name, in one place (the daemon pins
     /// those it opens as `GateMaps`; `RARE_STAMPS` and `LAST_PASSED` are the kernel's alone).
-    pub const ALL: [&str; 36] = [
+    pub const ALL: [&str; 37] = [
         PORTS,
         PORT_STATE,
         USER_STATE,
@@ -183,6 +183,7 @@ pub mod map {
         TURN_TC,
         TURN_XDP,
         TURN_SOCKET,
+        GATE_NOW,
     ];
 }
 

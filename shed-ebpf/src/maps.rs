@@ -114,7 +114,8 @@ pub static SHED_GATE_NOW: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0)
 fn gate_now() -> Option<u32> {
     // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
     let plus_one = unsafe { *SHED_GATE_NOW.get_ptr(0)? };
-    plus_one.checked_sub(1)
+    // None entered: u32::MAX, past every array of maps (its lookup fails), without a branch here.
+    Some(plus_one.wrapping_sub(1))
 }
 
 /// Makes `gate` the running program's; returns the gate it replaces, to

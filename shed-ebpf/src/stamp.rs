@@ -42,9 +42,11 @@ impl Claim {
         let slot = slot ^ u32::from(fault!("stamp_wrong_key"));
         let mut chosen = stamp_index(slot, flow, 0);
         let mut free = false;
+        // The gate's map once, outside the probes: a lookup a probe makes the verifier walk it each time.
+        let Some(stamps) = gate::stamps() else { return Self(chosen) };
         for probe in 0..STAMP_PROBES {
             let index = stamp_index(slot, flow, probe);
-            let Some(stamp) = gate::stamps().and_then(|m| m.get(index)) else { break };
+            let Some(stamp) = stamps.get(index) else { break };
             let seen = read(stamp);
             if seen.flow == flow {
                 if seen.holds(flow, epoch) && !fault!("duplicate_ack_reserved") {
@@ -58,7 +60,7 @@ impl Claim {
                 free = true;
             }
         }
-        let Some(stamp) = gate::stamps().and_then(|m| m.get_ptr_mut(chosen)) else { return Self(chosen) };
+        let Some(stamp) = stamps.get_ptr_mut(chosen) else { return Self(chosen) };
         let seen = read(stamp);
         let head = stamp.cast::<u64>();
         if !atomic::compare_exchange(head, HandshakeStamp::head(seen.flow, seen.state), HandshakeStamp::head(flow, stamp_state::CLAIMED))
@@ -95,8 +97,9 @@ impl Claim {
 /// The stamp `flow` took at admission, if it is still there.
 #[inline(always)]
 pub(crate) fn find_stamp(slot: u32, flow: u32) -> Option<*mut HandshakeStamp> {
+    let stamps = gate::stamps()?;
     for probe in 0..STAMP_PROBES {
-        let stamp = gate::stamps().and_then(|m| m.get_ptr_mut(stamp_index(slot, flow, probe)))?;
+        let stamp = stamps.get_ptr_mut(stamp_index(slot, flow, probe))?;
         // SAFETY: map value, read as plain data.
         if unsafe { (*stamp).flow } == flow {
             return Some(stamp);

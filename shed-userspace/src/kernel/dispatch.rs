@@ -41,7 +41,7 @@ pub struct Dispatcher {
 struct Tables {
     /// The object whose programs are attached: their links live as long as it.
     ebpf: Ebpf,
-    /// A shared object's pods: their maps by gate, and their gates by namespace cookie.
+    /// A shared object's pods: their maps by gate (their gates by namespace are `netns`).
     shared: Option<Shared>,
     targets: ProgramArray<MapData>,
     netns: HashMap<MapData, u32, u32>,
@@ -188,6 +188,18 @@ impl Dispatcher {
         }
         let free = (0..dispatch::GATES).collect();
         Ok(Self { tables: Mutex::new(Tables { ebpf, shared, targets, netns, socks, books, free }) })
+    }
+
+    /// How many instructions the verifier walked to load program `name` of
+    /// this dispatcher's object (None: not loaded, or the kernel does not say).
+    pub fn verified_instructions(&self, name: &str) -> Option<u32> {
+        let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        let info = match tables.ebpf.program(name)? {
+            aya::programs::Program::SchedClassifier(p) => p.info(),
+            aya::programs::Program::RawTracePoint(p) => p.info(),
+            _ => return None,
+        };
+        info.ok()?.verified_instruction_count()
     }
 
     /// Whether this dispatcher's object judges and counts for every pod ([`Self::start_shared`]).
