@@ -60,8 +60,20 @@ struct Shared {
 }
 
 impl SharedJudge for Dispatcher {
+    /// Attaches the shared object's TC program to `iface` of this thread's
+    /// namespace; detached when what it returns is dropped.
     fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
-        self.attach_shared_tc(iface)
+        system::check_interface(iface)?;
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if tables.shared.is_none() {
+            return Err(Error::Dispatch { what: format!("attach to {iface}: the dispatcher's object does not judge") });
+        }
+        let prog = Loaded::loaded_tc(&mut tables.ebpf)?;
+        let id = prog
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(|e| Error::program(format!("attach the shared TC program to {iface}"), e))?;
+        let link = prog.take_link(id).map_err(|e| Error::program(format!("hold the TC link of {iface}"), e))?;
+        Ok(Box::new(link))
     }
 }
 
@@ -255,22 +267,6 @@ impl Dispatcher {
             loaded.shared = Some(Arc::clone(self) as Arc<dyn SharedJudge>);
         }
         Ok(Dispatched { dispatcher: Arc::clone(self), gate, inum })
-    }
-
-    /// Attaches the shared object's TC program to `iface` of this thread's
-    /// namespace; detached when what it returns is dropped.
-    fn attach_shared_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
-        system::check_interface(iface)?;
-        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        if tables.shared.is_none() {
-            return Err(Error::Dispatch { what: format!("attach to {iface}: the dispatcher's object does not judge") });
-        }
-        let prog = Loaded::loaded_tc(&mut tables.ebpf)?;
-        let id = prog
-            .attach(iface, TcAttachType::Ingress)
-            .map_err(|e| Error::program(format!("attach the shared TC program to {iface}"), e))?;
-        let link = prog.take_link(id).map_err(|e| Error::program(format!("hold the TC link of {iface}"), e))?;
-        Ok(Box::new(link))
     }
 
     /// Takes back everything `gate` was given: its namespace first (no new

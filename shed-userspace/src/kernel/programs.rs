@@ -225,10 +225,16 @@ impl Loaded {
 
     /// Puts the loaded TC turn program where the TC gate's tail call finds it.
     pub(crate) fn install_tc_turn(ebpf: &mut Ebpf) -> Result<(), Error> {
-        let turn: &mut SchedClassifier = Self::program(ebpf, program::TC_TURN)?;
-        let fd = turn.fd().map_err(|e| Error::program("find the TC turn program's fd", e))?;
-        let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::TC_TURN, e))?;
-        Self::install_turn(ebpf, shed_common::map::TURN_TC, &fd)
+        Self::install_loaded_turn(ebpf, program::TC_TURN, shed_common::map::TURN_TC)
+    }
+
+    /// Puts turn program `turn`, loaded, in program array `array`.
+    fn install_loaded_turn(ebpf: &mut Ebpf, turn: &str, array: &str) -> Result<(), Error> {
+        let missing = || Error::program(format!("find program {turn}"), ProgramError::NotLoaded);
+        let fd =
+            ebpf.program(turn).ok_or_else(missing)?.fd().map_err(|e| Error::program(format!("find {turn}'s fd"), e))?;
+        let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", turn, e))?;
+        Self::install_turn(ebpf, array, &fd)
     }
 
     /// Puts a turn program where its gate's tail call finds it (an older
@@ -255,9 +261,7 @@ impl Loaded {
             let turn: &mut Xdp = Self::program(ebpf, program::XDP_TURN)?;
             if turn.fd().is_err() {
                 verified(|| turn.load()).map_err(|e| Error::program("load XDP turn program", e))?;
-                let fd = turn.fd().map_err(|e| Error::program("find the XDP turn program's fd", e))?;
-                let fd = fd.try_clone().map_err(|e| Error::io("duplicate the fd of", program::XDP_TURN, e))?;
-                Self::install_turn(ebpf, shed_common::map::TURN_XDP, &fd)?;
+                Self::install_loaded_turn(ebpf, program::XDP_TURN, shed_common::map::TURN_XDP)?;
             }
         }
         let prog: &mut Xdp = Self::program(ebpf, name)?;
