@@ -337,27 +337,15 @@ fn gate_under_shared(
     connections: u32,
     spec: shed::kernel::maps::PortSpec,
 ) -> shed::kernel::programs::Loaded {
-    use std::os::unix::fs::MetadataExt as _;
-
-    use shed::kernel::{
-        object::LoadOptions,
-        programs::{Loaded, SharedJudge as _},
-    };
-    let (dispatcher, iface, server) = (dispatcher.clone(), bed.server_if.clone(), bed.server_v4.octets());
-    testbed::run_in(&bed.server_ns, move || {
-        let mut loaded = Loaded::maps_only(None, LoadOptions::pod(connections, 256, false)).expect("the pod's maps");
-        loaded.maps.protect(PORT, &spec).expect("protect the port");
-        let mut mapped = [0u8; 16];
-        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
-        mapped[12..].copy_from_slice(&server);
-        let local = [(mapped, shed_common::local_addr::UNICAST)].into_iter().collect();
-        loaded.maps.set_local_addrs(&local).expect("addresses");
-        let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
-        loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, inum).expect("hand the namespace over")));
-        loaded.shared_links.push(dispatcher.attach_tc(&iface).expect("attach the shared TC program"));
-        loaded
-    })
-    .expect("namespace")
+    support::shared::gate_under_shared(
+        dispatcher,
+        &bed.server_ns,
+        &[&bed.server_if],
+        &[bed.server_v4],
+        connections,
+        PORT,
+        spec,
+    )
 }
 
 /// The node agent's shared object (`Dispatcher::start_shared`): one TC

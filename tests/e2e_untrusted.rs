@@ -91,6 +91,50 @@ fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
     }
 }
 
+/// What a flood test reads of a gate at port `PORT`.
+#[derive(Debug, Clone, Copy, Default)]
+struct FloodCounts {
+    syn_passed: u64,
+    admitted: u64,
+    rejected: u64,
+    late_completed: u64,
+    pending: u64,
+}
+
+impl FloodCounts {
+    /// The node gate's, from `shedctl stats`.
+    fn of_node() -> Self {
+        let now = stats(PORT);
+        Self {
+            syn_passed: field(&now, "syn_passed"),
+            admitted: field(&now, "admitted"),
+            rejected: field(&now, "rejected"),
+            late_completed: field(&now, "late_completed"),
+            pending: field(&now, "pending"),
+        }
+    }
+
+    /// A pod gate's under the shared object, from its maps.
+    fn of_pod(loaded: &shed::kernel::programs::Loaded) -> Self {
+        use shed_common::counter;
+        let config = loaded.maps.config(PORT).expect("the port's config");
+        let now = loaded.maps.snapshot(PORT, config).expect("the port's snapshot");
+        Self {
+            syn_passed: now.counter(counter::SYN_PASSED),
+            admitted: now.counter(counter::ADMITTED),
+            rejected: now.rejected(),
+            late_completed: now.counter(counter::LATE_COMPLETED),
+            pending: now.pending(),
+        }
+    }
+}
+
+/// The gate a flood test runs against: its counts, and its `/readyz` if it has one.
+struct FloodGate {
+    counts: Box<dyn Fn() -> FloodCounts>,
+    readyz: Option<&'static str>,
+}
+
 /// Forged SYNs hold nothing, however far away the real clients are: clients
 /// 50 ms away (a delayed link) keep their goodput under a forged flood that
 /// took them to 6% when a SYN held a reservation for a window that grew with
@@ -98,28 +142,68 @@ fn forged(i: u32, one_prefix: bool) -> Ipv4Addr {
 /// answer them) and `/readyz` stays ready while the backend is healthy.
 #[test]
 fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip() {
+    forged_syn_flood_at_a_50_ms_round_trip("shedtu", 7, |bed, _| {
+        let endpoint = "127.0.0.1:19466";
+        // The whole namespace: the veth the flood arrives on and the link the clients use.
+        let gate = Gate::attach(&[
+            "--netns",
+            &bed.server_ns,
+            "--port",
+            "8080",
+            "--limit",
+            "50",
+            "--action",
+            "rst",
+            "--metrics",
+            endpoint,
+        ]);
+        FloodGate {
+            counts: Box::new(move || {
+                let _held = &gate;
+                FloodCounts::of_node()
+            }),
+            readyz: Some(endpoint),
+        }
+    });
+}
+
+/// The same flood and far clients into a pod's gate under the node agent's
+/// shared object (one TC program for every pod, the pod's own maps): the
+/// same figures as the node's own gate.
+#[test]
+fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip_into_a_pods_shared_gate() {
+    use shed::kernel::{dispatch::Dispatcher, maps::PortSpec};
+    use shed_common::{ControlConfig, action, count_mode};
+    forged_syn_flood_at_a_50_ms_round_trip("shedtp", 8, |bed, far| {
+        let dispatcher = Arc::new(Dispatcher::start_shared(1024).expect("start the shared object"));
+        assert!(dispatcher.shared());
+        let spec = PortSpec::new(50, action::RST, false, count_mode::WORK, ControlConfig::default());
+        let loaded = support::shared::gate_under_shared(
+            &dispatcher,
+            &bed.server_ns,
+            &[&bed.server_if, &far.server_if],
+            &[bed.server_v4, far.server_v4],
+            1024,
+            PORT,
+            spec,
+        );
+        FloodGate { counts: Box::new(move || FloodCounts::of_pod(&loaded)), readyz: None }
+    });
+}
+
+/// A 4 s flood of 2,000 forged SYNs a second from 100.64.0.0/10, while
+/// clients 50 ms away send 50 requests a second, into the gate `gate`
+/// attaches to the server namespace at a limit of 50 with `rst`.
+fn forged_syn_flood_at_a_50_ms_round_trip(name: &str, net: u8, gate: impl FnOnce(&Testbed, &DelayedLink) -> FloodGate) {
     let _one = exclusive();
-    let bed = Testbed::create("shedtu").expect("testbed");
+    let bed = Testbed::create(name).expect("testbed");
     // SYN-ACKs to forged sources leave for the client side, where nobody answers them.
     ip(&["-n", &bed.server_ns, "route", "add", "default", "via", "10.200.0.2"]);
-    let far = DelayedLink::create(&bed.server_ns, "shedtu", 7, Duration::from_millis(25)).expect("delayed link");
+    let far = DelayedLink::create(&bed.server_ns, name, net, Duration::from_millis(25)).expect("delayed link");
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT));
     let service_us = Arc::new(AtomicU64::new(1_000));
     let _backend = Backend::start(&bed.server_ns, any, Service::Workers { workers: 16, service_us }).expect("backend");
-    let endpoint = "127.0.0.1:19466";
-    // The whole namespace: the veth the flood arrives on and the link the clients use.
-    let _gate = Gate::attach(&[
-        "--netns",
-        &bed.server_ns,
-        "--port",
-        "8080",
-        "--limit",
-        "50",
-        "--action",
-        "rst",
-        "--metrics",
-        endpoint,
-    ]);
+    let gate = gate(&bed, &far);
     let started = Instant::now();
     let ping = testbed::run_in(&far.far_ns, {
         let addr = far.server_addr(PORT);
@@ -130,7 +214,7 @@ fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip() {
     assert!(rtt >= Duration::from_millis(100), "connect + request + answer take two round trips of 50 ms: {rtt:?}");
     let (warm, _) = testbed::goodput(&far.far_ns, far.server_addr(PORT), 50, 2, || {});
     assert!(warm >= 0.99, "no flood yet: {warm}");
-    let before = stats(PORT);
+    let before = (gate.counts)();
     let server = bed.server_v4;
     let ns = bed.client_ns.clone();
     let mut sent = 0;
@@ -140,31 +224,34 @@ fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip() {
             testbed::syn_flood_at(server, PORT, 2_000, Duration::from_secs(4), |i| forged(i, false))
         });
         while !flood.is_finished() {
-            unready += u32::from(http_get(endpoint, "/readyz").0 != "HTTP/1.1 200 OK");
+            if let Some(endpoint) = gate.readyz {
+                unready += u32::from(http_get(endpoint, "/readyz").0 != "HTTP/1.1 200 OK");
+            }
             thread::sleep(Duration::from_millis(250));
         }
         sent = flood.join().unwrap().unwrap().expect("raw socket");
     });
-    let after = stats(PORT);
-    let delta = |name| field(&after, name) - field(&before, name);
+    let after = (gate.counts)();
+    let delta = |of: fn(&FloodCounts) -> u64| of(&after) - of(&before);
     println!(
-        "flood at RTT 50 ms: {sent} forged SYNs in 4 s, legit goodput {:.1}% of {requests} requests, \
+        "{name}: flood at RTT 50 ms: {sent} forged SYNs in 4 s, legit goodput {:.1}% of {requests} requests, \
          syn_passed {}, admitted {}, rejected {}, /readyz unready in {unready} polls ({:.0} s in all)",
         goodput * 100.0,
-        delta("syn_passed"),
-        delta("admitted"),
-        delta("rejected"),
+        delta(|c| c.syn_passed),
+        delta(|c| c.admitted),
+        delta(|c| c.rejected),
         started.elapsed().as_secs_f64()
     );
     assert!(sent >= 7_000, "the flood ran ({sent} sent)");
     assert!(goodput >= 0.95, "legitimate goodput {goodput:.3} under a 2,000/s forged flood at 50 ms");
     // Every forged SYN passed holding nothing; only real handshakes were admitted.
-    assert!(delta("syn_passed") >= u64::from(sent) + delta("admitted"), "{after}");
-    assert!(delta("admitted") <= requests as u64, "only verified handshakes take slots: {after}");
-    assert_eq!(delta("late_completed"), 0, "every legitimate handshake was judged at its ACK: {after}");
-    assert_eq!(delta("rejected"), 0, "the port never filled: {after}");
+    assert!(delta(|c| c.syn_passed) >= u64::from(sent) + delta(|c| c.admitted), "{after:?}");
+    assert!(delta(|c| c.admitted) <= requests as u64, "only verified handshakes take slots: {after:?}");
+    assert!(delta(|c| c.admitted) > 0, "the far clients' handshakes were judged: {after:?}");
+    assert_eq!(delta(|c| c.late_completed), 0, "every legitimate handshake was judged at its ACK: {after:?}");
+    assert_eq!(delta(|c| c.rejected), 0, "the port never filled: {after:?}");
     assert_eq!(unready, 0, "/readyz stays ready while the backend is healthy");
-    assert_eq!(field(&after, "pending"), 0, "{after}");
+    assert_eq!(after.pending, 0, "{after:?}");
 }
 
 #[test]

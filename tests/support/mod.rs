@@ -5,6 +5,7 @@
 
 pub(crate) mod handshake;
 pub(crate) mod outside;
+pub(crate) mod shared;
 #[allow(unused_imports, reason = "each test binary uses a different part")]
 pub(crate) use shed_testkit::{frames, gate, kept, metrics};
 
