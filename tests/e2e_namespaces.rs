@@ -616,3 +616,106 @@ impl Drop for Namespaces {
         }
     }
 }
+
+/// A node agent leaving on SIGTERM (a restart, a rolling update) leaves its
+/// shared object judging every pod for the next agent
+/// (`Dispatcher::leave_for_successor`). With the first agent gone, its
+/// program still refuses a pod's connection past the limit and its
+/// dispatchers still count the pod's closes. The next agent's shared object
+/// takes the pod's link over (its program replaces the old one on the same
+/// link: one program on the interface throughout) and judges under its own
+/// maps; the old object's pins go once every pod is taken. An object left
+/// and not taken over judges nothing once its lease is up (fail-open), and
+/// the next agent to start removes its pins.
+#[test]
+fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_over() {
+    use std::{io::Read as _, io::Write as _, path::Path, sync::Arc};
+
+    use aya::programs::{SchedClassifier, TcAttachType};
+    use shed::{
+        host::paths::HANDOVER_PIN_DIR,
+        kernel::{dispatch::Dispatcher, maps::PortSpec, programs::Loaded},
+    };
+    use shed_common::{ControlConfig, action, count_mode};
+
+    let _one = exclusive();
+    let _ = std::fs::remove_dir_all(HANDOVER_PIN_DIR);
+    let bed = Testbed::create("shho").expect("testbed");
+    let addr: SocketAddr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let spec = || PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+    let connect = || {
+        testbed::run_in(&bed.client_ns, move || {
+            let mut s = testbed::connect(addr, Duration::from_secs(1))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(b"ping")?;
+            s.read_exact(&mut [0u8; 4])?;
+            Ok::<_, io::Error>(s)
+        })
+        .expect("client namespace")
+    };
+    let iface = bed.server_if.clone();
+    let programs = || {
+        let iface = iface.clone();
+        testbed::run_in(&bed.server_ns, move || {
+            let (_, programs) = SchedClassifier::query_tcx(&iface, TcAttachType::Ingress).expect("query tcx");
+            programs.iter().map(aya::programs::ProgramInfo::id).collect::<Vec<u32>>()
+        })
+        .expect("server namespace")
+    };
+    let open = |loaded: &Loaded| {
+        let config = loaded.maps.config(PORT).unwrap();
+        loaded.maps.snapshot(PORT, config).unwrap().established()
+    };
+
+    // The first agent: its pod holds its one connection.
+    let first = Arc::new(Dispatcher::start_shared(64).expect("start the first shared object"));
+    let pod = gate_under_shared(&first, &bed, 1024, spec());
+    let held = connect().expect("the first connection is admitted");
+    poll(Duration::from_secs(3), "the first agent's count", || open(&pod), |&n| n == 1);
+    assert!(connect().is_err(), "refused at the limit of 1");
+    let old_program = programs();
+    assert_eq!(old_program.len(), 1, "one program on the interface: {old_program:?}");
+
+    // It leaves (SIGTERM): the pod's gate and the agent end, their programs stay.
+    first.leave_for_successor(Duration::from_secs(30)).expect("leave for the next agent");
+    drop(pod);
+    drop(first);
+    assert_eq!(programs(), old_program, "the left link stays attached");
+    assert!(connect().is_err(), "the left object still refuses past the limit");
+    drop(held);
+    // Its dispatchers counted the close: the next connection is admitted, then held.
+    let held = poll(Duration::from_secs(3), "the left object's count to free the slot", connect, Result::is_ok)
+        .expect("admitted once the close is counted");
+    assert!(connect().is_err(), "refused again with the slot held");
+
+    // The next agent takes the pod over: the same link, its own program and maps.
+    let next = Arc::new(Dispatcher::start_shared(64).expect("start the next shared object"));
+    let pod = gate_under_shared(&next, &bed, 1024, spec());
+    let new_program = programs();
+    assert_eq!(new_program.len(), 1, "still one program on the interface: {new_program:?}");
+    assert_ne!(new_program, old_program, "the next agent's program judges now");
+    // Its maps start from nothing: the connection the old object counted is not
+    // its, so one more is admitted (fail-open), then it refuses.
+    let newer = connect().expect("the next agent's first");
+    poll(Duration::from_secs(3), "the next agent's count", || open(&pod), |&n| n == 1);
+    assert!(connect().is_err(), "the next agent refuses past its limit");
+    next.finish_takeover(false);
+    assert!(!Path::new(HANDOVER_PIN_DIR).exists(), "the old object's pins go once its pod is taken over");
+    drop((held, newer));
+
+    // Left with a lease of 1 s and never taken over: it passes everything once the lease is up.
+    poll(Duration::from_secs(3), "the next agent's closes counted", || open(&pod), |&n| n == 0);
+    let held = connect().expect("admitted with the slot free");
+    next.leave_for_successor(Duration::from_secs(1)).expect("leave again");
+    drop(pod);
+    drop(next);
+    assert!(connect().is_err(), "judged while the lease runs");
+    std::thread::sleep(Duration::from_millis(1500));
+    let past = connect().expect("a lapsed lease judges nothing: admitted past the limit");
+    assert_eq!(programs().len(), 1, "attached, but judging nothing");
+    let last = Dispatcher::start_shared(64).expect("start another shared object");
+    assert!(!Path::new(HANDOVER_PIN_DIR).exists(), "a lapsed object's pins go when the next agent starts");
+    assert_eq!(programs(), Vec::<u32>::new(), "and with them its link");
+    drop((held, past, last));
+}

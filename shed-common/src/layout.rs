@@ -453,8 +453,13 @@ pub struct NetnsFilter {
     /// program finds the namespace of the device a packet arrived on (0: unknown).
     pub skb_dev_offset: u32,
     pub dev_net_offset: u32,
+    /// A node agent's shared object left running for its successor (on
+    /// SIGTERM: a restart or a rolling update): the kernel time (ns,
+    /// `CLOCK_MONOTONIC`) after which its programs judge and hand over
+    /// nothing, so a gate nobody took over fails open. 0: an agent holds it.
+    pub left_until_ns: u64,
 }
-const _: () = assert!(size_of::<NetnsFilter>() == 24);
+const _: () = assert!(size_of::<NetnsFilter>() == 32);
 
 /// A client of a port, for the per-client cap.
 #[repr(C)]

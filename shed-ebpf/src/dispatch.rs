@@ -5,12 +5,13 @@
 //! loads only these; a gate's object never loads them.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::bpf_probe_read_kernel,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
     maps::{Array, HashMap, ProgramArray},
     programs::RawTracePointContext,
 };
 use shed_common::{
+    NetnsFilter,
     capacity::MAX_SOCKS,
     dispatch::{self, DispatchBooks, GATES, SLOTS},
     tcp_state,
@@ -128,13 +129,22 @@ fn hand_over(ctx: &RawTracePointContext, gate: u32, event: u32) {
 #[inline(always)]
 fn netns_inum(sk: u64) -> Option<u32> {
     let filter = SHED_NETNS.get(0)?;
-    if filter.enabled == 0 {
+    if filter.enabled == 0 || left_and_lapsed(filter) {
         return None;
     }
     // SAFETY: probe reads of kernel memory at offsets from the kernel's own BTF; failures are errors.
     let net: u64 = unsafe { bpf_probe_read_kernel((sk + u64::from(filter.skc_net_offset)) as *const u64) }.ok()?;
     // SAFETY: as above.
     unsafe { bpf_probe_read_kernel((net + u64::from(filter.net_inum_offset)) as *const u32) }.ok()
+}
+
+/// Whether the agent that held this object left it running for its
+/// successor, and the time it left it for is up: nobody took it over, so it
+/// judges nothing and hands nothing over (fail-open).
+#[inline(always)]
+fn left_and_lapsed(filter: &NetnsFilter) -> bool {
+    // SAFETY: a helper without arguments.
+    filter.left_until_ns != 0 && unsafe { bpf_ktime_get_ns() } > filter.left_until_ns
 }
 
 /// A shared object's gate for a packet: the one of the namespace of the
@@ -144,7 +154,7 @@ fn netns_inum(sk: u64) -> Option<u32> {
 #[inline(always)]
 pub fn gate_of_skb(skb: u64) -> Option<u32> {
     let filter = SHED_NETNS.get(0)?;
-    if filter.enabled == 0 || filter.skb_dev_offset == 0 || filter.dev_net_offset == 0 {
+    if filter.enabled == 0 || filter.skb_dev_offset == 0 || filter.dev_net_offset == 0 || left_and_lapsed(filter) {
         return None;
     }
     // SAFETY: probe reads of kernel memory at offsets from the kernel's own BTF

@@ -157,6 +157,7 @@ fn start_dispatcher(node: &NodePlan) -> Option<Dispatcher> {
                  node then runs once per gated pod",
                 crate::error::chain(&e)
             );
+            crate::kernel::handover::abandon_inherited();
             None
         }
     }
@@ -258,6 +259,10 @@ impl Pods {
 
     /// Asks the runtime for its pods: gates the new ones that ask, ends the gates of pods gone.
     pub(super) async fn look(&mut self) {
+        // The last agent's object goes once every pod it judged is taken over (or its lease is up).
+        if let Some(dispatcher) = &self.dispatcher {
+            dispatcher.finish_takeover(false);
+        }
         // Bounded as a whole, as each call is: a runtime that answers each
         // status just in time must not hold the daemon's loop (and its
         // signals) for a call per pod.
@@ -437,6 +442,17 @@ impl Pods {
     }
 
     /// Ends every pod's gate (the daemon stops).
+    /// On SIGTERM (a restart, a rolling update): every pod is left judged by
+    /// the shared object for the next agent, which takes each over
+    /// (`kernel::handover`); without a shared object, each is detached.
+    pub(super) fn leave_for_successor(&self) {
+        if let Some(dispatcher) = &self.dispatcher
+            && let Err(e) = dispatcher.leave_for_successor(crate::kernel::handover::HANDOVER_LEASE)
+        {
+            tracing::warn!("{}: every pod is detached as the agent stops", crate::error::chain(&e));
+        }
+    }
+
     pub(super) async fn stop_all(&mut self) {
         let ids: Vec<String> = self.running.keys().cloned().collect();
         for id in &ids {

@@ -297,7 +297,12 @@ impl Supervisor {
             tokio::select! {
                 _ = watchdog.tick(), if watchdog_every.is_some() && !self.stopping => self.feed_watchdog(),
                 _ = signals.interrupt.recv() => self.stop("SIGINT: detaching"),
-                _ = signals.terminate.recv() => self.stop("SIGTERM: detaching"),
+                _ = signals.terminate.recv() => {
+                    if let Some(pods) = &self.pods {
+                        pods.leave_for_successor();
+                    }
+                    self.stop("SIGTERM: detaching");
+                }
                 _ = signals.hang_up.recv() => self.control.reload.send_modify(|n| *n += 1),
                 Some((id, result)) = ends.recv() => self.ended(id, result),
                 _ = look.tick(), if self.pods.is_some() && !self.stopping => {

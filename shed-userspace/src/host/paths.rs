@@ -10,6 +10,11 @@ pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 pub const PIN_DIR: &str = "/sys/fs/bpf/shed";
 /// Pin folders of the gates of namespaces named with `--netns`, one per namespace.
 pub const NETNS_PIN_DIR: &str = "/sys/fs/bpf/shed/netns";
+/// Where a node agent leaving on SIGTERM pins the links of its shared object
+/// (its pods' TC links and its dispatchers') for its successor, a folder per
+/// agent that left (`until-<lease end, CLOCK_MONOTONIC ns>`). Outside
+/// [`PIN_DIR`], which every daemon's start and exit clears.
+pub const HANDOVER_PIN_DIR: &str = "/sys/fs/bpf/shed-handover";
 /// The `netns` label of the daemon's own network namespace (no `--netns`).
 pub(crate) const OWN_NETNS_LABEL: &str = "host";
 /// tracefs mount point (tracepoint ids and formats).

@@ -509,6 +509,7 @@ pub(crate) fn netns_filter() -> Result<shed_common::NetnsFilter, String> {
         net_inum_offset: net_inum,
         skb_dev_offset: skb_dev,
         dev_net_offset: dev_net,
+        left_until_ns: 0,
     })
 }
 

@@ -15,12 +15,13 @@ use std::{
     collections::BTreeSet,
     os::fd::AsFd as _,
     sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
 use aya::{
     Ebpf,
     maps::{Array, HashMap, MapData, ProgramArray},
-    programs::{RawTracePoint, TcAttachType},
+    programs::{RawTracePoint, TcAttachType, links::FdLink, tc::SchedClassifierLink},
 };
 use shed_common::{NetnsFilter, dispatch, dispatch::DispatchBooks, map, program};
 
@@ -28,6 +29,7 @@ use crate::{
     error::Error,
     host::system,
     kernel::{
+        handover::{self, Inherited, Leaving, PodLink},
         maps as kernel_maps, object,
         programs::{Loaded, SharedJudge},
     },
@@ -36,11 +38,19 @@ use crate::{
 /// The dispatchers, attached; their tables, written as gates come and go.
 pub struct Dispatcher {
     tables: Mutex<Tables>,
+    /// Set once this agent leaves its shared object to its successor.
+    leaving: Leaving,
+    /// What the agents before this one left it (a shared object's only).
+    inherited: Inherited,
 }
 
 struct Tables {
-    /// The object whose programs are attached: their links live as long as it.
+    /// The object whose programs are attached.
     ebpf: Ebpf,
+    /// The dispatchers' links, by program: detached when dropped, unless left for a successor.
+    tracepoints: Vec<(&'static str, FdLink)>,
+    /// Where the programs find namespaces (and the lease of a shared object left behind).
+    offsets: Array<MapData, NetnsFilter>,
     /// A shared object's pods: their maps by gate (their gates by namespace are `netns`).
     shared: Option<Shared>,
     targets: ProgramArray<MapData>,
@@ -62,18 +72,39 @@ struct Shared {
 impl SharedJudge for Dispatcher {
     /// Attaches the shared object's TC program to `iface` of this thread's
     /// namespace; detached when what it returns is dropped.
+    /// A link the last agent left on `iface` is taken over instead: its
+    /// program replaced with this one's, atomically.
     fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
         system::check_interface(iface)?;
+        let name = handover::pod_link_name(iface)?;
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
         if tables.shared.is_none() {
             return Err(Error::Dispatch { what: format!("attach to {iface}: the dispatcher's object does not judge") });
         }
         let prog = Loaded::loaded_tc(&mut tables.ebpf)?;
-        let id = prog
-            .attach(iface, TcAttachType::Ingress)
-            .map_err(|e| Error::program(format!("attach the shared TC program to {iface}"), e))?;
+        let taken = self.inherited.take(&name).and_then(|left| {
+            SchedClassifierLink::try_from(left)
+                .map_err(|e| Error::Dispatch { what: format!("take over the last agent's TC link of {iface}: {e}") })
+                .and_then(|left| {
+                    prog.attach_to_link(left)
+                        .map_err(|e| Error::program(format!("take over the last agent's TC link of {iface}"), e))
+                })
+                .map_err(|e| tracing::warn!("{}: attached anew", crate::error::chain(&e)))
+                .ok()
+        });
+        let id = match taken {
+            Some(id) => {
+                tracing::info!(iface = %iface, "took over the last agent's TC link: judged throughout");
+                id
+            }
+            None => prog
+                .attach(iface, TcAttachType::Ingress)
+                .map_err(|e| Error::program(format!("attach the shared TC program to {iface}"), e))?,
+        };
         let link = prog.take_link(id).map_err(|e| Error::program(format!("hold the TC link of {iface}"), e))?;
-        Ok(Box::new(link))
+        let link = FdLink::try_from(link)
+            .map_err(|e| Error::Dispatch { what: format!("hold the TC link of {iface} as a BPF link: {e}") })?;
+        Ok(Box::new(PodLink::new(link, name, self.leaving.clone())))
     }
 }
 
@@ -190,16 +221,71 @@ impl Dispatcher {
             // The judge's turn program where its tail call finds it.
             Loaded::install_tc_turn(&mut ebpf)?;
         }
+        let mut tracepoints = Vec::new();
         for (name, event, _) in program::DISPATCHERS {
             let prog: &mut RawTracePoint = ebpf
                 .program_mut(name)
                 .ok_or_else(|| unable(format!("find program {name} in the kernel object")))?
                 .try_into()
                 .map_err(|e| Error::program(format!("open program {name}"), e))?;
-            prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
+            let id = prog.attach(event).map_err(|e| Error::program(format!("attach {name} to sock:{event}"), e))?;
+            let link = prog.take_link(id).map_err(|e| Error::program(format!("hold the link of {name}"), e))?;
+            tracepoints.push((name, FdLink::from(link)));
         }
         let free = (0..dispatch::GATES).collect();
-        Ok(Self { tables: Mutex::new(Tables { ebpf, shared, targets, netns, socks, books, free }) })
+        // Only a shared object takes over what the last agent left; otherwise it goes.
+        let inherited = if shared.is_some() {
+            Inherited::find()
+        } else {
+            handover::abandon_inherited();
+            Inherited::default()
+        };
+        let tables = Tables { ebpf, tracepoints, offsets, shared, targets, netns, socks, books, free };
+        Ok(Self { tables: Mutex::new(tables), leaving: Leaving::default(), inherited })
+    }
+
+    /// Leaves the shared object running for the next agent (on SIGTERM: a
+    /// restart or a rolling update): its dispatchers' links pinned now, and
+    /// each pod's TC link as its gate ends, instead of detached; its lease
+    /// set for `lease` (the agent's [`handover::HANDOVER_LEASE`]), after which it
+    /// judges nothing. A dispatcher that does not judge, or one that cannot
+    /// leave everything, leaves nothing (every pod is detached as its gate ends).
+    pub fn leave_for_successor(&self, lease: Duration) -> Result<(), Error> {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if tables.shared.is_none() || tables.tracepoints.is_empty() {
+            return Ok(());
+        }
+        let until = system::monotonic_ns() + u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX / 2);
+        let dir = Leaving::prepare(until)?;
+        // The lease first: nothing is left that would judge past it.
+        let filter = tables.offsets.get(&0, 0).map_err(|e| Error::map("read the dispatcher's namespace offsets", e))?;
+        let leased = NetnsFilter { left_until_ns: until, ..filter };
+        tables.offsets.set(0, leased, 0).map_err(|e| Error::map("lease the shared object", e))?;
+        // The dispatchers, or pods' counts would stop while their TC links judge on.
+        let links = std::mem::take(&mut tables.tracepoints);
+        let unpinned = links
+            .into_iter()
+            .map(|(name, link)| handover::leave(link, &dir, &format!("sock_{name}")))
+            .filter(|pinned| !pinned)
+            .count();
+        if unpinned > 0 {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(Error::Dispatch { what: "leave the dispatchers for the next agent".into() });
+        }
+        self.leaving.start(dir);
+        tracing::info!(
+            lease_s = lease.as_secs(),
+            "leaving every pod judged for the next agent: it takes each over, or they pass everything once the lease is up"
+        );
+        Ok(())
+    }
+
+    /// Detaches what the last agent left once every pod it gated is taken
+    /// over, its lease is up, or (`all`) now.
+    pub fn finish_takeover(&self, all: bool) {
+        if self.inherited.pending() {
+            self.inherited.finish(all);
+        }
     }
 
     /// How many instructions the verifier walked to load program `name` of
@@ -330,6 +416,10 @@ impl Dispatched {
 
 impl Drop for Dispatched {
     fn drop(&mut self) {
+        // Left for the next agent: the shared object keeps judging the pod by it.
+        if self.dispatcher.leaving.dir().is_some() {
+            return;
+        }
         self.dispatcher.take_back(self.gate, self.inum);
     }
 }

@@ -3,9 +3,11 @@
 //! loaded ([`object`]), its programs and where they attach ([`programs`]),
 //! the typed maps, pinned or fresh ([`maps`]), and the options the maps hold
 //! ([`options`]), and a node agent's one set of socket-tracepoint programs
-//! for all its pods' gates ([`dispatch`]).
+//! for all its pods' gates ([`dispatch`]), which a restarting agent leaves
+//! judging for its successor ([`handover`]).
 
 pub mod dispatch;
+pub mod handover;
 pub mod maps;
 pub mod object;
 pub mod options;
