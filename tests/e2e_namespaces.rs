@@ -642,7 +642,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     let _ = std::fs::remove_dir_all(HANDOVER_PIN_DIR);
     let bed = Testbed::create("shho").expect("testbed");
     let addr: SocketAddr = bed.server_addr(false, PORT);
-    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let spec = || PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
     let connect = || {
         testbed::run_in(&bed.client_ns, move || {
@@ -714,8 +714,28 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     std::thread::sleep(Duration::from_millis(1500));
     let past = connect().expect("a lapsed lease judges nothing: admitted past the limit");
     assert_eq!(programs().len(), 1, "attached, but judging nothing");
-    let last = Dispatcher::start_shared(64).expect("start another shared object");
+    let last = Arc::new(Dispatcher::start_shared(64).expect("start another shared object"));
     assert!(!Path::new(HANDOVER_PIN_DIR).exists(), "a lapsed object's pins go when the next agent starts");
     assert_eq!(programs(), Vec::<u32>::new(), "and with them its link");
-    drop((held, past, last));
+    drop((held, past));
+
+    // Left, then the pod goes before the next agent takes it: its link, attached
+    // to nothing now, is not waited for; the old object goes.
+    let pod = gate_under_shared(&last, &bed, 1024, spec());
+    last.leave_for_successor(Duration::from_secs(30)).expect("leave once more");
+    drop(pod);
+    drop(last);
+    let after_the_pod = Dispatcher::start_shared(64).expect("start a shared object");
+    assert!(Path::new(HANDOVER_PIN_DIR).exists(), "left while the pod lives");
+    drop(backend);
+    drop(bed);
+    poll(
+        Duration::from_secs(5),
+        "the left links of a pod gone to go",
+        || {
+            after_the_pod.finish_takeover(false);
+            Path::new(HANDOVER_PIN_DIR).exists()
+        },
+        |&left| !left,
+    );
 }

@@ -223,11 +223,20 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     assert!(gate.log().contains("the pod is gone"), "{}", gate.log());
     drop(held);
 
-    // The agent restarted finds the pod again and adopts its open connections:
-    // its limit holds against them from the start.
-    drop(gate);
+    // The agent restarted (SIGTERM) leaves the pod judged by its programs
+    // until the next agent takes it over: its limit (2, both held) still refuses.
+    gate.leave_for_successor();
+    let left = std::path::Path::new(shed::host::paths::HANDOVER_PIN_DIR);
+    assert!(left.exists(), "the agent left its links for the next one");
+    let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
+    assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "judged with no agent running");
+    // The agent restarted takes the pod's link over (judged throughout), finds
+    // its open connections and adopts them: its limit holds against them from the start.
     let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
     wait_gated(&gate, &later.netns);
+    assert!(gate.log().contains("took over the last agent's TC link: judged throughout"), "{}", gate.log());
+    shed_testkit::gate::poll(Duration::from_secs(5), "the last agent's object gone", || left.exists(), |e| !e);
+    shed_testkit::gate::poll(Duration::from_secs(5), "only the new agent's programs", programs, |p| *p == shared_set);
     shed_testkit::gate::poll(
         Duration::from_secs(10),
         "the held connections adopted",

@@ -58,10 +58,14 @@ pub enum Log {
 }
 
 /// A running `shedctl attach`. Dropping it stops it (SIGTERM, then SIGKILL)
-/// and removes anything it left (never the pins of another, live gate).
+/// and removes anything it left (never the pins of another, live gate),
+/// including what a node agent leaves judging for its successor, unless
+/// stopped with [`Gate::leave_for_successor`].
 pub struct Gate {
     child: Child,
     log: Option<tempfile::NamedTempFile>,
+    /// Whether what it leaves for the next agent stays (a restart's test).
+    successor_follows: bool,
 }
 
 impl Gate {
@@ -109,7 +113,7 @@ impl Gate {
             .stderr(stderr)
             .spawn()
             .map_err(|e| io::Error::other(format!("spawn {}: {e}", shedctl.display())))?;
-        Ok(Self { child, log: file })
+        Ok(Self { child, log: file, successor_follows: false })
     }
 
     /// `<shedctl> attach <args>`, waiting up to 20 s until it is ready and serves
@@ -184,10 +188,24 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// SIGTERM, as the kubelet restarts a node agent: the pods it leaves
+    /// judged for the next agent stay so (see `kernel::handover`).
+    pub fn leave_for_successor(mut self) {
+        self.stop();
+        self.successor_follows = true;
+    }
+}
+
 impl Drop for Gate {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
             self.stop();
+        }
+        // A test's agent would leave its pods judged, for a successor that
+        // never comes, until the lease is up.
+        if !self.successor_follows {
+            let _ = std::fs::remove_dir_all(paths::HANDOVER_PIN_DIR);
         }
         // Only pins no live daemon holds: whatever ours left, never another gate's.
         if let daemon::Liveness::Stale { .. } = daemon::liveness() {

@@ -135,6 +135,8 @@ fn make_pin_folder() -> Result<PinGuard, Error> {
         tracing::warn!(pins = paths::PIN_DIR, "removing pins left by a daemon that exited uncleanly");
         maps::remove_pins(Path::new(paths::PIN_DIR))?;
     }
+    // A node agent's object left for a successor that never came judges nothing now: it goes.
+    crate::kernel::handover::remove_lapsed();
     fs::create_dir_all(paths::PIN_DIR).map_err(|e| Error::io("create pin folder", paths::PIN_DIR, e))?;
     fs::set_permissions(paths::PIN_DIR, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .map_err(|e| Error::io("restrict pin folder", paths::PIN_DIR, e))?;

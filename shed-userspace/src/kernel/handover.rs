@@ -97,6 +97,37 @@ impl Drop for PodLink {
     }
 }
 
+/// Whether the link pinned at `path` is attached to no device any more (its
+/// pod's namespace went, and its interfaces with it): `ifindex: 0` in a tcx
+/// link's fdinfo. False if it cannot be read.
+fn detached(path: &Path) -> bool {
+    use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
+    /// `union bpf_attr`'s `BPF_OBJ_GET` member.
+    #[repr(C)]
+    struct ObjAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        path_fd: i32,
+        /// Zero: the kernel refuses an attribute with anything set past its last field.
+        pad: u32,
+    }
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    let mut attr = ObjAttr { pathname: name.as_ptr() as u64, bpf_fd: 0, file_flags: 0, path_fd: 0, pad: 0 };
+    // SAFETY: BPF_OBJ_GET reads `attr` (a NUL-terminated path that outlives the call).
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, (&raw mut attr).cast::<u8>(), size_of::<ObjAttr>()) };
+    let Ok(fd) = i32::try_from(fd) else { return false };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a file descriptor the kernel just gave us, owned from here.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    use std::os::fd::AsRawFd as _;
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .is_ok_and(|info| info.lines().any(|l| l.split_whitespace().eq(["ifindex:", "0"])))
+}
+
 /// Links that agents before this one left: a folder each, with its lease's end.
 #[derive(Default)]
 pub(crate) struct Inherited {
@@ -107,21 +138,16 @@ impl Inherited {
     /// The folders left for this agent; any whose lease is up already goes
     /// now (its programs judge nothing any more).
     pub(crate) fn find() -> Self {
-        let mut dirs = Vec::new();
-        let now = system::monotonic_ns();
-        for entry in std::fs::read_dir(paths::HANDOVER_PIN_DIR).into_iter().flatten().flatten() {
-            let until = entry.file_name().to_str().and_then(|n| n.strip_prefix("until-")?.parse::<u64>().ok());
-            match until {
-                Some(until) if until > now => dirs.push((entry.path(), until)),
-                _ => remove(&entry.path()),
-            }
-        }
-        if !dirs.is_empty() {
-            tracing::info!(agents = dirs.len(), "taking over the pods the last agent left judged");
-        }
+        let mut dirs = remove_lapsed();
         // The newest first: a pod left twice is taken from the latest.
         dirs.sort_by_key(|&(_, until)| std::cmp::Reverse(until));
-        Self { dirs: Mutex::new(dirs) }
+        let inherited = Self { dirs: Mutex::new(dirs) };
+        // Those whose pods all went since go now.
+        inherited.finish(false);
+        if inherited.pending() {
+            tracing::info!("taking over the pods the last agent left judged");
+        }
+        inherited
     }
 
     /// The link left under `name`, unpinned (None: none was left).
@@ -143,11 +169,13 @@ impl Inherited {
     pub(crate) fn finish(&self, all: bool) {
         let now = system::monotonic_ns();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).retain(|(dir, until)| {
+            // A pod gone since has nothing to take over: its link goes now.
             let pods_left = std::fs::read_dir(dir)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .filter(|e| e.file_name().to_string_lossy().starts_with("tc_"))
+                .filter(|e| !(detached(&e.path()) && std::fs::remove_file(e.path()).is_ok()))
                 .count();
             if all || pods_left == 0 || now >= *until {
                 if pods_left > 0 {
@@ -165,6 +193,22 @@ impl Inherited {
     pub(crate) fn pending(&self) -> bool {
         !self.dirs.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
     }
+}
+
+/// Removes the folders of links left whose lease is up (their programs judge
+/// nothing any more: they only cost their memory); returns the others, each
+/// with its lease's end. Any daemon's start does this.
+pub fn remove_lapsed() -> Vec<(PathBuf, u64)> {
+    let mut live = Vec::new();
+    let now = system::monotonic_ns();
+    for entry in std::fs::read_dir(paths::HANDOVER_PIN_DIR).into_iter().flatten().flatten() {
+        let until = entry.file_name().to_str().and_then(|n| n.strip_prefix("until-")?.parse::<u64>().ok());
+        match until {
+            Some(until) if until > now => live.push((entry.path(), until)),
+            _ => remove(&entry.path()),
+        }
+    }
+    live
 }
 
 /// Removes a folder of links left: unpinned, each link goes (detached) unless held.
