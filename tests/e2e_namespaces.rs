@@ -459,6 +459,21 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
 /// never read.
 #[test]
 fn a_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
+    shared_turn_program_judges_kept_alive_requests(false);
+}
+
+/// The same, the agent gone once the connections are idle: the object it
+/// left for the next agent still judges each next request (its turn
+/// programs' array pinned with its links, or the kernel would empty it and
+/// every request would pass unjudged).
+#[test]
+fn a_left_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
+    shared_turn_program_judges_kept_alive_requests(true);
+}
+
+/// Six kept-alive connections' next requests at a limit of 2 under the
+/// shared object (after its agent left it, with `left`).
+fn shared_turn_program_judges_kept_alive_requests(left: bool) {
     use std::{
         io::{Read as _, Write as _},
         sync::{
@@ -472,9 +487,10 @@ fn a_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
 
     let _one = exclusive();
     let bed = Testbed::create("shst").expect("testbed");
+    let _ = std::fs::remove_dir_all(shed::host::paths::HANDOVER_PIN_DIR);
     let dispatcher = Arc::new(Dispatcher::start_shared(64).expect("start the shared object"));
     let spec = PortSpec::new(2, action::RST, false, count_mode::WORK, ControlConfig::default());
-    let loaded = gate_under_shared(&dispatcher, &bed, 1024, spec);
+    let mut loaded = gate_under_shared(&dispatcher, &bed, 1024, spec);
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(0));
     let backend =
@@ -495,6 +511,16 @@ fn a_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
     })
     .expect("client namespace");
     let read_before = backend.read.load(Ordering::Relaxed);
+    if left {
+        // The agent leaves: the pod's link pinned, its maps kept at its gate,
+        // the object's own handles all closed (the maps here stay open to be read).
+        dispatcher.leave_for_successor(Duration::from_secs(60)).expect("leave for the next agent");
+        loaded.shared_links.clear();
+        loaded.dispatched = None;
+        loaded.shared = None;
+        assert_eq!(Arc::strong_count(&dispatcher), 1, "the test holds the last handle of the agent's object");
+    }
+    drop(dispatcher);
     let counted = |index: usize| {
         let config = loaded.maps.config(PORT).unwrap();
         loaded.maps.snapshot(PORT, config).unwrap().counters.values[index]
@@ -521,51 +547,18 @@ fn a_shared_objects_turn_program_judges_a_pods_kept_alive_requests() {
     assert_eq!((answered, reset), (2, 4));
     assert_eq!(backend.read.load(Ordering::Relaxed), read_before + 2, "refused requests were never read");
     drop((idle, loaded));
+    let _ = std::fs::remove_dir_all(shed::host::paths::HANDOVER_PIN_DIR);
 }
 
-/// A memory cgroup for the daemon, as a container's limit is (cgroup v2 if
-/// mounted so, else v1's memory controller); removed on drop.
-struct MemoryCgroup {
-    dir: std::path::PathBuf,
-    v2: bool,
-}
-
-impl MemoryCgroup {
-    fn create(name: &str, limit: u64) -> Self {
-        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-        let dir =
-            if v2 { Path::new("/sys/fs/cgroup").join(name) } else { Path::new("/sys/fs/cgroup/memory").join(name) };
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-        let limit_file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
-        std::fs::write(dir.join(limit_file), limit.to_string()).unwrap();
-        Self { dir, v2 }
-    }
-
-    /// `sh -c` that joins the cgroup, then runs `shedctl attach <args>`.
-    fn attach(&self, args: &[String]) -> std::process::Child {
-        let script = format!("echo $$ > {}/cgroup.procs && exec \"$0\" attach \"$@\"", self.dir.display());
-        std::process::Command::new("sh")
-            .args(["-c", &script, &support::gate::shedctl_path()])
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-
-    /// Times the kernel's OOM killer ran in it.
-    fn oom_kills(&self) -> u64 {
-        let (file, key) = if self.v2 { ("memory.events", "oom_kill ") } else { ("memory.oom_control", "oom_kill ") };
-        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
-        text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok()).unwrap_or(0)
-    }
-}
-
-impl Drop for MemoryCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
-    }
+/// `shedctl attach <args>` inside `cgroup`, its stderr piped.
+fn attach_in(cgroup: &shed_testkit::cgroup::MemoryCgroup, args: &[String]) -> std::process::Child {
+    std::process::Command::new(cgroup.shedctl())
+        .arg("attach")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Under the shipped DaemonSet's 256 MiB, 30 namespaces were OOM-killed with
@@ -580,10 +573,10 @@ fn namespaces_past_the_memory_budget_are_refused_not_oom_killed() {
         assert!(std::process::Command::new("ip").args(["netns", "add", n]).status().unwrap().success());
     }
     let _cleanup = Namespaces(names.clone());
-    let cgroup = MemoryCgroup::create("shed-budget-test", 256 << 20);
+    let cgroup = shed_testkit::cgroup::MemoryCgroup::create("shed-budget-test", 256 << 20);
     let mut args: Vec<String> = names.iter().flat_map(|n| ["--netns".to_owned(), n.clone()]).collect();
     args.extend(["--port", "8080"].map(String::from));
-    let out = cgroup.attach(&args).wait_with_output().unwrap();
+    let out = attach_in(&cgroup, &args).wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "refused, not killed: {:?} {stderr}", out.status);
     assert!(stderr.contains("30 more gate(s) need about 1920 MiB") && stderr.contains("--memory-budget"), "{stderr}");
@@ -592,7 +585,7 @@ fn namespaces_past_the_memory_budget_are_refused_not_oom_killed() {
 
     // One namespace fits the same limit and runs.
     let one = ["--netns".to_owned(), names[0].clone(), "--port".to_owned(), "8080".to_owned()];
-    let mut child = cgroup.attach(&one);
+    let mut child = attach_in(&cgroup, &one);
     poll(
         Duration::from_secs(30),
         "the gate up in 256 MiB",
@@ -704,14 +697,17 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     assert!(!Path::new(HANDOVER_PIN_DIR).exists(), "the old object's pins go once its pod is taken over");
     drop((held, newer));
 
-    // Left with a lease of 1 s and never taken over: it passes everything once the lease is up.
+    // Left with a lease of 3 s and never taken over: it passes everything once the lease is up.
     poll(Duration::from_secs(3), "the next agent's closes counted", || open(&pod), |&n| n == 0);
     let held = connect().expect("admitted with the slot free");
-    next.leave_for_successor(Duration::from_secs(1)).expect("leave again");
+    let lease = Duration::from_secs(3);
+    let leased = std::time::Instant::now();
+    next.leave_for_successor(lease).expect("leave again");
     drop(pod);
     drop(next);
     assert!(connect().is_err(), "judged while the lease runs");
-    std::thread::sleep(Duration::from_millis(1500));
+    assert!(leased.elapsed() < lease, "checked within the lease ({:?})", leased.elapsed());
+    std::thread::sleep(lease.saturating_sub(leased.elapsed()) + Duration::from_millis(300));
     let past = connect().expect("a lapsed lease judges nothing: admitted past the limit");
     assert_eq!(programs().len(), 1, "attached, but judging nothing");
     let last = Arc::new(Dispatcher::start_shared(64).expect("start another shared object"));
@@ -730,7 +726,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     drop(backend);
     drop(bed);
     poll(
-        Duration::from_secs(5),
+        Duration::from_secs(20),
         "the left links of a pod gone to go",
         || {
             after_the_pod.finish_takeover(false);

@@ -14,6 +14,7 @@ use std::{
 };
 
 use shed_testkit::{
+    cgroup::MemoryCgroup,
     cri::Runtime,
     gate::{Gate, exclusive, field, shedctl, wait_for_stats},
     testbed::{self, Backend, Service},
@@ -298,55 +299,6 @@ fn daemonset_memory_limit() -> u64 {
     mib << 20
 }
 
-/// A memory cgroup (v2 if mounted so, else v1's memory controller) with a
-/// limit, and a wrapper that starts `shedctl` inside it, so that everything
-/// the agent creates is charged there from its first byte; removed on drop.
-struct MemoryCgroup {
-    dir: std::path::PathBuf,
-    v2: bool,
-    wrapper: tempfile::TempPath,
-}
-
-impl MemoryCgroup {
-    fn create(name: &str, limit: u64) -> Self {
-        let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-        let root = if v2 { "/sys/fs/cgroup" } else { "/sys/fs/cgroup/memory" };
-        let dir = std::path::Path::new(root).join(name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-        std::fs::write(dir.join(if v2 { "memory.max" } else { "memory.limit_in_bytes" }), limit.to_string()).unwrap();
-        let mut wrapper = tempfile::Builder::new().suffix(".sh").tempfile().unwrap();
-        let script = format!(
-            "#!/bin/sh\necho $$ > {}/cgroup.procs\nexec {} \"$@\"\n",
-            dir.display(),
-            shed_testkit::gate::shedctl_path()
-        );
-        wrapper.write_all(script.as_bytes()).unwrap();
-        let wrapper = wrapper.into_temp_path();
-        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        Self { dir, v2, wrapper }
-    }
-
-    /// Bytes charged to it now.
-    fn current(&self) -> u64 {
-        let file = if self.v2 { "memory.current" } else { "memory.usage_in_bytes" };
-        std::fs::read_to_string(self.dir.join(file)).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
-    }
-
-    /// Times the kernel's OOM killer ran in it.
-    fn oom_kills(&self) -> u64 {
-        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
-        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
-        text.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok()).unwrap_or(0)
-    }
-}
-
-impl Drop for MemoryCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
 /// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a
 /// budget a little over what it holds with no pod: the pods past it are
 /// left ungated and shown refused for memory (never gated and refused at
@@ -369,7 +321,7 @@ fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     let held_mib = {
         let cgroup = MemoryCgroup::create("shed-e2e-pod-idle", daemonset_memory_limit());
         let args = ["--pods", "--cri-socket", &socket, "--metrics", METRICS];
-        let idle = Gate::spawn(&cgroup.wrapper, &args, Log::Capture).expect("the agent");
+        let idle = Gate::spawn(cgroup.shedctl(), &args, Log::Capture).expect("the agent");
         poll(Duration::from_secs(20), "the agent up", healthy, |&up| up);
         std::thread::sleep(Duration::from_secs(2));
         let held = cgroup.current() >> 20;
@@ -381,7 +333,7 @@ fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     let cgroup = MemoryCgroup::create("shed-e2e-pod-budget", daemonset_memory_limit());
     let budget = (held_mib + 10).to_string();
     let args = ["--pods", "--cri-socket", &socket, "--metrics", METRICS, "--memory-budget", &budget];
-    let gate = Gate::spawn(&cgroup.wrapper, &args, Log::Capture).expect("the agent");
+    let gate = Gate::spawn(cgroup.shedctl(), &args, Log::Capture).expect("the agent");
     poll(Duration::from_secs(20), "the agent up again", healthy, |&up| up);
     let asks = [("shed.io/ports", "8080"), ("shed.io/limit", "10")];
     let pods: Vec<_> = (0..20).map(|i| runtime.run_pod(&format!("m{i}"), &asks).expect("pod")).collect();

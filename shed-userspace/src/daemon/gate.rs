@@ -210,15 +210,26 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         }
         _ => loaded.attach_accounting()?,
     }
+    let spec = PortSpec { handshake_shift: crate::control::handshake::shift_for(plan.handshake_window), ..plan.spec };
+    // Under the shared object first: an interface whose link the last agent
+    // left is taken over at once, and must find its ports protected (its
+    // attach loads nothing, so the ports are listed a few ms early at most).
+    if shared {
+        for &port in &plan.ports {
+            loaded.maps.protect(port, &spec)?;
+        }
+    }
     for (iface, hook) in &targets {
         attach_to(&mut loaded, iface, *hook, &node, plan.action)?;
     }
-    // Last: a port is listed (`stats`, `/readyz`) once written, so only when
-    // every interface's program is attached and judges it (attaching loads
-    // the program: a second of the verifier's, during which nothing is judged).
-    let spec = PortSpec { handshake_shift: crate::control::handshake::shift_for(plan.handshake_window), ..plan.spec };
-    for &port in &plan.ports {
-        loaded.maps.protect(port, &spec)?;
+    // Otherwise last: a port is listed (`stats`, `/readyz`) once written, so
+    // only when every interface's program is attached and judges it
+    // (attaching loads the program: a second of the verifier's, during which
+    // nothing is judged).
+    if !shared {
+        for &port in &plan.ports {
+            loaded.maps.protect(port, &spec)?;
+        }
     }
     gate.heartbeat.beat();
     Ok((loaded, Following { local_addrs, seen, agent }))

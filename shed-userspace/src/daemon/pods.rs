@@ -64,6 +64,8 @@ pub(super) struct Pods {
     dispatcher: Option<Arc<Dispatcher>>,
     /// The next pod's gate object, its programs verified ahead.
     spare: Spare,
+    /// The agent stops: gates end for that, not for their pods.
+    stopping: bool,
 }
 
 /// A gate object verified in the background for the next pod, so a new
@@ -157,7 +159,6 @@ fn start_dispatcher(node: &NodePlan) -> Option<Dispatcher> {
                  node then runs once per gated pod",
                 crate::error::chain(&e)
             );
-            crate::kernel::handover::abandon_inherited();
             None
         }
     }
@@ -254,6 +255,7 @@ impl Pods {
             over_budget: BTreeMap::new(),
             failed: Retries::default(),
             last_error: None,
+            stopping: false,
         }
     }
 
@@ -409,7 +411,7 @@ impl Pods {
         Ok(())
     }
 
-    /// Ends a pod's gate (its pod went) and waits for its thread.
+    /// Ends a pod's gate (its pod went, or the agent stops) and waits for its thread.
     async fn stop(&mut self, id: &str) {
         let Some(mut gate) = self.running.remove(id) else { return };
         let _ = gate.stop.send(true);
@@ -417,7 +419,13 @@ impl Pods {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
-        tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
+        if !self.stopping {
+            tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
+        } else if self.dispatcher.as_ref().is_some_and(|d| d.leaving()) {
+            tracing::info!(pod = %gate.pod, "its gate left judging for the next agent");
+        } else {
+            tracing::info!(pod = %gate.pod, "its gate detached: the agent stops");
+        }
     }
 
     /// A pod's gate ended by itself: its set-up failed, or its loop did, or
@@ -441,7 +449,6 @@ impl Pods {
         }
     }
 
-    /// Ends every pod's gate (the daemon stops).
     /// On SIGTERM (a restart, a rolling update): every pod is left judged by
     /// the shared object for the next agent, which takes each over
     /// (`kernel::handover`); without a shared object, each is detached.
@@ -453,7 +460,9 @@ impl Pods {
         }
     }
 
+    /// Ends every pod's gate (the daemon stops).
     pub(super) async fn stop_all(&mut self) {
+        self.stopping = true;
         let ids: Vec<String> = self.running.keys().cloned().collect();
         for id in &ids {
             if let Some(gate) = self.running.get(id) {

@@ -300,6 +300,7 @@ impl Supervisor {
                 _ = watchdog.tick(), if watchdog_every.is_some() && !self.stopping => self.feed_watchdog(),
                 _ = signals.interrupt.recv() => self.stop("SIGINT: detaching"),
                 _ = signals.terminate.recv() => {
+                    // A node agent's pods stay judged for the next agent (a restart, a rolling update).
                     if let Some(pods) = &self.pods {
                         pods.leave_for_successor();
                     }

@@ -233,23 +233,23 @@ impl Dispatcher {
             tracepoints.push((name, FdLink::from(link)));
         }
         let free = (0..dispatch::GATES).collect();
-        // Only a shared object takes over what the last agent left; otherwise it goes.
-        let inherited = if shared.is_some() {
-            Inherited::find()
-        } else {
-            handover::abandon_inherited();
-            Inherited::default()
-        };
+        // Only a shared object takes the last agent's pods over; without one,
+        // its programs judge beside each pod's own until their lease is up
+        // (detaching them now would leave every pod ungated until its own
+        // programs are verified, a second or so each).
+        let inherited = Inherited::find();
         let tables = Tables { ebpf, tracepoints, offsets, shared, targets, netns, socks, books, free };
         Ok(Self { tables: Mutex::new(tables), leaving: Leaving::default(), inherited })
     }
 
     /// Leaves the shared object running for the next agent (on SIGTERM: a
-    /// restart or a rolling update): its dispatchers' links pinned now, and
-    /// each pod's TC link as its gate ends, instead of detached; its lease
-    /// set for `lease` (the agent's [`handover::HANDOVER_LEASE`]), after which it
-    /// judges nothing. A dispatcher that does not judge, or one that cannot
-    /// leave everything, leaves nothing (every pod is detached as its gate ends).
+    /// restart or a rolling update): its turn programs' array and its
+    /// dispatchers' links pinned now, and each pod's TC link as its gate
+    /// ends, instead of detached; its lease set for `lease` (the agent's
+    /// [`handover::HANDOVER_LEASE`]), after which it judges nothing. A
+    /// dispatcher that does not judge leaves nothing; one that cannot leave
+    /// everything takes back what it left (every pod is detached as its gate
+    /// ends, as without a handover).
     pub fn leave_for_successor(&self, lease: Duration) -> Result<(), Error> {
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
         if tables.shared.is_none() || tables.tracepoints.is_empty() {
@@ -257,20 +257,22 @@ impl Dispatcher {
         }
         let until = system::monotonic_ns() + u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX / 2);
         let dir = Leaving::prepare(until)?;
-        // The lease first: nothing is left that would judge past it.
         let filter = tables.offsets.get(&0, 0).map_err(|e| Error::map("read the dispatcher's namespace offsets", e))?;
-        let leased = NetnsFilter { left_until_ns: until, ..filter };
-        tables.offsets.set(0, leased, 0).map_err(|e| Error::map("lease the shared object", e))?;
-        // The dispatchers, or pods' counts would stop while their TC links judge on.
-        let links = std::mem::take(&mut tables.tracepoints);
-        let unpinned = links
-            .into_iter()
-            .map(|(name, link)| handover::leave(link, &dir, &format!("sock_{name}")))
-            .filter(|pinned| !pinned)
-            .count();
-        if unpinned > 0 {
+        // The lease first: nothing is ever left that would judge past it.
+        let lease_to =
+            |tables: &mut Tables, left_until_ns| tables.offsets.set(0, NetnsFilter { left_until_ns, ..filter }, 0);
+        lease_to(&mut tables, until).map_err(|e| Error::map("lease the shared object", e))?;
+        let left = Self::leave_in(&mut tables, &dir);
+        if let Err(e) = left {
+            // Taken back: the dispatchers keep counting while the pods' gates end.
+            for (name, ..) in program::DISPATCHERS {
+                if let Some(link) = handover::take_back(&dir.join(handover::dispatcher_pin(name))) {
+                    tables.tracepoints.push((name, link));
+                }
+            }
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(Error::Dispatch { what: "leave the dispatchers for the next agent".into() });
+            let _ = lease_to(&mut tables, 0);
+            return Err(e);
         }
         self.leaving.start(dir);
         tracing::info!(
@@ -278,6 +280,37 @@ impl Dispatcher {
             "leaving every pod judged for the next agent: it takes each over, or they pass everything once the lease is up"
         );
         Ok(())
+    }
+
+    /// Pins what the pods' TC links need besides the object's maps, which
+    /// its programs hold: the turn programs' array (the kernel empties a
+    /// program array once no process or pin holds it) and the dispatchers'
+    /// links (without them the pods' counts would stop while their TC links
+    /// judge on).
+    fn leave_in(tables: &mut Tables, dir: &std::path::Path) -> Result<(), Error> {
+        let turn = tables
+            .ebpf
+            .map(map::TURN_TC)
+            .ok_or_else(|| Error::Dispatch { what: format!("find map {} in the kernel object", map::TURN_TC) })?;
+        turn.pin(dir.join(handover::TURN_PIN))
+            .map_err(|e| Error::Dispatch { what: format!("leave the turn programs' array for the next agent: {e}") })?;
+        // Every one tried (one dropped unpinned is detached, and on an error
+        // the others are taken back).
+        let lost: Vec<&str> = std::mem::take(&mut tables.tracepoints)
+            .into_iter()
+            .filter_map(|(name, link)| {
+                (!handover::leave(link, &dir.join(handover::dispatcher_pin(name)))).then_some(name)
+            })
+            .collect();
+        match lost.as_slice() {
+            [] => Ok(()),
+            lost => Err(Error::Dispatch { what: format!("leave dispatchers {} for the next agent", lost.join(", ")) }),
+        }
+    }
+
+    /// Whether this agent leaves its pods judged for the next ([`Self::leave_for_successor`]).
+    pub fn leaving(&self) -> bool {
+        self.leaving.dir().is_some()
     }
 
     /// Detaches what the last agent left once every pod it gated is taken

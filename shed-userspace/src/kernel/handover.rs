@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A node agent's shared object outliving the agent, for its successor.
 //!
-//! On SIGTERM (a restart, a rolling update) the agent pins its pods' TC links
-//! and its dispatchers' links instead of detaching them ([`Leaving`]), and
+//! On SIGTERM (a restart, a rolling update) the agent pins its pods' TC
+//! links, its dispatchers' links and its turn programs' array instead of
+//! letting them go ([`Leaving`]), and
 //! leases the object for [`HANDOVER_LEASE`] (`NetnsFilter::left_until_ns`):
 //! its programs keep judging and counting every pod under its last limits.
-//! The next agent, its own programs verified, replaces the program of each
-//! pod's link with its own ([`Inherited::take`], `bpf_link_update`: atomic,
+//! The next agent, its own programs verified and the pod's ports written in
+//! its own maps, replaces the program of each pod's link with its own ([`Inherited::take`], `bpf_link_update`: atomic,
 //! no packet unjudged) and, once no pod's link is left or the lease is up,
 //! unpins the rest ([`Inherited::finish`]): the old object goes. A shared
 //! object nobody takes over judges and hands over nothing once its lease is
@@ -26,9 +27,11 @@ use crate::{
 };
 
 /// How long a shared object left for a successor keeps judging without one:
-/// time for a restarted or updated agent to start, verify its programs and
-/// take each pod over (B10: 5.8 s at 110 pods); then it passes everything.
-pub const HANDOVER_LEASE: Duration = Duration::from_secs(30);
+/// time for a restarted or updated agent's container to start (a rolling
+/// update's image pull among it: pre-pull it), verify its programs and take
+/// each pod over (B10: 2.7 s at 110 pods); then it passes everything. The
+/// limits it judges by meanwhile are the last ones the old agent wrote.
+pub const HANDOVER_LEASE: Duration = Duration::from_mins(1);
 
 /// The name a pod's TC link on `iface` is left under: by the inode of this
 /// thread's network namespace (the pod's, stable while it lives) and the
@@ -64,15 +67,39 @@ impl Leaving {
     }
 }
 
-/// Pins `link` as `dir/name`; said if it cannot be (the link then goes).
-pub(crate) fn leave(link: FdLink, dir: &Path, name: &str) -> bool {
-    match link.pin(dir.join(name)) {
+/// The pin of the shared object's turn programs' array in a folder of links left.
+pub(crate) const TURN_PIN: &str = "turn_tc";
+
+/// The pin of dispatcher `program`'s link in a folder of links left.
+pub(crate) fn dispatcher_pin(program: &str) -> String {
+    format!("sock_{program}")
+}
+
+/// Pins `link` at `path`; said if it cannot be (the link then goes).
+pub(crate) fn leave(link: FdLink, path: &Path) -> bool {
+    match link.pin(path) {
         Ok(_) => true,
         Err(e) => {
-            tracing::warn!("{e}: {name} detached instead of left for the next agent");
+            tracing::warn!("{e}: {} detached instead of left for the next agent", path.display());
             false
         }
     }
+}
+
+/// The link pinned at `path`, unpinned (None: none there, or unreadable: said).
+pub(crate) fn take_back(path: &Path) -> Option<FdLink> {
+    if !path.exists() {
+        return None;
+    }
+    let link = PinnedLink::from_pin(path)
+        .map_err(|e| tracing::warn!("{e}: open the link left at {}", path.display()))
+        .ok()
+        .and_then(|pinned| pinned.unpin().map_err(|e| tracing::warn!("{e}: unpin {}", path.display())).ok());
+    if link.is_none() {
+        // Not left judging beside whatever attaches anew.
+        let _ = std::fs::remove_file(path);
+    }
+    link
 }
 
 /// A pod's link to the shared TC program: detached when dropped, or pinned
@@ -92,7 +119,7 @@ impl PodLink {
 impl Drop for PodLink {
     fn drop(&mut self) {
         if let (Some(dir), Some(link)) = (self.leaving.dir(), self.link.take()) {
-            leave(link, &dir, &self.name);
+            leave(link, &dir.join(&self.name));
         }
     }
 }
@@ -124,8 +151,17 @@ fn detached(path: &Path) -> bool {
     // SAFETY: a file descriptor the kernel just gave us, owned from here.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     use std::os::fd::AsRawFd as _;
-    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-        .is_ok_and(|info| info.lines().any(|l| l.split_whitespace().eq(["ifindex:", "0"])))
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).is_ok_and(|info| on_no_device(&info))
+}
+
+/// Whether a tcx link's fdinfo says it is attached to no device.
+fn on_no_device(fdinfo: &str) -> bool {
+    fdinfo.lines().any(|l| l.split_whitespace().eq(["ifindex:", "0"]))
+}
+
+/// The lease's end a folder of left links is named by (`until-<ns>`).
+fn lease_end(name: &str) -> Option<u64> {
+    name.strip_prefix("until-")?.parse().ok()
 }
 
 /// Links that agents before this one left: a folder each, with its lease's end.
@@ -153,14 +189,7 @@ impl Inherited {
     /// The link left under `name`, unpinned (None: none was left).
     pub(crate) fn take(&self, name: &str) -> Option<FdLink> {
         let dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
-        dirs.iter().map(|(dir, _)| dir.join(name)).find(|path| path.exists()).and_then(|path| {
-            PinnedLink::from_pin(&path)
-                .map_err(|e| tracing::warn!("{e}: the last agent's link {} is not taken over", path.display()))
-                .ok()?
-                .unpin()
-                .map_err(|e| tracing::warn!("{e}: unpin {}", path.display()))
-                .ok()
-        })
+        dirs.iter().map(|(dir, _)| dir.join(name)).find(|path| path.exists()).and_then(|path| take_back(&path))
     }
 
     /// Removes every folder whose pods' links were all taken (or whose lease
@@ -202,7 +231,7 @@ pub fn remove_lapsed() -> Vec<(PathBuf, u64)> {
     let mut live = Vec::new();
     let now = system::monotonic_ns();
     for entry in std::fs::read_dir(paths::HANDOVER_PIN_DIR).into_iter().flatten().flatten() {
-        let until = entry.file_name().to_str().and_then(|n| n.strip_prefix("until-")?.parse::<u64>().ok());
+        let until = entry.file_name().to_str().and_then(lease_end);
         match until {
             Some(until) if until > now => live.push((entry.path(), until)),
             _ => remove(&entry.path()),
@@ -220,14 +249,25 @@ fn remove(dir: &Path) {
     let _ = std::fs::remove_dir(paths::HANDOVER_PIN_DIR);
 }
 
-/// Detaches whatever agents before this one left (this agent does not take
-/// pods over: it gates them with programs of their own).
-pub fn abandon_inherited() {
-    let dir = Path::new(paths::HANDOVER_PIN_DIR);
-    if dir.exists() {
-        tracing::info!("the last agent's programs are detached: this agent loads programs for each pod");
-        if let Err(e) = std::fs::remove_dir_all(dir) {
-            tracing::warn!("{e}: remove {}", dir.display());
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tcx_link_on_no_device_reads_ifindex_0() {
+        let left = "link_type:\ttcx\nlink_id:\t14909\nprog_id:\t49006\nifindex:\t0\nattach_type:\t46 (ingress)\n";
+        assert!(on_no_device(left));
+        assert!(!on_no_device(&left.replace("ifindex:\t0", "ifindex:\t10")));
+        assert!(!on_no_device(&left.replace("ifindex:\t0", "ifindex:\t100")), "not a prefix match");
+        assert!(!on_no_device("link_type:\traw_tracepoint\n"), "no ifindex: not known to be gone");
+    }
+
+    #[test]
+    fn a_left_folder_is_named_by_its_lease_end() {
+        assert_eq!(lease_end("until-33711728486135"), Some(33_711_728_486_135));
+        assert_eq!(lease_end(&format!("until-{}", u64::MAX)), Some(u64::MAX));
+        for other in ["until-", "until-x", "until--1", "33711728486135", "sock_x"] {
+            assert_eq!(lease_end(other), None, "{other}");
         }
     }
 }
