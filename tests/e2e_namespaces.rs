@@ -514,7 +514,7 @@ fn shared_turn_program_judges_kept_alive_requests(left: bool) {
     if left {
         // The agent leaves: the pod's link pinned, its maps kept at its gate,
         // the object's own handles all closed (the maps here stay open to be read).
-        dispatcher.leave_for_successor(Duration::from_secs(60)).expect("leave for the next agent");
+        dispatcher.leave_for_successor(Duration::from_mins(1)).expect("leave for the next agent");
         loaded.shared_links.clear();
         loaded.dispatched = None;
         loaded.shared = None;
