@@ -317,10 +317,12 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     let gated = socket_costs(scale, &|| held_by(pid).map(|h| h.runs))?;
     // A restart (a rolling update's, the container's start aside): the agent
     // leaves on SIGTERM, its pods judged by its programs until the next agent
-    // takes each link over (`kernel::handover`), for at most the lease. A pod
-    // is ungated from its link taken over until its ports are protected (its
-    // gate set up); one not taken over, from the old agent's exit (or the
-    // lease's end) until its gate is set up.
+    // takes each link over (`kernel::handover`), for at most the lease. The
+    // new agent writes a pod's ports before it takes the link, so a pod taken
+    // over is ungated for no time; what is measured for one is an upper
+    // bound, from its first link taken over to its gate's "set up" line. A pod
+    // not taken over is ungated from the old agent's exit (or the lease's
+    // end) until its gate is set up.
     gate.leave_for_successor();
     drop(charged);
     let stopped = SystemTime::now();
@@ -397,9 +399,9 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
          to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (one shared set of \
          programs judges and counts for every pod; a pod brings its maps), and a restart of the agent (SIGTERM, \
          then a new agent): the longest any pod went ungated (the old agent leaves its programs judging each pod \
-         until the new one takes its link over; a pod is ungated from that moment until its ports are protected, \
-         or, if not taken over, from the old agent's exit until its gate is set up), the pods taken over, and \
-         the time until the new agent has set up every pod's gate. Then what the \
+         until the new one, its ports written, takes its link over; for a pod taken over, the time from that to \
+         its gate's set-up line, an upper bound; for one not taken over, from the old agent's exit until its gate \
+         is set up), the pods taken over, and the time until the new agent has set up every pod's gate. Then what the \
          pods' gates cost the node's other sockets (the socket tracepoints run the agent's dispatchers): a loopback round trip and a connection on an unprotected port, before the \
          agent and with every pod gated (medians of 5), and, from the kernel's BPF statistics, the runs of the \
          agent's programs and their time per round trip and per connection (a dispatcher's time includes the \
