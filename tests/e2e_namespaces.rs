@@ -348,6 +348,20 @@ fn gate_under_shared(
     )
 }
 
+/// A connection from namespace `ns` to `addr` that an echo backend answered
+/// once (`ping`), held open.
+fn pinged(ns: &str, addr: SocketAddr) -> io::Result<TcpStream> {
+    use std::io::{Read as _, Write as _};
+    testbed::run_in(ns, move || {
+        let mut s = testbed::connect(addr, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"ping")?;
+        s.read_exact(&mut [0u8; 4])?;
+        Ok::<_, io::Error>(s)
+    })
+    .expect("client namespace")
+}
+
 /// The node agent's shared object (`Dispatcher::start_shared`): one TC
 /// program and one set of dispatchers, verified once, judge and count for
 /// every pod; each pod brings only its maps (`Loaded::maps_only`). Two
@@ -357,7 +371,7 @@ fn gate_under_shared(
 /// namespace taken back is judged no more while the other still is.
 #[test]
 fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
-    use std::{io::Read as _, io::Write as _, sync::Arc};
+    use std::sync::Arc;
 
     use shed::kernel::{dispatch::Dispatcher, maps::PortSpec, programs::Loaded};
     use shed_common::{ControlConfig, action, count_mode, counter};
@@ -375,16 +389,7 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
     let addr: SocketAddr = a.server_addr(false, PORT);
     assert_eq!(addr, b.server_addr(false, PORT), "the same address in both");
     let _backends = [&a, &b].map(|bed| Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend"));
-    let connect = |bed: &Testbed| {
-        testbed::run_in(&bed.client_ns, move || {
-            let mut s = testbed::connect(addr, Duration::from_secs(1))?;
-            s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            s.write_all(b"ping")?;
-            s.read_exact(&mut [0u8; 4])?;
-            Ok::<_, io::Error>(s)
-        })
-        .expect("client namespace")
-    };
+    let connect = |bed: &Testbed| pinged(&bed.client_ns, addr);
     let counts = |loaded: &Loaded| {
         let config = loaded.maps.config(PORT).unwrap();
         let snapshot = loaded.maps.snapshot(PORT, config).unwrap();
@@ -622,7 +627,7 @@ impl Drop for Namespaces {
 /// the next agent to start removes its pins.
 #[test]
 fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_over() {
-    use std::{io::Read as _, io::Write as _, path::Path, sync::Arc};
+    use std::{path::Path, sync::Arc};
 
     use aya::programs::{SchedClassifier, TcAttachType};
     use shed::{
@@ -637,16 +642,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     let addr: SocketAddr = bed.server_addr(false, PORT);
     let backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
     let spec = || PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
-    let connect = || {
-        testbed::run_in(&bed.client_ns, move || {
-            let mut s = testbed::connect(addr, Duration::from_secs(1))?;
-            s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            s.write_all(b"ping")?;
-            s.read_exact(&mut [0u8; 4])?;
-            Ok::<_, io::Error>(s)
-        })
-        .expect("client namespace")
-    };
+    let connect = || pinged(&bed.client_ns, addr);
     let iface = bed.server_if.clone();
     let programs = || {
         let iface = iface.clone();
