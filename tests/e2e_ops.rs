@@ -545,6 +545,24 @@ fn run_as_documented(args: &[String]) -> Result<String, String> {
         let _ = child.kill();
         let _ = child.wait();
     }
+    if args[0] == "top" {
+        // `script` gone, its terminal hangs up: top, in a session of its own
+        // on it, must end too (it once spun a CPU for as long as a gate ran).
+        let pattern = format!("^{} top", support::gate::shedctl_path());
+        let left = || {
+            let out = std::process::Command::new("pgrep").args(["-f", &pattern]).output().expect("pgrep");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        let since = std::time::Instant::now();
+        while !left().is_empty() && since.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let pids = left();
+        if !pids.is_empty() {
+            let _ = std::process::Command::new("kill").args(["-9"]).args(pids.split_whitespace()).status();
+            return Err(format!("top outlived its terminal by 3 s (pids {pids})"));
+        }
+    }
     let (mut out, mut err) = (String::new(), String::new());
     child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();

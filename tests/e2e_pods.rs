@@ -379,3 +379,32 @@ fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     assert_eq!(cgroup.oom_kills(), 0);
     drop(gate);
 }
+
+/// With `--kernel-log`, the node agent's shared programs log a pod's rare
+/// path (a first fragment too short to show its TCP header, which could hide
+/// a SYN: dropped) in the agent's log, as a node gate's programs do.
+#[test]
+fn the_pod_agents_kernel_log_reports_a_pods_rare_path() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod6", "10.233.78.0/24").expect("a private containerd");
+    let pod = runtime.run_pod("logged", &[("shed.io/ports", "8080")]).expect("pod");
+    let socket = runtime.socket().display().to_string();
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--kernel-log"]);
+    wait_gated(&gate, &pod.netns);
+    let said = "dropped a packet whose headers could hide a SYN";
+    assert!(!gate.log().contains(said), "nothing to say yet:\n{}", gate.log());
+    // From the node, across the runtime's bridge (its gateway's address), to the pod.
+    let [a, b, c, _] = pod.ip.octets();
+    let node = std::net::Ipv4Addr::new(a, b, c, 1);
+    let raw = testbed::RawSender::new().expect("raw socket");
+    let sent = (0..20).filter(|_| raw.send(&testbed::tiny_fragment(node, pod.ip, PORT))).count();
+    assert_eq!(sent, 20);
+    let log = shed_testkit::gate::poll(
+        Duration::from_secs(5),
+        "the shared programs' log line",
+        || gate.log(),
+        |log| log.contains(said),
+    );
+    assert!(log.lines().any(|l| l.contains(said) && l.contains("WARN")), "a warning:\n{log}");
+    assert!(gate.log().contains("one set of programs"), "under the shared object:\n{}", gate.log());
+}

@@ -175,7 +175,7 @@ fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip_into_a_pods_shared_gate(
     use shed::kernel::{dispatch::Dispatcher, maps::PortSpec};
     use shed_common::{ControlConfig, action, count_mode};
     forged_syn_flood_at_a_50_ms_round_trip("shedtp", 8, |bed, far| {
-        let dispatcher = Arc::new(Dispatcher::start_shared(1024).expect("start the shared object"));
+        let dispatcher = Arc::new(Dispatcher::start_shared(1024, false).expect("start the shared object"));
         assert!(dispatcher.shared());
         let spec = PortSpec::new(50, action::RST, false, count_mode::WORK, ControlConfig::default());
         let loaded = support::shared::gate_under_shared(
@@ -593,14 +593,6 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
     Guard(Some(f))
 }
 
-/// A first IPv4 fragment too short to hold the TCP header (RFC 1858): the
-/// ports, the sequence number, and nothing else.
-fn tiny_fragment(from: Ipv4Addr, to: Ipv4Addr) -> Vec<u8> {
-    let mut pkt = tcp_segment(from, to, 40_000, PORT, 1, 0, 0x02)[..28].to_vec();
-    pkt[6] = 0x20; // more fragments, offset 0
-    pkt
-}
-
 /// The kernel programs' rare paths reach the daemon's log through aya-log
 /// with `--kernel-log`, at most once a second per kind, and say nothing
 /// without it; the packets are dropped either way.
@@ -615,7 +607,7 @@ fn kernel_log_reports_a_rare_path_once_a_second_and_only_when_asked() {
     let send_tiny = |count: usize| {
         testbed::run_in(&bed.client_ns, move || {
             let raw = RawSender::new().expect("raw socket");
-            (0..count).filter(|_| raw.send(&tiny_fragment(client, server))).count()
+            (0..count).filter(|_| raw.send(&testbed::tiny_fragment(client, server, PORT))).count()
         })
         .unwrap()
     };

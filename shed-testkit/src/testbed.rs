@@ -720,6 +720,14 @@ pub fn tcp_segment(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u3
 }
 
 /// A raw IPv4 socket that sends whole packets (IP_HDRINCL), closed on drop.
+/// A first IPv4 fragment of a SYN to `port` too short to hold the TCP
+/// header (RFC 1858): the ports, the sequence number, and nothing else.
+pub fn tiny_fragment(from: Ipv4Addr, to: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut pkt = tcp_segment(from, to, 40_000, port, 1, 0, 0x02)[..28].to_vec();
+    pkt[6] = 0x20; // more fragments, offset 0
+    pkt
+}
+
 pub struct RawSender {
     fd: std::os::fd::OwnedFd,
 }

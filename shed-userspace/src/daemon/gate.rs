@@ -425,7 +425,7 @@ impl Drop for GateEnd {
 
 /// Hands every record the kernel programs log to this process's log (and so
 /// to tracing), each time the ring buffer has some.
-async fn forward_kernel_log(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
+pub(super) async fn forward_kernel_log(logger: crate::kernel::dispatch::KernelLogger) {
     // SAFETY: the logger owns its ring buffer's fd, open until the logger drops,
     // and the AsyncFd owns the logger.
     let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };

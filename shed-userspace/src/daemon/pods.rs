@@ -66,6 +66,8 @@ pub(super) struct Pods {
     spare: Spare,
     /// The agent stops: gates end for that, not for their pods.
     stopping: bool,
+    /// The shared programs' log records (`--kernel-log`), forwarded from the first look on.
+    kernel_log: Option<crate::kernel::dispatch::KernelLogger>,
 }
 
 /// A gate object verified in the background for the next pod, so a new
@@ -137,7 +139,7 @@ impl Spare {
 /// counts through each pod's own programs; None if neither starts.
 fn start_dispatcher(node: &NodePlan) -> Option<Dispatcher> {
     if node.hook != Some(Hook::Xdp) {
-        match Dispatcher::start_shared(node.max_connections) {
+        match Dispatcher::start_shared(node.max_connections, node.kernel_log) {
             Ok(dispatcher) => {
                 tracing::info!("--pods: one set of programs, verified once, judges and counts for every pod");
                 return Some(dispatcher);
@@ -234,6 +236,7 @@ impl Pods {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
         let _ = std::fs::remove_dir_all(paths::POD_NAMES);
         let dispatcher = start_dispatcher(&node).map(Arc::new);
+        let kernel_log = dispatcher.as_ref().and_then(|d| d.take_kernel_log());
         // A pod under the shared object verifies nothing: no spare to keep.
         let spare = if dispatcher.as_ref().is_some_and(|d| d.shared()) {
             Spare::none(node.load_options(Scope::Pod), node.spare_hook())
@@ -256,11 +259,16 @@ impl Pods {
             failed: Retries::default(),
             last_error: None,
             stopping: false,
+            kernel_log,
         }
     }
 
     /// Asks the runtime for its pods: gates the new ones that ask, ends the gates of pods gone.
     pub(super) async fn look(&mut self) {
+        // In the daemon's runtime now: the shared programs' records go to its log.
+        if let Some(logger) = self.kernel_log.take() {
+            tokio::spawn(gate::forward_kernel_log(logger));
+        }
         // The last agent's object goes once every pod it judged is taken over (or its lease is up).
         if let Some(dispatcher) = &self.dispatcher {
             dispatcher.finish_takeover(false);

@@ -542,6 +542,13 @@ fn sock_layout_in(btf: &crate::host::btf::Btf) -> Result<shed_common::SockLayout
     Ok(layout)
 }
 
+/// Makes the terminal's hang-up end this process (SIGHUP's default action),
+/// whatever disposition it inherited.
+pub fn die_with_terminal() {
+    // SAFETY: resetting a signal's disposition to its default.
+    unsafe { libc::signal(libc::SIGHUP, libc::SIG_DFL) };
+}
+
 /// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.
 /// The kernel's monotonic clock in ns (what `bpf_ktime_get_ns` reads).
 pub fn monotonic_ns() -> u64 {

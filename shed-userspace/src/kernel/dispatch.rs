@@ -35,6 +35,9 @@ use crate::{
     },
 };
 
+/// The kernel programs' log records, as aya-log reads them into this process's log.
+pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
 /// The dispatchers, attached; their tables, written as gates come and go.
 pub struct Dispatcher {
     tables: Mutex<Tables>,
@@ -47,6 +50,8 @@ pub struct Dispatcher {
 struct Tables {
     /// The object whose programs are attached.
     ebpf: Ebpf,
+    /// Its programs' log records (`--kernel-log`), until the agent takes them to forward.
+    logger: Option<KernelLogger>,
     /// The dispatchers' links, by program: detached when dropped, unless left for a successor.
     tracepoints: Vec<(&'static str, FdLink)>,
     /// Where the programs find namespaces (and the lease of a shared object left behind).
@@ -161,16 +166,18 @@ impl Dispatcher {
     /// the host (every namespace's sockets pass them); `connections`: the
     /// pods' connections it can follow at once (the node's `--max-connections`).
     pub fn start(connections: u32) -> Result<Self, Error> {
-        Self::started(connections, false)
+        Self::started(connections, false, false)
     }
 
     /// [`Self::start`], as the shared object that judges and counts for
-    /// every pod itself (its TC program verified now, once).
-    pub fn start_shared(connections: u32) -> Result<Self, Error> {
-        Self::started(connections, true)
+    /// every pod itself (its TC program verified now, once); with
+    /// `kernel_log`, its programs' rare paths are logged
+    /// ([`Self::take_kernel_log`]).
+    pub fn start_shared(connections: u32, kernel_log: bool) -> Result<Self, Error> {
+        Self::started(connections, true, kernel_log)
     }
 
-    fn started(connections: u32, shared: bool) -> Result<Self, Error> {
+    fn started(connections: u32, shared: bool, kernel_log: bool) -> Result<Self, Error> {
         let unable = |what: String| Error::Dispatch { what };
         // Where a socket keeps its namespace: the dispatcher hands over by it.
         let filter = system::netns_filter().map_err(|why| unable(format!("tell namespaces apart: {why}")))?;
@@ -181,7 +188,19 @@ impl Dispatcher {
                     .into(),
             ));
         }
-        let mut ebpf = object::load(object::LoadOptions::dispatcher(connections, shared))?;
+        let mut ebpf = object::load(object::LoadOptions::dispatcher(connections, shared, kernel_log))?;
+        // Its records' ring, taken before anything is attached (said if unavailable).
+        let logger = kernel_log
+            .then(|| {
+                aya_log::EbpfLogger::init(&mut ebpf)
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "kernel log of the shared programs unavailable ({e}): the rare paths are still counted in stats"
+                        );
+                    })
+                    .ok()
+            })
+            .flatten();
         let mut take =
             |name: &str| ebpf.take_map(name).ok_or_else(|| unable(format!("find map {name} in the kernel object")));
         let mut offsets: Array<MapData, NetnsFilter> =
@@ -238,7 +257,7 @@ impl Dispatcher {
         // (detaching them now would leave every pod ungated until its own
         // programs are verified, a second or so each).
         let inherited = Inherited::find();
-        let tables = Tables { ebpf, tracepoints, offsets, shared, targets, netns, socks, books, free };
+        let tables = Tables { ebpf, logger, tracepoints, offsets, shared, targets, netns, socks, books, free };
         Ok(Self { tables: Mutex::new(tables), leaving: Leaving::default(), inherited })
     }
 
@@ -306,6 +325,12 @@ impl Dispatcher {
             [] => Ok(()),
             lost => Err(Error::Dispatch { what: format!("leave dispatchers {} for the next agent", lost.join(", ")) }),
         }
+    }
+
+    /// The shared programs' log records (with `--kernel-log`), once: the
+    /// agent forwards them to its own log.
+    pub fn take_kernel_log(&self) -> Option<KernelLogger> {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner).logger.take()
     }
 
     /// Whether this agent leaves its pods judged for the next ([`Self::leave_for_successor`]).

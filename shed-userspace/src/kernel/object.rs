@@ -49,12 +49,12 @@ pub struct LoadOptions {
 
 impl LoadOptions {
     /// The dispatchers' object: tables for `connections` sockets.
-    pub fn dispatcher(connections: u32, shared: bool) -> Self {
+    pub fn dispatcher(connections: u32, shared: bool, kernel_log: bool) -> Self {
         Self {
             connections,
             clients: 1,
             slots: 1,
-            kernel_log: false,
+            kernel_log,
             sock_state: SockStateHook::Auto,
             dispatcher: true,
             shared,
@@ -385,7 +385,7 @@ mod tests {
     #[test]
     fn the_dispatchers_object_has_its_tables_and_one_slot() {
         for shared in [false, true] {
-            let dispatcher = LoadOptions::dispatcher(100_000, shared);
+            let dispatcher = LoadOptions::dispatcher(100_000, shared, false);
             assert_eq!(size(&dispatcher, map::DISPATCH_SOCKS), Some(100_000));
             assert_eq!(size(&dispatcher, map::DISPATCH_TARGETS), Some(shed_common::dispatch::SLOTS));
             assert_eq!(size(&dispatcher, map::DISPATCH_NETNS), Some(shed_common::dispatch::GATES));

@@ -57,6 +57,10 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    // The view ends with its terminal, even where SIGHUP was ignored (under
+    // nohup, inherited): a hung-up terminal reads as ready and empty at once,
+    // and the event reader would spin a CPU for as long as the gate runs.
+    system::die_with_terminal();
     let mut terminal =
         ratatui::try_init().context("starting the terminal (shedctl top needs a terminal; --once prints one frame)")?;
     let result = (|| -> anyhow::Result<()> {
