@@ -517,6 +517,15 @@ fn run_as_documented(args: &[String]) -> Result<String, String> {
         let line = std::iter::once(shedctl).chain(args.iter().cloned()).collect::<Vec<_>>().join(" ");
         let mut c = std::process::Command::new("script");
         c.args(["-qfec", &line, "/dev/null"]);
+        // SIGHUP ignored, as under nohup (inherited across exec): top must
+        // still end when its terminal hangs up.
+        // SAFETY: only async-signal-safe work between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                Ok(())
+            });
+        }
         c
     } else {
         let mut c = std::process::Command::new(shedctl);

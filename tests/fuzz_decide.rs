@@ -1070,7 +1070,7 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
     let _one = one_fuzzer();
     use support::kept::{IdleKeptAlive, REQUEST};
     let cases: u32 =
-        std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(1_000, |n| (n / 4).max(200));
+        std::env::var("SHED_FUZZ_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(2_000, |n| (n / 2).max(200));
     let (bed, ifindex) = support::outside::enter("shedft");
     let mut loaded = loaded_for_both_hooks();
     let spec = PortSpec::new(100, action::RST, false, count_mode::WORK, ControlConfig::default());
@@ -1163,15 +1163,19 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             ("refused again", counter::REQUEST_REFUSED_AGAIN),
             ("rejected at the limit", counter::REJECTED_LIMIT),
             ("rejected at a share", counter::REJECTED_SHARE),
-            ("rejected at the client cap", counter::REJECTED_CLIENT_CAP),
             ("dry run", counter::DRY_RUN_WOULD_REJECT),
             ("503 answered", counter::HTTP_ANSWERED),
             ("RST sent", counter::RST_SENT),
             ("RST rate-limited", counter::RST_RATE_LIMITED),
         ],
     );
-    // The client share binds in about 0.7% of cases (a contended port under its
-    // limit, a client over its share), the trickle in one share refusal in 16.
+    // The client cap binds in 0.55-1.1% of 2,000 runs (a request under the
+    // limit and every share, its client at its cap: 11-22 times in 1,000
+    // cases per hook over twelve runs here, 4 once in a fresh-clone run, under
+    // that floor of 10, hence twice the cases and half the floor); the
+    // client share in about 0.7% (a contended port under its limit, a client
+    // over its share); the trickle in one share refusal in 16.
+    assert_reached(&reached, (floor / 2).max(1), &[("rejected at the client cap", counter::REJECTED_CLIENT_CAP)]);
     assert_reached(&reached, (floor / 4).max(1), &[("rejected at the client share", counter::REJECTED_CLIENT_SHARE)]);
     assert_reached(&reached, (floor / 16).max(1), &[("the trickle", counter::TRICKLE)]);
     drop(flows);

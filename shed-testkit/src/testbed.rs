@@ -719,7 +719,6 @@ pub fn tcp_segment(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u3
     pkt
 }
 
-/// A raw IPv4 socket that sends whole packets (IP_HDRINCL), closed on drop.
 /// A first IPv4 fragment of a SYN to `port` too short to hold the TCP
 /// header (RFC 1858): the ports, the sequence number, and nothing else.
 pub fn tiny_fragment(from: Ipv4Addr, to: Ipv4Addr, port: u16) -> Vec<u8> {
@@ -728,6 +727,9 @@ pub fn tiny_fragment(from: Ipv4Addr, to: Ipv4Addr, port: u16) -> Vec<u8> {
     pkt
 }
 
+/// A raw IPv4 socket that sends whole packets (IP_HDRINCL) as they are,
+/// fragments too (IP_NODEFRAG: conntrack, where the namespace has it, would
+/// hold a lone fragment for the rest), closed on drop.
 pub struct RawSender {
     fd: std::os::fd::OwnedFd,
 }
@@ -740,7 +742,24 @@ impl RawSender {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh fd we own.
-        Ok(Self { fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) } })
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        /// linux/in.h: fragments pass conntrack's defragmentation as they are.
+        const IP_NODEFRAG: libc::c_int = 22;
+        let on: libc::c_int = 1;
+        // SAFETY: an int option on our own socket.
+        let set = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                libc::SOL_IP,
+                IP_NODEFRAG,
+                (&raw const on).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if set != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd })
     }
 
     /// Sends one IPv4 packet (header included), such as one built by [`tcp_segment`]; whether it went out whole.

@@ -211,10 +211,15 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         _ => loaded.attach_accounting()?,
     }
     let spec = PortSpec { handshake_shift: crate::control::handshake::shift_for(plan.handshake_window), ..plan.spec };
-    // Under the shared object first: an interface whose link the last agent
-    // left is taken over at once, and must find its ports protected (its
-    // attach loads nothing, so the ports are listed a few ms early at most).
-    if shared {
+    // First where the last agent left a link to take over: it runs this
+    // gate's program the moment it is taken, and must find the ports
+    // protected (the pod was judged until then; taking over loads nothing).
+    let takes_over = start
+        .handles
+        .dispatcher
+        .as_ref()
+        .is_some_and(|d| d.shared() && targets.iter().any(|(iface, _)| d.inherits(iface)));
+    if takes_over {
         for &port in &plan.ports {
             loaded.maps.protect(port, &spec)?;
         }
@@ -223,10 +228,10 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         attach_to(&mut loaded, iface, *hook, &node, plan.action)?;
     }
     // Otherwise last: a port is listed (`stats`, `/readyz`) once written, so
-    // only when every interface's program is attached and judges it
-    // (attaching loads the program: a second of the verifier's, during which
-    // nothing is judged).
-    if !shared {
+    // only when every interface's program is attached and judges it (a pod
+    // is never shown gated while nothing judges it; attaching a gate's own
+    // program loads it: a second of the verifier's).
+    if !takes_over {
         for &port in &plan.ports {
             loaded.maps.protect(port, &spec)?;
         }

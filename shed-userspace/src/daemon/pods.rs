@@ -460,12 +460,13 @@ impl Pods {
     /// On SIGTERM (a restart, a rolling update): every pod is left judged by
     /// the shared object for the next agent, which takes each over
     /// (`kernel::handover`); without a shared object, each is detached.
-    pub(super) fn leave_for_successor(&self) {
-        if let Some(dispatcher) = &self.dispatcher
-            && let Err(e) = dispatcher.leave_for_successor(crate::kernel::handover::HANDOVER_LEASE)
-        {
+    /// Whether they are left.
+    pub(super) fn leave_for_successor(&self) -> bool {
+        let Some(dispatcher) = &self.dispatcher else { return false };
+        if let Err(e) = dispatcher.leave_for_successor(crate::kernel::handover::HANDOVER_LEASE) {
             tracing::warn!("{}: every pod is detached as the agent stops", crate::error::chain(&e));
         }
+        dispatcher.leaving()
     }
 
     /// Ends every pod's gate (the daemon stops).

@@ -301,10 +301,12 @@ impl Supervisor {
                 _ = signals.interrupt.recv() => self.stop("SIGINT: detaching"),
                 _ = signals.terminate.recv() => {
                     // A node agent's pods stay judged for the next agent (a restart, a rolling update).
-                    if let Some(pods) = &self.pods {
-                        pods.leave_for_successor();
-                    }
-                    self.stop("SIGTERM: detaching");
+                    let leaving = self.pods.as_ref().is_some_and(Pods::leave_for_successor);
+                    self.stop(if leaving {
+                        "SIGTERM: the pods stay judged for the next agent; the node's own gates detach"
+                    } else {
+                        "SIGTERM: detaching"
+                    });
                 }
                 _ = signals.hang_up.recv() => self.control.reload.send_modify(|n| *n += 1),
                 Some((id, result)) = ends.recv() => self.ended(id, result),

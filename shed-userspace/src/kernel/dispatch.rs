@@ -29,7 +29,7 @@ use crate::{
     error::Error,
     host::system,
     kernel::{
-        handover::{self, Inherited, Leaving, PodLink},
+        handover::{self, Inherited, Leaving, Left, PodLink},
         maps as kernel_maps, object,
         programs::{Loaded, SharedJudge},
     },
@@ -87,11 +87,14 @@ impl SharedJudge for Dispatcher {
             return Err(Error::Dispatch { what: format!("attach to {iface}: the dispatcher's object does not judge") });
         }
         let prog = Loaded::loaded_tc(&mut tables.ebpf)?;
-        let taken = self.inherited.take(&name).and_then(|left| {
-            SchedClassifierLink::try_from(left)
+        // Still pinned while taken over: a take-over that fails leaves it
+        // judging until the new link is attached.
+        let mut left = self.inherited.take(&name);
+        let taken = left.as_mut().and_then(Left::link).and_then(|link| {
+            SchedClassifierLink::try_from(link)
                 .map_err(|e| Error::Dispatch { what: format!("take over the last agent's TC link of {iface}: {e}") })
-                .and_then(|left| {
-                    prog.attach_to_link(left)
+                .and_then(|link| {
+                    prog.attach_to_link(link)
                         .map_err(|e| Error::program(format!("take over the last agent's TC link of {iface}"), e))
                 })
                 .map_err(|e| tracing::warn!("{}: attached anew", crate::error::chain(&e)))
@@ -109,6 +112,9 @@ impl SharedJudge for Dispatcher {
         let link = prog.take_link(id).map_err(|e| Error::program(format!("hold the TC link of {iface}"), e))?;
         let link = FdLink::try_from(link)
             .map_err(|e| Error::Dispatch { what: format!("hold the TC link of {iface} as a BPF link: {e}") })?;
+        if let Some(left) = left {
+            left.done();
+        }
         Ok(Box::new(PodLink::new(link, name, self.leaving.clone())))
     }
 }
@@ -271,16 +277,29 @@ impl Dispatcher {
     /// ends, as without a handover).
     pub fn leave_for_successor(&self, lease: Duration) -> Result<(), Error> {
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        if tables.shared.is_none() || tables.tracepoints.is_empty() {
+        if tables.shared.is_none() {
             return Ok(());
+        }
+        // Every dispatcher, or a left pod's counts would miss its events (a
+        // second SIGTERM after a failed leave holds fewer).
+        if tables.tracepoints.len() != program::DISPATCHERS.len() {
+            return Err(Error::Dispatch {
+                what: "leave for the next agent: a dispatcher is no longer attached".into(),
+            });
         }
         let until = system::monotonic_ns() + u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX / 2);
         let dir = Leaving::prepare(until)?;
-        let filter = tables.offsets.get(&0, 0).map_err(|e| Error::map("read the dispatcher's namespace offsets", e))?;
+        let filter = tables.offsets.get(&0, 0).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&dir);
+            Error::map("read the dispatcher's namespace offsets", e)
+        })?;
         // The lease first: nothing is ever left that would judge past it.
         let lease_to =
             |tables: &mut Tables, left_until_ns| tables.offsets.set(0, NetnsFilter { left_until_ns, ..filter }, 0);
-        lease_to(&mut tables, until).map_err(|e| Error::map("lease the shared object", e))?;
+        lease_to(&mut tables, until).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&dir);
+            Error::map("lease the shared object", e)
+        })?;
         let left = Self::leave_in(&mut tables, &dir);
         if let Err(e) = left {
             // Taken back: the dispatchers keep counting while the pods' gates end.
@@ -331,6 +350,11 @@ impl Dispatcher {
     /// agent forwards them to its own log.
     pub fn take_kernel_log(&self) -> Option<KernelLogger> {
         self.tables.lock().unwrap_or_else(PoisonError::into_inner).logger.take()
+    }
+
+    /// Whether the last agent left a link on `iface` of this thread's namespace to take over.
+    pub fn inherits(&self, iface: &str) -> bool {
+        handover::pod_link_name(iface).is_ok_and(|name| self.inherited.has(&name))
     }
 
     /// Whether this agent leaves its pods judged for the next ([`Self::leave_for_successor`]).

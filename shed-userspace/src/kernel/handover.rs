@@ -164,6 +164,26 @@ fn lease_end(name: &str) -> Option<u64> {
     name.strip_prefix("until-")?.parse().ok()
 }
 
+/// A pod's link the last agent left, opened and still pinned (it judges
+/// until [`Left::done`]).
+pub(crate) struct Left {
+    link: Option<FdLink>,
+    path: PathBuf,
+}
+
+impl Left {
+    /// The link itself, to take over (its pin stays until [`Left::done`]).
+    pub(crate) fn link(&mut self) -> Option<FdLink> {
+        self.link.take()
+    }
+
+    /// Unpins it: taken over, it now runs this agent's program; not taken
+    /// over, it goes (detached) now that the pod's new link judges.
+    pub(crate) fn done(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Links that agents before this one left: a folder each, with its lease's end.
 #[derive(Default)]
 pub(crate) struct Inherited {
@@ -186,10 +206,25 @@ impl Inherited {
         inherited
     }
 
-    /// The link left under `name`, unpinned (None: none was left).
-    pub(crate) fn take(&self, name: &str) -> Option<FdLink> {
+    /// The link left under `name`, still pinned: [`Left::done`] unpins it
+    /// once the pod's new link judges (None: none was left, or it cannot be
+    /// opened: then its pin is removed, not left judging beside a new link).
+    pub(crate) fn take(&self, name: &str) -> Option<Left> {
         let dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
-        dirs.iter().map(|(dir, _)| dir.join(name)).find(|path| path.exists()).and_then(|path| take_back(&path))
+        let path = dirs.iter().map(|(dir, _)| dir.join(name)).find(|path| path.exists())?;
+        match PinnedLink::from_pin(&path) {
+            Ok(pinned) => Some(Left { link: Some(FdLink::from(pinned)), path }),
+            Err(e) => {
+                tracing::warn!("{e}: the last agent's link {} is not taken over", path.display());
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Whether a link was left under `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.dirs.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|(dir, _)| dir.join(name).exists())
     }
 
     /// Removes every folder whose pods' links were all taken (or whose lease
