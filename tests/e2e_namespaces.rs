@@ -689,7 +689,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     let newer = connect().expect("the next agent's first");
     poll(Duration::from_secs(3), "the next agent's count", || open(&pod), |&n| n == 1);
     assert!(connect().is_err(), "the next agent refuses past its limit");
-    next.finish_takeover(false);
+    next.finish_takeover();
     assert!(!Path::new(HANDOVER_PIN_DIR).exists(), "the old object's pins go once its pod is taken over");
     drop((held, newer));
 
@@ -726,7 +726,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
         Duration::from_secs(20),
         "the left links of a pod gone to go",
         || {
-            after_the_pod.finish_takeover(false);
+            after_the_pod.finish_takeover();
             Path::new(HANDOVER_PIN_DIR).exists()
         },
         |&left| !left,

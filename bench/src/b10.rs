@@ -132,8 +132,7 @@ fn gated_at(log: &str, netns: &str) -> Option<SystemTime> {
 /// When the agent took over the first of `netns`'s links its predecessor
 /// left judging, if it did.
 fn taken_over_at(log: &str, netns: &str) -> Option<SystemTime> {
-    let span = format!("gate{{netns={netns}}}:");
-    let line = log.lines().find(|l| l.contains(&span) && l.contains("took over the last agent's TC link"))?;
+    let line = shed_testkit::gate::gate_line(log, netns, "took over the last agent's TC link")?;
     log_time(line.split_whitespace().next()?)
 }
 

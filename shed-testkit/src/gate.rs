@@ -170,6 +170,13 @@ impl Gate {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, as the kubelet restarts a node agent: the pods it leaves
+    /// judged for the next agent stay so (see `kernel::handover`).
+    pub fn leave_for_successor(mut self) {
+        self.stop();
+        self.successor_follows = true;
+    }
+
     /// SIGTERM and wait; returns the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         // SAFETY: signalling our own child.
@@ -185,15 +192,6 @@ impl Gate {
             }
             thread::sleep(Duration::from_millis(20));
         }
-    }
-}
-
-impl Gate {
-    /// SIGTERM, as the kubelet restarts a node agent: the pods it leaves
-    /// judged for the next agent stay so (see `kernel::handover`).
-    pub fn leave_for_successor(mut self) {
-        self.stop();
-        self.successor_follows = true;
     }
 }
 
@@ -281,6 +279,11 @@ pub fn loaded_shed_programs() -> Vec<String> {
 /// The daemon's log line that says `netns`'s gate is set up (its programs
 /// attached and judging), if the log has it; whichever module logs it.
 pub fn gated_line<'a>(log: &'a str, netns: &str) -> Option<&'a str> {
+    gate_line(log, netns, ": gate set up: judging every new connection")
+}
+
+/// The first line `netns`'s gate logged that says `says`, if the log has it.
+pub fn gate_line<'a>(log: &'a str, netns: &str, says: &str) -> Option<&'a str> {
     let span = format!("gate{{netns={netns}}}:");
-    log.lines().find(|l| l.contains(&span) && l.contains(": gate set up: judging every new connection"))
+    log.lines().find(|l| l.contains(&span) && l.contains(says))
 }

@@ -271,7 +271,7 @@ impl Pods {
         }
         // The last agent's object goes once every pod it judged is taken over (or its lease is up).
         if let Some(dispatcher) = &self.dispatcher {
-            dispatcher.finish_takeover(false);
+            dispatcher.finish_takeover();
         }
         // Bounded as a whole, as each call is: a runtime that answers each
         // status just in time must not hold the daemon's loop (and its

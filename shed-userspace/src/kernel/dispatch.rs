@@ -289,19 +289,7 @@ impl Dispatcher {
         }
         let until = system::monotonic_ns() + u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX / 2);
         let dir = Leaving::prepare(until)?;
-        let filter = tables.offsets.get(&0, 0).map_err(|e| {
-            let _ = std::fs::remove_dir_all(&dir);
-            Error::map("read the dispatcher's namespace offsets", e)
-        })?;
-        // The lease first: nothing is ever left that would judge past it.
-        let lease_to =
-            |tables: &mut Tables, left_until_ns| tables.offsets.set(0, NetnsFilter { left_until_ns, ..filter }, 0);
-        lease_to(&mut tables, until).map_err(|e| {
-            let _ = std::fs::remove_dir_all(&dir);
-            Error::map("lease the shared object", e)
-        })?;
-        let left = Self::leave_in(&mut tables, &dir);
-        if let Err(e) = left {
+        if let Err(e) = Self::leave_in(&mut tables, &dir, until) {
             // Taken back: the dispatchers keep counting while the pods' gates end.
             for (name, ..) in program::DISPATCHERS {
                 if let Some(link) = handover::take_back(&dir.join(handover::dispatcher_pin(name))) {
@@ -309,7 +297,6 @@ impl Dispatcher {
                 }
             }
             let _ = std::fs::remove_dir_all(&dir);
-            let _ = lease_to(&mut tables, 0);
             return Err(e);
         }
         self.leaving.start(dir);
@@ -320,12 +307,27 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Pins what the pods' TC links need besides the object's maps, which
-    /// its programs hold: the turn programs' array (the kernel empties a
-    /// program array once no process or pin holds it) and the dispatchers'
-    /// links (without them the pods' counts would stop while their TC links
-    /// judge on).
-    fn leave_in(tables: &mut Tables, dir: &std::path::Path) -> Result<(), Error> {
+    /// Leases the object until `until` (ns), then pins in `dir` what the
+    /// pods' TC links need besides the object's maps, which its programs
+    /// hold: the turn programs' array (the kernel empties a program array
+    /// once no process or pin holds it) and the dispatchers' links (without
+    /// them the pods' counts would stop while their TC links judge on). On an
+    /// error the lease is lifted again.
+    fn leave_in(tables: &mut Tables, dir: &std::path::Path, until: u64) -> Result<(), Error> {
+        let filter = tables.offsets.get(&0, 0).map_err(|e| Error::map("read the dispatcher's namespace offsets", e))?;
+        // The lease first: nothing is ever left that would judge past it.
+        let lease_to =
+            |tables: &mut Tables, left_until_ns| tables.offsets.set(0, NetnsFilter { left_until_ns, ..filter }, 0);
+        lease_to(tables, until).map_err(|e| Error::map("lease the shared object", e))?;
+        let pinned = Self::pin_what_pods_need(tables, dir);
+        if pinned.is_err() {
+            let _ = lease_to(tables, 0);
+        }
+        pinned
+    }
+
+    /// The pins of [`Self::leave_in`].
+    fn pin_what_pods_need(tables: &mut Tables, dir: &std::path::Path) -> Result<(), Error> {
         let turn = tables
             .ebpf
             .map(map::TURN_TC)
@@ -363,10 +365,10 @@ impl Dispatcher {
     }
 
     /// Detaches what the last agent left once every pod it gated is taken
-    /// over, its lease is up, or (`all`) now.
-    pub fn finish_takeover(&self, all: bool) {
+    /// over, or its lease is up.
+    pub fn finish_takeover(&self) {
         if self.inherited.pending() {
-            self.inherited.finish(all);
+            self.inherited.finish();
         }
     }
 
@@ -499,7 +501,7 @@ impl Dispatched {
 impl Drop for Dispatched {
     fn drop(&mut self) {
         // Left for the next agent: the shared object keeps judging the pod by it.
-        if self.dispatcher.leaving.dir().is_some() {
+        if self.dispatcher.leaving() {
             return;
         }
         self.dispatcher.take_back(self.gate, self.inum);

@@ -88,18 +88,27 @@ pub(crate) fn leave(link: FdLink, path: &Path) -> bool {
 
 /// The link pinned at `path`, unpinned (None: none there, or unreadable: said).
 pub(crate) fn take_back(path: &Path) -> Option<FdLink> {
+    let mut left = open_left(path.to_path_buf())?;
+    let link = left.link();
+    left.done();
+    link
+}
+
+/// The link pinned at `path`, opened and still pinned (None: none there, or
+/// it cannot be opened: said, and its pin removed, not left judging beside
+/// whatever attaches anew).
+fn open_left(path: PathBuf) -> Option<Left> {
     if !path.exists() {
         return None;
     }
-    let link = PinnedLink::from_pin(path)
-        .map_err(|e| tracing::warn!("{e}: open the link left at {}", path.display()))
-        .ok()
-        .and_then(|pinned| pinned.unpin().map_err(|e| tracing::warn!("{e}: unpin {}", path.display())).ok());
-    if link.is_none() {
-        // Not left judging beside whatever attaches anew.
-        let _ = std::fs::remove_file(path);
+    match PinnedLink::from_pin(&path) {
+        Ok(pinned) => Some(Left { link: Some(FdLink::from(pinned)), path }),
+        Err(e) => {
+            tracing::warn!("{e}: the link left at {} is not taken", path.display());
+            let _ = std::fs::remove_file(&path);
+            None
+        }
     }
-    link
 }
 
 /// A pod's link to the shared TC program: detached when dropped, or pinned
@@ -199,7 +208,7 @@ impl Inherited {
         dirs.sort_by_key(|&(_, until)| std::cmp::Reverse(until));
         let inherited = Self { dirs: Mutex::new(dirs) };
         // Those whose pods all went since go now.
-        inherited.finish(false);
+        inherited.finish();
         if inherited.pending() {
             tracing::info!("taking over the pods the last agent left judged");
         }
@@ -211,15 +220,7 @@ impl Inherited {
     /// opened: then its pin is removed, not left judging beside a new link).
     pub(crate) fn take(&self, name: &str) -> Option<Left> {
         let dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
-        let path = dirs.iter().map(|(dir, _)| dir.join(name)).find(|path| path.exists())?;
-        match PinnedLink::from_pin(&path) {
-            Ok(pinned) => Some(Left { link: Some(FdLink::from(pinned)), path }),
-            Err(e) => {
-                tracing::warn!("{e}: the last agent's link {} is not taken over", path.display());
-                let _ = std::fs::remove_file(&path);
-                None
-            }
-        }
+        dirs.iter().map(|(dir, _)| dir.join(name)).find(|path| path.exists()).and_then(open_left)
     }
 
     /// Whether a link was left under `name`.
@@ -228,9 +229,9 @@ impl Inherited {
     }
 
     /// Removes every folder whose pods' links were all taken (or whose lease
-    /// is up, or all of them with `all`): its dispatchers' and its untaken
-    /// links go, and with the last of them the old object.
-    pub(crate) fn finish(&self, all: bool) {
+    /// is up): its dispatchers' and its untaken links go, and with the last
+    /// of them the old object.
+    pub(crate) fn finish(&self) {
         let now = system::monotonic_ns();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).retain(|(dir, until)| {
             // A pod gone since has nothing to take over: its link goes now.
@@ -241,7 +242,7 @@ impl Inherited {
                 .filter(|e| e.file_name().to_string_lossy().starts_with("tc_"))
                 .filter(|e| !(detached(&e.path()) && std::fs::remove_file(e.path()).is_ok()))
                 .count();
-            if all || pods_left == 0 || now >= *until {
+            if pods_left == 0 || now >= *until {
                 if pods_left > 0 {
                     tracing::info!(links = pods_left, "the last agent's links of pods not taken over are detached");
                 }
