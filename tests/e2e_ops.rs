@@ -514,11 +514,13 @@ fn run_as_documented(args: &[String]) -> Result<String, String> {
     use std::io::Read as _;
     let shedctl = support::gate::shedctl_path();
     let mut command = if args[0] == "top" {
+        // `; true` keeps the shell (not top) as the terminal's session
+        // leader, and SIGHUP is ignored as under nohup (inherited across
+        // exec, and a shell cannot take that back): no SIGHUP ever reaches
+        // top, which must still end when its terminal hangs up.
         let line = std::iter::once(shedctl).chain(args.iter().cloned()).collect::<Vec<_>>().join(" ");
         let mut c = std::process::Command::new("script");
-        c.args(["-qfec", &line, "/dev/null"]);
-        // SIGHUP ignored, as under nohup (inherited across exec): top must
-        // still end when its terminal hangs up.
+        c.args(["-qfec", &format!("{line}; true"), "/dev/null"]);
         // SAFETY: only async-signal-safe work between fork and exec.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut c, || {

@@ -542,11 +542,50 @@ fn sock_layout_in(btf: &crate::host::btf::Btf) -> Result<shed_common::SockLayout
     Ok(layout)
 }
 
-/// Makes the terminal's hang-up end this process (SIGHUP's default action),
-/// whatever disposition it inherited.
-pub fn die_with_terminal() {
-    // SAFETY: resetting a signal's disposition to its default.
-    unsafe { libc::signal(libc::SIGHUP, libc::SIG_DFL) };
+/// What a wait on the terminal's input saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TerminalInput {
+    /// Keys to read.
+    Ready,
+    /// Nothing before the wait ran out.
+    Quiet,
+    /// The terminal hung up: nothing will ever come.
+    HungUp,
+}
+
+/// The terminal a full-screen view reads its keys from (stdin when it is
+/// one, else `/dev/tty`, as crossterm picks), watched for its hang-up. A
+/// process whose terminal hangs up is sent SIGHUP only when it leads the
+/// session or the leader exits: under a shell that ignores SIGHUP (nohup's,
+/// inherited) neither happens, and crossterm's event poll spins on the
+/// hung-up terminal, which reads as ready and empty at once.
+pub struct TerminalWatch {
+    opened: Option<std::fs::File>,
+}
+
+impl TerminalWatch {
+    pub fn open() -> std::io::Result<Self> {
+        // SAFETY: isatty on a descriptor number.
+        if unsafe { libc::isatty(libc::STDIN_FILENO) } == 1 {
+            return Ok(Self { opened: None });
+        }
+        Ok(Self { opened: Some(std::fs::File::open("/dev/tty")?) })
+    }
+
+    /// Waits up to `wait` for input or the hang-up.
+    pub fn wait(&self, wait: std::time::Duration) -> std::io::Result<TerminalInput> {
+        let fd = self.opened.as_ref().map_or(libc::STDIN_FILENO, AsRawFd::as_raw_fd);
+        let mut watched = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the call's length.
+        match unsafe { libc::poll(&raw mut watched, 1, ms) } {
+            -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => Ok(TerminalInput::Quiet),
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => Ok(TerminalInput::Quiet),
+            _ if watched.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 => Ok(TerminalInput::HungUp),
+            _ => Ok(TerminalInput::Ready),
+        }
+    }
 }
 
 /// CLOCK_MONOTONIC in milliseconds: the daemon's clock for pending reservations.

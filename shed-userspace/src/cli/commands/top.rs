@@ -8,7 +8,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use crate::{
     cli::TopArgs,
     daemon,
-    host::system::{self, Need},
+    host::system::{self, Need, TerminalInput},
     kernel::maps::GateMaps,
     observe::stats::PortStats,
     observe::top::{Top, render_text},
@@ -57,10 +57,10 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    // The view ends with its terminal, even where SIGHUP was ignored (under
-    // nohup, inherited): a hung-up terminal reads as ready and empty at once,
-    // and the event reader would spin a CPU for as long as the gate runs.
-    system::die_with_terminal();
+    // The view ends with its terminal even where no SIGHUP comes (see
+    // TerminalWatch): the hang-up is watched for with the keys.
+    let watch = system::TerminalWatch::open()
+        .context("opening the terminal (shedctl top needs a terminal; --once prints one frame)")?;
     let mut terminal =
         ratatui::try_init().context("starting the terminal (shedctl top needs a terminal; --once prints one frame)")?;
     let result = (|| -> anyhow::Result<()> {
@@ -68,13 +68,23 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
             terminal.draw(|f| top.draw(f))?;
             let deadline = taken + interval;
             while let Some(wait) = deadline.checked_duration_since(Instant::now()) {
-                if event::poll(wait)?
-                    && let Event::Key(key) = event::read()?
-                    && key.kind == KeyEventKind::Press
-                    && (matches!(key.code, KeyCode::Char('q') | KeyCode::Esc)
-                        || (key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL)))
-                {
-                    return Ok(());
+                match watch.wait(wait)? {
+                    TerminalInput::HungUp => return Ok(()),
+                    TerminalInput::Quiet => {}
+                    // crossterm reads what is there at once and queues it:
+                    // every queued key is looked at before the next wait.
+                    TerminalInput::Ready => {
+                        while event::poll(Duration::ZERO)? {
+                            if let Event::Key(key) = event::read()?
+                                && key.kind == KeyEventKind::Press
+                                && (matches!(key.code, KeyCode::Char('q') | KeyCode::Esc)
+                                    || (key.code == KeyCode::Char('c')
+                                        && key.modifiers.contains(KeyModifiers::CONTROL)))
+                            {
+                                return Ok(());
+                            }
+                        }
+                    }
                 }
             }
             if daemon::require_running().is_err() {
