@@ -472,7 +472,11 @@ pub struct ClientKey {
 const _: () = assert!(size_of::<ClientKey>() == 20);
 
 /// An established socket of a protected port, and where its current request stands.
-/// Updated only from the socket's own events, which the socket lock serialises.
+/// Updated only from the socket's own events. `busy` and `silent` change by
+/// compare-and-swap of the 8-byte word each shares with fields that never
+/// change once the entry is in the map (`slot`, `port`, `capped`; the flow's
+/// ports, `multiplexed`): an answer's send event runs outside the socket's
+/// lock, beside a request's arrival or the connection's close.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SockEntry {

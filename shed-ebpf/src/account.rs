@@ -14,7 +14,12 @@
 //! ring, so only for the idle grace (a request a moment behind its handshake
 //! must not let a burst overshoot; a connection that never sends must not hold
 //! the port), and becomes busy when its first bytes arrive.
-//! A socket's events are serialised by its lock, so its entry needs no atomics.
+//! A socket's state changes and `sk_data_ready` run under its lock, but
+//! `sock_send_length` and `sock_recv_length` fire after the send or receive
+//! has released it, while a request arriving or the connection closing runs
+//! on another CPU: the entry's `busy` and `silent` flags, which decide what is
+//! counted, change only by compare-and-swap ([`take_flag`]), so each is
+//! counted once. Its latency stamps are plain stores: a race costs one sample.
 //!
 //! A connection of a multiplexed port ([`count_mode::MULTIPLEXED`]) carries
 //! many requests at once, so its turns are not requests: it stays busy until
@@ -190,21 +195,23 @@ fn try_on_sock_state<E: StateChange>(event: &E) -> Result<(), i32> {
 /// A tracked socket closed: its counts released (silent, busy, open, its client's).
 #[inline(always)]
 fn untrack(skaddr: u64) {
-    // SAFETY: plain data copied out of the map.
-    let Some(entry) = (unsafe { gate::socks().and_then(|m| m.get(&skaddr)) }).copied() else {
-        return;
-    };
+    let Some(live) = tracked(skaddr) else { return };
+    // Its flags taken before it goes: an answer's send finishing on another
+    // CPU meanwhile ends the busy spell once, either there or here.
+    let (silent, busy) = (take_flag(live, SILENT_AT, 1, 0), take_flag(live, BUSY_AT, 1, 0));
+    // SAFETY: plain data copied out of the map value.
+    let entry = unsafe { *live };
     if gate::socks().map_or(Err(-1), |m| m.remove(&skaddr)).is_ok()
         && let Some(state) = state_field(entry.slot)
     {
-        if entry.silent != 0 {
+        if silent {
             end_silence(entry.slot, entry.silent_epoch);
         }
-        if entry.busy != 0 {
+        if busy {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
         }
-        if !(fault!("close_not_counted") && entry.busy != 0) {
+        if !(fault!("close_not_counted") && busy) {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).closed }, 1);
         }
@@ -394,24 +401,48 @@ fn moved(ret: i32, flags: i32) -> i32 {
 
 const MSG_PEEK: i32 = 2;
 
+/// Where a flag's byte sits in [`SockEntry`].
+const BUSY_AT: usize = core::mem::offset_of!(SockEntry, busy);
+const SILENT_AT: usize = core::mem::offset_of!(SockEntry, silent);
+
+/// Changes the flag at byte `at` of a live entry from `from` to `to`; whether
+/// this call did. One compare-and-swap of the aligned 8-byte word around it,
+/// whose other bytes never change once the entry is in the map: of two
+/// events that would change the flag at once, exactly one does.
+#[inline(always)]
+fn take_flag(entry: *mut SockEntry, at: usize, from: u8, to: u8) -> bool {
+    // SAFETY: a map value (8-byte aligned), valid for this run; the word lies within it.
+    let word = unsafe { entry.cast::<u8>().add(at & !7) }.cast::<u64>();
+    let shift = (at & 7) * 8;
+    let old = crate::atomic::load(word);
+    if (old >> shift) & 0xff != u64::from(from) {
+        return false;
+    }
+    crate::atomic::compare_exchange(word, old, (old & !(0xff << shift)) | (u64::from(to) << shift))
+}
+
 /// `sock:sk_data_ready`: a request's bytes arrived.
 pub fn on_data_ready(sk: u64) {
-    let Some(entry) = tracked(sk) else { return };
-    // SAFETY: map value of a socket whose events the socket lock serialises.
-    let entry = unsafe { &mut *entry };
-    if entry.arrival_ns == 0 {
-        entry.arrival_ns = unsafe { bpf_ktime_get_ns() };
-    }
-    if entry.silent != 0 {
-        entry.silent = u8::from(fault!("silence_ended_twice"));
-        end_silence(entry.slot, entry.silent_epoch);
-    }
-    if entry.busy == 0 {
-        entry.busy = 1;
-        if let Some(state) = state_field(entry.slot) {
-            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
-            atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+    let Some(live) = tracked(sk) else { return };
+    // SAFETY: map value, valid for this run; fields read and written through
+    // the pointer (no reference: the flags change by compare-and-swap).
+    let (slot, epoch) = unsafe { ((*live).slot, (*live).silent_epoch) };
+    // SAFETY: as above.
+    unsafe {
+        if (*live).arrival_ns == 0 {
+            (*live).arrival_ns = bpf_ktime_get_ns();
         }
+    }
+    // SAFETY: as above.
+    let silent = unsafe { (*live).silent } != 0;
+    if silent && (fault!("silence_ended_twice") || take_flag(live, SILENT_AT, 1, 0)) {
+        end_silence(slot, epoch);
+    }
+    if take_flag(live, BUSY_AT, 0, 1)
+        && let Some(state) = state_field(slot)
+    {
+        // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+        atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
     }
 }
 
@@ -444,36 +475,41 @@ pub fn on_recv(sk: u64, ret: i32, flags: i32) {
 
 /// `sock:sock_send_length`: the application answered.
 pub fn on_send(sk: u64, ret: i32, flags: i32) {
-    let Some(entry) = tracked(sk) else { return };
+    let Some(live) = tracked(sk) else { return };
     if moved(ret, flags) <= 0 {
         return;
     }
-    // SAFETY: a value pointer from this run's map lookup, valid until the program returns; the only reference to it here.
-    let entry = unsafe { &mut *entry };
-    if entry.silent != 0 {
-        // A server-first protocol's greeting: the server has done its part.
-        entry.silent = 0;
-        end_silence(entry.slot, entry.silent_epoch);
+    // SAFETY: map value, valid for this run; fields read and written through
+    // the pointer (no reference: the flags change by compare-and-swap).
+    let (slot, epoch, multiplexed) = unsafe { ((*live).slot, (*live).silent_epoch, (*live).multiplexed) };
+    // A server-first protocol's greeting: the server has done its part.
+    if take_flag(live, SILENT_AT, 1, 0) {
+        end_silence(slot, epoch);
     }
-    if entry.multiplexed != 0 {
+    if multiplexed != 0 {
         // An answer to one of many requests under way: no turn ends, the connection stays busy.
         return;
     }
-    if entry.pickup_ns != 0 {
+    // SAFETY: as above.
+    let (arrival, pickup) = unsafe { ((*live).arrival_ns, (*live).pickup_ns) };
+    if pickup != 0 {
         // SAFETY: reading the clock has no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        record(entry.slot, Histogram::Service, now.saturating_sub(entry.pickup_ns));
-        record(entry.slot, Histogram::Sojourn, now.saturating_sub(entry.arrival_ns));
+        record(slot, Histogram::Service, now.saturating_sub(pickup));
+        record(slot, Histogram::Sojourn, now.saturating_sub(arrival));
     }
     // Later sends of the same answer change nothing until the next request arrives.
-    entry.arrival_ns = 0;
-    entry.pickup_ns = 0;
-    if entry.busy != 0 && !fault!("send_not_counted") {
-        entry.busy = 0;
-        if let Some(state) = state_field(entry.slot) {
-            // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
-            atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
-        }
+    // SAFETY: as above.
+    unsafe {
+        (*live).arrival_ns = 0;
+        (*live).pickup_ns = 0;
+    }
+    if !fault!("send_not_counted")
+        && take_flag(live, BUSY_AT, 1, 0)
+        && let Some(state) = state_field(slot)
+    {
+        // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+        atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
     }
 }
 
