@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! B10: the node agent's cost against pods gated. A private containerd makes
 //! 1, 10 and 110 (the kubelet's default most) annotated pod sandboxes through the CRI API; `shedctl attach
-//! --pods` finds them and gates each in its own namespace. Per level: how long
-//! the agent took to gate them all from its start, how long one more pod
+//! --pods` finds them and gates each in its own namespace. Per level: with
+//! the agent running, the pods started at once and each one's time from its
+//! sandbox ready to its gate set up; then, a new agent started with every pod
+//! there, how long it took to gate them all from its start, how long one more pod
 //! created then took from its sandbox being ready to its gate being set up,
 //! the daemon's CPU time and resident memory, the kernel memory of its maps
 //! and programs, and the programs loaded per pod (read from the daemon's own
@@ -257,15 +259,44 @@ impl Drop for BpfStats {
     }
 }
 
+/// Pods started together with the agent running: from each one's sandbox
+/// ready to its gate set up.
+struct Together {
+    longest: Duration,
+    median: Duration,
+}
+
 /// One level: `pods` annotated pods gated by one agent, then one more.
 fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Result<serde_json::Value> {
     let mut runtime = Runtime::start(&format!("shedb10{level_index}"), &format!("10.233.{}.0/24", 80 + level_index))
         .context("a private containerd")?;
-    let mut made = Vec::new();
-    for i in 0..pods {
-        made.push(runtime.run_pod(&format!("b10-{i}"), &ASKS)?);
-    }
     let socket = runtime.socket().display().to_string();
+    // The pods start together with the agent running (a node's pods after
+    // its reboot, a Deployment scaled up): each pod's time from its sandbox
+    // ready to its gate set up. The agent then leaves them for good (no
+    // successor), and the next starts with every pod there.
+    let (made, together) = {
+        let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
+        let names: Vec<String> = (0..pods).map(|i| format!("b10-{i}")).collect();
+        let started = runtime.run_pods_together(&names, &ASKS)?;
+        let deadline = Instant::now() + Duration::from_secs(60 + 3 * pods as u64);
+        let mut waits = Vec::new();
+        for (pod, ready) in &started {
+            let at = loop {
+                if let Some(at) = gated_at(&gate.log(), &pod.netns) {
+                    break at;
+                }
+                if Instant::now() > deadline {
+                    bail!("not every pod started together was gated:\n{}", gate.log());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            waits.push(at.duration_since(*ready).unwrap_or_default());
+        }
+        waits.sort();
+        let made: Vec<_> = started.into_iter().map(|(pod, _)| pod).collect();
+        (made, Together { longest: waits.last().copied().unwrap_or_default(), median: waits[waits.len() / 2] })
+    };
     let _stats = BpfStats::on()?;
     let ungated = socket_costs(scale, &|| Ok((0, 0)))?;
     let started = Instant::now();
@@ -360,6 +391,8 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         "restart_taken_over": taken_over,
         "restart_all_gated_s": restart_all.as_secs_f64(),
         "late_pod_gated_s": late.as_secs_f64(),
+        "together_longest_gated_s": together.longest.as_secs_f64(),
+        "together_median_gated_s": together.median.as_secs_f64(),
         "cpu_s_to_gate_all": settled.cpu_s,
         "idle_cpu_percent": 100.0 * (after.cpu_s - before.cpu_s) / idle.as_secs_f64(),
         "idle_cpu_percent_settled": settled_idle,
@@ -394,8 +427,9 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     }
     let mut md = String::from(
         "## B10: the node agent against pods gated\n\n`attach --pods` over a private containerd's annotated pod \
-         sandboxes: the time to gate them all from the agent's start, one more pod's time from its sandbox ready \
-         to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (one shared set of \
+         sandboxes: with the agent running, every pod started at once and each one's time from its sandbox ready to \
+         its gate set up (longest, median); then a new agent started with every pod there and the time to gate \
+         them all from its start, one more pod's time from its sandbox ready to its gate set up, the daemon's CPU and memory, and the kernel memory of its maps and programs (one shared set of \
          programs judges and counts for every pod; a pod brings its maps), and a restart of the agent (SIGTERM, \
          then a new agent): the longest any pod went ungated (the old agent leaves its programs judging each pod \
          until the new one, its ports written, takes its link over; for a pod taken over, the time from that to \
@@ -405,8 +439,8 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
          agent and with every pod gated (medians of 5), and, from the kernel's BPF statistics, the runs of the \
          agent's programs and their time per round trip and per connection (a dispatcher's time includes the \
          accounting it runs).\n\n\
-         | pods | all gated (s) | one more gated (s) | ungated by a restart (s) | taken over | all set up again (s) | CPU to gate all (s) | idle CPU (%) | idle CPU, every gate past its first minute (%) | RSS (MiB) | cgroup memory, idle / peak (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | pods | started together, ready to gated, longest / median (s) | all gated from the agent's start (s) | one more gated (s) | ungated by a restart (s) | taken over | all set up again (s) | CPU to gate all (s) | idle CPU (%) | idle CPU, every gate past its first minute (%) | RSS (MiB) | cgroup memory, idle / peak (MiB) | maps (MiB) | maps per pod (MiB) | programs | per pod |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut costs = String::from(
         "\n| pods | round trip before (µs) | gated | connection before (µs) | gated | shed program runs per round trip | their ns | runs per connection | their ns | runs per s, idle |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -415,8 +449,10 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     for r in &rows {
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {:.2} | {:.3} | {} of {} | {:.1} | {:.1} | {:.2} | {} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {:.0} |",
+            "| {} | {:.2} / {:.2} | {:.1} | {:.2} | {:.3} | {} of {} | {:.1} | {:.1} | {:.2} | {} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {:.0} |",
             r["pods"],
+            r["together_longest_gated_s"].as_f64().unwrap_or(0.0),
+            r["together_median_gated_s"].as_f64().unwrap_or(0.0),
             r["all_gated_s"].as_f64().unwrap_or(0.0),
             r["late_pod_gated_s"].as_f64().unwrap_or(0.0),
             r["restart_ungated_s"].as_f64().unwrap_or(0.0),

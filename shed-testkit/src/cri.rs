@@ -14,7 +14,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use k8s_cri::v1::{
@@ -159,44 +159,43 @@ state = "{root}/state"
     /// Runs a pod sandbox named `name` (in Kubernetes namespace `default`) with
     /// `annotations`, as the kubelet would; returns once it is ready.
     pub fn run_pod(&mut self, name: &str, annotations: &[(&str, &str)]) -> io::Result<Pod> {
-        let config = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.to_owned(),
-                uid: format!("uid-{name}"),
-                namespace: "default".to_owned(),
-                attempt: 0,
-            }),
-            annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-            ..PodSandboxConfig::default()
-        };
-        let request = RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
-        let id = self
-            .tokio
-            .block_on(self.client.run_pod_sandbox(request))
-            .map_err(|e| io::Error::other(format!("run pod sandbox {name}: {e}")))?
-            .into_inner()
-            .pod_sandbox_id;
-        let status = self
-            .tokio
-            .block_on(
-                self.client.pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true }),
-            )
-            .map_err(|e| io::Error::other(format!("status of pod sandbox {name}: {e}")))?
-            .into_inner();
-        let ip = status
-            .status
-            .as_ref()
-            .and_then(|s| s.network.as_ref())
-            .and_then(|n| n.ip.parse().ok())
-            .ok_or_else(|| io::Error::other(format!("pod {name} has no IPv4 address: {status:?}")))?;
-        let netns = status
-            .info
-            .get("info")
-            .and_then(|info| netns_path(info))
-            .and_then(|path| Some(path.file_name()?.to_str()?.to_owned()))
-            .ok_or_else(|| io::Error::other(format!("pod {name}: no network namespace in its status")))?;
-        self.netns.push(netns.clone());
-        Ok(Pod { id, netns, ip })
+        let (pod, _) = self.tokio.block_on(sandbox(self.client.clone(), name, annotations))?;
+        self.netns.push(pod.netns.clone());
+        Ok(pod)
+    }
+
+    /// Runs pod sandboxes `names` at once, every call in flight together (as a
+    /// node's pods start after its reboot, or a Deployment scaled up), each
+    /// with the moment it was ready (its calls returned).
+    pub fn run_pods_together(
+        &mut self,
+        names: &[String],
+        annotations: &[(&str, &str)],
+    ) -> io::Result<Vec<(Pod, SystemTime)>> {
+        let annotations: Vec<(String, String)> =
+            annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let mut calls = tokio::task::JoinSet::new();
+        for name in names {
+            let (client, name, annotations) = (self.client.clone(), name.clone(), annotations.clone());
+            calls.spawn(async move {
+                let asked: Vec<(&str, &str)> = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                sandbox(client, &name, &asked).await
+            });
+        }
+        let made = self.tokio.block_on(calls.join_all());
+        // Every pod made is the runtime's to clean up, whichever failed.
+        let mut pods = Vec::new();
+        let mut failed = None;
+        for pod in made {
+            match pod {
+                Ok(pod) => {
+                    self.netns.push(pod.0.netns.clone());
+                    pods.push(pod);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        failed.map_or(Ok(pods), Err)
     }
 
     /// Stops and removes a pod sandbox (its network namespace goes with it).
@@ -255,6 +254,47 @@ impl Drop for Runtime {
             let _ = Command::new("umount").args(["-l", mount]).stderr(Stdio::null()).status();
         }
     }
+}
+
+/// Runs a pod sandbox and reads its address and network namespace from its
+/// status; with the moment its run call returned (it was ready).
+async fn sandbox(mut client: Client, name: &str, annotations: &[(&str, &str)]) -> io::Result<(Pod, SystemTime)> {
+    let config = PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_owned(),
+            uid: format!("uid-{name}"),
+            namespace: "default".to_owned(),
+            attempt: 0,
+        }),
+        annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        ..PodSandboxConfig::default()
+    };
+    let request = RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+    let id = client
+        .run_pod_sandbox(request)
+        .await
+        .map_err(|e| io::Error::other(format!("run pod sandbox {name}: {e}")))?
+        .into_inner()
+        .pod_sandbox_id;
+    let ready = SystemTime::now();
+    let status = client
+        .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true })
+        .await
+        .map_err(|e| io::Error::other(format!("status of pod sandbox {name}: {e}")))?
+        .into_inner();
+    let ip = status
+        .status
+        .as_ref()
+        .and_then(|s| s.network.as_ref())
+        .and_then(|n| n.ip.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("pod {name} has no IPv4 address: {status:?}")))?;
+    let netns = status
+        .info
+        .get("info")
+        .and_then(|info| netns_path(info))
+        .and_then(|path| Some(path.file_name()?.to_str()?.to_owned()))
+        .ok_or_else(|| io::Error::other(format!("pod {name}: no network namespace in its status")))?;
+    Ok((Pod { id, netns, ip }, ready))
 }
 
 fn run(cmd: &mut Command) -> io::Result<()> {
