@@ -276,7 +276,15 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     // ready to its gate set up. The agent then leaves them for good (no
     // successor), and the next starts with every pod there.
     let (made, together) = {
-        let gate = Gate::launch(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
+        // Launched by hand: with no pod yet, there is no gate for `stats` to read.
+        let mut gate = Gate::spawn(shedctl, &["--pods", "--cri-socket", &socket], Log::Capture)?;
+        let up = Instant::now();
+        while !gate.log().contains("shed gate running") {
+            if !gate.is_running() || up.elapsed() > Duration::from_secs(20) {
+                bail!("the agent did not come up:\n{}", gate.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let names: Vec<String> = (0..pods).map(|i| format!("b10-{i}")).collect();
         let started = runtime.run_pods_together(&names, &ASKS)?;
         let deadline = Instant::now() + Duration::from_secs(60 + 3 * pods as u64);
@@ -295,6 +303,16 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         }
         waits.sort();
         let made: Vec<_> = started.into_iter().map(|(pod, _)| pod).collect();
+        drop(gate);
+        // Its links go one RCU grace period each under the rtnl lock: measured
+        // meanwhile, the node's sockets would pay for the teardown.
+        let gone = Instant::now();
+        while !shed_testkit::gate::loaded_shed_programs().is_empty() {
+            if gone.elapsed() > Duration::from_secs(30 + pods as u64) {
+                bail!("the first agent's programs outlived it: {:?}", shed_testkit::gate::loaded_shed_programs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         (made, Together { longest: waits.last().copied().unwrap_or_default(), median: waits[waits.len() / 2] })
     };
     let _stats = BpfStats::on()?;

@@ -174,15 +174,18 @@ state = "{root}/state"
     ) -> io::Result<Vec<(Pod, SystemTime)>> {
         let annotations: Vec<(String, String)> =
             annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        let mut calls = tokio::task::JoinSet::new();
-        for name in names {
-            let (client, name, annotations) = (self.client.clone(), name.clone(), annotations.clone());
-            calls.spawn(async move {
-                let asked: Vec<(&str, &str)> = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                sandbox(client, &name, &asked).await
-            });
-        }
-        let made = self.tokio.block_on(calls.join_all());
+        let client = self.client.clone();
+        let made = self.tokio.block_on(async move {
+            let mut calls = tokio::task::JoinSet::new();
+            for name in names {
+                let (client, name, annotations) = (client.clone(), name.clone(), annotations.clone());
+                calls.spawn(async move {
+                    let asked: Vec<(&str, &str)> = annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    sandbox(client, &name, &asked).await
+                });
+            }
+            calls.join_all().await
+        });
         // Every pod made is the runtime's to clean up, whichever failed.
         let mut pods = Vec::new();
         let mut failed = None;
