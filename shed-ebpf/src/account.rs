@@ -3,8 +3,9 @@
 //!
 //! A passive-open socket of a protected port is tracked from SYN_RECV ->
 //! ESTABLISHED to its final CLOSE. Membership in `SHED_SOCKS` makes counting
-//! exactly-once: only the CPU whose insert (or delete) succeeds touches the
-//! port's counters.
+//! exactly-once: only the CPU whose insert (or delete) succeeds counts the
+//! open (or the close); a busy or silent spell is ended by whichever event
+//! takes its flag (below). A socket's close events are serialised by its lock.
 //!
 //! Per request turn (keep-alive connections have many), from raw tracepoints:
 //! arrival (`sk_data_ready`) -> pick-up (`sock_recv_length`) -> first response
@@ -448,28 +449,29 @@ pub fn on_data_ready(sk: u64) {
 
 /// `sock:sock_recv_length`: the application read the request.
 pub fn on_recv(sk: u64, ret: i32, flags: i32) {
-    let Some(entry) = tracked(sk) else { return };
+    let Some(live) = tracked(sk) else { return };
     if moved(ret, flags) <= 0 {
         return;
     }
-    // SAFETY: a value pointer from this run's map lookup, valid until the program returns; the only reference to it here.
-    let entry = unsafe { &mut *entry };
-    if entry.multiplexed != 0 {
-        // Receive-queue residence of what this read took; the next bytes to land
-        // in the (now drained) queue start the next wait. A turn means nothing here.
-        if entry.arrival_ns != 0 {
-            // SAFETY: reading the clock has no preconditions.
-            let now = unsafe { bpf_ktime_get_ns() };
-            record(entry.slot, Histogram::QueueWait, now.saturating_sub(entry.arrival_ns));
-            entry.arrival_ns = 0;
-        }
+    // SAFETY: map value, valid for this run; fields read and written through
+    // the pointer (no reference: other CPUs change its flags meanwhile).
+    let (slot, multiplexed, arrival, pickup) =
+        unsafe { ((*live).slot, (*live).multiplexed, (*live).arrival_ns, (*live).pickup_ns) };
+    if arrival == 0 || (multiplexed == 0 && pickup != 0) {
         return;
     }
-    if entry.arrival_ns != 0 && entry.pickup_ns == 0 {
-        // SAFETY: reading the clock has no preconditions.
-        let now = unsafe { bpf_ktime_get_ns() };
-        entry.pickup_ns = now;
-        record(entry.slot, Histogram::QueueWait, now.saturating_sub(entry.arrival_ns));
+    // SAFETY: reading the clock has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    record(slot, Histogram::QueueWait, now.saturating_sub(arrival));
+    // SAFETY: as above.
+    unsafe {
+        if multiplexed != 0 {
+            // Receive-queue residence of what this read took; the next bytes to land
+            // in the (now drained) queue start the next wait. A turn means nothing here.
+            (*live).arrival_ns = 0;
+        } else {
+            (*live).pickup_ns = now;
+        }
     }
 }
 
