@@ -615,6 +615,75 @@ impl Drop for Namespaces {
     }
 }
 
+/// A leave that cannot pin (the handover folder is not on bpffs) leaves
+/// nothing: the call says why, the agent is not leaving, the folder it made
+/// is gone, and the pod's link detaches as its gate ends, as without a
+/// handover. Once the object goes its link and program go with it: nothing
+/// judges the pod past its agent, and no lease of a failed leave lingers in
+/// the next agent's way.
+#[test]
+fn a_leave_that_cannot_pin_leaves_nothing_judging() {
+    use std::sync::Arc;
+
+    use aya::programs::{SchedClassifier, TcAttachType};
+    use shed::{
+        host::paths::HANDOVER_PIN_DIR,
+        kernel::{dispatch::Dispatcher, maps::PortSpec},
+    };
+    use shed_common::{ControlConfig, action, count_mode};
+
+    /// A tmpfs over the handover folder (a pin there fails); unmounted on drop.
+    struct NotBpffs;
+    impl Drop for NotBpffs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(HANDOVER_PIN_DIR).status();
+            let _ = std::fs::remove_dir_all(HANDOVER_PIN_DIR);
+        }
+    }
+
+    let _one = exclusive();
+    let _ = std::fs::remove_dir_all(HANDOVER_PIN_DIR);
+    std::fs::create_dir_all(HANDOVER_PIN_DIR).expect("the handover folder");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "shed-not-bpffs", HANDOVER_PIN_DIR])
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount a tmpfs over {HANDOVER_PIN_DIR}");
+    let _not_bpffs = NotBpffs;
+
+    let bed = Testbed::create("shhf").expect("testbed");
+    let addr: SocketAddr = bed.server_addr(false, PORT);
+    let _backend = Backend::start(&bed.server_ns, addr, Service::Echo).expect("backend");
+    let iface = bed.server_if.clone();
+    let programs = || {
+        let iface = iface.clone();
+        testbed::run_in(&bed.server_ns, move || {
+            let (_, programs) = SchedClassifier::query_tcx(&iface, TcAttachType::Ingress).expect("query tcx");
+            programs.len()
+        })
+        .expect("server namespace")
+    };
+    let spec = PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
+    let agent = Arc::new(Dispatcher::start_shared(64, false).expect("start a shared object"));
+    let pod = gate_under_shared(&agent, &bed, 1024, spec);
+    let held = pinged(&bed.client_ns, addr).expect("the first connection is admitted");
+    poll(Duration::from_secs(3), "refused at the limit of 1", || pinged(&bed.client_ns, addr).is_err(), |&r| r);
+
+    let e = agent.leave_for_successor(Duration::from_secs(30)).expect_err("no pin outside bpffs");
+    assert!(e.to_string().contains("turn programs' array"), "says what it could not leave: {e}");
+    assert!(!agent.leaving(), "not leaving after a failed leave");
+    let left: Vec<_> = std::fs::read_dir(HANDOVER_PIN_DIR).unwrap().collect();
+    assert!(left.is_empty(), "the failed leave's folder is removed: {left:?}");
+    // Still the agent's own gate meanwhile: its dispatchers count and it judges.
+    assert!(pinged(&bed.client_ns, addr).is_err(), "judged after the failed leave");
+
+    drop(pod);
+    drop(agent);
+    poll(Duration::from_secs(3), "the pod's link gone with its gate", programs, |&n| n == 0);
+    let past = pinged(&bed.client_ns, addr).expect("nothing judges the pod once its agent is gone");
+    drop((held, past));
+}
+
 /// A node agent leaving on SIGTERM (a restart, a rolling update) leaves its
 /// shared object judging every pod for the next agent
 /// (`Dispatcher::leave_for_successor`). With the first agent gone, its

@@ -209,8 +209,16 @@ fn b10_still_runs() {
         assert!(l["programs_per_pod"].as_f64().unwrap() >= 1.0, "{l}");
         assert!(l["map_memlock_bytes"].as_u64().unwrap() > 0 && l["rss_bytes"].as_u64().unwrap() > 0, "{l}");
         assert!(l["late_pod_gated_s"].as_f64().unwrap() > 0.0, "{l}");
+        let (longest, median) =
+            (l["together_longest_gated_s"].as_f64().unwrap(), l["together_median_gated_s"].as_f64().unwrap());
+        assert!(median > 0.0 && longest >= median, "pods started together, each timed to its gate: {l}");
     }
-    assert!(md.contains("| pods | all gated (s) |"), "{md}");
+    assert!(
+        md.contains(
+            "| pods | started together, ready to gated, longest / median (s) | all gated from the agent's start (s) |"
+        ),
+        "{md}"
+    );
 }
 
 #[test]
