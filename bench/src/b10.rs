@@ -131,6 +131,20 @@ fn gated_at(log: &str, netns: &str) -> Option<SystemTime> {
     log_time(line.split_whitespace().next()?)
 }
 
+/// When the agent's log says `netns`'s gate was set up, waited for (every
+/// 10 ms) until `deadline`; past it, the error names `what` and the log.
+fn wait_gated(gate: &Gate, netns: &str, deadline: Instant, what: &str) -> Result<SystemTime> {
+    loop {
+        if let Some(at) = gated_at(&gate.log(), netns) {
+            return Ok(at);
+        }
+        if Instant::now() > deadline {
+            bail!("{what}:\n{}", gate.log());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// When the agent took over the first of `netns`'s links its predecessor
 /// left judging, if it did.
 fn taken_over_at(log: &str, netns: &str) -> Option<SystemTime> {
@@ -290,15 +304,7 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         let deadline = Instant::now() + Duration::from_secs(60 + 3 * pods as u64);
         let mut waits = Vec::new();
         for (pod, ready) in &started {
-            let at = loop {
-                if let Some(at) = gated_at(&gate.log(), &pod.netns) {
-                    break at;
-                }
-                if Instant::now() > deadline {
-                    bail!("not every pod started together was gated:\n{}", gate.log());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            };
+            let at = wait_gated(&gate, &pod.netns, deadline, "not every pod started together was gated")?;
             waits.push(at.duration_since(*ready).unwrap_or_default());
         }
         waits.sort();
@@ -333,15 +339,9 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     let one_more = runtime.run_pod("b10-late", &ASKS)?;
     let ready = SystemTime::now();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let late = loop {
-        if let Some(at) = gated_at(&gate.log(), &one_more.netns) {
-            break at.duration_since(ready).unwrap_or_default();
-        }
-        if Instant::now() > deadline {
-            bail!("the late pod was not gated in 30 s:\n{}", gate.log());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let late = wait_gated(&gate, &one_more.netns, deadline, "the late pod was not gated in 30 s")?
+        .duration_since(ready)
+        .unwrap_or_default();
     // An idle stretch: what the agent costs while nothing changes, once the
     // late pod's set-up has settled.
     std::thread::sleep(SPARE_SETTLES);
@@ -380,15 +380,7 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
     let every = made.iter().chain([&one_more]);
     let (mut restart_gap, mut taken_over, mut restart_all) = (Duration::ZERO, 0, Duration::ZERO);
     for pod in every {
-        let at = loop {
-            if let Some(at) = gated_at(&gate.log(), &pod.netns) {
-                break at;
-            }
-            if Instant::now() > deadline {
-                bail!("not every pod gated again after a restart:\n{}", gate.log());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let at = wait_gated(&gate, &pod.netns, deadline, "not every pod gated again after a restart")?;
         let from = match taken_over_at(&gate.log(), &pod.netns) {
             Some(taken) if taken <= lease_end => {
                 taken_over += 1;
