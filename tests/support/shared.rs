@@ -42,9 +42,8 @@ pub(crate) fn gate_under_shared(
         loaded.maps.set_local_addrs(&local).expect("addresses");
         let inum = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino() as u32;
         loaded.dispatched = Some(Box::new(dispatcher.add(&mut loaded, inum).expect("hand the namespace over")));
-        for iface in &ifaces {
-            loaded.shared_links.push(dispatcher.attach_tc(iface).expect("attach the shared TC program"));
-        }
+        let ifaces: Vec<&str> = ifaces.iter().map(String::as_str).collect();
+        loaded.shared_links.extend(dispatcher.attach_tc(&ifaces).expect("attach the shared TC program"));
         loaded
     })
     .expect("namespace")

@@ -224,8 +224,18 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
             loaded.maps.protect(port, &spec)?;
         }
     }
-    for (iface, hook) in &targets {
-        attach_to(&mut loaded, iface, *hook, &node, plan.action)?;
+    if let Some(judge) = loaded.shared.clone() {
+        // The shared program on every interface in one turn: the pod is
+        // gated once its last is attached, and no later pod's come between.
+        let ifaces: Vec<&str> = targets.iter().map(|(iface, _)| iface.as_str()).collect();
+        loaded.shared_links.extend(judge.attach_tc(&ifaces)?);
+        for iface in ifaces {
+            tracing::info!(iface = %iface, hook = %Hook::Tc, "gate attached");
+        }
+    } else {
+        for (iface, hook) in &targets {
+            attach_to(&mut loaded, iface, *hook, &node, plan.action)?;
+        }
     }
     // Otherwise last: a port is listed (`stats`, `/readyz`) once written, so
     // only when every interface's program is attached and judges it (a pod

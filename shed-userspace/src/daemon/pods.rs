@@ -68,6 +68,9 @@ pub(super) struct Pods {
     stopping: bool,
     /// The shared programs' log records (`--kernel-log`), forwarded from the first look on.
     kernel_log: Option<crate::kernel::dispatch::KernelLogger>,
+    /// Until when the runtime is looked at [`LOOK_SOON`]: a look that found a
+    /// new pod expects more (a node's pods after a reboot, a Deployment scaled up).
+    burst_until: Option<Instant>,
 }
 
 /// A gate object verified in the background for the next pod, so a new
@@ -207,6 +210,18 @@ impl Retries {
 /// within 2 s of its sandbox being ready, the verifier taking one of them.
 pub(super) const LOOK_EVERY: Duration = Duration::from_millis(500);
 
+/// How often while pods are coming ([`BURST_WINDOW`] after a look found a new
+/// one): in a burst each pod's set-up queues behind the others' (each TC
+/// attachment holds the kernel's rtnl lock for an RCU grace period), so a
+/// pod seen late is gated late. A quiet node keeps [`LOOK_EVERY`].
+pub(super) const LOOK_SOON: Duration = Duration::from_millis(100);
+const BURST_WINDOW: Duration = Duration::from_secs(2);
+
+/// The wait before the next look: [`LOOK_SOON`] until `burst_until`, else [`LOOK_EVERY`].
+fn look_pace(burst_until: Option<Instant>, now: Instant) -> Duration {
+    if burst_until.is_some_and(|until| now < until) { LOOK_SOON } else { LOOK_EVERY }
+}
+
 /// The first wait before a failed pod is tried again, and the longest.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MOST: Duration = Duration::from_mins(5);
@@ -260,7 +275,13 @@ impl Pods {
             last_error: None,
             stopping: false,
             kernel_log,
+            burst_until: None,
         }
+    }
+
+    /// The wait before the next look (see [`LOOK_SOON`]).
+    pub(super) fn look_pace(&self) -> Duration {
+        look_pace(self.burst_until, Instant::now())
     }
 
     /// Asks the runtime for its pods: gates the new ones that ask, ends the gates of pods gone.
@@ -355,6 +376,7 @@ impl Pods {
                         }
                         continue;
                     }
+                    self.burst_until = Some(Instant::now() + BURST_WINDOW);
                     if let Err(e) = self.start(pod, settings, netns) {
                         let wait = self.failed.failed(&pod.id, Instant::now());
                         tracing::warn!(
@@ -538,6 +560,19 @@ fn pod_plan(node: &NodePlan, settings: GatePlan) -> GatePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_is_looked_at_soon_while_pods_come_and_at_the_usual_pace_after() {
+        let now = Instant::now();
+        assert_eq!(look_pace(None, now), LOOK_EVERY, "a node where no pod came yet");
+        let until = now + BURST_WINDOW;
+        assert_eq!(look_pace(Some(until), now), LOOK_SOON);
+        assert_eq!(look_pace(Some(until), now + BURST_WINDOW / 2), LOOK_SOON, "within the window");
+        let last = until.checked_sub(Duration::from_millis(1)).expect("an instant 2 s on");
+        assert_eq!(look_pace(Some(until), last), LOOK_SOON, "to its very end");
+        assert_eq!(look_pace(Some(until), until), LOOK_EVERY, "the window is over");
+        assert!(LOOK_SOON < LOOK_EVERY);
+    }
 
     #[test]
     fn a_failed_pod_waits_longer_after_each_try_and_is_forgotten_when_gone() {

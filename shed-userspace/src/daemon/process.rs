@@ -292,9 +292,9 @@ impl Supervisor {
     ) -> Option<anyhow::Error> {
         let watchdog_every = self.notifier.as_ref().and_then(Notifier::watchdog_every);
         let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_hours(1)));
-        let mut look = tokio::time::interval(super::pods::LOOK_EVERY);
-        // A slow runtime delays the next look; it does not bunch them up.
-        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first look at once; each next one a pace after the last ended
+        // (a slow runtime delays it, never bunches looks up).
+        let mut next_look = tokio::time::Instant::now();
         while self.running > 0 || (self.pods.is_some() && !self.stopping) {
             tokio::select! {
                 _ = watchdog.tick(), if watchdog_every.is_some() && !self.stopping => self.feed_watchdog(),
@@ -310,9 +310,10 @@ impl Supervisor {
                 }
                 _ = signals.hang_up.recv() => self.control.reload.send_modify(|n| *n += 1),
                 Some((id, result)) = ends.recv() => self.ended(id, result),
-                _ = look.tick(), if self.pods.is_some() && !self.stopping => {
+                () = tokio::time::sleep_until(next_look), if self.pods.is_some() && !self.stopping => {
                     if let Some(pods) = self.pods.as_mut() {
                         pods.look().await;
+                        next_look = tokio::time::Instant::now() + pods.look_pace();
                     }
                 }
             }

@@ -160,23 +160,42 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path, known: &mut Netwo
         .into_inner();
     let ready: Vec<_> = list.items.into_iter().filter(|p| p.state == PodSandboxState::SandboxReady as i32).collect();
     known.0.retain(|id, _| ready.iter().any(|p| &p.id == id));
+    // The new sandboxes' statuses asked side by side: a node's pods after a
+    // reboot come dozens at once, and one call after another to a runtime
+    // that busy held each pod's gate up by all the calls before its own.
+    let mut asking = tokio::task::JoinSet::new();
+    for (at, pod) in ready.iter().enumerate() {
+        if known.0.contains_key(&pod.id) {
+            continue;
+        }
+        let (mut client, id) = (client.clone(), pod.id.clone());
+        asking.spawn(async move {
+            let status = client.pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id, verbose: true }).await;
+            (at, status)
+        });
+    }
+    let mut statuses = BTreeMap::new();
+    while let Some(answer) = asking.join_next().await {
+        let Ok((at, status)) = answer else { continue };
+        match status {
+            Ok(status) => {
+                statuses.insert(at, status.into_inner());
+            }
+            // Removed between the list and its status: simply gone.
+            Err(e) if e.code() == tonic::Code::NotFound => {}
+            Err(e) => {
+                let id = &ready[at].id;
+                return Err(cri(call_reason(&format!("read the status of pod sandbox {id}"), &e, CALL_TIMEOUT)));
+            }
+        }
+    }
     let mut pods = Vec::new();
-    for pod in ready {
+    for (at, pod) in ready.into_iter().enumerate() {
         if let Some(Network { netns, host_network }) = known.0.get(&pod.id).cloned() {
             pods.push(sandbox(pod, netns, host_network));
             continue;
         }
-        let status = match client
-            .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: pod.id.clone(), verbose: true })
-            .await
-        {
-            Ok(status) => status.into_inner(),
-            // Removed between the list and its status: simply gone.
-            Err(e) if e.code() == tonic::Code::NotFound => continue,
-            Err(e) => {
-                return Err(cri(call_reason(&format!("read the status of pod sandbox {}", pod.id), &e, CALL_TIMEOUT)));
-            }
-        };
+        let Some(status) = statuses.remove(&at) else { continue };
         let netns = status.info.get("info").and_then(|info| netns_path(info));
         let host_network = status
             .status

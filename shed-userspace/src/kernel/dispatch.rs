@@ -14,7 +14,7 @@
 use std::{
     collections::BTreeSet,
     os::fd::AsFd as _,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Condvar, Mutex, PoisonError},
     time::Duration,
 };
 
@@ -41,6 +41,15 @@ pub type KernelLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
 /// The dispatchers, attached; their tables, written as gates come and go.
 pub struct Dispatcher {
     tables: Mutex<Tables>,
+    /// The object whose programs are attached. A lock of its own: a TC
+    /// attachment waits out an RCU grace period under the kernel's rtnl lock
+    /// (a burst of pods' set-ups, hundreds of ms each), and pods' set-ups,
+    /// `followed` and the agent's looks must not queue behind it for `tables`.
+    object: Mutex<Ebpf>,
+    /// Whether its programs judge and count for every pod ([`Self::start_shared`]): fixed at the start.
+    shared: bool,
+    /// The pods' turns at attaching the shared TC program.
+    turns: Turns,
     /// Set once this agent leaves its shared object to its successor.
     leaving: Leaving,
     /// What the agents before this one left it (a shared object's only).
@@ -48,8 +57,6 @@ pub struct Dispatcher {
 }
 
 struct Tables {
-    /// The object whose programs are attached.
-    ebpf: Ebpf,
     /// Its programs' log records (`--kernel-log`), until the agent takes them to forward.
     logger: Option<KernelLogger>,
     /// The dispatchers' links, by program: detached when dropped, unless left for a successor.
@@ -68,6 +75,41 @@ struct Tables {
     free: BTreeSet<u32>,
 }
 
+/// The pods' turns at attaching: each pod's interfaces one after another
+/// (a pod is gated once its last is), the pods in the order they asked. Each
+/// attachment waits out an RCU grace period under the kernel's rtnl lock, so
+/// a burst of pods queues here; a plain lock would let newcomers in first
+/// and leave an early pod waiting for the whole burst.
+#[derive(Default)]
+struct Turns {
+    /// The next ticket to give, and the ticket whose turn it is.
+    tickets: Mutex<(u64, u64)>,
+    next: Condvar,
+}
+
+impl Turns {
+    /// Waits for the caller's turn, which lasts until what it returns is dropped.
+    fn wait(&self) -> Turn<'_> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = tickets.0;
+        tickets.0 += 1;
+        while tickets.1 != mine {
+            tickets = self.next.wait(tickets).unwrap_or_else(PoisonError::into_inner);
+        }
+        Turn(self)
+    }
+}
+
+/// A turn of [`Turns`]: the next ticket's once dropped, however its holder ends.
+struct Turn<'a>(&'a Turns);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.tickets.lock().unwrap_or_else(PoisonError::into_inner).1 += 1;
+        self.0.next.notify_all();
+    }
+}
+
 /// A shared object's tables of its pods: each gated map's array of the
 /// pods' own (`map::GATED`'s order), by name.
 struct Shared {
@@ -75,18 +117,29 @@ struct Shared {
 }
 
 impl SharedJudge for Dispatcher {
-    /// Attaches the shared object's TC program to `iface` of this thread's
-    /// namespace; detached when what it returns is dropped.
-    /// A link the last agent left on `iface` is taken over instead: its
-    /// program replaced with this one's, atomically.
-    fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error> {
+    /// Attaches the shared object's TC program to `ifaces` of this thread's
+    /// namespace, one after another in the pod's turn (see [`Turns`]);
+    /// each detached when what it returns is dropped. A link the last agent
+    /// left on an interface is taken over instead: its program replaced with
+    /// this one's, atomically.
+    fn attach_tc(&self, ifaces: &[&str]) -> Result<Vec<Box<dyn Send>>, Error> {
+        if !self.shared {
+            return Err(Error::Dispatch {
+                what: format!("attach to {}: the dispatcher's object does not judge", ifaces.join(", ")),
+            });
+        }
+        let _turn = self.turns.wait();
+        let mut object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
+        ifaces.iter().map(|iface| self.attach_one(&mut object, iface)).collect()
+    }
+}
+
+impl Dispatcher {
+    /// [`SharedJudge::attach_tc`] for one interface.
+    fn attach_one(&self, object: &mut Ebpf, iface: &str) -> Result<Box<dyn Send>, Error> {
         system::check_interface(iface)?;
         let name = handover::pod_link_name(iface)?;
-        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        if tables.shared.is_none() {
-            return Err(Error::Dispatch { what: format!("attach to {iface}: the dispatcher's object does not judge") });
-        }
-        let prog = Loaded::loaded_tc(&mut tables.ebpf)?;
+        let prog = Loaded::loaded_tc(object)?;
         // Still pinned while taken over: a take-over that fails leaves it
         // judging until the new link is attached.
         let mut left = self.inherited.take(&name);
@@ -263,8 +316,16 @@ impl Dispatcher {
         // (detaching them now would leave every pod ungated until its own
         // programs are verified, a second or so each).
         let inherited = Inherited::find();
-        let tables = Tables { ebpf, logger, tracepoints, offsets, shared, targets, netns, socks, books, free };
-        Ok(Self { tables: Mutex::new(tables), leaving: Leaving::default(), inherited })
+        let judges = shared.is_some();
+        let tables = Tables { logger, tracepoints, offsets, shared, targets, netns, socks, books, free };
+        Ok(Self {
+            tables: Mutex::new(tables),
+            object: Mutex::new(ebpf),
+            shared: judges,
+            turns: Turns::default(),
+            leaving: Leaving::default(),
+            inherited,
+        })
     }
 
     /// Leaves the shared object running for the next agent (on SIGTERM: a
@@ -289,7 +350,10 @@ impl Dispatcher {
         }
         let until = system::monotonic_ns() + u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX / 2);
         let dir = Leaving::prepare(until)?;
-        if let Err(e) = Self::leave_in(&mut tables, &dir, until) {
+        let object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
+        let left = Self::leave_in(&mut tables, &object, &dir, until);
+        drop(object);
+        if let Err(e) = left {
             // Taken back: the dispatchers keep counting while the pods' gates end.
             for (name, ..) in program::DISPATCHERS {
                 if let Some(link) = handover::take_back(&dir.join(handover::dispatcher_pin(name))) {
@@ -313,13 +377,13 @@ impl Dispatcher {
     /// once no process or pin holds it) and the dispatchers' links (without
     /// them the pods' counts would stop while their TC links judge on). On an
     /// error the lease is lifted again.
-    fn leave_in(tables: &mut Tables, dir: &std::path::Path, until: u64) -> Result<(), Error> {
+    fn leave_in(tables: &mut Tables, object: &Ebpf, dir: &std::path::Path, until: u64) -> Result<(), Error> {
         let filter = tables.offsets.get(&0, 0).map_err(|e| Error::map("read the dispatcher's namespace offsets", e))?;
         // The lease first: nothing is ever left that would judge past it.
         let lease_to =
             |tables: &mut Tables, left_until_ns| tables.offsets.set(0, NetnsFilter { left_until_ns, ..filter }, 0);
         lease_to(tables, until).map_err(|e| Error::map("lease the shared object", e))?;
-        let pinned = Self::pin_what_pods_need(tables, dir);
+        let pinned = Self::pin_what_pods_need(tables, object, dir);
         if pinned.is_err() {
             let _ = lease_to(tables, 0);
         }
@@ -327,9 +391,8 @@ impl Dispatcher {
     }
 
     /// The pins of [`Self::leave_in`].
-    fn pin_what_pods_need(tables: &mut Tables, dir: &std::path::Path) -> Result<(), Error> {
-        let turn = tables
-            .ebpf
+    fn pin_what_pods_need(tables: &mut Tables, object: &Ebpf, dir: &std::path::Path) -> Result<(), Error> {
+        let turn = object
             .map(map::TURN_TC)
             .ok_or_else(|| Error::Dispatch { what: format!("find map {} in the kernel object", map::TURN_TC) })?;
         turn.pin(dir.join(handover::TURN_PIN))
@@ -375,8 +438,8 @@ impl Dispatcher {
     /// How many instructions the verifier walked to load program `name` of
     /// this dispatcher's object (None: not loaded, or the kernel does not say).
     pub fn verified_instructions(&self, name: &str) -> Option<u32> {
-        let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        let info = match tables.ebpf.program(name)? {
+        let object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
+        let info = match object.program(name)? {
             aya::programs::Program::SchedClassifier(p) => p.info(),
             aya::programs::Program::RawTracePoint(p) => p.info(),
             _ => return None,
@@ -386,7 +449,7 @@ impl Dispatcher {
 
     /// Whether this dispatcher's object judges and counts for every pod ([`Self::start_shared`]).
     pub fn shared(&self) -> bool {
-        self.tables.lock().unwrap_or_else(PoisonError::into_inner).shared.is_some()
+        self.shared
     }
 
     /// Hands namespace `inum` to `loaded`: to its accounting
@@ -505,5 +568,44 @@ impl Drop for Dispatched {
             return;
         }
         self.dispatcher.take_back(self.gate, self.inum);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pods' turns at attaching go in the order they were asked for,
+    /// whoever is woken first, and a turn ended by an error passes on.
+    #[test]
+    fn pods_attach_in_the_order_they_asked() {
+        let turns = Arc::new(Turns::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let first = turns.wait();
+        let waiting = |n: u64| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while turns.tickets.lock().unwrap().0 < n {
+                assert!(std::time::Instant::now() < deadline, "ticket {n} never taken");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let mut pods = Vec::new();
+        for pod in 1..=4u64 {
+            let (turns, order) = (turns.clone(), order.clone());
+            pods.push(std::thread::spawn(move || {
+                let _turn = turns.wait();
+                order.lock().unwrap().push(pod);
+                // The second pod's set-up fails in its turn: the next still gets its own.
+                assert_ne!(pod, 2, "a failed attach");
+            }));
+            // Each asks only once the one before it holds its ticket.
+            waiting(pod + 1);
+        }
+        assert!(order.lock().unwrap().is_empty(), "nobody attaches during another's turn");
+        drop(first);
+        let ended: Vec<bool> = pods.into_iter().map(|p| p.join().is_ok()).collect();
+        assert_eq!(ended, [true, false, true, true]);
+        assert_eq!(*order.lock().unwrap(), [1, 2, 3, 4]);
+        assert_eq!(*turns.tickets.lock().unwrap(), (5, 5), "every turn given back");
     }
 }

@@ -298,7 +298,7 @@ impl Loaded {
         system::check_interface(iface)?;
         if let Some(shared) = &self.shared {
             // Its programs are the shared object's: TC, which tells the pods' namespaces apart.
-            self.shared_links.push(shared.attach_tc(iface)?);
+            self.shared_links.extend(shared.attach_tc(&[iface])?);
             return Ok(());
         }
         let mode = match xdp_mode {
@@ -333,9 +333,10 @@ impl Loaded {
 /// The node's shared object, as a pod's gate sees it (kept a trait here so
 /// that this module, which the dispatcher loads through, does not import it).
 pub trait SharedJudge: Send + Sync {
-    /// Attaches the shared TC program to `iface` of this thread's namespace,
-    /// until what it returns is dropped.
-    fn attach_tc(&self, iface: &str) -> Result<Box<dyn Send>, Error>;
+    /// Attaches the shared TC program to `ifaces` of this thread's
+    /// namespace, in one turn among the pods; each until what it returns
+    /// for it is dropped.
+    fn attach_tc(&self, ifaces: &[&str]) -> Result<Vec<Box<dyn Send>>, Error>;
 }
 
 /// A gate's kernel object, its programs verified and its maps not yet
