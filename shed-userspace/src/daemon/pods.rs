@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! `attach --pods`: the node's pods that ask for a gate (`shed.io/ports`),
-//! found through the container runtime (CRI) twice a second. Each gets a gate
-//! of its own, in its network namespace, with the settings its `shed.io/*`
+//! found through the container runtime (CRI) twice a second (ten times a
+//! second for 2 s after a new one came). Each gets a gate of its own, in its
+//! network namespace, with the settings its `shed.io/*`
 //! annotations give and the node's for the rest (hook, map sizes, healing);
 //! a pod that goes takes its gate and pins with it. A pod's bad annotation or
 //! failed set-up is that pod's alone: said, the pod left ungated, the node and

@@ -59,6 +59,11 @@ fn found_socket(candidates: &[&str]) -> Option<std::path::PathBuf> {
 /// A client of the runtime's CRI service.
 pub type Client = RuntimeServiceClient<Channel>;
 
+/// Sandbox statuses asked of the runtime at once (each a verbose status,
+/// the pod's whole OCI spec): a node's every sandbox is new to an agent
+/// just started.
+const STATUSES_AT_ONCE: usize = 16;
+
 /// A ready pod sandbox.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PodSandbox {
@@ -160,26 +165,49 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path, known: &mut Netwo
         .into_inner();
     let ready: Vec<_> = list.items.into_iter().filter(|p| p.state == PodSandboxState::SandboxReady as i32).collect();
     known.0.retain(|id, _| ready.iter().any(|p| &p.id == id));
-    // The new sandboxes' statuses asked side by side: a node's pods after a
-    // reboot come dozens at once, and one call after another to a runtime
-    // that busy held each pod's gate up by all the calls before its own.
+    // The new sandboxes' statuses asked side by side (at most
+    // STATUSES_AT_ONCE at a time): a node's pods after a reboot come dozens
+    // at once, and one call after another to a runtime that busy held each
+    // pod's gate up by all the calls before its own. Each answer is kept as
+    // it comes: a later call's error or the look's time limit loses none.
     let mut asking = tokio::task::JoinSet::new();
+    let at_once = std::sync::Arc::new(tokio::sync::Semaphore::new(STATUSES_AT_ONCE));
     for (at, pod) in ready.iter().enumerate() {
         if known.0.contains_key(&pod.id) {
             continue;
         }
-        let (mut client, id) = (client.clone(), pod.id.clone());
+        let (mut client, id, at_once) = (client.clone(), pod.id.clone(), at_once.clone());
         asking.spawn(async move {
+            let _turn = at_once.acquire_owned().await;
             let status = client.pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id, verbose: true }).await;
             (at, status)
         });
     }
-    let mut statuses = BTreeMap::new();
+    // The new sandboxes' networks by their place in `ready` (a namespace not
+    // reported yet is returned without one, and asked again next time).
+    let mut answered = BTreeMap::new();
     while let Some(answer) = asking.join_next().await {
-        let Ok((at, status)) = answer else { continue };
+        let (at, status) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::warn!("asking the runtime for a pod sandbox's status failed ({e}): asked again next look");
+                continue;
+            }
+        };
         match status {
             Ok(status) => {
-                statuses.insert(at, status.into_inner());
+                let status = status.into_inner();
+                let netns = status.info.get("info").and_then(|info| netns_path(info));
+                let host_network = status
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.linux.as_ref()?.namespaces.as_ref()?.options.as_ref())
+                    .is_some_and(|o| o.network == NamespaceMode::Node as i32);
+                let network = Network { netns, host_network };
+                if network.netns.is_some() || host_network {
+                    known.0.insert(ready[at].id.clone(), network.clone());
+                }
+                answered.insert(at, network);
             }
             // Removed between the list and its status: simply gone.
             Err(e) if e.code() == tonic::Code::NotFound => {}
@@ -191,22 +219,13 @@ pub async fn pod_sandboxes(client: &mut Client, socket: &Path, known: &mut Netwo
     }
     let mut pods = Vec::new();
     for (at, pod) in ready.into_iter().enumerate() {
-        if let Some(Network { netns, host_network }) = known.0.get(&pod.id).cloned() {
+        let network = match known.0.get(&pod.id) {
+            Some(network) => Some(network.clone()),
+            None => answered.remove(&at),
+        };
+        if let Some(Network { netns, host_network }) = network {
             pods.push(sandbox(pod, netns, host_network));
-            continue;
         }
-        let Some(status) = statuses.remove(&at) else { continue };
-        let netns = status.info.get("info").and_then(|info| netns_path(info));
-        let host_network = status
-            .status
-            .as_ref()
-            .and_then(|s| s.linux.as_ref()?.namespaces.as_ref()?.options.as_ref())
-            .is_some_and(|o| o.network == NamespaceMode::Node as i32);
-        // A namespace not reported (yet) is asked again next time.
-        if netns.is_some() || host_network {
-            known.0.insert(pod.id.clone(), Network { netns: netns.clone(), host_network });
-        }
-        pods.push(sandbox(pod, netns, host_network));
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(pods)

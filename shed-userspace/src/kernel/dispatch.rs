@@ -128,21 +128,24 @@ impl SharedJudge for Dispatcher {
                 what: format!("attach to {}: the dispatcher's object does not judge", ifaces.join(", ")),
             });
         }
+        // Checked before the turn: it is for the kernel's attachments alone.
+        let names = ifaces
+            .iter()
+            .map(|iface| system::check_interface(iface).and_then(|()| handover::pod_link_name(iface)))
+            .collect::<Result<Vec<_>, Error>>()?;
         let _turn = self.turns.wait();
         let mut object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
-        ifaces.iter().map(|iface| self.attach_one(&mut object, iface)).collect()
+        ifaces.iter().zip(names).map(|(iface, name)| self.attach_one(&mut object, iface, &name)).collect()
     }
 }
 
 impl Dispatcher {
-    /// [`SharedJudge::attach_tc`] for one interface.
-    fn attach_one(&self, object: &mut Ebpf, iface: &str) -> Result<Box<dyn Send>, Error> {
-        system::check_interface(iface)?;
-        let name = handover::pod_link_name(iface)?;
+    /// [`SharedJudge::attach_tc`] for one interface, `name`d for the handover.
+    fn attach_one(&self, object: &mut Ebpf, iface: &str, name: &str) -> Result<Box<dyn Send>, Error> {
         let prog = Loaded::loaded_tc(object)?;
         // Still pinned while taken over: a take-over that fails leaves it
         // judging until the new link is attached.
-        let mut left = self.inherited.take(&name);
+        let mut left = self.inherited.take(name);
         let taken = left.as_mut().and_then(Left::link).and_then(|link| {
             SchedClassifierLink::try_from(link)
                 .map_err(|e| Error::Dispatch { what: format!("take over the last agent's TC link of {iface}: {e}") })
@@ -168,7 +171,7 @@ impl Dispatcher {
         if let Some(left) = left {
             left.done();
         }
-        Ok(Box::new(PodLink::new(link, name, self.leaving.clone())))
+        Ok(Box::new(PodLink::new(link, name.to_owned(), self.leaving.clone())))
     }
 }
 
@@ -337,6 +340,9 @@ impl Dispatcher {
     /// everything takes back what it left (every pod is detached as its gate
     /// ends, as without a handover).
     pub fn leave_for_successor(&self, lease: Duration) -> Result<(), Error> {
+        // The object first: waiting there (a pod's attachments in their turn)
+        // holds up no pod's set-up, which needs only the tables.
+        let object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
         if tables.shared.is_none() {
             return Ok(());
@@ -350,10 +356,7 @@ impl Dispatcher {
         }
         let until = system::monotonic_ns() + u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX / 2);
         let dir = Leaving::prepare(until)?;
-        let object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
-        let left = Self::leave_in(&mut tables, &object, &dir, until);
-        drop(object);
-        if let Err(e) = left {
+        if let Err(e) = Self::leave_in(&mut tables, &object, &dir, until) {
             // Taken back: the dispatchers keep counting while the pods' gates end.
             for (name, ..) in program::DISPATCHERS {
                 if let Some(link) = handover::take_back(&dir.join(handover::dispatcher_pin(name))) {
@@ -603,6 +606,12 @@ mod tests {
         }
         assert!(order.lock().unwrap().is_empty(), "nobody attaches during another's turn");
         drop(first);
+        // A turn never given back would leave the rest waiting: a failure, not a hang.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !pods.iter().all(std::thread::JoinHandle::is_finished) {
+            assert!(std::time::Instant::now() < deadline, "turns after {:?} never came", order.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let ended: Vec<bool> = pods.into_iter().map(|p| p.join().is_ok()).collect();
         assert_eq!(ended, [true, false, true, true]);
         assert_eq!(*order.lock().unwrap(), [1, 2, 3, 4]);
