@@ -230,9 +230,12 @@ fn b12_still_runs() {
     assert_eq!(points.len(), 4, "{json}");
     for p in points.iter().filter(|p| p["config"] == "shed rst") {
         assert!(p["goodput_fraction"].as_f64().unwrap() > 0.5, "the pool's requests meet the gate: {p}");
+        // Answers came after the first second too (the smoke run lasts 2 s).
+        assert!(p["settled_p99_ms"].as_f64().unwrap() > 0.0, "{p}");
     }
     assert!(out.path().join("b12_kept_alive.png").exists());
     assert!(md.contains("| reads when free | shed rst | 2x | 50 |"), "{md}");
+    assert!(md.contains("| p99 ms | p99 after the first second, ms |"), "{md}");
 }
 
 #[test]

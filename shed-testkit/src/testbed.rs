@@ -978,6 +978,8 @@ pub struct PooledOutcome {
     /// Attempts it took: connections' resets retried on a new connection, and
     /// 503s retried after their Retry-After (when honoured), within the deadline.
     pub attempts: u32,
+    /// When it arrived (its first attempt began).
+    pub started: Instant,
 }
 
 /// How a [`PoolLoad`]'s client behaves.
@@ -1080,7 +1082,7 @@ impl PoolLoad {
         loop {
             let left = client.deadline.saturating_sub(start.elapsed());
             if left.is_zero() {
-                return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                return PooledOutcome { outcome: Outcome::TimedOut, attempts, started: start };
             }
             attempts += 1;
             let pooled = pool.lock().expect("pool").pop();
@@ -1090,12 +1092,12 @@ impl PoolLoad {
                 None => match TcpStream::connect_timeout(&addr, left) {
                     Ok(c) => c,
                     Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                        return PooledOutcome { outcome: Outcome::Refused, attempts };
+                        return PooledOutcome { outcome: Outcome::Refused, attempts, started: start };
                     }
                     Err(e) if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) => {
-                        return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                        return PooledOutcome { outcome: Outcome::TimedOut, attempts, started: start };
                     }
-                    Err(_) => return PooledOutcome { outcome: Outcome::Failed, attempts },
+                    Err(_) => return PooledOutcome { outcome: Outcome::Failed, attempts, started: start },
                 },
             };
             let left = client.deadline.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
@@ -1104,27 +1106,27 @@ impl PoolLoad {
             match answer {
                 Ok((200, _, close)) => {
                     if start.elapsed() > client.deadline {
-                        return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                        return PooledOutcome { outcome: Outcome::TimedOut, attempts, started: start };
                     }
                     if !close && client.reuse {
                         pool.lock().expect("pool").push(conn);
                     }
-                    return PooledOutcome { outcome: Outcome::Answered(start.elapsed()), attempts };
+                    return PooledOutcome { outcome: Outcome::Answered(start.elapsed()), attempts, started: start };
                 }
                 Ok((_, retry_after, _)) => {
                     // Refused (the gate's 503, and its Connection: close).
                     let wait = retry_after.map(Duration::from_secs);
                     match wait.filter(|w| client.honour_retry_after && start.elapsed() + *w < client.deadline) {
                         Some(w) => thread::sleep(w),
-                        None => return PooledOutcome { outcome: Outcome::Refused, attempts },
+                        None => return PooledOutcome { outcome: Outcome::Refused, attempts, started: start },
                     }
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     // Late: the client gives up and closes the connection.
-                    return PooledOutcome { outcome: Outcome::TimedOut, attempts };
+                    return PooledOutcome { outcome: Outcome::TimedOut, attempts, started: start };
                 }
                 Err(_) if reused && !retried_reset => retried_reset = true,
-                Err(_) => return PooledOutcome { outcome: Outcome::Refused, attempts },
+                Err(_) => return PooledOutcome { outcome: Outcome::Refused, attempts, started: start },
             }
         }
     }
