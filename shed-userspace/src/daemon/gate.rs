@@ -224,11 +224,8 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
             loaded.maps.protect(port, &spec)?;
         }
     }
-    if let Some(judge) = loaded.shared.clone() {
-        // The shared program on every interface in one turn: the pod is
-        // gated once its last is attached, and no later pod's come between.
-        let ifaces: Vec<&str> = targets.iter().map(|(iface, _)| iface.as_str()).collect();
-        loaded.shared_links.extend(judge.attach_tc(&ifaces)?);
+    let ifaces: Vec<&str> = targets.iter().map(|(iface, _)| iface.as_str()).collect();
+    if loaded.attach_shared(&ifaces)? {
         for iface in ifaces {
             tracing::info!(iface = %iface, hook = %Hook::Tc, "gate attached");
         }

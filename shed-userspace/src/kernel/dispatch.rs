@@ -46,8 +46,9 @@ pub struct Dispatcher {
     /// (a burst of pods' set-ups, hundreds of ms each), and pods' set-ups,
     /// `followed` and the agent's looks must not queue behind it for `tables`.
     object: Mutex<Ebpf>,
-    /// Whether its programs judge and count for every pod ([`Self::start_shared`]): fixed at the start.
-    shared: bool,
+    /// A shared object's pods' maps by gate ([`Self::start_shared`]): fixed
+    /// at the start, read without a lock.
+    shared: Option<Shared>,
     /// The pods' turns at attaching the shared TC program.
     turns: Turns,
     /// Set once this agent leaves its shared object to its successor.
@@ -63,8 +64,6 @@ struct Tables {
     tracepoints: Vec<(&'static str, FdLink)>,
     /// Where the programs find namespaces (and the lease of a shared object left behind).
     offsets: Array<MapData, NetnsFilter>,
-    /// A shared object's pods: their maps by gate (their gates by namespace are `netns`).
-    shared: Option<Shared>,
     targets: ProgramArray<MapData>,
     netns: HashMap<MapData, u32, u32>,
     /// The pods' connections being followed, each with its gate's number.
@@ -111,9 +110,10 @@ impl Drop for Turn<'_> {
 }
 
 /// A shared object's tables of its pods: each gated map's array of the
-/// pods' own (`map::GATED`'s order), by name.
+/// pods' own (`map::GATED`'s order), by name (their gates by namespace are
+/// the tables' `netns`).
 struct Shared {
-    arrays: Arc<Vec<(&'static str, MapData)>>,
+    arrays: Vec<(&'static str, MapData)>,
 }
 
 impl SharedJudge for Dispatcher {
@@ -123,7 +123,7 @@ impl SharedJudge for Dispatcher {
     /// left on an interface is taken over instead: its program replaced with
     /// this one's, atomically.
     fn attach_tc(&self, ifaces: &[&str]) -> Result<Vec<Box<dyn Send>>, Error> {
-        if !self.shared {
+        if self.shared.is_none() {
             return Err(Error::Dispatch {
                 what: format!("attach to {}: the dispatcher's object does not judge", ifaces.join(", ")),
             });
@@ -285,7 +285,7 @@ impl Dispatcher {
                     _ => Err(unable(format!("open map {of}: not an array of maps"))),
                 })
                 .collect::<Result<Vec<_>, Error>>()?;
-            Some(Shared { arrays: Arc::new(arrays) })
+            Some(Shared { arrays })
         } else {
             None
         };
@@ -319,12 +319,11 @@ impl Dispatcher {
         // (detaching them now would leave every pod ungated until its own
         // programs are verified, a second or so each).
         let inherited = Inherited::find();
-        let judges = shared.is_some();
-        let tables = Tables { logger, tracepoints, offsets, shared, targets, netns, socks, books, free };
+        let tables = Tables { logger, tracepoints, offsets, targets, netns, socks, books, free };
         Ok(Self {
             tables: Mutex::new(tables),
             object: Mutex::new(ebpf),
-            shared: judges,
+            shared,
             turns: Turns::default(),
             leaving: Leaving::default(),
             inherited,
@@ -340,13 +339,13 @@ impl Dispatcher {
     /// everything takes back what it left (every pod is detached as its gate
     /// ends, as without a handover).
     pub fn leave_for_successor(&self, lease: Duration) -> Result<(), Error> {
+        if self.shared.is_none() {
+            return Ok(());
+        }
         // The object first: waiting there (a pod's attachments in their turn)
         // holds up no pod's set-up, which needs only the tables.
         let object = self.object.lock().unwrap_or_else(PoisonError::into_inner);
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-        if tables.shared.is_none() {
-            return Ok(());
-        }
         // Every dispatcher, or a left pod's counts would miss its events (a
         // second SIGTERM after a failed leave holds fewer).
         if tables.tracepoints.len() != program::DISPATCHERS.len() {
@@ -452,7 +451,7 @@ impl Dispatcher {
 
     /// Whether this dispatcher's object judges and counts for every pod ([`Self::start_shared`]).
     pub fn shared(&self) -> bool {
-        self.shared
+        self.shared.is_some()
     }
 
     /// Hands namespace `inum` to `loaded`: to its accounting
@@ -460,9 +459,9 @@ impl Dispatcher {
     /// object's, `loaded`'s maps put at its gate. Nothing is changed on an error.
     pub fn add(self: &Arc<Self>, loaded: &mut Loaded, inum: u32) -> Result<Dispatched, Error> {
         let unable = |what: String| Error::Dispatch { what };
-        let (gate, arrays, programs) = {
+        let arrays = self.shared.as_ref().map(|s| s.arrays.as_slice());
+        let (gate, programs) = {
             let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
-            let arrays = tables.shared.as_ref().map(|s| Arc::clone(&s.arrays));
             let programs = if arrays.is_some() { Vec::new() } else { loaded.accounting_programs()? };
             if tables.netns.get(&inum, 0).is_ok() {
                 return Err(unable(format!("hand over namespace {inum}: another gate has it")));
@@ -471,11 +470,11 @@ impl Dispatcher {
                 .free
                 .pop_first()
                 .ok_or_else(|| unable(format!("take another gate: all {} are in use", dispatch::GATES)))?;
-            (gate, arrays, programs)
+            (gate, programs)
         };
         // The pod's maps, outside the lock: other pods' set-ups go on meanwhile.
         let gated = std::mem::take(&mut loaded.gated);
-        let mut wrote = match &arrays {
+        let mut wrote = match arrays {
             Some(arrays) if gated.len() != arrays.len() => Err(unable(format!(
                 "hand over namespace {inum}: its gate has {} of the {} maps a shared object finds by gate",
                 gated.len(),
@@ -509,7 +508,7 @@ impl Dispatcher {
     /// connection is handed over, no packet judged), then its programs or
     /// maps (outside the lock), then the number.
     fn take_back(&self, gate: u32, inum: u32) {
-        let arrays = {
+        {
             let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
             if tables.netns.get(&inum, 0).ok() == Some(gate) {
                 let _ = tables.netns.remove(&inum);
@@ -517,10 +516,9 @@ impl Dispatcher {
             for event in 0..dispatch::EVENTS {
                 let _ = tables.targets.clear_index(&dispatch::target(gate, event));
             }
-            tables.shared.as_ref().map(|s| Arc::clone(&s.arrays))
-        };
-        if let Some(arrays) = arrays
-            && let Err(e) = set_all(&arrays, gate, None)
+        }
+        if let Some(shared) = &self.shared
+            && let Err(e) = set_all(&shared.arrays, gate, None)
         {
             tracing::warn!("{}: a pod's maps stay referenced until its gate number is reused", crate::error::chain(&e));
         }

@@ -291,14 +291,22 @@ impl Loaded {
         Ok(())
     }
 
+    /// Under a node's shared object, attaches its program (TC, which tells
+    /// the pods' namespaces apart) to every one of `ifaces` in one turn among
+    /// the pods: a pod is gated once its last is, and no later pod's come
+    /// between. False without a shared object (nothing attached).
+    pub(crate) fn attach_shared(&mut self, ifaces: &[&str]) -> Result<bool, Error> {
+        let Some(shared) = &self.shared else { return Ok(false) };
+        self.shared_links.extend(shared.attach_tc(ifaces)?);
+        Ok(true)
+    }
+
     /// Attaches the gate to `iface`. Links are owned by this process: when it
     /// exits, however it exits, the kernel detaches them and traffic flows
     /// ungated (fail-open).
     pub(crate) fn attach_gate(&mut self, iface: &str, hook: Hook, xdp_mode: XdpAttachMode) -> Result<(), Error> {
         system::check_interface(iface)?;
-        if let Some(shared) = &self.shared {
-            // Its programs are the shared object's: TC, which tells the pods' namespaces apart.
-            self.shared_links.extend(shared.attach_tc(&[iface])?);
+        if self.attach_shared(&[iface])? {
             return Ok(());
         }
         let mode = match xdp_mode {
