@@ -378,7 +378,7 @@ fn a_shared_object_judges_and_counts_each_namespace_with_its_own_maps() {
 
     let _one = exclusive();
     let (a, b) = (Testbed::create("shsa").expect("testbed"), Testbed::create("shsb").expect("testbed"));
-    let dispatcher = Arc::new(Dispatcher::start_shared(64, false).expect("start the shared object"));
+    let dispatcher = Arc::new(Dispatcher::start_shared(64, false, false).expect("start the shared object"));
     assert!(dispatcher.shared());
     let gate_in = |bed: &Testbed, connections: u32, limit: u32| {
         let spec = PortSpec::new(limit, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
@@ -493,7 +493,7 @@ fn shared_turn_program_judges_kept_alive_requests(left: bool) {
     let _one = exclusive();
     let bed = Testbed::create("shst").expect("testbed");
     let _ = std::fs::remove_dir_all(shed::host::paths::HANDOVER_PIN_DIR);
-    let dispatcher = Arc::new(Dispatcher::start_shared(64, false).expect("start the shared object"));
+    let dispatcher = Arc::new(Dispatcher::start_shared(64, false, false).expect("start the shared object"));
     let spec = PortSpec::new(2, action::RST, false, count_mode::WORK, ControlConfig::default());
     let mut loaded = gate_under_shared(&dispatcher, &bed, 1024, spec);
     let addr = bed.server_addr(false, PORT);
@@ -664,7 +664,7 @@ fn a_leave_that_cannot_pin_leaves_nothing_judging() {
         .expect("server namespace")
     };
     let spec = PortSpec::new(1, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
-    let agent = Arc::new(Dispatcher::start_shared(64, false).expect("start a shared object"));
+    let agent = Arc::new(Dispatcher::start_shared(64, false, false).expect("start a shared object"));
     let pod = gate_under_shared(&agent, &bed, 1024, spec);
     let held = pinged(&bed.client_ns, addr).expect("the first connection is admitted");
     poll(Duration::from_secs(3), "refused at the limit of 1", || pinged(&bed.client_ns, addr).is_err(), |&r| r);
@@ -727,7 +727,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     };
 
     // The first agent: its pod holds its one connection.
-    let first = Arc::new(Dispatcher::start_shared(64, false).expect("start the first shared object"));
+    let first = Arc::new(Dispatcher::start_shared(64, false, false).expect("start the first shared object"));
     let pod = gate_under_shared(&first, &bed, 1024, spec());
     let held = connect().expect("the first connection is admitted");
     poll(Duration::from_secs(3), "the first agent's count", || open(&pod), |&n| n == 1);
@@ -748,7 +748,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     assert!(connect().is_err(), "refused again with the slot held");
 
     // The next agent takes the pod over: the same link, its own program and maps.
-    let next = Arc::new(Dispatcher::start_shared(64, false).expect("start the next shared object"));
+    let next = Arc::new(Dispatcher::start_shared(64, false, false).expect("start the next shared object"));
     let pod = gate_under_shared(&next, &bed, 1024, spec());
     let new_program = programs();
     assert_eq!(new_program.len(), 1, "still one program on the interface: {new_program:?}");
@@ -775,7 +775,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     std::thread::sleep(lease.saturating_sub(leased.elapsed()) + Duration::from_millis(300));
     let past = connect().expect("a lapsed lease judges nothing: admitted past the limit");
     assert_eq!(programs().len(), 1, "attached, but judging nothing");
-    let last = Arc::new(Dispatcher::start_shared(64, false).expect("start another shared object"));
+    let last = Arc::new(Dispatcher::start_shared(64, false, false).expect("start another shared object"));
     assert!(!Path::new(HANDOVER_PIN_DIR).exists(), "a lapsed object's pins go when the next agent starts");
     // The kernel frees a link's program after a grace period, not at its unpin.
     poll(Duration::from_secs(3), "the lapsed object's link gone with its pins", programs, Vec::is_empty);
@@ -787,7 +787,7 @@ fn a_leaving_agents_shared_object_judges_until_the_next_agent_takes_each_pod_ove
     last.leave_for_successor(Duration::from_secs(30)).expect("leave once more");
     drop(pod);
     drop(last);
-    let after_the_pod = Dispatcher::start_shared(64, false).expect("start a shared object");
+    let after_the_pod = Dispatcher::start_shared(64, false, false).expect("start a shared object");
     assert!(Path::new(HANDOVER_PIN_DIR).exists(), "left while the pod lives");
     drop(backend);
     drop(bed);

@@ -408,3 +408,87 @@ fn the_pod_agents_kernel_log_reports_a_pods_rare_path() {
     assert!(log.lines().any(|l| l.contains(said) && l.contains("WARN")), "a warning:\n{log}");
     assert!(gate.log().contains("one set of programs"), "under the shared object:\n{}", gate.log());
 }
+
+/// The kernel's `/sys/kernel/rcu_expedited`, put back as it was when dropped.
+struct RcuSwitch(String);
+
+impl RcuSwitch {
+    const PATH: &str = "/sys/kernel/rcu_expedited";
+    const MARK: &str = "/run/shed/rcu-expedited";
+
+    fn save() -> Self {
+        Self(std::fs::read_to_string(Self::PATH).expect("read /sys/kernel/rcu_expedited").trim().to_owned())
+    }
+
+    fn set(on: bool) {
+        std::fs::write(Self::PATH, if on { "1" } else { "0" }).expect("write /sys/kernel/rcu_expedited");
+    }
+
+    fn on() -> bool {
+        std::fs::read_to_string(Self::PATH).unwrap().trim() != "0"
+    }
+}
+
+impl Drop for RcuSwitch {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, &self.0);
+        let _ = std::fs::remove_file(Self::MARK);
+    }
+}
+
+/// Pods started together queue to attach, and the agent expedites the
+/// kernel's grace periods only while they wait: the switch is off again once
+/// they are gated. One that a dead agent left on (its mark says so) is turned
+/// off at the next agent's start; one the operator turned on stays on.
+#[test]
+fn rcu_grace_periods_are_expedited_only_while_pods_queue_and_left_as_found() {
+    let _one = exclusive();
+    let _saved = RcuSwitch::save();
+    let mut runtime = Runtime::start("shedpod4", "10.233.75.0/24").expect("a private containerd");
+    let socket = runtime.socket().display().to_string();
+    let asks = [("shed.io/ports", "8080"), ("shed.io/limit", "4")];
+    // What an agent killed mid-burst leaves: the switch on, and its mark.
+    RcuSwitch::set(true);
+    std::fs::create_dir_all("/run/shed").unwrap();
+    std::fs::write(RcuSwitch::MARK, "1").unwrap();
+    let agent = || {
+        let gate = Gate::spawn(
+            std::path::Path::new(&shed_testkit::gate::shedctl_path()),
+            &["--pods", "--cri-socket", &socket],
+            shed_testkit::gate::Log::Capture,
+        )
+        .expect("start the agent");
+        shed_testkit::gate::poll(
+            Duration::from_secs(20),
+            "the agent running",
+            || gate.log(),
+            |log| log.contains("shed gate running"),
+        );
+        gate
+    };
+    let gate = agent();
+    assert!(!RcuSwitch::on(), "the dead agent's switch turned off at start: {}", gate.log());
+    assert!(!std::path::Path::new(RcuSwitch::MARK).exists(), "its mark gone");
+    assert!(gate.log().contains("the agent before this one died while pods queued to attach"), "{}", gate.log());
+    let names: Vec<String> = (0..8).map(|i| format!("burst-{i}")).collect();
+    let pods = runtime.run_pods_together(&names, &asks).expect("pods");
+    for (pod, _) in &pods {
+        wait_gated(&gate, &pod.netns);
+    }
+    assert!(!RcuSwitch::on() && !std::path::Path::new(RcuSwitch::MARK).exists(), "off again once every pod attached");
+    // Eight set-ups at once reach the line within each other's grace period.
+    assert!(gate.log().contains("pods queue to attach: RCU grace periods expedited"), "{}", gate.log());
+    drop(gate);
+    // The operator's switch: on, no mark. Neither a burst nor the agent's end turns it off.
+    RcuSwitch::set(true);
+    let gate = agent();
+    let names: Vec<String> = (0..4).map(|i| format!("more-{i}")).collect();
+    let more = runtime.run_pods_together(&names, &asks).expect("pods");
+    for (pod, _) in pods.iter().chain(&more) {
+        wait_gated(&gate, &pod.netns);
+    }
+    let log = gate.log();
+    drop(gate);
+    assert!(RcuSwitch::on(), "the operator's switch stays on");
+    assert!(!log.contains("RCU grace periods expedited"), "not the agent's to turn: {log}");
+}

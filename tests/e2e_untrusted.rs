@@ -175,7 +175,7 @@ fn forged_syn_floods_hold_nothing_at_a_50_ms_round_trip_into_a_pods_shared_gate(
     use shed::kernel::{dispatch::Dispatcher, maps::PortSpec};
     use shed_common::{ControlConfig, action, count_mode};
     forged_syn_flood_at_a_50_ms_round_trip("shedtp", 8, |bed, far| {
-        let dispatcher = Arc::new(Dispatcher::start_shared(1024, false).expect("start the shared object"));
+        let dispatcher = Arc::new(Dispatcher::start_shared(1024, false, false).expect("start the shared object"));
         assert!(dispatcher.shared());
         let spec = PortSpec::new(50, action::RST, false, count_mode::WORK, ControlConfig::default());
         let loaded = support::shared::gate_under_shared(

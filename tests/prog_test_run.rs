@@ -480,7 +480,7 @@ fn the_judging_programs_leave_the_verifier_a_fifth_of_its_budget() {
 #[test]
 fn the_shared_objects_programs_leave_the_verifier_a_tenth_of_its_budget() {
     const BUDGET: u32 = 1_000_000;
-    let dispatcher = shed::kernel::dispatch::Dispatcher::start_shared(64, false).expect("the shared object");
+    let dispatcher = shed::kernel::dispatch::Dispatcher::start_shared(64, false, false).expect("the shared object");
     for name in [shed_common::program::TC, shed_common::program::TC_TURN, shed_common::program::DISPATCH_SOCK_STATE] {
         let walked = dispatcher.verified_instructions(name).expect("the kernel reports the verifier's count");
         println!("{name}: the verifier walked {walked} instructions (budget {BUDGET})");

@@ -89,6 +89,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("cri-socket", "cri-socket", Kind::Str),
     ("pod-max-connections", "pod-max-connections", Kind::Int),
     ("pod-max-clients", "pod-max-clients", Kind::Int),
+    ("no-expedite-rcu", "no-expedite-rcu", Kind::Bool),
 ];
 
 /// Every key of the config file.
@@ -254,6 +255,7 @@ const NODE_KEYS: &[&str] = &[
     "cri-socket",
     "pod-max-connections",
     "pod-max-clients",
+    "no-expedite-rcu",
 ];
 
 /// The flags a pod's annotation stands for: `key` a config key that concerns
@@ -388,6 +390,7 @@ pub(crate) fn render(args: &AttachArgs) -> String {
         t.insert("cri-socket".into(), s(&args.cri_socket.display()));
         t.insert("pod-max-connections".into(), int(args.pod_max_connections.into()));
         t.insert("pod-max-clients".into(), int(args.pod_max_clients.into()));
+        t.insert("no-expedite-rcu".into(), Value::Boolean(args.no_expedite_rcu));
     }
     toml::to_string(&t).expect("a table always serializes")
 }
@@ -555,6 +558,7 @@ mod tests {
         "32768",
         "--pod-max-clients",
         "1024",
+        "--no-expedite-rcu",
     ];
 
     #[test]

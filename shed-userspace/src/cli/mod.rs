@@ -174,6 +174,13 @@ pub struct AttachArgs {
     #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CLIENTS)]
     pub pod_max_clients: u32,
 
+    /// With --pods, never switch the kernel's RCU grace periods to expedited
+    /// (/sys/kernel/rcu_expedited) while pods wait in line to attach: each
+    /// attachment then waits out a normal grace period, and pods started
+    /// together are gated later (--no-expedite-rcu).
+    #[arg(long)]
+    pub no_expedite_rcu: bool,
+
     /// Interface to gate; repeat for several (--iface eth0 --iface lo).
     /// Default: every interface of the namespace, loopback included.
     #[arg(long = "iface", value_parser = parse_interface)]

@@ -112,6 +112,8 @@ impl NodePlan {
 pub(crate) struct PodSource {
     pub socket: PathBuf,
     pub read: PodReader,
+    /// Expedited RCU grace periods while pods wait in line to attach (not `--no-expedite-rcu`).
+    pub expedite_rcu: bool,
 }
 
 /// Reads a pod's annotations: the plan of the gate it asks for, `None` when

@@ -143,7 +143,8 @@ impl Spare {
 /// counts through each pod's own programs; None if neither starts.
 fn start_dispatcher(node: &NodePlan) -> Option<Dispatcher> {
     if node.hook != Some(Hook::Xdp) {
-        match Dispatcher::start_shared(node.max_connections, node.kernel_log) {
+        let expedite_rcu = node.pods.as_ref().is_some_and(|p| p.expedite_rcu);
+        match Dispatcher::start_shared(node.max_connections, node.kernel_log, expedite_rcu) {
             Ok(dispatcher) => {
                 tracing::info!("--pods: one set of programs, verified once, judges and counts for every pod");
                 return Some(dispatcher);

@@ -68,6 +68,13 @@ pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// The last live change's requester (uid, pid, command), for the daemon's audit line.
 pub(crate) const REQUEST_NOTE: &str = "/run/shed/last-request";
 
+/// The kernel's switch that makes every RCU grace period an expedited one
+/// (see [`crate::host::rcu`]).
+pub(crate) const RCU_EXPEDITED: &str = "/sys/kernel/rcu_expedited";
+/// Left while this agent holds [`RCU_EXPEDITED`] on: an agent that finds it
+/// at its start turns the switch back off for the one that died holding it.
+pub(crate) const RCU_EXPEDITED_MARK: &str = "/run/shed/rcu-expedited";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,6 +58,7 @@ pub fn execute(args: AttachArgs) -> anyhow::Result<()> {
             PodSource {
                 socket: cri_socket,
                 read: Box::new(move |pod| annotations::pod_settings(pod, defaults.as_deref())),
+                expedite_rcu: !args.no_expedite_rcu,
             }
         }),
     })

@@ -43,6 +43,7 @@ fn restart_only(args: &AttachArgs) -> BTreeMap<&'static str, String> {
         ("cri-socket", args.cri_socket.display().to_string()),
         ("pod-max-connections", args.pod_max_connections.to_string()),
         ("pod-max-clients", args.pod_max_clients.to_string()),
+        ("no-expedite-rcu", args.no_expedite_rcu.to_string()),
     ])
 }
 
