@@ -436,7 +436,7 @@ impl Drop for RcuSwitch {
     }
 }
 
-/// Pods started together queue to attach, and the agent expedites the
+/// Pods found together queue to attach, and the agent expedites the
 /// kernel's grace periods only while they wait: the switch is off again once
 /// they are gated. One that a dead agent left on (its mark says so) is turned
 /// off at the next agent's start; one the operator turned on stays on.
@@ -447,10 +447,9 @@ fn rcu_grace_periods_are_expedited_only_while_pods_queue_and_left_as_found() {
     let mut runtime = Runtime::start("shedpod4", "10.233.75.0/24").expect("a private containerd");
     let socket = runtime.socket().display().to_string();
     let asks = [("shed.io/ports", "8080"), ("shed.io/limit", "4")];
-    // What an agent killed mid-burst leaves: the switch on, and its mark.
-    RcuSwitch::set(true);
-    std::fs::create_dir_all("/run/shed").unwrap();
-    std::fs::write(RcuSwitch::MARK, "1").unwrap();
+    // There before the agent: its first look sets all eight up at once, and they queue to attach.
+    let names: Vec<String> = (0..8).map(|i| format!("burst-{i}")).collect();
+    let pods = runtime.run_pods_together(&names, &asks).expect("pods");
     let agent = || {
         let gate = Gate::spawn(
             std::path::Path::new(&shed_testkit::gate::shedctl_path()),
@@ -458,37 +457,27 @@ fn rcu_grace_periods_are_expedited_only_while_pods_queue_and_left_as_found() {
             shed_testkit::gate::Log::Capture,
         )
         .expect("start the agent");
-        shed_testkit::gate::poll(
-            Duration::from_secs(20),
-            "the agent running",
-            || gate.log(),
-            |log| log.contains("shed gate running"),
-        );
+        for (pod, _) in &pods {
+            wait_gated(&gate, &pod.netns);
+        }
         gate
     };
+    let mark = std::path::Path::new(RcuSwitch::MARK);
+    // What an agent killed mid-burst leaves: the switch on, and its mark.
+    RcuSwitch::set(true);
+    std::fs::create_dir_all("/run/shed").unwrap();
+    std::fs::write(mark, "1").unwrap();
     let gate = agent();
-    assert!(!RcuSwitch::on(), "the dead agent's switch turned off at start: {}", gate.log());
-    assert!(!std::path::Path::new(RcuSwitch::MARK).exists(), "its mark gone");
-    assert!(gate.log().contains("the agent before this one died while pods queued to attach"), "{}", gate.log());
-    let names: Vec<String> = (0..8).map(|i| format!("burst-{i}")).collect();
-    let pods = runtime.run_pods_together(&names, &asks).expect("pods");
-    for (pod, _) in &pods {
-        wait_gated(&gate, &pod.netns);
-    }
-    assert!(!RcuSwitch::on() && !std::path::Path::new(RcuSwitch::MARK).exists(), "off again once every pod attached");
-    // Eight set-ups at once reach the line within each other's grace period.
-    assert!(gate.log().contains("pods queue to attach: RCU grace periods expedited"), "{}", gate.log());
+    let log = gate.log();
+    assert!(log.contains("the agent before this one died while pods queued to attach"), "{log}");
+    assert!(log.contains("pods queue to attach: RCU grace periods expedited"), "{log}");
+    assert!(!RcuSwitch::on() && !mark.exists(), "off, its mark gone, once every pod attached: {log}");
     drop(gate);
     // The operator's switch: on, no mark. Neither a burst nor the agent's end turns it off.
     RcuSwitch::set(true);
     let gate = agent();
-    let names: Vec<String> = (0..4).map(|i| format!("more-{i}")).collect();
-    let more = runtime.run_pods_together(&names, &asks).expect("pods");
-    for (pod, _) in pods.iter().chain(&more) {
-        wait_gated(&gate, &pod.netns);
-    }
     let log = gate.log();
     drop(gate);
-    assert!(RcuSwitch::on(), "the operator's switch stays on");
+    assert!(RcuSwitch::on() && !mark.exists(), "the operator's switch stays on: {log}");
     assert!(!log.contains("RCU grace periods expedited"), "not the agent's to turn: {log}");
 }

@@ -45,13 +45,23 @@ impl Expedite {
         if !self.mark.exists() {
             return;
         }
-        if self.read() == Some(true) && self.turn_off() {
-            tracing::info!(
-                switch = %self.switch.display(),
-                "RCU grace periods normal again: the agent before this one died while pods queued to attach"
-            );
+        let off = match self.read() {
+            Some(true) => {
+                let off = self.turn_off();
+                if off {
+                    tracing::info!(
+                        switch = %self.switch.display(),
+                        "RCU grace periods normal again: the agent before this one died while pods queued to attach"
+                    );
+                }
+                off
+            }
+            _ => true,
+        };
+        // Kept while the switch stays on: the next agent tries again.
+        if off {
+            let _ = fs::remove_file(&self.mark);
         }
-        let _ = fs::remove_file(&self.mark);
     }
 
     /// On for a burst of pods, unless it is on already (then not this agent's to turn off).
@@ -94,8 +104,8 @@ impl Expedite {
         }
         if self.turn_off() {
             tracing::debug!("every pod in line attached: RCU grace periods normal again");
+            let _ = fs::remove_file(&self.mark);
         }
-        let _ = fs::remove_file(&self.mark);
     }
 
     /// Writes the switch off; false (said) where it cannot.
