@@ -483,6 +483,40 @@ fn nat_added_after_attach_is_reported_until_it_goes() {
     assert_eq!(support::metrics::http_get(METRICS, "/readyz").0, "HTTP/1.1 200 OK");
 }
 
+/// A look at the namespace's NAT starts `nft` only when nftables' ruleset
+/// generation (or the namespace's addresses) moved since the last look that
+/// read the rules: a quiet namespace costs the agent a netlink question every
+/// 5 s, not a process. `nft` here is a wrapper that counts its runs.
+#[test]
+fn nft_runs_again_only_when_the_ruleset_changes() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedhg").expect("testbed");
+    let real = Command::new("sh").args(["-c", "command -v nft"]).output().expect("sh");
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_owned();
+    assert!(!real.is_empty(), "nft on the PATH (cargo xtask setup installs nftables)");
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let wrapper = dir.path().join("nft");
+    std::fs::write(&wrapper, format!("#!/bin/sh\necho run >> {}\nexec {real} \"$@\"\n", runs.display())).unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
+    let counted = || std::fs::read_to_string(&runs).map_or(0, |r| r.lines().count());
+    let args = ["--netns", bed.server_ns.as_str(), "--iface", bed.server_if.as_str(), "--port", "8080"];
+    let mut gate =
+        Gate::spawn_env(std::path::Path::new(&support::gate::shedctl_path()), &args, Log::Capture, &[("PATH", &path)])
+            .expect("start the gate");
+    poll(Duration::from_secs(20), "the gate running", || gate.log(), |log| log.contains("shed gate running"));
+    // The set-up's look, then the loop's first: each reads the rules.
+    poll(Duration::from_secs(10), "the loop's first look", counted, |&n| n >= 2);
+    // Two more looks fall due (every 5 s in a gate's first minute): nothing changed, no nft.
+    thread::sleep(Duration::from_secs(11));
+    assert_eq!(counted(), 2, "nft ran with nothing changed: {}", gate.log());
+    // A change to the ruleset (not NAT): the next look reads the rules again.
+    nft(&bed.server_ns, "table inet quiet {\n chain input { type filter hook input priority 0; policy accept; }\n}\n");
+    poll(Duration::from_secs(8), "a look after the ruleset changed", counted, |&n| n == 3);
+    assert!(gate.is_running(), "{}", gate.log());
+}
+
 /// Legacy iptables' NAT is read only where the namespace has a legacy `nat`
 /// table, so looking makes none (before, each look ran `iptables-legacy-save
 /// -t nat`, which made one in every gated namespace). A redirect added with

@@ -185,22 +185,32 @@ fn reservations_count_until_the_window_ends() {
         let slot = h.loaded.maps.config(PORT).unwrap().slot;
         // The shortest window: epochs of 2^16 ns, reservations live at most ~0.3 ms.
         h.loaded.maps.set_handshake_shift(slot, shed_common::handshake::MIN_SHIFT).unwrap();
-        // An admitted handshake-completing ACK's reservation, in the current epoch's cell.
-        let epoch = shed::host::system::monotonic_ns() >> shed_common::handshake::MIN_SHIFT;
-        let mut ring = shed_common::HandshakeRing::default();
-        ring.cells[shed_common::handshake::cell_of(epoch)] =
-            shed_common::HandshakeCell { epoch, admitted: 1, completed: 0 };
-        h.loaded.maps.raw_mut().handshakes.set(slot, ring, 0).unwrap();
         let syn = frame(&Spec { client_port: 40_001, ..Spec::default() });
-        let refused = h.run(hook, &syn).unwrap().0;
-        let started = std::time::Instant::now();
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        assert_eq!(h.snapshot().pending(), 0, "{hook:?}: lapsed after {:?}", started.elapsed());
-        assert_eq!(h.run(hook, &syn).unwrap().0, pass(hook), "{hook:?}: the reservation lapsed");
-        // Judged while it stood (unless this thread stalled past the window first).
-        if started.elapsed() < std::time::Duration::from_millis(50) {
-            assert_eq!(refused, dropped(hook), "{hook:?}: a reservation counts in flight");
+        // A reservation made now stands at least three whole epochs (196 us):
+        // judged within 150 us of it, the SYN must meet it. A run this thread
+        // was late for (a slow or busy machine) is tried again once the
+        // reservation has lapsed.
+        let mut judged = None;
+        for _ in 0..50 {
+            // An admitted handshake-completing ACK's reservation, in the current epoch's cell.
+            let made = std::time::Instant::now();
+            let epoch = shed::host::system::monotonic_ns() >> shed_common::handshake::MIN_SHIFT;
+            let mut ring = shed_common::HandshakeRing::default();
+            ring.cells[shed_common::handshake::cell_of(epoch)] =
+                shed_common::HandshakeCell { epoch, admitted: 1, completed: 0 };
+            h.loaded.maps.raw_mut().handshakes.set(slot, ring, 0).unwrap();
+            let verdict = h.run(hook, &syn).unwrap().0;
+            let late = made.elapsed() >= std::time::Duration::from_micros(150);
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            if !late {
+                judged = Some(verdict);
+                break;
+            }
         }
+        let refused = judged.expect("no SYN judged within 150 us of its reservation in 50 tries: too slow a machine");
+        assert_eq!(refused, dropped(hook), "{hook:?}: a reservation counts in flight");
+        assert_eq!(h.snapshot().pending(), 0, "{hook:?}: lapsed 3 ms on");
+        assert_eq!(h.run(hook, &syn).unwrap().0, pass(hook), "{hook:?}: the reservation lapsed");
     }
 }
 
@@ -997,16 +1007,30 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
         // SAFETY: valid C string.
         devices.push(unsafe { libc::if_nametoindex(c.as_ptr()) });
     }
+    // Each CPU remembers the segment it passed last, for 1 ms: the three
+    // devices' runs on one CPU, and tried again where this thread was slower
+    // than that (a busy machine).
+    pin_to_one_cpu();
     for hook in HOOKS {
-        let mut h = Harness::new(100, action::RST, false);
         let stack = [
             Spec { outer_vlan: Some(100), vlan: Some(200), ..Spec::default() },
             Spec { vlan: Some(200), ..Spec::default() },
             Spec::default(),
         ];
-        for (spec, &dev) in stack.iter().zip(&devices) {
-            assert_eq!(h.run_on(hook, &frame(spec), dev).0, pass(hook), "{hook:?}");
-        }
+        let mut tries = 0;
+        // Each try's harness dropped before the next is made (they share the CPUs' lock).
+        let mut h = loop {
+            let mut h = Harness::new(100, action::RST, false);
+            h.load(hook);
+            let started = std::time::Instant::now();
+            for (spec, &dev) in stack.iter().zip(&devices) {
+                assert_eq!(h.run_on(hook, &frame(spec), dev).0, pass(hook), "{hook:?}");
+            }
+            tries += 1;
+            if started.elapsed() < std::time::Duration::from_micros(900) || tries == 20 {
+                break h;
+            }
+        };
         assert_eq!(h.counters()[counter::SYN_SEEN], 1, "{hook:?}: one SYN through three devices");
         assert_eq!(h.run_on(hook, &frame(&Spec::default()), devices[2]).0, pass(hook));
         assert_eq!(h.counters()[counter::SYN_SEEN], 2, "{hook:?}: a repeat on the same device is a new SYN");
@@ -1646,4 +1670,22 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
         h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
     }
     drop(kept.server);
+}
+
+/// Keeps the calling thread (a test's) on the CPU it runs on now.
+fn pin_to_one_cpu() {
+    // SAFETY: sched_getcpu takes nothing; a zeroed cpu_set_t is a valid empty set.
+    let cpu = unsafe { libc::sched_getcpu() };
+    assert!(cpu >= 0, "sched_getcpu: {}", std::io::Error::last_os_error());
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: setting a bit of our own set; pinning this thread (pid 0).
+    unsafe {
+        libc::CPU_SET(cpu as usize, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
 }

@@ -73,9 +73,10 @@ const QUIET_WATCH_EVERY: Duration = Duration::from_secs(10);
 /// added after attach, such as a sidecar's init container's redirect, is
 /// reported within this), and for a minute after a look that found a change.
 const NAT_EVERY: Duration = Duration::from_secs(5);
-/// How often once a gate's NAT has stayed the same for [`NAT_SETTLES`]: each
+/// How often once a gate's NAT has stayed the same for [`NAT_SETTLES`]: a
 /// look runs `nft` (and the legacy tools where there is a legacy nat table),
-/// which for 110 pods every 5 s was a sixth of a core.
+/// which for 110 pods every 5 s was a sixth of a core, unless nftables'
+/// generation and the addresses say nothing changed since the last.
 const NAT_EVERY_SETTLED: Duration = Duration::from_mins(1);
 const NAT_SETTLES: Duration = Duration::from_mins(1);
 /// A gate whose ports see nothing (no segment judged, no socket event) for
@@ -383,8 +384,11 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
 struct NatWatch {
     /// The look under way (on a blocking thread of this gate's runtime, so in
     /// its namespace), and when it began.
-    pending: Option<(tokio::task::JoinHandle<crate::host::nat::NatLook>, Instant)>,
+    pending: Option<(tokio::task::JoinHandle<(crate::host::nat::NatLook, crate::host::nat::NatStamp)>, Instant)>,
     last: Option<Instant>,
+    /// What the last look that read the rules depended on: a look falling
+    /// due with nothing of it changed is not run (no `nft` started).
+    stamp: Option<crate::host::nat::NatStamp>,
     /// The first look, and the last that found the rules changed.
     changed: Option<Instant>,
     slow_reported: bool,
@@ -400,7 +404,8 @@ impl NatWatch {
     async fn tick(&mut self, report: &crate::observe::report::NatReport, ports: &[u16], allowed: bool) {
         match self.pending.take() {
             Some((look, _)) if look.is_finished() => {
-                if let Ok(look) = look.await {
+                if let Ok((look, stamp)) = look.await {
+                    self.stamp = look.readable.then_some(stamp);
                     let before = report.read();
                     report_nat(report, ports, allowed, &look);
                     let after = report.read();
@@ -425,7 +430,12 @@ impl NatWatch {
                 self.pending = Some((look, since));
             }
             None if self.last.is_none_or(|t| t.elapsed() >= self.every()) => {
-                self.pending = Some((tokio::task::spawn_blocking(crate::host::nat::look), Instant::now()));
+                // Asked in this thread, in the gate's namespace: a netlink answer and the addresses.
+                if self.stamp.as_ref().is_some_and(|s| s.still_holds(&crate::host::nat::NatStamp::now())) {
+                    self.last = Some(Instant::now());
+                } else {
+                    self.pending = Some((tokio::task::spawn_blocking(crate::host::nat::look_stamped), Instant::now()));
+                }
             }
             None => {}
         }

@@ -82,9 +82,127 @@ impl NatLook {
 /// Reads every NAT statement of the calling thread's namespace that ends at
 /// one of its own addresses (or loopback).
 pub(crate) fn look() -> NatLook {
-    let local = crate::host::system::local_addresses().map(|addrs| own_addresses(addrs.keys())).unwrap_or_default();
-    local_nat(&local)
+    local_nat(&local_addresses())
 }
+
+/// [`look`], with the [`NatStamp`] it was taken at (read first: a change
+/// made during the look shows in the next stamp).
+pub(crate) fn look_stamped() -> (NatLook, NatStamp) {
+    let stamp = NatStamp::now();
+    (local_nat(&stamp.local), stamp)
+}
+
+/// What a look at the namespace's NAT depends on, read without starting a
+/// tool: nftables' ruleset generation (every change to the namespace's
+/// ruleset bumps it, iptables-nft's rules included), the namespace's
+/// addresses (a DNAT to one of them counts), and whether a legacy `nat`
+/// table exists (legacy iptables keeps no generation: such a namespace is
+/// read in full every look).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NatStamp {
+    generation: Option<u32>,
+    local: BTreeSet<IpAddr>,
+    legacy_nat: bool,
+}
+
+impl NatStamp {
+    /// The calling thread's namespace's, now.
+    pub(crate) fn now() -> Self {
+        Self {
+            generation: nft_generation().ok(),
+            local: local_addresses(),
+            legacy_nat: LEGACY.iter().any(|&(tool, _, tables)| installed(tool) && legacy_table(tables, "nat")),
+        }
+    }
+
+    /// Whether a look taken at `self` still holds at `now`: nothing it read can have changed.
+    pub(crate) fn still_holds(&self, now: &Self) -> bool {
+        self.generation.is_some() && !self.legacy_nat && self == now
+    }
+}
+
+fn local_addresses() -> BTreeSet<IpAddr> {
+    crate::host::system::local_addresses().map(|addrs| own_addresses(addrs.keys())).unwrap_or_default()
+}
+
+const NETLINK_NETFILTER: libc::c_int = 12;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFTA_GEN_ID: u16 = 1;
+/// nlmsghdr, then nfgenmsg.
+const GEN_HEADER: usize = 16 + 4;
+
+/// nftables' ruleset generation in the calling thread's namespace
+/// (`NFT_MSG_GETGEN`, as `nft` asks it before each change).
+fn nft_generation() -> std::io::Result<u32> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: plain socket(2); the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The kernel answers at once; a second bounds a wait that should not happen.
+    let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
+    // SAFETY: setting a timeval option on our socket.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+    let mut request = [0u8; GEN_HEADER];
+    request[0..4].copy_from_slice(&(GEN_HEADER as u32).to_ne_bytes());
+    request[4..6].copy_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
+    request[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    request[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    // The rest zero: port id 0 (the kernel's to fill), nfgenmsg AF_UNSPEC, version 0, resource 0.
+    // SAFETY: sending a buffer we own on our socket (a netlink socket's default peer is the kernel).
+    if unsafe { libc::send(fd.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut reply = [0u8; 512];
+    // SAFETY: receiving into a buffer we own, of its length.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), reply.as_mut_ptr().cast(), reply.len(), 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    generation_of(&reply[..n as usize])
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no generation in nftables' answer"))
+}
+
+/// The generation in the kernel's answer to `NFT_MSG_GETGEN` (None: an error, or another message).
+fn generation_of(reply: &[u8]) -> Option<u32> {
+    let u16_at = |at: usize| reply.get(at..at + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let len = u32::from_ne_bytes(reply.get(0..4)?.try_into().ok()?) as usize;
+    if u16_at(4)? != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN || len > reply.len() {
+        return None;
+    }
+    let mut at = GEN_HEADER;
+    while at + 4 <= len {
+        let (attr_len, kind) = (usize::from(u16_at(at)?), u16_at(at + 2)? & 0x3fff);
+        if attr_len < 4 || at + attr_len > len {
+            return None;
+        }
+        if kind == NFTA_GEN_ID && attr_len >= 8 {
+            return Some(u32::from_be_bytes(reply[at + 4..at + 8].try_into().ok()?));
+        }
+        at += (attr_len + 3) & !3;
+    }
+    None
+}
+
+/// The legacy iptables tools: the save tool, the family it is named as, and
+/// the kernel's list of the namespace's tables of that family.
+const LEGACY: [(&str, &str, &str); 2] = [
+    ("iptables-legacy-save", "iptables-legacy", "ip_tables_names"),
+    ("ip6tables-legacy-save", "ip6tables-legacy", "ip6_tables_names"),
+];
 
 /// The namespace's addresses as the rules spell them: the gate's table keeps
 /// IPv4 mapped into IPv6 (`::ffff:10.0.0.1`), a rule writes `10.0.0.1`.
@@ -100,10 +218,7 @@ fn local_nat(local: &BTreeSet<IpAddr>) -> NatLook {
         look.readable = true;
         look.found.extend(from_nft_json(&json, local));
     }
-    for (tool, family, tables) in [
-        ("iptables-legacy-save", "iptables-legacy", "ip_tables_names"),
-        ("ip6tables-legacy-save", "ip6tables-legacy", "ip6_tables_names"),
-    ] {
+    for (tool, family, tables) in LEGACY {
         if !installed(tool) {
             continue;
         }
@@ -237,6 +352,96 @@ fn split_destination(d: &str) -> (&str, Option<&str>) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// An `NFT_MSG_NEWGEN` answer as the kernel writes it: the generation,
+    /// then the pid and name of the process that made it.
+    fn newgen(generation: u32) -> Vec<u8> {
+        let mut attrs = Vec::new();
+        attrs.extend_from_slice(&8u16.to_ne_bytes());
+        attrs.extend_from_slice(&NFTA_GEN_ID.to_ne_bytes());
+        attrs.extend_from_slice(&generation.to_be_bytes());
+        attrs.extend_from_slice(&8u16.to_ne_bytes());
+        attrs.extend_from_slice(&2u16.to_ne_bytes());
+        attrs.extend_from_slice(&4242u32.to_be_bytes());
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&((GEN_HEADER + attrs.len()) as u32).to_ne_bytes());
+        msg.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN).to_ne_bytes());
+        msg.extend_from_slice(&[0; 10]);
+        msg.extend_from_slice(&[0, 0, (generation >> 8) as u8, generation as u8]);
+        msg.extend_from_slice(&attrs);
+        msg
+    }
+
+    #[test]
+    fn the_generation_is_read_from_nftables_answer_and_nothing_else() {
+        assert_eq!(generation_of(&newgen(0x0102_0304)), Some(0x0102_0304));
+        // Another attribute first: skipped by its length.
+        let mut later = newgen(7);
+        let first = later[GEN_HEADER..GEN_HEADER + 8].to_vec();
+        later.copy_within(GEN_HEADER + 8..GEN_HEADER + 16, GEN_HEADER);
+        later[GEN_HEADER + 8..GEN_HEADER + 16].copy_from_slice(&first);
+        assert_eq!(generation_of(&later), Some(7));
+        // An error answer, a cut one, one that claims more than it has: none.
+        let mut error = newgen(7);
+        error[4..6].copy_from_slice(&2u16.to_ne_bytes());
+        assert_eq!(generation_of(&error), None);
+        assert_eq!(generation_of(&newgen(7)[..GEN_HEADER + 6]), None);
+        let mut long = newgen(7);
+        long[0..4].copy_from_slice(&400u32.to_ne_bytes());
+        assert_eq!(generation_of(&long), None);
+        let mut bad_attr = newgen(7);
+        bad_attr[GEN_HEADER..GEN_HEADER + 2].copy_from_slice(&2u16.to_ne_bytes());
+        assert_eq!(generation_of(&bad_attr), None, "an attribute shorter than its header");
+        assert_eq!(generation_of(&[]), None);
+    }
+
+    #[test]
+    fn a_look_holds_only_while_its_generation_and_addresses_do_and_no_legacy_table_exists() {
+        let stamp = |generation: Option<u32>, local: &[&str], legacy_nat: bool| NatStamp {
+            generation,
+            local: local.iter().map(|a| a.parse().unwrap()).collect(),
+            legacy_nat,
+        };
+        let taken = stamp(Some(5), &["10.0.0.2"], false);
+        assert!(taken.still_holds(&stamp(Some(5), &["10.0.0.2"], false)));
+        assert!(!taken.still_holds(&stamp(Some(6), &["10.0.0.2"], false)), "the ruleset changed");
+        assert!(!taken.still_holds(&stamp(Some(5), &["10.0.0.2", "10.0.0.3"], false)), "a new address");
+        assert!(!taken.still_holds(&stamp(Some(5), &["10.0.0.2"], true)), "a legacy nat table appeared");
+        let legacy = stamp(Some(5), &["10.0.0.2"], true);
+        assert!(!legacy.still_holds(&legacy.clone()), "legacy iptables keeps no generation: read in full");
+        let unasked = stamp(None, &["10.0.0.2"], false);
+        assert!(!unasked.still_holds(&unasked.clone()), "no generation to compare");
+    }
+
+    /// The generation in this (the test's) namespace, as the kernel keeps
+    /// it: a change to the ruleset moves it, and reading it changes nothing.
+    #[test]
+    fn nftables_generation_moves_with_a_change_to_the_ruleset() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        // In a namespace of its own (this thread's, and nft's, which it starts): the host's ruleset is not touched.
+        std::thread::spawn(generation_in_a_new_namespace).join().unwrap();
+    }
+
+    fn generation_in_a_new_namespace() {
+        // SAFETY: unshare(2) of this thread's network namespace.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "{}", std::io::Error::last_os_error());
+        let before = nft_generation().expect("NFT_MSG_GETGEN (root, nf_tables)");
+        assert_eq!(nft_generation().unwrap(), before, "asking is no change");
+        let nft = |rules: &str| {
+            let mut child = Command::new("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().unwrap();
+            std::io::Write::write_all(child.stdin.as_mut().unwrap(), rules.as_bytes()).unwrap();
+            assert!(child.wait().unwrap().success());
+        };
+        nft("table inet shedgentest { }\n");
+        let after = nft_generation().unwrap();
+        nft("delete table inet shedgentest\n");
+        assert_ne!(after, before, "a new table is a new generation");
+    }
+
     #[test]
     fn a_legacy_table_is_read_only_where_the_kernel_lists_it() {
         assert!(super::lists("filter\nnat\n", "nat"));
@@ -244,8 +449,6 @@ mod tests {
         assert!(!super::lists("", "nat"), "no table at all");
         assert!(!super::lists("natural\n", "nat"), "a whole name, not a prefix");
     }
-
-    use super::*;
 
     const RULESET: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
       {"table": {"family": "ip", "name": "nat", "handle": 1}},
