@@ -84,38 +84,40 @@ struct Tables {
 /// instead of 10-30 ms.
 #[derive(Default)]
 struct Turns {
-    /// The next ticket to give, and the ticket whose turn it is.
-    tickets: Mutex<(u64, u64)>,
+    line: Mutex<Line>,
     next: Condvar,
-    /// Expedited grace periods while pods wait in line; None with
-    /// `--no-expedite-rcu`. Locked only under `tickets`.
-    expedite: Option<Mutex<Expedite>>,
+}
+
+#[derive(Default)]
+struct Line {
+    /// The next ticket to give.
+    given: u64,
+    /// The ticket whose turn it is.
+    serving: u64,
+    /// Expedited grace periods while pods wait in line; None with `--no-expedite-rcu`.
+    expedite: Option<Expedite>,
 }
 
 impl Turns {
     fn expedited(expedite: Expedite) -> Self {
-        Self { expedite: Some(Mutex::new(expedite)), ..Self::default() }
+        Self { line: Mutex::new(Line { expedite: Some(expedite), ..Line::default() }), ..Self::default() }
     }
 
     /// Waits for the caller's turn, which lasts until what it returns is dropped.
     fn wait(&self) -> Turn<'_> {
-        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
-        let mine = tickets.0;
-        tickets.0 += 1;
+        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = line.given;
+        line.given += 1;
         // Someone attaching ahead of this pod: a burst.
-        if tickets.0 - tickets.1 > 1 {
-            self.with_expedite(Expedite::on);
+        if line.given - line.serving > 1
+            && let Some(expedite) = &mut line.expedite
+        {
+            expedite.on();
         }
-        while tickets.1 != mine {
-            tickets = self.next.wait(tickets).unwrap_or_else(PoisonError::into_inner);
+        while line.serving != mine {
+            line = self.next.wait(line).unwrap_or_else(PoisonError::into_inner);
         }
         Turn(self)
-    }
-
-    fn with_expedite(&self, change: fn(&mut Expedite)) {
-        if let Some(expedite) = &self.expedite {
-            change(&mut expedite.lock().unwrap_or_else(PoisonError::into_inner));
-        }
     }
 }
 
@@ -124,13 +126,15 @@ struct Turn<'a>(&'a Turns);
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut tickets = self.0.tickets.lock().unwrap_or_else(PoisonError::into_inner);
-        tickets.1 += 1;
+        let mut line = self.0.line.lock().unwrap_or_else(PoisonError::into_inner);
+        line.serving += 1;
         // Nobody left in line.
-        if tickets.1 == tickets.0 {
-            self.0.with_expedite(Expedite::off);
+        if line.serving == line.given
+            && let Some(expedite) = &mut line.expedite
+        {
+            expedite.off();
         }
-        drop(tickets);
+        drop(line);
         self.0.next.notify_all();
     }
 }
@@ -620,7 +624,7 @@ mod tests {
         let first = turns.wait();
         let waiting = |n: u64| {
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while turns.tickets.lock().unwrap().0 < n {
+            while turns.line.lock().unwrap().given < n {
                 assert!(std::time::Instant::now() < deadline, "ticket {n} never taken");
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -648,7 +652,8 @@ mod tests {
         let ended: Vec<bool> = pods.into_iter().map(|p| p.join().is_ok()).collect();
         assert_eq!(ended, [true, false, true, true]);
         assert_eq!(*order.lock().unwrap(), [1, 2, 3, 4]);
-        assert_eq!(*turns.tickets.lock().unwrap(), (5, 5), "every turn given back");
+        let line = turns.line.lock().unwrap();
+        assert_eq!((line.given, line.serving), (5, 5), "every turn given back");
     }
 
     /// Grace periods are expedited while a pod waits behind another, and
@@ -670,7 +675,7 @@ mod tests {
             std::thread::spawn(move || drop(turns.wait()))
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while turns.tickets.lock().unwrap().0 < 4 {
+        while turns.line.lock().unwrap().given < 4 {
             assert!(std::time::Instant::now() < deadline, "the second pod never asked");
             std::thread::sleep(Duration::from_millis(1));
         }
