@@ -501,7 +501,13 @@ pub struct SockEntry {
     /// accepted: counted in the port's silent ring at `silent_epoch` (so only
     /// for a grace, see [`handshake::DEFAULT_SILENT_SHIFT`]), not as busy.
     pub silent: u8,
-    pub _pad2: [u8; 2],
+    /// 1 once a request on the connection was refused (its record is in
+    /// [`map::REFUSED_TURNS`]): only then does the gate look for that record
+    /// when the connection's next request comes. Set after `silent` is 0
+    /// for good, so the compare-and-swap of the word they share never
+    /// meets it changing.
+    pub refused_request: u8,
+    pub _pad2: u8,
     /// The silent ring's epoch the connection was accepted in.
     pub silent_epoch: u64,
 }

@@ -270,7 +270,8 @@ fn established<E: StateChange>(event: &E, skaddr: u64) -> Result<(), i32> {
         flow: key,
         multiplexed: u8::from(config.count_mode == count_mode::MULTIPLEXED),
         silent: u8::from(silent),
-        _pad2: [0; 2],
+        refused_request: 0,
+        _pad2: 0,
         silent_epoch: now >> user.silent_shift(),
     };
     if config.counts_clients() {

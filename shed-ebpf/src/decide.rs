@@ -158,11 +158,11 @@ impl Port {
         }
         let Some(cap) = self.config.share_cap(self.limit as u32) else { return false };
         let Some(contention) = gate::contention().and_then(|m| m.get_ptr_mut(self.slot)) else { return false };
-        if client_held(&self.config, &seg.client_addr) < cap {
-            return false;
-        }
+        // The port's contention first (an array read), the client's hold (a
+        // hash lookup) only while it binds: a port with room is not contended.
         // SAFETY: map value, read as plain data.
         Contention::recent(unsafe { (*contention).refused_ns }, self.now_ns)
+            && client_held(&self.config, &seg.client_addr) >= cap
     }
 
     /// What one client may hold now, its admissions under way included: its
@@ -381,7 +381,7 @@ pub fn syn(seg: &Segment, from_loopback: bool, now_ns: u64) -> Verdict {
 /// (`RST` with seq = its ack number, or dropped: the client retransmits).
 /// `ctx` is the program's context, for the kernel's socket lookup.
 #[inline(never)]
-pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: u64) -> Verdict {
+pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool) -> Verdict {
     if fault!("late_ack_unjudged") {
         return Verdict::Pass;
     }
@@ -401,8 +401,11 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool, now_ns: 
             crate::maps::set_turn_socket(sk);
             return Verdict::Turn;
         }
-        _ => return Verdict::Pass,
+        _ => return Verdict::Established,
     }
+    // The clock only now: the segments that end above need no time.
+    // SAFETY: reading the clock has no preconditions.
+    let now_ns = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
     let Some(port) = Port::of(seg, fault!("ack_needs_local_table"), now_ns) else { return Verdict::Pass };
     let tier = port.tier(seg);
     if tier == tier::EXEMPT {
@@ -500,7 +503,9 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
     if tier == tier::EXEMPT {
         return Verdict::Pass;
     }
-    let refused = gate::refused_turns().and_then(|m| m.get_ptr(&sk));
+    // Only a connection refused before has a record to look for.
+    let refused =
+        if crate::maps::turn_refused_before() { gate::refused_turns().and_then(|m| m.get_ptr(&sk)) } else { None };
     // SAFETY: map value, read as plain data.
     let again = refused.filter(|&t| unsafe { (*t).seq } == seg.seq).map(|t| unsafe { (*t).reason } as usize);
     let reason = if let Some(reason) = again {
@@ -564,7 +569,15 @@ fn remember_refused(sk: u64, seg: &Segment, reason: usize, act: u8, now_ns: u64)
         reason: reason as u32,
         action: u32::from(act),
     };
-    let _ = gate::refused_turns().map_or(Err(-1), |m| m.insert(&sk, &turn, 0));
+    if gate::refused_turns().map_or(Err(-1), |m| m.insert(&sk, &turn, 0)).is_err() || fault!("refusal_unmarked") {
+        return;
+    }
+    // The connection's entry says so, for its next request's judgement
+    // ([`crate::maps::turn_refused_before`]).
+    if let Some(entry) = gate::socks().and_then(|m| m.get_ptr_mut(&sk)) {
+        // SAFETY: map value; a byte no other path writes (see `SockEntry::refused_request`).
+        unsafe { core::ptr::write_volatile(&raw mut (*entry).refused_request, 1) };
+    }
 }
 
 /// Room the daemon holds back from `tier` for the tiers above it.

@@ -55,6 +55,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "the kernel SYN cookie check reads the ACK's sequence number in the wrong byte order (cookie-completed handshakes pass unjudged)",
     ),
     ("turns_unjudged", "a request on a kept-alive connection is never judged (a pool carries overload past the gate)"),
+    (
+        "refusal_unmarked",
+        "a refused request leaves its connection's entry unmarked (its retransmission is judged afresh, not answered alike)",
+    ),
     ("stacked_judged_twice", "a segment crossing stacked devices is judged on each"),
     ("ack_needs_local_table", "a handshake-completing ACK is judged only if its address is in the local table"),
     ("not_local_judged", "SYNs to addresses that are not this namespace's are judged"),

@@ -121,32 +121,43 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
         }
         Parsed::Syn | Parsed::Ack => {
             let syn = parsed == Parsed::Syn;
-            // SAFETY: reading the clock has no preconditions.
-            let now = unsafe { bpf_ktime_get_ns() };
             // Crossing stacked devices (bridge, VLAN, macvlan, bond): judged once.
             let ifindex = bytes.ifindex();
-            if stacked::passed_already(seg, syn, now, ifindex) {
+            if stacked::passed_already(seg, syn, ifindex) {
                 // Where it is now: the next device of the stack compares with
                 // this one, and a repeat on this very device is a new segment.
-                stacked::remember_passed(seg, syn, now, ifindex);
+                stacked::remember_passed(seg, syn, clock(), ifindex);
                 return Outcome::of(Outcome::PASS);
             }
             let loopback = ifindex == parse::LOOPBACK_IFINDEX;
-            let verdict = if syn {
-                decide::syn(seg, loopback, now)
+            // The clock is read where a step needs the time: the segments of
+            // established connections (nearly all) need none.
+            let (verdict, now) = if syn {
+                let now = clock();
+                (decide::syn(seg, loopback, now), now)
             } else {
-                match decide::ack(seg, bytes, loopback, now) {
-                    Verdict::Unclaimed => http_answer::http_segment(seg, bytes, loopback, now),
-                    verdict => verdict,
+                match decide::ack(seg, bytes, loopback) {
+                    Verdict::Unclaimed => {
+                        let now = clock();
+                        (http_answer::http_segment(seg, bytes, loopback, now), now)
+                    }
+                    verdict => (verdict, 0),
                 }
             };
             if matches!(verdict, Verdict::Pass) {
-                stacked::remember_passed(seg, syn, now, ifindex);
+                stacked::remember_passed(seg, syn, if now == 0 { clock() } else { now }, ifindex);
             }
             verdict
         }
     };
     outcome_of(verdict, data, data_end, seg)
+}
+
+/// The clock (ns since boot): on a virtual machine a read costs tens of ns.
+#[inline(always)]
+fn clock() -> u64 {
+    // SAFETY: reading the clock has no preconditions.
+    unsafe { bpf_ktime_get_ns() }
 }
 
 /// The turn programs' tail of [`judge`]: the same segment parsed again, its
@@ -181,7 +192,7 @@ fn outcome_of(verdict: Verdict, data: usize, data_end: usize, seg: &parse::Segme
     match verdict {
         // A turn passes here; the entry point finds it handed over
         // (`maps::turn_pending`) and tail-calls its turn program.
-        Verdict::Pass | Verdict::Unclaimed | Verdict::Turn => Outcome::of(Outcome::PASS),
+        Verdict::Pass | Verdict::Established | Verdict::Unclaimed | Verdict::Turn => Outcome::of(Outcome::PASS),
         Verdict::Drop => Outcome::of(Outcome::DROP),
         Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
             0 => {

@@ -283,9 +283,27 @@ pub static SHED_TURN_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
 pub static SHED_TURN_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// The socket of the request a turn program judges, handed over by the gate
-/// on this CPU just before its tail call (a per-CPU scratch).
+/// on this CPU just before its tail call (a per-CPU scratch): [0] its
+/// address, [1] 1 if a request on it was refused before (then its record in
+/// `SHED_REFUSED_TURNS` is looked for; else the lookup is skipped).
 #[map]
-pub static SHED_TURN_SOCKET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static SHED_TURN_SOCKET: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
+/// Hands over whether the socket being handed over had a request refused ([`turn_refused_before`]).
+#[inline(always)]
+pub fn set_turn_refused_before(refused: bool) {
+    if let Some(slot) = SHED_TURN_SOCKET.get_ptr_mut(1) {
+        // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+        unsafe { *slot = u64::from(refused) };
+    }
+}
+
+/// What [`set_turn_refused_before`] handed over with this CPU's turn socket.
+#[inline(always)]
+pub fn turn_refused_before() -> bool {
+    // SAFETY: per-CPU map value; programs do not migrate CPU mid-run.
+    SHED_TURN_SOCKET.get_ptr(1).is_none_or(|slot| unsafe { *slot } != 0)
+}
 
 #[inline(always)]
 pub fn set_turn_socket(sk: u64) {

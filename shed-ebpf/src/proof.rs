@@ -112,10 +112,11 @@ pub(crate) fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void, turn_sk: &mu
 /// Whether data to established socket `sk` may start its next request: the
 /// socket is one the gate counts (`SHED_SOCKS`) and owes no answer (idle,
 /// not silent since its handshake, not multiplexed). Then the socket's
-/// address, else 0. The turn program checks the rest ([`next_expected`]):
-/// every instruction here is walked by the verifier once per state that
-/// reaches the ACK's lookup. A subprogram: its ways to say no end in one
-/// state for the caller.
+/// address, else 0; whether a request on it was refused before is left for
+/// the turn program ([`crate::maps::turn_refused_before`]). The turn program
+/// checks the rest ([`next_expected`]): every instruction here is walked by
+/// the verifier once per state that reaches the ACK's lookup. A subprogram:
+/// its ways to say no end in one state for the caller.
 #[inline(never)]
 pub(crate) fn turn_socket(sk: *mut core::ffi::c_void) -> u64 {
     if fault!("turns_unjudged") {
@@ -125,7 +126,12 @@ pub(crate) fn turn_socket(sk: *mut core::ffi::c_void) -> u64 {
     let Some(entry) = gate::socks().and_then(|m| m.get_ptr(&key)) else { return 0 };
     // SAFETY: map value, read as plain data.
     let idle = unsafe { (*entry).busy == 0 && (*entry).silent == 0 && (*entry).multiplexed == 0 };
-    if idle { key } else { 0 }
+    if !idle {
+        return 0;
+    }
+    // SAFETY: as above.
+    crate::maps::set_turn_refused_before(unsafe { (*entry).refused_request } != 0);
+    key
 }
 
 /// Whether `seq` is the next byte socket `sk` (an address from the gate's

@@ -8,8 +8,9 @@ use crate::{fault::fault, maps::SHED_LAST_PASSED, parse::Segment};
 
 /// Whether this CPU passed this very segment a moment ago, on the device below
 /// (or above) this one: then it is passed again, uncounted and unreserved.
+/// The clock is read last, only for a segment that matches in every field.
 #[inline(always)]
-pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bool {
+pub fn passed_already(seg: &Segment, syn: bool, ifindex: u32) -> bool {
     if fault!("stacked_judged_twice") {
         return false;
     }
@@ -22,11 +23,12 @@ pub fn passed_already(seg: &Segment, syn: bool, now_ns: u64, ifindex: u32) -> bo
         && last.server_port == seg.server_port
         && last.syn == u32::from(syn)
         && last.ifindex != ifindex
-        && now_ns.wrapping_sub(last.at_ns) < shed_common::STACKED_WITHIN_NS
         && last.payload_len == seg.payload_len
         && last.flags == seg.flags
         && last.client_addr == seg.client_addr
         && last.server_addr == seg.server_addr
+        // SAFETY: reading the clock has no preconditions.
+        && unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(last.at_ns) < shed_common::STACKED_WITHIN_NS
 }
 
 /// Remembers a passed segment (see [`passed_already`]). Field by field into

@@ -357,7 +357,8 @@ fn adopted(config: &PortConfig, flow: &FlowKey) -> SockEntry {
         flow: *flow,
         multiplexed: u8::from(config.count_mode == shed_common::count_mode::MULTIPLEXED),
         silent: 0,
-        _pad2: [0; 2],
+        refused_request: 0,
+        _pad2: 0,
         silent_epoch: 0,
     }
 }

@@ -164,7 +164,8 @@ mod tests {
             flow: FlowKey { client_addr: addr, server_addr: [0; 16], client_port: port, server_port: 8080 },
             multiplexed: 0,
             silent: 0,
-            _pad2: [0; 2],
+            refused_request: 0,
+            _pad2: 0,
             silent_epoch: 0,
         }
     }
