@@ -1007,9 +1007,10 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
         // SAFETY: valid C string.
         devices.push(unsafe { libc::if_nametoindex(c.as_ptr()) });
     }
-    // Each CPU remembers the segment it passed last, for 1 ms: the three
-    // devices' runs on one CPU, and tried again where this thread was slower
-    // than that (a busy machine).
+    // Each CPU remembers the segment it passed last, for 25 ms of the
+    // kernel's coarse clock (a tick at a time): the three devices' runs on
+    // one CPU, and tried again where this thread took longer than 0.9 ms (a
+    // busy machine).
     pin_to_one_cpu();
     for hook in HOOKS {
         let stack = [

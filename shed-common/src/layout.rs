@@ -76,9 +76,12 @@ pub struct LastPassed {
 const _: () = assert!(size_of::<LastPassed>() == 64);
 
 /// How long a passed segment is remembered: far longer than a segment takes
-/// from one stacked device to the next (microseconds), far shorter than any
-/// retransmission (200 ms at least).
-pub const STACKED_WITHIN_NS: u64 = 1_000_000;
+/// from one stacked device to the next (microseconds) even on the kernel's
+/// coarse clock, which the memory is stamped with (it moves a tick at a
+/// time: 10 ms at HZ=100, so a segment and its copy a microsecond later may
+/// read times a tick apart); far shorter than any retransmission (200 ms at
+/// least).
+pub const STACKED_WITHIN_NS: u64 = 25_000_000;
 
 /// The share of the limit one client (an IPv4 address, an IPv6 prefix) may
 /// hold while others are refused, in percent: half. One source can never shut

@@ -401,7 +401,7 @@ pub fn ack<B: LoadBytes>(seg: &Segment, bytes: &B, from_loopback: bool) -> Verdi
             crate::maps::set_turn_socket(sk);
             return Verdict::Turn;
         }
-        _ => return Verdict::Established,
+        _ => return Verdict::Pass,
     }
     // The clock only now: the segments that end above need no time.
     // SAFETY: reading the clock has no preconditions.

@@ -126,26 +126,22 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
             if stacked::passed_already(seg, syn, ifindex) {
                 // Where it is now: the next device of the stack compares with
                 // this one, and a repeat on this very device is a new segment.
-                stacked::remember_passed(seg, syn, clock(), ifindex);
+                stacked::remember_passed(seg, syn, ifindex);
                 return Outcome::of(Outcome::PASS);
             }
             let loopback = ifindex == parse::LOOPBACK_IFINDEX;
-            // The clock is read where a step needs the time: the segments of
-            // established connections (nearly all) need none.
-            let (verdict, now) = if syn {
-                let now = clock();
-                (decide::syn(seg, loopback, now), now)
+            // The clock is read where a decision needs the time: the segments
+            // of established connections (nearly all) need none.
+            let verdict = if syn {
+                decide::syn(seg, loopback, clock())
             } else {
                 match decide::ack(seg, bytes, loopback) {
-                    Verdict::Unclaimed => {
-                        let now = clock();
-                        (http_answer::http_segment(seg, bytes, loopback, now), now)
-                    }
-                    verdict => (verdict, 0),
+                    Verdict::Unclaimed => http_answer::http_segment(seg, bytes, loopback, clock()),
+                    verdict => verdict,
                 }
             };
             if matches!(verdict, Verdict::Pass) {
-                stacked::remember_passed(seg, syn, if now == 0 { clock() } else { now }, ifindex);
+                stacked::remember_passed(seg, syn, ifindex);
             }
             verdict
         }
@@ -153,7 +149,8 @@ fn judge<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> Outcom
     outcome_of(verdict, data, data_end, seg)
 }
 
-/// The clock (ns since boot): on a virtual machine a read costs tens of ns.
+/// The clock (ns since boot) a decision reads: on a virtual machine a read
+/// of it costs tens of ns.
 #[inline(always)]
 fn clock() -> u64 {
     // SAFETY: reading the clock has no preconditions.
@@ -179,8 +176,7 @@ fn judge_turn<B: parse::LoadBytes>(data: usize, data_end: usize, bytes: &B) -> O
     let ifindex = bytes.ifindex();
     let verdict = decide::turn(seg, bytes, sk, ifindex == parse::LOOPBACK_IFINDEX);
     if matches!(verdict, Verdict::Pass) {
-        // SAFETY: reading the clock has no preconditions.
-        stacked::remember_passed(seg, false, unsafe { bpf_ktime_get_ns() }, ifindex);
+        stacked::remember_passed(seg, false, ifindex);
     }
     outcome_of(verdict, data, data_end, seg)
 }
@@ -192,7 +188,7 @@ fn outcome_of(verdict: Verdict, data: usize, data_end: usize, seg: &parse::Segme
     match verdict {
         // A turn passes here; the entry point finds it handed over
         // (`maps::turn_pending`) and tail-calls its turn program.
-        Verdict::Pass | Verdict::Established | Verdict::Unclaimed | Verdict::Turn => Outcome::of(Outcome::PASS),
+        Verdict::Pass | Verdict::Unclaimed | Verdict::Turn => Outcome::of(Outcome::PASS),
         Verdict::Drop => Outcome::of(Outcome::DROP),
         Verdict::Rst { slot, reset } => match reject::write_rst(data, data_end, seg, reset) {
             0 => {

@@ -15,10 +15,6 @@ use crate::{
 
 pub enum Verdict {
     Pass,
-    /// Pass a segment of an established connection that starts no request:
-    /// nothing to remember for stacked devices (judged again below or above,
-    /// it passes again after one socket lookup), so no clock is read for it.
-    Established,
     Drop,
     /// Reject with a reset; `slot` lets the adapter count how the reply went.
     Rst {

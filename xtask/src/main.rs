@@ -5,6 +5,7 @@ mod docs;
 mod image;
 mod mutants;
 mod package;
+mod room;
 mod setup;
 mod systemd;
 
@@ -277,6 +278,7 @@ fn require_root(why: &str) -> Result<()> {
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    room::check(&workspace_root().join("target"))?;
     setup::setup()?;
     build_ebpf()?;
     require_root("the tests load real eBPF programs and create network namespaces")?;
