@@ -1039,6 +1039,11 @@ fn a_syn_peeled_of_its_vlan_tags_device_by_device_is_judged_once() {
         let other = Spec { client_port: 40_001, ..Spec::default() };
         assert_eq!(h.run_on(hook, &frame(&other), devices[0]).0, pass(hook));
         assert_eq!(h.counters()[counter::SYN_SEEN], 3, "{hook:?}");
+        // That segment on the next device once the memory has lapsed (its
+        // window and a tick of the coarse clock past): a new SYN, judged.
+        std::thread::sleep(std::time::Duration::from_nanos(shed_common::STACKED_WITHIN_NS) * 2);
+        assert_eq!(h.run_on(hook, &frame(&other), devices[1]).0, pass(hook));
+        assert_eq!(h.counters()[counter::SYN_SEEN], 4, "{hook:?}: remembered only for the window");
     }
 }
 
