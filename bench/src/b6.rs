@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result};
 use shed::kernel::programs::Loaded;
 use shed_testkit::testbed::{self, Backend, Service, Testbed};
 
-use crate::common::{PORT, Scale, median_min_max, percentile, start_gate, xdp_in};
+use crate::common::{PORT, Scale, do_nothing_in, median_min_max, percentile, start_gate, xdp_in};
 
 const CONNECTIONS: usize = 8;
 
@@ -68,9 +68,13 @@ pub(crate) fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, Str
         scale.pick((Duration::from_secs(4), 5), (Duration::from_secs(2), 1), (Duration::from_millis(500), 1));
     // "empty XDP" is an XDP_PASS program on the server veth: what native XDP
     // costs a veth by itself (it moves the receive path onto veth's NAPI), shed aside.
-    let configs: [(&str, Option<&[&str]>); 4] = [
+    // "empty programs at shed's hooks": a TC program that passes on the server
+    // veth and a do-nothing program on each socket tracepoint shed counts
+    // from: the floor under any gate built on those hooks.
+    let configs: [(&str, Option<&[&str]>); 5] = [
         ("no gate", None),
         ("empty XDP program", None),
+        ("empty programs at shed's hooks", None),
         ("shed, XDP", Some(&["--hook", "xdp"])),
         ("shed, TC", Some(&["--hook", "tc"])),
     ];
@@ -83,8 +87,10 @@ pub(crate) fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, Str
         for (i, (name, args)) in configs.iter().enumerate() {
             let gate = args.map(|a| start_gate(shedctl, &bed, a)).transpose()?;
             let empty_xdp = (i == 1).then(|| xdp_in(&bed.server_ns, &bed.server_if, Loaded::xdp_pass)).transpose()?;
+            let do_nothing = (i == 2).then(|| do_nothing_in(&bed.server_ns, &bed.server_if)).transpose()?;
             let (rps, p50, p99) = keep_alive_load(&bed.client_ns, addr, duration)?;
             drop(empty_xdp);
+            drop(do_nothing);
             if let Some(g) = gate {
                 drop(g);
             }
@@ -107,7 +113,7 @@ pub(crate) fn b6(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, Str
     let _ = writeln!(md, "\n## B6: overhead on admitted keep-alive traffic\n");
     let _ = writeln!(
         md,
-        "{CONNECTIONS} keep-alive connections in a closed loop (one request line, one answer, no service time) from the client namespace to the protected port, {duration:?} per run; each repeat runs the three configurations in turn; median of {repeats} runs (min-max). The gate runs its default adaptive limit and times every request from the socket tracepoints. The client runs on the same kernel, so the tracepoint programs also run (and miss) for the client's sockets, which a remote client would not cost. \"empty XDP program\" is an XDP_PASS program on the server veth: native XDP on a veth moves its receive path to NAPI, which costs by itself whatever the program does. Goal: within 5% of no gate.\n"
+        "{CONNECTIONS} keep-alive connections in a closed loop (one request line, one answer, no service time) from the client namespace to the protected port, {duration:?} per run; each repeat runs the configurations in turn; median of {repeats} runs (min-max). The gate runs its default adaptive limit and times every request from the socket tracepoints. The client runs on the same kernel, so the tracepoint programs also run (and miss) for the client's sockets, which a remote client would not cost. \"empty XDP program\" is an XDP_PASS program on the server veth: native XDP on a veth moves its receive path to NAPI, which costs by itself whatever the program does. \"empty programs at shed's hooks\": a TC program that only passes, on the server veth's ingress, and a program that does nothing on each of the four socket tracepoints shed counts from: what running any program at those hooks costs, the floor under shed on TC. Goal: within 5% of no gate.\n"
     );
     let _ = writeln!(
         md,

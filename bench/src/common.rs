@@ -76,6 +76,18 @@ pub(crate) fn xdp_in(
     })?
 }
 
+/// Programs that do nothing at every hook the gate uses, on `iface` in `ns`
+/// and on the socket tracepoints ([`Loaded::attach_do_nothing`]): the floor
+/// under any gate at those hooks. Detached when dropped.
+pub(crate) fn do_nothing_in(ns: &str, iface: &str) -> Result<Loaded> {
+    let iface = iface.to_owned();
+    shed_testkit::testbed::run_in(ns, move || -> Result<Loaded> {
+        let mut loaded = load_object()?;
+        loaded.attach_do_nothing(&iface)?;
+        Ok(loaded)
+    })?
+}
+
 pub(crate) fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0], v[v.len() - 1])

@@ -177,11 +177,12 @@ fn b9_still_runs() {
 fn b6_still_runs() {
     let (json, md) = b6::b6(&shedctl(), Scale::Smoke).expect("B6 runs");
     let configs = json["configs"].as_array().expect("configs");
-    assert_eq!(configs.len(), 4, "{json}");
+    assert_eq!(configs.len(), 5, "{json}");
     for c in configs {
         assert!(c["rps"].as_f64().unwrap() > 100.0, "keep-alive requests flowed: {c}");
     }
     assert!(md.contains("| shed, TC |"), "{md}");
+    assert!(md.contains("| empty programs at shed's hooks |"), "{md}");
 }
 
 #[test]

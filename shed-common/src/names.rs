@@ -209,6 +209,11 @@ pub mod program {
     pub const XDP_PASS: &str = "shed_xdp_pass";
     /// XDP_DROP only: the cheapest possible verdict, a benchmark baseline.
     pub const XDP_DROP: &str = "shed_xdp_drop";
+    /// TC_ACT_OK only: with [`HOOK_NOTHING`], a benchmark baseline.
+    pub const TC_PASS: &str = "shed_tc_pass";
+    /// A raw tracepoint program that does nothing, attached to every event of
+    /// [`DISPATCHERS`]: what running any program at shed's hooks costs (a benchmark baseline).
+    pub const HOOK_NOTHING: &str = "shed_hook_nothing";
     /// The node agent's dispatchers: one per socket tracepoint for all the
     /// pods' gates, each handing the event to the gate of the socket's pod.
     pub const DISPATCH_SOCK_STATE: &str = "shed_dispatch_sock_state";

@@ -9,6 +9,9 @@
 //!   accounting from `sock:inet_sock_set_state`.
 //! - `shed_dispatch_*`: a node agent's one set of socket-tracepoint programs
 //!   for all its pods' gates (`dispatch`).
+//! - `shed_xdp_pass`, `shed_xdp_drop`, `shed_tc_pass`, `shed_hook_nothing`:
+//!   programs that do (next to) nothing, for a veth peer's XDP and as the
+//!   benchmarks' baselines.
 //!
 //! Every failure path passes the packet: a gate that cannot judge a packet
 //! must not become the outage (fail-open, written once per entry point).
@@ -365,6 +368,21 @@ pub fn shed_xdp_pass(_ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn shed_xdp_drop(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_DROP
+}
+
+/// Passes everything. With [`shed_hook_nothing`], the floor `cargo xtask
+/// bench` measures B6 against: programs at shed's hooks that do nothing
+/// (never attached by `shedctl`).
+#[classifier]
+pub fn shed_tc_pass(_ctx: TcContext) -> i32 {
+    TC_ACT_OK
+}
+
+/// Does nothing: attached to each socket tracepoint shed uses, what running
+/// any program there costs (a benchmark baseline; never attached by `shedctl`).
+#[raw_tracepoint(tracepoint = "sk_data_ready")]
+pub fn shed_hook_nothing(_ctx: RawTracePointContext) -> i32 {
+    0
 }
 
 #[classifier]

@@ -19,8 +19,7 @@ const AGAIN_RUN_BYTES: u64 = 1 << 30;
 /// of `target` (the workspace's `target/` directory) has too little free for
 /// a test run.
 pub(crate) fn check(target: &Path) -> Result<()> {
-    // xtask itself is built by now; the shedctl a run builds says whether one ran before.
-    let built_before = target.join("debug/shedctl").exists();
+    let built_before = built_before(target);
     let at = if target.exists() { target } else { target.parent().unwrap_or(target) };
     let free = free_bytes(at).with_context(|| format!("reading the free space where {} is", at.display()))?;
     if let Some(problem) = shortfall(free, built_before) {
@@ -30,6 +29,12 @@ pub(crate) fn check(target: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether a run built into `target` before: xtask itself is built by now,
+/// so only the shedctl a run builds says so.
+fn built_before(target: &Path) -> bool {
+    target.join("debug/shedctl").exists()
 }
 
 /// What is missing, if `free` bytes are too few for a run (`built_before`: over an earlier build).
@@ -78,5 +83,16 @@ mod tests {
         // An earlier build lowers the need: the room a fresh clone lacks is enough over one.
         assert_eq!(shortfall(2 << 30, true), None);
         assert!(shortfall(2 << 30, false).is_some());
+    }
+
+    #[test]
+    fn an_earlier_build_is_told_by_its_shedctl_not_by_a_target_directory() {
+        let target = tempfile::tempdir().unwrap();
+        // xtask's own build makes target/ and target/debug before the check runs.
+        std::fs::create_dir_all(target.path().join("debug/build")).unwrap();
+        std::fs::write(target.path().join("debug/xtask"), b"").unwrap();
+        assert!(!built_before(target.path()));
+        std::fs::write(target.path().join("debug/shedctl"), b"").unwrap();
+        assert!(built_before(target.path()));
     }
 }

@@ -256,6 +256,25 @@ impl Loaded {
         Self::loaded_xdp(self.object()?, program::XDP_DROP, "load XDP drop program")
     }
 
+    /// Programs that do nothing at every hook the gate uses: a TC classifier
+    /// that passes, attached to `iface`'s ingress, and a raw tracepoint
+    /// program on each socket event the gate counts from
+    /// ([`program::DISPATCHERS`]). A benchmark baseline (the cost of running
+    /// any program there); never attached by `shedctl`.
+    pub fn attach_do_nothing(&mut self, iface: &str) -> Result<(), Error> {
+        let ebpf = self.object()?;
+        let tc: &mut SchedClassifier = Self::program(ebpf, program::TC_PASS)?;
+        verified(|| tc.load()).map_err(|e| Error::program("load the TC pass program", e))?;
+        tc.attach(iface, TcAttachType::Ingress)
+            .map_err(|e| Error::program(format!("attach TC ingress to {iface}"), e))?;
+        let hook: &mut RawTracePoint = Self::program(ebpf, program::HOOK_NOTHING)?;
+        verified(|| hook.load()).map_err(|e| Error::program("load the do-nothing tracepoint program", e))?;
+        for (_, event, _) in program::DISPATCHERS {
+            hook.attach(event).map_err(|e| Error::program(format!("attach to sock:{event}"), e))?;
+        }
+        Ok(())
+    }
+
     fn loaded_xdp<'a>(ebpf: &'a mut Ebpf, name: &str, what: &str) -> Result<&'a mut Xdp, Error> {
         if name == program::XDP && ebpf.program(program::XDP_TURN).is_some() {
             let turn: &mut Xdp = Self::program(ebpf, program::XDP_TURN)?;
