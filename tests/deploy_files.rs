@@ -156,15 +156,27 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         "--config",
         // The node agent: pods' namespaces, the runtime's socket, entering a namespace.
         "/run/netns",
-        "containerd.sock",
         "SYS_ADMIN",
         "hostPID: true",
     ] {
         assert!(daemonset.contains(needed), "the DaemonSet needs {needed}");
     }
+    // Every runtime's socket that `--cri-socket auto` looks for is in the
+    // container at its host path: a directory of the host's mounted there.
+    let mounts = daemonset_mounts(&files[1]);
+    for socket in shed::host::cri::KNOWN_SOCKETS {
+        // /var/run is /run on every distribution the kubelet runs on.
+        let socket = socket.strip_prefix("/var").unwrap_or(socket);
+        let dir = std::path::Path::new(socket).parent().unwrap().to_str().unwrap();
+        assert!(
+            mounts.iter().any(|(container, host)| container == dir && host == dir),
+            "the DaemonSet mounts {dir} from the host, for {socket}: {mounts:?}"
+        );
+    }
+    let configmap = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(configmap.contains("cri-socket = \"auto\""), "the ConfigMap finds the node's runtime");
     // The ConfigMap's shed.toml is what the pod runs with: shedctl must accept it,
     // and it must serve metrics on the port the scrape annotation names.
-    let configmap = std::fs::read_to_string(&files[0]).unwrap();
     let toml = configmap_toml(&configmap);
     let flags = config_flags("configmap.yaml:shed.toml", &toml);
     let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());
@@ -192,6 +204,19 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     let asks = shed::cli::annotations::pod_attach_args(&only_ports, Some(&defaults)).unwrap().unwrap();
     assert!(flags.windows(2).any(|w| w[0] == "--action" && w[1] == "rst"), "the ConfigMap's action: {flags:?}");
     assert_eq!(asks.action, shed::kernel::options::Action::Rst);
+}
+
+/// The DaemonSet's agent container's mounts of host paths: (path in the
+/// container, path on the host), read with PyYAML (kubernetes-validate's).
+fn daemonset_mounts(path: &str) -> Vec<(String, String)> {
+    let script = "import json, sys, yaml\n\
+        spec = yaml.safe_load(open(sys.argv[1]))['spec']['template']['spec']\n\
+        hosts = {v['name']: v['hostPath']['path'] for v in spec['volumes'] if 'hostPath' in v}\n\
+        mounts = spec['containers'][0]['volumeMounts']\n\
+        print(json.dumps([[m['mountPath'], hosts[m['name']]] for m in mounts if m['name'] in hosts]))\n";
+    let out = Command::new("python3").args(["-c", script, path]).output().expect("python3 with PyYAML");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the mounts as JSON")
 }
 
 /// The override OPERATIONS.md documents, on the shipped config: a fixed limit

@@ -566,9 +566,10 @@ fn attach_in(cgroup: &shed_testkit::cgroup::MemoryCgroup, args: &[String]) -> st
         .unwrap()
 }
 
-/// Under the shipped DaemonSet's 256 MiB, 30 namespaces were OOM-killed with
-/// nothing gated; now they are refused before anything is attached (exit 4,
-/// the budget named), and one namespace runs in the same limit.
+/// Under the shipped DaemonSet's memory limit (256 MiB when 30 namespaces
+/// were OOM-killed with nothing gated; 512 MiB now), 30 namespaces are
+/// refused before anything is attached (exit 4, the budget named), and one
+/// namespace runs in the same limit.
 #[test]
 fn namespaces_past_the_memory_budget_are_refused_not_oom_killed() {
     let _one = exclusive();
@@ -578,7 +579,8 @@ fn namespaces_past_the_memory_budget_are_refused_not_oom_killed() {
         assert!(std::process::Command::new("ip").args(["netns", "add", n]).status().unwrap().success());
     }
     let _cleanup = Namespaces(names.clone());
-    let cgroup = shed_testkit::cgroup::MemoryCgroup::create("shed-budget-test", 256 << 20);
+    let limit = shed_testkit::cgroup::daemonset_memory_limit();
+    let cgroup = shed_testkit::cgroup::MemoryCgroup::create("shed-budget-test", limit);
     let mut args: Vec<String> = names.iter().flat_map(|n| ["--netns".to_owned(), n.clone()]).collect();
     args.extend(["--port", "8080"].map(String::from));
     let out = attach_in(&cgroup, &args).wait_with_output().unwrap();
@@ -593,11 +595,11 @@ fn namespaces_past_the_memory_budget_are_refused_not_oom_killed() {
     let mut child = attach_in(&cgroup, &one);
     poll(
         Duration::from_secs(30),
-        "the gate up in 256 MiB",
+        "the gate up in the DaemonSet's limit",
         || shedctl(&["stats", "--json"]).status.success(),
         |&up| up,
     );
-    assert!(child.try_wait().unwrap().is_none(), "one namespace runs in 256 MiB");
+    assert!(child.try_wait().unwrap().is_none(), "one namespace runs in the DaemonSet's limit");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());

@@ -275,7 +275,9 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
     );
     let socket = runtime.socket().display().to_string();
     // A port of the node's own too: the agent serves stats (and `attach` returns) with no pod gated.
-    let gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--port", "18081", "--iface", "lo"]);
+    const METRICS: &str = "127.0.0.1:19484";
+    let gate =
+        Gate::attach(&["--pods", "--cri-socket", &socket, "--port", "18081", "--iface", "lo", "--metrics", METRICS]);
     shed_testkit::gate::poll(
         Duration::from_secs(10),
         "the failed set-up said, with its next try",
@@ -283,20 +285,34 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
         |log| log.contains("netfilter rewrites") && log.contains("the pod is left ungated; trying again in 2 s"),
     );
     assert!(stats_of(&pod.netns).is_none(), "not gated while the NAT is there");
+    // Loud in the metrics too: refused, for its NAT rule.
+    let refused = |scrape: &prometheus_parse::Scrape| {
+        let of_pod =
+            |s: &&prometheus_parse::Sample| s.metric == "shed_pod_refused" && s.labels.get("pod") == Some("natted");
+        scrape
+            .samples
+            .iter()
+            .filter(of_pod)
+            .map(|s| s.labels.get("annotation").unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    };
+    shed_testkit::gate::poll(
+        Duration::from_secs(5),
+        "refused for its NAT rule",
+        || refused(&shed_testkit::metrics::scrape(METRICS)),
+        |r| r == &["netfilter-nat"],
+    );
     nft("delete table ip shednat\n");
     wait_gated(&gate, &pod.netns);
     let stats = stats_of(&pod.netns).expect("gated on a later try");
     assert_eq!((stats[0]["port"].as_u64(), stats[0]["limit"].as_u64()), (Some(8080), Some(1)), "{stats}");
-}
-
-/// The memory limit of the shipped DaemonSet's agent container, in bytes.
-fn daemonset_memory_limit() -> u64 {
-    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/daemonset.yaml"))
-        .expect("the shipped DaemonSet");
-    let limits = yaml.split_once("limits:").expect("its resource limits").1;
-    let memory = limits.lines().find_map(|l| l.trim().strip_prefix("memory:")).expect("a memory limit").trim();
-    let mib: u64 = memory.strip_suffix("Mi").and_then(|m| m.parse().ok()).expect("a limit in Mi");
-    mib << 20
+    // Gated, it is no longer refused (within a look of its gate's first tick).
+    shed_testkit::gate::poll(
+        Duration::from_secs(5),
+        "its refusal gone once gated",
+        || refused(&shed_testkit::metrics::scrape(METRICS)),
+        |r| r.is_empty(),
+    );
 }
 
 /// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a
@@ -319,7 +335,7 @@ fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     // What the agent holds with no pod (its shared programs and tables), in
     // a cgroup of its own: what it frees after it exits is not charged to the next.
     let held_mib = {
-        let cgroup = MemoryCgroup::create("shed-e2e-pod-idle", daemonset_memory_limit());
+        let cgroup = MemoryCgroup::create("shed-e2e-pod-idle", shed_testkit::cgroup::daemonset_memory_limit());
         let args = ["--pods", "--cri-socket", &socket, "--metrics", METRICS];
         let idle = Gate::spawn(cgroup.shedctl(), &args, Log::Capture).expect("the agent");
         poll(Duration::from_secs(20), "the agent up", healthy, |&up| up);
@@ -330,7 +346,7 @@ fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     };
     // Room for two pods setting up at once (4 MiB booked each), or about ten
     // set up (about 1 MiB each, B10): of 20 pods, some are refused.
-    let cgroup = MemoryCgroup::create("shed-e2e-pod-budget", daemonset_memory_limit());
+    let cgroup = MemoryCgroup::create("shed-e2e-pod-budget", shed_testkit::cgroup::daemonset_memory_limit());
     let budget = (held_mib + 10).to_string();
     let args = ["--pods", "--cri-socket", &socket, "--metrics", METRICS, "--memory-budget", &budget];
     let gate = Gate::spawn(cgroup.shedctl(), &args, Log::Capture).expect("the agent");

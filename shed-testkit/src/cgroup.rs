@@ -61,3 +61,14 @@ impl Drop for MemoryCgroup {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// The memory limit of the shipped DaemonSet's agent container
+/// (deploy/kubernetes/daemonset.yaml), in bytes: what the tests run the agent under.
+pub fn daemonset_memory_limit() -> u64 {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/daemonset.yaml");
+    let yaml = std::fs::read_to_string(path).expect("the shipped DaemonSet");
+    let limits = yaml.split_once("limits:").expect("its resource limits").1;
+    let memory = limits.lines().find_map(|l| l.trim().strip_prefix("memory:")).expect("a memory limit").trim();
+    let mib: u64 = memory.strip_suffix("Mi").and_then(|m| m.parse().ok()).expect("a limit in Mi");
+    mib << 20
+}

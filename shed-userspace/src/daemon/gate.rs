@@ -135,13 +135,22 @@ fn refuse_nat_bypass(ports: &[u16], allow: bool) -> anyhow::Result<()> {
             tracing::warn!(port, nat = %what, "--allow-nat: connections this NAT rewrites reach the listener unjudged");
             continue;
         }
-        anyhow::bail!(
-            "port {port}: {what}: netfilter rewrites the destination after the gate has seen the packet, so these \
-             connections would reach the listener unjudged. Publish the service on the port clients use, gate the \
-             namespace where the socket lives (--netns), or attach anyway with --allow-nat"
-        );
+        return Err(NatBypass { port, what }.into());
     }
     Ok(())
+}
+
+/// A netfilter NAT rule that would take a protected port's connections past
+/// the gate: why a gate refused to set up (a pod's refusal names it).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "port {port}: {what}: netfilter rewrites the destination after the gate has seen the packet, so these \
+     connections would reach the listener unjudged. Publish the service on the port clients use, gate the \
+     namespace where the socket lives (--netns), or attach anyway with --allow-nat"
+)]
+pub(super) struct NatBypass {
+    pub(super) port: u16,
+    pub(super) what: String,
 }
 
 /// Interfaces (name, index) a gate has considered: gated or left out.

@@ -55,6 +55,9 @@ pub(super) struct Pods {
     refused: BTreeMap<String, String>,
     /// Pods left ungated for the memory budget, by sandbox id: their names (for the metric).
     over_budget: BTreeMap<String, String>,
+    /// Pods whose last gate failed (to set up, or later), by sandbox id: their
+    /// names, shown in `shed_pod_refused` until a gate of theirs runs again.
+    set_up_failed: BTreeMap<String, String>,
     /// Sandboxes whose gate failed to set up or ended with an error: tried
     /// again when their time comes.
     failed: Retries,
@@ -273,6 +276,7 @@ impl Pods {
             running: BTreeMap::new(),
             refused: BTreeMap::new(),
             over_budget: BTreeMap::new(),
+            set_up_failed: BTreeMap::new(),
             failed: Retries::default(),
             last_error: None,
             stopping: false,
@@ -339,6 +343,16 @@ impl Pods {
         // A pod refused for memory that went: its series goes with it.
         self.over_budget.retain(|id, pod| {
             let keep = present.contains(id.as_str());
+            if !keep {
+                self.endpoint.1.clear(pod);
+            }
+            keep
+        });
+        // A failed pod's refusal lasts until it went, or a gate of its runs
+        // (its loop has ticked: set up, judging).
+        self.set_up_failed.retain(|id, pod| {
+            let running = self.running.get(id).is_some_and(|g| g.heartbeat.age().is_some());
+            let keep = present.contains(id.as_str()) && !running;
             if !keep {
                 self.endpoint.1.clear(pod);
             }
@@ -475,6 +489,9 @@ impl Pods {
             }
             let wait = self.failed.failed(id, Instant::now());
             tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated; trying again in {} s", wait.as_secs());
+            // Loud in the metrics too, not only in the log: `shed_pod_refused`.
+            self.endpoint.1.set(&gate.pod, failure_key(&e), &format!("{e:#}"));
+            self.set_up_failed.insert(id.to_owned(), gate.pod);
         } else {
             tracing::info!(pod = %gate.pod, "the pod's gate ended (its ports detached): the pod stays ungated");
             self.refused.insert(id.to_owned(), gate.pod);
@@ -506,6 +523,13 @@ impl Pods {
             self.stop(&id).await;
         }
     }
+}
+
+/// What `shed_pod_refused` names for a pod whose gate failed: `netfilter-nat`
+/// for a NAT rule in its namespace that would take its connections past the
+/// gate (a service mesh's redirect, present when its gate set up), else `set-up`.
+fn failure_key(e: &anyhow::Error) -> &'static str {
+    if e.chain().any(|c| c.is::<super::gate::NatBypass>()) { "netfilter-nat" } else { "set-up" }
 }
 
 /// `namespace/name`, as kubectl names a pod.
@@ -562,6 +586,16 @@ fn pod_plan(node: &NodePlan, settings: GatePlan) -> GatePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_pod_is_refused_for_its_nat_rule_even_under_context_else_for_its_set_up() {
+        let nat = || super::super::gate::NatBypass { port: 8080, what: "nftables table ip nat".into() };
+        assert_eq!(failure_key(&anyhow::Error::new(nat())), "netfilter-nat");
+        assert_eq!(failure_key(&anyhow::Error::new(nat()).context("set up the pod's gate")), "netfilter-nat");
+        assert_eq!(failure_key(&anyhow::anyhow!("attach TC ingress to eth0")), "set-up");
+        let said = format!("{}", nat());
+        assert!(said.starts_with("port 8080: nftables table ip nat: netfilter rewrites"), "{said}");
+    }
 
     #[test]
     fn the_runtime_is_looked_at_soon_while_pods_come_and_at_the_usual_pace_after() {

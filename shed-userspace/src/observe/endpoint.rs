@@ -385,24 +385,29 @@ async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap) -
 
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
     let gates = shared.gates();
-    let several = gates.len() > 1;
-    // Liveness is the daemon's own: a pod's stalled gate shows in its own
-    // series (shed_loop_tick_age_seconds), since restarting the agent for it
-    // would leave every other pod of the node ungated meanwhile.
-    for open in gates.iter().filter(|g| !g.ended() && g.gate.pod.is_none()) {
-        let of = if several { format!(" of namespace {}", open.gate.netns) } else { String::new() };
-        match open.gate.heartbeat.age() {
+    match liveness(gates.iter().map(|g| &g.gate)) {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+/// `/healthz`: why the daemon is not alive, if it is not: a gate of the
+/// node's own whose control loop has not started or has not ticked within
+/// [`HEALTHY_WITHIN`]. Liveness is the daemon's own: a pod's stalled gate
+/// shows in its own series (`shed_loop_tick_age_seconds`), since restarting
+/// the agent for it would leave every other pod of the node ungated meanwhile.
+fn liveness<'a>(gates: impl Iterator<Item = &'a EndpointGate> + Clone) -> Result<(), String> {
+    let several = gates.clone().count() > 1;
+    let open = |g: &&EndpointGate| !g.ended.load(std::sync::atomic::Ordering::Relaxed) && g.pod.is_none();
+    for gate in gates.filter(open) {
+        let of = if several { format!(" of namespace {}", gate.netns) } else { String::new() };
+        match gate.heartbeat.age() {
             Some(age) if age <= HEALTHY_WITHIN => {}
-            Some(age) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("the control loop{of} has not ticked for {:.1} s\n", age.as_secs_f64()),
-                );
-            }
-            None => return (StatusCode::SERVICE_UNAVAILABLE, format!("the control loop{of} has not started\n")),
+            Some(age) => return Err(format!("the control loop{of} has not ticked for {:.1} s\n", age.as_secs_f64())),
+            None => return Err(format!("the control loop{of} has not started\n")),
         }
     }
-    (StatusCode::OK, "ok\n".to_owned())
+    Ok(())
 }
 
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
@@ -422,6 +427,50 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gate(netns: &str, pod: Option<&str>, last_beat: Option<Duration>) -> EndpointGate {
+        let heartbeat = Heartbeat::default();
+        if let Some(ago) = last_beat {
+            heartbeat.beat_ago(ago);
+        }
+        EndpointGate {
+            netns: netns.to_owned(),
+            pod: pod.map(str::to_owned),
+            pin_dir: std::path::PathBuf::new(),
+            decisions: Decisions::default(),
+            heal: HealReport::default(),
+            heartbeat,
+            task_errors: TaskErrors::default(),
+            nat: NatReport::default(),
+            ended: Arc::default(),
+            dispatch: crate::observe::report::DispatchReport::default(),
+        }
+    }
+
+    #[test]
+    fn a_pods_stalled_gate_never_fails_the_agents_liveness_and_the_nodes_own_does() {
+        let stalled = HEALTHY_WITHIN + Duration::from_secs(1);
+        let fresh = Duration::ZERO;
+        // The agent with pods only: one stalled, one never started, one ticking.
+        let pods = [
+            gate("cni-1", Some("shop/web-0"), Some(stalled)),
+            gate("cni-2", Some("shop/web-1"), None),
+            gate("cni-3", Some("shop/web-2"), Some(fresh)),
+        ];
+        assert_eq!(liveness(pods.iter()), Ok(()));
+        // A gate of the node's own beside them: its stall is the agent's.
+        let mut all = pods.to_vec();
+        all.push(gate("host", None, Some(stalled)));
+        let why = liveness(all.iter()).unwrap_err();
+        assert!(why.starts_with("the control loop of namespace host has not ticked for 6."), "{why}");
+        all.last_mut().unwrap().heartbeat.beat();
+        assert_eq!(liveness(all.iter()), Ok(()));
+        // The node's own gate alone, not started yet; once ended, it is not asked.
+        let node = [gate("host", None, None)];
+        assert_eq!(liveness(node.iter()), Err("the control loop has not started\n".to_owned()));
+        node[0].ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(liveness(node.iter()), Ok(()));
+    }
 
     #[test]
     fn not_ready_only_while_shedding_past_the_threshold_over_the_window() {

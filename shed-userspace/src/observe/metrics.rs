@@ -601,7 +601,7 @@ impl Scrape {
         family(
             e,
             "shed_pod_refused",
-            "1 for each pod left ungated (attach --pods) because an annotation of its could not be used: the pod and the annotation (the log says why).",
+            "1 for each pod left ungated (attach --pods): an annotation of its could not be used (the annotation), it did not fit the memory budget (memory-budget), or its gate failed and is tried again (netfilter-nat: a NAT rule in its namespace would take its connections past the gate; set-up: any other failure); the log says why.",
             MetricType::Gauge,
             refused,
         )?;

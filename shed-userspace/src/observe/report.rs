@@ -68,6 +68,12 @@ impl Heartbeat {
         self.0.store(unix_ms(), Ordering::Relaxed);
     }
 
+    /// A beat `ago` in the past (a test's stalled loop).
+    #[cfg(test)]
+    pub(crate) fn beat_ago(&self, ago: Duration) {
+        self.0.store(unix_ms() - ago.as_millis() as u64, Ordering::Relaxed);
+    }
+
     /// Time since the last beat; None before the first.
     pub(crate) fn age(&self) -> Option<Duration> {
         match self.0.load(Ordering::Relaxed) {
