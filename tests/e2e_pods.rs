@@ -311,7 +311,7 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
         Duration::from_secs(5),
         "its refusal gone once gated",
         || refused(&shed_testkit::metrics::scrape(METRICS)),
-        |r| r.is_empty(),
+        Vec::is_empty,
     );
 }
 

@@ -529,7 +529,7 @@ impl Pods {
 /// for a NAT rule in its namespace that would take its connections past the
 /// gate (a service mesh's redirect, present when its gate set up), else `set-up`.
 fn failure_key(e: &anyhow::Error) -> &'static str {
-    if e.chain().any(|c| c.is::<super::gate::NatBypass>()) { "netfilter-nat" } else { "set-up" }
+    if e.chain().any(<dyn std::error::Error>::is::<super::gate::NatBypass>) { "netfilter-nat" } else { "set-up" }
 }
 
 /// `namespace/name`, as kubectl names a pod.
