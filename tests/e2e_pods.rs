@@ -83,6 +83,7 @@ fn shedctl_pods_shows_what_each_pods_annotations_ask_for() {
     let web = pod("web");
     assert_eq!((web["namespace"].as_str(), web["asks"].as_str()), (Some("default"), Some("gated")), "{web}");
     assert_eq!(web["ports"], serde_json::json!([8080, 9090]));
+    assert_eq!(web["gated"], false, "it asks, and no agent runs to gate it: {web}");
     assert!(web["netns"].as_str().is_some_and(|p| p.contains("/netns/cni-")), "{web}");
     assert_eq!(web["annotations"].as_object().map(serde_json::Map::len), Some(2), "only shed's: {web}");
     assert_eq!(pod("plain")["asks"], "none");
@@ -302,8 +303,18 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
         || refused(&shed_testkit::metrics::scrape(METRICS)),
         |r| r == &["netfilter-nat"],
     );
+    // Not shown as gated while nothing judges it.
+    let shown_gated = || {
+        let out = shedctl(&["pods", "--cri-socket", &socket, "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let pods: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let natted = pods.as_array().unwrap().iter().find(|p| p["name"] == "natted").cloned().expect("the pod");
+        (natted["asks"].as_str().map(str::to_owned), natted["gated"].as_bool())
+    };
+    assert_eq!(shown_gated(), (Some("gated".to_owned()), Some(false)), "asks, not gated");
     nft("delete table ip shednat\n");
     wait_gated(&gate, &pod.netns);
+    assert_eq!(shown_gated(), (Some("gated".to_owned()), Some(true)), "gated once the NAT is gone");
     let stats = stats_of(&pod.netns).expect("gated on a later try");
     assert_eq!((stats[0]["port"].as_u64(), stats[0]["limit"].as_u64()), (Some(8080), Some(1)), "{stats}");
     // Gated, it is no longer refused (within a look of its gate's first tick).

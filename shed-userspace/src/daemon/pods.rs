@@ -550,18 +550,7 @@ fn gate_for(pod: &PodSandbox, read: &PodReader) -> Result<Option<(GatePlan, Stri
         .netns
         .as_deref()
         .ok_or_else(|| PodRefusal::of_pod("the runtime reports no network namespace for the pod"))?;
-    Ok(Some((settings, netns_name(path))))
-}
-
-/// A namespace as `--netns` names it: its `ip netns` name when it is one
-/// (the runtime's `/var/run/netns/cni-...`), else its path.
-fn netns_name(path: &Path) -> String {
-    let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let named = parent == Path::new("/run/netns") || parent == Path::new("/var/run/netns");
-    match path.file_name().and_then(|n| n.to_str()) {
-        Some(name) if named => name.to_owned(),
-        _ => path.display().to_string(),
-    }
+    Ok(Some((settings, paths::netns_name(path))))
 }
 
 /// A pod's gate plan: its annotations' settings, each port once, and its
@@ -678,9 +667,9 @@ mod tests {
         assert!(host.annotation.is_none() && host.to_string().contains("host-network"), "{host}");
         let nowhere = gate_for(&pod(&asks, None, false), &read).unwrap_err();
         assert!(nowhere.annotation.is_none() && nowhere.to_string().contains("no network namespace"), "{nowhere}");
-        assert_eq!(netns_name(Path::new("/run/netns/cni-2")), "cni-2");
-        assert_eq!(netns_name(Path::new("/proc/42/ns/net")), "/proc/42/ns/net", "not a name: the path");
-        assert_eq!(netns_name(Path::new("/srv/netns/cni-3")), "/srv/netns/cni-3");
+        assert_eq!(paths::netns_name(Path::new("/run/netns/cni-2")), "cni-2");
+        assert_eq!(paths::netns_name(Path::new("/proc/42/ns/net")), "/proc/42/ns/net", "not a name: the path");
+        assert_eq!(paths::netns_name(Path::new("/srv/netns/cni-3")), "/srv/netns/cni-3");
         assert_eq!(pod_name(&pod(&asks, None, false)), "shop/web-0", "as kubectl names it");
     }
 

@@ -63,6 +63,17 @@ pub(crate) fn netns_label(netns: Option<&str>) -> String {
         Some(ns) => ns.trim_matches('/').replace('/', "_"),
     }
 }
+/// A namespace as `--netns` names it: its `ip netns` name when it is one
+/// (a runtime's `/var/run/netns/cni-...`), else its path.
+pub(crate) fn netns_name(path: &Path) -> String {
+    let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let named = parent == Path::new("/run/netns") || parent == Path::new("/var/run/netns");
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some(name) if named => name.to_owned(),
+        _ => path.display().to_string(),
+    }
+}
+
 /// Where `ip netns` keeps its named network namespaces.
 pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// The last live change's requester (uid, pid, command), for the daemon's audit line.

@@ -9,7 +9,10 @@ use crate::{
         PodsArgs,
         annotations::{AnnotationError, pod_attach_args},
     },
-    host::cri::{self, PodSandbox},
+    host::{
+        cri::{self, PodSandbox},
+        paths,
+    },
 };
 
 /// One pod and what it asks of shed.
@@ -22,6 +25,11 @@ pub struct PodView {
     pub netns: Option<std::path::PathBuf>,
     /// `gated` (its annotations ask for a gate), `none` (they do not), `refused` (they cannot be used).
     pub asks: &'static str,
+    /// Whether a gate judges it now: its namespace's gate is set up (its
+    /// maps pinned, as `stats` reads them). A pod that asks and is not gated
+    /// was refused (`shed_pod_refused`, and the agent's log, say why) or is
+    /// still being set up.
+    pub gated: bool,
     /// The ports its annotations name.
     pub ports: Vec<u16>,
     /// Its `shed.io/*` annotations, as written.
@@ -47,7 +55,19 @@ impl PodView {
         ports.dedup();
         let annotations =
             pod.annotations.into_iter().filter(|(k, _)| k.starts_with(crate::cli::annotations::PREFIX)).collect();
-        Self { namespace: pod.namespace, name: pod.name, id: pod.id, netns: pod.netns, asks, ports, annotations, error }
+        let gated =
+            pod.netns.as_deref().is_some_and(|path| paths::gate_pin_dir(Some(&paths::netns_name(path))).exists());
+        Self {
+            namespace: pod.namespace,
+            name: pod.name,
+            id: pod.id,
+            netns: pod.netns,
+            asks,
+            gated,
+            ports,
+            annotations,
+            error,
+        }
     }
 }
 
@@ -69,7 +89,7 @@ pub fn execute(args: &PodsArgs) -> anyhow::Result<()> {
 
 fn table(views: &[PodView]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<40}  {:<8}  {:<12}  NETNS", "POD", "ASKS", "PORTS");
+    let _ = writeln!(out, "{:<40}  {:<8}  {:<6}  {:<12}  NETNS", "POD", "ASKS", "GATED", "PORTS");
     for v in views {
         let ports = if v.ports.is_empty() {
             "-".to_owned()
@@ -77,7 +97,9 @@ fn table(views: &[PodView]) -> String {
             v.ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
         };
         let netns = v.netns.as_ref().map_or_else(|| "-".to_owned(), |p| p.display().to_string());
-        let _ = writeln!(out, "{:<40}  {:<8}  {:<12}  {netns}", format!("{}/{}", v.namespace, v.name), v.asks, ports);
+        let gated = if v.gated { "yes" } else { "no" };
+        let pod = format!("{}/{}", v.namespace, v.name);
+        let _ = writeln!(out, "{pod:<40}  {:<8}  {gated:<6}  {ports:<12}  {netns}", v.asks);
         if let Some(error) = &v.error {
             let _ = writeln!(out, "    {error}");
         }
@@ -121,10 +143,13 @@ mod tests {
         assert!(views[2].error.as_deref().is_some_and(|e| e.starts_with("shed.io/limit: ")), "{:?}", views[2].error);
         assert_eq!(views[3].asks, "refused", "a host-network pod");
         assert!(views[3].error.as_deref().is_some_and(|e| e.contains("host-network")), "{:?}", views[3].error);
+        assert!(views.iter().all(|v| !v.gated), "no gate's pins for these namespaces");
         let text = table(&views);
         assert!(
             text.contains("default/web") && text.contains("8080,9090") && text.contains("    shed.io/limit: "),
             "{text}"
         );
+        let web = text.lines().find(|l| l.starts_with("default/web ")).unwrap();
+        assert_eq!(web.split_whitespace().take(3).collect::<Vec<_>>(), ["default/web", "gated", "no"], "{text}");
     }
 }
