@@ -331,6 +331,39 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
 /// left ungated and shown refused for memory (never gated and refused at
 /// once), the agent lives and is never OOM-killed, and a refused pod is
 /// gated once the gated ones go.
+/// A pod's loopback is the pod's own: a sidecar proxy (Istio, Linkerd) hands
+/// the app every request over it, so the node's `127.0.0.0/8 = exempt` (the
+/// shipped ConfigMap's) does not follow the agent into its pods. A "sidecar"
+/// in the pod's namespace connecting to the app on 127.0.0.1 is held to the
+/// pod's limit; carried into the pod, the node's tier would admit it all.
+#[test]
+fn a_pods_sidecar_to_app_connections_are_judged_though_the_node_exempts_loopback() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod7", "10.233.79.0/24").expect("a private containerd");
+    let asks = [
+        ("shed.io/ports", "8080"),
+        ("shed.io/limit", "1"),
+        ("shed.io/count", "connections"),
+        ("shed.io/action", "rst"),
+    ];
+    let pod = runtime.run_pod("meshed", &asks).expect("pod");
+    let _app = Backend::start(&pod.netns, SocketAddr::from(([0, 0, 0, 0], PORT)), Service::Echo).expect("the app");
+    let socket = runtime.socket().display().to_string();
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--tier", "127.0.0.0/8=exempt"]);
+    wait_gated(&gate, &pod.netns);
+    let sidecar = || {
+        testbed::spawn_in(&pod.netns, || echo(SocketAddr::from(([127, 0, 0, 1], PORT))))
+            .join()
+            .expect("the sidecar's thread")
+            .expect("in the pod's namespace")
+    };
+    let _held = sidecar().expect("the sidecar's first connection to the app");
+    let second = sidecar().map(drop);
+    assert_eq!(second.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "over the pod's limit: reset");
+    let stats = stats_of(&pod.netns).expect("gated");
+    assert_eq!((field(&stats[0], "admitted"), field(&stats[0], "rejected")), (1, 1), "{stats}");
+}
+
 #[test]
 fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     use shed_testkit::gate::{Log, poll};
