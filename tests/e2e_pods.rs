@@ -324,6 +324,23 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
         || refused(&shed_testkit::metrics::scrape(METRICS)),
         Vec::is_empty,
     );
+    // A redirect added after its gate (a mesh's init container runs after the
+    // sandbox is ready) is reported in the pod's own series within a look.
+    nft(
+        "table ip shednat {\n chain prerouting { type nat hook prerouting priority -100; tcp dport 80 redirect to :8080; }\n}\n",
+    );
+    let bypassed = || {
+        let scrape = shed_testkit::metrics::scrape(METRICS);
+        let of = |s: &&prometheus_parse::Sample| {
+            s.metric == "shed_nat_bypassed"
+                && s.labels.get("pod") == Some("natted")
+                && s.labels.get("port") == Some("8080")
+        };
+        scrape.samples.iter().find(of).map(|s| s.value.clone())
+    };
+    shed_testkit::gate::poll(Duration::from_secs(12), "the late redirect reported", bypassed, |v| {
+        v == &Some(prometheus_parse::Value::Gauge(1.0))
+    });
 }
 
 /// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a
@@ -423,6 +440,13 @@ fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
         poll(Duration::from_secs(20), "every pod gated or refused", sorted, Result::is_ok).expect("settled");
     println!("{held_mib} MiB held with no pod, a budget of {budget} MiB: gated {gated_pods:?}, refused {refused:?}");
     assert!(!gated_pods.is_empty() && !refused.is_empty(), "the budget holds some of the 20 pods, not all");
+    // And said in the log, by the pod's name.
+    let pod_field = format!("pod=default/m{}", refused[0]);
+    let log = gate.log();
+    let said = log.lines().any(|l| {
+        l.contains("the pod is left ungated until there is room") && l.split_whitespace().any(|w| w == pod_field)
+    });
+    assert!(said, "the refusal of m{} is logged with its name: {log}", refused[0]);
     let alive = std::path::Path::new(&format!("/proc/{}", gate.pid())).exists();
     assert!(alive && healthy(), "the agent lives: {}", gate.log());
     assert_eq!(cgroup.oom_kills(), 0, "never OOM-killed");
