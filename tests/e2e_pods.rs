@@ -341,6 +341,18 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
     shed_testkit::gate::poll(Duration::from_secs(12), "the late redirect reported", bypassed, |v| {
         v == &Some(prometheus_parse::Value::Gauge(1.0))
     });
+    // An agent's restart (a rolling update) takes the pod over as it was,
+    // gated and reported: the rule it finds is not a reason to ungate it.
+    gate.leave_for_successor();
+    let gate =
+        Gate::attach(&["--pods", "--cri-socket", &socket, "--port", "18081", "--iface", "lo", "--metrics", METRICS]);
+    wait_gated(&gate, &pod.netns);
+    assert!(gate.log().contains("took over the last agent's TC link: judged throughout"), "{}", gate.log());
+    assert_eq!(shown_gated(), (Some("gated".to_owned()), Some(true)), "still gated after the restart");
+    shed_testkit::gate::poll(Duration::from_secs(12), "the redirect reported by the new agent", bypassed, |v| {
+        v == &Some(prometheus_parse::Value::Gauge(1.0))
+    });
+    assert!(refused(&shed_testkit::metrics::scrape(METRICS)).is_empty(), "not refused: {}", gate.log());
 }
 
 /// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a

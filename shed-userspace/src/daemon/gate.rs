@@ -164,9 +164,6 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         system::enter_netns(netns)?;
     }
     let (node, plan) = (start.node.clone(), &start.plan);
-    refuse_nat_bypass(&plan.ports, node.allow_nat)?;
-    // In the namespace, before anything loads: a busy port refuses the gate.
-    let agent = plan.agent_port.map(crate::observe::agent::bind).transpose()?;
     // Taken before the interfaces are chosen: one that appears meanwhile is
     // not in it, and the loop gates it on its first look.
     let seen = system::interfaces_indexed();
@@ -174,6 +171,23 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
     // for it, and it brings only its maps.
     let shared = start.handles.dispatcher.as_ref().is_some_and(|d| d.shared());
     let targets = targets(start.ifaces(), start.hook(node.hook))?;
+    // Where the last agent left a link to take over, the pod was judged until
+    // now (an agent's restart or rolling update).
+    let takes_over = start
+        .handles
+        .dispatcher
+        .as_ref()
+        .is_some_and(|d| d.shared() && targets.iter().any(|(iface, _)| d.inherits(iface)));
+    // A NAT rule that would take a protected port past the gate refuses it,
+    // but for a pod taken over: a rule added after its first gate (a mesh's
+    // redirect, as its init container runs) left it gated and reported, and
+    // a restart of the agent must not turn that into an ungated pod. The
+    // loop's first look at the NAT reports the rule as any found after attach.
+    if !takes_over {
+        refuse_nat_bypass(&plan.ports, node.allow_nat)?;
+    }
+    // In the namespace, before anything loads: a busy port refuses the gate.
+    let agent = plan.agent_port.map(crate::observe::agent::bind).transpose()?;
     fs::create_dir_all(&gate.pin_dir).map_err(|e| Error::io("create pin folder", &gate.pin_dir, e))?;
     let options = node.load_options(start.scope);
     let mut loaded = if shared {
@@ -223,11 +237,6 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
     // First where the last agent left a link to take over: it runs this
     // gate's program the moment it is taken, and must find the ports
     // protected (the pod was judged until then; taking over loads nothing).
-    let takes_over = start
-        .handles
-        .dispatcher
-        .as_ref()
-        .is_some_and(|d| d.shared() && targets.iter().any(|(iface, _)| d.inherits(iface)));
     if takes_over {
         for &port in &plan.ports {
             loaded.maps.protect(port, &spec)?;
