@@ -355,11 +355,6 @@ fn a_pod_whose_gate_could_not_be_set_up_is_tried_again() {
     assert!(refused(&shed_testkit::metrics::scrape(METRICS)).is_empty(), "not refused: {}", gate.log());
 }
 
-/// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a
-/// budget a little over what it holds with no pod: the pods past it are
-/// left ungated and shown refused for memory (never gated and refused at
-/// once), the agent lives and is never OOM-killed, and a refused pod is
-/// gated once the gated ones go.
 /// A pod's loopback is the pod's own: a sidecar proxy (Istio, Linkerd) hands
 /// the app every request over it, so the node's `127.0.0.0/8 = exempt` (the
 /// shipped ConfigMap's) does not follow the agent into its pods. A "sidecar"
@@ -393,6 +388,11 @@ fn a_pods_sidecar_to_app_connections_are_judged_though_the_node_exempts_loopback
     assert_eq!((field(&stats[0], "admitted"), field(&stats[0], "rejected")), (1, 1), "{stats}");
 }
 
+/// The pod agent in a memory cgroup of the shipped DaemonSet's limit, with a
+/// budget a little over what it holds with no pod: the pods past it are
+/// left ungated and shown refused for memory (never gated and refused at
+/// once), the agent lives and is never OOM-killed, and a refused pod is
+/// gated once the gated ones go.
 #[test]
 fn pods_past_the_memory_budget_are_refused_until_there_is_room() {
     use shed_testkit::gate::{Log, poll};

@@ -40,6 +40,9 @@ pub(super) struct Handles {
     pub(super) dispatcher: Option<Arc<crate::kernel::dispatch::Dispatcher>>,
     /// The node agent's spare object, its programs verified ahead (None: it loads its own).
     pub(super) spare: Option<Prepared>,
+    /// A pod this agent's gate judged before (a gate that failed later, and
+    /// is set up again): a NAT rule found now came after its first gate.
+    pub(super) judged_before: bool,
 }
 
 impl GateStart {
@@ -179,11 +182,13 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         .as_ref()
         .is_some_and(|d| d.shared() && targets.iter().any(|(iface, _)| d.inherits(iface)));
     // A NAT rule that would take a protected port past the gate refuses it,
-    // but for a pod taken over: a rule added after its first gate (a mesh's
-    // redirect, as its init container runs) left it gated and reported, and
-    // a restart of the agent must not turn that into an ungated pod. The
-    // loop's first look at the NAT reports the rule as any found after attach.
-    if !takes_over {
+    // but for a pod judged before (taken over from the last agent, or set up
+    // again by this one): a rule added after its first gate (a mesh's
+    // redirect, as its init container runs) left it gated and reported, and a
+    // restart of the agent or of its gate must not turn that into an ungated
+    // pod. The loop's first look at the NAT reports the rule as any found
+    // after attach.
+    if !takes_over && !start.handles.judged_before {
         refuse_nat_bypass(&plan.ports, node.allow_nat)?;
     }
     // In the namespace, before anything loads: a busy port refuses the gate.

@@ -58,6 +58,11 @@ pub(super) struct Pods {
     /// Pods whose last gate failed (to set up, or later), by sandbox id: their
     /// names, shown in `shed_pod_refused` until a gate of theirs runs again.
     set_up_failed: BTreeMap<String, String>,
+    /// Sandboxes a gate of this agent has judged (its loop ticked), or that
+    /// it took over from the last agent: a NAT rule found at a later set-up
+    /// of theirs came after their first gate (a mesh's redirect), and is
+    /// reported, not a reason to leave them ungated.
+    judged_before: BTreeSet<String>,
     /// Sandboxes whose gate failed to set up or ended with an error: tried
     /// again when their time comes.
     failed: Retries,
@@ -277,6 +282,7 @@ impl Pods {
             refused: BTreeMap::new(),
             over_budget: BTreeMap::new(),
             set_up_failed: BTreeMap::new(),
+            judged_before: BTreeSet::new(),
             failed: Retries::default(),
             last_error: None,
             stopping: false,
@@ -348,6 +354,12 @@ impl Pods {
             }
             keep
         });
+        for (id, gate) in &self.running {
+            if gate.heartbeat.age().is_some() {
+                self.judged_before.insert(id.clone());
+            }
+        }
+        self.judged_before.retain(|id| present.contains(id.as_str()));
         // A failed pod's refusal lasts until it went, or a gate of its runs
         // (its loop has ticked: set up, judging).
         self.set_up_failed.retain(|id, pod| {
@@ -395,11 +407,7 @@ impl Pods {
                     self.burst_until = Some(Instant::now() + BURST_WINDOW);
                     if let Err(e) = self.start(pod, settings, netns) {
                         let wait = self.failed.failed(&pod.id, Instant::now());
-                        tracing::warn!(
-                            pod = %pod_name(pod),
-                            "{e:#}: the pod is left ungated; trying again in {} s",
-                            wait.as_secs()
-                        );
+                        self.gate_failed(&pod.id, pod_name(pod), &e, wait);
                     }
                 }
                 Err(why) => {
@@ -425,7 +433,11 @@ impl Pods {
     fn start(&mut self, pod: &PodSandbox, settings: GatePlan, netns: String) -> anyhow::Result<()> {
         let plan = pod_plan(&self.node, settings);
         let ports = plan.ports.clone();
-        let handles = Handles { dispatcher: self.dispatcher.clone(), spare: self.spare.take() };
+        let handles = Handles {
+            dispatcher: self.dispatcher.clone(),
+            spare: self.spare.take(),
+            judged_before: self.judged_before.contains(&pod.id),
+        };
         let start = GateStart { node: self.node.clone(), plan, scope: Scope::Pod, handles };
         let gate = Gate::new(Some(netns));
         let (stop, stopped) = watch::channel(false);
@@ -488,14 +500,25 @@ impl Pods {
                 self.failed.forget(id);
             }
             let wait = self.failed.failed(id, Instant::now());
-            tracing::warn!(pod = %gate.pod, "{e:#}: the pod is left ungated; trying again in {} s", wait.as_secs());
-            // Loud in the metrics too, not only in the log: `shed_pod_refused`.
-            self.endpoint.1.set(&gate.pod, failure_key(&e), &format!("{e:#}"));
-            self.set_up_failed.insert(id.to_owned(), gate.pod);
+            self.gate_failed(id, gate.pod, &e, wait);
         } else {
             tracing::info!(pod = %gate.pod, "the pod's gate ended (its ports detached): the pod stays ungated");
+            // Ungated as an operator asked: no failure of its is shown any longer.
+            if self.set_up_failed.remove(id).is_some() {
+                self.endpoint.1.clear(&gate.pod);
+            }
             self.refused.insert(id.to_owned(), gate.pod);
         }
+    }
+
+    /// A pod whose gate failed to start, set up, or run: said in the log and,
+    /// loud in the metrics too, in `shed_pod_refused` (in place of any
+    /// memory-budget refusal of its) until a gate of its runs; tried again in `wait`.
+    fn gate_failed(&mut self, id: &str, pod: String, e: &anyhow::Error, wait: Duration) {
+        tracing::warn!(pod = %pod, "{e:#}: the pod is left ungated; trying again in {} s", wait.as_secs());
+        self.over_budget.remove(id);
+        self.endpoint.1.set(&pod, failure_key(e), &format!("{e:#}"));
+        self.set_up_failed.insert(id.to_owned(), pod);
     }
 
     /// On SIGTERM (a restart, a rolling update): every pod is left judged by

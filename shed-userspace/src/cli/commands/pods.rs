@@ -25,8 +25,8 @@ pub struct PodView {
     pub netns: Option<std::path::PathBuf>,
     /// `gated` (its annotations ask for a gate), `none` (they do not), `refused` (they cannot be used).
     pub asks: &'static str,
-    /// Whether a gate judges it now: its namespace's gate is set up (its
-    /// maps pinned, as `stats` reads them). A pod that asks and is not gated
+    /// Whether a gate judges it now: its namespace's gate runs (its maps
+    /// pinned, as `stats` finds them; root reads them). A pod that asks and is not gated
     /// was refused (`shed_pod_refused`, and the agent's log, say why) or is
     /// still being set up.
     pub gated: bool,
@@ -55,8 +55,11 @@ impl PodView {
         ports.dedup();
         let annotations =
             pod.annotations.into_iter().filter(|(k, _)| k.starts_with(crate::cli::annotations::PREFIX)).collect();
-        let gated =
-            pod.netns.as_deref().is_some_and(|path| paths::gate_pin_dir(Some(&paths::netns_name(path))).exists());
+        // As `stats` finds a running gate: its folder with the ports map pinned.
+        let gated = pod.netns.as_deref().is_some_and(|path| {
+            let label = paths::netns_label(Some(&paths::netns_name(path)));
+            crate::kernel::maps::pinned_gate_dirs().iter().any(|(gate, _)| *gate == label)
+        });
         Self {
             namespace: pod.namespace,
             name: pod.name,
