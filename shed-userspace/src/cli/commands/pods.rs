@@ -2,7 +2,7 @@
 //! `shedctl pods`: the node's ready pods as the container runtime reports
 //! them, and what each one's `shed.io/*` annotations ask for: the ports and
 //! settings of its gate, nothing, or the annotation that cannot be used and why.
-use std::fmt::Write as _;
+use std::{collections::BTreeSet, fmt::Write as _};
 
 use crate::{
     cli::{
@@ -39,8 +39,9 @@ pub struct PodView {
 }
 
 impl PodView {
-    /// `pod` as the agent reads it, over its config file `defaults`.
-    fn of(pod: PodSandbox, defaults: Option<&std::path::Path>) -> Self {
+    /// `pod` as the agent reads it, over its config file `defaults`; `running`:
+    /// the labels of the namespaces whose gate runs (read once for every pod).
+    fn of(pod: PodSandbox, defaults: Option<&std::path::Path>, running: &BTreeSet<String>) -> Self {
         let refused = |why: &str| ("refused", Vec::new(), Some(why.to_owned()));
         let (asks, mut ports, error) = match (pod_attach_args(&pod.annotations, defaults), &pod.netns) {
             (Ok(None), _) => ("none", Vec::new(), None),
@@ -55,11 +56,10 @@ impl PodView {
         ports.dedup();
         let annotations =
             pod.annotations.into_iter().filter(|(k, _)| k.starts_with(crate::cli::annotations::PREFIX)).collect();
-        // As `stats` finds a running gate: its folder with the ports map pinned.
-        let gated = pod.netns.as_deref().is_some_and(|path| {
-            let label = paths::netns_label(Some(&paths::netns_name(path)));
-            crate::kernel::maps::pinned_gate_dirs().iter().any(|(gate, _)| *gate == label)
-        });
+        let gated = pod
+            .netns
+            .as_deref()
+            .is_some_and(|path| running.contains(&paths::netns_label(Some(&paths::netns_name(path)))));
         Self {
             namespace: pod.namespace,
             name: pod.name,
@@ -81,7 +81,9 @@ pub fn execute(args: &PodsArgs) -> anyhow::Result<()> {
         let mut client = cri::connect(&socket).await?;
         cri::pod_sandboxes(&mut client, &socket, &mut cri::Networks::default()).await
     })?;
-    let views: Vec<PodView> = pods.into_iter().map(|pod| PodView::of(pod, args.config.as_deref())).collect();
+    // As `stats` finds a running gate: its folder with the ports map pinned.
+    let running = crate::kernel::maps::pinned_gate_dirs().into_iter().map(|(label, _)| label).collect();
+    let views: Vec<PodView> = pods.into_iter().map(|pod| PodView::of(pod, args.config.as_deref(), &running)).collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&views)?);
     } else {
@@ -134,7 +136,7 @@ mod tests {
             pod("host", &[("shed.io/ports", "8080")], false),
         ]
         .into_iter()
-        .map(|pod| PodView::of(pod, None))
+        .map(|pod| PodView::of(pod, None, &BTreeSet::from(["cni-web".to_owned(), "cni-elsewhere".to_owned()])))
         .collect();
         assert_eq!(
             (views[0].asks, views[0].ports.as_slice(), views[0].error.as_deref()),
@@ -146,13 +148,13 @@ mod tests {
         assert!(views[2].error.as_deref().is_some_and(|e| e.starts_with("shed.io/limit: ")), "{:?}", views[2].error);
         assert_eq!(views[3].asks, "refused", "a host-network pod");
         assert!(views[3].error.as_deref().is_some_and(|e| e.contains("host-network")), "{:?}", views[3].error);
-        assert!(views.iter().all(|v| !v.gated), "no gate's pins for these namespaces");
+        assert_eq!(views.iter().map(|v| v.gated).collect::<Vec<_>>(), [true, false, false, false], "web's gate runs");
         let text = table(&views);
         assert!(
             text.contains("default/web") && text.contains("8080,9090") && text.contains("    shed.io/limit: "),
             "{text}"
         );
         let web = text.lines().find(|l| l.starts_with("default/web ")).unwrap();
-        assert_eq!(web.split_whitespace().take(3).collect::<Vec<_>>(), ["default/web", "gated", "no"], "{text}");
+        assert_eq!(web.split_whitespace().take(3).collect::<Vec<_>>(), ["default/web", "gated", "yes"], "{text}");
     }
 }
