@@ -414,29 +414,47 @@ fn an_objective_admits_the_bursts_the_service_can_answer_in_time() {
     );
 }
 
-/// What one run of 2x load gave: answered within the 1 s deadline, sent, and
-/// the highest limit of the run's second half (0 without a gate).
+/// What one run of overload gave: answered within the deadline, sent, the
+/// highest limit of the run's second half (0 without a gate), and the limit
+/// every 200 ms.
 struct AtOnceRun {
     answered: usize,
     sent: usize,
     late_limit: u64,
+    limits: Vec<u64>,
 }
 
-/// Servers that read every request at once and queue inside (issue 42's
-/// server b): 4 workers x 20 ms (200/s), a connection per request at 400/s for
-/// `seconds`, with shed on its defaults plus `--action rst`, or no gate.
-fn at_once_run(kind: &str, gated: bool, seconds: u64) -> AtOnceRun {
-    const WORKERS: usize = 4;
-    const SERVICE_US: u64 = 20_000;
+/// A server that reads every request at once and queues it inside, loaded
+/// on new connections with a 1 s client deadline.
+#[derive(Clone, Copy)]
+struct AtOnce {
+    /// `go` (Go's `net/http`) or the in-process thread-per-connection server.
+    kind: &'static str,
+    workers: usize,
+    service_us: u64,
+    /// Offered load, in multiples of capacity.
+    overload: u64,
+    seconds: u64,
+}
+
+impl AtOnce {
+    /// Requests a second the server answers at most.
+    fn capacity(&self) -> u64 {
+        self.workers as u64 * 1_000_000 / self.service_us
+    }
+}
+
+/// One run of `case` with shed on its defaults plus `--action rst`, or no gate.
+fn at_once_run(case: AtOnce, gated: bool) -> AtOnceRun {
     let bed = Testbed::create("shedra").expect("testbed");
     let addr = bed.server_addr(false, PORT);
-    let service_us = Arc::new(AtomicU64::new(SERVICE_US));
+    let service_us = Arc::new(AtomicU64::new(case.service_us));
     let (_rust, _go);
-    if kind == "go" {
-        _go = Some(GoServer::start(&bed.server_ns, addr, WORKERS, SERVICE_US).expect("Go net/http server"));
+    if case.kind == "go" {
+        _go = Some(GoServer::start(&bed.server_ns, addr, case.workers, case.service_us).expect("Go net/http server"));
     } else {
         _rust = Some(
-            Backend::start(&bed.server_ns, addr, Service::ReadAtOnce { workers: WORKERS, service_us })
+            Backend::start(&bed.server_ns, addr, Service::ReadAtOnce { workers: case.workers, service_us })
                 .expect("backend"),
         );
     }
@@ -444,21 +462,53 @@ fn at_once_run(kind: &str, gated: bool, seconds: u64) -> AtOnceRun {
     let load = OpenLoop::start_with(
         &bed.client_ns,
         addr,
-        Arc::new(AtomicU64::new(2 * 200)),
+        Arc::new(AtomicU64::new(case.overload * case.capacity())),
         Duration::from_secs(1),
         testbed::HTTP_REQUEST,
     );
     let start = Instant::now();
-    let mut late_limit = 0;
-    while start.elapsed() < Duration::from_secs(seconds) {
-        if gate.is_some() && start.elapsed() >= Duration::from_secs(seconds / 2) {
-            late_limit = late_limit.max(field(&stats(PORT), "limit"));
+    let (mut late_limit, mut limits) = (0, Vec::new());
+    while start.elapsed() < Duration::from_secs(case.seconds) {
+        if gate.is_some() {
+            let limit = field(&stats(PORT), "limit");
+            limits.push(limit);
+            if start.elapsed() >= Duration::from_secs(case.seconds / 2) {
+                late_limit = late_limit.max(limit);
+            }
         }
         thread::sleep(Duration::from_millis(200));
     }
     let outcomes = load.finish();
+    if let Some(gate) = &gate
+        && std::env::var_os("SHED_TEST_GATE_LOG").is_some()
+    {
+        println!("{}", gate.log());
+    }
     let answered = outcomes.iter().filter(|o| matches!(o, testbed::Outcome::Answered(_))).count();
-    AtOnceRun { answered, sent: outcomes.len(), late_limit }
+    AtOnceRun { answered, sent: outcomes.len(), late_limit, limits }
+}
+
+/// Runs `case` with no gate and then with shed, and prints both.
+fn at_once_pair(case: AtOnce) -> (AtOnceRun, AtOnceRun) {
+    let none = at_once_run(case, false);
+    let shed = at_once_run(case, true);
+    let capacity = (case.capacity() * case.seconds) as f64;
+    println!(
+        "{} {} x {} ms at {}x: answered {} of {} with shed ({:.0}% of capacity, limit up to {} in the second half), {} of {} with no gate ({:.0}%); limits {:?}",
+        case.kind,
+        case.workers,
+        case.service_us / 1000,
+        case.overload,
+        shed.answered,
+        shed.sent,
+        100.0 * shed.answered as f64 / capacity,
+        shed.late_limit,
+        none.answered,
+        none.sent,
+        100.0 * none.answered as f64 / capacity,
+        shed.limits,
+    );
+    (none, shed)
 }
 
 /// A server that reads every request at once shows the kernel no queue wait:
@@ -468,21 +518,10 @@ fn at_once_run(kind: &str, gated: bool, seconds: u64) -> AtOnceRun {
 #[test]
 fn a_server_that_reads_at_once_is_protected_from_overload() {
     let _one = exclusive();
-    let seconds = 12;
     for kind in ["thread-per-connection", "go"] {
-        let none = at_once_run(kind, false, seconds);
-        let shed = at_once_run(kind, true, seconds);
-        let capacity = (200 * seconds) as f64;
-        println!(
-            "{kind} at 2x: answered {} of {} with shed ({:.0}% of capacity, limit up to {} in the second half), {} of {} with no gate ({:.0}%)",
-            shed.answered,
-            shed.sent,
-            100.0 * shed.answered as f64 / capacity,
-            shed.late_limit,
-            none.answered,
-            none.sent,
-            100.0 * none.answered as f64 / capacity,
-        );
+        let case = AtOnce { kind, workers: 4, service_us: 20_000, overload: 2, seconds: 12 };
+        let (none, shed) = at_once_pair(case);
+        let capacity = (case.capacity() * case.seconds) as f64;
         // 4 workers need about 4 in flight; the queue target (5 ms, or 3/4 of a
         // service time) adds a few, and the limit a drain probe returns to a few
         // more (measured up to 28). Blind to the queue inside, it climbed past 1,000.
@@ -496,4 +535,26 @@ fn a_server_that_reads_at_once_is_protected_from_overload() {
             none.answered
         );
     }
+}
+
+/// A slow service with few workers: 4 x 100 ms (40/s) under 2x overload.
+/// The starting limit (100) holds 2.5 s of work against a 1 s deadline, most
+/// admitted requests are abandoned by their clients, and the answers come a
+/// few a window. On the defaults the limit climbed past 1,000 here and shed
+/// served what no gate serves (6%).
+#[test]
+fn a_slow_server_with_few_workers_is_protected_from_overload() {
+    let _one = exclusive();
+    let case = AtOnce { kind: "go", workers: 4, service_us: 100_000, overload: 2, seconds: 20 };
+    let (none, shed) = at_once_pair(case);
+    let capacity = (case.capacity() * case.seconds) as f64;
+    // 4 workers at 100 ms use 4 in flight; the limit is bounded near that.
+    assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
+    assert!(
+        shed.answered as f64 >= 0.7 * capacity && shed.answered >= 3 * none.answered.max(1),
+        "shed answered {} in time ({:.0}% of capacity), no gate {}",
+        shed.answered,
+        100.0 * shed.answered as f64 / capacity,
+        none.answered
+    );
 }

@@ -83,6 +83,14 @@ pub mod counter {
     /// A refused request's first segment again (a retransmission): the same
     /// answer, counted here rather than as a new refusal.
     pub const REQUEST_REFUSED_AGAIN: usize = 37;
+    /// Requests abandoned: their connection closed (the client reset it, or it
+    /// was destroyed) while the request owed an answer. A client that closes
+    /// its side (FIN) and still gets its late answer is not counted here: the
+    /// answer is a sample like any other.
+    pub const ABANDONED: usize = 38;
+    /// The abandoned requests' ages summed, arrival to close, microseconds: a
+    /// lower bound on the latency each would have had.
+    pub const ABANDONED_AGE_US: usize = 39;
     /// Number of counter slots; spare slots are reserved for later reasons.
     pub const COUNT: usize = 64;
 }

@@ -39,7 +39,7 @@ use crate::{
     atomic::add as atomic_add,
     client::{client_add, client_release},
     fault::fault,
-    maps::{SHED_NETNS, count, gate, port_config, shared, sock_layout, stamp_hash, tier_of},
+    maps::{SHED_NETNS, count, count_by, gate, port_config, shared, sock_layout, stamp_hash, tier_of},
     ring,
     stamp::complete,
 };
@@ -211,6 +211,14 @@ fn untrack(skaddr: u64) {
         if busy {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
             atomic_add(unsafe { &raw mut (*state).busy_exit }, 1);
+            // A request that arrived and owed an answer went with its
+            // connection: abandoned, at its age (a lower bound on its latency).
+            if entry.arrival_ns != 0 && entry.multiplexed == 0 {
+                // SAFETY: reading the clock has no preconditions.
+                let age_us = unsafe { bpf_ktime_get_ns() }.saturating_sub(entry.arrival_ns) / 1000;
+                count(entry.slot, counter::ABANDONED);
+                count_by(entry.slot, counter::ABANDONED_AGE_US, age_us);
+            }
         }
         if !(fault!("close_not_counted") && busy) {
             // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.

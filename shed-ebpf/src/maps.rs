@@ -418,6 +418,18 @@ pub fn count_gate(index: usize) {
     }
 }
 
+/// Adds `n` to a per-CPU counter of the port in `slot`.
+#[inline(always)]
+pub fn count_by(slot: u32, index: usize, n: u64) {
+    if let Some(counters) = gate::counters().and_then(|c| c.get_ptr_mut(slot))
+        // SAFETY: this CPU's slot of a per-CPU array map, valid for this run; `get_mut` checks the index.
+        && let Some(v) = unsafe { (*counters).values.get_mut(index) }
+    {
+        // SAFETY: per-CPU value; programs do not migrate CPU mid-run.
+        *v += n;
+    }
+}
+
 /// Adds one to a per-CPU counter of the port in `slot`.
 #[inline(always)]
 pub fn count(slot: u32, index: usize) {

@@ -184,6 +184,11 @@ pub enum Reason {
     /// that reads every request at once holds more than its knee), so the
     /// limit came down.
     ServiceQueue,
+    /// `queue`: in-flight was past the work bound, the most the service can
+    /// hold and answer each request within its wait (Little's law, from the
+    /// rate and the shortest service it was seen to have): the limit came
+    /// down to the bound at once.
+    WorkBound,
 }
 
 impl Reason {
@@ -207,6 +212,7 @@ impl Reason {
             6 => Self::ListenOverflow,
             8 => Self::Probe,
             9 => Self::ServiceQueue,
+            10 => Self::WorkBound,
             _ => Self::Steady,
         }
     }
@@ -251,6 +257,11 @@ pub(crate) struct Settings {
     /// minimum), so a standing queue is not learned as normal. A departure from
     /// Gradient2Limit.
     pub gradient2_long_at_most_baseline: bool,
+    /// The port counts work (`--count work`, the default): in-flight is the
+    /// requests owing an answer, so by Little's law the work bound
+    /// ([`Controller::work_bound`]) applies to it. Idle kept-alive connections
+    /// (`connections`) or whole multiplexed connections are not requests.
+    pub counts_work: bool,
 }
 
 impl Default for Settings {
@@ -278,6 +289,7 @@ impl Default for Settings {
             queue_target_us: QUEUE_TARGET_US,
             objective_us: 0.0,
             window_s: 0.1,
+            counts_work: true,
         }
     }
 }
@@ -347,6 +359,12 @@ pub(crate) struct WindowSample {
     /// The time the sample spans, microseconds, as the caller measured it (a
     /// late tick makes a window longer than configured); 0: `windows` control windows.
     pub elapsed_us: u64,
+    /// Requests whose connection closed before their answer (the client gave
+    /// up, reset, or the connection was destroyed) in the window.
+    pub abandoned: u64,
+    /// Their mean age when they went (arrival to close), microseconds: a lower
+    /// bound on the latency they would have had.
+    pub abandoned_age_us: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -432,6 +450,11 @@ impl Controller {
         if self.settings.algo == Algo::Gradient2 { self.long_us as u64 } else { self.baseline_us as u64 }
     }
 
+    /// Whether the port counts requests (`--count work`): see [`Settings::counts_work`].
+    pub(crate) fn set_counts_work(&mut self, counts_work: bool) {
+        self.settings.counts_work = counts_work;
+    }
+
     /// The operator set the limit: continue from it.
     pub(crate) fn set_limit(&mut self, limit: u32) {
         self.limit = f64::from(limit.clamp(self.settings.min_limit, self.settings.max_limit));
@@ -467,9 +490,15 @@ impl Controller {
         if overflow {
             return self.cut(self.limit * st.backoff, Reason::ListenOverflow);
         }
+        // The work bound needs no completions: it reads in-flight now against
+        // what the service was seen to finish (Little's law), so a window with
+        // few answers, or none because every client gave up, is still judged.
+        if let Some(decision) = self.over_work_bound(s, windows) {
+            return decision;
+        }
         // queue judges answers too: a server that reads every request at once
         // reads a burst in one window and answers it over the next ones.
-        let judged = if st.algo == Algo::Queue { s.samples.max(s.answered) } else { s.samples };
+        let judged = if st.algo == Algo::Queue { s.samples.max(s.answered + s.abandoned) } else { s.samples };
         if judged < st.min_samples {
             return Decision { limit: self.limit(), reason: Reason::TooFewSamples };
         }
@@ -500,6 +529,10 @@ impl Controller {
             return Decision { limit: self.limit(), reason: Reason::Probe };
         }
         let proposed = self.within_objective(proposed, objective, pressed);
+        // queue grows only on evidence that the service keeps up: answers
+        // judged this window (the kernel's queue waits alone say nothing of
+        // a server that reads every request at once and queues it inside).
+        let proposed = if st.algo == Algo::Queue && held.is_none() { proposed.min(self.limit) } else { proposed };
         self.settle(proposed, pressed)
     }
 }

@@ -5,7 +5,11 @@
 //! once: [`super::service`]). Above it, Little's law gives the requests
 //! queued too many, and a share of them come off the limit; at or under it
 //! the limit grows gently.
-use super::{Controller, Decision, Reason, WindowSample, guards::Objective, service::Held};
+use super::{
+    Algo, Controller, Decision, Reason, WindowSample,
+    guards::{OBJECTIVE_MARGIN, Objective},
+    service::{Departures, Held},
+};
 
 /// The default target queue wait, 5 ms: CoDel's and Meta's adaptive LIFO
 /// target, short against any request a user waits for, and long enough that
@@ -21,11 +25,62 @@ const QUEUE_TARGET_PER_SERVICE: f64 = 0.75;
 /// At most this share of the limit comes off in one window.
 const MOST_CUT: f64 = 0.5;
 
+/// Requests the work bound allows over the knee and its wait: the knee is
+/// measured from a few answers, and one request short of the service's
+/// workers leaves a worker idle.
+const BOUND_SLACK: f64 = 1.0;
+
 impl Controller {
     /// What the service held in this window ([`super::service`]).
     pub(super) fn observe_stage(&mut self, s: &WindowSample, windows: usize) -> Option<Held> {
         let seconds = self.seconds(s, windows);
-        self.stage.observe(s.answered, s.service_mean_us, seconds, windows, s.in_flight, self.settings.min_samples)
+        let departures = Departures {
+            answered: s.answered,
+            mean_us: s.service_mean_us,
+            abandoned: s.abandoned,
+            abandoned_age_us: s.abandoned_age_us,
+        };
+        self.stage.observe_with_abandoned(departures, seconds, windows, s.in_flight, self.settings.min_samples)
+    }
+
+    /// The work bound: the most requests the service can hold and still
+    /// answer each within the wait it may have (Little's law), once answers
+    /// have measured it: `knee + best rate x wait`, where the wait is the
+    /// objective's (what `--target-latency` leaves after the shortest
+    /// service: then the bound is `rate x objective`) or the queue target
+    /// (at least 3/4 of the shortest service), with [`BOUND_SLACK`] over it.
+    /// None: not measured yet, the service keeps up (no queue inside: its
+    /// rate may be only what it was asked), or the port does not count
+    /// requests.
+    pub(crate) fn work_bound(&self) -> Option<f64> {
+        let st = self.settings;
+        if st.algo != Algo::Queue || !st.counts_work {
+            return None;
+        }
+        let (knee, rate, shortest_us) = self.stage.queued_knee()?;
+        let bound = if st.objective_us > 0.0 {
+            rate * OBJECTIVE_MARGIN * st.objective_us / 1e6
+        } else {
+            let wait_us = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * shortest_us);
+            knee + rate * wait_us / 1e6 + BOUND_SLACK
+        };
+        Some(bound.clamp(f64::from(st.min_limit), f64::from(st.max_limit)))
+    }
+
+    /// A window in which the service holds more than its work bound, with the
+    /// limit above it: the limit comes down to the bound at once. In-flight is
+    /// what the service holds now, and by Little's law each request admitted
+    /// past the bound waits longer than it may; answers tell the same only a
+    /// queue's length later, and abandoned requests may never tell.
+    pub(super) fn over_work_bound(&mut self, s: &WindowSample, windows: usize) -> Option<Decision> {
+        let bound = self.work_bound()?;
+        if (s.in_flight as f64) <= bound || self.limit <= bound {
+            return None;
+        }
+        // The window is judged here: its answers join the service stage first.
+        self.observe_stage(s, windows);
+        self.inside_cut = true;
+        Some(self.cut(bound, Reason::WorkBound))
     }
 
     pub(super) fn propose_queue(

@@ -67,6 +67,9 @@ const SUSPECT_ABOVE_KNEE: f64 = 0.5;
 /// share over what the last probe left.
 const SUSPECT_ROSE: f64 = 0.25;
 
+/// The least answers the first knee is taken from (with half the usual).
+const FIRST_ANSWERS: u64 = 3;
+
 /// A confirming probe returns the limit to at most this many knees.
 const RESTORE_KNEES: f64 = 2.0;
 
@@ -142,9 +145,24 @@ pub(crate) struct ServiceStage {
     /// inside since the last one.
     until_probe: usize,
     suspected: bool,
+    /// The last judged answers showed a queue inside (held past the knee by
+    /// [`SUSPECT_ABOVE_KNEE`] of it).
+    queued: bool,
     probe_interval: usize,
     /// Windows too thin to judge, pooled.
     pending: Pending,
+}
+
+/// What left the service in a window: answers, and requests whose
+/// connection closed before their answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Departures {
+    pub answered: u64,
+    /// The answers' mean service time, us.
+    pub mean_us: u64,
+    pub abandoned: u64,
+    /// The abandoned requests' mean age when they went, us.
+    pub abandoned_age_us: u64,
 }
 
 /// Answers of windows not judged yet ([`ServiceStage::observe`]).
@@ -152,6 +170,8 @@ pub(crate) struct ServiceStage {
 struct Pending {
     answered: u64,
     sum_us: f64,
+    abandoned: u64,
+    abandoned_sum_us: f64,
     seconds: f64,
     windows: usize,
 }
@@ -172,6 +192,7 @@ impl ServiceStage {
             drained: false,
             until_probe: 0,
             suspected: false,
+            queued: false,
             probe_interval,
             pending: Pending::default(),
         }
@@ -185,12 +206,29 @@ impl ServiceStage {
         (rate * shortest_us / 1e6, shortest_us)
     }
 
+    /// The knee, the best rate and the shortest service (us) it is taken
+    /// from, while the service holds a queue inside (its last judged answers
+    /// said so). None otherwise: before answers measured it, and while the
+    /// service keeps up, when the rate it answers at may be only what it is
+    /// asked (at a quiet hour the knee is a few requests, and a burst of work
+    /// after it must not be cut to that).
+    pub(crate) fn queued_knee(&self) -> Option<(f64, f64, f64)> {
+        let (knee, shortest_us) = self.knee();
+        let rate = (-self.best_rate.min()).max(self.confirmed_rate);
+        (self.queued && self.confirmed_rate > 0.0 && knee.is_finite() && rate > 0.0).then_some((
+            knee,
+            rate,
+            shortest_us,
+        ))
+    }
+
     pub(crate) fn probing(&self) -> bool {
         self.probe.is_some()
     }
 
     /// One window's answers: `answered` requests in `seconds`, `mean_us` each
     /// on average; `in_flight` at its end. None: no answers to judge by.
+    #[cfg(test)]
     pub(crate) fn observe(
         &mut self,
         answered: u64,
@@ -200,6 +238,28 @@ impl ServiceStage {
         in_flight: u64,
         min_samples: u64,
     ) -> Option<Held> {
+        self.observe_with_abandoned(
+            Departures { answered, mean_us, abandoned: 0, abandoned_age_us: 0 },
+            seconds,
+            windows,
+            in_flight,
+            min_samples,
+        )
+    }
+
+    /// [`Self::observe`], with the requests whose connection closed before
+    /// their answer: by Little's law every departure counts towards what the
+    /// service held (an abandoned request, its age when it went, a lower
+    /// bound on its latency), but only answers are the rate it serves at.
+    pub(crate) fn observe_with_abandoned(
+        &mut self,
+        departures: Departures,
+        seconds: f64,
+        windows: usize,
+        in_flight: u64,
+        min_samples: u64,
+    ) -> Option<Held> {
+        let Departures { answered, mean_us, abandoned, abandoned_age_us } = departures;
         let started_with = std::mem::replace(&mut self.last_in_flight, in_flight);
         self.drained = false;
         if seconds <= 0.0 {
@@ -237,14 +297,34 @@ impl ServiceStage {
         // carry), or it would be judged never at all.
         self.pending.answered += answered;
         self.pending.sum_us += answered as f64 * mean_us as f64;
+        self.pending.abandoned += abandoned;
+        self.pending.abandoned_sum_us += abandoned as f64 * abandoned_age_us as f64;
         self.pending.seconds += seconds;
         self.pending.windows += windows;
-        if self.pending.answered < min_samples || self.pending.sum_us <= 0.0 {
+        // Abandoned requests alone judge a window once the service has been
+        // measured (every client gave up: that is overload, not silence).
+        let abandoned_judge = self.confirmed_rate > 0.0 && self.pending.abandoned >= min_samples;
+        // The first knee is taken from the first few answers: at a slow
+        // service's start, later ones already waited behind the first.
+        let needed = if self.confirmed_rate == 0.0 {
+            min_samples.div_ceil(2).max(FIRST_ANSWERS.min(min_samples))
+        } else {
+            min_samples
+        };
+        if (self.pending.answered < needed || self.pending.sum_us <= 0.0) && !abandoned_judge {
             return None;
         }
         let pooled = std::mem::take(&mut self.pending);
         let (seconds, windows) = (pooled.seconds, pooled.windows);
         let rate = pooled.answered as f64 / seconds;
+        let held_abandoned = pooled.abandoned_sum_us / 1e6 / seconds;
+        if pooled.answered == 0 {
+            let (knee, shortest_us) = self.knee();
+            let held = Held { in_service: held_abandoned, knee, rate: 0.0, shortest_us };
+            self.queued = held.in_service - knee > (SUSPECT_ABOVE_KNEE * knee).max(1.0);
+            self.suspected |= self.queued;
+            return Some(held);
+        }
         let mean_us = pooled.sum_us / pooled.answered as f64;
         if self.probe.is_none() {
             let smooth = |old: f64, new: f64| if old == 0.0 { new } else { old + SMOOTHING * (new - old) };
@@ -257,10 +337,9 @@ impl ServiceStage {
             (self.confirmed_us, self.confirmed_rate) = (self.service_us, self.rate);
         }
         let (knee, shortest_us) = self.knee();
-        let held = Held { in_service: rate * mean_us / 1e6, knee, rate, shortest_us };
-        if held.in_service - knee > (SUSPECT_ABOVE_KNEE * knee).max(1.0)
-            || self.shortest.min() > (1.0 + SUSPECT_ROSE) * self.confirmed_us
-        {
+        let held = Held { in_service: rate * mean_us / 1e6 + held_abandoned, knee, rate, shortest_us };
+        self.queued = held.in_service - knee > (SUSPECT_ABOVE_KNEE * knee).max(1.0);
+        if self.queued || self.shortest.min() > (1.0 + SUSPECT_ROSE) * self.confirmed_us {
             self.suspected = true;
         }
         Some(held)
@@ -372,7 +451,11 @@ mod tests {
     #[test]
     fn a_slow_services_thin_windows_are_pooled_until_there_are_enough_answers() {
         let mut stage = ServiceStage::new(100);
-        // 4 workers x 100 ms: 4 answers a window, 10 needed to judge.
+        // 4 workers x 100 ms: 4 answers a window. The first knee is taken
+        // from half the answers (5), later ones need all 10.
+        assert_eq!(window(&mut stage, 4, 100_000, 4), None);
+        let first = window(&mut stage, 4, 100_000, 4).expect("8 answers over 0.2 s: enough for the first knee");
+        assert!((first.knee - 4.0).abs() < 1e-9, "{first:?}");
         assert_eq!(window(&mut stage, 4, 100_000, 4), None);
         assert_eq!(window(&mut stage, 4, 100_000, 4), None);
         let h = window(&mut stage, 4, 100_000, 4).expect("12 answers over 0.3 s");

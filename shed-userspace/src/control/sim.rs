@@ -45,6 +45,15 @@ pub(super) struct SimConfig {
     /// no queue wait, only a longer service time. Otherwise a worker reads a
     /// request only when it is free, and the queue waits unread in the socket.
     pub reads_at_once: bool,
+    /// Clients close their connection at the deadline, as real ones do: the
+    /// request leaves the gate's count then (its connection is gone) while the
+    /// server still works on it (a handler that does not watch its client), and
+    /// its late answer leaves no sample. The window sees it as abandoned, with
+    /// its age. Otherwise a late answer is a sample like any other.
+    pub abandon: bool,
+    /// Each request's service time is exactly the mean (a sleep, as the real
+    /// test servers have) instead of exponential.
+    pub fixed_service: bool,
     pub seed: u64,
 }
 
@@ -64,6 +73,8 @@ impl SimConfig {
             tier_mix: None,
             bursts: false,
             reads_at_once: false,
+            abandon: false,
+            fixed_service: false,
             seed: 42,
         }
     }
@@ -153,6 +164,12 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
     let mut result = SimResult { capacity: cfg.capacity(), ..SimResult::default() };
     let mut good = 0u64;
     let mut carried = 0u32;
+    // With `abandon`: the arrival times of admitted requests the gate still
+    // counts (their client is still there), and the window's abandoned ones.
+    let mut counted: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+    let mut counted_total = 0u64;
+    let (mut window_abandoned, mut window_abandoned_age) = (0u64, 0u64);
+    let deadline_ns = to_ns(cfg.deadline);
 
     let mean_service_at = |t: u64| match cfg.service_step {
         Some((at, factor)) if t >= to_ns(at) => cfg.mean_service * factor,
@@ -165,6 +182,17 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
         if now >= end {
             break;
         }
+        // Clients whose deadline passed close their connections.
+        while cfg.abandon
+            && let Some((&arrived, &n)) = counted.first_key_value()
+            && arrived + deadline_ns < now
+        {
+            counted.remove(&arrived);
+            counted_total -= n;
+            window_abandoned += n;
+            window_abandoned_age += n * deadline_ns;
+        }
+        let in_flight = if cfg.abandon { counted_total } else { (queue.len() + busy.len()) as u64 };
         if now == next_window {
             next_window += window;
             if let Some(c) = controller.as_mut() {
@@ -174,7 +202,7 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                 // As the daemon: the queue limiter counts queue waits, the others whole requests.
                 let judged = if c.settings().algo == Algo::Queue { window_waits.len() } else { window_sojourns.len() };
                 let sample = WindowSample {
-                    in_flight: (queue.len() + busy.len()) as u64,
+                    in_flight,
                     samples: judged as u64,
                     latency_us: nearest_rank_or_zero(&window_sojourns, cfg.percentile) / 1000,
                     queue_wait_us: nearest_rank_or_zero(&window_waits, cfg.percentile) / 1000,
@@ -186,6 +214,8 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                     rejected: window_limit_rejected,
                     windows: carried + 1,
                     elapsed_us: 0,
+                    abandoned: window_abandoned,
+                    abandoned_age_us: (window_abandoned_age / window_abandoned.max(1)) / 1000,
                 };
                 if cfg.tier_mix.is_some() {
                     held_back = reserve.on_window(window_rejected, c.limit(), port.share_permille);
@@ -203,6 +233,7 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                     window_sojourns.clear();
                     window_waits.clear();
                     window_services.clear();
+                    (window_abandoned, window_abandoned_age) = (0, 0);
                     carried = 0;
                 }
             } else {
@@ -213,8 +244,22 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
         } else if now == next_done {
             let Reverse((_, arrived, t, picked_up)) = busy.pop().expect("peeked");
             let sojourn = now - arrived;
-            window_sojourns.push(sojourn);
-            window_services.push(now - picked_up);
+            // Its client is still there (or never leaves): an answer the gate sees.
+            let seen = !cfg.abandon || sojourn <= deadline_ns;
+            if seen {
+                window_sojourns.push(sojourn);
+                window_services.push(now - picked_up);
+            }
+            if cfg.abandon
+                && seen
+                && let Some(n) = counted.get_mut(&arrived)
+            {
+                *n -= 1;
+                counted_total -= 1;
+                if *n == 0 {
+                    counted.remove(&arrived);
+                }
+            }
             if arrived >= measure_from {
                 if sojourn <= to_ns(cfg.deadline) {
                     good += 1;
@@ -258,7 +303,7 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
             if now >= measure_from {
                 result.tier_demand[t as usize] += 1;
             }
-            let in_system = (queue.len() + busy.len()) as u64;
+            let in_system = in_flight;
             let threshold = port.tier_threshold(t, limit.min(u64::from(u32::MAX)) as u32);
             let share_full = in_system >= threshold.saturating_sub(u64::from(held_back[t as usize]));
             let rejected = in_system >= limit
@@ -274,7 +319,15 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
                 }
                 continue;
             }
-            let service = to_ns(rng.exponential(mean_service_at(now)));
+            let service = if cfg.fixed_service {
+                to_ns(mean_service_at(now))
+            } else {
+                to_ns(rng.exponential(mean_service_at(now)))
+            };
+            if cfg.abandon {
+                *counted.entry(now).or_default() += 1;
+                counted_total += 1;
+            }
             if busy.len() < cfg.workers || cfg.reads_at_once {
                 // Read now: by a free worker, or by the server that reads at once.
                 window_waits.push(0);
@@ -575,6 +628,36 @@ mod tests {
                 );
                 assert!(with_objective.admitted_p99 <= 1.0, "{algo} seed {seed}: admitted requests meet the objective");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod explore {
+    use super::*;
+
+    #[test]
+    #[ignore = "exploration"]
+    fn explore_slow_cells() {
+        for (workers, service, load) in
+            [(4usize, 0.1f64, 2.0f64), (1, 0.1, 2.0), (8, 0.5, 2.0), (4, 0.02, 2.0), (4, 0.1, 4.0)]
+        {
+            let mut cfg = SimConfig::new(load, Some(Settings::default()));
+            (cfg.workers, cfg.mean_service, cfg.reads_at_once, cfg.duration, cfg.measure_from) =
+                (workers, service, true, 40.0, 5.0);
+            (cfg.abandon, cfg.fixed_service) =
+                (std::env::var_os("SIM_ABANDON").is_some(), std::env::var_os("SIM_FIXED").is_some());
+            let r = simulate(&cfg);
+            let mut none = cfg.clone();
+            none.gate = None;
+            let n = simulate(&none);
+            println!(
+                "{workers} x {service}s at {load}x: goodput {:.1}% (none {:.1}%), p99 {:.3}s, limits {:?}",
+                r.goodput_fraction() * 100.0,
+                n.goodput_fraction() * 100.0,
+                r.admitted_p99,
+                r.limits.iter().step_by(10).collect::<Vec<_>>()
+            );
         }
     }
 }

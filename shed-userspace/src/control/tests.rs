@@ -30,6 +30,8 @@ fn window(latency_us: u64, in_flight: u64) -> WindowSample {
         rejected: 0,
         windows: 1,
         elapsed_us: 0,
+        abandoned: 0,
+        abandoned_age_us: 0,
     }
 }
 
@@ -110,6 +112,8 @@ fn too_few_samples_hold_but_overflow_cuts() {
         rejected: 0,
         windows: 1,
         elapsed_us: 0,
+        abandoned: 0,
+        abandoned_age_us: 0,
     };
     assert_eq!(c.on_window(&quiet), Decision { limit: 100, reason: Reason::TooFewSamples });
     let overflow = WindowSample { listen_drops: 5, ..quiet };
@@ -252,12 +256,15 @@ fn queue_cuts_the_excess_queue_and_grows_gently_below_its_target() {
         latency_us: 50_000,
         queue_wait_us,
         service_us: 0,
-        answered: 0,
-        service_mean_us: 0,
+        // Answered in 1 ms each: the service keeps up (no queue inside).
+        answered: 100,
+        service_mean_us: 1_000,
         listen_drops: 0,
         rejected: 0,
         windows: 1,
         elapsed_us: 0,
+        abandoned: 0,
+        abandoned_age_us: 0,
     };
     // 25 ms against a 5 ms target at 1,000/s: 20 requests queued too many, a quarter of them removed.
     let mut c = Controller::new(settings, 0);
@@ -287,6 +294,12 @@ fn queue_cuts_the_excess_queue_and_grows_gently_below_its_target() {
     // The operator's target is honoured.
     let mut c = Controller::new(Settings { queue_target_us: 30_000.0, ..settings }, 0);
     assert_eq!(c.on_window(&sample(25_000, 40)).reason, Reason::Grow);
+    // No answers judged (a server that reads at once picks every request up,
+    // and answers none yet): the kernel's empty queue is no reason to grow.
+    let mut c = Controller::new(settings, 0);
+    let unanswered = WindowSample { answered: 0, service_mean_us: 0, ..sample(0, 40) };
+    assert_eq!(c.on_window(&unanswered), Decision { limit: 40, reason: Reason::Steady });
+    assert_eq!(c.on_window(&sample(0, 40)).reason, Reason::Grow, "the same window with answers grows");
 }
 
 #[test]
@@ -332,6 +345,8 @@ fn draining(queue_wait_us: u64, in_flight: u64, rejected: u64) -> WindowSample {
         rejected,
         windows: 1,
         elapsed_us: 100_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
     }
 }
 
@@ -424,7 +439,7 @@ proptest! {
         let settings = Settings { algo, min_limit: 1, max_limit: u32::MAX, ..Settings::default() };
         let mut c = Controller::new(settings, 9);
         for (latency_us, samples, in_flight, drops) in samples {
-            let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, answered: 0, service_mean_us: 0, listen_drops: drops, rejected: 0, windows: 1, elapsed_us: 0 });
+            let d = c.on_window(&WindowSample { in_flight, samples, latency_us, queue_wait_us: latency_us / 2, service_us: 0, answered: 0, service_mean_us: 0, listen_drops: drops, rejected: 0, windows: 1, elapsed_us: 0, abandoned: 0, abandoned_age_us: 0 });
             prop_assert!(d.limit >= 1);
             prop_assert!(c.limit.is_finite() && c.baseline_us.is_finite() && c.long_us.is_finite());
         }
@@ -497,6 +512,8 @@ fn replay(settings: Settings, rows: &[(u64, bool, bool, u32, u32)]) -> Vec<(u32,
                 rejected: 0,
                 windows: 1,
                 elapsed_us: 0,
+                abandoned: 0,
+                abandoned_age_us: 0,
             });
             published = if settings.min_limit == 20 { min20 } else { min4 };
             (c.limit.trunc() as u32, published)
@@ -664,6 +681,8 @@ fn the_objective_measures_the_served_rate_only_over_queued_busy_windows() {
         rejected: 0,
         windows: 1,
         elapsed_us: 200_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
     };
     let wait_us = 0.97 * 100_000.0 - 10_000.0;
     // 200 requests in 0.2 s (not the 0.1 s window): 1,000/s; 87 ms of wait: 87.
@@ -714,6 +733,8 @@ fn the_objective_sees_the_queue_inside_a_server_that_reads_at_once() {
         rejected: 0,
         windows: 1,
         elapsed_us: 100_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
     };
     let held = Held { in_service: 30.0, knee: 10.0, rate: 1_000.0, shortest_us: 10_000.0 };
     assert_eq!(held.waiting(), 20.0);
@@ -752,6 +773,8 @@ fn a_queue_inside_is_probed_only_past_the_objective_and_held_through_overflows()
         rejected,
         windows: 1,
         elapsed_us: 100_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
     };
     let windows = |objective_us: f64| {
         let settings = Settings {
@@ -809,6 +832,8 @@ fn the_queue_inside_is_cut_past_three_quarters_of_its_shortest_service() {
         rejected: 0,
         windows: 1,
         elapsed_us: 100_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
     };
     assert!(settings.queue_target_us < 15_000.0, "the test needs the service's part to be the target");
     // Three quarters of 20 ms may wait: 15 ms at 1,200/s is 18 requests, so

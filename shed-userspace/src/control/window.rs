@@ -32,6 +32,10 @@ pub(crate) struct Signals {
     pub elapsed_us: u64,
     /// Control windows it spans (quiet windows carried over).
     pub windows: u32,
+    /// Requests whose connection closed before their answer, in the window.
+    pub abandoned: u64,
+    /// Their mean age when they went, microseconds.
+    pub abandoned_age_us: u64,
 }
 
 impl Window {
@@ -66,6 +70,8 @@ impl Window {
             rejected: signals.rejected,
             elapsed_us: signals.elapsed_us,
             windows: signals.windows,
+            abandoned: signals.abandoned,
+            abandoned_age_us: signals.abandoned_age_us,
         }
     }
 }
@@ -154,9 +160,18 @@ mod tests {
         now.service[latency::bucket(300)] = 6;
         let window = Window::between(&before, &now);
         assert_eq!(window.sojourn.iter().sum::<u64>(), 5, "2 + 3 new requests");
-        let signals = Signals { in_flight: 9, listen_drops: 1, rejected: 2, elapsed_us: 100_000, windows: 1 };
+        let signals = Signals {
+            in_flight: 9,
+            listen_drops: 1,
+            rejected: 2,
+            elapsed_us: 100_000,
+            windows: 1,
+            abandoned: 3,
+            abandoned_age_us: 1_500_000,
+        };
         let whole = window.sample(signals, 99.0, false);
         assert_eq!((whole.samples, whole.in_flight, whole.listen_drops, whole.rejected), (5, 9, 1, 2));
+        assert_eq!((whole.abandoned, whole.abandoned_age_us), (3, 1_500_000), "abandoned requests pass through");
         assert_eq!(whole.latency_us, histogram_percentile(&window.sojourn, 99.0));
         assert!(whole.latency_us >= 32_768, "p99 is in the 40 ms bucket: {}", whole.latency_us);
         assert_eq!(window.sample(signals, 99.0, true).samples, 4, "the queue limiter counts queue waits");

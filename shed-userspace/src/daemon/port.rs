@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shed_common::{ControlConfig, ControlStatus, PortLatency, counter, tier};
+use shed_common::{ControlConfig, ControlStatus, PortLatency, count_mode, counter, tier};
 
 use crate::{
     control::{
@@ -52,6 +52,8 @@ pub(super) struct PortControl {
     last_rejected_by_tier: [u64; tier::COUNT],
     /// SYNs the limit turned away (or would have, in dry-run) up to the last judged window.
     last_limit_rejected: u64,
+    /// Abandoned requests and their summed ages (us) up to the last judged window.
+    last_abandoned: (u64, u64),
     handshakes: HandshakeWindow,
 }
 
@@ -88,6 +90,7 @@ impl PortControl {
             reserve: TierHoldBack::default(),
             last_rejected_by_tier: [0; tier::COUNT],
             last_limit_rejected: 0,
+            last_abandoned: (0, 0),
             handshakes,
         }
     }
@@ -172,6 +175,7 @@ impl PortControl {
         let snapshot = maps.snapshot(self.port, config)?;
         let hist = maps.latency(self.slot)?;
         self.follow_settings(&snapshot);
+        self.controller.set_counts_work(snapshot.config.count_mode == count_mode::WORK);
 
         let drops_now = fs::read_to_string(paths::NETSTAT).ok().as_deref().and_then(netstat::listen_drops);
         let namespace_drops = match (drops_now, self.last_listen_drops) {
@@ -191,7 +195,15 @@ impl PortControl {
         // Counted since the last judged window, as the histograms are (a thin window carries both).
         let limit_rejected =
             snapshot.counter(counter::REJECTED_LIMIT) + snapshot.counter(counter::DRY_RUN_WOULD_REJECT);
-        Ok(Some(Reading { snapshot, hist, listen_drops, accept: accept.unwrap_or_default(), limit_rejected }))
+        let abandoned = (snapshot.counter(counter::ABANDONED), snapshot.counter(counter::ABANDONED_AGE_US));
+        Ok(Some(Reading {
+            snapshot,
+            hist,
+            listen_drops,
+            accept: accept.unwrap_or_default(),
+            limit_rejected,
+            abandoned,
+        }))
     }
 
     /// Follows a settings change (`shedctl set`, a reload) in the window that first sees it.
@@ -211,7 +223,11 @@ impl PortControl {
 
     /// The window's signals besides its histograms, all since the last judged window.
     fn signals(&self, reading: &Reading, now: Instant) -> Signals {
+        let abandoned = reading.abandoned.0.saturating_sub(self.last_abandoned.0);
+        let abandoned_age = reading.abandoned.1.saturating_sub(self.last_abandoned.1);
         Signals {
+            abandoned,
+            abandoned_age_us: abandoned_age / abandoned.max(1),
             in_flight: reading.snapshot.in_flight(),
             listen_drops: reading.listen_drops,
             rejected: reading.limit_rejected.saturating_sub(self.last_limit_rejected),
@@ -241,6 +257,7 @@ impl PortControl {
         self.last_hist = reading.hist;
         self.last_judged = now;
         self.last_limit_rejected = reading.limit_rejected;
+        self.last_abandoned = reading.abandoned;
         self.carried = 0;
     }
 
@@ -260,6 +277,12 @@ impl PortControl {
                     observed_us = sample.latency_us,
                     baseline_us = self.controller.baseline_us(),
                     in_flight = sample.in_flight,
+                    queue_wait_us = sample.queue_wait_us,
+                    service_us = sample.service_mean_us,
+                    answered = sample.answered,
+                    abandoned = sample.abandoned,
+                    work_bound = self.controller.work_bound().map_or(0, |b| b.round() as u64),
+                    objective_us = (self.controller.settings().objective_us) as u64,
                     "limit decision"
                 )
             };
@@ -329,6 +352,8 @@ struct Reading {
     accept: AcceptQueue,
     /// SYNs the limit turned away (or would have, in dry-run), cumulative.
     limit_rejected: u64,
+    /// Abandoned requests and their summed ages (us), cumulative.
+    abandoned: (u64, u64),
 }
 
 /// The protected ports' accept queues, read through sock_diag at most once per
@@ -430,6 +455,7 @@ mod tests {
             listen_drops: 0,
             accept: AcceptQueue::default(),
             limit_rejected: 0,
+            abandoned: (0, 0),
         };
         assert_eq!(p.hold_back(&reading(counters)), [0; tier::COUNT], "nothing rejected, nothing held");
         counters.values[counter::VERIFIED_REJECTED_BY_TIER + usize::from(tier::CRITICAL)] = 7;
