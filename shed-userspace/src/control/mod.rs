@@ -189,6 +189,9 @@ pub enum Reason {
     /// rate and the shortest service it was seen to have): the limit came
     /// down to the bound at once.
     WorkBound,
+    /// `queue`: clients gave up on their requests in numbers (closed before
+    /// any answer) before answers measured the service: half the limit came off.
+    Abandoned,
 }
 
 impl Reason {
@@ -213,6 +216,7 @@ impl Reason {
             8 => Self::Probe,
             9 => Self::ServiceQueue,
             10 => Self::WorkBound,
+            11 => Self::Abandoned,
             _ => Self::Steady,
         }
     }

@@ -25,9 +25,8 @@ const QUEUE_TARGET_PER_SERVICE: f64 = 0.75;
 /// At most this share of the limit comes off in one window.
 const MOST_CUT: f64 = 0.5;
 
-/// Requests the work bound allows over the knee and its wait: the knee is
-/// measured from a few answers, and one request short of the service's
-/// workers leaves a worker idle.
+/// Requests the work bound allows over the knee at least: one waiting, so a
+/// worker that finishes finds the next request already there.
 const BOUND_SLACK: f64 = 1.0;
 
 impl Controller {
@@ -48,7 +47,7 @@ impl Controller {
     /// have measured it: `knee + best rate x wait`, where the wait is the
     /// objective's (what `--target-latency` leaves after the shortest
     /// service: then the bound is `rate x objective`) or the queue target
-    /// (at least 3/4 of the shortest service), with [`BOUND_SLACK`] over it.
+    /// (at least 3/4 of the shortest service), and at least [`BOUND_SLACK`] over the knee.
     /// None: not measured yet, the service keeps up (no queue inside: its
     /// rate may be only what it was asked), or the port does not count
     /// requests.
@@ -62,7 +61,7 @@ impl Controller {
             rate * OBJECTIVE_MARGIN * st.objective_us / 1e6
         } else {
             let wait_us = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * shortest_us);
-            knee + rate * wait_us / 1e6 + BOUND_SLACK
+            (knee + rate * wait_us / 1e6).max(knee + BOUND_SLACK)
         };
         Some(bound.clamp(f64::from(st.min_limit), f64::from(st.max_limit)))
     }
@@ -73,6 +72,20 @@ impl Controller {
     /// past the bound waits longer than it may; answers tell the same only a
     /// queue's length later, and abandoned requests may never tell.
     pub(super) fn over_work_bound(&mut self, s: &WindowSample, windows: usize) -> Option<Decision> {
+        let st = self.settings;
+        // Before any answer measured the service, clients giving up in numbers
+        // with nothing answered is loss: half the limit comes off (as a
+        // congestion window's on a drop), so the service can drain and answer.
+        if st.algo == Algo::Queue
+            && st.counts_work
+            && !self.stage.measured()
+            && s.answered == 0
+            && s.abandoned >= st.min_samples
+            && (s.in_flight as f64) >= self.limit * MOST_CUT
+        {
+            self.observe_stage(s, windows);
+            return Some(self.cut(self.limit * MOST_CUT, Reason::Abandoned));
+        }
         let bound = self.work_bound()?;
         if (s.in_flight as f64) <= bound || self.limit <= bound {
             return None;

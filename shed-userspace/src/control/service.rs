@@ -222,6 +222,11 @@ impl ServiceStage {
         ))
     }
 
+    /// Whether answers have measured the service yet.
+    pub(crate) fn measured(&self) -> bool {
+        self.confirmed_rate > 0.0
+    }
+
     pub(crate) fn probing(&self) -> bool {
         self.probe.is_some()
     }
@@ -311,7 +316,11 @@ impl ServiceStage {
         } else {
             min_samples
         };
-        if (self.pending.answered < needed || self.pending.sum_us <= 0.0) && !abandoned_judge {
+        // Or from any answer at all once clients give up in numbers: a slow
+        // service's later answers are all too late to be seen.
+        let first_among_abandoned =
+            self.confirmed_rate == 0.0 && self.pending.answered > 0 && self.pending.abandoned >= needed;
+        if (self.pending.answered < needed || self.pending.sum_us <= 0.0) && !abandoned_judge && !first_among_abandoned {
             return None;
         }
         let pooled = std::mem::take(&mut self.pending);

@@ -632,32 +632,94 @@ mod tests {
     }
 }
 
+/// The matrix of issue "every scale": service times from 1 ms to 1 s, 1 to
+/// 64 workers, both server shapes, 2x and 4x overload, clients that give up
+/// at a 1 s deadline and close (their late answers leave no sample), fixed
+/// service times as the real test servers have. Each cell against no gate.
 #[cfg(test)]
-mod explore {
+mod matrix {
     use super::*;
+    use crate::control::QUEUE_TARGET_US;
 
-    #[test]
-    #[ignore = "exploration"]
-    fn explore_slow_cells() {
-        for (workers, service, load) in
-            [(4usize, 0.1f64, 2.0f64), (1, 0.1, 2.0), (8, 0.5, 2.0), (4, 0.02, 2.0), (4, 0.1, 4.0)]
-        {
-            let mut cfg = SimConfig::new(load, Some(Settings::default()));
-            (cfg.workers, cfg.mean_service, cfg.reads_at_once, cfg.duration, cfg.measure_from) =
-                (workers, service, true, 40.0, 5.0);
-            (cfg.abandon, cfg.fixed_service) =
-                (std::env::var_os("SIM_ABANDON").is_some(), std::env::var_os("SIM_FIXED").is_some());
-            let r = simulate(&cfg);
-            let mut none = cfg.clone();
-            none.gate = None;
-            let n = simulate(&none);
-            println!(
-                "{workers} x {service}s at {load}x: goodput {:.1}% (none {:.1}%), p99 {:.3}s, limits {:?}",
-                r.goodput_fraction() * 100.0,
-                n.goodput_fraction() * 100.0,
-                r.admitted_p99,
-                r.limits.iter().step_by(10).collect::<Vec<_>>()
-            );
+    /// One cell: goodput after the first 5 s (of capacity), p99 of answers
+    /// (x the service time), the highest limit after 5 s, and no gate's goodput.
+    struct Cell {
+        goodput: f64,
+        whole: f64,
+        p99_x: f64,
+        late_limit: u32,
+        none: f64,
+    }
+
+    fn cell(workers: usize, service: f64, load: f64, reads_at_once: bool) -> Cell {
+        // Long enough for 200 answers after the first 5 s.
+        let capacity = workers as f64 / service;
+        let duration = (5.0 + 200.0 / capacity).max(20.0);
+        let mut cfg = SimConfig::new(load, Some(Settings::default()));
+        (cfg.workers, cfg.mean_service, cfg.reads_at_once, cfg.abandon, cfg.fixed_service) =
+            (workers, service, reads_at_once, true, true);
+        // Clients wait 1 s, or twice the service time for a slower one.
+        cfg.deadline = cfg.deadline.max(2.0 * service);
+        (cfg.duration, cfg.measure_from) = (duration, 5.0);
+        let r = simulate(&cfg);
+        let whole = simulate(&SimConfig { measure_from: 0.0, ..cfg.clone() });
+        let none = simulate(&SimConfig { gate: None, ..cfg.clone() });
+        let first_after = (5.0 / cfg.window) as usize;
+        let late_limit = r.limits.iter().skip(first_after).copied().max().unwrap_or(0);
+        Cell {
+            goodput: r.goodput_fraction(),
+            whole: whole.goodput_fraction(),
+            p99_x: r.admitted_p99 / service,
+            late_limit,
+            none: none.goodput_fraction(),
         }
+    }
+
+    /// The whole matrix runs and prints (BENCHMARKS, B14, quotes it); the
+    /// slice the defaults hold is asserted with wide margins: services of
+    /// 1 to 100 ms with 4 or more workers keep 90% of capacity after the
+    /// first 5 s (measured 97-100%), at least 3x no gate, and no runaway
+    /// (the limit within 4x of what the service can use, its workers or
+    /// what it drains within the 5 ms queue target, plus 8). Slower services
+    /// and a single worker are reported, not asserted: see B14.
+    #[test]
+    fn the_defaults_protect_every_scale() {
+        let mut failures = Vec::new();
+        for reads_at_once in [true, false] {
+            for service in [0.001, 0.02, 0.1, 0.5, 1.0] {
+                for workers in [1usize, 4, 8, 64] {
+                    let capacity = workers as f64 / service;
+                    if capacity > 20_000.0 {
+                        continue;
+                    }
+                    for load in [2.0, 4.0] {
+                        let c = cell(workers, service, load, reads_at_once);
+                        let shape = if reads_at_once { "at once" } else { "when free" };
+                        println!(
+                            "{shape:9} {workers:3} x {:5.0} ms at {load}x: goodput {:5.1}% after 5 s, {:5.1}% whole (no gate {:5.1}%), p99 {:4.1}x service, limit up to {}",
+                            service * 1e3,
+                            c.goodput * 100.0,
+                            c.whole * 100.0,
+                            c.none * 100.0,
+                            c.p99_x,
+                            c.late_limit
+                        );
+                        if service > 0.1 || workers < 4 {
+                            continue;
+                        }
+                        let cell = format!("{shape} {workers} x {service} s at {load}x");
+                        if c.goodput < 0.9 || c.goodput < 3.0 * c.none {
+                            failures.push(format!("{cell}: goodput {:.3}, no gate {:.3}", c.goodput, c.none));
+                        }
+                        let usable = (workers as f64).max(capacity * QUEUE_TARGET_US / 1e6);
+                        if f64::from(c.late_limit) > 4.0 * usable + 8.0 {
+                            failures.push(format!("{cell}: limit {}", c.late_limit));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{failures:#?}");
+
     }
 }

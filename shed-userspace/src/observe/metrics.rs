@@ -335,6 +335,12 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
         |s| s.refused_requests_again,
     ),
     (
+        "shed_abandoned",
+        "Requests whose connection closed (a client's reset, or destroyed) while they owed an answer; the controller counts them as work the service held, at their age.",
+        MetricType::Counter,
+        |s| s.abandoned,
+    ),
+    (
         "shed_rst_suppressed",
         "Resets withheld because the source cannot be a real client (multicast, broadcast, own address from outside).",
         MetricType::Counter,

@@ -164,6 +164,10 @@ pub(crate) struct PortStats {
     pub requests_admitted: u64,
     /// Retransmissions of a refused request's first segment, given the same answer.
     pub refused_requests_again: u64,
+    /// Requests abandoned: their connection closed (reset by the client, or
+    /// destroyed) while they owed an answer. The controller counts them as
+    /// work the service held, at their age.
+    pub abandoned: u64,
     pub rst_sent: u64,
     pub rst_failed: u64,
     /// Rejected SYNs dropped instead of answered because an RST cap was reached.
@@ -302,6 +306,7 @@ impl PortStats {
             refused_requests: now.counter(counter::REFUSED_REQUEST),
             requests_admitted: now.counter(counter::REQUEST_ADMITTED),
             refused_requests_again: now.counter(counter::REQUEST_REFUSED_AGAIN),
+            abandoned: now.counter(counter::ABANDONED),
             rst_sent: now.counter(counter::RST_SENT),
             rst_failed: now.counter(counter::RST_FAILED),
             rst_rate_limited: now.counter(counter::RST_RATE_LIMITED),

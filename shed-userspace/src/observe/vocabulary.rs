@@ -112,6 +112,7 @@ pub const TERMS: &[Term] = &[
     term("refused_requests", Counter, Some("shed_refused_requests_total")),
     term("requests_admitted", Counter, Some("shed_requests_admitted_total")),
     term("refused_requests_again", Counter, Some("shed_refused_requests_again_total")),
+    term("abandoned", Counter, Some("shed_abandoned_total")),
     term("rst_sent", Counter, Some("shed_rst_sent_total")),
     term("rst_failed", Counter, Some("shed_rst_failed_total")),
     term("rst_rate_limited", Counter, Some("shed_rst_rate_limited_total")),
