@@ -17,7 +17,7 @@ use std::{
 
 use shed::kernel::maps::GateMaps;
 use shed_common::latency;
-use shed_testkit::servers::GoServer;
+use shed_testkit::servers::{GoServer, Gunicorn};
 use shed_testkit::testbed::{self, Backend, OpenLoop, Service, Testbed};
 use support::gate::{Gate, exclusive, field, stats, wait_for_stats};
 
@@ -417,18 +417,20 @@ fn an_objective_admits_the_bursts_the_service_can_answer_in_time() {
 /// What one run of overload gave: answered within the deadline, sent, the
 /// highest limit of the run's second half (0 without a gate), and the limit
 /// every 200 ms.
-struct AtOnceRun {
+struct CaseRun {
     answered: usize,
     sent: usize,
     late_limit: u64,
     limits: Vec<u64>,
 }
 
-/// A server that reads every request at once and queues it inside, loaded
-/// on new connections with a 1 s client deadline.
+/// A real server of `workers` x `service_us`, loaded on new connections
+/// with a 1 s client deadline.
 #[derive(Clone, Copy)]
-struct AtOnce {
-    /// `go` (Go's `net/http`) or the in-process thread-per-connection server.
+struct ServerCase {
+    /// `go` (Go's `net/http`, reads every request at once), `gunicorn` (its
+    /// gthread worker: a thread reads a request when free) or the in-process
+    /// thread-per-connection server (reads at once).
     kind: &'static str,
     workers: usize,
     service_us: u64,
@@ -437,7 +439,7 @@ struct AtOnce {
     seconds: u64,
 }
 
-impl AtOnce {
+impl ServerCase {
     /// Requests a second the server answers at most.
     fn capacity(&self) -> u64 {
         self.workers as u64 * 1_000_000 / self.service_us
@@ -445,13 +447,16 @@ impl AtOnce {
 }
 
 /// One run of `case` with shed on its defaults plus `--action rst`, or no gate.
-fn at_once_run(case: AtOnce, gated: bool) -> AtOnceRun {
+fn case_run(case: ServerCase, gated: bool) -> CaseRun {
     let bed = Testbed::create("shedra").expect("testbed");
     let addr = bed.server_addr(false, PORT);
     let service_us = Arc::new(AtomicU64::new(case.service_us));
-    let (_rust, _go);
+    let (_rust, _go, _gunicorn);
     if case.kind == "go" {
         _go = Some(GoServer::start(&bed.server_ns, addr, case.workers, case.service_us).expect("Go net/http server"));
+    } else if case.kind == "gunicorn" {
+        _gunicorn =
+            Some(Gunicorn::start(&bed.server_ns, addr, case.workers, case.service_us).expect("gunicorn gthread"));
     } else {
         _rust = Some(
             Backend::start(&bed.server_ns, addr, Service::ReadAtOnce { workers: case.workers, service_us })
@@ -485,13 +490,13 @@ fn at_once_run(case: AtOnce, gated: bool) -> AtOnceRun {
         println!("{}", gate.log());
     }
     let answered = outcomes.iter().filter(|o| matches!(o, testbed::Outcome::Answered(_))).count();
-    AtOnceRun { answered, sent: outcomes.len(), late_limit, limits }
+    CaseRun { answered, sent: outcomes.len(), late_limit, limits }
 }
 
 /// Runs `case` with no gate and then with shed, and prints both.
-fn at_once_pair(case: AtOnce) -> (AtOnceRun, AtOnceRun) {
-    let none = at_once_run(case, false);
-    let shed = at_once_run(case, true);
+fn case_pair(case: ServerCase) -> (CaseRun, CaseRun) {
+    let none = case_run(case, false);
+    let shed = case_run(case, true);
     let capacity = (case.capacity() * case.seconds) as f64;
     println!(
         "{} {} x {} ms at {}x: answered {} of {} with shed ({:.0}% of capacity, limit up to {} in the second half), {} of {} with no gate ({:.0}%); limits {:?}",
@@ -519,8 +524,8 @@ fn at_once_pair(case: AtOnce) -> (AtOnceRun, AtOnceRun) {
 fn a_server_that_reads_at_once_is_protected_from_overload() {
     let _one = exclusive();
     for kind in ["thread-per-connection", "go"] {
-        let case = AtOnce { kind, workers: 4, service_us: 20_000, overload: 2, seconds: 12 };
-        let (none, shed) = at_once_pair(case);
+        let case = ServerCase { kind, workers: 4, service_us: 20_000, overload: 2, seconds: 12 };
+        let (none, shed) = case_pair(case);
         let capacity = (case.capacity() * case.seconds) as f64;
         // 4 workers need about 4 in flight; the queue target (5 ms, or 3/4 of a
         // service time) adds a few, and the limit a drain probe returns to a few
@@ -545,10 +550,47 @@ fn a_server_that_reads_at_once_is_protected_from_overload() {
 #[test]
 fn a_slow_server_with_few_workers_is_protected_from_overload() {
     let _one = exclusive();
-    let case = AtOnce { kind: "go", workers: 4, service_us: 100_000, overload: 2, seconds: 20 };
-    let (none, shed) = at_once_pair(case);
+    let case = ServerCase { kind: "go", workers: 4, service_us: 100_000, overload: 2, seconds: 20 };
+    let (none, shed) = case_pair(case);
     let capacity = (case.capacity() * case.seconds) as f64;
     // 4 workers at 100 ms use 4 in flight; the limit is bounded near that.
+    assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
+    assert!(
+        shed.answered as f64 >= 0.7 * capacity && shed.answered >= 3 * none.answered.max(1),
+        "shed answered {} in time ({:.0}% of capacity), no gate {}",
+        shed.answered,
+        100.0 * shed.answered as f64 / capacity,
+        none.answered
+    );
+}
+
+/// A slower service still: Go with 8 workers x 500 ms (16/s) under 2x
+/// overload, where a request may wait one more service time before its
+/// client gives up. On the defaults shed served 2.5% here, as no gate.
+#[test]
+fn a_server_of_half_second_requests_is_protected_from_overload() {
+    let _one = exclusive();
+    let case = ServerCase { kind: "go", workers: 8, service_us: 500_000, overload: 2, seconds: 30 };
+    let (none, shed) = case_pair(case);
+    let capacity = (case.capacity() * case.seconds) as f64;
+    assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
+    assert!(
+        shed.answered as f64 >= 0.6 * capacity && shed.answered >= 3 * none.answered.max(1),
+        "shed answered {} in time ({:.0}% of capacity), no gate {}",
+        shed.answered,
+        100.0 * shed.answered as f64 / capacity,
+        none.answered
+    );
+}
+
+/// gunicorn's gthread worker, 4 threads x 100 ms (40/s), under 2x overload:
+/// a Python service whose requests wait unread for a thread.
+#[test]
+fn a_gunicorn_service_of_few_threads_is_protected_from_overload() {
+    let _one = exclusive();
+    let case = ServerCase { kind: "gunicorn", workers: 4, service_us: 100_000, overload: 2, seconds: 20 };
+    let (none, shed) = case_pair(case);
+    let capacity = (case.capacity() * case.seconds) as f64;
     assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
     assert!(
         shed.answered as f64 >= 0.7 * capacity && shed.answered >= 3 * none.answered.max(1),

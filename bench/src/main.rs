@@ -21,6 +21,7 @@ mod b10;
 mod b11;
 mod b12;
 mod b13;
+mod b14;
 mod b2;
 mod b3;
 mod b4;
@@ -83,7 +84,7 @@ fn main() -> Result<()> {
 
 fn run(quick: bool, names: &[String]) -> Result<()> {
     let scale = if quick { Scale::Quick } else { Scale::Full };
-    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11", "b12", "b13"];
+    let all = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11", "b12", "b13", "b14"];
     for n in names {
         if !all.contains(&n.to_ascii_lowercase().as_str()) {
             bail!("unknown benchmark {n:?}: available: {}", all.join(", "));
@@ -146,6 +147,9 @@ fn run(quick: bool, names: &[String]) -> Result<()> {
     }
     if wanted("b13") {
         save("b13", b13::b13(&shedctl, scale, &results_dir())?)?;
+    }
+    if wanted("b14") {
+        save("b14", b14::b14(&shedctl, scale)?)?;
     }
     let mut report = String::from("# shed benchmark report\n\n");
     for name in all {

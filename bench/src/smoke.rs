@@ -3,7 +3,7 @@
 //! every benchmark still measures what it reports. They write nothing under bench/.
 use std::path::{Path, PathBuf};
 
-use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, common::Scale};
+use crate::{b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, common::Scale};
 
 /// A PNG image of a real plot: the signature, and an IHDR of at least 200 x 100 pixels.
 fn assert_plot(path: &Path) {
@@ -250,4 +250,18 @@ fn b13_still_runs() {
     assert!(json["agent_answer_us"]["p50"].as_f64().unwrap() > 0.0, "{json}");
     assert_plot(&out.path().join("b13_steering.png"));
     assert!(md.contains("| gates + agent-check |"), "{md}");
+}
+
+#[test]
+fn b14_still_runs() {
+    let (json, md) = b14::b14(&shedctl(), Scale::Smoke).expect("B14 runs");
+    let points = json["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "shed's defaults and HAProxy on Go 4 x 100 ms at 2x: {json}");
+    for p in points {
+        let goodput = p["goodput_settled"].as_f64().unwrap();
+        // Either guard answers a good part of what the server can in 8 s (no gate: 9%).
+        assert!(goodput > 0.3 && goodput.is_finite(), "{p}");
+    }
+    assert!(points[0]["late_limit"].as_u64().unwrap() > 0, "shed's limit is read: {}", points[0]);
+    assert!(md.contains("| go 4 x 100 ms | 2x | shed (defaults) |"), "{md}");
 }

@@ -147,3 +147,74 @@ impl Nginx {
         Ok(Self { _process: Process(child), _dir: dir })
     }
 }
+
+/// gunicorn with its gthread worker (one process, `threads` threads), each
+/// request sleeping `service_us`, listening on `addr` in a namespace. Its
+/// main thread accepts connections and hands each readable one to a free
+/// thread, so requests past the threads wait unread in their sockets, as a
+/// Python web service's do. Stops on drop.
+pub struct Gunicorn {
+    _process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl Gunicorn {
+    pub fn start(ns: &str, addr: SocketAddr, threads: usize, service_us: u64) -> io::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let app = format!(
+            "import time\n\ndef app(environ, start_response):\n    time.sleep({})\n    \
+             start_response('200 OK', [('Content-Type', 'text/plain'), ('Content-Length', '3')])\n    \
+             return [b'OK\\n']\n",
+            service_us as f64 / 1e6
+        );
+        std::fs::write(dir.path().join("shedapp.py"), app)?;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1"])
+            .arg(format!("--threads={threads}"))
+            .arg(format!("--bind={addr}"))
+            .args(["--backlog", "4096", "--timeout", "120", "--chdir"])
+            .arg(dir.path())
+            .arg("shedapp:app")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| io::Error::other(format!("run gunicorn (pip install gunicorn, or cargo xtask setup): {e}")))?;
+        wait_listening(ns, addr, "gunicorn", &mut child)?;
+        Ok(Self { _process: Process(child), _dir: dir })
+    }
+}
+
+/// HAProxy in front of one server, tuned by hand as a concurrency guard:
+/// at most `maxconn` requests at the server, the rest queued in HAProxy for
+/// at most `queue_ms` and then answered 503. What an operator who knows the
+/// service's workers and latency sets (B14's peer). Stops on drop.
+pub struct GuardProxy {
+    _process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl GuardProxy {
+    pub fn start(ns: &str, bind: SocketAddr, server: SocketAddr, maxconn: usize, queue_ms: u64) -> io::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let conf = format!(
+            "global\n    maxconn 20000\n    nbthread 1\n\
+             defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 30s\n    \
+             timeout queue {queue_ms}ms\n\
+             frontend fe\n    bind {bind}\n    default_backend be\n\
+             backend be\n    server s1 {server} maxconn {maxconn}\n"
+        );
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, conf)?;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, "haproxy", "-db", "-f"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                io::Error::other(format!("run haproxy (apt-get install haproxy, or cargo xtask setup): {e}"))
+            })?;
+        wait_listening(ns, bind, "haproxy", &mut child)?;
+        Ok(Self { _process: Process(child), _dir: dir })
+    }
+}

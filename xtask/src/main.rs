@@ -41,7 +41,7 @@ enum Task {
         /// Fewer and shorter samples.
         #[arg(long)]
         quick: bool,
-        /// Benchmarks to run (default: all): b1, b4, b9.
+        /// Benchmarks to run (default: all): b1 ... b14.
         names: Vec<String>,
     },
     /// Long differential fuzz of the packet path (kernel vs reference model).

@@ -17,15 +17,20 @@ pub(crate) fn setup() -> Result<()> {
     Ok(())
 }
 
-/// kubernetes-validate: checks deploy/kubernetes against the Kubernetes schemas it ships.
+/// PyPI's tools: kubernetes-validate checks deploy/kubernetes against the
+/// Kubernetes schemas it ships; gunicorn (its gthread worker) is a real
+/// Python server for the control tests and B14.
 fn python_tools() -> Result<()> {
-    if output(Command::new("python3").args(["-m", "kubernetes_validate", "--version"])).is_some() {
-        println!("setup: kubernetes-validate present");
-        return Ok(());
+    for (module, package) in [("kubernetes_validate", "kubernetes-validate"), ("gunicorn", "gunicorn")] {
+        if output(Command::new("python3").args(["-m", module, "--version"])).is_some() {
+            println!("setup: {package} present");
+            continue;
+        }
+        println!("setup: installing {package} (pip)");
+        run(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))
+            .with_context(|| format!("pip install {package}"))?;
     }
-    println!("setup: installing kubernetes-validate (pip)");
-    run(Command::new("python3").args(["-m", "pip", "install", "--quiet", "kubernetes-validate"]))
-        .context("pip install kubernetes-validate")
+    Ok(())
 }
 
 fn output(cmd: &mut Command) -> Option<String> {

@@ -48,18 +48,27 @@ impl Controller {
     /// objective's (what `--target-latency` leaves after the shortest
     /// service: then the bound is `rate x objective`) or the queue target
     /// (at least 3/4 of the shortest service), and at least [`BOUND_SLACK`] over the knee.
-    /// None: not measured yet, the service keeps up (no queue inside: its
-    /// rate may be only what it was asked), or the port does not count
-    /// requests.
+    /// Without an objective it applies only while the service holds a queue
+    /// inside, from the rate it answers at now (every worker busy); with
+    /// one, from the best rate measured, queue or not. None: not measured
+    /// yet, the service keeps up (no queue inside: its rate may be only what
+    /// it was asked), or the port does not count requests.
     pub(crate) fn work_bound(&self) -> Option<f64> {
         let st = self.settings;
         if st.algo != Algo::Queue || !st.counts_work {
             return None;
         }
-        let (knee, rate, shortest_us) = self.stage.queued_knee()?;
         let bound = if st.objective_us > 0.0 {
+            // The rate the service keeps up while requests queue throughout
+            // (the objective's own, [`super::guards::ServedRate`]): a burst's
+            // quiet remainder of a second says nothing of what it can do.
+            let rate = self.served.rate();
+            if rate <= 0.0 {
+                return None;
+            }
             rate * OBJECTIVE_MARGIN * st.objective_us / 1e6
         } else {
+            let (knee, rate, shortest_us) = self.stage.queued_knee()?;
             let wait_us = st.queue_target_us.max(QUEUE_TARGET_PER_SERVICE * shortest_us);
             (knee + rate * wait_us / 1e6).max(knee + BOUND_SLACK)
         };

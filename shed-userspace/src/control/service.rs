@@ -67,6 +67,9 @@ const SUSPECT_ABOVE_KNEE: f64 = 0.5;
 /// share over what the last probe left.
 const SUSPECT_ROSE: f64 = 0.25;
 
+/// A judged rate spans at least this many of the shortest service times.
+const RATE_SERVICES: f64 = 2.0;
+
 /// The least answers the first knee is taken from (with half the usual).
 const FIRST_ANSWERS: u64 = 3;
 
@@ -146,8 +149,12 @@ pub(crate) struct ServiceStage {
     until_probe: usize,
     suspected: bool,
     /// The last judged answers showed a queue inside (held past the knee by
-    /// [`SUSPECT_ABOVE_KNEE`] of it).
+    /// [`SUSPECT_ABOVE_KNEE`] of it), and the rate they were answered at.
     queued: bool,
+    queued_rate: f64,
+    /// The answers and seconds of the last judged windows, over at least
+    /// [`RATE_SERVICES`] shortest service times.
+    recent: std::collections::VecDeque<(u64, f64)>,
     probe_interval: usize,
     /// Windows too thin to judge, pooled.
     pending: Pending,
@@ -193,6 +200,8 @@ impl ServiceStage {
             until_probe: 0,
             suspected: false,
             queued: false,
+            queued_rate: 0.0,
+            recent: std::collections::VecDeque::new(),
             probe_interval,
             pending: Pending::default(),
         }
@@ -212,14 +221,16 @@ impl ServiceStage {
     /// service keeps up, when the rate it answers at may be only what it is
     /// asked (at a quiet hour the knee is a few requests, and a burst of work
     /// after it must not be cut to that).
+    ///
+    /// With a queue inside, every worker is busy, so the rate of the last
+    /// judged answers is what the service can do now: the knee is that rate
+    /// times the shortest service (a service that lost workers is followed
+    /// down within a judged window or two, not a span of the best rate).
     pub(crate) fn queued_knee(&self) -> Option<(f64, f64, f64)> {
-        let (knee, shortest_us) = self.knee();
-        let rate = (-self.best_rate.min()).max(self.confirmed_rate);
-        (self.queued && self.confirmed_rate > 0.0 && knee.is_finite() && rate > 0.0).then_some((
-            knee,
-            rate,
-            shortest_us,
-        ))
+        let (_, shortest_us) = self.knee();
+        let rate = self.queued_rate;
+        let knee = rate * shortest_us / 1e6;
+        (self.queued && rate > 0.0 && knee.is_finite()).then_some((knee, rate, shortest_us))
     }
 
     /// Whether answers have measured the service yet.
@@ -320,7 +331,8 @@ impl ServiceStage {
         // service's later answers are all too late to be seen.
         let first_among_abandoned =
             self.confirmed_rate == 0.0 && self.pending.answered > 0 && self.pending.abandoned >= needed;
-        if (self.pending.answered < needed || self.pending.sum_us <= 0.0) && !abandoned_judge && !first_among_abandoned {
+        if (self.pending.answered < needed || self.pending.sum_us <= 0.0) && !abandoned_judge && !first_among_abandoned
+        {
             return None;
         }
         let pooled = std::mem::take(&mut self.pending);
@@ -348,6 +360,18 @@ impl ServiceStage {
         let (knee, shortest_us) = self.knee();
         let held = Held { in_service: rate * mean_us / 1e6 + held_abandoned, knee, rate, shortest_us };
         self.queued = held.in_service - knee > (SUSPECT_ABOVE_KNEE * knee).max(1.0);
+        // The rate the bound reads spans two of the shortest service times at
+        // least: a slow service's workers answer in waves (eight at once every
+        // 500 ms), and one judged window may hold a wave or its gap.
+        self.recent.push_back((pooled.answered, seconds));
+        let span_s = RATE_SERVICES * shortest_us / 1e6;
+        while self.recent.len() > 1 && self.recent.iter().skip(1).map(|r| r.1).sum::<f64>() >= span_s {
+            self.recent.pop_front();
+        }
+        if self.queued {
+            let (answers, secs) = self.recent.iter().fold((0u64, 0.0), |(a, t), r| (a + r.0, t + r.1));
+            self.queued_rate = answers as f64 / secs;
+        }
         if self.queued || self.shortest.min() > (1.0 + SUSPECT_ROSE) * self.confirmed_us {
             self.suspected = true;
         }

@@ -851,3 +851,94 @@ fn the_queue_inside_is_cut_past_three_quarters_of_its_shortest_service() {
     c.propose_queue(&window(46_000), 1, None, Some(held));
     assert!(!c.inside_cut, "more in the kernel");
 }
+
+/// An objective is a bound: once windows in which requests queued throughout
+/// measured the rate the service keeps up, in-flight past `rate x 97% of the
+/// objective` is cut to it in the next window, whatever the other signals say
+/// (Little's law: more cannot all be answered within it).
+#[test]
+fn an_objective_bounds_in_flight_by_the_rate_times_the_objective() {
+    let settings = Settings {
+        algo: Algo::Queue,
+        initial_limit: 1_000,
+        objective_us: 1_000_000.0,
+        cooldown_windows: 0,
+        ..Settings::default()
+    };
+    let mut c = Controller::new(settings, 0);
+    // 200 answers a second, each waiting 50 ms unread (a queue throughout).
+    let queued = |in_flight: u64| WindowSample {
+        in_flight,
+        samples: 20,
+        latency_us: 55_000,
+        queue_wait_us: 50_000,
+        service_us: 5_000,
+        answered: 20,
+        service_mean_us: 5_000,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 100_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
+    };
+    assert_eq!(c.work_bound(), None, "no rate measured yet: the initial limit applies");
+    for _ in 0..3 {
+        c.on_window(&queued(100));
+    }
+    let bound = c.work_bound().expect("the rate is measured");
+    assert!((bound - 194.0).abs() < 1e-6, "200/s x 0.97 s: {bound}");
+    c.set_limit(1_000);
+    assert_eq!(c.on_window(&queued(500)), Decision { limit: 194, reason: Reason::WorkBound });
+    // At or under the bound in flight: no such cut.
+    c.set_limit(1_000);
+    assert_ne!(c.on_window(&queued(194)).reason, Reason::WorkBound);
+}
+
+/// Without an objective the bound applies only while answers show a queue
+/// inside the service, from the rate it answers at then: the knee plus the
+/// wait the queue target allows, at least one request over the knee.
+#[test]
+fn the_work_bound_cuts_a_service_holding_a_queue_inside_at_once() {
+    let settings = Settings { algo: Algo::Queue, initial_limit: 100, cooldown_windows: 0, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    // 4 workers x 100 ms read at once: 40/s. The first answers (10 over 0.25 s)
+    // took 100 ms: the knee, 4, and no queue yet, so no bound.
+    let answers = |answered: u64, mean_us: u64, in_flight: u64, elapsed_us: u64| WindowSample {
+        in_flight,
+        samples: answered,
+        latency_us: mean_us,
+        queue_wait_us: 0,
+        service_us: mean_us,
+        answered,
+        service_mean_us: mean_us,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us,
+        abandoned: 0,
+        abandoned_age_us: 0,
+    };
+    c.on_window(&answers(10, 100_000, 30, 250_000));
+    assert_eq!(c.work_bound(), None, "the service keeps up: no bound");
+    // Then 10 answers over 0.25 s that each took 500 ms: 20 held against a knee
+    // of 4, a queue inside. The bound: 4 + 40/s x 75 ms = 7.
+    let d = c.on_window(&answers(10, 500_000, 30, 250_000));
+    assert_eq!(d.reason, Reason::ServiceQueue, "the window that shows the queue cuts a share of it");
+    let bound = c.work_bound().expect("a queue inside");
+    assert!((bound - 7.0).abs() < 1e-6, "{bound}");
+    // The next window, though it has no answer to judge: 30 in flight past 7.
+    let d = c.on_window(&answers(0, 0, 30, 100_000));
+    assert_eq!(d, Decision { limit: 7, reason: Reason::WorkBound }, "cut to the bound at once");
+    // Abandoned requests alone (clients gave up, nothing answered) still judge
+    // a window: held work at their age, no rate.
+    let gone = WindowSample {
+        answered: 0,
+        service_mean_us: 0,
+        samples: 0,
+        abandoned: 10,
+        abandoned_age_us: 1_000_000,
+        ..answers(0, 0, 7, 100_000)
+    };
+    assert_ne!(c.on_window(&gone).reason, Reason::Grow, "clients giving up is no reason to grow");
+}
