@@ -14,6 +14,12 @@ fn main() {
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
     });
     println!("cargo:rustc-env=SHED_GIT_COMMIT={}", commit.as_deref().unwrap_or("unknown"));
+    // `shedctl --version`: the release and the commit it was built from.
+    println!(
+        "cargo:rustc-env=SHED_VERSION={} (commit {})",
+        env::var("CARGO_PKG_VERSION").unwrap_or_default(),
+        commit.as_deref().unwrap_or("unknown")
+    );
     // A new commit changes HEAD or the branch it names.
     let git = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo")).join("../.git");
     println!("cargo:rerun-if-changed={}", git.join("HEAD").display());

@@ -40,6 +40,23 @@ pub enum Error {
     #[error("no shed gate is running (nothing pinned at {}): start one with `sudo shedctl attach --port PORT`", pin_dir.display())]
     NoGate { pin_dir: PathBuf },
 
+    #[error(
+        "cannot open network namespace `{name}` ({}: {reason}): give a name from `ip netns list` or a path such as /proc/PID/ns/net",
+        path.display()
+    )]
+    UnknownNamespace { name: String, path: PathBuf, reason: String },
+
+    #[error(
+        "--metrics-token-file {}: {reason}: give a file that holds the scrape's bearer token, one word, such as the output of `head -c 32 /dev/urandom | base64`",
+        path.display()
+    )]
+    MetricsToken { path: PathBuf, reason: String },
+
+    #[error(
+        "no container runtime's CRI socket found (looked at {looked}): start the runtime, or give its socket with --cri-socket PATH"
+    )]
+    NoCriSocket { looked: String },
+
     #[error("the gate protects several network namespaces ({labels}): name one with --netns")]
     SeveralNamespaces { labels: String },
 
@@ -175,6 +192,9 @@ impl Error {
             | Self::UnknownInterface { .. }
             | Self::NotEthernet { .. }
             | Self::SeveralNamespaces { .. }
+            | Self::UnknownNamespace { .. }
+            | Self::MetricsToken { .. }
+            | Self::NoCriSocket { .. }
             | Self::NamespaceNotGated { .. }
             | Self::PortNotProtected { .. }
             | Self::InsideIpNetnsExec { .. }

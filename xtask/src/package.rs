@@ -185,7 +185,10 @@ mod tests {
             purge();
             panic!("installed shedctl --version failed");
         }
-        assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("shedctl {}", env!("CARGO_PKG_VERSION")));
+        // The release and the commit it was built from.
+        let said = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+        assert!(said.starts_with(&format!("shedctl {} (commit ", env!("CARGO_PKG_VERSION"))), "{said}");
+        assert!(!said.contains("(commit unknown)"), "built from a checkout, the commit is known: {said}");
         let verify =
             Command::new("systemd-analyze").args(["verify", "/lib/systemd/system/shed.service"]).output().unwrap();
         let verified = verify.status.success();

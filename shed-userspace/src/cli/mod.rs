@@ -29,8 +29,8 @@ use crate::{
 #[derive(Debug, Parser)]
 #[command(
     name = "shedctl",
-    version,
-    about = "shed: an eBPF admission gate that sheds new TCP connections before a service overloads",
+    version = env!("SHED_VERSION"),
+    about = "shed: an eBPF admission gate that sheds new connections and requests before a service overloads",
     long_about = None
 )]
 pub struct Cli {
@@ -491,7 +491,10 @@ pub struct GuardArgs {
 
     /// Latency objective in milliseconds: what a request may take, waiting included (a client
     /// deadline). Requests the service can still answer within it are admitted, so bursts it
-    /// can finish in time get in; the limiters cut only past it (--target-latency 1000). Default: none.
+    /// can finish in time get in; latency within it is no reason to cut. It is also a bound
+    /// (--algo queue): once the rate the service keeps up is measured, in-flight is held to
+    /// that rate x the objective (Little's law), whatever the other signals say. Before that,
+    /// the initial limit applies (--target-latency 1000). Default: none.
     #[arg(long, value_parser = |s: &str| parse_millis(s, 1, 600_000))]
     pub target_latency: Option<Duration>,
 }

@@ -395,23 +395,24 @@ pub(crate) fn namespaces(netns: &[String]) -> anyhow::Result<Vec<Option<String>>
     for ns in netns {
         let label = paths::netns_label(Some(ns));
         if label == paths::OWN_NETNS_LABEL {
-            anyhow::bail!(
-                "--netns {ns}: `{label}` names the daemon's own namespace in stats and metrics: give the namespace by path (--netns /run/netns/{ns})"
-            );
+            return Err(Error::InvalidPlan {
+                reason: format!(
+                    "--netns {ns}: `{label}` names the daemon's own namespace in stats and metrics: give the namespace by path (--netns /run/netns/{ns})"
+                ),
+            }
+            .into());
         }
         let path = system::netns_path(ns);
         let inode = fs::metadata(&path)
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot open network namespace `{ns}` ({}: {e}): give a name from `ip netns list` or a path such as /proc/PID/ns/net",
-                    path.display()
-                )
-            })?
+            .map_err(|e| Error::UnknownNamespace { name: ns.clone(), path: path.clone(), reason: e.to_string() })?
             .ino();
         if let Some((_, _, other)) = seen.iter().find(|(l, i, _)| *l == label || *i == inode) {
-            anyhow::bail!(
-                "--netns {ns} and --netns {other} name the same network namespace (or the same label `{label}`): give each namespace once"
-            );
+            return Err(Error::InvalidPlan {
+                reason: format!(
+                    "--netns {ns} and --netns {other} name the same network namespace (or the same label `{label}`): give each namespace once"
+                ),
+            }
+            .into());
         }
         seen.push((label, inode, ns));
     }

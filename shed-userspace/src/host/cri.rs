@@ -37,13 +37,7 @@ pub fn resolve_socket(given: &Path) -> Result<std::path::PathBuf, Error> {
     if given != Path::new(DEFAULT_SOCKET) {
         return Ok(given.to_owned());
     }
-    found_socket(&KNOWN_SOCKETS).ok_or_else(|| Error::Cri {
-        socket: given.to_owned(),
-        reason: format!(
-            "no container runtime's CRI socket found (looked at {}): give it with --cri-socket PATH",
-            KNOWN_SOCKETS.join(", ")
-        ),
-    })
+    found_socket(&KNOWN_SOCKETS).ok_or_else(|| Error::NoCriSocket { looked: KNOWN_SOCKETS.join(", ") })
 }
 
 /// The first of `candidates` that is a Unix socket.

@@ -335,17 +335,32 @@ impl Loaded {
         };
         match hook {
             Hook::Xdp => {
-                self.xdp()?
-                    .attach(iface, mode)
-                    .map_err(|e| {
-                        Error::program(
-                            format!(
-                                "attach XDP (--xdp-mode {}) to {iface} (if its driver has no native XDP, use --xdp-mode generic or --hook tc)",
-                                crate::named::Named::name(xdp_mode)
-                            ),
-                            e,
-                        )
-                    })?;
+                let attached = self.xdp()?.attach(iface, mode);
+                let attached = match attached {
+                    // auto: a driver that has native XDP but refuses it here (virtio_net
+                    // while the guest's offloads are on, the most common cloud NIC; a
+                    // veth whose MTU is too large) gets generic XDP, which every device
+                    // has: the same program and decisions, after the kernel's skb.
+                    Err(native) if xdp_mode == XdpAttachMode::Auto => {
+                        tracing::warn!(
+                            iface = %iface,
+                            driver = %system::driver(iface).unwrap_or_default(),
+                            "native XDP refused ({}); gating with generic XDP instead (--xdp-mode generic says so, --hook tc uses TC)",
+                            crate::error::chain(&native)
+                        );
+                        self.xdp()?.attach(iface, XdpMode::Skb)
+                    }
+                    other => other,
+                };
+                attached.map_err(|e| {
+                    Error::program(
+                        format!(
+                            "attach XDP (--xdp-mode {}) to {iface} (if its driver has no native XDP, use --xdp-mode generic or --hook tc)",
+                            crate::named::Named::name(xdp_mode)
+                        ),
+                        e,
+                    )
+                })?;
             }
             Hook::Tc => {
                 self.tc()?

@@ -90,27 +90,30 @@ fn checked_plan(args: &AttachArgs) -> anyhow::Result<GatePlan> {
     })
 }
 
-/// `--print-config`: only a file that `attach` accepts (the same checks first).
+/// `--print-config`: only a file that `attach` accepts (the same checks
+/// first, the namespaces and the token file included; not the host's
+/// privileges and kernel, which the file's reader may have).
 pub(crate) fn printed_config(args: &AttachArgs) -> anyhow::Result<String> {
     checked_plan(args)?;
+    args.metrics_token_file.as_deref().map(metrics_token).transpose()?;
+    if !args.ports.is_empty() {
+        process::namespaces(&args.netns)?;
+    }
     Ok(config::render(args))
 }
 
-/// The token in `--metrics-token-file` (surrounding whitespace dropped).
+/// The token in `--metrics-token-file` (surrounding whitespace dropped). A
+/// file that cannot be read or holds no usable token is the host's refusal
+/// (exit 4), before anything changes.
 fn metrics_token(file: &std::path::Path) -> anyhow::Result<std::sync::Arc<str>> {
-    let text = std::fs::read_to_string(file).map_err(|e| {
-        anyhow::anyhow!(
-            "--metrics-token-file {}: cannot read it ({e}): give a file that holds the scrape's bearer token",
-            file.display()
-        )
-    })?;
+    let refused = |reason: String| crate::error::Error::MetricsToken { path: file.to_owned(), reason };
+    let text = std::fs::read_to_string(file).map_err(|e| refused(format!("cannot read it ({e})")))?;
     let token = text.trim();
     if token.is_empty() || token.chars().any(char::is_whitespace) {
-        anyhow::bail!(
-            "--metrics-token-file {}: {}: write one token, such as the output of `head -c 32 /dev/urandom | base64`",
-            file.display(),
-            if token.is_empty() { "it is empty" } else { "the token has whitespace inside" }
-        );
+        return Err(refused(
+            if token.is_empty() { "it is empty" } else { "the token has whitespace inside" }.to_owned(),
+        )
+        .into());
     }
     Ok(token.into())
 }

@@ -70,20 +70,23 @@ fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Resu
     let control = snapshot.control;
     let min = args.min_limit.unwrap_or(control.min_limit);
     let max = args.max_limit.unwrap_or(control.max_limit);
+    // A change refused for its flags is a usage error (exit 2), as attach's.
+    let usage = |reason: String| crate::error::Error::InvalidPlan { reason };
     if min > max {
-        anyhow::bail!("--min-limit {min} would be above --max-limit {max}: nothing changed");
+        return Err(usage(format!("--min-limit {min} would be above --max-limit {max}: nothing changed")).into());
     }
     let count = args.count.unwrap_or(Count::from_raw(config.count_mode));
     let algo = args.algo.unwrap_or(Algo::from_raw(control.algo));
-    crate::cli::check_count_algo(count, algo).map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
+    crate::cli::check_count_algo(count, algo).map_err(|e| usage(format!("{e}: nothing changed")))?;
     // What `attach` refuses, `set` refuses: an adaptive limiter starts within its bounds.
     if let Some(limit) = args.limit
         && algo != Algo::Fixed
         && !(min..=max).contains(&limit)
     {
-        anyhow::bail!(
+        return Err(usage(format!(
             "--limit {limit} is outside --min-limit {min} .. --max-limit {max} of {algo}: give a limit within them, or move the bounds in the same command: nothing changed"
-        );
+        ))
+        .into());
     }
     if let Some(action) = args.action {
         config.action = action.to_raw();
