@@ -47,7 +47,7 @@ pub enum Error {
     UnknownNamespace { name: String, path: PathBuf, reason: String },
 
     #[error(
-        "--metrics-token-file {}: {reason}: give a file that holds the scrape's bearer token, one word, such as the output of `head -c 32 /dev/urandom | base64`",
+        "--metrics-token-file {}: {reason}: write one token (the scrape's bearer token, one word), such as the output of `head -c 32 /dev/urandom | base64`, in a file the daemon can read",
         path.display()
     )]
     MetricsToken { path: PathBuf, reason: String },

@@ -597,8 +597,13 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["limit", "action", "dry_run", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share", "retry_after", "no_dry_run"])))]
 pub struct SetArgs {
     /// The protected port to change (--port 8080).
-    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
-    pub port: u16,
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_port, required_unless_present = "all")]
+    pub port: Option<u16>,
+
+    /// Every port of every gate, pods included, with --dry-run or --dry-run=off only: the
+    /// global dry-run, which gates that start while it is on start in too (--all --dry-run).
+    #[arg(long, conflicts_with_all = ["port", "netns", "pod", "limit", "action", "algo", "min_limit", "max_limit", "count", "shares", "tier_actions", "client_cap", "client_share", "retry_after", "json"])]
+    pub all: bool,
 
     /// With several namespaces gated: change the port only in this one (--netns web); without it, in every one.
     #[arg(long)]
@@ -677,6 +682,17 @@ pub struct DetachArgs {
     #[arg(long, requires = "port")]
     pub netns: Option<String>,
 
+    /// Stop gating one pod of a node agent (`attach --pods`), every port of it, by the
+    /// pod's namespace and name (--pod default/web); it stays ungated until the agent restarts.
+    #[arg(long, conflicts_with_all = ["port", "netns", "now"])]
+    pub pod: Option<String>,
+
+    /// The emergency off: every gate goes at once, pods included, with no handover to a
+    /// next agent (a node agent's SIGTERM leaves its pods judged for the next one for up
+    /// to a minute); links left by an agent that already stopped go too (--now).
+    #[arg(long, conflicts_with_all = ["port", "netns"])]
+    pub now: bool,
+
     /// Milliseconds to wait for the daemon to exit (--timeout 5000).
     #[arg(long, default_value = "5000", value_parser = |s: &str| parse_millis(s, 100, 600_000))]
     pub timeout: Duration,
@@ -731,7 +747,8 @@ mod vocabulary_tests {
         // Every `set` flag is a setting of attach too, under the same name.
         for flag in set
             .iter()
-            .filter(|f| !["port", "netns", "pod", "help", "share", "tier-action", "json"].contains(&f.as_str()))
+            // `all` chooses every gate, as port, netns and pod choose one: no setting.
+            .filter(|f| !["port", "netns", "pod", "all", "help", "share", "tier-action", "json"].contains(&f.as_str()))
         {
             assert!(attach.contains(flag), "set --{flag} is not an attach flag");
         }
@@ -1000,7 +1017,7 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((s.port, s.limit, s.action, s.dry_run), (8080, Some(7), None, Some(Switch(false))));
+        assert_eq!((s.port, s.limit, s.action, s.dry_run), (Some(8080), Some(7), None, Some(Switch(false))));
         // One syntax with attach: --dry-run alone turns it on, --no-dry-run off.
         let set = |args: &[&str]| match parse(&[&["set", "--port", "8080"], args].concat()).map(|c| c.command) {
             Ok(Command::Set(s)) => Ok((s.dry_run, s.no_dry_run, s.limit)),

@@ -33,7 +33,7 @@ use crate::{
         options::Hook,
         programs::{Loaded, Prepared},
     },
-    observe::endpoint::{GateRegistry, RefusedPods},
+    observe::endpoint::{GateRegistry, PodLoop, PodState, RefusedPods},
 };
 
 /// The pods the daemon gates, and those it will not.
@@ -42,8 +42,9 @@ pub(super) struct Pods {
     node: Arc<NodePlan>,
     reloads: watch::Receiver<u64>,
     done: GateEnds,
-    /// The metrics endpoint's gates (each pod's joins it) and refused pods.
-    endpoint: (GateRegistry, RefusedPods),
+    /// The metrics endpoint's gates (each pod's joins it), refused pods, and
+    /// the pod loop's own state (its runtime, its pods by state).
+    endpoint: (GateRegistry, RefusedPods, PodLoop),
     client: Option<cri::Client>,
     /// The sandboxes' network namespaces, asked of the runtime once each.
     networks: cri::Networks,
@@ -256,7 +257,7 @@ impl Pods {
         node: Arc<NodePlan>,
         reloads: watch::Receiver<u64>,
         done: GateEnds,
-        endpoint: (GateRegistry, RefusedPods),
+        endpoint: (GateRegistry, RefusedPods, PodLoop),
     ) -> Self {
         // Names left by a daemon that exited uncleanly (its pins are removed too).
         let _ = std::fs::remove_dir_all(paths::POD_NAMES);
@@ -268,6 +269,7 @@ impl Pods {
         } else {
             Spare::start(node.load_options(Scope::Pod), node.spare_hook())
         };
+        endpoint.2.start();
         Self {
             spare,
             dispatcher,
@@ -318,6 +320,7 @@ impl Pods {
                 ),
             })
         });
+        self.endpoint.2.looked(listed.is_ok());
         let pods = match listed {
             Ok(pods) => pods,
             Err(e) => {
@@ -420,6 +423,21 @@ impl Pods {
                 }
             }
         }
+        self.endpoint.2.set_pods(self.states());
+    }
+
+    /// The pods that ask for a gate, by state ([`PodState::ALL`]'s order).
+    fn states(&self) -> [u64; 4] {
+        let ticked = self.running.values().filter(|g| g.heartbeat.age().is_some()).count() as u64;
+        let setting_up = self.running.len() as u64 - ticked;
+        let leaving = self.stopping && self.dispatcher.as_ref().is_some_and(|d| d.leaving());
+        PodState::ALL.map(|state| match state {
+            PodState::Gated if !leaving => ticked,
+            PodState::HandingOver if leaving => ticked,
+            PodState::Gated | PodState::HandingOver => 0,
+            PodState::Waiting => setting_up + self.over_budget.len() as u64,
+            PodState::Refused => (self.refused.len() + self.set_up_failed.len()) as u64,
+        })
     }
 
     async fn list(&mut self) -> Result<Vec<PodSandbox>, crate::error::Error> {
@@ -525,12 +543,16 @@ impl Pods {
     /// the shared object for the next agent, which takes each over
     /// (`kernel::handover`); without a shared object, each is detached.
     /// Whether they are left.
-    pub(super) fn leave_for_successor(&self) -> bool {
+    pub(super) fn leave_for_successor(&mut self) -> bool {
         let Some(dispatcher) = &self.dispatcher else { return false };
         if let Err(e) = dispatcher.leave_for_successor(crate::kernel::handover::HANDOVER_LEASE) {
             tracing::warn!("{}: every pod is detached as the agent stops", crate::error::chain(&e));
         }
-        dispatcher.leaving()
+        let leaving = dispatcher.leaving();
+        // What the metrics show meanwhile: the pods judged, handed over.
+        self.stopping = true;
+        self.endpoint.2.set_pods(self.states());
+        leaving
     }
 
     /// Ends every pod's gate (the daemon stops).

@@ -56,6 +56,7 @@ pub(crate) fn run(mut plan: NodePlan) -> anyhow::Result<()> {
     let named = NamedGates::start(&plan, &control)?;
     // What the metrics endpoint serves: these gates, and the pods' as they come.
     let (registry, refused_pods) = (endpoint::GateRegistry::default(), endpoint::RefusedPods::default());
+    let pod_loop = endpoint::PodLoop::default();
     // `attach --pods`: each pod that asks gets a gate of its own, found and followed here.
     let pods = plan.pods.as_ref().map(|source| {
         Pods::new(
@@ -63,7 +64,7 @@ pub(crate) fn run(mut plan: NodePlan) -> anyhow::Result<()> {
             plan.clone(),
             control.reloads.clone(),
             control.ends.clone(),
-            (registry.clone(), refused_pods.clone()),
+            (registry.clone(), refused_pods.clone(), pod_loop.clone()),
         )
     });
     let named = named.ready()?;
@@ -75,7 +76,13 @@ pub(crate) fn run(mut plan: NodePlan) -> anyhow::Result<()> {
         let readiness = ReadinessRule { max_shed_percent: plan.ready_max_shed, window: plan.ready_window };
         endpoint::serve(
             listener,
-            endpoint::Endpoint { gates: registry, refused_pods, readiness, token: plan.metrics_token.clone() },
+            endpoint::Endpoint {
+                gates: registry,
+                refused_pods,
+                pod_loop,
+                readiness,
+                token: plan.metrics_token.clone(),
+            },
         );
     }
     lock.write_pid()?;
@@ -301,7 +308,7 @@ impl Supervisor {
                 _ = signals.interrupt.recv() => self.stop("SIGINT: detaching"),
                 _ = signals.terminate.recv() => {
                     // A node agent's pods stay judged for the next agent (a restart, a rolling update).
-                    let leaving = self.pods.as_ref().is_some_and(Pods::leave_for_successor);
+                    let leaving = self.pods.as_mut().is_some_and(Pods::leave_for_successor);
                     self.stop(if leaving {
                         "SIGTERM: the pods stay judged for the next agent; the node's own gates detach"
                     } else {

@@ -21,6 +21,13 @@ pub(crate) const OWN_NETNS_LABEL: &str = "host";
 pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 /// The running daemon's lock and pid file (flock held for the daemon's life).
 pub const PID_FILE: &str = "/run/shed/shedctl.pid";
+
+/// The folder of the daemon's run-time files.
+pub const RUN_DIR: &str = "/run/shed";
+
+/// While this file exists (`shedctl set --all --dry-run`), every port a gate
+/// starts protecting starts in dry-run.
+pub const DRY_RUN_ALL: &str = "/run/shed/dry-run-all";
 /// Held (flock) around every read-modify-write of the gate's port configs and
 /// tiers (`set`, `tier`, a reload), so two of them cannot undo each other.
 pub(crate) const CONFIG_LOCK: &str = "/run/shed/config.lock";

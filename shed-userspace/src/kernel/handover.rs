@@ -276,6 +276,40 @@ pub fn remove_lapsed() -> Vec<(PathBuf, u64)> {
     live
 }
 
+/// The folders of links left for a successor, each with its lease's end and
+/// the pods' links in it (what a stopped agent leaves judging).
+pub fn left() -> Vec<(PathBuf, u64, usize)> {
+    let now = system::monotonic_ns();
+    std::fs::read_dir(paths::HANDOVER_PIN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let until = entry.file_name().to_str().and_then(lease_end)?;
+            let pods = std::fs::read_dir(entry.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("tc_"))
+                .count();
+            (until > now).then(|| (entry.path(), until, pods))
+        })
+        .collect()
+}
+
+/// Removes every folder of links left for a successor, lease or not (an
+/// operator's emergency stop): the pods they judged pass at once. Returns
+/// how many pods' links went.
+pub fn remove_all() -> usize {
+    let mut pods = 0;
+    for (dir, _, n) in left() {
+        remove(&dir);
+        pods += n;
+    }
+    remove_lapsed();
+    pods
+}
+
 /// Removes a folder of links left: unpinned, each link goes (detached) unless held.
 fn remove(dir: &Path) {
     if let Err(e) = std::fs::remove_dir_all(dir) {

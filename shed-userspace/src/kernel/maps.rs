@@ -335,7 +335,9 @@ impl GateMaps {
         self.raw.reserve.set(slot, TierReserve::default(), 0).map_err(reset)?;
         self.raw.control.set(slot, spec.control, 0).map_err(reset)?;
         self.set_limit(slot, spec.limit)?;
-        let mut config = PortConfig::new(slot, spec.action, spec.dry_run, spec.count_mode);
+        // An operator's global dry-run (`set --all --dry-run`) holds for ports that start meanwhile.
+        let dry_run = spec.dry_run || std::path::Path::new(crate::host::paths::DRY_RUN_ALL).exists();
+        let mut config = PortConfig::new(slot, spec.action, dry_run, spec.count_mode);
         config.share_permille = spec.share_permille;
         config.tier_action = spec.tier_action;
         config.tiered = u8::from(self.any_tier()?);

@@ -71,6 +71,8 @@ impl ShedHistory {
 pub(crate) struct Endpoint {
     pub gates: GateRegistry,
     pub refused_pods: RefusedPods,
+    /// A node agent's pod loop (`attach --pods`): its container runtime and its pods' states.
+    pub pod_loop: PodLoop,
     pub readiness: ReadinessRule,
     /// `--metrics-token-file`: /metrics answers only `Authorization: Bearer` it.
     pub token: Option<Arc<str>>,
@@ -108,6 +110,108 @@ impl RefusedPods {
 
     pub(crate) fn current(&self) -> Vec<(String, String)> {
         lock(&self.0).iter().map(|(pod, (key, _))| (pod.clone(), key.clone())).collect()
+    }
+}
+
+/// How long a node agent's pod loop may go without a successful look at the
+/// container runtime before `/healthz` fails: a minute of a runtime that does
+/// not answer (or a loop that stopped looking) is longer than any restart of
+/// the runtime, and the kubelet, restarting the agent, hands its pods over.
+pub(crate) const CRI_LIVE_WITHIN: Duration = Duration::from_mins(1);
+
+/// A pod's state, as the pods-by-state gauge counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PodState {
+    /// Its gate judges it.
+    Gated,
+    /// Its gate is setting up, or it waits: for room in the memory budget, or to try again.
+    Waiting,
+    /// Left judged by this agent's programs for the next agent (SIGTERM).
+    HandingOver,
+    /// Left ungated: an annotation of its could not be used, or its gate failed.
+    Refused,
+}
+
+impl PodState {
+    pub(crate) const ALL: [Self; 4] = [Self::Gated, Self::Waiting, Self::HandingOver, Self::Refused];
+
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Self::Gated => "gated",
+            Self::Waiting => "waiting",
+            Self::HandingOver => "handing_over",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+/// What a node agent's pod loop last saw, for `/healthz` and the metrics.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PodLoop(Arc<Mutex<Option<PodLoopState>>>);
+
+/// The pod loop's state (None in [`PodLoop`]: the daemon gates no pods).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PodLoopState {
+    pub started: std::time::Instant,
+    /// Whether the last look at the runtime succeeded.
+    pub cri_up: bool,
+    /// The last successful look: when (monotonic) and its wall-clock time (Unix seconds).
+    pub last_success: Option<(std::time::Instant, f64)>,
+    /// Pods by state ([`PodState::ALL`]'s order).
+    pub pods: [u64; 4],
+}
+
+impl PodLoop {
+    /// A pod loop starts (`attach --pods`).
+    pub(crate) fn start(&self) {
+        *lock(&self.0) =
+            Some(PodLoopState { started: std::time::Instant::now(), cri_up: false, last_success: None, pods: [0; 4] });
+    }
+
+    /// A look at the runtime ended: it answered or not.
+    pub(crate) fn looked(&self, answered: bool) {
+        if let Some(state) = lock(&self.0).as_mut() {
+            state.cri_up = answered;
+            if answered {
+                let unix =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+                state.last_success = Some((std::time::Instant::now(), unix));
+            }
+        }
+    }
+
+    /// The pods by state, after a look.
+    pub(crate) fn set_pods(&self, pods: [u64; 4]) {
+        if let Some(state) = lock(&self.0).as_mut() {
+            state.pods = pods;
+        }
+    }
+
+    pub(crate) fn current(&self) -> Option<PodLoopState> {
+        *lock(&self.0)
+    }
+}
+
+impl PodLoopState {
+    /// `/healthz`'s word on the pod loop: why it is not alive, if it is not.
+    pub(crate) fn liveness(&self, now: std::time::Instant) -> Result<(), String> {
+        let since = self.last_success.map_or(self.started, |(at, _)| at);
+        let age = now.saturating_duration_since(since);
+        if age <= CRI_LIVE_WITHIN {
+            return Ok(());
+        }
+        Err(match self.last_success {
+            Some(_) => format!(
+                "the pod loop's last successful look at the container runtime was {:.0} s ago (at most {} s)\n",
+                age.as_secs_f64(),
+                CRI_LIVE_WITHIN.as_secs()
+            ),
+            None => format!(
+                "the pod loop has not reached the container runtime in {:.0} s (at most {} s)\n",
+                age.as_secs_f64(),
+                CRI_LIVE_WITHIN.as_secs()
+            ),
+        })
     }
 }
 
@@ -162,6 +266,7 @@ struct Shared {
     open: Arc<Mutex<Vec<Arc<OpenGate>>>>,
     registry: GateRegistry,
     refused_pods: RefusedPods,
+    pod_loop: PodLoop,
     readiness: ReadinessRule,
     token: Option<Arc<str>>,
 }
@@ -200,6 +305,7 @@ pub(crate) fn serve(listener: std::net::TcpListener, endpoint: Endpoint) {
                 open: Arc::default(),
                 registry: endpoint.gates,
                 refused_pods: endpoint.refused_pods,
+                pod_loop: endpoint.pod_loop,
                 readiness: endpoint.readiness,
                 token: endpoint.token,
             };
@@ -366,7 +472,9 @@ async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap) -
                 })
             })
             .collect();
-        Scrape::read(&sources, shared.refused_pods.current()).map(Scrape::encode)
+        Scrape::read(&sources, shared.refused_pods.current())
+            .map(|scrape| Scrape { pod_loop: shared.pod_loop.current(), ..scrape })
+            .map(Scrape::encode)
     })
     .await;
     match scrape {
@@ -385,7 +493,8 @@ async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap) -
 
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
     let gates = shared.gates();
-    match liveness(gates.iter().map(|g| &g.gate)) {
+    let pod_loop = shared.pod_loop.current().map_or(Ok(()), |p| p.liveness(std::time::Instant::now()));
+    match liveness(gates.iter().map(|g| &g.gate)).and(pod_loop) {
         Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
@@ -470,6 +579,35 @@ mod tests {
         assert_eq!(liveness(node.iter()), Err("the control loop has not started\n".to_owned()));
         node[0].ended.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(liveness(node.iter()), Ok(()));
+    }
+
+    /// A node agent's liveness covers its pod loop: it fails once the loop has
+    /// gone [`CRI_LIVE_WITHIN`] without a successful look at the runtime
+    /// (counted from its start before the first), and passes while one came
+    /// within it; a runtime that answers again makes it pass again.
+    #[test]
+    fn a_pod_loop_that_cannot_reach_its_runtime_fails_liveness_after_a_minute() {
+        let pod_loop = PodLoop::default();
+        assert!(pod_loop.current().is_none(), "no --pods: nothing to say");
+        pod_loop.start();
+        let state = pod_loop.current().unwrap();
+        let t0 = state.started;
+        let just = CRI_LIVE_WITHIN;
+        assert_eq!(state.liveness(t0 + just), Ok(()), "a minute to reach the runtime at start");
+        let why = state.liveness(t0 + just + Duration::from_secs(1)).unwrap_err();
+        assert!(why.contains("has not reached the container runtime"), "{why}");
+        pod_loop.looked(false);
+        assert!(!pod_loop.current().unwrap().cri_up);
+        assert!(pod_loop.current().unwrap().last_success.is_none(), "a failed look is no success");
+        pod_loop.looked(true);
+        let state = pod_loop.current().unwrap();
+        let (at, unix) = state.last_success.unwrap();
+        assert!(state.cri_up && unix > 1.7e9, "{unix}");
+        assert_eq!(state.liveness(at + just), Ok(()));
+        let why = state.liveness(at + just + Duration::from_millis(1)).unwrap_err();
+        assert!(why.contains("last successful look"), "{why}");
+        pod_loop.set_pods([1, 2, 0, 3]);
+        assert_eq!(pod_loop.current().unwrap().pods, [1, 2, 0, 3]);
     }
 
     #[test]

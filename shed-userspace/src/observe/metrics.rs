@@ -49,6 +49,8 @@ pub(crate) struct Scrape {
     pub process: ProcessStats,
     /// Pods left ungated for an annotation they could not use: `namespace/name` and the annotation.
     pub refused_pods: Vec<(String, String)>,
+    /// A node agent's pod loop: its runtime and its pods by state (None: no `--pods`).
+    pub pod_loop: Option<crate::observe::endpoint::PodLoopState>,
 }
 
 /// One namespace's gate, beyond its ports.
@@ -150,7 +152,7 @@ impl Scrape {
                 dispatch: source.dispatch.books(),
             });
         }
-        Ok(Self { ports, gates, process: ProcessStats::read(), refused_pods })
+        Ok(Self { ports, gates, process: ProcessStats::read(), refused_pods, pod_loop: None })
     }
 
     /// The Prometheus text exposition.
@@ -599,6 +601,32 @@ impl Collector for Scrape {
 impl Scrape {
     /// The gate-wide families with a label of their own (a reason, a task).
     fn encode_gate_breakdowns(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if let Some(pod_loop) = &self.pod_loop {
+            use crate::observe::endpoint::PodState;
+            family(
+                e,
+                "shed_cri_up",
+                "1 while the node agent's last look at the container runtime (CRI) answered, 0 while it does not (the pods gated stay gated; new pods wait).",
+                MetricType::Gauge,
+                std::iter::once((Vec::new(), u64::from(pod_loop.cri_up))),
+            )?;
+            family(
+                e,
+                "shed_cri_last_success_timestamp_seconds",
+                "Unix time of the node agent's last successful look at the container runtime (0: none yet); /healthz fails past a minute without one.",
+                MetricType::Gauge,
+                std::iter::once((Vec::new(), pod_loop.last_success.map_or(0, |(_, unix)| unix as u64))),
+            )?;
+            let states =
+                PodState::ALL.iter().zip(pod_loop.pods).map(|(s, n)| (vec![("state", s.name().to_owned())], n));
+            family(
+                e,
+                "shed_pods",
+                "The node agent's pods that ask for a gate, by state: gated (a gate judges it), waiting (its gate sets up, or it waits for room or to try again), handing_over (left judged for the next agent), refused (left ungated: an annotation it could not use, or its gate failed).",
+                MetricType::Gauge,
+                states,
+            )?;
+        }
         let refused = self.refused_pods.iter().filter_map(|(pod, key)| {
             let mut labels = pod_labels(Some(pod));
             labels.push(("annotation", key.clone()));
@@ -789,6 +817,12 @@ mod tests {
                 nat_bypassed: true,
             }],
             refused_pods: vec![("shop/web-1".into(), "shed.io/limit".into())],
+            pod_loop: Some(crate::observe::endpoint::PodLoopState {
+                started: std::time::Instant::now(),
+                cri_up: false,
+                last_success: Some((std::time::Instant::now(), 1_765_000_000.5)),
+                pods: [3, 1, 0, 2],
+            }),
             gates: vec![GateMetrics {
                 netns: "blue".into(),
                 pod: None,
@@ -841,6 +875,12 @@ mod tests {
             "process_open_fds 7",
             "process_cpu_seconds_total 1.5",
             "shed_pod_refused{namespace=\"shop\",pod=\"web-1\",annotation=\"shed.io/limit\"} 1",
+            "shed_cri_up 0",
+            "shed_cri_last_success_timestamp_seconds 1765000000",
+            "shed_pods{state=\"gated\"} 3",
+            "shed_pods{state=\"waiting\"} 1",
+            "shed_pods{state=\"handing_over\"} 0",
+            "shed_pods{state=\"refused\"} 2",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

@@ -14,7 +14,10 @@ use crate::{
     error::Error,
     host::paths,
     host::system::{self, Need},
-    kernel::maps::{self, GateMaps},
+    kernel::{
+        handover,
+        maps::{self, GateMaps},
+    },
 };
 
 pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
@@ -24,15 +27,53 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
         Liveness::Stale { pid } => {
             maps::remove_pins(Path::new(paths::PIN_DIR))?;
             println!("no daemon was running (pid {pid} is gone); removed its stale pins from {}", paths::PIN_DIR);
+            if args.now {
+                remove_left_links();
+            } else {
+                say_left_links();
+            }
+            return Ok(());
+        }
+        Liveness::Absent if args.now && !handover::left().is_empty() => {
+            // No daemon, but a stopped agent's links still judge its pods.
+            remove_left_links();
             return Ok(());
         }
         Liveness::Absent => return Err(Error::NoGate { pin_dir: paths::PIN_DIR.into() }.into()),
     };
 
-    if let Some(port) = args.port {
+    // One pod of a node agent: every port of its gate, as `--port P --netns LABEL` each.
+    let (port, netns) = match &args.pod {
+        Some(pod) => {
+            let label = crate::cli::chosen_netns(None, Some(pod))?.expect("a pod's label");
+            let gates = GateMaps::open_gates(Some(&label))?;
+            let ports: Vec<u16> = gates
+                .iter()
+                .flat_map(|g| g.maps.port_configs().map(|c| c.into_keys().collect::<Vec<_>>()).unwrap_or_default())
+                .collect();
+            let lock = daemon::ConfigLock::take()?;
+            crate::daemon::audit::note_request();
+            let mut gates = gates;
+            for gate in &mut gates {
+                for &p in &ports {
+                    gate.maps.unprotect(p)?;
+                }
+            }
+            drop(lock);
+            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            println!(
+                "pod {pod} is no longer gated (ports {}); it stays ungated until the agent restarts",
+                ports.join(", ")
+            );
+            return Ok(());
+        }
+        None => (args.port, args.netns.clone()),
+    };
+
+    if let Some(port) = port {
         // The port table packs eight ports a word: a reload writing a neighbour meanwhile would undo this.
         let lock = daemon::ConfigLock::take()?;
-        let gates = GateMaps::open_gates(args.netns.as_deref())?;
+        let gates = GateMaps::open_gates(netns.as_deref())?;
         let several = gates.len() > 1;
         let mut gates = maps::protecting(gates, port)?;
         crate::daemon::audit::note_request();
@@ -67,13 +108,46 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
     let Ok(pid_num) = pid.parse::<libc::pid_t>() else {
         bail!("the gate's pid file ({}) holds {pid:?}, not a pid: stop the daemon by hand", paths::PID_FILE);
     };
+    // SIGTERM: a node agent leaves its pods judged for the next agent (a
+    // restart, a rolling update). SIGINT (--now): everything goes, no handover.
+    let signal = if args.now { libc::SIGINT } else { libc::SIGTERM };
     // SAFETY: plain signal send.
-    if unsafe { libc::kill(pid_num, libc::SIGTERM) } != 0 {
+    if unsafe { libc::kill(pid_num, signal) } != 0 {
         bail!("could not signal the gate (pid {pid}): {}", std::io::Error::last_os_error());
     }
     wait_for_exit(&pid, args.timeout)?;
-    println!("gate stopped (pid {pid}); nothing is attached or pinned");
+    if args.now {
+        println!("gate stopped at once (pid {pid}), no handover");
+        remove_left_links();
+    } else {
+        println!("gate stopped (pid {pid}); its pins are removed");
+        say_left_links();
+    }
     Ok(())
+}
+
+/// Says what a stopped node agent left judging for its successor, if anything.
+fn say_left_links() {
+    let left = handover::left();
+    let pods: usize = left.iter().map(|(_, _, n)| n).sum();
+    if left.is_empty() {
+        println!("nothing is left attached or pinned");
+        return;
+    }
+    let now = system::monotonic_ns();
+    let longest = left.iter().map(|(_, until, _)| until.saturating_sub(now)).max().unwrap_or(0) / 1_000_000_000;
+    println!(
+        "left for the next agent: {pods} pod(s) still judged by the stopped agent's programs for up to {longest} s more (until a new agent takes them over); `shedctl detach --now` removes them at once"
+    );
+}
+
+/// Removes what stopped agents left judging for a successor, and says so.
+fn remove_left_links() {
+    let pods = handover::remove_all();
+    if pods > 0 {
+        println!("removed the links a stopped agent left for its successor: {pods} pod(s) pass ungated now");
+    }
+    println!("nothing is left attached or pinned");
 }
 
 fn wait_for_exit(pid: &str, timeout: Duration) -> anyhow::Result<()> {

@@ -7,7 +7,10 @@ use crate::{
     cli::SetArgs,
     control::Algo,
     daemon,
-    host::system::{self, Need},
+    host::{
+        paths,
+        system::{self, Need},
+    },
     kernel::maps::GateMaps,
     kernel::options::{Action, Count},
     observe::stats::PortStats,
@@ -18,14 +21,15 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
     daemon::require_running()?;
     // Read-modify-write of port configs: one control-plane change at a time.
     let _lock = daemon::ConfigLock::take()?;
+    let Some(port) = args.port else { return dry_run_everywhere(&args) };
     let gates = GateMaps::open_gates(crate::cli::chosen_netns(args.netns.clone(), args.pod.as_deref())?.as_deref())?;
     let several = gates.len() > 1;
     // The port in every chosen namespace that protects it; checked in each
     // before any is written, so a refusal changes nothing anywhere.
-    let mut gates = crate::kernel::maps::protecting(gates, args.port)?;
+    let mut gates = crate::kernel::maps::protecting(gates, port)?;
     let mut plans = Vec::new();
     for gate in &gates {
-        plans.push(plan(&gate.maps, &args, gate.maps.config(args.port)?)?);
+        plans.push(plan(&gate.maps, &args, port, gate.maps.config(port)?)?);
     }
     // Every check is done: from here on only writes (the daemon logs each with who asked).
     crate::daemon::audit::note_request();
@@ -34,7 +38,7 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
         write(&mut gate.maps, &args, &plan)?;
         if args.json {
             // Read back: what the gate now holds, not what was asked.
-            for snapshot in gate.maps.snapshots(Some(args.port))? {
+            for snapshot in gate.maps.snapshots(Some(port))? {
                 let mut stats = PortStats::new(&snapshot, None);
                 stats.netns.clone_from(&gate.netns);
                 stats.pod.clone_from(&gate.pod);
@@ -57,6 +61,7 @@ pub fn execute(args: SetArgs) -> anyhow::Result<()> {
 
 /// What `set` writes for one namespace's port.
 struct Plan {
+    port: u16,
     config: PortConfig,
     control: ControlConfig,
     min: u32,
@@ -65,8 +70,8 @@ struct Plan {
 }
 
 /// Checks the change against one port's current settings, and what it comes to.
-fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Result<Plan> {
-    let snapshot = maps.snapshot(args.port, config)?;
+fn plan(maps: &GateMaps, args: &SetArgs, port: u16, mut config: PortConfig) -> anyhow::Result<Plan> {
+    let snapshot = maps.snapshot(port, config)?;
     let control = snapshot.control;
     let min = args.min_limit.unwrap_or(control.min_limit);
     let max = args.max_limit.unwrap_or(control.max_limit);
@@ -113,17 +118,17 @@ fn plan(maps: &GateMaps, args: &SetArgs, mut config: PortConfig) -> anyhow::Resu
         config.retry_after_s = seconds;
     }
     if config.answers_http() {
-        crate::cli::input::http_port(args.port)
+        crate::cli::input::http_port(port)
             .and_then(|()| crate::cli::input::http_count(Count::from_raw(config.count_mode)))
             .map_err(|e| anyhow::anyhow!("{e}: nothing changed"))?;
     }
-    Ok(Plan { config, control, min, max, limit: args.limit.unwrap_or(snapshot.limit) })
+    Ok(Plan { port, config, control, min, max, limit: args.limit.unwrap_or(snapshot.limit) })
 }
 
 fn write(maps: &mut GateMaps, args: &SetArgs, plan: &Plan) -> anyhow::Result<()> {
     let config = plan.config;
     // One map write: the kernel sees the old or the new config, never a mix.
-    maps.write_config(args.port, config)?;
+    maps.write_config(plan.port, config)?;
     if let Some(limit) = args.limit {
         // Straight into the gate's map, so the next SYN sees it; the controller continues from it.
         maps.set_limit(config.slot, limit)?;
@@ -157,7 +162,7 @@ impl Plan {
             .collect();
         format!(
             "port {}: limit {} ({algo} {}..{}), action {}, count {}, dry-run {}, shares {}, client cap {}, client share {}",
-            args.port,
+            self.port,
             self.limit,
             self.min,
             self.max,
@@ -169,4 +174,46 @@ impl Plan {
             if config.client_share == 0 { "none".to_owned() } else { format!("{}%", config.client_share) }
         )
     }
+}
+
+/// `set --all --dry-run[=on|off]`: every port of every gate (pods included)
+/// in dry-run, or out of it, at once; while it is on, a gate or port that
+/// starts starts in dry-run too (the daemon reads [`paths::DRY_RUN_ALL`]).
+fn dry_run_everywhere(args: &SetArgs) -> anyhow::Result<()> {
+    let on = args.dry_run.map(|s| s.0).or(args.no_dry_run.then_some(false)).ok_or_else(|| {
+        crate::error::Error::InvalidPlan { reason: "--all takes --dry-run (on) or --dry-run=off only".into() }
+    })?;
+    crate::daemon::audit::note_request();
+    // The mark first: a gate that starts meanwhile reads it.
+    if on {
+        std::fs::create_dir_all(paths::RUN_DIR)
+            .and_then(|()| std::fs::write(paths::DRY_RUN_ALL, "on\n"))
+            .map_err(|e| crate::error::Error::io("write", paths::DRY_RUN_ALL, e))?;
+    } else {
+        match std::fs::remove_file(paths::DRY_RUN_ALL) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(crate::error::Error::io("remove", paths::DRY_RUN_ALL, e).into());
+            }
+            _ => {}
+        }
+    }
+    let mut changed = Vec::new();
+    for mut gate in GateMaps::open_gates(None)? {
+        for (port, mut config) in gate.maps.port_configs()? {
+            config.dry_run = u8::from(on);
+            gate.maps.write_config(port, config)?;
+            changed.push(match &gate.pod {
+                Some(pod) => format!("{port} (pod {pod})"),
+                None if gate.netns == paths::OWN_NETNS_LABEL => port.to_string(),
+                None => format!("{port} (netns {})", gate.netns),
+            });
+        }
+    }
+    println!(
+        "dry-run {} on every gated port: {}{}",
+        if on { "on" } else { "off" },
+        if changed.is_empty() { "none".to_owned() } else { changed.join(", ") },
+        if on { "; gates that start now start in dry-run too, until `shedctl set --all --dry-run=off`" } else { "" }
+    );
+    Ok(())
 }
