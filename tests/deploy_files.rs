@@ -151,8 +151,6 @@ fn kubernetes_manifests_validate_against_the_schemas() {
         "BPF",
         "NET_ADMIN",
         "PERFMON",
-        "prometheus.io/scrape: \"true\"",
-        "prometheus.io/port: \"9464\"",
         "--config",
         // The node agent: pods' namespaces, the runtime's socket, entering a namespace.
         "/run/netns",
@@ -176,11 +174,12 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     let configmap = std::fs::read_to_string(&files[0]).unwrap();
     assert!(configmap.contains("cri-socket = \"auto\""), "the ConfigMap finds the node's runtime");
     // The ConfigMap's shed.toml is what the pod runs with: shedctl must accept it,
-    // and it must serve metrics on the port the scrape annotation names.
+    // and it serves its endpoint on the node's loopback, for the probes (the
+    // scrape variant moves it: the_quick_start_starts_without_the_secret...).
     let toml = configmap_toml(&configmap);
     let flags = config_flags("configmap.yaml:shed.toml", &toml);
     let metrics = flags.iter().position(|f| f == "--metrics").map(|i| flags[i + 1].as_str());
-    assert_eq!(metrics, Some("0.0.0.0:9464"), "{flags:?}");
+    assert_eq!(metrics, Some("127.0.0.1:9464"), "{flags:?}");
     assert!(flags.iter().any(|f| f == "--pods"), "the DaemonSet runs the node agent: {flags:?}");
     // The example's annotations are what a pod may ask: each one accepted.
     let example = std::fs::read_to_string(&files[2]).unwrap();
@@ -288,12 +287,18 @@ fn prometheus_rules_pass_promtool_check_and_unit_tests() {
     let rules = std::fs::read_to_string(format!("{DEPLOY}/prometheus/shed-rules.yml")).unwrap();
     for alert in [
         "ShedDown",
+        "ShedAbsent",
+        "ShedTargetVanished",
         "ShedSheddingSustained",
         "ShedLimitPinnedAtMin",
         "ShedLimitPinnedAtMax",
         "ShedFailOpen",
         "ShedRstCapHit",
         "ShedDriftCorrectedOften",
+        "ShedGateStalled",
+        "ShedNatBypassed",
+        "ShedNatUnreadable",
+        "ShedPodRefused",
     ] {
         assert!(rules.contains(&format!("alert: {alert}")), "{alert}");
     }
@@ -432,4 +437,314 @@ fn every_documented_shedctl_command_parses() {
     }
     let checked = commands.len();
     assert!(checked >= 25, "only {checked} documented commands found: is the parsing above still right?");
+}
+
+/// Every document `kubectl kustomize DIR` builds, as JSON (through PyYAML).
+fn kustomized(dir: &str) -> Vec<serde_json::Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize", dir])
+        .output()
+        .expect("kubectl (apt-get install kubernetes-client, or cargo xtask setup)");
+    assert!(out.status.success(), "kubectl kustomize {dir}: {}", String::from_utf8_lossy(&out.stderr));
+    yaml_documents(&out.stdout)
+}
+
+/// The YAML documents of `text`, as JSON (through PyYAML, kubernetes-validate's).
+fn yaml_documents(text: &[u8]) -> Vec<serde_json::Value> {
+    use std::io::Write as _;
+    let mut child = Command::new("python3")
+        .args(["-c", "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(sys.stdin))))"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with PyYAML");
+    child.stdin.take().unwrap().write_all(text).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the documents as JSON")
+}
+
+/// The one document of `kind` named `name`.
+fn document<'a>(docs: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {docs:?}"))
+}
+
+/// The attach command a kustomized DaemonSet runs, parsed by shedctl's own
+/// parser (`shed::cli::config`) over the ConfigMap's shed.toml, as the agent
+/// reads it in its pod; and the agent's container.
+fn agent_attach_args(docs: &[serde_json::Value], dir: &std::path::Path) -> (shed::cli::AttachArgs, serde_json::Value) {
+    let pod = &document(docs, "DaemonSet", "shed")["spec"]["template"]["spec"];
+    let container = pod["containers"][0].clone();
+    let mut argv: Vec<String> =
+        container["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+    let at = argv.iter().position(|a| a == "--config").expect("the agent runs with --config") + 1;
+    // The config file is the ConfigMap's shed.toml, mounted where --config points.
+    let config = std::path::PathBuf::from(&argv[at]);
+    let (volume, key) = mounted_volume(pod, &container, &config).expect("--config is mounted");
+    let configmap = volume["configMap"]["name"].as_str().expect("--config comes from a ConfigMap");
+    let toml = document(docs, "ConfigMap", configmap)["data"][&key].as_str().expect("the ConfigMap holds the file");
+    let file = dir.join(&key);
+    std::fs::write(&file, toml).unwrap();
+    argv[at] = file.display().to_string();
+    let cli = shed::cli::config::parse_cli(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let shed::cli::Command::Attach(args) = cli.command else { panic!("{argv:?} is not attach") };
+    (args, container)
+}
+
+/// The pod volume a file of the container comes from, and the file's name
+/// within it (the key of a ConfigMap or Secret): the mount whose path is the
+/// file's longest prefix.
+fn mounted_volume(
+    pod: &serde_json::Value,
+    container: &serde_json::Value,
+    file: &std::path::Path,
+) -> Option<(serde_json::Value, String)> {
+    let mount = container["volumeMounts"]
+        .as_array()?
+        .iter()
+        .filter(|m| file.starts_with(m["mountPath"].as_str().unwrap()))
+        .max_by_key(|m| m["mountPath"].as_str().unwrap().len())?;
+    let key = file.strip_prefix(mount["mountPath"].as_str().unwrap()).ok()?.display().to_string();
+    let volume = pod["volumes"].as_array()?.iter().find(|v| v["name"] == mount["name"])?.clone();
+    Some((volume, key))
+}
+
+/// `kubectl apply -k deploy/kubernetes` starts on a cluster that has only
+/// what the quick start makes: every file the agent reads at start comes from
+/// a volume that is always there (before, the ConfigMap named a token file
+/// from an optional Secret, and without the Secret every node's agent exited
+/// 1); the metrics endpoint is off the pod network (loopback) or guarded by a
+/// token; and the probes reach it. The scrape variant (deploy/kubernetes-scrape,
+/// the Secret's way to turn scraping on) serves it on the node's address,
+/// guarded, from a Secret it requires, and asks to be scraped; the base does not.
+#[test]
+fn the_quick_start_starts_without_the_secret_and_keeps_metrics_off_the_pod_network() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let dir = tempfile::tempdir().unwrap();
+    for (variant, scraped) in [("deploy/kubernetes", false), ("deploy/kubernetes-scrape", true)] {
+        let docs = kustomized(&format!("{root}/{variant}"));
+        let (args, container) = agent_attach_args(&docs, dir.path());
+        let pod = &document(&docs, "DaemonSet", "shed")["spec"]["template"];
+        for file in args.metrics_token_file.iter().chain(&args.tier_file) {
+            let (volume, _) = mounted_volume(&pod["spec"], &container, file).unwrap_or_else(|| {
+                panic!("{variant}: the agent reads {} at start, and nothing mounts it", file.display())
+            });
+            let source = volume.get("secret").or(volume.get("configMap")).unwrap_or(&serde_json::Value::Null);
+            assert!(
+                source["optional"] != true,
+                "{variant}: the agent reads {} at start, from a volume that may be missing ({volume}): \
+                 without it the agent exits 1 on every node",
+                file.display()
+            );
+        }
+        let metrics = args.metrics.unwrap_or_else(|| panic!("{variant}: the probes need the endpoint"));
+        assert!(
+            metrics.ip().is_loopback() || args.metrics_token_file.is_some(),
+            "{variant}: /metrics on {metrics} (the host network: every pod reaches it) without a token"
+        );
+        assert_eq!(metrics.ip().is_loopback(), !scraped, "{variant}: the endpoint is on {metrics}");
+        let port_named = |port: &serde_json::Value| match port.as_str() {
+            Some(name) => {
+                container["ports"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap()["containerPort"]
+                    .as_u64()
+            }
+            None => port.as_u64(),
+        };
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let get = &container[probe]["httpGet"];
+            assert_eq!(port_named(&get["port"]), Some(u64::from(metrics.port())), "{variant}: {probe} {get}");
+            // No host: the pod's address, the node's on the host network.
+            let host = get["host"].as_str().map(|h| h.parse::<std::net::IpAddr>().unwrap());
+            assert!(
+                metrics.ip().is_unspecified() || host == Some(metrics.ip()),
+                "{variant}: {probe} asks {host:?}, the endpoint listens on {metrics}"
+            );
+        }
+        let annotations = &pod["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/scrape"] == "true", scraped, "{variant}: {annotations}");
+        if scraped {
+            assert_eq!(annotations["prometheus.io/port"], metrics.port().to_string(), "{variant}");
+        }
+    }
+    // The scrape variant is a valid DaemonSet, as the base is.
+    let file = dir.path().join("scrape.yaml");
+    let out =
+        Command::new("kubectl").args(["kustomize", &format!("{root}/deploy/kubernetes-scrape")]).output().unwrap();
+    std::fs::write(&file, &out.stdout).unwrap();
+    let out = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .arg(&file)
+        .output()
+        .expect("python3 with kubernetes-validate (installed by `cargo xtask setup`)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.matches("passed").count() == 2, "{text}");
+}
+
+/// Under the Prometheus Operator the series keep the gate's own labels and
+/// every query finds them: the PodMonitor honors the scraped labels (else the
+/// Operator's namespace and pod, the agent's, replace a gated pod's), no rule
+/// and no dashboard query names the job `shed` outright (the Operator's is
+/// `kube-system/shed`), a rule catches a target gone from discovery, and the
+/// dashboard chooses its job by a variable. The rules' behaviour on
+/// Operator-shaped series is promtool's test (shed-rules.test.yml).
+#[test]
+fn monitoring_works_under_the_prometheus_operator() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let docs = kustomized(&format!("{root}/deploy/kubernetes/monitoring"));
+    for endpoint in document(&docs, "PodMonitor", "shed")["spec"]["podMetricsEndpoints"].as_array().unwrap() {
+        assert_eq!(endpoint["honorLabels"], true, "the gate's namespace and pod labels are kept: {endpoint}");
+    }
+    let rules = &yaml_documents(&std::fs::read(format!("{DEPLOY}/prometheus/shed-rules.yml")).unwrap())[0];
+    let exprs: Vec<&str> = rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .map(|r| r["expr"].as_str().unwrap())
+        .collect();
+    for expr in &exprs {
+        assert!(!expr.contains("job=\""), "a fixed job, which the Operator's is not: {expr}");
+    }
+    assert!(exprs.iter().any(|e| e.starts_with("absent(up{")), "a rule for targets gone: {exprs:?}");
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{DEPLOY}/grafana/shed-dashboard.json")).unwrap())
+            .unwrap();
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let job = variables.iter().find(|v| v["name"] == "job").expect("a job variable");
+    assert!(!job["query"].as_str().unwrap().contains("job="), "the job variable lists every job: {job}");
+    let mut queries: Vec<&str> = variables
+        .iter()
+        .filter(|v| v["type"] == "query" && v["name"] != "job")
+        .map(|v| v["query"].as_str().unwrap())
+        .collect();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        queries.extend(panel["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap()));
+    }
+    for query in queries {
+        assert!(!query.contains("job=\""), "a fixed job: {query}");
+        // Every series selector of the query chooses the job by the variable.
+        assert_eq!(
+            query.matches("job=~\"$job\"").count(),
+            query.matches('{').count(),
+            "every selector by $job: {query}"
+        );
+    }
+}
+
+/// The project's address, as the .deb's Homepage names it.
+const PROJECT_URL: &str = "https://github.com/shed/shed";
+
+/// The anchor GitHub gives a Markdown heading: lower case, punctuation but
+/// `-` and `_` dropped, spaces as `-`.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Every alert carries a runbook_url to its own entry in docs/RUNBOOK.md: a
+/// heading of the alert's name, with what it means, three first checks and
+/// the fixes; and every `shedctl` command the runbook names inline parses
+/// (those in its code blocks: every_documented_shedctl_command_parses).
+#[test]
+fn every_alert_links_its_runbook_entry() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let package = std::fs::read_to_string(format!("{root}/xtask/src/package.rs")).unwrap();
+    assert!(package.contains(&format!("Homepage: {PROJECT_URL}\\n")), "the .deb names the project {PROJECT_URL}");
+    let runbook = std::fs::read_to_string(format!("{root}/docs/RUNBOOK.md")).expect("docs/RUNBOOK.md");
+    // Each entry: its heading's anchor, and its text up to the next heading of its level.
+    let entries: std::collections::BTreeMap<String, &str> =
+        runbook.split("\n## ").skip(1).map(|entry| (heading_anchor(entry.lines().next().unwrap()), entry)).collect();
+    let rules = &yaml_documents(&std::fs::read(format!("{DEPLOY}/prometheus/shed-rules.yml")).unwrap())[0];
+    let alerts: Vec<&serde_json::Value> = rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter(|r| r.get("alert").is_some())
+        .collect();
+    assert!(alerts.len() >= 13, "{alerts:?}");
+    for rule in alerts {
+        let alert = rule["alert"].as_str().unwrap();
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{alert} has no runbook_url"));
+        let anchor = url
+            .strip_prefix(&format!("{PROJECT_URL}/blob/main/docs/RUNBOOK.md#"))
+            .unwrap_or_else(|| panic!("{alert}: {url} is not docs/RUNBOOK.md of {PROJECT_URL}"));
+        assert_eq!(anchor, heading_anchor(alert), "{alert}: its own entry");
+        let entry = entries.get(anchor).unwrap_or_else(|| panic!("{alert}: no heading #{anchor} in docs/RUNBOOK.md"));
+        let checks = entry.split("**First three checks.**").nth(1).and_then(|c| c.split("**Fixes.**").next());
+        let checks = checks.unwrap_or_else(|| panic!("{alert}: no first checks, or no fixes"));
+        let numbered = |n: usize| checks.lines().any(|l| l.starts_with(&format!("{n}. ")));
+        assert!(entry.contains("**What it means.**"), "{alert}: what it means");
+        assert!(numbered(1) && numbered(2) && numbered(3) && !numbered(4), "{alert}: three checks:\n{checks}");
+    }
+    // The commands the runbook names inline (`shedctl ...`) are as real as those of its code blocks.
+    let mut inline = 0;
+    for span in runbook.split('`').skip(1).step_by(2) {
+        let command = span.strip_prefix("sudo ").unwrap_or(span);
+        if command.starts_with("shedctl ") {
+            let words = shed_testkit::docs::shell_words(command);
+            if let Err(e) = <shed::cli::Cli as clap::Parser>::try_parse_from(&words) {
+                panic!("docs/RUNBOOK.md: `{command}` does not parse:\n{e}");
+            }
+            inline += 1;
+        }
+    }
+    assert!(inline >= 5, "only {inline} inline commands found");
+}
+
+/// Paragraphs of prose in `markdown` (runs of non-blank lines outside code
+/// fences, tables, headings and lists; a list runs to its next blank line),
+/// each with its first line's number and its words.
+fn prose_paragraphs(markdown: &str) -> Vec<(usize, usize)> {
+    let (mut paragraphs, mut fenced, mut in_list) = (Vec::new(), false, false);
+    let mut current: Option<(usize, usize)> = None;
+    for (n, line) in markdown.lines().enumerate() {
+        let line = line.trim();
+        let words = line.split_whitespace().count();
+        let list_item = line.starts_with("- ")
+            || line.starts_with("* ")
+            || line.split_once(". ").is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        in_list = !(fenced || line.is_empty() || line.starts_with("```")) && (in_list || list_item);
+        // Code, a blank line, a table, a heading or a list is no prose.
+        let other = fenced || line.is_empty() || line.starts_with("```") || line.starts_with('|');
+        let prose = !(other || line.starts_with('#') || in_list);
+        match (prose, &mut current) {
+            (true, Some((_, count))) => *count += words,
+            (true, None) => current = Some((n + 1, words)),
+            (false, _) => paragraphs.extend(current.take()),
+        }
+    }
+    paragraphs.extend(current);
+    paragraphs
+}
+
+/// No paragraph of docs/OPERATIONS.md is longer than 150 words: one that is
+/// must be split along its sense (one was 802 words, with the emergency stop
+/// inside it).
+#[test]
+fn operations_paragraphs_are_at_most_150_words() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/OPERATIONS.md")).unwrap();
+    let paragraphs = prose_paragraphs(&guide);
+    assert!(paragraphs.len() > 50, "only {} paragraphs found: is the parsing right?", paragraphs.len());
+    let long: Vec<String> = paragraphs
+        .iter()
+        .filter(|(_, words)| *words > 150)
+        .map(|(line, words)| format!("line {line}: {words} words"))
+        .collect();
+    assert!(long.is_empty(), "docs/OPERATIONS.md paragraphs over 150 words: {long:?}");
+    // The parser sees a paragraph as one, and leaves lists, tables and code alone.
+    let sample = "One two\nthree.\n\n- a list item\n  continued\n\n| a | table |\n\n```\ncode here\n```\nFour five.\n";
+    assert_eq!(prose_paragraphs(sample), vec![(1, 3), (12, 2)]);
 }

@@ -420,3 +420,58 @@ fn the_503_names_each_reason_and_tier_for_a_post_and_a_pushed_head() {
         "{s}"
     );
 }
+
+/// What a client of nginx gets when nginx's upstream is gated and full, for
+/// each action (OPERATIONS, "Behind a proxy"): `drop` leaves nginx waiting
+/// out its `proxy_connect_timeout` for a SYN that is never answered (then
+/// 504), `rst` is a 502 at once (nginx logs a refused upstream), and `http`
+/// a 503 at once, the gate's own answer passed through. nginx in the client
+/// namespace proxies to the gated server; one held connection fills its
+/// limit of 1.
+#[test]
+fn nginx_in_front_of_a_gated_backend_answers_each_action_as_documented() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedng").expect("testbed");
+    let upstream = bed.server_addr(false, PORT);
+    let _backend = shed_testkit::testbed::Backend::start(
+        &bed.server_ns,
+        upstream,
+        shed_testkit::testbed::Service::HttpWorkers { workers: 4, service_us: Arc::new(AtomicU64::new(1_000)) },
+    )
+    .expect("backend");
+    let front: SocketAddr = "127.0.0.1:18080".parse().unwrap();
+    const CONNECT_TIMEOUT_S: u32 = 3;
+    let _nginx =
+        shed_testkit::servers::Nginx::start_with_connect_timeout(&bed.client_ns, front, upstream, CONNECT_TIMEOUT_S)
+            .expect("nginx");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "1", "--count", "connections", "--action", "drop"]);
+    wait_for_stats(PORT, Duration::from_secs(5), "the gate up", |s| field(s, "limit") == 1);
+    // Through nginx: the status line it answers, and how long it took.
+    let ask = || {
+        testbed::run_in(&bed.client_ns, move || {
+            let start = std::time::Instant::now();
+            let mut conn = TcpStream::connect(front)?;
+            conn.set_read_timeout(Some(Duration::from_secs(15)))?;
+            conn.write_all(b"GET / HTTP/1.1\r\nHost: shed\r\nConnection: close\r\n\r\n")?;
+            let mut head = [0u8; 12];
+            conn.read_exact(&mut head)?;
+            Ok::<_, std::io::Error>((String::from_utf8_lossy(&head[9..12]).into_owned(), start.elapsed()))
+        })
+        .expect("client namespace")
+        .expect("nginx answers")
+    };
+    assert_eq!(ask().0, "200", "under the limit nginx's request passes");
+    // One connection held from the client namespace fills the limit.
+    let _held = testbed::run_in(&bed.client_ns, move || TcpStream::connect(upstream)).unwrap().expect("held");
+    wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
+    let (status, took) = ask();
+    assert_eq!(status, "504", "drop: nginx waits for a SYN-ACK that never comes");
+    assert!(took >= Duration::from_millis(u64::from(CONNECT_TIMEOUT_S) * 1000 - 200), "{took:?}");
+    for (action, code) in [("rst", "502"), ("http", "503")] {
+        let out = support::gate::shedctl(&["set", "--port", "8080", "--action", action]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let (status, took) = ask();
+        assert_eq!(status, code, "{action}: nginx answers {code}");
+        assert!(took < Duration::from_secs(1), "{action}: at once, not after a timeout: {took:?}");
+    }
+}

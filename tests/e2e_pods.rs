@@ -577,3 +577,81 @@ fn rcu_grace_periods_are_expedited_only_while_pods_queue_and_left_as_found() {
     assert!(RcuSwitch::on() && !mark.exists(), "the operator's switch stays on: {log}");
     assert!(!log.contains("RCU grace periods expedited"), "not the agent's to turn: {log}");
 }
+
+/// The emergency off, one command each, on a node agent with real pods:
+/// `set --all --dry-run` lets every pod's refused connection through (and
+/// `--dry-run=off` ends it); `detach --pod` ungates one pod and leaves the
+/// other judged; `detach --now` removes everything at once, with no pod left
+/// judged for a next agent (a plain SIGTERM leaves them for a minute). The
+/// metrics show the runtime up and the pods by state, and /healthz covers
+/// the pod loop.
+#[test]
+fn a_node_agent_is_turned_off_at_once_pod_by_pod_or_into_dry_run() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedoff", "10.233.74.0/24").expect("a private containerd");
+    let limited = [
+        ("shed.io/ports", "8080"),
+        ("shed.io/limit", "1"),
+        ("shed.io/count", "connections"),
+        ("shed.io/action", "rst"),
+    ];
+    let web = runtime.run_pod("web", &limited).expect("pod");
+    let api = runtime.run_pod("api", &limited).expect("pod");
+    let addr = |pod: &shed_testkit::cri::Pod| SocketAddr::from((pod.ip, PORT));
+    let _servers: Vec<Backend> = [&web, &api]
+        .iter()
+        .map(|p| Backend::start(&p.netns, addr(p), Service::Echo).expect("server in the pod"))
+        .collect();
+    let socket = runtime.socket().display().to_string();
+    const METRICS: &str = "127.0.0.1:19481";
+    let mut gate = Gate::attach(&["--pods", "--cri-socket", &socket, "--metrics", METRICS]);
+    wait_gated(&gate, &web.netns);
+    wait_gated(&gate, &api.netns);
+    let gated = |m: &prometheus_parse::Scrape| shed_testkit::metrics::value(m, "shed_pods", &[("state", "gated")]);
+    let scrape = shed_testkit::gate::poll(
+        Duration::from_secs(5),
+        "both pods counted gated",
+        || shed_testkit::metrics::scrape(METRICS),
+        |m| gated(m) == 2.0,
+    );
+    assert_eq!(shed_testkit::metrics::value(&scrape, "shed_cri_up", &[]), 1.0);
+    assert!(shed_testkit::metrics::value(&scrape, "shed_cri_last_success_timestamp_seconds", &[]) > 1.7e9);
+    assert_eq!(shed_testkit::metrics::http_get(METRICS, "/healthz").0, "HTTP/1.1 200 OK");
+    let over_limit = |pod: &shed_testkit::cri::Pod| {
+        let held = echo(addr(pod)).expect("the first connection");
+        let second = echo(addr(pod)).map(drop).map_err(|e| e.kind());
+        drop(held);
+        // Its close is counted before the next try.
+        std::thread::sleep(Duration::from_millis(300));
+        second
+    };
+    assert!(over_limit(&web).is_err() && over_limit(&api).is_err(), "both pods hold their limit of 1");
+
+    // Global dry-run: nothing refused anywhere, until it is ended.
+    let out = shedctl(&["set", "--all", "--dry-run"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((over_limit(&web), over_limit(&api)), (Ok(()), Ok(())), "dry-run everywhere");
+    let out = shedctl(&["set", "--all", "--dry-run=off"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(over_limit(&web).is_err(), "dry-run ended: the limit holds again");
+
+    // One pod off: web passes, api is still judged.
+    let out = shedctl(&["detach", "--pod", "default/web"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    shed_testkit::gate::poll(Duration::from_secs(5), "web ungated", || stats_of(&web.netns), Option::is_none);
+    assert_eq!(over_limit(&web), Ok(()), "web is no longer judged");
+    assert!(over_limit(&api).is_err(), "api is still judged");
+
+    // Everything off at once: no pod left judged for a next agent.
+    let out = shedctl(&["detach", "--now"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && said.contains("no handover"), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!gate.is_running(), "the agent stopped");
+    assert!(shed::kernel::handover::left().is_empty(), "no links left for a successor");
+    assert_eq!(over_limit(&api), Ok(()), "api passes at once, not after a lease");
+    assert!(
+        shed_testkit::gate::shed_programs_left(&[]).is_empty(),
+        "no program left: {:?}",
+        shed_testkit::gate::loaded_shed_programs()
+    );
+}

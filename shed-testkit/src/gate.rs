@@ -209,6 +209,10 @@ impl Drop for Gate {
         if let daemon::Liveness::Stale { .. } = daemon::liveness() {
             let _ = maps::remove_pins(Path::new(paths::PIN_DIR));
         }
+        // A global dry-run a test turned on must not reach the next test's gates.
+        if !matches!(daemon::liveness(), daemon::Liveness::Running { .. }) {
+            let _ = std::fs::remove_file(paths::DRY_RUN_ALL);
+        }
     }
 }
 

@@ -122,6 +122,17 @@ pub struct Nginx {
 
 impl Nginx {
     pub fn start(ns: &str, addr: SocketAddr, upstream: SocketAddr) -> io::Result<Self> {
+        Self::start_with_connect_timeout(ns, addr, upstream, 60)
+    }
+
+    /// The same, giving up a connection to the upstream after `connect_s`
+    /// seconds (nginx's `proxy_connect_timeout`, 60 by default).
+    pub fn start_with_connect_timeout(
+        ns: &str,
+        addr: SocketAddr,
+        upstream: SocketAddr,
+        connect_s: u32,
+    ) -> io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let d = dir.path().display();
         let conf = format!(
@@ -130,7 +141,7 @@ impl Nginx {
              http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
              server {{\n    listen {addr} backlog=4096;\n    location / {{\n      proxy_pass http://{upstream};\n\
-             proxy_http_version 1.1;\n      proxy_read_timeout 30s;\n    }}\n  }}\n}}\n"
+             proxy_http_version 1.1;\n      proxy_read_timeout 30s;\n      proxy_connect_timeout {connect_s}s;\n    }}\n  }}\n}}\n"
         );
         let path = dir.path().join("nginx.conf");
         std::fs::write(&path, conf)?;

@@ -26,8 +26,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what building and testing need (idempotent): rust-src, bpf-linker, iproute2, util-linux; mount bpffs/tracefs.
-    Setup,
+    /// Install what building and every test need (idempotent): rust-src, clippy, bpf-linker, Debian's
+    /// packages of the tests, gunicorn and kubernetes-validate; mount bpffs/tracefs.
+    Setup {
+        /// Only what `cargo xtask demo` needs: rust-src, bpf-linker, iproute2 and util-linux, and the mounts.
+        #[arg(long)]
+        demo: bool,
+    },
     /// Build the kernel object (release, with BTF).
     BuildEbpf,
     /// Set up, build everything, and run every test (needs root: tests load real programs).
@@ -100,7 +105,7 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Task::Setup => setup::setup(),
+        Task::Setup { demo } => setup::setup_for(if demo { setup::Scope::Demo } else { setup::Scope::Full }),
         Task::BuildEbpf => build_ebpf(),
         Task::Test { cargo_args } => test(&cargo_args),
         Task::Bench { quick, names } => {
@@ -180,7 +185,9 @@ fn cargo(args: &[&str]) -> Result<()> {
 /// The benchmarks and the demo: set up, build the kernel object, shedctl and
 /// shed-bench (release; it embeds the object just built), and run it as root.
 fn shed_bench(args: &[String]) -> Result<()> {
-    setup::setup()?;
+    // The demo needs only what `setup --demo` installs; the benchmarks need the rest too.
+    let demo = args.first().map(String::as_str) == Some("demo");
+    setup::setup_for(if demo { setup::Scope::Demo } else { setup::Scope::Full })?;
     build_ebpf()?;
     require_root("the benchmarks and the demo load real eBPF programs and create network namespaces")?;
     cargo(&["build", "--release", "--package", "shed-userspace", "--package", "shed-bench"])?;

@@ -2,7 +2,9 @@
 //! `cargo xtask package`: a Debian package that installs without Rust:
 //! `/usr/bin/shedctl`, the systemd unit, `/etc/shed/shed.toml` (a conffile),
 //! man pages and bash, zsh and fish completions, built with `dpkg-deb` from
-//! a staging tree (no cargo-deb needed).
+//! a staging tree (no cargo-deb needed). Its maintainer scripts
+//! (deploy/debian/) reload systemd's units on install, stop the service on
+//! remove and clear the gate's pins on purge, each only where it is safe.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -58,14 +60,22 @@ pub(crate) fn build(shedctl: &Path, out: &Path) -> Result<PathBuf> {
     fs::write(
         debian.join("control"),
         format!(
-            "Package: shed\nVersion: {version}\nArchitecture: {arch}\nMaintainer: {MAINTAINER}\nInstalled-Size: {installed_kib}\nDepends: libc6 (>= 2.34), libgcc-s1\nSection: net\nPriority: optional\nHomepage: https://github.com/shed/shed\nDescription: eBPF admission gate for TCP services\n shed decides on every new TCP connection to a protected port, in XDP or TC,\n whether to admit it or shed it early (drop or RST) because the service already\n holds as much work as it can finish in time. `shedctl attach` runs the gate;\n `systemctl enable --now shed` runs it from /etc/shed/shed.toml.\n"
+            "Package: shed\nVersion: {version}\nArchitecture: {arch}\nMaintainer: {MAINTAINER}\nInstalled-Size: {installed_kib}\nDepends: libc6 (>= 2.34), libgcc-s1\nSection: net\nPriority: optional\nHomepage: https://github.com/shed/shed\nDescription: eBPF admission gate for TCP services\n shed judges every new TCP connection to a protected port, and every new\n request on a kept-alive one, in XDP or TC: it admits it, or sheds it early\n (a drop, a RST or an HTTP 503) because the service already holds as much\n work as it can finish in time. `shedctl attach` runs the gate;\n `systemctl enable --now shed` runs it from /etc/shed/shed.toml.\n"
         ),
     )?;
     fs::write(debian.join("conffiles"), "/etc/shed/shed.toml\n")?;
+    for script in MAINTAINER_SCRIPTS {
+        install(&repo.join("deploy/debian").join(script), &format!("DEBIAN/{script}"), 0o755)?;
+    }
     let deb = out.join(format!("{name}.deb"));
     run(Command::new("dpkg-deb").args(["--root-owner-group", "--build"]).arg(&root).arg(&deb))?;
     Ok(deb)
 }
+
+/// The maintainer scripts, from deploy/debian/: postinst reloads systemd's
+/// units, prerm stops the service on remove, postrm clears the pins on purge
+/// unless a daemon runs; each does nothing where systemd is not PID 1.
+const MAINTAINER_SCRIPTS: [&str; 3] = ["postinst", "prerm", "postrm"];
 
 /// Who answers for the package (an address lintian accepts: no localhost).
 const MAINTAINER: &str = "shed developers <maintainers@shed.example.org>";
@@ -124,6 +134,35 @@ mod tests {
         Command::new("dpkg").args(args).output().expect("dpkg")
     }
 
+    /// Runs `script` (sh, `set -e`) in a mount namespace of its own whose
+    /// /sys/fs/bpf and /run are empty tmpfs, so the maintainer scripts meet
+    /// only what it makes there, never the host's pins (another gate's) or its
+    /// systemd. A `systemctl` first on PATH logs its arguments instead of
+    /// running; with `systemd`, /run/systemd/system exists, as where systemd
+    /// runs the host. Its output, and what systemctl was asked.
+    fn isolated(systemd: bool, script: &str) -> (std::process::Output, String) {
+        let fake = tempfile::tempdir().unwrap();
+        let (bin, log) = (fake.path().join("bin"), fake.path().join("systemctl.log"));
+        fs::create_dir(&bin).unwrap();
+        fs::write(bin.join("systemctl"), format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display())).unwrap();
+        fs::set_permissions(bin.join("systemctl"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let systemd = if systemd { "mkdir -p /run/systemd/system" } else { "true" };
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "set -e; mount -t tmpfs shed-test /sys/fs/bpf; mount -t tmpfs shed-test /run; {systemd}; {script}"
+            ))
+            .env("PATH", path)
+            .output()
+            .expect("unshare (util-linux)");
+        (out, fs::read_to_string(&log).unwrap_or_default())
+    }
+
+    fn show(out: &std::process::Output) -> String {
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    }
+
     /// Debian's own checks find no error in the package (a copyright file, man
     /// pages, conffiles, permissions). Built from a stripped copy of the debug
     /// binary the tests already have, as a release package is stripped.
@@ -150,8 +189,12 @@ mod tests {
     }
 
     /// Installs the package with dpkg, runs what it installed, verifies the unit,
-    /// and removes it without a trace. Needs root; builds from the debug binary
-    /// the tests already have (the package holds whatever binary it is given).
+    /// and removes it without a trace. Its maintainer scripts are in it; under
+    /// systemd they reload the units on install, stop the service on remove,
+    /// and a purge clears pins a gate left, but not while a daemon runs (each
+    /// in a mount namespace with bpffs and /run of its own: the host's pins
+    /// are never touched). Needs root; builds from the debug binary the tests
+    /// already have (the package holds whatever binary it is given).
     #[test]
     fn the_package_installs_runs_and_purges_cleanly() {
         let shedctl = workspace_root().join("target/debug/shedctl");
@@ -171,16 +214,29 @@ mod tests {
         ] {
             assert!(contents.contains(file), "{file} in:\n{contents}");
         }
+        // The maintainer scripts, executable (dpkg-deb marks those with a `*`).
+        let info = String::from_utf8(dpkg(&["--info", deb.to_str().unwrap()]).stdout).unwrap();
+        for script in MAINTAINER_SCRIPTS {
+            assert!(
+                info.lines().any(|l| l.split_whitespace().collect::<Vec<_>>().ends_with(&["*", script, "#!/bin/sh"])),
+                "{script} is not an executable maintainer script of the package:\n{info}"
+            );
+        }
         // Never clobber a shedctl installed another way.
         let owned = dpkg(&["-s", "shed"]).status.success();
         for path in ["/usr/bin/shedctl", "/etc/shed/shed.toml", "/lib/systemd/system/shed.service"] {
             assert!(owned || !Path::new(path).exists(), "{path} exists outside the package: not touching it");
         }
-        let _ = dpkg(&["--purge", "shed"]);
-        let install = dpkg(&["-i", deb.to_str().unwrap()]);
-        assert!(install.status.success(), "dpkg -i: {}", String::from_utf8_lossy(&install.stderr));
+        let purge = || isolated(false, "dpkg --purge shed").0;
+        purge();
+        // Installed where systemd runs the host: the units are reloaded.
+        let (install, systemctl) = isolated(true, &format!("dpkg -i {}", deb.display()));
+        assert!(install.status.success(), "dpkg -i: {}", show(&install));
+        if systemctl.lines().collect::<Vec<_>>() != ["daemon-reload"] {
+            purge();
+            panic!("postinst under systemd ran systemctl {systemctl:?}, not daemon-reload");
+        }
         let version = Command::new("/usr/bin/shedctl").arg("--version").output().unwrap();
-        let purge = || dpkg(&["--purge", "shed"]);
         if !version.status.success() {
             purge();
             panic!("installed shedctl --version failed");
@@ -192,9 +248,34 @@ mod tests {
         let verify =
             Command::new("systemd-analyze").args(["verify", "/lib/systemd/system/shed.service"]).output().unwrap();
         let verified = verify.status.success();
-        let removed = purge();
+        // Pins a gate left (its namespaces' too, and a node agent's handover
+        // links), with a daemon holding the pid file's lock, as a running one
+        // does: the installed postrm leaves them, and calls no systemctl where
+        // systemd is not PID 1. With nobody holding the lock, the purge clears
+        // them and, under systemd, the service was stopped and the units reloaded.
+        let pins = "mkdir -p /sys/fs/bpf/shed/netns/web /sys/fs/bpf/shed-handover/until-1 /run/shed; \
+                    echo 4242 > /run/shed/shedctl.pid";
+        let (kept, kept_systemctl) = isolated(
+            false,
+            &format!(
+                "{pins}; flock --exclusive /run/shed/shedctl.pid sh /var/lib/dpkg/info/shed.postrm purge; \
+                 test -d /sys/fs/bpf/shed/netns/web && test -d /sys/fs/bpf/shed-handover/until-1 && echo kept"
+            ),
+        );
+        let (removed, systemctl) = isolated(
+            true,
+            &format!(
+                "{pins}; dpkg --purge shed; \
+                 if [ -e /sys/fs/bpf/shed ] || [ -e /sys/fs/bpf/shed-handover ]; then echo left; else echo cleared; fi"
+            ),
+        );
         assert!(verified, "systemd-analyze verify: {}", String::from_utf8_lossy(&verify.stderr));
-        assert!(removed.status.success(), "dpkg --purge: {}", String::from_utf8_lossy(&removed.stderr));
+        assert!(removed.status.success(), "dpkg --purge: {}", show(&removed));
+        assert!(show(&kept).contains("kept"), "postrm purge removed a running daemon's pins: {}", show(&kept));
+        assert!(show(&kept).contains("a shedctl daemon runs (pid 4242)"), "it says why: {}", show(&kept));
+        assert_eq!(kept_systemctl, "", "no systemctl without systemd");
+        assert!(show(&removed).contains("cleared"), "purge left the pins: {}", show(&removed));
+        assert_eq!(systemctl.lines().collect::<Vec<_>>(), ["stop shed.service", "daemon-reload"], "under systemd");
         for left in ["/usr/bin/shedctl", "/lib/systemd/system/shed.service", "/etc/shed/shed.toml"] {
             assert!(!Path::new(left).exists(), "{left} left after purge");
         }

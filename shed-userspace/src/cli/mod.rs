@@ -53,7 +53,7 @@ pub enum Command {
     ///
     /// Example: shedctl top --port 8080
     Top(TopArgs),
-    /// Change a protected port's settings live; the next SYN sees them.
+    /// Change a protected port's settings live; the next connection or request judged sees them.
     ///
     /// Example: shedctl set --port 8080 --limit 50
     Set(SetArgs),
@@ -66,7 +66,7 @@ pub enum Command {
     ///
     /// Example: shedctl pods --cri-socket /run/containerd/containerd.sock
     Pods(PodsArgs),
-    /// Client tiers by source network: add, remove, list (live; the next SYN sees a change).
+    /// Client tiers by source network: add, remove, list (live; the next connection or request judged sees a change).
     ///
     /// Example: shedctl tier add 10.0.0.0/8 critical
     #[command(subcommand)]
@@ -141,159 +141,165 @@ pub enum TierCommand {
 #[derive(Clone, Debug, Args)]
 pub struct AttachArgs {
     /// TOML file of attach settings, one key per flag; flags given here override it (--config /etc/shed/shed.toml).
-    #[arg(long)]
+    #[arg(help_heading = "Config file", long)]
     pub config: Option<PathBuf>,
 
     /// Print the settings as a config file and exit, without attaching (--print-config > shed.toml).
-    #[arg(long)]
+    #[arg(help_heading = "Config file", long)]
     pub print_config: bool,
 
     /// Port to protect; repeat for several (--port 8080 --port 8443).
-    #[arg(long = "port", required_unless_present_any = ["config", "pods"], allow_negative_numbers = true, value_parser = parse_port)]
+    #[arg(help_heading = "Ports and limits", long = "port", required_unless_present_any = ["config", "pods"], allow_negative_numbers = true, value_parser = parse_port)]
     pub ports: Vec<u16>,
 
     /// Also gate every pod of the node whose `shed.io/ports` annotation asks for it, each in its
     /// own network namespace with the settings its `shed.io/*` annotations give, found through the
     /// container runtime (CRI) and followed as pods come and go (--pods).
-    #[arg(long)]
+    #[arg(help_heading = "Pods (node agent)", long)]
     pub pods: bool,
 
     /// The container runtime's CRI socket, for --pods; auto: the first there of containerd's,
     /// CRI-O's, and k3s's or RKE2's (--cri-socket /run/containerd/containerd.sock).
-    #[arg(long, default_value = crate::host::cri::DEFAULT_SOCKET)]
+    #[arg(help_heading = "Pods (node agent)", long, default_value = crate::host::cri::DEFAULT_SOCKET)]
     pub cri_socket: PathBuf,
 
     /// With --pods, the established connections each pod's gate counts; past it a pod's new
     /// connections are admitted uncounted (connection_map_full). Each pod's table costs 16 bytes
     /// an entry at once (256 KiB at the default), then ~200 bytes a connection (--pod-max-connections 16384).
-    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CONNECTIONS)]
+    #[arg(help_heading = "Pods (node agent)", long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CONNECTIONS)]
     pub pod_max_connections: u32,
 
     /// With --pods, the clients each pod's gate counts for a client cap or share; past it new
     /// clients are not capped (client_map_full) (--pod-max-clients 4096).
-    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CLIENTS)]
+    #[arg(help_heading = "Pods (node agent)", long, value_parser = parse_map_size, default_value_t = shed_common::capacity::POD_MAX_CLIENTS)]
     pub pod_max_clients: u32,
 
     /// With --pods, never switch the kernel's RCU grace periods to expedited
     /// (/sys/kernel/rcu_expedited) while pods wait in line to attach: each
     /// attachment then waits out a normal grace period, and pods started
     /// together are gated later (--no-expedite-rcu).
-    #[arg(long)]
+    #[arg(help_heading = "Pods (node agent)", long)]
     pub no_expedite_rcu: bool,
 
     /// Interface to gate; repeat for several (--iface eth0 --iface lo).
     /// Default: every interface of the namespace, loopback included.
-    #[arg(long = "iface", value_parser = parse_interface)]
+    #[arg(help_heading = "Interfaces and namespaces", long = "iface", value_parser = parse_interface)]
     pub ifaces: Vec<String>,
 
     /// Hook on every interface (--hook tc). Default: xdp, and tc on loopback.
-    #[arg(long, value_parser = named::<Hook>())]
+    #[arg(help_heading = "Interfaces and namespaces", long, value_parser = named::<Hook>())]
     pub hook: Option<Hook>,
 
     /// How XDP runs (--xdp-mode generic): auto lets the kernel pick native where the driver has it.
-    #[arg(long, value_parser = named::<XdpAttachMode>(), default_value_t = XdpAttachMode::Auto)]
+    #[arg(help_heading = "Interfaces and namespaces", long, value_parser = named::<XdpAttachMode>(), default_value_t = XdpAttachMode::Auto)]
     pub xdp_mode: XdpAttachMode,
 
-    /// What a rejected SYN gets (--action rst).
-    #[arg(long, value_parser = named::<Action>(), default_value_t = Action::Drop)]
+    /// What a refusal gets, whatever it refuses (a handshake-completing ACK, a SYN while the port
+    /// is full, a kept-alive connection's next request): drop sends nothing, rst a reset, http
+    /// (plaintext HTTP/1.x) a 503 with Retry-After (--action rst).
+    #[arg(help_heading = "Refusal", long, value_parser = named::<Action>(), default_value_t = Action::Drop)]
     pub action: Action,
 
     /// A fixed concurrency limit: admit while in-flight < limit (--limit 200). Implies --algo fixed.
-    #[arg(long, value_parser = parse_limit)]
+    #[arg(help_heading = "Ports and limits", long, value_parser = parse_limit)]
     pub limit: Option<u32>,
 
     /// Limiter (--algo gradient). Default: queue, or fixed when --limit is given.
-    #[arg(long, value_parser = named::<Algo>())]
+    #[arg(help_heading = "Controller", long, value_parser = named::<Algo>())]
     pub algo: Option<Algo>,
 
     /// Limit an adaptive controller starts from (--initial-limit 100).
-    #[arg(long, value_parser = parse_limit)]
+    #[arg(help_heading = "Controller", long, value_parser = parse_limit)]
     pub initial_limit: Option<u32>,
 
     /// Lowest limit an adaptive controller may set (--min-limit 4).
-    #[arg(long, value_parser = parse_limit, default_value_t = 4)]
+    #[arg(help_heading = "Controller", long, value_parser = parse_limit, default_value_t = 4)]
     pub min_limit: u32,
 
     /// Highest limit an adaptive controller may set (--max-limit 10000).
-    #[arg(long, value_parser = parse_limit, default_value_t = 10_000)]
+    #[arg(help_heading = "Controller", long, value_parser = parse_limit, default_value_t = 10_000)]
     pub max_limit: u32,
 
     /// Control window in milliseconds (--window 100).
-    #[arg(long, default_value = "100", value_parser = |s: &str| parse_millis(s, 20, 10_000))]
+    #[arg(help_heading = "Controller", long, default_value = "100", value_parser = |s: &str| parse_millis(s, 20, 10_000))]
     pub window: Duration,
 
     /// Percentile of request latency (arrival to first response byte) the controller follows (--percentile 90).
-    #[arg(long, default_value_t = 90, value_parser = parse_percentile)]
+    #[arg(help_heading = "Controller", long, default_value_t = 90, value_parser = parse_percentile)]
     pub percentile: u8,
 
-    /// What in-flight counts (--count connections). Default: work (connections owing an answer).
-    #[arg(long, value_parser = named::<Count>(), default_value_t = Count::Work)]
+    /// What in-flight counts (--count connections). Default: work (connections owing an answer),
+    /// which judges each new request on a kept-alive connection too; connections and multiplexed
+    /// judge a connection at its handshake only.
+    #[arg(help_heading = "Ports and limits", long, value_parser = named::<Count>(), default_value_t = Count::Work)]
     pub count: Count,
 
     #[command(flatten)]
     pub guards: GuardArgs,
 
     /// Client tier by source network; repeat (--tier 10.0.0.0/8=critical --tier 2001:db8::/32=low).
-    #[arg(long = "tier", value_parser = parse_assignment)]
+    #[arg(help_heading = "Clients and tiers", long = "tier", value_parser = parse_assignment)]
     pub tiers: Vec<(Cidr, u8)>,
 
     /// TOML file of client tiers: [tiers] "10.0.0.0/8" = "critical" (--tier-file /etc/shed/tiers.toml).
-    #[arg(long)]
+    #[arg(help_heading = "Clients and tiers", long)]
     pub tier_file: Option<PathBuf>,
 
     /// Most established connections one client may hold; 0: no cap (--client-cap 20).
-    #[arg(long, value_parser = parse_client_cap, default_value_t = 0)]
+    #[arg(help_heading = "Clients and tiers", long, value_parser = parse_client_cap, default_value_t = 0)]
     pub client_cap: u32,
 
     /// Percent of the limit one client may hold while clients holding less are
     /// refused; 0: no share (--client-share 50). A lone client, or a NAT, may still fill the port.
-    #[arg(long, value_parser = parse_client_share, default_value_t = shed_common::DEFAULT_CLIENT_SHARE)]
+    #[arg(help_heading = "Clients and tiers", long, value_parser = parse_client_share, default_value_t = shed_common::DEFAULT_CLIENT_SHARE)]
     pub client_share: u8,
 
     /// IPv6 clients are capped per prefix of this length (--client-prefix-v6 64); IPv4 per address.
-    #[arg(long, value_parser = parse_prefix_v6, default_value_t = 64)]
+    #[arg(help_heading = "Clients and tiers", long, value_parser = parse_prefix_v6, default_value_t = 64)]
     pub client_prefix_v6: u8,
 
-    /// Most RSTs per second the port sends; above it rejected SYNs are dropped; 0: no cap (--rst-rate 20000).
-    #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_SEC)]
+    /// Most answers to refusals per second the port sends (resets, and the http action's
+    /// SYN-ACKs and 503s); past it a refused handshake or request is dropped instead; 0: no cap (--rst-rate 20000).
+    #[arg(help_heading = "Refusal", long, default_value_t = shed_common::DEFAULT_RST_PER_SEC)]
     pub rst_rate: u32,
 
-    /// Most RSTs per second to one source prefix (IPv4 /24, IPv6 /48); 0: no cap (--rst-prefix-rate 1000).
-    #[arg(long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
+    /// Most answers to refusals per second to one source prefix (IPv4 /24, IPv6 /48), as --rst-rate
+    /// counts them; 0: no cap (--rst-prefix-rate 1000).
+    #[arg(help_heading = "Refusal", long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
     pub rst_prefix_rate: u32,
 
     /// Seconds the `http` action's 503 tells clients to wait (Retry-After, 1 to
     /// 999); 0: the controller's queue wait, rounded up, at least 1 (--retry-after 0).
-    #[arg(long, value_parser = parse_retry_after, default_value_t = 0)]
+    #[arg(help_heading = "Refusal", long, value_parser = parse_retry_after, default_value_t = 0)]
     pub retry_after: u16,
 
     /// Count what would be rejected, but admit everything (--dry-run).
-    #[arg(long, overrides_with = "no_dry_run")]
+    #[arg(help_heading = "Refusal", long, overrides_with = "no_dry_run")]
     pub dry_run: bool,
 
     /// Dry-run off, over a config file's `dry-run = true` (--no-dry-run).
-    #[arg(long, overrides_with = "dry_run")]
+    #[arg(help_heading = "Refusal", long, overrides_with = "dry_run")]
     pub no_dry_run: bool,
 
     /// Network namespace to gate: a name from `ip netns` or a path; repeat to gate several,
     /// each with its own limits and counts (--netns web --netns api).
-    #[arg(long, value_parser = parse_netns)]
+    #[arg(help_heading = "Interfaces and namespaces", long, value_parser = parse_netns)]
     pub netns: Vec<String>,
 
     /// Milliseconds an admitted handshake-completing ACK holds its slot until the kernel
     /// reports the connection established (the same softirq: microseconds); 0: the
     /// default, about 8 ms (--handshake-window 0).
-    #[arg(long, default_value = "0", value_parser = parse_handshake_window)]
+    #[arg(help_heading = "Ports and limits", long, default_value = "0", value_parser = parse_handshake_window)]
     pub handshake_window: Duration,
 
     /// Serve Prometheus metrics on this address at /metrics (--metrics 127.0.0.1:9464).
-    #[arg(long, value_parser = parse_listen_addr)]
+    #[arg(help_heading = "Metrics, health and logs", long, value_parser = parse_listen_addr)]
     pub metrics: Option<SocketAddr>,
 
     /// With --metrics: /metrics answers only a scrape that carries this file's
     /// token (`Authorization: Bearer TOKEN`); /healthz and /readyz stay open for
     /// probes (--metrics-token-file /etc/shed/metrics-token).
-    #[arg(long)]
+    #[arg(help_heading = "Metrics, health and logs", long)]
     pub metrics_token_file: Option<PathBuf>,
 
     /// Answer a load balancer's agent checks (HAProxy `agent-check`) on this port of
@@ -301,50 +307,50 @@ pub struct AttachArgs {
     /// backend's weight (`70%`), from 10% to 100%, never drain; with several ports, the one a
     /// check names (HAProxy's agent-send: the port, then a newline), else the lowest
     /// (--agent-port 9500).
-    #[arg(long, allow_negative_numbers = true, value_parser = parse_port)]
+    #[arg(help_heading = "Metrics, health and logs", long, allow_negative_numbers = true, value_parser = parse_port)]
     pub agent_port: Option<u16>,
 
     /// Seconds between routine healing passes, which read every held connection;
     /// evidence of drift (ports changed, the connection map full) brings one forward (--heal-interval 30).
-    #[arg(long, value_parser = parse_seconds, default_value = "30")]
+    #[arg(help_heading = "Memory and maps", long, value_parser = parse_seconds, default_value = "30")]
     pub heal_interval: Duration,
 
     /// Most established connections counted across ports; past it new connections are
     /// admitted uncounted (connection_map_full). The table costs 16 bytes an entry at once
     /// (4 MiB at the default), then ~200 bytes a connection (--max-connections 262144).
-    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_SOCKS)]
+    #[arg(help_heading = "Memory and maps", long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_SOCKS)]
     pub max_connections: u32,
 
     /// MiB the daemon may hold, its gates' maps included (the kernel charges them to its memory
     /// cgroup): a namespace or pod whose gate would not fit is refused instead of the daemon being
     /// OOM-killed; 0: 90% of the cgroup's memory limit, none if unlimited (--memory-budget 0).
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "Memory and maps", long, default_value_t = 0)]
     pub memory_budget: u32,
 
     /// Most clients tracked for --client-cap; past it new clients are not capped
     /// (client_map_full). Memory grows with use (--max-clients 65536).
-    #[arg(long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]
+    #[arg(help_heading = "Memory and maps", long, value_parser = parse_map_size, default_value_t = shed_common::capacity::MAX_CLIENTS)]
     pub max_clients: u32,
 
     /// Let the kernel programs log their rare paths (a map full, a reset that
     /// could not be sent, a header that could hide a SYN), each at most once a
     /// second, into this log; off by default (--kernel-log).
-    #[arg(long)]
+    #[arg(help_heading = "Metrics, health and logs", long)]
     pub kernel_log: bool,
 
     /// Attach even where netfilter NAT (a redirect, or a DNAT to this host)
     /// sends connections to or from a protected port past the gate; they are
     /// not judged (--allow-nat).
-    #[arg(long)]
+    #[arg(help_heading = "Interfaces and namespaces", long)]
     pub allow_nat: bool,
 
     /// With --metrics: /readyz says not ready while more than this percent of new
     /// connections are shed over --ready-window; 100: always ready (--ready-max-shed 50).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
+    #[arg(help_heading = "Metrics, health and logs", long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub ready_max_shed: u8,
 
     /// Seconds the shed share is measured over for /readyz (--ready-window 10).
-    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    #[arg(help_heading = "Metrics, health and logs", long, default_value = "10", value_parser = parse_seconds)]
     pub ready_window: Duration,
 }
 
@@ -469,24 +475,24 @@ pub(crate) fn control_config(
 #[derive(Clone, Debug, Args)]
 pub struct GuardArgs {
     /// Completed requests a window needs before the limit may move; fewer carry over (--min-samples 10).
-    #[arg(long, default_value_t = Settings::default().min_samples as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(help_heading = "Controller", long, default_value_t = Settings::default().min_samples as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub min_samples: u32,
 
     /// Windows after a cut in which the limit may not grow (--cooldown 3).
-    #[arg(long, default_value_t = Settings::default().cooldown_windows, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    #[arg(help_heading = "Controller", long, default_value_t = Settings::default().cooldown_windows, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub cooldown: u32,
 
     /// Windows the baseline minimum spans, +/-10% jitter per port (--baseline-span 100).
-    #[arg(long, default_value_t = Settings::default().baseline_windows as u32, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    #[arg(help_heading = "Controller", long, default_value_t = Settings::default().baseline_windows as u32, value_parser = clap::value_parser!(u32).range(2..=100_000))]
     pub baseline_span: u32,
 
     /// Windows of each baseline probe at a quarter of the limit; 0 turns probing off (--probe-windows 5).
-    #[arg(long, default_value_t = Settings::default().probe_windows, value_parser = clap::value_parser!(u32).range(0..=1_000))]
+    #[arg(help_heading = "Controller", long, default_value_t = Settings::default().probe_windows, value_parser = clap::value_parser!(u32).range(0..=1_000))]
     pub probe_windows: u32,
 
     /// --algo queue: milliseconds of queue wait (arrival to pick-up, at --percentile) to hold
     /// admitted requests near (--queue-target 5).
-    #[arg(long, default_value = "5", value_parser = |s: &str| parse_millis(s, 1, 10_000))]
+    #[arg(help_heading = "Controller", long, default_value = "5", value_parser = |s: &str| parse_millis(s, 1, 10_000))]
     pub queue_target: Duration,
 
     /// Latency objective in milliseconds: what a request may take, waiting included (a client
@@ -495,7 +501,7 @@ pub struct GuardArgs {
     /// (--algo queue): once the rate the service keeps up is measured, in-flight is held to
     /// that rate x the objective (Little's law), whatever the other signals say. Before that,
     /// the initial limit applies (--target-latency 1000). Default: none.
-    #[arg(long, value_parser = |s: &str| parse_millis(s, 1, 600_000))]
+    #[arg(help_heading = "Controller", long, value_parser = |s: &str| parse_millis(s, 1, 600_000))]
     pub target_latency: Option<Duration>,
 }
 
@@ -767,6 +773,100 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// `attach --help` is long: every flag falls under a heading, and the
+    /// headings are these.
+    #[test]
+    fn attach_help_is_grouped_under_headings() {
+        let mut cli = Cli::command();
+        let attach = cli.find_subcommand_mut("attach").unwrap();
+        let help = attach.render_long_help().to_string();
+        let headings: Vec<&str> =
+            help.lines().filter_map(|l| l.strip_suffix(':')).filter(|l| !l.starts_with(' ')).collect();
+        assert_eq!(
+            headings,
+            [
+                "Options",
+                "Config file",
+                "Ports and limits",
+                "Pods (node agent)",
+                "Interfaces and namespaces",
+                "Refusal",
+                "Controller",
+                "Clients and tiers",
+                "Metrics, health and logs",
+                "Memory and maps",
+            ],
+            "{help}"
+        );
+        let unheaded: Vec<String> = attach
+            .get_arguments()
+            .filter(|a| a.get_id() != "help" && a.get_help_heading().is_none())
+            .map(|a| format!("--{}", a.get_long().unwrap_or_default()))
+            .collect();
+        assert!(unheaded.is_empty(), "attach flags under no heading: {unheaded:?}");
+    }
+
+    /// No help text describes the SYN-era gate, which judged SYNs only: a
+    /// help that names a SYN names what else is judged (the handshake-completing
+    /// ACK, a kept-alive connection's request), but for the parser's drop of
+    /// headers that could hide a SYN.
+    #[test]
+    fn no_help_says_the_gate_judges_only_syns() {
+        fn texts(cmd: &clap::Command, out: &mut Vec<(String, String)>) {
+            let name = cmd.get_name().to_owned();
+            for about in [cmd.get_about(), cmd.get_long_about()].into_iter().flatten() {
+                out.push((name.clone(), about.to_string()));
+            }
+            for arg in cmd.get_arguments() {
+                for help in [arg.get_help(), arg.get_long_help()].into_iter().flatten() {
+                    out.push((format!("{name} --{}", arg.get_long().unwrap_or_default()), help.to_string()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                texts(sub, out);
+            }
+        }
+        let mut all = Vec::new();
+        texts(&Cli::command(), &mut all);
+        assert!(all.len() > 100, "only {} help texts found", all.len());
+        let syn_era: Vec<String> = all
+            .iter()
+            .filter(|(_, text)| {
+                let rest = text.replace("could hide a SYN", "");
+                rest.contains("SYN") && !rest.contains("ACK") && !rest.contains("request")
+            })
+            .map(|(what, text)| format!("{what}: {text}"))
+            .collect();
+        assert!(syn_era.is_empty(), "help that says the gate judges SYNs only:\n{}", syn_era.join("\n"));
+        for phrase in ["rejected SYN", "next SYN", "refused SYN"] {
+            let found: Vec<&String> = all.iter().filter(|(_, t)| t.contains(phrase)).map(|(w, _)| w).collect();
+            assert!(found.is_empty(), "{phrase:?} in the help of {found:?}");
+        }
+    }
+
+    /// The README opens with the kernels shed runs on (the oldest `attach`
+    /// accepts) and, while Debian 12's own 6.1 is refused, its way to a newer
+    /// one; and it promises nothing the gate refuses or does not do.
+    #[test]
+    fn the_readme_opens_with_the_kernels_shed_runs_on() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let head = readme.lines().take(20).collect::<Vec<_>>().join(" ");
+        let ((major, minor), _) = crate::host::system::KERNEL_FEATURES[0];
+        assert!(head.contains(&format!("Linux {major}.{minor} or newer")), "the README's first lines: {head}");
+        let debian_12_refused = crate::host::system::check_kernel_release("6.1.0-28-amd64").is_err();
+        for route in ["Debian 12", "bookworm-backports", "linux-image-amd64"] {
+            assert_eq!(head.contains(route), debian_12_refused, "{route} in the README's first lines: {head}");
+        }
+        if debian_12_refused {
+            assert!(!readme.contains("fresh Debian 12"), "the README promises a Debian 12 whose kernel attach refuses");
+        }
+        let words = readme.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
+        assert!(
+            !words.contains("connections are never touched"),
+            "every new request on a kept-alive connection is judged"
+        );
     }
 
     #[test]

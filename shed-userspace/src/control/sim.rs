@@ -176,7 +176,7 @@ pub(super) fn simulate(cfg: &SimConfig) -> SimResult {
     let deadline_ns = to_ns(cfg.deadline);
 
     let workers_at =
-        |t: u64| cfg.worker_steps.iter().filter(|&&(at, _)| t >= to_ns(at)).last().map_or(cfg.workers, |&(_, n)| n);
+        |t: u64| cfg.worker_steps.iter().rfind(|&&(at, _)| t >= to_ns(at)).map_or(cfg.workers, |&(_, n)| n);
     let mean_service_at = |t: u64| match cfg.service_step {
         Some((at, factor)) if t >= to_ns(at) => cfg.mean_service * factor,
         _ => cfg.mean_service,

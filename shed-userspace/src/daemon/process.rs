@@ -152,6 +152,12 @@ fn make_pin_folder() -> Result<PinGuard, Error> {
 
 /// Says what runs.
 fn announce(plan: &NodePlan, gates: &[Gate]) {
+    if std::path::Path::new(paths::DRY_RUN_ALL).exists() {
+        tracing::warn!(
+            "an operator's global dry-run is on ({}): every port starts in dry-run, refusing nothing; `shedctl set --all --dry-run=off` ends it",
+            paths::DRY_RUN_ALL
+        );
+    }
     for &port in &plan.gate.ports {
         tracing::info!(port, "protecting port");
     }

@@ -47,8 +47,12 @@ impl Named for Action {
     }
     fn help(self) -> &'static str {
         match self {
-            Self::Drop => "Drop silently; the client retransmits its SYN after its RTO",
-            Self::Rst => "Answer with RST+ACK; the client's connect() fails at once (ECONNREFUSED)",
+            Self::Drop => {
+                "Drop silently: a refused SYN or handshake-completing ACK, or a kept-alive request's segment, is retransmitted by the client after its RTO and judged again"
+            }
+            Self::Rst => {
+                "Answer with a reset: a refused new connection's connect() fails at once (ECONNREFUSED), a refused kept-alive request's connection is reset (ECONNRESET)"
+            }
             Self::Http => {
                 "Plaintext HTTP/1.x only: the gate completes the handshake itself (a SYN cookie) and answers \
                  the request with 503 and Retry-After, then closes; clients back off as told"

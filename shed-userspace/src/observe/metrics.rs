@@ -284,7 +284,7 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
     ("shed_dry_run", "1 while the port is in dry-run.", MetricType::Gauge, |s| s.dry_run.into()),
     (
         "shed_not_local",
-        "SYNs to the port not addressed to this namespace (forwarded, or leaving local containers): passed untouched.",
+        "SYNs to the port, and ACKs to an http port that found no socket, not addressed to this namespace (forwarded, or leaving local containers): passed untouched.",
         MetricType::Counter,
         |s| s.not_local,
     ),

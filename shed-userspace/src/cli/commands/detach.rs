@@ -116,6 +116,8 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
         bail!("could not signal the gate (pid {pid}): {}", std::io::Error::last_os_error());
     }
     wait_for_exit(&pid, args.timeout)?;
+    // With the whole gate gone, an operator's global dry-run ends too.
+    let _ = std::fs::remove_file(paths::DRY_RUN_ALL);
     if args.now {
         println!("gate stopped at once (pid {pid}), no handover");
         remove_left_links();
