@@ -363,6 +363,13 @@ fn config_save_writes_the_live_settings_back() {
         assert!(text.contains(expected), "{expected} in:\n{text}");
     }
     assert!(!text.lines().any(|l| l.starts_with("limit ")), "an adaptive limiter has no fixed limit:\n{text}");
+    assert!(text.contains(&format!("netns = [\"{}\"]", bed.server_ns)), "the gated namespace is kept:\n{text}");
+    // Saved to a new file too, the namespace the gate judges is written.
+    let fresh = dir.path().join("new.toml");
+    let out = shedctl(&["config", "save", "--file", fresh.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&fresh).unwrap();
+    assert!(text.contains(&format!("netns = [\"{}\"]", bed.server_ns)), "a new file names the namespace:\n{text}");
     let cli = shed::cli::config::parse_cli(["shedctl", "attach", "--config", config.to_str().unwrap()]).unwrap();
     let shed::cli::Command::Attach(args) = cli.command else { panic!() };
     let (control, _) = args.control().unwrap();

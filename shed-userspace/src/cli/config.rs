@@ -385,13 +385,11 @@ pub(crate) fn render(args: &AttachArgs) -> String {
     t.insert("allow-nat".into(), Value::Boolean(args.allow_nat));
     t.insert("ready-max-shed".into(), int(args.ready_max_shed.into()));
     t.insert("ready-window".into(), int(args.ready_window.as_secs()));
-    if args.pods {
-        t.insert("pods".into(), Value::Boolean(true));
-        t.insert("cri-socket".into(), s(&args.cri_socket.display()));
-        t.insert("pod-max-connections".into(), int(args.pod_max_connections.into()));
-        t.insert("pod-max-clients".into(), int(args.pod_max_clients.into()));
-        t.insert("no-expedite-rcu".into(), Value::Boolean(args.no_expedite_rcu));
-    }
+    t.insert("pods".into(), Value::Boolean(args.pods));
+    t.insert("cri-socket".into(), s(&args.cri_socket.display()));
+    t.insert("pod-max-connections".into(), int(args.pod_max_connections.into()));
+    t.insert("pod-max-clients".into(), int(args.pod_max_clients.into()));
+    t.insert("no-expedite-rcu".into(), Value::Boolean(args.no_expedite_rcu));
     toml::to_string(&t).expect("a table always serializes")
 }
 
@@ -402,11 +400,16 @@ fn render_judging(t: &mut toml::Table, args: &AttachArgs) {
     if let Some(limit) = args.limit {
         t.insert("limit".into(), int(limit.into()));
     }
-    if let Some(algo) = args.algo {
-        t.insert("algo".into(), s(&algo));
-    }
-    if let Some(initial) = args.initial_limit {
-        t.insert("initial-limit".into(), int(initial.into()));
+    // Complete: the limiter and its starting limit as attach takes them, defaults included.
+    let defaults = crate::control::Settings::default();
+    let algo = match (args.algo, args.limit) {
+        (Some(algo), _) => algo,
+        (None, Some(_)) => crate::control::Algo::Fixed,
+        (None, None) => defaults.algo,
+    };
+    t.insert("algo".into(), s(&algo));
+    if algo != crate::control::Algo::Fixed {
+        t.insert("initial-limit".into(), int(args.initial_limit.unwrap_or(defaults.initial_limit).into()));
     }
     t.insert("min-limit".into(), int(args.min_limit.into()));
     t.insert("max-limit".into(), int(args.max_limit.into()));
@@ -455,6 +458,36 @@ mod tests {
             Command::Attach(a) => AttachArgs { config: None, ..a },
             other => panic!("expected attach, got {other:?}"),
         }
+    }
+
+    /// `--print-config` writes a complete file: the limiter and its start, and
+    /// the node agent's keys, defaults included (before, the keys not given
+    /// were left out, and a file written for one host read differently on a
+    /// host with other defaults); and what it writes reads back the same.
+    #[test]
+    fn the_printed_config_is_complete_and_reads_back_the_same() {
+        let args = attach(parse_cli(["shedctl", "attach", "--port", "8080"]).unwrap());
+        let printed = render(&args);
+        let table: toml::Table = printed.parse().unwrap();
+        let defaults = crate::control::Settings::default();
+        assert_eq!(table["algo"].as_str(), Some(defaults.algo.name()));
+        assert_eq!(table["initial-limit"].as_integer(), Some(i64::from(defaults.initial_limit)));
+        for key in ["pods", "cri-socket", "pod-max-connections", "pod-max-clients", "no-expedite-rcu"] {
+            assert!(table.contains_key(key), "{key} in:\n{printed}");
+        }
+        assert!(table.keys().all(|k| has_key(k)), "only config keys:\n{printed}");
+        let fixed = render(&attach(parse_cli(["shedctl", "attach", "--port", "8080", "--limit", "7"]).unwrap()));
+        let fixed: toml::Table = fixed.parse().unwrap();
+        assert_eq!(
+            (fixed["algo"].as_str(), fixed.get("initial-limit")),
+            (Some("fixed"), None),
+            "a fixed limit starts nowhere else"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("printed.toml");
+        std::fs::write(&file, &printed).unwrap();
+        let again = attach(parse_cli(["shedctl", "attach", "--config", file.to_str().unwrap()]).unwrap());
+        assert_eq!(render(&again), printed, "read back, it prints the same");
     }
 
     fn with_file(text: &str, flags: &[&str]) -> Result<AttachArgs, CliError> {

@@ -55,6 +55,15 @@ pub fn execute(file: &Path, netns: Option<&str>) -> anyhow::Result<()> {
     };
     let ports = snapshots.iter().map(|s| Value::Integer(s.port.into())).collect();
     table.insert("ports".into(), Value::Array(ports));
+    // The namespaces the gate judges, so a new file attaches where this gate
+    // does (a file's own `netns` is kept). Named ones only: a gate given a
+    // path (/proc/PID/ns/net) has a label no file can name again.
+    if !table.contains_key("netns") {
+        let named = gated_namespaces()?;
+        if !named.is_empty() {
+            table.insert("netns".into(), Value::Array(named.into_iter().map(Value::String).collect()));
+        }
+    }
     port_keys(&mut table, &port_config);
     limiter_keys(&mut table, &control, first.limit);
     if table.remove("tier-file").is_some() {
@@ -151,4 +160,16 @@ fn write_checked(file: &Path, out: &str) -> anyhow::Result<()> {
     std::fs::write(&temp, out).with_context(|| format!("write {}", temp.display()))?;
     std::fs::rename(&temp, file).with_context(|| format!("replace {}", file.display()))?;
     Ok(())
+}
+
+/// The network namespaces the running daemon gates by name (`ip netns`'s),
+/// not its own nor a pod's.
+fn gated_namespaces() -> anyhow::Result<Vec<String>> {
+    let gates = GateMaps::open_gates(None)?;
+    Ok(gates
+        .into_iter()
+        .filter(|g| g.pod.is_none() && g.netns != crate::host::paths::OWN_NETNS_LABEL)
+        .map(|g| g.netns)
+        .filter(|label| Path::new("/run/netns").join(label).exists())
+        .collect())
 }
