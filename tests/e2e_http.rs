@@ -433,12 +433,8 @@ fn nginx_in_front_of_a_gated_backend_answers_each_action_as_documented() {
     let _one = exclusive();
     let bed = Testbed::create("shedng").expect("testbed");
     let upstream = bed.server_addr(false, PORT);
-    let _backend = shed_testkit::testbed::Backend::start(
-        &bed.server_ns,
-        upstream,
-        shed_testkit::testbed::Service::HttpWorkers { workers: 4, service_us: Arc::new(AtomicU64::new(1_000)) },
-    )
-    .expect("backend");
+    // Holds an idle connection as long as its client does (the one that fills the limit).
+    let _backend = Server::start(&bed.server_ns);
     let front: SocketAddr = "127.0.0.1:18080".parse().unwrap();
     const CONNECT_TIMEOUT_S: u32 = 3;
     let _nginx =
@@ -465,7 +461,7 @@ fn nginx_in_front_of_a_gated_backend_answers_each_action_as_documented() {
     let _held = testbed::run_in(&bed.client_ns, move || TcpStream::connect(upstream)).unwrap().expect("held");
     wait_for_stats(PORT, Duration::from_secs(5), "the holder counted", |s| field(s, "in_flight") == 1);
     let (status, took) = ask();
-    assert_eq!(status, "504", "drop: nginx waits for a SYN-ACK that never comes");
+    assert_eq!(status, "504", "drop: nginx waits for a SYN-ACK that never comes ({took:?}): {}", stats(PORT));
     assert!(took >= Duration::from_millis(u64::from(CONNECT_TIMEOUT_S) * 1000 - 200), "{took:?}");
     for (action, code) in [("rst", "502"), ("http", "503")] {
         let out = support::gate::shedctl(&["set", "--port", "8080", "--action", action]);
