@@ -542,61 +542,49 @@ fn a_server_that_reads_at_once_is_protected_from_overload() {
     }
 }
 
-/// A slow service with few workers: 4 x 100 ms (40/s) under 2x overload.
-/// The starting limit (100) holds 2.5 s of work against a 1 s deadline, most
-/// admitted requests are abandoned by their clients, and the answers come a
-/// few a window. On the defaults the limit climbed past 1,000 here and shed
-/// served what no gate serves (6%).
-#[test]
-fn a_slow_server_with_few_workers_is_protected_from_overload() {
-    let _one = exclusive();
-    let case = ServerCase { kind: "go", workers: 4, service_us: 100_000, overload: 2, seconds: 20 };
+/// Runs `case` with no gate and with shed and checks shed protects it: the
+/// limit stays bounded, shed answers at least `fraction` of capacity in time
+/// and at least 3x what no gate answers in the same run.
+fn assert_protected(case: ServerCase, fraction: f64) {
     let (none, shed) = case_pair(case);
     let capacity = (case.capacity() * case.seconds) as f64;
-    // 4 workers at 100 ms use 4 in flight; the limit is bounded near that.
+    // A few workers use a few in flight: the limit is bounded near that.
     assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
     assert!(
-        shed.answered as f64 >= 0.7 * capacity && shed.answered >= 3 * none.answered.max(1),
+        shed.answered as f64 >= fraction * capacity && shed.answered >= 3 * none.answered.max(1),
         "shed answered {} in time ({:.0}% of capacity), no gate {}",
         shed.answered,
         100.0 * shed.answered as f64 / capacity,
         none.answered
     );
+}
+
+/// A slow service with few workers: Go with 4 workers x 100 ms (40/s) under
+/// 2x overload. The starting limit (100) holds 2.5 s of work against a 1 s
+/// deadline, most admitted requests are abandoned by their clients, and the
+/// answers come a few a window. On the defaults the limit climbed past 1,000
+/// here and shed served what no gate serves (6%). Measured after: 98-99%.
+#[test]
+fn a_slow_server_with_few_workers_is_protected_from_overload() {
+    let _one = exclusive();
+    assert_protected(ServerCase { kind: "go", workers: 4, service_us: 100_000, overload: 2, seconds: 20 }, 0.7);
 }
 
 /// A slower service still: Go with 8 workers x 500 ms (16/s) under 2x
 /// overload, where a request may wait one more service time before its
 /// client gives up. On the defaults shed served 2.5% here, as no gate.
+/// Measured after: 69-81% (the drain probe holds half the knee for seconds
+/// at this service time: BENCHMARKS, B14).
 #[test]
 fn a_server_of_half_second_requests_is_protected_from_overload() {
     let _one = exclusive();
-    let case = ServerCase { kind: "go", workers: 8, service_us: 500_000, overload: 2, seconds: 30 };
-    let (none, shed) = case_pair(case);
-    let capacity = (case.capacity() * case.seconds) as f64;
-    assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
-    assert!(
-        shed.answered as f64 >= 0.6 * capacity && shed.answered >= 3 * none.answered.max(1),
-        "shed answered {} in time ({:.0}% of capacity), no gate {}",
-        shed.answered,
-        100.0 * shed.answered as f64 / capacity,
-        none.answered
-    );
+    assert_protected(ServerCase { kind: "go", workers: 8, service_us: 500_000, overload: 2, seconds: 30 }, 0.55);
 }
 
 /// gunicorn's gthread worker, 4 threads x 100 ms (40/s), under 2x overload:
-/// a Python service whose requests wait unread for a thread.
+/// a Python service whose requests wait unread for a thread. Measured: 87%.
 #[test]
 fn a_gunicorn_service_of_few_threads_is_protected_from_overload() {
     let _one = exclusive();
-    let case = ServerCase { kind: "gunicorn", workers: 4, service_us: 100_000, overload: 2, seconds: 20 };
-    let (none, shed) = case_pair(case);
-    let capacity = (case.capacity() * case.seconds) as f64;
-    assert!(shed.late_limit <= 40, "the limit ran away: {}", shed.late_limit);
-    assert!(
-        shed.answered as f64 >= 0.7 * capacity && shed.answered >= 3 * none.answered.max(1),
-        "shed answered {} in time ({:.0}% of capacity), no gate {}",
-        shed.answered,
-        100.0 * shed.answered as f64 / capacity,
-        none.answered
-    );
+    assert_protected(ServerCase { kind: "gunicorn", workers: 4, service_us: 100_000, overload: 2, seconds: 20 }, 0.7);
 }

@@ -5,6 +5,7 @@
 //! nginx proxying to a backend whose workers read when free (nginx reads at
 //! once; the queue sits behind it, in the backend). The in-process
 //! thread-per-connection server is [`crate::testbed::Service::ReadAtOnce`].
+use std::ffi::OsStr;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,26 @@ pub(crate) fn wait_listening(ns: &str, addr: SocketAddr, what: &str, child: &mut
         }
         thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Runs `args` in namespace `ns` (its output discarded) and waits until it
+/// listens on `addr`; `what` and `install` name the program and how to get it.
+fn spawn_listening(
+    ns: &str,
+    args: &[&std::ffi::OsStr],
+    addr: SocketAddr,
+    what: &str,
+    install: &str,
+) -> io::Result<Process> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| io::Error::other(format!("run {what} ({install}, or cargo xtask setup): {e}")))?;
+    wait_listening(ns, addr, what, &mut child)?;
+    Ok(Process(child))
 }
 
 /// The Go server's binary, built once per process (offline: it needs only
@@ -145,17 +166,9 @@ impl Nginx {
         );
         let path = dir.path().join("nginx.conf");
         std::fs::write(&path, conf)?;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, "nginx", "-p"])
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| io::Error::other(format!("run nginx (apt-get install nginx, or cargo xtask setup): {e}")))?;
-        wait_listening(ns, addr, "nginx", &mut child)?;
-        Ok(Self { _process: Process(child), _dir: dir })
+        let args = [OsStr::new("nginx"), OsStr::new("-p"), dir.path().as_os_str(), OsStr::new("-c"), path.as_os_str()];
+        let process = spawn_listening(ns, &args, addr, "nginx", "apt-get install nginx")?;
+        Ok(Self { _process: process, _dir: dir })
     }
 }
 
@@ -179,19 +192,16 @@ impl Gunicorn {
             service_us as f64 / 1e6
         );
         std::fs::write(dir.path().join("shedapp.py"), app)?;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, "python3", "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1"])
-            .arg(format!("--threads={threads}"))
-            .arg(format!("--bind={addr}"))
-            .args(["--backlog", "4096", "--timeout", "120", "--chdir"])
-            .arg(dir.path())
-            .arg("shedapp:app")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| io::Error::other(format!("run gunicorn (pip install gunicorn, or cargo xtask setup): {e}")))?;
-        wait_listening(ns, addr, "gunicorn", &mut child)?;
-        Ok(Self { _process: Process(child), _dir: dir })
+        let (threads, bind) = (format!("--threads={threads}"), format!("--bind={addr}"));
+        let args: Vec<&OsStr> =
+            ["python3", "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1", &threads, &bind]
+                .into_iter()
+                .chain(["--backlog", "4096", "--timeout", "120", "--chdir"])
+                .map(OsStr::new)
+                .chain([dir.path().as_os_str(), OsStr::new("shedapp:app")])
+                .collect();
+        let process = spawn_listening(ns, &args, addr, "gunicorn", "pip install gunicorn")?;
+        Ok(Self { _process: process, _dir: dir })
     }
 }
 
@@ -208,7 +218,7 @@ impl GuardProxy {
     pub fn start(ns: &str, bind: SocketAddr, server: SocketAddr, maxconn: usize, queue_ms: u64) -> io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let conf = format!(
-            "global\n    maxconn 20000\n    nbthread 1\n\
+            "global\n    maxconn 4096\n    nbthread 1\n\
              defaults\n    mode http\n    timeout connect 1s\n    timeout client 10s\n    timeout server 30s\n    \
              timeout queue {queue_ms}ms\n\
              frontend fe\n    bind {bind}\n    default_backend be\n\
@@ -216,16 +226,8 @@ impl GuardProxy {
         );
         let path = dir.path().join("haproxy.cfg");
         std::fs::write(&path, conf)?;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, "haproxy", "-db", "-f"])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                io::Error::other(format!("run haproxy (apt-get install haproxy, or cargo xtask setup): {e}"))
-            })?;
-        wait_listening(ns, bind, "haproxy", &mut child)?;
-        Ok(Self { _process: Process(child), _dir: dir })
+        let args = [OsStr::new("haproxy"), OsStr::new("-db"), OsStr::new("-f"), path.as_os_str()];
+        let process = spawn_listening(ns, &args, bind, "haproxy", "apt-get install haproxy")?;
+        Ok(Self { _process: process, _dir: dir })
     }
 }
