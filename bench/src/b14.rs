@@ -117,14 +117,25 @@ fn run(shedctl: &Path, cell: Cell, guard: Guard, load: f64, seconds: Duration) -
     let load_gen = OpenLoop::start_with(&bed.client_ns, addr, rate, DEADLINE, HTTP_REQUEST);
     let start = Instant::now();
     let (mut early, mut settled, mut late_limit) = (0usize, Vec::new(), 0);
+    // When the settled part began and the run ended, as read (a read every 200 ms).
+    let (mut settled_from, mut last_read) = (None, Duration::ZERO);
     while start.elapsed() < seconds {
         thread::sleep(Duration::from_millis(200));
         let after = start.elapsed() >= SETTLED_AFTER;
+        if after && settled_from.is_none() {
+            // What came before this read belongs to the first seconds.
+            while let Ok(o) = load_gen.outcomes.try_recv() {
+                early += usize::from(matches!(o, Outcome::Answered(_)));
+            }
+            settled_from = Some(start.elapsed());
+            continue;
+        }
         while let Ok(o) = load_gen.outcomes.try_recv() {
             if let Outcome::Answered(l) = o {
                 if after { settled.push(l.as_secs_f64()) } else { early += 1 }
             }
         }
+        last_read = start.elapsed();
         if gate.is_some() && after {
             late_limit = late_limit.max(limit(shedctl).unwrap_or(0));
         }
@@ -134,11 +145,12 @@ fn run(shedctl: &Path, cell: Cell, guard: Guard, load: f64, seconds: Duration) -
     drop(load_gen.finish());
     drop(gate);
     settled.sort_by(f64::total_cmp);
-    let run_s = seconds.as_secs_f64();
+    let ended = last_read.as_secs_f64();
+    let settled_s = ended - settled_from.map_or(SETTLED_AFTER, |d| d).as_secs_f64();
     let capacity = cell.capacity();
     Ok(Run {
-        settled: settled.len() as f64 / (run_s - SETTLED_AFTER.as_secs_f64()) / capacity,
-        whole: (early + settled.len()) as f64 / run_s / capacity,
+        settled: settled.len() as f64 / settled_s / capacity,
+        whole: (early + settled.len()) as f64 / ended / capacity,
         p99_x: percentile(&settled, 0.99).unwrap_or(0.0) / (cell.service_us as f64 / 1e6),
         late_limit,
     })

@@ -76,6 +76,10 @@ const FIRST_ANSWERS: u64 = 3;
 /// A confirming probe returns the limit to at most this many knees.
 const RESTORE_KNEES: f64 = 2.0;
 
+/// Probes come at most every this many shortest service times (see
+/// [`ServiceStage::during_probe`]).
+const PROBE_EVERY_SERVICES: f64 = 40.0;
+
 /// A probe that lowered the shortest service by this share is followed by
 /// another after [`PROBE_AGAIN_WINDOWS`].
 const PROBE_FOUND: f64 = 0.2;
@@ -335,6 +339,16 @@ impl ServiceStage {
         {
             return None;
         }
+        // A first knee from the few answers among abandoned requests spans two
+        // of their service times at least: a slow service's first answers come
+        // a service time after its start, and a rate read over less is a
+        // fraction of what it answers (8 workers of 500 ms read at 2.5/s, a
+        // knee of 1, held the limit at its floor for ten seconds).
+        let mean_us = self.pending.sum_us / self.pending.answered.max(1) as f64;
+        let spans = self.pending.seconds * 1e6 >= RATE_SERVICES * mean_us;
+        if first_among_abandoned && self.pending.answered < needed && !spans {
+            return None;
+        }
         let pooled = std::mem::take(&mut self.pending);
         let (seconds, windows) = (pooled.seconds, pooled.windows);
         let rate = pooled.answered as f64 / seconds;
@@ -437,7 +451,13 @@ impl ServiceStage {
                 probe.restore = probe.restore.min((RESTORE_KNEES * knee).max(probe.limit));
             }
         }
-        self.until_probe = if found { PROBE_AGAIN_WINDOWS } else { self.probe_interval };
+        // A probe holds half the knee for a few service times: a slow
+        // service's probes come as seldom as a few dozen service times, so
+        // they cost it at most a few percent of its capacity (every ~0.9 span
+        // alone, a 1 s service spent four seconds in nine at half capacity).
+        let seldom = (PROBE_EVERY_SERVICES * self.confirmed_us.min(self.shortest.min()) / 1e6 / WINDOW_S).ceil();
+        let interval = if seldom.is_finite() { self.probe_interval.max(seldom as usize) } else { self.probe_interval };
+        self.until_probe = if found { PROBE_AGAIN_WINDOWS } else { interval };
         (probe.restore, true)
     }
 }
@@ -519,7 +539,9 @@ mod tests {
         assert_eq!(stage.during_probe(1), (4.0, false), "drained, but too few answers to judge by yet");
         window(&mut stage, 16, 40_000, 4);
         assert_eq!(stage.during_probe(1), (16.0, true), "drained: back to the limit before");
-        assert_eq!(stage.until_probe, stage.probe_interval, "drained to the service it had: no sooner again");
+        // Drained to the service it had: no sooner again than the span's
+        // interval (18 windows) or 40 of its 50 ms services (20 windows).
+        assert_eq!((stage.probe_interval, stage.until_probe), (18, 20), "a slow service is probed seldom");
         let h = window(&mut stage, 16, 50_000, 8).unwrap();
         assert!((h.knee - 8.0).abs() < 0.5 && (h.shortest_us - 50_000.0).abs() < 1.0, "{h:?}");
         assert_eq!(stage.start_probe(16.0, 1.0, 1), None, "confirmed: not due again");

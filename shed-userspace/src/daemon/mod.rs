@@ -397,7 +397,13 @@ struct NatWatch {
 impl NatWatch {
     /// Between looks: [`NAT_EVERY`] until the rules have stayed the same for [`NAT_SETTLES`].
     fn every(&self) -> Duration {
-        let settled = self.changed.is_some_and(|t| t.elapsed() >= NAT_SETTLES);
+        self.every_at(Instant::now())
+    }
+
+    /// [`Self::every`] as of `now` (a test need not go back in time, which a
+    /// monotonic clock a minute after boot cannot).
+    fn every_at(&self, now: Instant) -> Duration {
+        let settled = self.changed.is_some_and(|t| now.saturating_duration_since(t) >= NAT_SETTLES);
         if settled { NAT_EVERY_SETTLED } else { NAT_EVERY }
     }
 
@@ -529,12 +535,14 @@ mod tests {
     fn nat_is_looked_at_every_five_seconds_until_it_has_stayed_the_same_for_a_minute() {
         let mut watch = NatWatch::default();
         assert_eq!(watch.every(), NAT_EVERY, "before the first look");
-        watch.changed = Some(Instant::now());
-        assert_eq!(watch.every(), NAT_EVERY, "just changed");
-        watch.changed = Instant::now().checked_sub(Duration::from_secs(59));
-        assert_eq!(watch.every(), NAT_EVERY);
-        watch.changed = Instant::now().checked_sub(NAT_SETTLES);
-        assert_eq!(watch.every(), NAT_EVERY_SETTLED);
+        // Times after a change, not before now: in a boot's first minute the
+        // monotonic clock has no minute to go back (checked_sub gave None,
+        // read as "no look yet", and the test failed then).
+        let t0 = Instant::now();
+        watch.changed = Some(t0);
+        assert_eq!(watch.every_at(t0), NAT_EVERY, "just changed");
+        assert_eq!(watch.every_at(t0 + NAT_SETTLES - Duration::from_secs(1)), NAT_EVERY);
+        assert_eq!(watch.every_at(t0 + NAT_SETTLES), NAT_EVERY_SETTLED);
     }
 
     #[test]
