@@ -534,9 +534,14 @@ impl Controller {
         }
         let proposed = self.within_objective(proposed, objective, pressed);
         // queue grows only on evidence that the service keeps up: answers
-        // judged this window (the kernel's queue waits alone say nothing of
-        // a server that reads every request at once and queues it inside).
-        let proposed = if st.algo == Algo::Queue && held.is_none() { proposed.min(self.limit) } else { proposed };
+        // judged this window, or answers keeping pace with the requests read
+        // (the kernel's queue waits alone say nothing of a server that reads
+        // every request at once and answers far fewer: its queue is inside).
+        // A server that reads when free answers about what it reads, so its
+        // thin windows still grow, or its cuts would ratchet the limit down.
+        let unanswered = s.answered.saturating_add(s.abandoned).saturating_mul(4) < s.samples.saturating_mul(3);
+        let proposed =
+            if st.algo == Algo::Queue && held.is_none() && unanswered { proposed.min(self.limit) } else { proposed };
         self.settle(proposed, pressed)
     }
 }
