@@ -541,7 +541,7 @@ mod tests {
         let t0 = Instant::now();
         watch.changed = Some(t0);
         assert_eq!(watch.every_at(t0), NAT_EVERY, "just changed");
-        assert_eq!(watch.every_at(t0 + NAT_SETTLES - Duration::from_secs(1)), NAT_EVERY);
+        assert_eq!(watch.every_at(t0 + NAT_SETTLES.saturating_sub(Duration::from_secs(1))), NAT_EVERY);
         assert_eq!(watch.every_at(t0 + NAT_SETTLES), NAT_EVERY_SETTLED);
     }
 
