@@ -235,13 +235,8 @@ impl Inherited {
         let now = system::monotonic_ns();
         self.dirs.lock().unwrap_or_else(PoisonError::into_inner).retain(|(dir, until)| {
             // A pod gone since has nothing to take over: its link goes now.
-            let pods_left = std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("tc_"))
-                .filter(|e| !(detached(&e.path()) && std::fs::remove_file(e.path()).is_ok()))
-                .count();
+            let pods_left =
+                pod_links(dir).filter(|link| !(detached(link) && std::fs::remove_file(link).is_ok())).count();
             if pods_left == 0 || now >= *until {
                 if pods_left > 0 {
                     tracing::info!(links = pods_left, "the last agent's links of pods not taken over are detached");
@@ -286,12 +281,7 @@ pub fn left() -> Vec<(PathBuf, u64, usize)> {
         .flatten()
         .filter_map(|entry| {
             let until = entry.file_name().to_str().and_then(lease_end)?;
-            let pods = std::fs::read_dir(entry.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("tc_"))
-                .count();
+            let pods = pod_links(&entry.path()).count();
             (until > now).then(|| (entry.path(), until, pods))
         })
         .collect()
@@ -308,6 +298,16 @@ pub fn remove_all() -> usize {
     }
     remove_lapsed();
     pods
+}
+
+/// The pods' TC links left in a folder (named by [`pod_link_name`]).
+fn pod_links(dir: &Path) -> impl Iterator<Item = PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tc_"))
+        .map(|e| e.path())
 }
 
 /// Removes a folder of links left: unpinned, each link goes (detached) unless held.
