@@ -155,10 +155,23 @@ fn remove_left_links() {
 fn wait_for_exit(pid: &str, timeout: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
-        if !matches!(daemon::liveness(), Liveness::Running { .. }) {
+        // The lock goes with the daemon's last files, a moment before the
+        // process itself: "stopped" means the process is gone too.
+        if !matches!(daemon::liveness(), Liveness::Running { .. }) && !process_alive(pid) {
             return Ok(());
         }
         thread::sleep(Duration::from_millis(20));
     }
     bail!("the gate (pid {pid}) did not stop within {} ms; check its log", timeout.as_millis())
+}
+
+/// A process that still runs (a zombie, already exited and waiting to be
+/// reaped by its parent, does not).
+fn process_alive(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command's closing parenthesis.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X") | None)
 }
