@@ -1611,13 +1611,43 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
         let before = counters(&h);
         let moved = |h: &Harness, c: usize| counters(h)[c] - before[c];
 
-        // Nothing busy: admitted, untouched.
+        // Nothing busy: admitted, untouched, and counted at once: the
+        // connection is busy before the kernel has queued a byte of it (the
+        // next request judged, a moment later, must see it).
+        let slot = config.slot;
+        let busy = |h: &Harness| {
+            let state = h.loaded.maps.raw().state.get(&slot, 0).unwrap();
+            let entries = h.loaded.maps.tracked_sockets().unwrap();
+            let flagged = entries.values().filter(|e| e.port == KEPT && e.busy == 1).count();
+            (state.busy_enter - state.busy_exit, flagged)
+        };
+        let (busy_before, _) = busy(&h);
         let (verdict, out) = h.run(hook, &kept.frame).unwrap();
         assert_eq!((verdict, &out), (pass(hook), &kept.frame), "{hook:?}: under the limit");
         assert_eq!((moved(&h, counter::REQUEST_ADMITTED), moved(&h, counter::REFUSED_REQUEST)), (1, 0), "{hook:?}");
+        assert_eq!(busy(&h), (busy_before + 1, 1), "{hook:?}: the admitted request counts at once");
+        // Answered (as far as the books go): idle again, for the next request.
+        let answered = |h: &mut Harness| {
+            let (sk, entry) =
+                h.loaded.maps.tracked_sockets().unwrap().into_iter().find(|(_, e)| e.port == KEPT).unwrap();
+            h.loaded.maps.raw_mut().socks.insert(sk, shed_common::SockEntry { busy: 0, ..entry }, 0).unwrap();
+            let mut state = h.loaded.maps.raw().state.get(&slot, 0).unwrap();
+            state.busy_exit += 1;
+            h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
+        };
+        answered(&mut h);
+        // A second turn admitted meanwhile on this idle connection is not counted twice.
+        let (verdict, _) = h.run(hook, &kept.frame).unwrap();
+        assert_eq!(verdict, pass(hook), "{hook:?}");
+        assert_eq!(busy(&h), (busy_before + 1, 1), "{hook:?}: once");
+        let (verdict, _) = h.run(hook, &kept.frame).unwrap();
+        assert_eq!(verdict, pass(hook), "{hook:?}: a busy connection's data is its request's");
+        assert_eq!(busy(&h), (busy_before + 1, 1), "{hook:?}: still once");
+        answered(&mut h);
+        let before = counters(&h);
+        let moved = |h: &Harness, c: usize| counters(h)[c] - before[c];
 
         // Another connection busy: the port is at its limit.
-        let slot = config.slot;
         let mut state = h.loaded.maps.raw().state.get(&slot, 0).unwrap();
         state.busy_enter += 1;
         h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
@@ -1676,6 +1706,66 @@ fn a_kept_alive_request_is_judged_and_answered_field_by_field() {
         h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
     }
     drop(kept.server);
+}
+
+/// A connection silent since its handshake counts in the port's silent ring
+/// for its idle grace only. Within the grace its first request passes, as
+/// counted already; past it (a pool that connects ahead of its requests, a
+/// client that waits the grace out) the request is judged like any kept-alive
+/// request: refused at the limit, else admitted and busy at once.
+#[test]
+fn a_silent_connections_first_request_is_judged_once_its_grace_is_over() {
+    use std::time::Duration;
+
+    use support::kept::IdleKeptAlive;
+    const SILENT: u16 = 18_472;
+    let mut h = Harness::new(1, action::RST, false);
+    let spec = PortSpec::new(1, action::RST, false, count_mode::WORK, ControlConfig::default());
+    let config = h.loaded.maps.protect(SILENT, &spec).unwrap();
+    h.loaded.attach_accounting().expect("attach the accounting programs");
+    let listener = std::net::TcpListener::bind(("127.0.0.1", SILENT)).expect("listen");
+    let counters = |h: &Harness| h.loaded.maps.snapshot(SILENT, config).unwrap().counters.values;
+    let silent_entry = |h: &Harness, port: u16| {
+        h.loaded.maps.tracked_sockets().unwrap().into_values().find(|e| e.port == SILENT && e.flow.client_port == port)
+    };
+    // Every live epoch of the silent ring (the default's), and a little.
+    let grace = Duration::from_nanos(
+        shed_common::handshake::LIVE_EPOCHS << shed_common::handshake::DEFAULT_SILENT_SHIFT,
+    ) + Duration::from_millis(20);
+    for hook in HOOKS {
+        // Each hook's programs load (and pass the verifier, seconds) at their first run: not within the grace.
+        let _ = h.run(hook, &frame(&Spec::default())).unwrap();
+        let kept = IdleKeptAlive::silent(&listener, std::net::TcpStream::connect).expect("a silent connection");
+        let port = kept.next.client_port;
+        shed_testkit::gate::poll(Duration::from_secs(3), "tracked, silent", || silent_entry(&h, port), |e| {
+            e.is_some_and(|e| e.silent == 1)
+        });
+        // Within its grace: it holds the port's one place already, and its request is its own.
+        let before = counters(&h);
+        assert_eq!(h.run(hook, &kept.frame).unwrap(), (pass(hook), kept.frame.clone()), "{hook:?}: within the grace");
+        assert_eq!(counters(&h), before, "{hook:?}: nothing judged within the grace");
+        std::thread::sleep(grace);
+        // Past it, with another connection busy: refused at the limit.
+        let slot = config.slot;
+        let mut state = h.loaded.maps.raw().state.get(&slot, 0).unwrap();
+        state.busy_enter += 1;
+        h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
+        let (verdict, _) = h.run(hook, &kept.frame).unwrap();
+        assert_eq!(verdict, rst(hook), "{hook:?}: judged past the grace, at the limit");
+        assert_eq!(counters(&h)[counter::REFUSED_REQUEST] - before[counter::REFUSED_REQUEST], 1, "{hook:?}");
+        for sk in h.loaded.maps.raw().refused_turns.keys().filter_map(Result::ok).collect::<Vec<_>>() {
+            h.loaded.maps.raw_mut().refused_turns.remove(&sk).unwrap();
+        }
+        // Room again: admitted, and busy at once.
+        state.busy_exit += 1;
+        h.loaded.maps.raw_mut().state.set(slot, state, 0).unwrap();
+        let (verdict, _) = h.run(hook, &kept.frame).unwrap();
+        assert_eq!(verdict, pass(hook), "{hook:?}: room under the limit");
+        assert_eq!(counters(&h)[counter::REQUEST_ADMITTED] - before[counter::REQUEST_ADMITTED], 1, "{hook:?}");
+        assert_eq!(silent_entry(&h, port).map(|e| e.busy), Some(1), "{hook:?}: busy at once");
+        drop(kept.server);
+        shed_testkit::gate::poll(Duration::from_secs(3), "closed", || silent_entry(&h, port), Option::is_none);
+    }
 }
 
 /// Keeps the calling thread (a test's) on the CPU it runs on now.

@@ -629,6 +629,21 @@ pub const fn ipv4_mapped(v4: [u8; 4]) -> [u8; 16] {
     [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3]]
 }
 
+/// Whether `addr` is certainly counted under cap key address `key` (see
+/// [`PortConfig::client_key`]): the very address (an IPv4 client's key, or an
+/// IPv6 key of 128 bits), or an IPv6 address in a key's /64 cut at 64 bits
+/// (the default; a key cut shorter is matched only by addresses of its own
+/// /64, never wrongly). Three word compares, no key built: the caller's stack
+/// may be the verifier's last bytes.
+#[inline(always)]
+pub fn within_key(addr: &[u8; 16], key: &[u8; 16]) -> bool {
+    let word = |a: &[u8; 16], at: usize| {
+        u64::from_ne_bytes([a[at], a[at + 1], a[at + 2], a[at + 3], a[at + 4], a[at + 5], a[at + 6], a[at + 7]])
+    };
+    // An IPv4 key's low word holds `ffff` and the address: never 0.
+    word(addr, 0) == word(key, 0) && (word(addr, 8) == word(key, 8) || word(key, 8) == 0)
+}
+
 /// Whether an address is IPv4, stored IPv4-mapped (`::ffff:a.b.c.d`).
 #[inline(always)]
 pub fn is_ipv4_mapped(addr: &[u8; 16]) -> bool {
@@ -692,6 +707,33 @@ mod tests {
         let v4 = ipv4_mapped([10, 1, 2, 3]);
         let config = PortConfig { client_prefix_v6: 8, ..PortConfig::new(3, action::DROP, false, 0) };
         assert_eq!(config.client_key(&v4).addr, v4, "IPv4 clients are keyed by their address");
+    }
+
+    proptest::proptest! {
+        /// An address within a key is counted under it (`client_key`), for
+        /// every IPv4 address and for IPv6 keys of 64 and 128 bits; an exact
+        /// key (IPv4, or 128 bits) is matched by its address alone.
+        #[test]
+        fn an_address_within_a_key_is_counted_under_it(
+            prefix in proptest::prop_oneof![proptest::strategy::Just(64u8), proptest::strategy::Just(128u8), 0u8..=255],
+            addr in proptest::prelude::any::<[u8; 16]>(),
+            other in proptest::prelude::any::<[u8; 16]>(),
+            v4 in proptest::prelude::any::<bool>(),
+        ) {
+            let config = PortConfig { client_prefix_v6: prefix, ..PortConfig::new(3, action::DROP, false, 0) };
+            let addr = if v4 { ipv4_mapped([addr[0], addr[1], addr[2], addr[3]]) } else { addr };
+            let key = config.client_key(&addr).addr;
+            if v4 || prefix == 64 || prefix >= 128 {
+                proptest::prop_assert!(within_key(&addr, &key), "its own key");
+            }
+            let other = if v4 { ipv4_mapped([other[0], other[1], other[2], other[3]]) } else { other };
+            if within_key(&other, &key) {
+                proptest::prop_assert_eq!(config.client_key(&other).addr, key, "never a wrong key");
+            }
+            if v4 || prefix >= 128 {
+                proptest::prop_assert_eq!(within_key(&other, &key), other == addr, "an exact key: its address alone");
+            }
+        }
     }
 
     #[test]

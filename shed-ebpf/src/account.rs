@@ -431,6 +431,24 @@ fn take_flag(entry: *mut SockEntry, at: usize, from: u8, to: u8) -> bool {
     crate::atomic::compare_exchange(word, old, (old & !(0xff << shift)) | (u64::from(to) << shift))
 }
 
+/// The gate admitted the first segment of connection `sk`'s next request:
+/// it is busy from now, before the kernel queues the bytes, so the next
+/// request judged (on another connection, a microsecond later) sees it.
+/// `sk_data_ready` then finds the flag taken and counts nothing more.
+#[inline(always)]
+pub fn turn_admitted(sk: u64, slot: u32) {
+    if fault!("turn_counted_late") {
+        return;
+    }
+    let Some(live) = tracked(sk) else { return };
+    if take_flag(live, BUSY_AT, 0, 1)
+        && let Some(state) = state_field(slot)
+    {
+        // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
+        atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
+    }
+}
+
 /// `sock:sk_data_ready`: a request's bytes arrived.
 pub fn on_data_ready(sk: u64) {
     let Some(live) = tracked(sk) else { return };

@@ -514,6 +514,7 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
     } else {
         let (others, current) = port.handshakes();
         let Some(reason) = port.refusal(tier, port.held + others + current, seg, true, true) else {
+            crate::account::turn_admitted(sk, port.slot);
             port.count(counter::REQUEST_ADMITTED);
             return Verdict::Pass;
         };

@@ -40,6 +40,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("tier_action_ignored", "a tier's own action is ignored for the port's"),
     ("rst_to_own_address", "resets go to this host's own and loopback addresses"),
     ("rst_cap_ignored", "the RST rate caps are not applied"),
+    (
+        "proxy_answers_capped",
+        "a source that holds established connections (a proxy) is held to its prefix's answer cap: its refusals past it go silent",
+    ),
     ("rst_bucket_stuck", "an RST bucket never refills (time does not advance it)"),
     (
         "ack_number_unchecked",
@@ -55,6 +59,14 @@ pub const FAULTS: &[(&str, &str)] = &[
         "the kernel SYN cookie check reads the ACK's sequence number in the wrong byte order (cookie-completed handshakes pass unjudged)",
     ),
     ("turns_unjudged", "a request on a kept-alive connection is never judged (a pool carries overload past the gate)"),
+    (
+        "silent_turn_unjudged",
+        "a connection's first request after its idle grace is never judged (a pool that connects ahead holds any number)",
+    ),
+    (
+        "turn_counted_late",
+        "an admitted request counts only once the kernel queues it (a burst of first requests all see the same free slot)",
+    ),
     (
         "refusal_unmarked",
         "a refused request leaves its connection's entry unmarked (its retransmission is judged afresh, not answered alike)",

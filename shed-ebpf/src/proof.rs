@@ -110,8 +110,11 @@ pub(crate) fn socket_of(seg: &Segment, ctx: *mut core::ffi::c_void, turn_sk: &mu
 }
 
 /// Whether data to established socket `sk` may start its next request: the
-/// socket is one the gate counts (`SHED_SOCKS`) and owes no answer (idle,
-/// not silent since its handshake, not multiplexed). Then the socket's
+/// socket is one the gate counts (`SHED_SOCKS`) and owes no answer (idle, not
+/// multiplexed), and is not counted already: a connection silent since its
+/// handshake counts in the port's silent ring for its idle grace only, so its
+/// first request is judged once the grace is over (a pool that connects
+/// ahead of its requests, a client that waits out the grace). Then the socket's
 /// address, else 0; whether a request on it was refused before is left for
 /// the turn program ([`crate::maps::turn_refused_before`]). The turn program
 /// checks the rest ([`next_expected`]): every instruction here is walked by
@@ -125,8 +128,20 @@ pub(crate) fn turn_socket(sk: *mut core::ffi::c_void) -> u64 {
     let key = sk as u64;
     let Some(entry) = gate::socks().and_then(|m| m.get_ptr(&key)) else { return 0 };
     // SAFETY: map value, read as plain data.
-    let idle = unsafe { (*entry).busy == 0 && (*entry).silent == 0 && (*entry).multiplexed == 0 };
+    let idle = unsafe { (*entry).busy == 0 && (*entry).multiplexed == 0 };
     if !idle {
+        return 0;
+    }
+    // SAFETY: as above.
+    let (silent, slot, epoch) = unsafe { ((*entry).silent != 0, (*entry).slot, (*entry).silent_epoch) };
+    if silent && !fault!("silent_turn_unjudged") {
+        let shift = gate::user_state().and_then(|m| m.get(slot)).copied().unwrap_or_default().silent_shift();
+        // SAFETY: reading the clock has no preconditions.
+        let now_epoch = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() } >> shift;
+        if shed_common::handshake::live(epoch, now_epoch) {
+            return 0;
+        }
+    } else if silent {
         return 0;
     }
     // SAFETY: as above.

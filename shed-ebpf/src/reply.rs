@@ -41,7 +41,7 @@ pub enum Verdict {
 pub(crate) fn withheld(config: &PortConfig, client: &[u8; 16], from_loopback: bool, now_ns: u64) -> Option<usize> {
     if !answerable(client, from_loopback) {
         Some(counter::RST_SUPPRESSED)
-    } else if !rst_allowed(config.slot, config, client, now_ns) {
+    } else if !rst_allowed(config.slot, config, client, now_ns, prefix_rate(config, client)) {
         Some(counter::RST_RATE_LIMITED)
     } else {
         None
@@ -73,14 +73,18 @@ pub(crate) fn answerable(client: &[u8; 16], from_loopback: bool) -> bool {
 /// is one GCRA time updated by compare-and-swap, so CPUs racing each other
 /// cannot exceed a cap; a swap lost four times over refuses (never over the cap).
 #[inline(never)]
-pub(crate) fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now: u64) -> bool {
+/// `prefix_rate`: the client's prefix's cap ([`prefix_rate`]; 0: none).
+pub(crate) fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now: u64, prefix_rate: u32) -> bool {
     if fault!("rst_cap_ignored") {
         return true;
     }
-    // The prefix first: a flood from one prefix must not spend the port's budget.
-    if config.rst_per_prefix_per_sec != 0 {
+    // The prefix first: a flood from one prefix must not spend the port's
+    // budget. Not for a source that holds connections the kernel completed
+    // (a proxy, a NAT: its clients are many, and their refusals would turn
+    // into silence): it is no forged one, and the port's cap still bounds it.
+    if prefix_rate != 0 {
         let Some(bucket) = prefix_bucket(prefix_bucket_index(slot, &rst_prefix(client))) else { return false };
-        if !take(bucket, now, config.rst_per_prefix_per_sec) {
+        if !take(bucket, now, prefix_rate) {
             return false;
         }
     }
@@ -89,6 +93,35 @@ pub(crate) fn rst_allowed(slot: u32, config: &PortConfig, client: &[u8; 16], now
         return take(bucket, now, config.rst_per_sec);
     }
     true
+}
+
+/// Whether `client` is the port's largest client (`SHED_CONTENTION`), and
+/// holds connections: the kernel completed handshakes with it, so its address
+/// is not forged, and many refusals from it are many users behind one address
+/// (a proxy, a NAT). Read in place from the map value, compared by words: the
+/// ACK's path has no stack left for a key to look the client up by. Called
+/// before [`rst_allowed`], not from it: a turn program's call chain through
+/// `rst_allowed` has no byte of stack to spare.
+#[inline(always)]
+fn proven_source(config: &PortConfig, client: &[u8; 16]) -> bool {
+    // One test for both (no client counted: no largest client).
+    if fault!("proxy_answers_capped") || (config.client_cap | u32::from(config.client_share)) == 0 {
+        return false;
+    }
+    let Some(contention) = gate::contention().and_then(|m| m.get_ptr(config.slot)) else { return false };
+    // SAFETY: map value, valid for this run; plain reads (a store racing them
+    // at worst compares with the last largest client).
+    unsafe { (*contention).largest_held > 0 && shed_common::within_key(client, &(*contention).largest) }
+}
+
+/// The answer cap of `client`'s prefix: the port's `rst_per_prefix_per_sec`,
+/// or none (0) for a [`proven_source`]. Masked through [`crate::maps::forget`],
+/// so that whatever the answer, `rst_allowed` is walked as before: once per
+/// way its rates may go, not once more per way here.
+#[inline(never)]
+fn prefix_rate(config: &PortConfig, client: &[u8; 16]) -> u32 {
+    let capped = crate::maps::forget(u64::from(!proven_source(config, client))) as u32;
+    capped.wrapping_neg() & config.rst_per_prefix_per_sec
 }
 
 /// The prefix bucket at `index`. A subprogram: a shared object's two

@@ -42,6 +42,22 @@ impl IdleKeptAlive {
         let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
         server.write_all(answer)?;
         client.read_exact(&mut buf[..answer.len()])?;
+        Self::frozen(client, server)
+    }
+
+    /// A connection to `listener` that has sent nothing since its handshake
+    /// (silent, in a `work` port's books), left so: `next` carries its first request.
+    pub fn silent(
+        listener: &TcpListener,
+        connect: impl FnOnce(std::net::SocketAddr) -> io::Result<TcpStream>,
+    ) -> io::Result<Self> {
+        let client = connect(listener.local_addr()?)?;
+        let (server, _) = listener.accept()?;
+        Self::frozen(client, server)
+    }
+
+    /// The client frozen in repair mode, and the segment of its next request.
+    fn frozen(client: TcpStream, server: TcpStream) -> io::Result<Self> {
         let fd = client.as_raw_fd();
         // The client's next sequence number, and the server's.
         let (seq, ack) = (queue_seq(fd, 2)?, queue_seq(fd, 1)?);

@@ -38,7 +38,9 @@
 //! - A rejection takes the tier's action, else the port's. A reset goes only to
 //!   an address that can be a client (not multicast, broadcast, unspecified, nor
 //!   this host's own unless it arrived on loopback), and only while the
-//!   client's prefix and the port have RST budget; otherwise it is a drop.
+//!   client's prefix and the port have RST budget (the port's alone for a
+//!   client that holds connections on a port counting clients: a proven
+//!   source); otherwise it is a drop.
 //!
 //! The harness varies one protected port, its limit, action, dry-run, tier
 //! shares, actions and held-back room, its books (count mode, counts and the
@@ -758,7 +760,12 @@ fn reply(state: &ModelState, t: u8, client: &[u8; 16], step: Step) -> Reply {
         return Reply::Withheld(counter::RST_SUPPRESSED);
     }
     let spent = |rate: u32, has_budget: bool| rate != 0 && !has_budget;
-    if spent(c.rst_per_prefix_per_sec, state.rst_budget.prefix) || spent(c.rst_per_sec, state.rst_budget.port) {
+    // A client that holds connections on the port is no forged source (a
+    // proxy's many users): only the port's budget applies to it.
+    let proven = c.counts_clients() && state.client_held > 0;
+    if (!proven && spent(c.rst_per_prefix_per_sec, state.rst_budget.prefix))
+        || spent(c.rst_per_sec, state.rst_budget.port)
+    {
         return Reply::Withheld(counter::RST_RATE_LIMITED);
     }
     Reply::Rst
@@ -956,6 +963,28 @@ mod rules {
         assert!(matches!(reply(&spent, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)));
         spent.config.rst_per_sec = 0;
         assert!(matches!(reply(&spent, tier::LOW, &client, Step::Syn), Reply::Rst), "no rate, no cap");
+        // The prefix's budget spent: a source with connections on the port
+        // (clients counted) is answered within the port's alone.
+        let mut prefix = rst.clone();
+        prefix.config.rst_per_prefix_per_sec = 5;
+        prefix.config.client_share = 50;
+        prefix.rst_budget.prefix = false;
+        prefix.client_held = 0;
+        assert!(matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)));
+        prefix.client_held = 1;
+        assert!(matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Rst), "a proven source");
+        prefix.rst_budget.port = false;
+        prefix.config.rst_per_sec = 5;
+        assert!(
+            matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)),
+            "the port's budget still binds it"
+        );
+        prefix.rst_budget.port = true;
+        prefix.config.client_share = 0;
+        assert!(
+            matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)),
+            "clients uncounted: nothing proves it"
+        );
     }
 }
 

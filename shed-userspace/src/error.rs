@@ -57,6 +57,11 @@ pub enum Error {
     )]
     NoCriSocket { looked: String },
 
+    #[error(
+        "net.ipv4.tcp_fastopen is {mode}: servers in this namespace accept TCP Fast Open, whose SYN carries a request the gate cannot judge, and turning it off failed ({source}); set net.ipv4.tcp_fastopen={off} in the namespace, or attach with --count connections"
+    )]
+    FastOpen { mode: u32, off: u32, source: io::Error },
+
     #[error("the gate protects several network namespaces ({labels}): name one with --netns")]
     SeveralNamespaces { labels: String },
 
@@ -195,6 +200,7 @@ impl Error {
             | Self::UnknownNamespace { .. }
             | Self::MetricsToken { .. }
             | Self::NoCriSocket { .. }
+            | Self::FastOpen { .. }
             | Self::NamespaceNotGated { .. }
             | Self::PortNotProtected { .. }
             | Self::InsideIpNetnsExec { .. }

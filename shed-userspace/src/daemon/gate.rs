@@ -218,12 +218,29 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
             "counting sockets of every network namespace ({why}): another namespace serving the same port would share the counts"
         ),
     }
-    if let Some(mode) = system::fast_open_for_servers() {
-        tracing::warn!(
-            tcp_fastopen = mode,
-            "net.ipv4.tcp_fastopen lets servers in this namespace accept TCP Fast Open: a TFO SYN's data reaches the server before any ACK, so such connections are judged at their SYN only (against verified work); set net.ipv4.tcp_fastopen=1 (clients only) to judge every connection at its handshake-completing ACK"
-        );
-    }
+    // A TFO SYN's request reaches the server before the connection is
+    // tracked or any request is judged: under `work`, where requests are what
+    // is counted, servers' Fast Open is off while the gate runs (a client
+    // then sends its request after the handshake, one round trip later).
+    let fast_open = if plan.count == crate::kernel::options::Count::Work {
+        let off = system::FastOpenOff::take()?;
+        if let Some((was, now)) = off.as_ref().map(system::FastOpenOff::values) {
+            tracing::warn!(
+                tcp_fastopen = was,
+                now,
+                "turned servers' TCP Fast Open off in this namespace while the gate runs (net.ipv4.tcp_fastopen {was} -> {now}): a TFO SYN carries a request the gate cannot judge; put back when the gate stops"
+            );
+        }
+        off
+    } else {
+        if let Some(mode) = system::fast_open_for_servers() {
+            tracing::warn!(
+                tcp_fastopen = mode,
+                "net.ipv4.tcp_fastopen lets servers in this namespace accept TCP Fast Open: a TFO SYN's data reaches the server before any ACK, so such connections are judged at their SYN only; set net.ipv4.tcp_fastopen=1 (clients only) to judge every connection at its handshake-completing ACK"
+            );
+        }
+        None
+    };
     // Before any gate: only SYNs addressed to these are judged.
     let mut local_addrs = LocalAddrs::default();
     local_addrs.refresh(&mut loaded.maps)?;
@@ -267,7 +284,7 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         }
     }
     gate.heartbeat.beat();
-    Ok((loaded, Following { local_addrs, seen, agent }))
+    Ok((loaded, Following { local_addrs, seen, agent, fast_open }))
 }
 
 /// Attaches the gate's program to `iface` on `hook`, saying so.
@@ -299,6 +316,8 @@ pub(super) struct Following {
     pub(super) local_addrs: LocalAddrs,
     pub(super) seen: Considered,
     pub(super) agent: Option<std::net::TcpListener>,
+    /// Servers' Fast Open, off while the gate runs (put back as it ends).
+    pub(super) fast_open: Option<system::FastOpenOff>,
 }
 
 /// Runs one namespace's control loop until the daemon stops; detaches its
@@ -306,7 +325,7 @@ pub(super) struct Following {
 pub(super) fn run(
     gate: &Gate,
     loaded: &mut Loaded,
-    Following { local_addrs, seen, agent }: Following,
+    Following { local_addrs, seen, agent, fast_open: _fast_open_back_at_the_end }: Following,
     _go: Instance,
     start: &GateStart,
     signals: LoopSignals,

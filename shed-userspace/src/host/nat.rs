@@ -197,6 +197,22 @@ fn generation_of(reply: &[u8]) -> Option<u32> {
     None
 }
 
+/// The iptables-nft save tools, by the nftables family their tables are in,
+/// and the tool as a rule's place names it.
+const NFT_COMPAT: [(&str, &str, &str); 2] =
+    [("ip", "iptables-nft-save", "iptables-nft"), ("ip6", "ip6tables-nft-save", "ip6tables-nft")];
+
+/// The families of `nft -j list ruleset` output whose rules hold an xtables
+/// target (iptables-nft's REDIRECT, DNAT, ...).
+pub(crate) fn xt_families(json: &str) -> BTreeSet<String> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else { return BTreeSet::new() };
+    let rules = value["nftables"].as_array().into_iter().flatten().filter_map(|i| i.get("rule"));
+    rules
+        .filter(|rule| rule["expr"].as_array().into_iter().flatten().any(|e| e["xt"]["type"] == "target"))
+        .filter_map(|rule| rule["family"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// The legacy iptables tools: the save tool, the family it is named as, and
 /// the kernel's list of the namespace's tables of that family.
 const LEGACY: [(&str, &str, &str); 2] = [
@@ -216,6 +232,16 @@ fn local_nat(local: &BTreeSet<IpAddr>) -> NatLook {
     let mut look = NatLook::default();
     if let Some(json) = run("nft", &["-j", "list", "ruleset"]) {
         look.readable = true;
+        // iptables-nft's and ip6tables-nft's targets as they wrote them
+        // (nft shows an xtables target without its ports or address).
+        for family in xt_families(&json) {
+            let Some(&(_, tool, name)) = NFT_COMPAT.iter().find(|(f, _, _)| *f == family) else { continue };
+            if installed(tool)
+                && let Some(text) = run(tool, &["-t", "nat"])
+            {
+                look.found.extend(from_iptables_save(&text, name, local));
+            }
+        }
         look.found.extend(from_nft_json(&json, local));
     }
     for (tool, family, tables) in LEGACY {
@@ -292,6 +318,10 @@ pub(crate) fn from_nft_json(json: &str, local: &BTreeSet<IpAddr>) -> Vec<LocalNa
             let to_port = |stmt: &serde_json::Value| stmt["port"].as_u64().map(|p| p as u16);
             let local_target = if let Some(r) = e.get("redirect") {
                 Some(to_port(r))
+            } else if e["xt"]["type"] == "target" && e["xt"]["name"] == "REDIRECT" {
+                // iptables-nft's REDIRECT, kept as the xtables target: nft
+                // shows no port (the family's save tool does, read besides).
+                Some(None)
             } else if let Some(d) = e.get("dnat") {
                 d["addr"].as_str().filter(|a| is_local(a, local)).map(|_| to_port(d))
             } else {
@@ -493,6 +523,44 @@ mod tests {
         );
         assert!(found[0].describe().contains("port 80 to local port 8080"), "{}", found[0].describe());
         assert!(from_nft_json("not json", &local()).is_empty());
+    }
+
+    /// iptables-nft keeps REDIRECT and DNAT as xtables targets, which nft
+    /// shows without ports or address (as `nft -j` printed ip6tables-nft's
+    /// and iptables-nft's rules): the REDIRECT of a protected port is still
+    /// seen from nft alone, and both families are named for their save tools.
+    #[test]
+    fn iptables_nft_targets_are_seen_and_their_families_named() {
+        let rule = |family: &str, chain: &str, port: u16, target: &str| {
+            format!(
+                r#"{{"rule": {{"family": "{family}", "table": "nat", "chain": "{chain}", "handle": 2, "expr": [
+                {{"match": {{"op": "==", "left": {{"payload": {{"protocol": "tcp", "field": "dport"}}}}, "right": {port}}}}},
+                {{"counter": {{"packets": 0, "bytes": 0}}}}, {{"xt": {{"type": "target", "name": "{target}"}}}}]}}}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"nftables": [{{"metainfo": {{"json_schema_version": 1}}}}, {}, {}, {}]}}"#,
+            rule("ip6", "PREROUTING", 8080, "REDIRECT"),
+            rule("ip6", "OUTPUT", 9000, "DNAT"),
+            rule("ip", "OUTPUT", 8080, "REDIRECT")
+        );
+        let found = from_nft_json(&json, &local());
+        assert_eq!(found.len(), 2, "the two REDIRECTs, not the DNAT whose address nft does not show: {found:?}");
+        assert_eq!(
+            found[0],
+            LocalNat { place: "nftables table ip6 nat chain PREROUTING".into(), from_ports: vec![8080], to_port: None }
+        );
+        assert_eq!(found[0].bypasses(&[8080]), Some(8080));
+        assert_eq!(found[1].place, "nftables table ip nat chain OUTPUT");
+        assert_eq!(xt_families(&json), ["ip".to_owned(), "ip6".to_owned()].into());
+        assert!(xt_families(&format!(r#"{{"nftables": [{}]}}"#, rule("inet", "x", 1, "x").replace("xt", "zz"))).is_empty());
+        // Read by their save tools: the ports and address are there.
+        let saved = "*nat\n-A PREROUTING -p tcp -m tcp --dport 8080 -j REDIRECT --to-ports 8081\n\
+                     -A OUTPUT -p tcp -m tcp --dport 9000 -j DNAT --to-destination [::1]:8080\nCOMMIT\n";
+        let found = from_iptables_save(saved, "ip6tables-nft", &local());
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!((found[1].from_ports.clone(), found[1].to_port), (vec![9000], Some(8080)));
+        assert_eq!(found[1].bypasses(&[8080]), Some(8080), "port 9000 reaches the listener of 8080 unjudged");
     }
 
     /// Each form of the namespace's own addresses, read from the table the

@@ -418,7 +418,47 @@ pub(crate) fn fast_open_for_servers() -> Option<u32> {
 
 fn fast_open_server_bit(text: &str) -> Option<u32> {
     let mode: u32 = text.trim().parse().ok()?;
-    (mode & 0x2 != 0).then_some(mode)
+    (mode & FAST_OPEN_SERVER != 0).then_some(mode)
+}
+
+/// `net.ipv4.tcp_fastopen`'s bit that lets servers accept TCP Fast Open.
+const FAST_OPEN_SERVER: u32 = 0x2;
+const FAST_OPEN_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_fastopen";
+
+/// Servers' TCP Fast Open turned off in one namespace while a gate judges
+/// it; put back as it was when dropped (in the same namespace: the gate's
+/// thread drops it on its way out).
+#[derive(Debug)]
+pub(crate) struct FastOpenOff {
+    was: u32,
+}
+
+impl FastOpenOff {
+    /// Clears the server bit of `net.ipv4.tcp_fastopen` in the calling
+    /// thread's namespace, if set (None: it was not).
+    pub(crate) fn take() -> Result<Option<Self>, Error> {
+        let Some(was) = fast_open_for_servers() else { return Ok(None) };
+        let off = was & !FAST_OPEN_SERVER;
+        std::fs::write(FAST_OPEN_SYSCTL, off.to_string()).map_err(|source| Error::FastOpen { mode: was, off, source })?;
+        Ok(Some(Self { was }))
+    }
+
+    /// The value it had, and has now.
+    pub(crate) fn values(&self) -> (u32, u32) {
+        (self.was, self.was & !FAST_OPEN_SERVER)
+    }
+}
+
+impl Drop for FastOpenOff {
+    fn drop(&mut self) {
+        // Only if nobody changed it meanwhile: an operator's own setting wins.
+        let now = std::fs::read_to_string(FAST_OPEN_SYSCTL).ok().and_then(|t| t.trim().parse::<u32>().ok());
+        if now == Some(self.was & !FAST_OPEN_SERVER)
+            && let Err(e) = std::fs::write(FAST_OPEN_SYSCTL, self.was.to_string())
+        {
+            tracing::warn!(error = %e, tcp_fastopen = self.was, "could not put net.ipv4.tcp_fastopen back");
+        }
+    }
 }
 
 /// The kernel driver behind an interface ("veth", "virtio_net", ...), from ETHTOOL_GDRVINFO.
