@@ -1369,10 +1369,12 @@ fn a_proxys_clients_behind_one_address_get_answers_not_silence() {
     let _one = exclusive();
     let bed = Testbed::create("shedpx").expect("testbed");
     let addr = bed.server_addr(false, PORT);
-    let service_us = Arc::new(std::sync::atomic::AtomicU64::new(50_000));
-    let _backend =
-        Backend::start(&bed.server_ns, addr, Service::HttpWorkers { workers: 10, service_us }).expect("backend");
     let run = || {
+        // A server of its own each run: no gate's leaves thousands of
+        // connections queued, which it would serve for seconds more.
+        let service_us = Arc::new(std::sync::atomic::AtomicU64::new(50_000));
+        let _backend =
+            Backend::start(&bed.server_ns, addr, Service::HttpWorkers { workers: 10, service_us }).expect("backend");
         let rate = Arc::new(std::sync::atomic::AtomicU64::new(800));
         let load = testbed::OpenLoop::start_with(&bed.client_ns, addr, rate, Duration::from_secs(2), testbed::HTTP_REQUEST);
         thread::sleep(Duration::from_secs(4));

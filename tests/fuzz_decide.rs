@@ -338,8 +338,10 @@ struct StateSpec {
     /// RST rates (0: off) of the prefix and the port, and whether each bucket has a reply left.
     rst_rates: (u32, u32),
     rst_budget: (bool, bool),
-    /// What the port's largest client holds, and whether SYNs may still be passed to their ACK.
+    /// What the port's largest client holds, whether it is the frame's
+    /// client, and whether SYNs may still be passed to their ACK.
     largest_held: u64,
+    largest_is_client: bool,
     deferral_budget: bool,
 }
 
@@ -362,7 +364,7 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
             (prop_oneof![Just(0u32), Just(5)], prop_oneof![Just(0u32), Just(5)]),
             (prop::bool::weighted(0.5), prop::bool::weighted(0.5)),
         ),
-        (prop_oneof![2 => Just(0u64), 1 => 1u64..5], prop::bool::weighted(0.7)),
+        (prop_oneof![2 => Just(0u64), 1 => 1u64..5], any::<bool>(), prop::bool::weighted(0.7)),
     )
         .prop_map(
             |(
@@ -375,7 +377,7 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
                 held_back,
                 (client_cap, client_held),
                 (rst_rates, rst_budget),
-                (largest_held, deferral_budget),
+                (largest_held, largest_is_client, deferral_budget),
             )| StateSpec {
                 limit,
                 books,
@@ -390,6 +392,7 @@ fn state_spec() -> impl Strategy<Value = StateSpec> {
                 rst_rates,
                 rst_budget,
                 largest_held,
+                largest_is_client,
                 deferral_budget,
             },
         )
@@ -417,6 +420,7 @@ impl StateSpec {
             trickle_seen,
             contended,
             largest_held: self.largest_held,
+            largest_is_client: self.largest_is_client,
             deferral_budget: self.deferral_budget,
             syn_cookie: 0,
             local,
@@ -454,6 +458,7 @@ impl StateSpec {
                 .unwrap();
         prefix_buckets.set(prefix_index, bucket(self.rst_budget.0), 0).unwrap();
         let contention = Contention {
+            largest: if self.largest_is_client { client_key.addr } else { [0; 16] },
             largest_held: self.largest_held,
             deferred_tat: if self.deferral_budget { 0 } else { exhausted_bucket() },
             ..Contention::default()

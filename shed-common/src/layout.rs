@@ -640,8 +640,11 @@ pub fn within_key(addr: &[u8; 16], key: &[u8; 16]) -> bool {
     let word = |a: &[u8; 16], at: usize| {
         u64::from_ne_bytes([a[at], a[at + 1], a[at + 2], a[at + 3], a[at + 4], a[at + 5], a[at + 6], a[at + 7]])
     };
-    // An IPv4 key's low word holds `ffff` and the address: never 0.
-    word(addr, 0) == word(key, 0) && (word(addr, 8) == word(key, 8) || word(key, 8) == 0)
+    // A key's low word is 0 only for an IPv6 key cut at 64 bits or fewer (an
+    // IPv4 key's holds `ffff` and the address), and an IPv6 client's high
+    // word never is (IPv4 ones' always is: they match their key exactly).
+    let (high, key_low) = (word(addr, 0), word(key, 8));
+    high == word(key, 0) && (word(addr, 8) == key_low || (key_low == 0 && high != 0))
 }
 
 /// Whether an address is IPv4, stored IPv4-mapped (`::ffff:a.b.c.d`).
@@ -723,9 +726,10 @@ mod tests {
             let config = PortConfig { client_prefix_v6: prefix, ..PortConfig::new(3, action::DROP, false, 0) };
             let addr = if v4 { ipv4_mapped([addr[0], addr[1], addr[2], addr[3]]) } else { addr };
             let key = config.client_key(&addr).addr;
-            if v4 || prefix == 64 || prefix >= 128 {
+            if v4 || ((prefix == 64 || prefix >= 128) && addr[..8] != [0; 8]) {
                 proptest::prop_assert!(within_key(&addr, &key), "its own key");
             }
+            proptest::prop_assert!(!within_key(&addr, &[0; 16]) || addr == [0; 16], "no key is no client's");
             let other = if v4 { ipv4_mapped([other[0], other[1], other[2], other[3]]) } else { other };
             if within_key(&other, &key) {
                 proptest::prop_assert_eq!(config.client_key(&other).addr, key, "never a wrong key");

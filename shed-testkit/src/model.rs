@@ -38,9 +38,9 @@
 //! - A rejection takes the tier's action, else the port's. A reset goes only to
 //!   an address that can be a client (not multicast, broadcast, unspecified, nor
 //!   this host's own unless it arrived on loopback), and only while the
-//!   client's prefix and the port have RST budget (the port's alone for a
-//!   client that holds connections on a port counting clients: a proven
-//!   source); otherwise it is a drop.
+//!   client's prefix and the port have RST budget (the port's alone for the
+//!   port's largest client while it holds connections, on a port counting
+//!   clients: a proven source); otherwise it is a drop.
 //!
 //! The harness varies one protected port, its limit, action, dry-run, tier
 //! shares, actions and held-back room, its books (count mode, counts and the
@@ -82,6 +82,9 @@ pub struct ModelState {
     /// What the port's largest client holds, and whether the port may still pass
     /// SYNs to be judged at their ACK this second (100 a second).
     pub largest_held: u64,
+    /// Whether the port's largest client is the frame's (by its cap key):
+    /// with `largest_held` above 0, a proven source ([`reply`]).
+    pub largest_is_client: bool,
     pub deferral_budget: bool,
     /// The initial sequence number of the gate's cookie SYN-ACK, when it
     /// answered a SYN with one: the model does not compute cookies (their key
@@ -760,9 +763,9 @@ fn reply(state: &ModelState, t: u8, client: &[u8; 16], step: Step) -> Reply {
         return Reply::Withheld(counter::RST_SUPPRESSED);
     }
     let spent = |rate: u32, has_budget: bool| rate != 0 && !has_budget;
-    // A client that holds connections on the port is no forged source (a
-    // proxy's many users): only the port's budget applies to it.
-    let proven = c.counts_clients() && state.client_held > 0;
+    // The port's largest client, while it holds connections, is no forged
+    // source (a proxy's many users): only the port's budget applies to it.
+    let proven = c.counts_clients() && state.largest_held > 0 && state.largest_is_client;
     if (!proven && spent(c.rst_per_prefix_per_sec, state.rst_budget.prefix))
         || spent(c.rst_per_sec, state.rst_budget.port)
     {
@@ -795,6 +798,7 @@ mod rules {
             trickle_seen: 0,
             contended: false,
             largest_held: 0,
+            largest_is_client: false,
             deferral_budget: false,
             syn_cookie: 0,
             local: Vec::new(),
@@ -969,9 +973,17 @@ mod rules {
         prefix.config.rst_per_prefix_per_sec = 5;
         prefix.config.client_share = 50;
         prefix.rst_budget.prefix = false;
-        prefix.client_held = 0;
-        assert!(matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)));
-        prefix.client_held = 1;
+        (prefix.largest_held, prefix.largest_is_client) = (3, false);
+        assert!(
+            matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)),
+            "another client is the largest"
+        );
+        (prefix.largest_held, prefix.largest_is_client) = (0, true);
+        assert!(
+            matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Withheld(counter::RST_RATE_LIMITED)),
+            "the largest holds nothing"
+        );
+        prefix.largest_held = 1;
         assert!(matches!(reply(&prefix, tier::LOW, &client, Step::Syn), Reply::Rst), "a proven source");
         prefix.rst_budget.port = false;
         prefix.config.rst_per_sec = 5;

@@ -264,7 +264,8 @@ pub struct AttachArgs {
     pub rst_rate: u32,
 
     /// Most answers to refusals per second to one source prefix (IPv4 /24, IPv6 /48), as --rst-rate
-    /// counts them; 0: no cap (--rst-prefix-rate 1000).
+    /// counts them; not for the port's largest client while it holds connections (a proxy: its
+    /// users' refusals stay answered); 0: no cap (--rst-prefix-rate 1000).
     #[arg(help_heading = "Refusal", long, default_value_t = shed_common::DEFAULT_RST_PER_PREFIX_PER_SEC)]
     pub rst_prefix_rate: u32,
 
