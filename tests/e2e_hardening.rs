@@ -1298,7 +1298,8 @@ fn a_first_request_is_judged_after_the_idle_grace_and_in_a_fast_open_syn() {
             Backend::start(&bed.server_ns, bed.server_addr(false, p), service).expect("backend")
         })
         .collect();
-    let mut gate = Gate::start(&bed, &["--port", "8080", "--port", "8081", "--port", "8082", "--limit", "5", "--action", "rst"]);
+    let mut gate =
+        Gate::start(&bed, &["--port", "8080", "--port", "8081", "--port", "8082", "--limit", "5", "--action", "rst"]);
     assert_eq!(tcp_fastopen(&bed.server_ns), 0x601, "servers' Fast Open is off while the gate runs");
 
     let (spaced, at_once) = (bed.server_addr(false, PORT), bed.server_addr(false, PORT + 1));
@@ -1376,7 +1377,8 @@ fn a_proxys_clients_behind_one_address_get_answers_not_silence() {
         let _backend =
             Backend::start(&bed.server_ns, addr, Service::HttpWorkers { workers: 10, service_us }).expect("backend");
         let rate = Arc::new(std::sync::atomic::AtomicU64::new(800));
-        let load = testbed::OpenLoop::start_with(&bed.client_ns, addr, rate, Duration::from_secs(2), testbed::HTTP_REQUEST);
+        let load =
+            testbed::OpenLoop::start_with(&bed.client_ns, addr, rate, Duration::from_secs(2), testbed::HTTP_REQUEST);
         thread::sleep(Duration::from_secs(4));
         let outcomes = load.finish();
         let count = |f: fn(&testbed::Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();

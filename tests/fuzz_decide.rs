@@ -1143,7 +1143,12 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
                 .unwrap()
                 .into_iter()
                 .find(|(_, e)| e.flow.client_port == flow.next.client_port && e.busy != 0);
-            prop_assert_eq!(busy.is_some(), expected.counters[counter::REQUEST_ADMITTED] == 1, "{} busy once admitted", hook);
+            prop_assert_eq!(
+                busy.is_some(),
+                expected.counters[counter::REQUEST_ADMITTED] == 1,
+                "{} busy once admitted",
+                hook
+            );
             if let Some((sk, entry)) = busy {
                 loaded.maps.raw_mut().socks.insert(sk, shed_common::SockEntry { busy: 0, ..entry }, 0).unwrap();
             }

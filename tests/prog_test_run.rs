@@ -1729,17 +1729,20 @@ fn a_silent_connections_first_request_is_judged_once_its_grace_is_over() {
         h.loaded.maps.tracked_sockets().unwrap().into_values().find(|e| e.port == SILENT && e.flow.client_port == port)
     };
     // Every live epoch of the silent ring (the default's), and a little.
-    let grace = Duration::from_nanos(
-        shed_common::handshake::LIVE_EPOCHS << shed_common::handshake::DEFAULT_SILENT_SHIFT,
-    ) + Duration::from_millis(20);
+    let grace =
+        Duration::from_nanos(shed_common::handshake::LIVE_EPOCHS << shed_common::handshake::DEFAULT_SILENT_SHIFT)
+            + Duration::from_millis(20);
     for hook in HOOKS {
         // Each hook's programs load (and pass the verifier, seconds) at their first run: not within the grace.
         let _ = h.run(hook, &frame(&Spec::default())).unwrap();
         let kept = IdleKeptAlive::silent(&listener, std::net::TcpStream::connect).expect("a silent connection");
         let port = kept.next.client_port;
-        shed_testkit::gate::poll(Duration::from_secs(3), "tracked, silent", || silent_entry(&h, port), |e| {
-            e.is_some_and(|e| e.silent == 1)
-        });
+        shed_testkit::gate::poll(
+            Duration::from_secs(3),
+            "tracked, silent",
+            || silent_entry(&h, port),
+            |e| e.is_some_and(|e| e.silent == 1),
+        );
         // Within its grace: it holds the port's one place already, and its request is its own.
         let before = counters(&h);
         assert_eq!(h.run(hook, &kept.frame).unwrap(), (pass(hook), kept.frame.clone()), "{hook:?}: within the grace");

@@ -553,7 +553,9 @@ mod tests {
         assert_eq!(found[0].bypasses(&[8080]), Some(8080));
         assert_eq!(found[1].place, "nftables table ip nat chain OUTPUT");
         assert_eq!(xt_families(&json), ["ip".to_owned(), "ip6".to_owned()].into());
-        assert!(xt_families(&format!(r#"{{"nftables": [{}]}}"#, rule("inet", "x", 1, "x").replace("xt", "zz"))).is_empty());
+        assert!(
+            xt_families(&format!(r#"{{"nftables": [{}]}}"#, rule("inet", "x", 1, "x").replace("xt", "zz"))).is_empty()
+        );
         // Read by their save tools: the ports and address are there.
         let saved = "*nat\n-A PREROUTING -p tcp -m tcp --dport 8080 -j REDIRECT --to-ports 8081\n\
                      -A OUTPUT -p tcp -m tcp --dport 9000 -j DNAT --to-destination [::1]:8080\nCOMMIT\n";

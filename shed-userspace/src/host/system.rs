@@ -439,7 +439,11 @@ impl FastOpenOff {
     pub(crate) fn take() -> Result<Option<Self>, Error> {
         let Some(was) = fast_open_for_servers() else { return Ok(None) };
         let off = was & !FAST_OPEN_SERVER;
-        std::fs::write(FAST_OPEN_SYSCTL, off.to_string()).map_err(|source| Error::FastOpen { mode: was, off, source })?;
+        std::fs::write(FAST_OPEN_SYSCTL, off.to_string()).map_err(|source| Error::FastOpen {
+            mode: was,
+            off,
+            source,
+        })?;
         Ok(Some(Self { was }))
     }
 
