@@ -42,7 +42,7 @@ pub const FAULTS: &[(&str, &str)] = &[
     ("rst_cap_ignored", "the RST rate caps are not applied"),
     (
         "proxy_answers_capped",
-        "a source that holds established connections (a proxy) is held to its prefix's answer cap: its refusals past it go silent",
+        "the port's largest client (a proxy) is held to its prefix's answer cap: its refusals past it go silent",
     ),
     ("rst_bucket_stuck", "an RST bucket never refills (time does not advance it)"),
     (
