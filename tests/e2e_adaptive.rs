@@ -102,6 +102,29 @@ fn idle_keep_alive_connections_do_not_count_but_their_requests_are_judged() {
     testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))
         .unwrap()
         .expect("admitted again");
+
+    // The clients close their answered connections: each FIN wakes the
+    // server's reader as a request's bytes would, but none is a request, and
+    // none was abandoned (each was once counted busy again, and abandoned at
+    // its close).
+    let abandoned = field(&stats(PORT), "abandoned");
+    drop(idle);
+    drop(fresh);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "every connection closed", |s| field(s, "established") == 0);
+    assert_eq!((field(&s, "abandoned"), field(&s, "busy")), (abandoned, 0), "{s}");
+    // A client that gives up before its answer (a reset, as a timed-out
+    // client's close often is) did abandon its request.
+    service_us.store(1_500_000, Ordering::Relaxed);
+    let mut gives_up = testbed::run_in(&bed.client_ns, move || testbed::connect(addr, Duration::from_secs(1)))
+        .unwrap()
+        .expect("admitted");
+    gives_up.write_all(b"GET\n").expect("send request");
+    wait_for_stats(PORT, Duration::from_secs(3), "its request in service", |s| field(s, "busy") == 1);
+    socket2::SockRef::from(&gives_up).set_linger(Some(Duration::ZERO)).expect("SO_LINGER 0");
+    drop(gives_up);
+    let s = wait_for_stats(PORT, Duration::from_secs(5), "the reset connection gone", |s| field(s, "established") == 0);
+    assert_eq!((field(&s, "abandoned"), field(&s, "busy")), (abandoned + 1, 0), "{s}");
+    service_us.store(0, Ordering::Relaxed);
 }
 
 /// Samples recorded in `hist` within [lo_us, hi_us] (by bucket bounds).

@@ -37,7 +37,10 @@ pub use layout::*;
 pub use names::{capacity, map, program};
 pub use policy::{DEFAULT_RST_PER_PREFIX_PER_SEC, DEFAULT_RST_PER_SEC, MAX_LIMIT, action, count_mode, rare, tier};
 pub use rst::rst_prefix;
-pub use tracepoint::{SOCK_LAYOUT_GLOBAL, SockLayout, address_family, sock_state_tp, tcp_state};
+pub use tracepoint::{
+    COPIED_SEQ_OFFSET_GLOBAL, SK_STATE_OFFSET_GLOBAL, SOCK_LAYOUT_GLOBAL, SockLayout, address_family, only_a_fin,
+    sock_state_tp, tcp_state,
+};
 
 #[cfg(test)]
 mod tests {

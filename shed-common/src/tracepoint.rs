@@ -23,6 +23,23 @@ pub mod sock_state_tp {
     pub const DADDR_V6: usize = 56;
 }
 
+/// The names of the globals that hold the byte offsets of `skc_state` in the
+/// running kernel's `struct sock_common` and of `copied_seq` in its
+/// `struct tcp_sock` (0 when they could not be found: a client's FIN is then
+/// taken for a request's bytes, as any `sk_data_ready` is).
+pub const SK_STATE_OFFSET_GLOBAL: &str = "SHED_SK_STATE_OFFSET";
+pub const COPIED_SEQ_OFFSET_GLOBAL: &str = "SHED_COPIED_SEQ_OFFSET";
+
+/// Whether an `sk_data_ready` brought only the client's FIN: the socket left
+/// ESTABLISHED (`tcp_fin` moves it before waking readers) and it holds
+/// nothing unread but the FIN's one sequence number (`rcv_nxt` counts it;
+/// `copied_seq` is what the application read). Bytes that came with the FIN
+/// are a request still: a client may send its last request and close at once.
+#[inline(always)]
+pub const fn only_a_fin(state: u8, rcv_nxt: u32, copied_seq: u32) -> bool {
+    state as i32 != tcp_state::ESTABLISHED && rcv_nxt.wrapping_sub(copied_seq) <= 1
+}
+
 /// The name of the kernel object's global that holds a [`SockLayout`].
 pub const SOCK_LAYOUT_GLOBAL: &str = "SHED_SOCK_LAYOUT";
 
@@ -72,6 +89,19 @@ pub mod address_family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fin_alone_is_no_request_but_bytes_with_it_are() {
+        const CLOSE_WAIT: u8 = 8;
+        // Everything read, then the FIN: rcv_nxt is one past what was read.
+        assert!(only_a_fin(CLOSE_WAIT, 1_001, 1_000));
+        assert!(only_a_fin(CLOSE_WAIT, 0, u32::MAX), "across the sequence space's wrap");
+        // A last request sent with the FIN (or before it, unread): bytes to read.
+        assert!(!only_a_fin(CLOSE_WAIT, 1_002, 1_000));
+        assert!(!only_a_fin(CLOSE_WAIT, 1, u32::MAX));
+        // A one-byte request on an open connection is a request.
+        assert!(!only_a_fin(tcp_state::ESTABLISHED as u8, 1_001, 1_000));
+    }
 
     #[test]
     fn a_layout_is_known_by_its_protocol_offset() {

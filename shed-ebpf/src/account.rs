@@ -449,9 +449,14 @@ pub fn turn_admitted(sk: u64, slot: u32) {
     }
 }
 
-/// `sock:sk_data_ready`: a request's bytes arrived.
+/// `sock:sk_data_ready`: a request's bytes arrived (or only the client's
+/// FIN, which wakes readers too: its goodbye after an answer is no request,
+/// and counted busy it went as an abandoned one at every close).
 pub fn on_data_ready(sk: u64) {
     let Some(live) = tracked(sk) else { return };
+    if !fault!("fin_taken_for_a_request") && only_a_fin(sk) {
+        return;
+    }
     // SAFETY: map value, valid for this run; fields read and written through
     // the pointer (no reference: the flags change by compare-and-swap).
     let (slot, epoch) = unsafe { ((*live).slot, (*live).silent_epoch) };
@@ -472,6 +477,27 @@ pub fn on_data_ready(sk: u64) {
         // SAFETY: `state` is a slot of an array map, valid for this run; a raw pointer, no reference is made.
         atomic_add(unsafe { &raw mut (*state).busy_enter }, 1);
     }
+}
+
+/// Whether socket `sk` holds nothing unread but the client's FIN
+/// ([`shed_common::only_a_fin`]), read at the offsets userspace found in
+/// BTF; without them (or unreadable), false: a data-ready is a request.
+#[inline(always)]
+fn only_a_fin(sk: u64) -> bool {
+    let (state_at, rcv_nxt_at, copied_at) =
+        (crate::maps::sk_state_offset(), crate::maps::rcv_nxt_offset(), crate::maps::copied_seq_offset());
+    if state_at == 0 || rcv_nxt_at == 0 || copied_at == 0 {
+        return false;
+    }
+    // SAFETY: reads of kernel memory; the helper fails safely on a bad address
+    // (the socket is the tracepoint's own, held under its lock).
+    let Ok(state) = (unsafe { bpf_probe_read_kernel((sk + u64::from(state_at)) as *const u8) }) else { return false };
+    if i32::from(state) == tcp_state::ESTABLISHED {
+        return false;
+    }
+    // SAFETY: as above.
+    let read = |at: u32| unsafe { bpf_probe_read_kernel((sk + u64::from(at)) as *const u32) };
+    matches!((read(rcv_nxt_at), read(copied_at)), (Ok(next), Ok(copied)) if shed_common::only_a_fin(state, next, copied))
 }
 
 /// `sock:sock_recv_length`: the application read the request.

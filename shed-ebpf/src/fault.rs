@@ -17,6 +17,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "reservation_unchecked",
         "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)",
     ),
+    (
+        "fin_taken_for_a_request",
+        "a client's FIN after its answer is taken for a request (busy again, and abandoned at every close)",
+    ),
     ("tier_judged_unverified", "critical and normal SYNs are refused on their unverified source"),
     ("share_ignored", "a tier's share of the limit is not checked"),
     ("trickle_never", "a full tier gets no trickle"),

@@ -274,6 +274,28 @@ pub fn rcv_nxt_offset() -> u32 {
     unsafe { core::ptr::read_volatile(&raw const SHED_RCV_NXT_OFFSET) }
 }
 
+/// Where the kernel keeps a socket's state and what its application read:
+/// `offsetof(struct sock_common, skc_state)` and `offsetof(struct tcp_sock,
+/// copied_seq)` on the running kernel, from its BTF
+/// (`SK_STATE_OFFSET_GLOBAL`, `COPIED_SEQ_OFFSET_GLOBAL`); 0 when userspace
+/// could not find them.
+#[unsafe(no_mangle)]
+static SHED_SK_STATE_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SHED_COPIED_SEQ_OFFSET: u32 = 0;
+
+/// [`SHED_SK_STATE_OFFSET`] and [`SHED_COPIED_SEQ_OFFSET`], read as the verifier's constants.
+#[inline(always)]
+pub fn sk_state_offset() -> u32 {
+    // SAFETY: a read of our own global; volatile, or the compiler folds the 0 it was built with.
+    unsafe { core::ptr::read_volatile(&raw const SHED_SK_STATE_OFFSET) }
+}
+#[inline(always)]
+pub fn copied_seq_offset() -> u32 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&raw const SHED_COPIED_SEQ_OFFSET) }
+}
+
 /// The turn programs, installed by userspace as the gate programs load: the
 /// gate's tail call for the first segment of a kept-alive connection's next
 /// request. One array per hook: a program array serves one program type.

@@ -237,6 +237,14 @@ impl ServiceStage {
         (self.queued && rate > 0.0 && knee.is_finite()).then_some((knee, rate, shortest_us))
     }
 
+    /// The shortest service time it is taken from (us), once answers have
+    /// measured the service: a thin window judges nothing, but its requests'
+    /// own service still includes the queue inside.
+    pub(crate) fn shortest_us(&self) -> Option<f64> {
+        let (_, shortest_us) = self.knee();
+        (self.measured() && shortest_us.is_finite()).then_some(shortest_us)
+    }
+
     /// Whether answers have measured the service yet.
     pub(crate) fn measured(&self) -> bool {
         self.confirmed_rate > 0.0

@@ -942,3 +942,47 @@ fn the_work_bound_cuts_a_service_holding_a_queue_inside_at_once() {
     };
     assert_ne!(c.on_window(&gone).reason, Reason::Grow, "clients giving up is no reason to grow");
 }
+
+#[test]
+fn a_thin_window_after_a_burst_keeps_the_objectives_limit_at_the_shortest_service() {
+    // Go net/http, 4 workers x 20 ms (200/s), read at once: a burst of 190 is
+    // answered over a second, each answer's service holding its wait inside.
+    // The burst's last window answers too few to judge, at a service of half a
+    // second: the objective's wait is still 1 s less the shortest service, so
+    // the next burst is admitted as this one was (it once halved the limit).
+    let settings = Settings {
+        algo: Algo::Queue,
+        objective_us: 1_000_000.0,
+        initial_limit: 190,
+        max_limit: 200,
+        ..Settings::default()
+    };
+    let mut c = Controller::new(settings, 0);
+    let burst = |in_flight: u64, answered: u64, service_us: u64, samples: u64| WindowSample {
+        in_flight,
+        samples,
+        latency_us: service_us,
+        queue_wait_us: 0,
+        service_us,
+        answered,
+        service_mean_us: service_us,
+        listen_drops: 0,
+        rejected: 0,
+        windows: 1,
+        elapsed_us: 100_000,
+        abandoned: 0,
+        abandoned_age_us: 0,
+    };
+    for second in 0..3 {
+        let mut in_flight = 190;
+        c.on_window(&burst(in_flight, 0, 0, 190));
+        for step in 1..9u64 {
+            in_flight -= 20;
+            c.on_window(&burst(in_flight, 20, 55_000 + (step - 1) * 110_000, 0));
+        }
+        let before = c.limit();
+        // Eight answered, three gave up: enough to judge, too few for a mean.
+        let d = c.on_window(&WindowSample { abandoned: 3, abandoned_age_us: 1_000_000, ..burst(0, 8, 900_000, 0) });
+        assert!(d.limit >= 170, "burst {second}: {before} -> {d:?}");
+    }
+}

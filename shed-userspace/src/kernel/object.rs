@@ -162,6 +162,9 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
     let snt_isn: &'static u32 = Box::leak(Box::new(snt_isn_offset()));
     let rcv_nxt: &'static u32 = Box::leak(Box::new(rcv_nxt_offset()));
     let rcv_isn: &'static u32 = Box::leak(Box::new(rcv_isn_offset()));
+    let (sk_state, copied_seq) = fin_offsets();
+    let sk_state: &'static u32 = Box::leak(Box::new(sk_state));
+    let copied_seq: &'static u32 = Box::leak(Box::new(copied_seq));
     let cookie_key: &'static [u64; 2] = Box::leak(Box::new(cookie_key()));
     let layout: &'static shed_common::SockLayout = Box::leak(Box::new(sock_layout()));
     // A dispatcher's per-gate quota of its connections (see shed_common::dispatch).
@@ -177,6 +180,8 @@ fn loader(options: LoadOptions, strict: bool) -> EbpfLoader<'static> {
         // Not strict: an older object loaded for comparison has none.
         .override_global(shed_common::handshake::RCV_NXT_OFFSET_GLOBAL, rcv_nxt, false)
         .override_global(shed_common::handshake::RCV_ISN_OFFSET_GLOBAL, rcv_isn, false)
+        .override_global(shed_common::SK_STATE_OFFSET_GLOBAL, sk_state, false)
+        .override_global(shed_common::COPIED_SEQ_OFFSET_GLOBAL, copied_seq, false)
         .override_global(shed_common::SOCK_LAYOUT_GLOBAL, layout, false)
         .override_global(shed_common::dispatch::QUOTA_GLOBAL, quota, false);
     loader
@@ -238,6 +243,20 @@ fn rcv_nxt_offset() -> u32 {
             "rcv_nxt",
             "a kept-alive connection's next request is told by the connection's idle state alone (a late retransmission of an answered request may be judged)",
         )
+    })
+}
+
+/// `offsetof(struct sock_common, skc_state)` and `offsetof(struct tcp_sock,
+/// copied_seq)` on the running kernel, so a client's FIN after its answer is
+/// not taken for a request's bytes (0s, with a warning, if the kernel's BTF
+/// lacks either: every client-closed connection then counts one abandoned
+/// request).
+fn fin_offsets() -> (u32, u32) {
+    static OFFSETS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *OFFSETS.get_or_init(|| {
+        const WHY: &str = "a client's FIN after its answer counts as a request its client abandoned";
+        // skc_state is not at the socket's start (skc_daddr is): 0 is not found.
+        (btf_offset("sock_common", "skc_state", WHY), btf_offset("tcp_sock", "copied_seq", WHY))
     })
 }
 
