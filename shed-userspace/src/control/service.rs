@@ -649,6 +649,30 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_is_due_only_past_a_quarter_risen_not_at_it() {
+        // A probe confirms an exact mean, and a window at the smoothed mean
+        // leaves it exact: the shortest service lands on 1.25 times the
+        // confirmed one, which is not yet a reason to probe.
+        let mut stage = ServiceStage::new(100);
+        window(&mut stage, 16, 50_000, 8);
+        // Held 18 against a knee of 8 (the abandoned requests' ages count): a queue inside.
+        let abandoned = Departures { answered: 16, mean_us: 50_000, abandoned: 10, abandoned_age_us: 100_000 };
+        stage.observe_with_abandoned(abandoned, 0.1, 1, 8, 10);
+        assert_eq!(stage.start_probe(16.0, 1.0, 1), Some(4.0));
+        let mut ended = false;
+        for _ in 0..4 {
+            window(&mut stage, 16, 40_000, 4);
+            ended = stage.during_probe(1).1;
+        }
+        assert!(ended && stage.confirmed_us == 40_000.0, "confirmed {}", stage.confirmed_us);
+        window(&mut stage, 16, 50_000, 8);
+        assert_eq!(stage.shortest.min(), 1.25 * stage.confirmed_us);
+        let due_in = stage.until_probe;
+        assert_eq!(stage.start_probe(16.0, 1.0, due_in), None, "risen by exactly a quarter, not past it");
+        // (Past it, a probe is due: a_probe_is_due_when_the_shortest_service_rose_by_a_quarter.)
+    }
+
+    #[test]
     fn a_probe_finds_a_queue_only_where_the_drained_service_is_a_fifth_shorter() {
         let mut stage = ServiceStage::new(100);
         // A first knee of 40 at 50 ms, then the queue grows: a probe at 20.
