@@ -1099,6 +1099,10 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
     let reached = std::cell::RefCell::new([0u64; counter::COUNT]);
     let mut disagreements = 0u32;
     let loaded = std::cell::RefCell::new(loaded);
+    // The policy's own book of refusals, by connection: the reason each was
+    // refused with, kept from case to case as the gate's record is (the
+    // oracle never reads the kernel's record to predict it).
+    let book = std::cell::RefCell::new(std::collections::HashMap::<usize, usize>::new());
     for hook in ["xdp", "tc"] {
         let mut runner = carried_runner(cases);
         let result = runner.run(&(state_spec(), turn_spec(flows.len())), |(ss, t)| {
@@ -1117,14 +1121,19 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             let mut contention = loaded.maps.raw().contention.get(&slot, 0).unwrap();
             contention.refused_ns = if t.contended { now } else { 0 };
             loaded.maps.raw_mut().contention.set(slot, contention, 0).unwrap();
-            // The gate's record of this request's last refusal, if it has one (and the case keeps it).
-            let records: Vec<_> = loaded.maps.raw().refused_turns.iter().filter_map(Result::ok).collect();
-            let record = records.iter().find(|(_, r)| r.flow.client_port == flow.next.client_port);
-            if let (Some((sk, _)), true) = (record, t.forget) {
-                loaded.maps.raw_mut().refused_turns.remove(sk).unwrap();
+            // The gate's record of this request's last refusal goes when the
+            // case forgets it (as its daemon closes the socket); the book's too.
+            let record_of = |loaded: &Loaded| {
+                let records: Vec<_> = loaded.maps.raw().refused_turns.iter().filter_map(Result::ok).collect();
+                records.into_iter().find(|(_, r)| r.flow.client_port == flow.next.client_port)
+            };
+            if t.forget {
+                book.borrow_mut().remove(&t.flow);
+                if let Some((sk, _)) = record_of(&loaded) {
+                    loaded.maps.raw_mut().refused_turns.remove(&sk).unwrap();
+                }
             }
-            let refused_before =
-                record.filter(|(_, r)| !t.forget && r.seq == flow.next.seq).map(|(_, r)| r.reason as usize);
+            let refused_before = book.borrow().get(&t.flow).copied();
             let payload = if t.tls { hello.to_vec() } else { REQUEST.to_vec() };
             let flags = flow.next.flags | u8::from(t.fin);
             let segment = frame(&Spec { payload, flags, ..flow.next.clone() });
@@ -1152,6 +1161,21 @@ fn kernel_and_model_agree_on_kept_alive_requests() {
             if let Some((sk, entry)) = busy {
                 loaded.maps.raw_mut().socks.insert(sk, shed_common::SockEntry { busy: 0, ..entry }, 0).unwrap();
             }
+            // A new refusal is booked with its reason (the one counted); the
+            // gate's record must say the same, for this very request.
+            if expected.counters[counter::REFUSED_REQUEST] == 1 {
+                let reasons = [
+                    counter::REJECTED_LIMIT,
+                    counter::REJECTED_SHARE,
+                    counter::REJECTED_CLIENT_CAP,
+                    counter::REJECTED_CLIENT_SHARE,
+                ];
+                let reason = reasons.into_iter().find(|&r| expected.counters[r] == 1).expect("a refusal has a reason");
+                book.borrow_mut().insert(t.flow, reason);
+            }
+            let record = record_of(&loaded).map(|(_, r)| (r.reason as usize, r.seq));
+            let booked = book.borrow().get(&t.flow).map(|&reason| (reason, flow.next.seq));
+            prop_assert_eq!(record, booked, "{} record of refusal for {:?} / {:?}", hook, ss, t);
             let after = loaded.maps.snapshot(PORT, config).unwrap().counters.values;
             let counters: [u64; counter::COUNT] = std::array::from_fn(|i| after[i] - counters_before[i]);
             prop_assert_eq!(&verdict, &expected.verdict, "{} verdict for {:?} / {:?}", hook, ss, t);

@@ -567,7 +567,7 @@ fn remember_refused(sk: u64, seg: &Segment, reason: usize, act: u8, now_ns: u64)
             server_port: seg.server_port,
         },
         seq: seg.seq,
-        reason: reason as u32,
+        reason: if fault!("refusal_reason_lost") { counter::REJECTED_LIMIT as u32 } else { reason as u32 },
         action: u32::from(act),
     };
     if gate::refused_turns().map_or(Err(-1), |m| m.insert(&sk, &turn, 0)).is_err() || fault!("refusal_unmarked") {

@@ -21,6 +21,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "fin_taken_for_a_request",
         "a client's FIN after its answer is taken for a request (busy again, and abandoned at every close)",
     ),
+    (
+        "refusal_reason_lost",
+        "a refused kept-alive request's record says the limit refused it, whatever did (its retransmission is counted under another reason's books)",
+    ),
     ("tier_judged_unverified", "critical and normal SYNs are refused on their unverified source"),
     ("share_ignored", "a tier's share of the limit is not checked"),
     ("trickle_never", "a full tier gets no trickle"),
