@@ -895,16 +895,10 @@ fn an_objective_bounds_in_flight_by_the_rate_times_the_objective() {
     assert_ne!(c.on_window(&queued(194)).reason, Reason::WorkBound);
 }
 
-/// Without an objective the bound applies only while answers show a queue
-/// inside the service, from the rate it answers at then: the knee plus the
-/// wait the queue target allows, at least one request over the knee.
-#[test]
-fn the_work_bound_cuts_a_service_holding_a_queue_inside_at_once() {
-    let settings = Settings { algo: Algo::Queue, initial_limit: 100, cooldown_windows: 0, ..Settings::default() };
-    let mut c = Controller::new(settings, 0);
-    // 4 workers x 100 ms read at once: 40/s. The first answers (10 over 0.25 s)
-    // took 100 ms: the knee, 4, and no queue yet, so no bound.
-    let answers = |answered: u64, mean_us: u64, in_flight: u64, elapsed_us: u64| WindowSample {
+/// A window of a server that reads every request at once: no wait in the
+/// kernel, `answered` answers of `mean_us` each (their wait inside included).
+fn read_at_once(answered: u64, mean_us: u64, in_flight: u64, elapsed_us: u64) -> WindowSample {
+    WindowSample {
         in_flight,
         samples: answered,
         latency_us: mean_us,
@@ -918,17 +912,28 @@ fn the_work_bound_cuts_a_service_holding_a_queue_inside_at_once() {
         elapsed_us,
         abandoned: 0,
         abandoned_age_us: 0,
-    };
-    c.on_window(&answers(10, 100_000, 30, 250_000));
+    }
+}
+
+/// Without an objective the bound applies only while answers show a queue
+/// inside the service, from the rate it answers at then: the knee plus the
+/// wait the queue target allows, at least one request over the knee.
+#[test]
+fn the_work_bound_cuts_a_service_holding_a_queue_inside_at_once() {
+    let settings = Settings { algo: Algo::Queue, initial_limit: 100, cooldown_windows: 0, ..Settings::default() };
+    let mut c = Controller::new(settings, 0);
+    // 4 workers x 100 ms read at once: 40/s. The first answers (10 over 0.25 s)
+    // took 100 ms: the knee, 4, and no queue yet, so no bound.
+    c.on_window(&read_at_once(10, 100_000, 30, 250_000));
     assert_eq!(c.work_bound(), None, "the service keeps up: no bound");
     // Then 10 answers over 0.25 s that each took 500 ms: 20 held against a knee
     // of 4, a queue inside. The bound: 4 + 40/s x 75 ms = 7.
-    let d = c.on_window(&answers(10, 500_000, 30, 250_000));
+    let d = c.on_window(&read_at_once(10, 500_000, 30, 250_000));
     assert_eq!(d.reason, Reason::ServiceQueue, "the window that shows the queue cuts a share of it");
     let bound = c.work_bound().expect("a queue inside");
     assert!((bound - 7.0).abs() < 1e-6, "{bound}");
     // The next window, though it has no answer to judge: 30 in flight past 7.
-    let d = c.on_window(&answers(0, 0, 30, 100_000));
+    let d = c.on_window(&read_at_once(0, 0, 30, 100_000));
     assert_eq!(d, Decision { limit: 7, reason: Reason::WorkBound }, "cut to the bound at once");
     // Abandoned requests alone (clients gave up, nothing answered) still judge
     // a window: held work at their age, no rate.
@@ -938,7 +943,7 @@ fn the_work_bound_cuts_a_service_holding_a_queue_inside_at_once() {
         samples: 0,
         abandoned: 10,
         abandoned_age_us: 1_000_000,
-        ..answers(0, 0, 7, 100_000)
+        ..read_at_once(0, 0, 7, 100_000)
     };
     assert_ne!(c.on_window(&gone).reason, Reason::Grow, "clients giving up is no reason to grow");
 }
@@ -958,31 +963,18 @@ fn a_thin_window_after_a_burst_keeps_the_objectives_limit_at_the_shortest_servic
         ..Settings::default()
     };
     let mut c = Controller::new(settings, 0);
-    let burst = |in_flight: u64, answered: u64, service_us: u64, samples: u64| WindowSample {
-        in_flight,
-        samples,
-        latency_us: service_us,
-        queue_wait_us: 0,
-        service_us,
-        answered,
-        service_mean_us: service_us,
-        listen_drops: 0,
-        rejected: 0,
-        windows: 1,
-        elapsed_us: 100_000,
-        abandoned: 0,
-        abandoned_age_us: 0,
-    };
     for second in 0..3 {
         let mut in_flight = 190;
-        c.on_window(&burst(in_flight, 0, 0, 190));
+        // The burst read at once, then answered 20 a window.
+        c.on_window(&WindowSample { samples: 190, ..read_at_once(0, 0, in_flight, 100_000) });
         for step in 1..9u64 {
             in_flight -= 20;
-            c.on_window(&burst(in_flight, 20, 55_000 + (step - 1) * 110_000, 0));
+            c.on_window(&read_at_once(20, 55_000 + (step - 1) * 110_000, in_flight, 100_000));
         }
         let before = c.limit();
         // Eight answered, three gave up: enough to judge, too few for a mean.
-        let d = c.on_window(&WindowSample { abandoned: 3, abandoned_age_us: 1_000_000, ..burst(0, 8, 900_000, 0) });
+        let last = read_at_once(8, 900_000, 0, 100_000);
+        let d = c.on_window(&WindowSample { abandoned: 3, abandoned_age_us: 1_000_000, ..last });
         assert!(d.limit >= 170, "burst {second}: {before} -> {d:?}");
     }
 }
