@@ -655,3 +655,80 @@ fn a_node_agent_is_turned_off_at_once_pod_by_pod_or_into_dry_run() {
         shed_testkit::gate::loaded_shed_programs()
     );
 }
+
+/// A node agent's cost stays flat in the connections its pods hold, and in
+/// a trickle of requests. Each gate wakes as often as its ports need
+/// (`daemon::pace`): an idle kept-alive connection owes no answer, so pods
+/// that hold them are as quiet as pods that hold none (they were not,
+/// where connections are counted: each such pod ran ten windows a second,
+/// 0.35-0.55% of a core apiece), and a pod serving a request a second
+/// judges one window a second, not ten. Measured over 8 s spans (fewer
+/// tenths of a percent than that would be noise).
+#[test]
+fn a_node_agents_cost_stays_flat_in_the_connections_its_pods_hold_and_a_trickle_of_requests() {
+    let _one = exclusive();
+    let mut runtime = Runtime::start("shedpod9", "10.233.79.0/24").expect("a private containerd");
+    let asks = [
+        ("shed.io/ports", "8080"),
+        ("shed.io/limit", "50"),
+        ("shed.io/count", "connections"),
+        ("shed.io/action", "rst"),
+    ];
+    let pods: Vec<_> = (0..4).map(|i| runtime.run_pod(&format!("flat{i}"), &asks).expect("pod")).collect();
+    let addr = |pod: &shed_testkit::cri::Pod| SocketAddr::from((pod.ip, PORT));
+    let _servers: Vec<Backend> =
+        pods.iter().map(|p| Backend::start(&p.netns, addr(p), Service::Echo).expect("server in the pod")).collect();
+    let socket = runtime.socket().display().to_string();
+    let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
+    for pod in &pods {
+        wait_gated(&gate, &pod.netns);
+    }
+    const SPAN: Duration = Duration::from_secs(8);
+    // Past the set-up, and each gate past its first look's busy seconds.
+    std::thread::sleep(Duration::from_secs(5));
+    let none_held = gate.cpu_percent_over(SPAN);
+    // Three pods hold nine kept-alive connections each, answered and idle.
+    let mut held: Vec<Vec<TcpStream>> =
+        pods[..3].iter().map(|p| (0..9).map(|_| echo(addr(p)).expect("a kept-alive connection")).collect()).collect();
+    for pod in &pods[..3] {
+        let stats = stats_of(&pod.netns).expect("gated");
+        assert_eq!(stats[0]["established"], 9, "{stats}");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let holding = gate.cpu_percent_over(SPAN);
+    // Then a request a second on each of those pods, for the span and the seconds before it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut asked = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for conns in &mut held {
+                    let conn = &mut conns[asked % 9];
+                    let mut buf = [0u8; 2];
+                    conn.write_all(b"hi").and_then(|()| conn.read_exact(&mut buf)).expect("answered");
+                }
+                asked += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            asked
+        })
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    let trickling = gate.cpu_percent_over(SPAN);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let asked = trickle.join().expect("the trickle");
+    eprintln!(
+        "agent CPU: {none_held:.3}% none held, {holding:.3}% holding 27, {trickling:.3}% with a request a second to three pods ({asked} rounds)"
+    );
+    let bound = 1.5 * none_held + 0.2;
+    assert!(
+        holding <= bound,
+        "holding 27 idle connections: {holding:.3}% of a core, against {none_held:.3}% with none"
+    );
+    assert!(
+        trickling <= bound,
+        "a request a second to three pods: {trickling:.3}% of a core, against {none_held:.3}% idle"
+    );
+    assert!(asked >= 12, "the trickle ran through the span: {asked} rounds");
+}

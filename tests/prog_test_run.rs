@@ -1523,19 +1523,23 @@ fn a_pods_gate_object_is_sized_for_a_pod_and_judges_its_eight_ports() {
     assert_eq!(run(&mut loaded, 8083), TC_ACT_OK);
 }
 
-/// What the daemon's quiet pace reads (`GateMaps::activity`): every counter
-/// and socket event of the ports summed, and whether any holds work: a
-/// request owing an answer in `work` mode, any connection in the modes that
-/// count connections.
+/// What the daemon's pace reads (`GateMaps::activity`): every counter and
+/// socket event of the ports summed, the answers and refusals so far, and
+/// the work held now: a request owing an answer, in every count mode (an
+/// idle kept-alive connection owes none, also where connections are
+/// counted: held by pods, they kept a node agent's every pod at its full
+/// pace, 0.45% of a core each).
 #[test]
-fn a_gates_activity_sums_its_events_and_sees_work_held_by_count_mode() {
+fn a_gates_activity_sums_its_events_answers_and_refusals_and_sees_work_held_in_every_count_mode() {
+    use shed::kernel::maps::Activity;
     let mut loaded = Loaded::sized(None, shed::kernel::object::LoadOptions::pod(1_024, 256, false)).unwrap();
     let work = PortSpec::new(9, action::RST, false, count_mode::WORK, ControlConfig::default());
     let held = PortSpec::new(9, action::RST, false, count_mode::CONNECTIONS, ControlConfig::default());
     let a = loaded.maps.protect(8080, &work).unwrap();
     let b = loaded.maps.protect(8081, &held).unwrap();
     let activity = |loaded: &Loaded| loaded.maps.activity([&a, &b]).unwrap();
-    assert_eq!(activity(&loaded), shed::kernel::maps::Activity { events: 0, holding: false });
+    let seen = |events, answers, refusals, held| Activity { events, answers, refusals, held, ports: 2 };
+    assert_eq!(activity(&loaded), seen(0, 0, 0, 0));
     let state = |opened, closed, busy_enter, busy_exit| shed_common::PortState {
         opened,
         closed,
@@ -1545,19 +1549,28 @@ fn a_gates_activity_sums_its_events_and_sees_work_held_by_count_mode() {
     };
     // Port a: a request owes its answer, then is answered.
     loaded.maps.raw_mut().state.set(a.slot, state(1, 0, 1, 0), 0).unwrap();
-    assert_eq!(activity(&loaded), shed::kernel::maps::Activity { events: 2, holding: true });
+    assert_eq!(activity(&loaded), seen(2, 0, 0, 1));
     loaded.maps.raw_mut().state.set(a.slot, state(1, 0, 1, 1), 0).unwrap();
-    assert_eq!(
-        activity(&loaded),
-        shed::kernel::maps::Activity { events: 3, holding: false },
-        "an idle connection is not work"
-    );
-    // Port b counts connections: an open one is work, answered or not.
+    assert_eq!(activity(&loaded), seen(3, 1, 0, 0), "an idle connection is not work");
+    // Port b counts connections: an open one holds its place, but owes nothing once answered.
     loaded.maps.raw_mut().state.set(b.slot, state(1, 0, 1, 1), 0).unwrap();
-    assert_eq!(activity(&loaded), shed::kernel::maps::Activity { events: 6, holding: true });
-    loaded.maps.raw_mut().state.set(b.slot, state(1, 1, 1, 1), 0).unwrap();
-    assert!(!activity(&loaded).holding, "closed: nothing held");
+    assert_eq!(activity(&loaded), seen(6, 2, 0, 0), "an idle kept-alive connection is not work");
+    loaded.maps.raw_mut().state.set(b.slot, state(1, 0, 2, 1), 0).unwrap();
+    assert_eq!(activity(&loaded), seen(7, 2, 0, 1), "its next request is");
+    // Read apart, the counts may cross: never less than nothing held.
+    loaded.maps.raw_mut().state.set(b.slot, state(1, 1, 1, 2), 0).unwrap();
+    assert_eq!(activity(&loaded), seen(8, 3, 0, 0));
+    // Refusals of every reason, and dry-run's would-be ones, on any CPU.
+    let cpus = aya::util::nr_cpus().unwrap();
+    let mut per_cpu = vec![shed_common::PortCounters::default(); cpus];
+    per_cpu[0].values[counter::REJECTED_LIMIT] = 1;
+    per_cpu[cpus - 1].values[counter::REJECTED_CLIENT_SHARE] += 2;
+    per_cpu[0].values[counter::DRY_RUN_WOULD_REJECT] = 4;
+    per_cpu[0].values[counter::RST_SENT] = 8;
+    loaded.maps.raw_mut().counters.set(b.slot, aya::maps::PerCpuValues::try_from(per_cpu).unwrap(), 0).unwrap();
+    assert_eq!(activity(&loaded), seen(8 + 15, 3, 7, 0), "an RST sent is an event, not a refusal");
     // A segment judged on b's slot is an event: counted on one CPU.
+    let before = activity(&loaded).events;
     let local = [(ipv4_mapped(SERVER_V4), local_addr::UNICAST)];
     loaded.maps.set_local_addrs(&local.into_iter().collect()).unwrap();
     let syn = frame(&Spec { server_port: 8081, ..Spec::default() });
@@ -1566,8 +1579,8 @@ fn a_gates_activity_sums_its_events_and_sees_work_held_by_count_mode() {
     assert_eq!(loaded.tc().unwrap().test_run(opts).unwrap().return_value as i32, TC_ACT_OK);
     let after = activity(&loaded).events;
     let counted: u64 = loaded.maps.snapshot(8081, b).unwrap().counters.values.iter().sum();
-    assert!(counted > 0, "the SYN was counted");
-    assert_eq!(after, 7 + counted);
+    assert!(counted > 15, "the SYN was counted");
+    assert_eq!(after, before + counted - 15);
 }
 
 /// A request on a kept-alive connection that owes no answer (a real loopback

@@ -159,6 +159,28 @@ impl Gate {
         self.child.id() as i32
     }
 
+    /// The CPU time the daemon's threads have had so far, to the nanosecond
+    /// (each thread's schedstat; `/proc/PID/stat` counts 10 ms ticks, too
+    /// coarse for an idle agent's few tenths of a percent). A thread that ends
+    /// takes its time with it: spans measured this way can only read low by
+    /// such a thread's share.
+    pub fn cpu(&self) -> Duration {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else { return Duration::ZERO };
+        let ns: u64 = tasks
+            .filter_map(Result::ok)
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        Duration::from_nanos(ns)
+    }
+
+    /// Percent of one core the daemon used over `span`, from now.
+    pub fn cpu_percent_over(&self, span: Duration) -> f64 {
+        let before = self.cpu();
+        std::thread::sleep(span);
+        100.0 * self.cpu().saturating_sub(before).as_secs_f64() / span.as_secs_f64()
+    }
+
     /// Whether the daemon is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -11,6 +11,7 @@ pub(crate) mod budget;
 pub(crate) mod gate;
 pub mod heal;
 mod lock;
+mod pace;
 pub(crate) mod plan;
 mod pods;
 mod port;
@@ -20,6 +21,7 @@ mod stalled;
 
 pub(crate) use lock::{ConfigLock, DaemonLock, PinGuard, require_running};
 pub use lock::{Liveness, liveness, ready};
+use pace::Pace;
 use port::{AcceptQueues, PortControl};
 
 use std::{
@@ -31,7 +33,7 @@ use crate::{
     error::Error,
     host::{paths, system},
     kernel::{
-        maps::{Activity, GateMaps},
+        maps::GateMaps,
         options::{Hook, XdpAttachMode},
         programs::{Loaded, default_hook},
     },
@@ -44,21 +46,24 @@ const AUDIT_EVERY: Duration = Duration::from_secs(1);
 /// How often the healer checks the counters (a full pass runs only when due, see [`crate::daemon::heal`]).
 const HEAL_CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// How often a quiet pod's gate asks its healer whether a pass is due. A
-/// pass reads the namespace's sockets through sock_diag, whose dump walks the
-/// host's whole connection hash (every namespace's buckets, empty or not):
-/// 110 idle pods' routine passes were most of the agent's idle CPU. A quiet
-/// gate saw no event, so its counts moved only if they were wrong already;
-/// its first tick that sees anything looks again at once.
-const QUIET_POD_HEAL_CHECK_EVERY: Duration = Duration::from_mins(5);
+/// How often an unhurried (quiet or light, see [`pace`]) pod's gate asks its
+/// healer whether a pass is due. A pass reads the namespace's sockets
+/// through sock_diag, whose dump walks the host's whole connection hash
+/// (every namespace's buckets, empty or not): 110 idle pods' routine passes
+/// were most of the agent's idle CPU. A quiet gate saw no event, so its
+/// counts moved only if they were wrong already; a light one sees a few,
+/// and each could be missed only as a busy port's can (a full map, which a
+/// busy port's check sees). Its first busy tick looks again at once.
+const UNHURRIED_POD_HEAL_CHECK_EVERY: Duration = Duration::from_mins(5);
 
 /// How often the loop asks its healer whether a pass is due (see
-/// [`QUIET_POD_HEAL_CHECK_EVERY`]): a node's own gates keep their pace quiet
-/// or not (one gate's pass is cheap). `quiet`: the gate is, and its healer
-/// owes no pass (a restarted agent's first, which finds the connections
-/// open, and the one that confirms them, run at the usual pace).
-fn heal_check_every(quiet: bool, one_of_many: bool) -> Duration {
-    if quiet && one_of_many { QUIET_POD_HEAL_CHECK_EVERY } else { HEAL_CHECK_EVERY }
+/// [`UNHURRIED_POD_HEAL_CHECK_EVERY`]): a node's own gates keep their pace
+/// whatever their ports do (one gate's pass is cheap). `unhurried`: the gate
+/// is quiet or light, and its healer owes no pass (a restarted agent's
+/// first, which finds the connections open, and the one that confirms them,
+/// run at the usual pace).
+fn heal_check_every(unhurried: bool, one_of_many: bool) -> Duration {
+    if unhurried && one_of_many { UNHURRIED_POD_HEAL_CHECK_EVERY } else { HEAL_CHECK_EVERY }
 }
 
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
@@ -66,7 +71,7 @@ const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
 /// How often the namespace's addresses and interfaces are looked at again
 /// (rtnetlink's notifications bring a look forward), and while the gate is
-/// quiet (see [`QUIET_AFTER`]).
+/// quiet or light (see [`pace`]).
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 const QUIET_WATCH_EVERY: Duration = Duration::from_secs(10);
 /// How often netfilter NAT is looked at again while the gate is new (a rule
@@ -79,14 +84,6 @@ const NAT_EVERY: Duration = Duration::from_secs(5);
 /// generation and the addresses say nothing changed since the last.
 const NAT_EVERY_SETTLED: Duration = Duration::from_mins(1);
 const NAT_SETTLES: Duration = Duration::from_mins(1);
-/// A gate whose ports see nothing (no segment judged, no socket event) for
-/// this long ticks every [`QUIET_TICK`] instead of every window, and is back
-/// to its windows on the first tick that sees anything: the kernel judges by
-/// the limit in place meanwhile; it skips its windows (the next spans the
-/// quiet time). A node's idle pods cost a round every two seconds each (a
-/// round a second was 3.4% of a core at 110 pods, B10).
-const QUIET_AFTER: Duration = Duration::from_secs(2);
-const QUIET_TICK: Duration = Duration::from_secs(2);
 /// A look at NAT that takes longer than this (a hung `nft`) is reported as NAT unreadable.
 const NAT_LOOK_LIMIT: Duration = Duration::from_secs(10);
 /// An attach to a new interface slower than this is logged (it holds the loop).
@@ -189,44 +186,6 @@ impl LocalAddrs {
     }
 }
 
-/// The loop's pace: every window while the gate's ports see anything, every
-/// [`QUIET_TICK`] once they have seen nothing for [`QUIET_AFTER`].
-#[derive(Debug)]
-struct Pace {
-    busy: Duration,
-    /// The ports' activity count last seen, and when it last changed.
-    seen: Option<u64>,
-    changed_at: Instant,
-    quiet: bool,
-}
-
-impl Pace {
-    fn new(busy: Duration, now: Instant) -> Self {
-        Self { busy, seen: None, changed_at: now, quiet: false }
-    }
-
-    /// Whether the gate is quiet now: its windows wait for the next thing that happens.
-    fn quiet(&self) -> bool {
-        self.quiet
-    }
-
-    /// Takes what the ports do; returns the new tick when the pace changes.
-    /// Work held (a request owing an answer) keeps the pace, as anything
-    /// that happens does: a queue inside the server may grow unseen.
-    fn observe(&mut self, activity: Activity, now: Instant) -> Option<Duration> {
-        if self.seen != Some(activity.events) || activity.holding {
-            self.seen = Some(activity.events);
-            self.changed_at = now;
-        }
-        let quiet = now.duration_since(self.changed_at) >= QUIET_AFTER && self.busy < QUIET_TICK;
-        if quiet == self.quiet {
-            return None;
-        }
-        self.quiet = quiet;
-        Some(if quiet { QUIET_TICK } else { self.busy })
-    }
-}
-
 /// Runs until told to stop or until every port has been detached. A failing
 /// periodic task (the address refresh, a port's window, healing ...) is
 /// logged, counted in `settings.task_errors` and tried again on the next
@@ -273,7 +232,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 // A link or address change is acted on within this tick; the
                 // once-a-second look covers anything a notification missed.
                 let notified = links.as_ref().is_some_and(system::LinkWatch::changed);
-                let watch_every = if pace.quiet() { QUIET_WATCH_EVERY } else { WATCH_EVERY };
+                let watch_every = if pace.mode() == pace::Mode::Busy { WATCH_EVERY } else { QUIET_WATCH_EVERY };
                 if notified || last_watch.elapsed() >= watch_every {
                     if let Err(e) = settings.local_addrs.refresh(&mut loaded.maps) {
                         settings.task_errors.record("addresses", &e);
@@ -334,7 +293,8 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                         controls.push(PortControl::new(port, config.slot, snapshot.limit, &snapshot.control, hist, handshakes));
                     }
                 }
-                let heal_every = heal_check_every(pace.quiet() && !healer.awaits_a_pass(), settings.one_of_many);
+                let unhurried = pace.mode() != pace::Mode::Busy && !healer.awaits_a_pass();
+                let heal_every = heal_check_every(unhurried, settings.one_of_many);
                 if last_heal_check.is_none_or(|t| t.elapsed() >= heal_every) {
                     // A failed pass leaves the counts as they are: the gate keeps running.
                     if let Err(e) = healer.check(&mut loaded.maps, Instant::now()) {
@@ -355,7 +315,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 match loaded.maps.activity(ports.values()) {
                     Ok(activity) => {
                         if let Some(tick) = pace.observe(activity, instant) {
-                            tracing::debug!(tick_ms = tick.as_millis(), "the loop's pace changes");
+                            tracing::debug!(tick_ms = tick.as_millis(), mode = ?pace.mode(), "the loop's pace changes");
                             ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
                             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         }
@@ -495,40 +455,12 @@ mod tests {
     }
 
     #[test]
-    fn a_gate_that_sees_nothing_for_two_seconds_ticks_every_two_seconds_until_anything_happens() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let seen = |events: u64| Activity { events, holding: false };
-        let mut pace = Pace::new(Duration::from_millis(100), t0);
-        assert_eq!(pace.observe(seen(7), at(0)), None, "busy from the start");
-        assert_eq!(pace.observe(seen(7), at(1_900)), None);
-        assert_eq!(pace.observe(seen(8), at(1_999)), None, "something happened: the two seconds start again");
-        assert_eq!(pace.observe(seen(8), at(3_998)), None);
-        assert_eq!(pace.observe(seen(8), at(3_999)), Some(QUIET_TICK), "two seconds of nothing");
-        assert_eq!(pace.observe(seen(8), at(4_999)), None, "stays quiet");
-        assert_eq!(pace.observe(seen(9), at(5_999)), Some(Duration::from_millis(100)), "anything: windows again");
-        assert_eq!(pace.observe(seen(9), at(6_000)), None);
-        // Work held keeps the pace, though nothing changes.
-        let held = Activity { events: 9, holding: true };
-        assert_eq!(pace.observe(held, at(8_000)), None);
-        assert_eq!(pace.observe(held, at(20_000)), None, "a request owing an answer is not quiet");
-        assert_eq!(pace.observe(seen(9), at(21_999)), None);
-        assert_eq!(pace.observe(seen(9), at(22_000)), Some(QUIET_TICK), "two seconds after the work went");
-        // A window already as long as the quiet tick has no slower pace to take.
-        let mut slow = Pace::new(QUIET_TICK, t0);
-        assert_eq!((slow.observe(seen(1), at(0)), slow.observe(seen(1), at(60_000))), (None, None));
-        let mut a_second = Pace::new(Duration::from_secs(1), t0);
-        assert_eq!(a_second.observe(seen(1), at(0)), None);
-        assert_eq!(a_second.observe(seen(1), at(60_000)), Some(QUIET_TICK), "a one-second window slows too");
-    }
-
-    #[test]
-    fn a_quiet_pods_healer_is_asked_seldom_and_every_other_gate_each_second() {
+    fn an_unhurried_pods_healer_is_asked_seldom_and_every_other_gate_each_second() {
         assert_eq!(heal_check_every(false, false), HEAL_CHECK_EVERY);
-        assert_eq!(heal_check_every(true, false), HEAL_CHECK_EVERY, "a node's own gate, quiet");
-        assert_eq!(heal_check_every(false, true), HEAL_CHECK_EVERY, "a pod's gate that sees anything");
-        assert_eq!(heal_check_every(true, true), QUIET_POD_HEAL_CHECK_EVERY);
-        assert!(QUIET_POD_HEAL_CHECK_EVERY > HEAL_CHECK_EVERY * 60);
+        assert_eq!(heal_check_every(true, false), HEAL_CHECK_EVERY, "a node's own gate, quiet or light");
+        assert_eq!(heal_check_every(false, true), HEAL_CHECK_EVERY, "a busy pod's gate");
+        assert_eq!(heal_check_every(true, true), UNHURRIED_POD_HEAL_CHECK_EVERY);
+        assert!(UNHURRIED_POD_HEAL_CHECK_EVERY > HEAL_CHECK_EVERY * 60);
     }
 
     #[test]

@@ -57,10 +57,17 @@ pub struct GateMaps {
 /// What a gate's ports do, read cheaply every tick (see [`GateMaps::activity`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Activity {
-    /// Counters and socket events summed over the ports.
+    /// Counters and socket events summed over the ports: it only grows while anything happens.
     pub events: u64,
-    /// Whether any port holds work now.
-    pub holding: bool,
+    /// Connections that stopped owing an answer (answered, or closed while busy), so far.
+    pub answers: u64,
+    /// Refusals (every reason and tier, and dry-run's would-be ones), so far.
+    pub refusals: u64,
+    /// Connections owing an answer now, in any count mode: an idle
+    /// connection (kept alive, or not yet sent anything) owes none.
+    pub held: u64,
+    /// How many ports were read.
+    pub ports: u32,
 }
 
 /// Everything known about one port at one instant.
@@ -470,26 +477,26 @@ impl GateMaps {
         Ok(counters)
     }
 
-    /// What the ports of `configs` do: how much has happened so far (their
-    /// counters and socket events summed: it only grows while anything
-    /// happens) and whether any holds work (a connection owing an answer; in
-    /// the modes that count connections, any connection). Two map reads a
+    /// What the ports of `configs` do (see [`Activity`]): two map reads a
     /// port, where a snapshot takes nine.
     pub fn activity<'a>(&self, configs: impl IntoIterator<Item = &'a PortConfig>) -> Result<Activity, Error> {
         let mut activity = Activity::default();
         for config in configs {
             let slot = config.slot;
-            activity.events = self.counters(slot)?.values.iter().fold(activity.events, |s, &v| s.wrapping_add(v));
+            let counters = self.counters(slot)?;
+            activity.events = counters.values.iter().fold(activity.events, |s, &v| s.wrapping_add(v));
+            activity.refusals = REJECTIONS
+                .iter()
+                .chain(&[shed_common::counter::DRY_RUN_WOULD_REJECT])
+                .fold(activity.refusals, |s, &c| s.wrapping_add(counters.values[c]));
             let state = self.raw.state.get(&slot, 0).map_err(|e| Error::map("read port state", e))?;
             activity.events = [state.opened, state.closed, state.busy_enter, state.busy_exit, state.clients_added]
                 .iter()
                 .fold(activity.events, |s, &v| s.wrapping_add(v));
-            let open = if config.count_mode == shed_common::count_mode::WORK {
-                state.busy_enter != state.busy_exit
-            } else {
-                state.opened != state.closed
-            };
-            activity.holding |= open;
+            activity.answers = activity.answers.wrapping_add(state.busy_exit);
+            // Read apart, the two counts may cross by an event: never below nothing.
+            activity.held += u64::try_from(state.busy_enter.wrapping_sub(state.busy_exit) as i64).unwrap_or(0);
+            activity.ports += 1;
         }
         Ok(activity)
     }
