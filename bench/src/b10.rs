@@ -29,6 +29,7 @@ use anyhow::{Context as _, Result, bail};
 use shed_testkit::{
     cri::Runtime,
     gate::{Gate, Log},
+    testbed::{Backend, Service},
 };
 
 use crate::common::Scale;
@@ -253,6 +254,93 @@ fn socket_costs(scale: Scale, programs: &dyn Fn() -> Result<(u64, u64)>) -> Resu
     Ok(costs)
 }
 
+/// What the agent costs as its pods hold connections and serve a trickle,
+/// each in percent of one core over a span (the agent's threads' own
+/// schedstat: clock ticks are too coarse for tenths of a percent): every
+/// pod serves an echo on its port, first with nothing held, then holding
+/// [`HELD_PER_POD`] idle kept-alive connections (each answered once), then
+/// with a request a second to every pod on them.
+#[derive(Debug, Default)]
+struct HeldCosts {
+    none_held: f64,
+    held: f64,
+    light_load: f64,
+    connections: usize,
+    /// Requests answered a second under the light load (one a pod, if every one was).
+    light_rate: f64,
+}
+
+const HELD_PER_POD: usize = 20;
+
+fn held_costs(gate: &Gate, pods: &[&shed_testkit::cri::Pod], scale: Scale) -> Result<HeldCosts> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    let (span, settle) = scale.pick(
+        (Duration::from_secs(20), Duration::from_secs(5)),
+        (Duration::from_secs(10), Duration::from_secs(5)),
+        (Duration::from_secs(2), Duration::from_secs(3)),
+    );
+    let addr = |p: &shed_testkit::cri::Pod| std::net::SocketAddr::from((p.ip, 8080));
+    let _servers = pods
+        .iter()
+        .map(|p| Backend::start(&p.netns, addr(p), Service::Echo))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("an echo server in each pod")?;
+    std::thread::sleep(settle);
+    let none_held = gate.cpu_percent_over(span);
+    let ask = |conn: &mut TcpStream| -> std::io::Result<()> {
+        conn.write_all(b"hi")?;
+        let mut answer = [0u8; 2];
+        conn.read_exact(&mut answer)
+    };
+    let mut held = Vec::with_capacity(pods.len());
+    for pod in pods {
+        let mut conns = Vec::with_capacity(HELD_PER_POD);
+        for _ in 0..HELD_PER_POD {
+            let mut conn = shed_testkit::testbed::connect(addr(pod), Duration::from_secs(2))
+                .with_context(|| format!("connect to {}", pod.netns))?;
+            conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+            ask(&mut conn).with_context(|| format!("a first request to {}", pod.netns))?;
+            conns.push(conn);
+        }
+        held.push(conns);
+    }
+    let connections = held.iter().map(Vec::len).sum();
+    std::thread::sleep(settle);
+    let held_cpu = gate.cpu_percent_over(span);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> std::io::Result<(u64, Duration)> {
+            let (started, mut answered) = (Instant::now(), 0u64);
+            let mut round = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let at = Instant::now();
+                for conns in &mut held {
+                    ask(&mut conns[round % HELD_PER_POD])?;
+                    answered += 1;
+                }
+                round += 1;
+                std::thread::sleep(Duration::from_secs(1).saturating_sub(at.elapsed()));
+            }
+            Ok((answered, started.elapsed()))
+        })
+    };
+    std::thread::sleep(settle);
+    let light_load = gate.cpu_percent_over(span);
+    stop.store(true, Ordering::Relaxed);
+    let (answered, took) = load.join().map_err(|_| anyhow::anyhow!("the light load panicked"))??;
+    Ok(HeldCosts {
+        none_held,
+        held: held_cpu,
+        light_load,
+        connections,
+        light_rate: answered as f64 / took.as_secs_f64(),
+    })
+}
+
 /// Turns the kernel's BPF run statistics on (run counts and times in each
 /// program's fdinfo) while it lives, as they were after.
 struct BpfStats(String);
@@ -360,6 +448,8 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         }
         None => None,
     };
+    let pods_now: Vec<&shed_testkit::cri::Pod> = made.iter().chain([&one_more]).collect();
+    let held = held_costs(&gate, &pods_now, scale)?;
     let (cgroup_now, cgroup_peak) = (charged.now(), charged.peak());
     let pid = gate.pid();
     let gated = socket_costs(scale, &|| held_by(pid).map(|h| h.runs))?;
@@ -406,6 +496,11 @@ fn level(shedctl: &Path, pods: usize, level_index: usize, scale: Scale) -> Resul
         "cpu_s_to_gate_all": settled.cpu_s,
         "idle_cpu_percent": 100.0 * (after.cpu_s - before.cpu_s) / idle.as_secs_f64(),
         "idle_cpu_percent_settled": settled_idle,
+        "none_held_cpu_percent": held.none_held,
+        "held_connections": held.connections,
+        "held_cpu_percent": held.held,
+        "light_load_cpu_percent": held.light_load,
+        "light_load_per_s": held.light_rate,
         // The node's own socket events while idle (the agent's netlink and CRI calls among them).
         "idle_program_runs_per_s": after.runs.0.saturating_sub(before.runs.0) as f64 / idle.as_secs_f64(),
         "rss_bytes": after.rss_bytes,
@@ -455,8 +550,22 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
     let mut costs = String::from(
         "\n| pods | round trip before (µs) | gated | connection before (µs) | gated | shed program runs per round trip | their ns | runs per connection | their ns | runs per s, idle |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
+    let mut held = format!(
+        "\n| pods | agent CPU, idle with none held (%) | connections held ({HELD_PER_POD} a pod, idle) | agent CPU holding them (%) | agent CPU, a request a second to each pod (%) | requests answered a second |\n|---|---|---|---|---|---|\n"
+    );
     let mib = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / (1024.0 * 1024.0);
     for r in &rows {
+        let pct = |key: &str| r[key].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            held,
+            "| {} | {:.2} | {} | {:.2} | {:.2} | {:.0} |",
+            r["pods"],
+            pct("none_held_cpu_percent"),
+            r["held_connections"],
+            pct("held_cpu_percent"),
+            pct("light_load_cpu_percent"),
+            pct("light_load_per_s"),
+        );
         let _ = writeln!(
             md,
             "| {} | {:.2} / {:.2} | {:.1} | {:.2} | {:.3} | {} of {} | {:.1} | {:.1} | {:.2} | {} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {:.0} |",
@@ -497,6 +606,7 @@ pub(crate) fn b10(shedctl: &Path, scale: Scale) -> Result<(serde_json::Value, St
         );
     }
     md.push_str(&costs);
+    md.push_str(&held);
     Ok((serde_json::json!({ "levels": rows }), md))
 }
 

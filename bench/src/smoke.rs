@@ -213,6 +213,12 @@ fn b10_still_runs() {
         let (longest, median) =
             (l["together_longest_gated_s"].as_f64().unwrap(), l["together_median_gated_s"].as_f64().unwrap());
         assert!(median > 0.0 && longest >= median, "pods started together, each timed to its gate: {l}");
+        // Every pod held its connections and answered its trickle (a request a second each).
+        let pods = l["pods"].as_u64().unwrap() + 1;
+        assert_eq!(l["held_connections"].as_u64(), Some(20 * pods), "{l}");
+        let rate = l["light_load_per_s"].as_f64().unwrap();
+        assert!(rate > 0.5 * pods as f64 && rate < 1.5 * pods as f64, "{l}");
+        assert!(l["held_cpu_percent"].as_f64().unwrap() >= 0.0 && l["light_load_cpu_percent"].as_f64().unwrap() > 0.0);
     }
     assert!(
         md.contains(

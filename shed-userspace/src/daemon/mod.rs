@@ -66,6 +66,9 @@ fn heal_check_every(unhurried: bool, one_of_many: bool) -> Duration {
     if unhurried && one_of_many { UNHURRIED_POD_HEAL_CHECK_EVERY } else { HEAL_CHECK_EVERY }
 }
 
+/// How often each port's quota of the shared maps is written again, the ports unchanged.
+const QUOTAS_EVERY: Duration = Duration::from_secs(5);
+
 /// How often clients that hold nothing are looked for (and forgotten on the second look).
 const CLIENT_SWEEP: Duration = Duration::from_secs(5);
 
@@ -205,6 +208,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
     let mut accept_queues = AcceptQueues::default();
     let mut refused = refused::RefusedRequests::default();
     let mut stalled = stalled::StalledRequests::default();
+    let mut quotas: Option<(Vec<u32>, Instant)> = None;
     let mut last_heal_check: Option<Instant> = None;
     let mut nat = NatWatch::default();
     // What the operator last set, to log each live change once (see `crate::daemon::audit`).
@@ -261,15 +265,37 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                     tracing::info!("every port was detached: stopping");
                     return Ok(());
                 }
-                if let Err(e) = refused.close(&mut loaded.maps) {
-                    settings.task_errors.record("refused requests", &e);
+                // What the ports do sets the pace, and which chores this tick has.
+                let instant = Instant::now();
+                match loaded.maps.activity(ports.values()) {
+                    Ok(activity) => {
+                        if let Some(tick) = pace.observe(activity, instant) {
+                            tracing::debug!(tick_ms = tick.as_millis(), mode = ?pace.mode(), "the loop's pace changes");
+                            ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
+                    Err(e) => settings.task_errors.record("activity", &e),
                 }
-                if let Err(e) = stalled.close(&mut loaded.maps, &ports) {
-                    settings.task_errors.record("stalled requests", &e);
+                // Refused requests and stalled shares come only with refusals,
+                // and any refusal makes the gate busy at the look that sees it.
+                if pace.mode() == pace::Mode::Busy {
+                    if let Err(e) = refused.close(&mut loaded.maps) {
+                        settings.task_errors.record("refused requests", &e);
+                    }
+                    if let Err(e) = stalled.close(&mut loaded.maps, &ports) {
+                        settings.task_errors.record("stalled requests", &e);
+                    }
                 }
+                // Each port's share of the shared maps changes with the ports;
+                // written again now and then (a port detached and attached
+                // again between two ticks keeps its slot, its state new).
                 let slots: Vec<u32> = ports.values().map(|c| c.slot).collect();
-                if let Err(e) = loaded.maps.set_quotas(&slots) {
-                    settings.task_errors.record("quotas", &e);
+                if quotas.as_ref().is_none_or(|(written, at)| *written != slots || at.elapsed() >= QUOTAS_EVERY) {
+                    match loaded.maps.set_quotas(&slots) {
+                        Ok(()) => quotas = Some((slots, Instant::now())),
+                        Err(e) => settings.task_errors.record("quotas", &e),
+                    }
                 }
                 // Follow ports detached (or re-attached in another slot) since the last tick.
                 controls.retain(|c| {
@@ -310,17 +336,6 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                         Err(e) => settings.task_errors.record("clients", &e),
                     }
                     last_client_sweep = Instant::now();
-                }
-                let instant = Instant::now();
-                match loaded.maps.activity(ports.values()) {
-                    Ok(activity) => {
-                        if let Some(tick) = pace.observe(activity, instant) {
-                            tracing::debug!(tick_ms = tick.as_millis(), mode = ?pace.mode(), "the loop's pace changes");
-                            ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
-                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                        }
-                    }
-                    Err(e) => settings.task_errors.record("activity", &e),
                 }
                 if pace.quiet() {
                     // Nothing happened: no window to judge (the next spans the quiet time).
