@@ -89,6 +89,7 @@ fn curl_reusing_a_connection_gets_a_503_when_the_port_fills() {
     assert_eq!(codes, ["200 1", "503 0", "503 1"], "{s}");
     assert_eq!(read, 3, "the first URL and the two holders: the refused requests were never read");
     assert_eq!((field(&s, "refused_requests"), field(&s, "requests_admitted")), (1, 0), "{s}");
+    assert_eq!(field(&s, "refused_closed"), 1, "the refused request's server socket closed by the daemon: {s}");
     // One 503 in the kept-alive connection, one for the new connection's request.
     assert_eq!(field(&s, "http_answers"), 2, "{s}");
     assert_eq!(s["rejected_by_reason"]["limit"].as_u64(), Some(2), "{s}");
@@ -106,6 +107,7 @@ fn curl_reusing_a_connection_is_reset_and_retries_into_the_gate() {
     assert!(codes[1..].iter().all(|c| c.starts_with("000")), "refused, not answered: {codes:?}");
     assert_eq!(read, 3, "the refused requests were never read");
     assert_eq!(field(&s, "refused_requests"), 1, "{s}");
+    assert_eq!(field(&s, "refused_closed"), 1, "the refused request's server socket closed by the daemon: {s}");
     // The kept-alive request, then curl's retry of it and the third URL at their SYNs.
     assert_eq!(s["rejected_by_reason"]["limit"].as_u64(), Some(3), "{s}");
 }
@@ -344,6 +346,7 @@ fn a_dropped_request_stays_unanswered_and_unread() {
     assert!(field(&s, "refused_requests_again") >= 1, "its retransmissions were dropped too: {s}");
     assert_eq!(backend.read.load(Ordering::Relaxed), 2, "the first request and the holder's only");
     assert_eq!(field(&s, "established"), 2, "the dropped request's connection stays: {s}");
+    assert_eq!(field(&s, "refused_closed"), 0, "a drop's socket is left to its client: {s}");
 }
 
 /// A request that is not HTTP/1.x (TLS, on a TLS port) on a kept-alive

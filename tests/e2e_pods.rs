@@ -232,11 +232,21 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     assert!(left.exists(), "the agent left its links for the next one");
     let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
     assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "judged with no agent running");
-    // The agent restarted takes the pod's link over (judged throughout), finds
-    // its open connections and adopts them: its limit holds against them from the start.
+    // The agent restarted takes the pod's link over (judged throughout),
+    // with its open connections adopted and counted first: its limit holds
+    // against them from the moment it judges (a healing pass would count
+    // them only seconds later, admitting a limit's worth meanwhile).
     let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
     wait_gated(&gate, &later.netns);
     assert!(gate.log().contains("took over the last agent's TC link: judged throughout"), "{}", gate.log());
+    assert_eq!(stats_of(&later.netns).expect("gated")[0]["established"], 2, "counted as it was taken over");
+    let through_restart = std::time::Instant::now();
+    let mut passed = 0;
+    while through_restart.elapsed() < Duration::from_secs(3) {
+        passed += usize::from(testbed::connect(addr(&later), Duration::from_secs(2)).is_ok());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(passed, 0, "admitted past the limit in the new agent's first seconds: {}", gate.log());
     shed_testkit::gate::poll(Duration::from_secs(5), "the last agent's object gone", || left.exists(), |e| !e);
     shed_testkit::gate::poll(Duration::from_secs(5), "only the new agent's programs", programs, |p| *p == shared_set);
     shed_testkit::gate::poll(

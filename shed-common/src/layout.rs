@@ -331,8 +331,11 @@ pub struct UserPortState {
     /// Requests the daemon closed because a client over its share of a
     /// contended port had its server sit on them unanswered (reported only).
     pub stalled_closed: u32,
+    /// Sockets of requests refused on kept-alive connections that the daemon
+    /// closed (reported, not used by the gate).
+    pub refused_closed: u64,
 }
-const _: () = assert!(size_of::<UserPortState>() == 56);
+const _: () = assert!(size_of::<UserPortState>() == 64);
 
 impl UserPortState {
     /// The epoch shift the gate uses, clamped to the supported range.

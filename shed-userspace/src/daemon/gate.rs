@@ -263,6 +263,14 @@ pub(super) fn set_up(gate: &Gate, start: &mut GateStart) -> anyhow::Result<(Load
         for &port in &plan.ports {
             loaded.maps.protect(port, &spec)?;
         }
+        // And with the connections the pod holds counted: this gate's program
+        // judges from the moment it is taken, against them.
+        match crate::daemon::heal::take_over_held(&mut loaded.maps) {
+            Ok(0) => {}
+            Ok(adopted) => tracing::info!(adopted, "the pod's held connections counted before its link is taken over"),
+            // Not counted: the healer's first passes adopt them, as for any gate.
+            Err(e) => tracing::warn!("could not count the pod's held connections before taking it over: {e}"),
+        }
     }
     let ifaces: Vec<&str> = targets.iter().map(|(iface, _)| iface.as_str()).collect();
     if loaded.attach_shared(&ifaces)? {

@@ -52,6 +52,8 @@ trait Books {
     fn user_state(&self, slot: u32) -> Result<UserPortState, Error>;
     /// Takes a drift (established, busy) out of the port's counts.
     fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error>;
+    /// Counts `adopted` connections as established on the port (their opening went unseen).
+    fn count_adopted(&mut self, slot: u32, adopted: i64) -> Result<(), Error>;
 }
 
 impl Books for GateMaps {
@@ -69,6 +71,9 @@ impl Books for GateMaps {
     }
     fn correct_drift(&mut self, slot: u32, drift: (i64, i64)) -> Result<(), Error> {
         GateMaps::correct_drift(self, slot, drift)
+    }
+    fn count_adopted(&mut self, slot: u32, adopted: i64) -> Result<(), Error> {
+        GateMaps::count_adopted(self, slot, adopted)
     }
 }
 
@@ -343,6 +348,51 @@ impl Healer {
     }
 }
 
+/// A pod taken over from the last agent (`kernel::handover`): the connections
+/// its protected ports hold, adopted and counted at once, before this gate's
+/// program judges the pod. A healing pass would adopt them only once a second
+/// pass confirms, and count them once two more agree: for those seconds the
+/// gate would admit a limit's worth past the connections held. At once is
+/// safe here: the last agent's programs judge the pod until its link is
+/// taken over, so what the table holds was admitted by them; a connection
+/// that closes meanwhile is counted until the healer finds it gone, which
+/// refuses a little more, never less. Returns how many were adopted.
+pub(crate) fn take_over_held(maps: &mut GateMaps) -> Result<usize, Error> {
+    let configs = maps.port_configs()?;
+    let ports: BTreeSet<u16> = configs.keys().copied().collect();
+    let mut live = Vec::new();
+    SocketTable::open()
+        .and_then(|mut table| table.held(&ports, &mut live))
+        .map_err(|e| Error::io("read socket table", "sock_diag", e))?;
+    let tracked: HashSet<FlowKey> = maps.tracked_sockets()?.values().map(|e| e.flow).collect();
+    adopt_at_once(maps, &configs, &tracked, live.into_iter().collect())
+}
+
+/// [`take_over_held`]'s books: every live flow not tracked is adopted (an
+/// exempt client's aside, as a pass does) and counted on its port.
+fn adopt_at_once(
+    books: &mut impl Books,
+    configs: &BTreeMap<u16, PortConfig>,
+    tracked: &HashSet<FlowKey>,
+    live: HashSet<FlowKey>,
+) -> Result<usize, Error> {
+    let mut adopted: BTreeMap<u32, i64> = BTreeMap::new();
+    for flow in live.difference(tracked) {
+        let Some(config) = configs.get(&flow.server_port) else { continue };
+        if books.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
+            continue;
+        }
+        let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
+        if books.adopt_socket(key, self::adopted(config, flow)) {
+            *adopted.entry(config.slot).or_default() += 1;
+        }
+    }
+    for (&slot, &n) in &adopted {
+        books.count_adopted(slot, n)?;
+    }
+    Ok(adopted.values().sum::<i64>() as usize)
+}
+
 /// The entry a connection the gate missed opening is tracked under: as
 /// established and idle, so it adds to no ring and releases from none.
 fn adopted(config: &PortConfig, flow: &FlowKey) -> SockEntry {
@@ -602,6 +652,7 @@ mod tests {
         full: bool,
         user: UserPortState,
         corrected: Vec<(u32, (i64, i64))>,
+        counted: Vec<(u32, i64)>,
     }
 
     impl Books for Table {
@@ -623,6 +674,42 @@ mod tests {
             self.corrected.push((slot, drift));
             Ok(())
         }
+        fn count_adopted(&mut self, slot: u32, adopted: i64) -> Result<(), Error> {
+            self.user.established_adjust += adopted;
+            self.counted.push((slot, adopted));
+            Ok(())
+        }
+    }
+
+    /// A pod taken over: what the table holds and the books do not is
+    /// adopted and counted in one go, the exempt and the untracked ports
+    /// aside, and nothing that is tracked already is counted twice.
+    #[test]
+    fn a_taken_over_pods_held_connections_are_adopted_and_counted_at_once() {
+        let configs = configs();
+        let tracked = HashSet::from([flow(1, 8080)]);
+        let live = HashSet::from([flow(1, 8080), flow(2, 8080), flow(3, 8080), flow(4, 8080), flow(5, 9090)]);
+        let mut books = Table { exempt: vec![flow(4, 8080).client_addr], ..Table::default() };
+        assert_eq!(adopt_at_once(&mut books, &configs, &tracked, live.clone()).unwrap(), 2);
+        let adopted: HashSet<FlowKey> = books.socks.values().map(|e| e.flow).collect();
+        assert_eq!(adopted, HashSet::from([flow(2, 8080), flow(3, 8080)]));
+        assert!(books.socks.values().all(|e| e.slot == 1 && e.busy == 0), "idle, in the port's slot");
+        assert_eq!(books.counted, [(1, 2)], "counted on the port, once");
+        assert_eq!(books.user.established_adjust, 2);
+        assert!(books.corrected.is_empty(), "no drift was corrected: nothing had been counted yet");
+        // A full map adopts nothing, and counts nothing it did not adopt.
+        let mut full = Table { full: true, ..Table::default() };
+        assert_eq!(adopt_at_once(&mut full, &configs, &tracked, live).unwrap(), 0);
+        assert!(full.counted.is_empty() && full.user.established_adjust == 0);
+        // What a first healing pass then sees: no drift, nothing to adopt.
+        let mut healer = Healer::new(Duration::from_secs(30), HealReport::default());
+        let mut on_books: HashMap<u64, SockEntry> = books.socks.clone();
+        let mut outcome = outcome();
+        let now_live = HashSet::from([flow(2, 8080), flow(3, 8080), flow(4, 8080)]);
+        healer.adopt_untracked(&mut books, &configs, &mut on_books, &now_live, &mut outcome);
+        assert_eq!(healer.untracked_before, HashSet::from([flow(4, 8080)]), "only the exempt client's is untracked");
+        healer.adopt_untracked(&mut books, &configs, &mut on_books, &now_live, &mut outcome);
+        assert_eq!(books.socks.len(), 2, "and never adopted");
     }
 
     fn flow(client: u8, server_port: u16) -> FlowKey {

@@ -280,7 +280,7 @@ pub(crate) async fn run(loaded: &mut Loaded, settings: LoopSettings) -> Result<(
                 // Refused requests and stalled shares come only with refusals,
                 // and any refusal makes the gate busy at the look that sees it.
                 if pace.mode() == pace::Mode::Busy {
-                    if let Err(e) = refused.close(&mut loaded.maps) {
+                    if let Err(e) = refused.close(&mut loaded.maps, &ports) {
                         settings.task_errors.record("refused requests", &e);
                     }
                     if let Err(e) = stalled.close(&mut loaded.maps, &ports) {

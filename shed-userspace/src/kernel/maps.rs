@@ -387,6 +387,14 @@ impl GateMaps {
     }
 
     /// Counts requests the daemon closed for a client over its share (see `daemon::stalled`).
+    /// Counts `n` refused requests' sockets closed on the port in `slot`.
+    pub(crate) fn add_refused_closed(&mut self, slot: u32, n: u64) -> Result<(), Error> {
+        self.update_user_state(slot, "count refused requests closed", |user| {
+            user.refused_closed = user.refused_closed.wrapping_add(n);
+            n != 0
+        })
+    }
+
     pub(crate) fn add_stalled_closed(&mut self, slot: u32, n: u32) -> Result<(), Error> {
         self.update_user_state(slot, "write stalled requests closed", |user| {
             user.stalled_closed = user.stalled_closed.wrapping_add(n);
@@ -674,6 +682,15 @@ impl GateMaps {
             user.busy_adjust -= drift.1;
             user.drift_corrected += drift.0.unsigned_abs().max(drift.1.unsigned_abs());
             true
+        })
+    }
+
+    /// Counts `adopted` connections (tracked by the healer, their opening
+    /// unseen) as established on the port in `slot`.
+    pub(crate) fn count_adopted(&mut self, slot: u32, adopted: i64) -> Result<(), Error> {
+        self.update_user_state(slot, "count adopted connections", |user| {
+            user.established_adjust += adopted;
+            adopted != 0
         })
     }
 

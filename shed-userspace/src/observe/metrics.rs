@@ -370,6 +370,12 @@ const PORT_FAMILIES: &[Figure<PortStats, u64>] = &[
         |s| s.stalled_closed,
     ),
     (
+        "shed_refused_closed",
+        "Sockets of requests refused on kept-alive connections that the daemon closed (rst and http refusals), so the service holds no descriptor for them.",
+        MetricType::Counter,
+        |s| s.refused_closed,
+    ),
+    (
         "shed_listen_drops",
         "Listen-queue drops counted against the port (the namespace's, while its own accept queue was at least half full).",
         MetricType::Counter,

@@ -204,6 +204,9 @@ pub(crate) struct PortStats {
     /// Requests the daemon closed, cumulative: a client over its share of a
     /// contended port had its server sit on them unanswered for a second.
     pub stalled_closed: u64,
+    /// Sockets of requests refused on kept-alive connections that the daemon
+    /// closed, cumulative (`rst` and `http`; a `drop` refusal's is left to its client).
+    pub refused_closed: u64,
     /// Rates over the sampling interval; null when only one sample was taken.
     pub syn_per_sec: Option<f64>,
     pub admitted_per_sec: Option<f64>,
@@ -323,6 +326,7 @@ impl PortStats {
             idle_expired: now.idle_expired(),
             drift_corrected: now.user.drift_corrected,
             stalled_closed: u64::from(now.user.stalled_closed),
+            refused_closed: now.user.refused_closed,
             syn_per_sec: rate(counter::SYN_SEEN),
             admitted_per_sec: rate(counter::ADMITTED),
             rejected_per_sec: REJECTIONS.iter().map(|&c| rate(c)).sum(),

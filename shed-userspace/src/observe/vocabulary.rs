@@ -129,6 +129,7 @@ pub const TERMS: &[Term] = &[
     term("idle_expired", Counter, Some("shed_idle_expired_total")),
     term("drift_corrected", Counter, Some("shed_drift_corrected_total")),
     term("stalled_closed", Counter, Some("shed_stalled_closed_total")),
+    term("refused_closed", Counter, Some("shed_refused_closed_total")),
     term("syn_per_sec", Rate, None),
     term("admitted_per_sec", Rate, None),
     term("rejected_per_sec", Rate, None),
