@@ -191,6 +191,48 @@ fn named_port(conn: &std::net::TcpStream) -> Option<u16> {
 mod tests {
     use super::*;
 
+    /// A balancer's weight follows the work a backend was offered: every
+    /// connection and kept-alive request admitted and every refusal, from
+    /// the gate's own counters. A pool of kept-alive connections (HAProxy's
+    /// `http-reuse`) brings its requests on connections admitted long ago:
+    /// counted as connections alone, its attempts would stand still while
+    /// its refusals grew, and the weight would read them as all refused.
+    #[test]
+    fn a_backends_attempts_are_its_connections_and_kept_alive_requests_admitted_and_its_refusals() {
+        use shed_common::{counter, *};
+        let mut counters = PortCounters::default();
+        for (index, value) in [
+            (counter::ADMITTED, 3),
+            (counter::REQUEST_ADMITTED, 5),
+            (counter::REJECTED_LIMIT, 2),
+            (counter::REJECTED_CLIENT_SHARE, 1),
+            // Seen, passed or answered: none of them a judgement of its own.
+            (counter::SYN_SEEN, 100),
+            (counter::SYN_PASSED, 50),
+            (counter::RST_SENT, 3),
+            (counter::REFUSED_REQUEST, 2),
+        ] {
+            counters.values[index] = value;
+        }
+        let snapshot = crate::kernel::maps::PortSnapshot {
+            port: 8080,
+            config: PortConfig::new(0, action::RST, false, count_mode::WORK),
+            limit: 4,
+            control: ControlConfig::default(),
+            status: ControlStatus::default(),
+            reserve: TierReserve::default(),
+            state: PortState::default(),
+            user: UserPortState::default(),
+            ring: HandshakeRing::default(),
+            silent: HandshakeRing::default(),
+            now_ns: 0,
+            counters,
+        };
+        let load = load(&snapshot);
+        assert_eq!((load.attempts, load.refused), (3 + 5 + 3, 3), "{load:?}");
+        assert_eq!(load.limit, 4);
+    }
+
     /// Serves checks from `weights` until the returned flag is set.
     fn agent(weights: &[(u16, u32)]) -> (SocketAddr, Arc<std::sync::Mutex<Weights>>, Arc<AtomicBool>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
