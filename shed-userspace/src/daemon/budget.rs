@@ -44,6 +44,21 @@ impl Budget {
         cgroup?.limit.map(|limit| Self(limit / 100 * OF_LIMIT_PERCENT))
     }
 
+    /// Whether one more pod's gate fits, beside the gates already running:
+    /// `set_up[i]` says whether running gate `i` is set up. The cgroup's
+    /// figure (`used`) holds what set-up gates hold; those still setting up
+    /// are booked by estimate, with the new one (a burst of pods all see the
+    /// same cgroup figure, taken before any of them loads).
+    pub(crate) fn room_for_next_pod(
+        self,
+        set_up: impl IntoIterator<Item = bool>,
+        verifiers: u64,
+        used: Option<u64>,
+    ) -> Result<(), String> {
+        let setting_up = set_up.into_iter().filter(|&done| !done).count() as u64;
+        self.room_for_pods(setting_up + 1, verifiers, used)
+    }
+
     /// Whether `pods` more pods' gates fit beside what the cgroup holds now
     /// (`used`): each holds [`PER_POD`] once set up, and up to `verifiers`
     /// (one per CPU; none under the node's shared object, where a pod loads
@@ -74,6 +89,27 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cgroup's figure already holds the pods set up: only those still
+    /// setting up are booked beside it, and the new one. Booking the set-up
+    /// ones again would refuse a node's pods long before its memory is used.
+    #[test]
+    fn a_pod_is_booked_beside_the_gates_setting_up_not_again_beside_those_set_up() {
+        let budget = Budget(100 * MIB);
+        // 20 pods set up hold 88 MiB: one more (4 MiB) fits.
+        let twenty_set_up = std::iter::repeat_n(true, 20);
+        assert_eq!(budget.room_for_next_pod(twenty_set_up.clone(), 0, Some(88 * MIB)), Ok(()));
+        // Two still setting up: booked at 4 MiB each with the new one (100 MiB: fits, just).
+        let two_setting_up = twenty_set_up.clone().chain([false, false]);
+        assert_eq!(budget.room_for_next_pod(two_setting_up, 0, Some(88 * MIB)), Ok(()));
+        // Three: 88 + 16 > 100.
+        let three = twenty_set_up.chain([false, false, false]);
+        let why = budget.room_for_next_pod(three, 0, Some(88 * MIB)).unwrap_err();
+        assert!(why.starts_with("4 more gate(s) need about 16 MiB with the 88 MiB held"), "{why}");
+        // Where pods load programs, one verifier's worth is booked among those loading.
+        assert!(budget.room_for_next_pod([], 1, Some(20 * MIB)).is_err(), "4 + 80 MiB in the verifier beside 20 held");
+        assert_eq!(budget.room_for_next_pod([], 1, Some(16 * MIB)), Ok(()), "exactly 100 MiB");
+    }
 
     #[test]
     fn the_budget_is_the_flag_or_most_of_the_cgroup_limit() {

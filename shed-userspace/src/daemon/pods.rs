@@ -386,9 +386,7 @@ impl Pods {
                 Ok(None) => {}
                 Ok(Some((settings, netns))) => {
                     // Refused, not OOM-killed: a gate that would not fit waits for room.
-                    // Gates still setting up are not charged yet: booked by estimate
-                    // (a burst of pods all see the same cgroup figure).
-                    let setting_up = self.running.values().filter(|g| g.heartbeat.age().is_none()).count() as u64;
+                    let set_up = self.running.values().map(|g| g.heartbeat.age().is_some());
                     let room = self.node.memory_budget.map_or(Ok(()), |b| {
                         // Under the shared object a pod's set-up verifies nothing.
                         let verifiers = if self.dispatcher.as_ref().is_some_and(|d| d.shared()) {
@@ -396,7 +394,7 @@ impl Pods {
                         } else {
                             std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
                         };
-                        b.room_for_pods(setting_up + 1, verifiers, system::cgroup_memory().map(|c| c.used))
+                        b.room_for_next_pod(set_up, verifiers, system::cgroup_memory().map(|c| c.used))
                     });
                     if let Err(why) = room {
                         // Tried again every pass, without backing off: room comes as
