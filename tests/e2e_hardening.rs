@@ -543,7 +543,10 @@ fn nft_runs_again_only_when_the_ruleset_changes() {
 /// table, so looking makes none (before, each look ran `iptables-legacy-save
 /// -t nat`, which made one in every gated namespace). A redirect added with
 /// `iptables-legacy` after attach is reported, with its place, and judged
-/// again once deleted (the table stays, empty).
+/// again once deleted (the table stays, empty); the same with
+/// `ip6tables-legacy`, whose tables the kernel lists apart (first, while
+/// only that family has a nat table: a family read through the other's
+/// list of tables would be missed).
 #[test]
 fn legacy_iptables_nat_is_read_where_its_table_is() {
     const METRICS: &str = "127.0.0.1:19482";
@@ -562,23 +565,39 @@ fn legacy_iptables_nat_is_read_where_its_table_is() {
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(bypassed(), 0.0);
     assert!(!legacy_tables().lines().any(|t| t == "nat"), "looking made a nat table: {}", legacy_tables());
-    let iptables = |args: &[&str]| {
-        let status = Command::new("ip")
-            .args(["netns", "exec", &bed.server_ns, "iptables-legacy", "-t", "nat"])
-            .args(args)
-            .status()
-            .expect("run iptables-legacy (cargo xtask setup installs iptables)");
-        assert!(status.success(), "iptables-legacy {args:?}");
+    let ip6_tables = || {
+        let out =
+            Command::new("ip").args(["netns", "exec", &bed.server_ns, "cat", "/proc/net/ip6_tables_names"]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    };
+    assert!(!ip6_tables().lines().any(|t| t == "nat"), "looking made an IPv6 nat table: {}", ip6_tables());
+    // Each family's tool where only that family has a nat table: IPv6 first,
+    // then IPv4 (each family's table stays, empty, once made).
+    let legacy = |tool: &'static str| {
+        let bed = &bed;
+        move |args: &[&str]| {
+            let status = Command::new("ip")
+                .args(["netns", "exec", &bed.server_ns, tool, "-t", "nat"])
+                .args(args)
+                .status()
+                .unwrap_or_else(|e| panic!("run {tool} (cargo xtask setup installs iptables): {e}"));
+            assert!(status.success(), "{tool} {args:?}");
+        }
     };
     let rule = ["PREROUTING", "-p", "tcp", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006"];
-    iptables(&[&["-A"], &rule[..]].concat());
-    assert!(legacy_tables().lines().any(|t| t == "nat"));
-    poll(Duration::from_secs(15), "the legacy redirect reported", bypassed, |&b| b == 1.0);
-    let (status, body) = support::metrics::http_get(METRICS, "/readyz");
-    assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
-    assert!(body.contains("port 8080: iptables-legacy nat PREROUTING"), "{body}");
-    iptables(&[&["-D"], &rule[..]].concat());
-    poll(Duration::from_secs(15), "the legacy redirect gone", bypassed, |&b| b == 0.0);
+    for (tool, tables) in
+        [("ip6tables-legacy", &ip6_tables as &dyn Fn() -> String), ("iptables-legacy", &legacy_tables)]
+    {
+        let run = legacy(tool);
+        run(&[&["-A"], &rule[..]].concat());
+        assert!(tables().lines().any(|t| t == "nat"), "{tool}");
+        poll(Duration::from_secs(15), &format!("the {tool} redirect reported"), bypassed, |&b| b == 1.0);
+        let (status, body) = support::metrics::http_get(METRICS, "/readyz");
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+        assert!(body.contains(&format!("port 8080: {tool} nat PREROUTING")), "{body}");
+        run(&[&["-D"], &rule[..]].concat());
+        poll(Duration::from_secs(15), &format!("the {tool} redirect gone"), bypassed, |&b| b == 0.0);
+    }
     drop(gate);
 }
 

@@ -60,12 +60,14 @@ fn healing_reads_no_connection_table_while_the_counters_agree() {
         field(s, "established") == HELD as u64
     });
 
-    // Idle: the counters are checked about every second; no pass reads the table.
+    // Idle: the counters are checked at every look of the gate (held
+    // connections owe nothing, so it is quiet: a look every 2 s); no pass
+    // reads the table.
     let before = scrape(METRICS);
     thread::sleep(Duration::from_secs(5));
     let after = scrape(METRICS);
     let delta = |metric: &str, labels: &[(&str, &str)]| value(&after, metric, labels) - value(&before, metric, labels);
-    assert!(delta("shed_heal_checks_total", &[]) >= 4.0, "the counters were checked every second");
+    assert!(delta("shed_heal_checks_total", &[]) >= 2.0, "the counters were checked at every look");
     assert_eq!(
         delta("shed_heal_records_read_total", &[]),
         0.0,
