@@ -288,17 +288,13 @@ impl Healer {
         let untracked: HashSet<FlowKey> = live.difference(&tracked_flows).copied().collect();
         outcome.found |= !untracked.is_subset(&self.untracked_before);
         for flow in confirmed(&untracked, &self.untracked_before) {
-            let Some(config) = configs.get(&flow.server_port) else { continue };
-            if books.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
-                continue;
-            }
-            let entry = adopted(config, flow);
-            let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
-            if books.adopt_socket(key, entry) {
-                outcome.acted = true;
-                tracked.insert(key, entry);
-            } else {
-                outcome.adopt_failed += 1;
+            match adopt(books, configs, flow) {
+                Adoption::Adopted(key, entry) => {
+                    outcome.acted = true;
+                    tracked.insert(key, entry);
+                }
+                Adoption::Failed => outcome.adopt_failed += 1,
+                Adoption::NotCounted => {}
             }
         }
         self.untracked_before = untracked;
@@ -378,19 +374,34 @@ fn adopt_at_once(
 ) -> Result<usize, Error> {
     let mut adopted: BTreeMap<u32, i64> = BTreeMap::new();
     for flow in live.difference(tracked) {
-        let Some(config) = configs.get(&flow.server_port) else { continue };
-        if books.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
-            continue;
-        }
-        let key = ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff);
-        if books.adopt_socket(key, self::adopted(config, flow)) {
-            *adopted.entry(config.slot).or_default() += 1;
+        if let Adoption::Adopted(_, entry) = adopt(books, configs, flow) {
+            *adopted.entry(entry.slot).or_default() += 1;
         }
     }
     for (&slot, &n) in &adopted {
         books.count_adopted(slot, n)?;
     }
     Ok(adopted.values().sum::<i64>() as usize)
+}
+
+/// What adopting one live connection came to.
+enum Adoption {
+    /// Tracked under this key, as this entry.
+    Adopted(u64, SockEntry),
+    /// Not tracked: the connection map is full (or the key taken).
+    Failed,
+    /// Not for the gate to count: no protected port's, or an exempt client's.
+    NotCounted,
+}
+
+/// Tracks connection `flow`, which the gate missed opening (see [`adopted`]).
+fn adopt(books: &mut impl Books, configs: &BTreeMap<u16, PortConfig>, flow: &FlowKey) -> Adoption {
+    let Some(config) = configs.get(&flow.server_port) else { return Adoption::NotCounted };
+    if books.tier_of(flow.client_addr) == Some(shed_common::tier::EXEMPT) {
+        return Adoption::NotCounted;
+    }
+    let (key, entry) = (ADOPTED_KEY_BASE | (fxhash(flow) & 0xffff_ffff), adopted(config, flow));
+    if books.adopt_socket(key, entry) { Adoption::Adopted(key, entry) } else { Adoption::Failed }
 }
 
 /// The entry a connection the gate missed opening is tracked under: as

@@ -386,8 +386,7 @@ impl GateMaps {
         self.raw.contention.get(&slot, 0).map_err(|e| Error::map("read contention", e))
     }
 
-    /// Counts requests the daemon closed for a client over its share (see `daemon::stalled`).
-    /// Counts `n` refused requests' sockets closed on the port in `slot`.
+    /// Counts `n` refused requests' sockets closed on the port in `slot` (see `daemon::refused`).
     pub(crate) fn add_refused_closed(&mut self, slot: u32, n: u64) -> Result<(), Error> {
         self.update_user_state(slot, "count refused requests closed", |user| {
             user.refused_closed = user.refused_closed.wrapping_add(n);
@@ -395,6 +394,7 @@ impl GateMaps {
         })
     }
 
+    /// Counts requests the daemon closed for a client over its share (see `daemon::stalled`).
     pub(crate) fn add_stalled_closed(&mut self, slot: u32, n: u32) -> Result<(), Error> {
         self.update_user_state(slot, "write stalled requests closed", |user| {
             user.stalled_closed = user.stalled_closed.wrapping_add(n);
