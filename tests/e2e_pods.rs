@@ -232,6 +232,18 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     assert!(left.exists(), "the agent left its links for the next one");
     let refused = testbed::connect(addr(&later), Duration::from_secs(2)).map(drop);
     assert_eq!(refused.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused), "judged with no agent running");
+    // And shown as judged, handed over, with the counts its left programs judge by.
+    let handed = stats_of(&later.netns).expect("a pod left judging is shown while no agent runs");
+    assert_eq!(
+        (handed[0]["state"].as_str(), handed[0]["pod"].as_str(), handed[0]["established"].as_u64()),
+        (Some("handing_over"), Some("default/later"), Some(2)),
+        "{handed}"
+    );
+    assert!(handed[0]["rejected"].as_u64() > Some(0), "its refusals counted: {handed}");
+    let out = shedctl(&["pods", "--cri-socket", &socket, "--json"]);
+    let pods: serde_json::Value = serde_json::from_slice(&out.stdout).expect("pods --json is JSON");
+    let left_pod = pods.as_array().unwrap().iter().find(|p| p["name"] == "later").cloned().expect("later");
+    assert_eq!((left_pod["gated"].as_bool(), left_pod["state"].as_str()), (Some(true), Some("handing_over")), "{pods}");
     // The agent restarted takes the pod's link over (judged throughout),
     // with its open connections adopted and counted first: its limit holds
     // against them from the moment it judges (a healing pass would count
@@ -239,7 +251,16 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let gate = Gate::attach(&["--pods", "--cri-socket", &socket]);
     wait_gated(&gate, &later.netns);
     assert!(gate.log().contains("took over the last agent's TC link: judged throughout"), "{}", gate.log());
-    assert_eq!(stats_of(&later.netns).expect("gated")[0]["established"], 2, "counted as it was taken over");
+    let taken = stats_of(&later.netns).expect("gated");
+    assert_eq!(
+        (taken[0]["state"].as_str(), taken[0]["established"].as_u64()),
+        (Some("gated"), Some(2)),
+        "counted as it was taken over: {taken}"
+    );
+    let out = shedctl(&["pods", "--cri-socket", &socket, "--json"]);
+    let pods: serde_json::Value = serde_json::from_slice(&out.stdout).expect("pods --json is JSON");
+    let taken = pods.as_array().unwrap().iter().find(|p| p["name"] == "later").cloned().expect("later");
+    assert_eq!(taken["state"], "gated", "{pods}");
     let through_restart = std::time::Instant::now();
     let mut passed = 0;
     while through_restart.elapsed() < Duration::from_secs(3) {

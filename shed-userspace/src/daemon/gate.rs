@@ -434,10 +434,15 @@ pub(super) fn spawn(
                 }
             };
             let result = run(&gate, &mut loaded, following, instance, &start, signals);
-            drop(loaded); // detaches its links, inside the namespace
+            drop(loaded); // detaches its links (or leaves them for the next agent), inside the namespace
             if gate.netns.is_some() {
-                // The namespace's ports are gone (or the daemon stops): so are its pins.
-                let _ = crate::kernel::maps::remove_pins(&gate.pin_dir);
+                // Left judging for the next agent, its maps go beside its links
+                // (`stats` shows it handed over); otherwise the namespace's
+                // ports are gone (or the daemon stops): so are its pins.
+                let left = start.handles.dispatcher.as_ref().and_then(|d| d.leaving_dir());
+                if !left.is_some_and(|left| crate::kernel::handover::leave_pins(&gate.pin_dir, &left, &gate.label)) {
+                    let _ = crate::kernel::maps::remove_pins(&gate.pin_dir);
+                }
             }
             end.tell(result.with_context(|| format!("network namespace {}", gate.label)));
         })

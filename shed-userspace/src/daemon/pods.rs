@@ -259,8 +259,15 @@ impl Pods {
         done: GateEnds,
         endpoint: (GateRegistry, RefusedPods, PodLoop),
     ) -> Self {
-        // Names left by a daemon that exited uncleanly (its pins are removed too).
-        let _ = std::fs::remove_dir_all(paths::POD_NAMES);
+        // Names left by a daemon that exited uncleanly (its pins are removed
+        // too); a pod the last agent left judging keeps its name while it is.
+        let handing_over: BTreeSet<String> =
+            crate::kernel::handover::handing_over().into_iter().map(|(label, _)| label).collect();
+        for entry in std::fs::read_dir(paths::POD_NAMES).into_iter().flatten().flatten() {
+            if !handing_over.contains(entry.file_name().to_string_lossy().as_ref()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
         let dispatcher = start_dispatcher(&node).map(Arc::new);
         let kernel_log = dispatcher.as_ref().and_then(|d| d.take_kernel_log());
         // A pod under the shared object verifies nothing: no spare to keep.
@@ -429,11 +436,22 @@ impl Pods {
         let ticked = self.running.values().filter(|g| g.heartbeat.age().is_some()).count() as u64;
         let setting_up = self.running.len() as u64 - ticked;
         let leaving = self.stopping && self.dispatcher.as_ref().is_some_and(|d| d.leaving());
+        // Pods setting up that the last agent left judging: its programs judge them until taken over.
+        let inherited = if setting_up > 0 && self.dispatcher.as_ref().is_some_and(|d| d.inheriting()) {
+            let left = crate::kernel::handover::handing_over();
+            self.running
+                .values()
+                .filter(|g| g.heartbeat.age().is_none() && left.iter().any(|(label, _)| *label == g.label))
+                .count() as u64
+        } else {
+            0
+        };
         PodState::ALL.map(|state| match state {
             PodState::Gated if !leaving => ticked,
-            PodState::HandingOver if leaving => ticked,
-            PodState::Gated | PodState::HandingOver => 0,
-            PodState::Waiting => setting_up + self.over_budget.len() as u64,
+            PodState::HandingOver if leaving => ticked + inherited,
+            PodState::Gated => 0,
+            PodState::HandingOver => inherited,
+            PodState::Waiting => setting_up - inherited + self.over_budget.len() as u64,
             PodState::Refused => (self.refused.len() + self.set_up_failed.len()) as u64,
         })
     }
@@ -492,7 +510,11 @@ impl Pods {
         if let Some(thread) = gate.thread.take() {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
-        let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
+        let leaving = self.dispatcher.as_ref().is_some_and(|d| d.leaving());
+        if !leaving {
+            // Left judging, the pod keeps its name for `stats` until the next agent takes it over.
+            let _ = std::fs::remove_file(Path::new(paths::POD_NAMES).join(&gate.label));
+        }
         if !self.stopping {
             tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
         } else if self.dispatcher.as_ref().is_some_and(|d| d.leaving()) {

@@ -468,6 +468,16 @@ impl Dispatcher {
         self.leaving.dir().is_some()
     }
 
+    /// Whether links the last agent left are still to be taken over.
+    pub(crate) fn inheriting(&self) -> bool {
+        self.inherited.pending()
+    }
+
+    /// The folder this agent leaves its pods' links in, once it is leaving.
+    pub(crate) fn leaving_dir(&self) -> Option<std::path::PathBuf> {
+        self.leaving.dir()
+    }
+
     /// Detaches what the last agent left once every pod it gated is taken
     /// over, or its lease is up.
     pub fn finish_takeover(&self) {

@@ -37,9 +37,63 @@ pub const HANDOVER_LEASE: Duration = Duration::from_mins(1);
 /// thread's network namespace (the pod's, stable while it lives) and the
 /// interface.
 pub(crate) fn pod_link_name(iface: &str) -> Result<String, Error> {
+    Ok(format!("tc_{}_{iface}", this_netns_inum()?))
+}
+
+/// The inode of this thread's network namespace (a pod's, stable while it lives).
+fn this_netns_inum() -> Result<u64, Error> {
     let netns = "/proc/thread-self/ns/net";
-    let inum = std::fs::metadata(netns).map_err(|e| Error::io("read the namespace of", netns, e))?.ino();
-    Ok(format!("tc_{inum}_{iface}"))
+    Ok(std::fs::metadata(netns).map_err(|e| Error::io("read the namespace of", netns, e))?.ino())
+}
+
+/// Moves a leaving pod gate's pin folder (its maps) from `pin_dir` into the
+/// folder of links left, `left`, named by this thread's namespace (whose
+/// links [`handing_over`] looks for) and the gate's `label`: `stats` reads
+/// what the left programs judge by there until the next agent takes the pod
+/// over, and it goes with the folder. Said and false if it cannot be.
+pub(crate) fn leave_pins(pin_dir: &Path, left: &Path, label: &str) -> bool {
+    let moved = this_netns_inum().and_then(|inum| {
+        let to = left.join(format!("{GATE_PINS}{inum}_{label}"));
+        std::fs::rename(pin_dir, &to).map_err(|e| Error::io("move the gate's pins to", &to, e))
+    });
+    moved.map_err(|e| tracing::warn!("{e}: its counts are not shown while it is handed over")).is_ok()
+}
+
+/// The prefix of a left pod gate's pin folder in a folder of links left (see [`leave_pins`]).
+const GATE_PINS: &str = "gate_";
+
+/// A left gate's pin folder's name read back: its namespace's inode and label.
+fn gate_pins_of(name: &str) -> Option<(u64, &str)> {
+    let (inum, label) = name.strip_prefix(GATE_PINS)?.split_once('_')?;
+    (!label.is_empty()).then_some((inum.parse().ok()?, label))
+}
+
+/// The pod gates a stopped agent left judging and no agent has taken over
+/// yet: each one's label and pin folder (its maps, as its left programs
+/// judge by them), the newest folder's where a pod was left twice. A gate is
+/// left while a link of its namespace is (taken over, or gone with its pod,
+/// it is not), and only within its folder's lease.
+pub fn handing_over() -> Vec<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    let mut folders = left();
+    folders.sort_by_key(|&(_, until, _)| std::cmp::Reverse(until));
+    for (dir, ..) in folders {
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        for name in &names {
+            let Some((inum, label)) = gate_pins_of(name) else { continue };
+            let links = format!("tc_{inum}_");
+            if names.iter().any(|n| n.starts_with(&links)) && !found.iter().any(|(l, _)| l == label) {
+                found.push((label.to_owned(), dir.join(name)));
+            }
+        }
+    }
+    found.sort();
+    found
 }
 
 /// This agent's side: the folder it leaves its links in, once it is leaving.
@@ -330,6 +384,14 @@ mod tests {
         assert!(!on_no_device(&left.replace("ifindex:\t0", "ifindex:\t10")));
         assert!(!on_no_device(&left.replace("ifindex:\t0", "ifindex:\t100")), "not a prefix match");
         assert!(!on_no_device("link_type:\traw_tracepoint\n"), "no ifindex: not known to be gone");
+    }
+
+    #[test]
+    fn a_left_gates_pins_are_named_by_its_namespaces_inode_and_label() {
+        assert_eq!(gate_pins_of("gate_4026532712_cni-4f1e_x"), Some((4_026_532_712, "cni-4f1e_x")));
+        for other in ["gate_", "gate_12", "gate_12_", "gate_x_cni", "tc_12_eth0", "turn_tc", "12_cni"] {
+            assert_eq!(gate_pins_of(other), None, "{other}");
+        }
     }
 
     #[test]

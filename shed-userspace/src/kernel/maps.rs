@@ -208,11 +208,43 @@ impl GateMaps {
     /// Opens the pinned maps of every namespace the running gate protects, by
     /// label (`only`: just that namespace's), in label order.
     pub(crate) fn open_gates(only: Option<&str>) -> Result<Vec<PinnedGate>, Error> {
+        let dirs = pinned_gate_dirs().into_iter().map(|(label, dir)| (label, dir, false)).collect();
+        Self::open_gate_dirs(dirs, only)
+    }
+
+    /// As [`Self::open_gates`], read-only verbs' view: with the pod gates a
+    /// stopped node agent left judging for the next (`handing_over`: their
+    /// maps are those the left programs judge by, in place of any the next
+    /// agent pinned for the pod before it took it over). The running
+    /// daemon's gates are read only if one `runs`.
+    pub(crate) fn open_judging(only: Option<&str>, runs: bool) -> Result<Vec<PinnedGate>, Error> {
+        let left = crate::kernel::handover::handing_over();
+        let running = if runs { pinned_gate_dirs() } else { Vec::new() };
+        let mut dirs: Vec<(String, std::path::PathBuf, bool)> = running
+            .into_iter()
+            .filter(|(label, _)| !left.iter().any(|(l, _)| l == label))
+            .map(|(label, dir)| (label, dir, false))
+            .collect();
+        dirs.extend(left.into_iter().map(|(label, dir)| (label, dir, true)));
+        dirs.sort();
+        Self::open_gate_dirs(dirs, only)
+    }
+
+    /// Opens the gates pinned in `dirs` (label, folder, handed over), `only`'s if named.
+    fn open_gate_dirs(
+        dirs: Vec<(String, std::path::PathBuf, bool)>,
+        only: Option<&str>,
+    ) -> Result<Vec<PinnedGate>, Error> {
         let mut gates = Vec::new();
-        for (netns, dir) in pinned_gate_dirs() {
-            if only.is_none_or(|o| paths::netns_label(Some(o)) == netns) {
-                match Self::open_pinned_at(&dir) {
-                    Ok(maps) => gates.push(PinnedGate { pod: paths::pod_of(&netns), netns, maps }),
+        for (netns, dir, handing_over) in &dirs {
+            if only.is_none_or(|o| paths::netns_label(Some(o)) == *netns) {
+                match Self::open_pinned_at(dir) {
+                    Ok(maps) => gates.push(PinnedGate {
+                        pod: paths::pod_of(netns),
+                        netns: netns.clone(),
+                        maps,
+                        handing_over: *handing_over,
+                    }),
                     // That namespace's gate ended while we looked (its pins go with it).
                     Err(_) if !dir.join(map::PORTS).exists() => {}
                     Err(e) => return Err(e),
@@ -221,9 +253,9 @@ impl GateMaps {
         }
         if gates.is_empty() {
             return Err(match only {
-                Some(ns) if !pinned_gate_dirs().is_empty() => Error::NamespaceNotGated {
+                Some(ns) if !dirs.is_empty() => Error::NamespaceNotGated {
                     netns: ns.to_owned(),
-                    labels: pinned_gate_dirs().into_iter().map(|(l, _)| l).collect::<Vec<_>>().join(", "),
+                    labels: dirs.into_iter().map(|(l, ..)| l).collect::<Vec<_>>().join(", "),
                 },
                 _ => Error::NoGate { pin_dir: paths::PIN_DIR.into() },
             });
@@ -906,6 +938,8 @@ pub(crate) struct PinnedGate {
     /// The pod it serves (`namespace/name`), for a pod's gate (`attach --pods`).
     pub pod: Option<String>,
     pub maps: GateMaps,
+    /// Left judging by a stopped node agent for the next, not yet taken over.
+    pub handing_over: bool,
 }
 
 /// The gates among `gates` that protect `port`; when none does, the error

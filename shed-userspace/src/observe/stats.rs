@@ -47,6 +47,15 @@ pub(crate) struct TierStats {
     pub held_back: u16,
 }
 
+/// Who judges a port: the running daemon's gate, or a stopped agent's left for the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum GateState {
+    #[default]
+    Gated,
+    HandingOver,
+}
+
 /// One protected port.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct PortStats {
@@ -55,6 +64,10 @@ pub(crate) struct PortStats {
     pub netns: String,
     /// The pod it serves (`namespace/name`), for a pod's gate (`attach --pods`); null otherwise.
     pub pod: Option<String>,
+    /// `gated` (the running daemon's gate judges it), or `handing_over` (a
+    /// stopped node agent left its programs judging the pod for the next
+    /// agent, which has not taken it over yet: the counts are theirs).
+    pub state: GateState,
     pub limit: u32,
     /// What the limit applies to: handshakes under way (`pending`) plus busy
     /// connections (`work`) or plus established ones (`connections`).
@@ -227,6 +240,7 @@ impl PortStats {
             port: now.port,
             netns: crate::host::paths::OWN_NETNS_LABEL.to_owned(),
             pod: None,
+            state: GateState::Gated,
             limit: now.limit,
             in_flight: now.in_flight(),
             count: Count::from_raw(now.config.count_mode),

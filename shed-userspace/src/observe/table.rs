@@ -35,6 +35,12 @@ pub(crate) fn stats_table(stats: &[PortStats]) -> String {
         if s.netns != netns {
             netns = &s.netns;
             match &s.pod {
+                Some(pod) if s.state == crate::observe::stats::GateState::HandingOver => {
+                    _ = writeln!(
+                        out,
+                        "pod {pod} (netns {netns}), judged by the last agent until the next takes it over:"
+                    );
+                }
                 Some(pod) => _ = writeln!(out, "pod {pod} (netns {netns}):"),
                 None => _ = writeln!(out, "netns {netns}:"),
             }

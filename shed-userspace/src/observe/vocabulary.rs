@@ -52,6 +52,7 @@ pub const TERMS: &[Term] = &[
     term("port", Label, None),
     term("netns", Label, None),
     term("pod", Label, None),
+    term("state", Label, None),
     term("limit", LIVE, Some("shed_limit")),
     term("in_flight", Gauge, Some("shed_in_flight")),
     term("count", LIVE, Some("shed_port_info")),

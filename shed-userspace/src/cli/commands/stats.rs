@@ -8,14 +8,19 @@ use crate::{
     host::system::{self, Need},
     kernel::maps::{self, GateMaps, PortSnapshot},
     observe::stats::ClientStats,
-    observe::stats::PortStats,
+    observe::stats::{GateState, PortStats},
     observe::table,
 };
 
 pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
-    daemon::require_running()?;
-    let gates = GateMaps::open_gates(crate::cli::chosen_netns(args.netns, args.pod.as_deref())?.as_deref())?;
+    // A node agent's pods left judging for the next agent are shown while no daemon runs.
+    let running = daemon::require_running();
+    let netns = crate::cli::chosen_netns(args.netns, args.pod.as_deref())?;
+    let gates = match GateMaps::open_judging(netns.as_deref(), running.is_ok()) {
+        Ok(gates) => gates,
+        Err(e) => return Err(running.err().unwrap_or(e).into()),
+    };
     let gates = match args.port {
         Some(port) => maps::protecting(gates, port)?,
         None => gates,
@@ -36,6 +41,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
                 let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
                 s.netns.clone_from(&gate.netns);
                 s.pod.clone_from(&gate.pod);
+                s.state = if gate.handing_over { GateState::HandingOver } else { GateState::Gated };
                 if n.config.counts_clients() {
                     s.top_clients = gate
                         .maps
@@ -62,7 +68,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         if !args.watch {
             return Ok(());
         }
-        if daemon::require_running().is_err() {
+        if daemon::require_running().is_err() && crate::kernel::handover::handing_over().is_empty() {
             anyhow::bail!("the gate stopped");
         }
         before = now;
