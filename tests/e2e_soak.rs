@@ -231,3 +231,47 @@ fn a_late_request_ends_its_connections_silence_once() {
     }
     assert_eq!(aligned, 3, "rounds that fit in one epoch of the silent ring");
 }
+
+/// A server that speaks first (a banner: SMTP, FTP, MySQL) has done its
+/// part once it greets: its connections hold no work though their clients
+/// have sent nothing, so they stop counting as silent at the greeting, not
+/// at the end of their idle grace. A limit's worth of greeted, idle
+/// connections then leaves the whole limit to the next three, within the
+/// grace of the first (a greeting that left them silent refuses all three).
+#[test]
+fn a_servers_greeting_ends_its_connections_silence() {
+    let _one = exclusive();
+    let bed = Testbed::create("shedgr").expect("testbed");
+    let addr = bed.server_addr(false, PORT);
+    // Greets each connection with a byte and holds it.
+    let _greeter = Backend::start(&bed.server_ns, addr, Service::Hold).expect("backend");
+    let _gate = Gate::start(&bed, &["--port", "8080", "--limit", "3", "--action", "rst", "--count", "work"]);
+    let before = stats(PORT);
+    let grace = Duration::from_millis(field(&before, "idle_grace_ms"));
+    let began = Instant::now();
+    let (greeted, next, took) = testbed::run_in(&bed.client_ns, move || {
+        let began = Instant::now();
+        let greeted: Vec<TcpStream> = (0..3)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+                s.read_exact(&mut [0u8; 1]).expect("greeted");
+                s
+            })
+            .collect();
+        // Greeted and idle: they hold nothing now. Three that say nothing.
+        let next: Vec<_> = (0..3).map(|_| TcpStream::connect(addr)).collect();
+        (greeted, next, began.elapsed())
+    })
+    .unwrap();
+    assert!(
+        began.elapsed() < grace,
+        "the six connections took {took:?} ({:?} with the namespace's thread), past the idle grace of {grace:?}: the test says nothing",
+        began.elapsed()
+    );
+    thread::sleep(Duration::from_millis(50));
+    let after = stats(PORT);
+    let delta = |name: &str| field(&after, name) - field(&before, name);
+    assert_eq!((delta("admitted"), delta("rejected")), (6, 0), "3 greeted, then 3 within their grace: {after}");
+    drop((greeted, next));
+}

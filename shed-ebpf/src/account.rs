@@ -538,7 +538,7 @@ pub fn on_send(sk: u64, ret: i32, flags: i32) {
     // the pointer (no reference: the flags change by compare-and-swap).
     let (slot, epoch, multiplexed) = unsafe { ((*live).slot, (*live).silent_epoch, (*live).multiplexed) };
     // A server-first protocol's greeting: the server has done its part.
-    if take_flag(live, SILENT_AT, 1, 0) {
+    if !fault!("greeting_keeps_silence") && take_flag(live, SILENT_AT, 1, 0) {
         end_silence(slot, epoch);
     }
     if multiplexed != 0 {

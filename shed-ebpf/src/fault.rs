@@ -18,6 +18,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)",
     ),
     (
+        "greeting_keeps_silence",
+        "a server's greeting (it speaks first) leaves its connection silent: it counts in flight for its whole idle grace though it holds no work",
+    ),
+    (
         "fin_taken_for_a_request",
         "a client's FIN after its answer is taken for a request (busy again, and abandoned at every close)",
     ),
