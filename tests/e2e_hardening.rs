@@ -1221,6 +1221,58 @@ fn partial_requests_cannot_hold_the_port_past_their_clients_share() {
     assert_eq!(field(&s, "busy"), 5, "{s}");
 }
 
+/// A kept-alive request refused at the limit is contention as a refused
+/// handshake is: the other client, under its share, holds one idle
+/// kept-alive connection; the hog's ten partial requests fill the port; the
+/// other's next request on its connection is refused, and that refusal
+/// alone (no new connection is tried) makes the share bind, so the daemon
+/// closes the hog's stalled requests down to its share (5 of 10).
+#[test]
+fn a_refused_kept_alive_request_makes_the_share_bind() {
+    let _one = exclusive();
+    let ShareBed { bed, addr, other, _backend, _gate } = ShareBed::new("shedhk", "work");
+    let kept = testbed::run_in(&bed.client_ns, move || {
+        let mut c = testbed::connect_from(other, addr, Duration::from_secs(1)).expect("the port has room");
+        c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        c.write_all(b"GET\n").unwrap();
+        let mut b = [0u8; 3];
+        c.read_exact(&mut b).expect("answered while the port has room");
+        c
+    })
+    .unwrap();
+    let hog = ShareBed::hog(&bed, addr, b"G", Duration::from_millis(10));
+    let s =
+        wait_for_stats(PORT, Duration::from_secs(5), "the hog's partial requests counted", |s| field(s, "busy") == 10);
+    assert_eq!((field(&s, "rejected"), field(&s, "established")), (0, 11), "nothing refused yet: {s}");
+    let maps = shed::kernel::maps::GateMaps::open_pinned().unwrap();
+    let slot = maps.config(PORT).unwrap().slot;
+    let bound_at = || maps.raw().contention.get(&slot, 0).unwrap().refused_ns;
+    assert_eq!(bound_at(), 0, "the share has not bound: {s}");
+    // The hog's server has sat on its requests past the stall grace (1 s)
+    // before the share binds: the closer's next look (every 0.5 s) within
+    // the second the share binds takes them.
+    thread::sleep(Duration::from_millis(1_200));
+    // The other client's next request on its kept-alive connection: refused (reset).
+    let answered = testbed::run_in(&bed.client_ns, move || {
+        let mut c = kept;
+        c.write_all(b"GET\n").is_ok() && c.read_exact(&mut [0u8; 3]).is_ok()
+    })
+    .unwrap();
+    let s = stats(PORT);
+    assert!(!answered && field(&s, "refused_requests") == 1, "the port is full: {s}");
+    let now = shed::host::system::monotonic_ns();
+    assert!(
+        bound_at() != 0 && now - bound_at() < 1_000_000_000,
+        "the refused request made the share bind ({} at {now}): {s}",
+        bound_at()
+    );
+    let s = wait_for_stats(PORT, Duration::from_secs(3), "the hog's oldest requests closed", |s| {
+        field(s, "stalled_closed") >= 5
+    });
+    assert_eq!(field(&s, "stalled_closed"), 5, "closed down to the share (5 of 10), no further: {s}");
+    drop(hog);
+}
+
 /// The share binds whatever forged SYNs do to its budget. A full port passes
 /// up to 100 SYNs a second from clients under their share, to be judged (and
 /// refused, proving contention) at their ACK; a flood of forged SYNs spent

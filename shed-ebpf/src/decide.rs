@@ -522,7 +522,9 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
             port.count(counter::DRY_RUN_WOULD_REJECT);
             return Verdict::Pass;
         }
-        port.note_refused(seg, Some(reason));
+        if !fault!("refused_request_binds_nothing") {
+            port.note_refused(seg, Some(reason));
+        }
         let reason = opaque(reason);
         remember_refused(sk, seg, reason, port.config.action_for(tier), now_ns);
         port.count(counter::REFUSED_REQUEST);

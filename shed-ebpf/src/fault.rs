@@ -18,6 +18,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)",
     ),
     (
+        "refused_request_binds_nothing",
+        "a kept-alive request refused at the limit, from a client under its share, leaves the share unbound (the client holding the port keeps it)",
+    ),
+    (
         "greeting_keeps_silence",
         "a server's greeting (it speaks first) leaves its connection silent: it counts in flight for its whole idle grace though it holds no work",
     ),
