@@ -560,14 +560,24 @@ pub fn turn<B: LoadBytes>(seg: &Segment, bytes: &B, sk: u64, from_loopback: bool
 /// Records a refused request ([`shed_common::RefusedTurn`]), field by field into the map's value.
 #[inline(never)]
 fn remember_refused(sk: u64, seg: &Segment, reason: usize, act: u8, now_ns: u64) {
-    let turn = shed_common::RefusedTurn {
-        at_ns: now_ns,
-        flow: shed_common::FlowKey {
+    let flow = if fault!("refused_record_sides_swapped") {
+        shed_common::FlowKey {
+            client_addr: seg.server_addr,
+            server_addr: seg.client_addr,
+            client_port: seg.server_port,
+            server_port: seg.client_port,
+        }
+    } else {
+        shed_common::FlowKey {
             client_addr: seg.client_addr,
             server_addr: seg.server_addr,
             client_port: seg.client_port,
             server_port: seg.server_port,
-        },
+        }
+    };
+    let turn = shed_common::RefusedTurn {
+        at_ns: now_ns,
+        flow,
         seq: seg.seq,
         reason: if fault!("refusal_reason_lost") { counter::REJECTED_LIMIT as u32 } else { reason as u32 },
         action: u32::from(act),

@@ -18,6 +18,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "a reservation is not checked against the limit once taken (two CPUs racing for the last slot both take it)",
     ),
     (
+        "refused_record_sides_swapped",
+        "a refused kept-alive request's record names the server's side as the client's (the daemon closes no socket of it)",
+    ),
+    (
         "refused_request_binds_nothing",
         "a kept-alive request refused at the limit, from a client under its share, leaves the share unbound (the client holding the port keeps it)",
     ),
