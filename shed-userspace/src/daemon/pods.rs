@@ -259,6 +259,8 @@ impl Pods {
         done: GateEnds,
         endpoint: (GateRegistry, RefusedPods, PodLoop),
     ) -> Self {
+        // (It finds what the last agent left, and lets go of pods gone since.)
+        let dispatcher = start_dispatcher(&node).map(Arc::new);
         // Names left by a daemon that exited uncleanly (its pins are removed
         // too); a pod the last agent left judging keeps its name while it is.
         let handing_over: BTreeSet<String> =
@@ -268,7 +270,6 @@ impl Pods {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        let dispatcher = start_dispatcher(&node).map(Arc::new);
         let kernel_log = dispatcher.as_ref().and_then(|d| d.take_kernel_log());
         // A pod under the shared object verifies nothing: no spare to keep.
         let spare = if dispatcher.as_ref().is_some_and(|d| d.shared()) {
