@@ -68,6 +68,19 @@ fn gate_pins_of(name: &str) -> Option<(u64, &str)> {
     (!label.is_empty()).then_some((inum.parse().ok()?, label))
 }
 
+/// Of a folder of links left's entries (`names`), the gates' pin folders
+/// whose namespace still has a link there: each one's label and entry.
+fn gates_with_links(names: &[String]) -> Vec<(&str, &str)> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let (inum, label) = gate_pins_of(name)?;
+            let links = format!("tc_{inum}_");
+            names.iter().any(|n| n.starts_with(&links)).then_some((label, name.as_str()))
+        })
+        .collect()
+}
+
 /// The pod gates a stopped agent left judging and no agent has taken over
 /// yet: each one's label and pin folder (its maps, as its left programs
 /// judge by them), the newest folder's where a pod was left twice. A gate is
@@ -84,10 +97,8 @@ pub fn handing_over() -> Vec<(String, PathBuf)> {
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        for name in &names {
-            let Some((inum, label)) = gate_pins_of(name) else { continue };
-            let links = format!("tc_{inum}_");
-            if names.iter().any(|n| n.starts_with(&links)) && !found.iter().any(|(l, _)| l == label) {
+        for (label, name) in gates_with_links(&names) {
+            if !found.iter().any(|(l, _)| l == label) {
                 found.push((label.to_owned(), dir.join(name)));
             }
         }
@@ -392,6 +403,17 @@ mod tests {
         for other in ["gate_", "gate_12", "gate_12_", "gate_x_cni", "tc_12_eth0", "turn_tc", "12_cni"] {
             assert_eq!(gate_pins_of(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_left_gate_is_shown_while_a_link_of_its_namespace_is_left() {
+        let names: Vec<String> =
+            ["gate_1_a", "tc_1_eth0", "tc_1_lo", "gate_2_b", "tc_12_eth0", "gate_3_c", "tc_3_lo", "turn_tc", "sock_x"]
+                .map(str::to_owned)
+                .into();
+        // b's links were all taken (or went with its pod); tc_12_eth0 is another namespace's.
+        assert_eq!(gates_with_links(&names), [("a", "gate_1_a"), ("c", "gate_3_c")]);
+        assert!(gates_with_links(&["gate_1_a".to_owned()]).is_empty(), "no link left");
     }
 
     #[test]
