@@ -398,6 +398,18 @@ mod tests {
     }
 
     #[test]
+    fn each_dispatcher_is_left_under_a_name_of_its_own_apart_from_the_pods() {
+        let names: Vec<String> =
+            shed_common::program::DISPATCHERS.iter().map(|(name, ..)| dispatcher_pin(name)).collect();
+        for (i, name) in names.iter().enumerate() {
+            assert!(!name.is_empty() && !name.contains('/'), "{name}");
+            assert!(!name.starts_with("tc_") && !name.starts_with(GATE_PINS) && name != TURN_PIN, "{name}");
+            assert!(!names[..i].contains(name), "{name} twice: {names:?}");
+        }
+        assert!(names.len() >= 2, "{names:?}");
+    }
+
+    #[test]
     fn a_left_gates_pins_are_named_by_its_namespaces_inode_and_label() {
         assert_eq!(gate_pins_of("gate_4026532712_cni-4f1e_x"), Some((4_026_532_712, "cni-4f1e_x")));
         for other in ["gate_", "gate_12", "gate_12_", "gate_x_cni", "tc_12_eth0", "turn_tc", "12_cni"] {
