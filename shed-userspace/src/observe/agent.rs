@@ -232,8 +232,9 @@ mod tests {
         assert_eq!((load.attempts, load.refused), (3 + 5 + 3, 3), "{load:?}");
         assert_eq!(load.limit, 4);
         // The objective: the queue target, or 3/4 of the median service time if longer.
-        let queue_target_us = u64::from(snapshot.control.queue_target_us);
         let mut slow = snapshot;
+        slow.control.queue_target_us = 5_000;
+        let queue_target_us = 5_000;
         slow.status.service_p50_us = 4 * queue_target_us;
         assert_eq!(super::load(&slow).objective_us, 3 * queue_target_us, "3/4 of the service time");
         slow.status.service_p50_us = queue_target_us;
