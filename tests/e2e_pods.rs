@@ -244,6 +244,9 @@ fn pods_that_ask_are_gated_as_they_come_and_ungated_as_they_go() {
     let pods: serde_json::Value = serde_json::from_slice(&out.stdout).expect("pods --json is JSON");
     let left_pod = pods.as_array().unwrap().iter().find(|p| p["name"] == "later").cloned().expect("later");
     assert_eq!((left_pod["gated"].as_bool(), left_pod["state"].as_str()), (Some(true), Some("handing_over")), "{pods}");
+    let out = shedctl(&["top", "--once", "--netns", &later.netns, "--size", "160x20"]);
+    let frame = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && frame.contains("HANDING OVER"), "{frame}{}", String::from_utf8_lossy(&out.stderr));
     // The agent restarted takes the pod's link over (judged throughout),
     // with its open connections adopted and counted first: its limit holds
     // against them from the moment it judges (a healing pass would count

@@ -150,12 +150,14 @@ fn draw_port(frame: &mut Frame, area: Rect, view: &PortView) {
         None if s.netns == crate::host::paths::OWN_NETNS_LABEL => String::new(),
         None => format!("netns {} · ", s.netns),
     };
+    let handing_over = s.state == crate::observe::stats::GateState::HandingOver;
     let title = format!(
-        " {netns}port {} · {} ({decision}) · action {}{} ",
+        " {netns}port {} · {} ({decision}) · action {}{}{} ",
         s.port,
         s.algo,
         s.action,
-        if s.dry_run { " · DRY-RUN" } else { "" }
+        if s.dry_run { " · DRY-RUN" } else { "" },
+        if handing_over { " · HANDING OVER (the last agent's programs judge it)" } else { "" }
     );
     let block = Block::default().borders(Borders::ALL).title(title);
     let inner = block.inner(area);
@@ -355,6 +357,18 @@ mod tests {
         }
         // The sparklines drew bars.
         assert!(text.chars().any(|c| "▁▂▃▄▅▆▇█".contains(c)), "no sparkline:\n{text}");
+    }
+
+    #[test]
+    fn a_port_handed_over_says_so_in_its_title() {
+        let mut top = Top::new(Duration::from_millis(100));
+        let mut s = stats(20, 5, 100, 0);
+        top.update(vec![s.clone()], Duration::from_secs(1));
+        assert!(!render_text(&top, 140, 20).contains("HANDING OVER"));
+        s.state = crate::observe::stats::GateState::HandingOver;
+        top.update(vec![s], Duration::from_secs(1));
+        let text = render_text(&top, 140, 20);
+        assert!(text.contains("port 8080") && text.contains("HANDING OVER"), "{text}");
     }
 
     #[test]

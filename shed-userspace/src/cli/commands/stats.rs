@@ -14,13 +14,7 @@ use crate::{
 
 pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
-    // A node agent's pods left judging for the next agent are shown while no daemon runs.
-    let running = daemon::require_running();
-    let netns = crate::cli::chosen_netns(args.netns, args.pod.as_deref())?;
-    let gates = match GateMaps::open_judging(netns.as_deref(), running.is_ok()) {
-        Ok(gates) => gates,
-        Err(e) => return Err(running.err().unwrap_or(e).into()),
-    };
+    let gates = judging(crate::cli::chosen_netns(args.netns, args.pod.as_deref())?.as_deref())?;
     let gates = match args.port {
         Some(port) => maps::protecting(gates, port)?,
         None => gates,
@@ -41,7 +35,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
                 let mut s = PortStats::new(n, before.iter().find(|b| b.port == n.port).map(|b| (b, elapsed)));
                 s.netns.clone_from(&gate.netns);
                 s.pod.clone_from(&gate.pod);
-                s.state = if gate.handing_over { GateState::HandingOver } else { GateState::Gated };
+                s.state = state_of(gate);
                 if n.config.counts_clients() {
                     s.top_clients = gate
                         .maps
@@ -73,6 +67,22 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         }
         before = now;
     }
+}
+
+/// The gates `stats` and `top` read (`netns`: one namespace's): the running
+/// daemon's, and a node agent's pods left judging for the next agent (shown
+/// while no daemon runs too); with neither, why not (no gate, or a stale one).
+pub(crate) fn judging(netns: Option<&str>) -> anyhow::Result<Vec<maps::PinnedGate>> {
+    let running = daemon::require_running();
+    match GateMaps::open_judging(netns, running.is_ok()) {
+        Ok(gates) => Ok(gates),
+        Err(e) => Err(running.err().unwrap_or(e).into()),
+    }
+}
+
+/// The state a gate's ports show.
+pub(crate) fn state_of(gate: &maps::PinnedGate) -> GateState {
+    if gate.handing_over { GateState::HandingOver } else { GateState::Gated }
 }
 
 /// An address (IPv4-mapped shown as IPv4) for output.

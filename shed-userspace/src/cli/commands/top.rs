@@ -9,15 +9,13 @@ use crate::{
     cli::TopArgs,
     daemon,
     host::system::{self, Need, TerminalInput},
-    kernel::maps::GateMaps,
     observe::stats::PortStats,
     observe::top::{Top, render_text},
 };
 
 pub fn execute(args: TopArgs) -> anyhow::Result<()> {
     system::check_privileges(Need::Maps)?;
-    daemon::require_running()?;
-    let gates = GateMaps::open_gates(crate::cli::chosen_netns(args.netns.clone(), args.pod.as_deref())?.as_deref())?;
+    let gates = super::stats::judging(crate::cli::chosen_netns(args.netns.clone(), args.pod.as_deref())?.as_deref())?;
     let gates = match args.port {
         Some(port) => crate::kernel::maps::protecting(gates, port)?,
         None => gates,
@@ -29,6 +27,7 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
                 let mut s = PortStats::new(&snapshot, None);
                 s.netns.clone_from(&gate.netns);
                 s.pod.clone_from(&gate.pod);
+                s.state = super::stats::state_of(gate);
                 stats.push(s);
             }
         }
@@ -87,7 +86,7 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
                     }
                 }
             }
-            if daemon::require_running().is_err() {
+            if daemon::require_running().is_err() && crate::kernel::handover::handing_over().is_empty() {
                 anyhow::bail!("the gate stopped");
             }
             top.update(sample()?, taken.elapsed());
