@@ -263,8 +263,7 @@ impl Pods {
         let dispatcher = start_dispatcher(&node).map(Arc::new);
         // Names left by a daemon that exited uncleanly (its pins are removed
         // too); a pod the last agent left judging keeps its name while it is.
-        let handing_over: BTreeSet<String> =
-            crate::kernel::handover::handing_over().into_iter().map(|(label, _)| label).collect();
+        let handing_over = crate::kernel::handover::handing_over_labels();
         for entry in std::fs::read_dir(paths::POD_NAMES).into_iter().flatten().flatten() {
             if !handing_over.contains(entry.file_name().to_string_lossy().as_ref()) {
                 let _ = std::fs::remove_file(entry.path());
@@ -439,11 +438,8 @@ impl Pods {
         let leaving = self.stopping && self.dispatcher.as_ref().is_some_and(|d| d.leaving());
         // Pods setting up that the last agent left judging: its programs judge them until taken over.
         let inherited = if setting_up > 0 && self.dispatcher.as_ref().is_some_and(|d| d.inheriting()) {
-            let left = crate::kernel::handover::handing_over();
-            self.running
-                .values()
-                .filter(|g| g.heartbeat.age().is_none() && left.iter().any(|(label, _)| *label == g.label))
-                .count() as u64
+            let left = crate::kernel::handover::handing_over_labels();
+            self.running.values().filter(|g| g.heartbeat.age().is_none() && left.contains(&g.label)).count() as u64
         } else {
             0
         };
@@ -518,7 +514,7 @@ impl Pods {
         }
         if !self.stopping {
             tracing::info!(pod = %gate.pod, "the pod is gone: its gate detached");
-        } else if self.dispatcher.as_ref().is_some_and(|d| d.leaving()) {
+        } else if leaving {
             tracing::info!(pod = %gate.pod, "its gate left judging for the next agent");
         } else {
             tracing::info!(pod = %gate.pod, "its gate detached: the agent stops");

@@ -107,6 +107,11 @@ pub fn handing_over() -> Vec<(String, PathBuf)> {
     found
 }
 
+/// The labels of [`handing_over`]'s gates.
+pub(crate) fn handing_over_labels() -> std::collections::BTreeSet<String> {
+    handing_over().into_iter().map(|(label, _)| label).collect()
+}
+
 /// This agent's side: the folder it leaves its links in, once it is leaving.
 #[derive(Clone, Default)]
 pub(crate) struct Leaving(Arc<Mutex<Option<PathBuf>>>);

@@ -96,7 +96,7 @@ impl Judging {
     fn now() -> Self {
         Self {
             running: crate::kernel::maps::pinned_gate_dirs().into_iter().map(|(label, _)| label).collect(),
-            handing_over: crate::kernel::handover::handing_over().into_iter().map(|(label, _)| label).collect(),
+            handing_over: crate::kernel::handover::handing_over_labels(),
         }
     }
 }

@@ -62,7 +62,7 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         if !args.watch {
             return Ok(());
         }
-        if daemon::require_running().is_err() && crate::kernel::handover::handing_over().is_empty() {
+        if !still_judging() {
             anyhow::bail!("the gate stopped");
         }
         before = now;
@@ -78,6 +78,12 @@ pub(crate) fn judging(netns: Option<&str>) -> anyhow::Result<Vec<maps::PinnedGat
         Ok(gates) => Ok(gates),
         Err(e) => Err(running.err().unwrap_or(e).into()),
     }
+}
+
+/// Whether a `--watch` view has anything left to read: a daemon runs, or
+/// pods are left judging for the next agent.
+pub(crate) fn still_judging() -> bool {
+    daemon::require_running().is_ok() || !crate::kernel::handover::handing_over().is_empty()
 }
 
 /// The state a gate's ports show.

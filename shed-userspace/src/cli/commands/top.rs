@@ -7,7 +7,6 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 
 use crate::{
     cli::TopArgs,
-    daemon,
     host::system::{self, Need, TerminalInput},
     observe::stats::PortStats,
     observe::top::{Top, render_text},
@@ -86,7 +85,7 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
                     }
                 }
             }
-            if daemon::require_running().is_err() && crate::kernel::handover::handing_over().is_empty() {
+            if !super::stats::still_judging() {
                 anyhow::bail!("the gate stopped");
             }
             top.update(sample()?, taken.elapsed());
